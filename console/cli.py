@@ -1,0 +1,50 @@
+"""`regen` command line: one module per subcommand under console/commands/."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (subcommand, module under console.commands). Each module has add_arguments(p) and run(args) -> int.
+COMMANDS = [
+    ("demo", "demo", "run the whole flow on this machine with the SGLang simulator"),
+    ("probe", "probe", "preflight probes of a host"),
+    ("plan", "plan", "shard plan and GPU-time / wall-time / disk projection"),
+    ("start", "start", "deploy the engine and start a run (detached)"),
+    ("status", "status", "status of a run"),
+    ("pause", "pause", "pause shards of a run"),
+    ("resume", "resume", "resume shards of a run"),
+    ("stop", "stop", "stop a run (optionally draining in-flight requests)"),
+    ("stats", "stats", "data-quality statistics of the shards"),
+    ("tui", "tui", "the operations console"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="regen", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, module_name, help_text in COMMANDS:
+        try:
+            module = importlib.import_module(f"console.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"console.commands.{module_name}":
+                raise
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The one small async interface the console uses to reach a host: local or SSH.
+
+`open_transport("local")` runs commands on this machine (asyncio subprocess);
+anything else is an ssh alias or `user@host[:port]` reached with asyncssh. Commands are
+shell strings: callers build them with `shlex.quote` / `quote_argv` so every remote
+argument is quoted.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Protocol, Sequence
+
+from probes.model import CommandResult
+
+
+class TransportError(Exception):
+    """Could not reach or use the host. `kind` tells unreachable from refused."""
+
+    def __init__(self, message: str, kind: str = "error"):
+        super().__init__(message)
+        self.kind = kind  # unreachable | auth | host_key | timeout | closed | error
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    raw: str
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.host == "local"
+
+    @classmethod
+    def parse(cls, text: str) -> "HostSpec":
+        """`local`, an ssh alias, `host`, `user@host`, `user@host:port`, `[v6]:port`."""
+        if not text:
+            raise ValueError("empty host")
+        if text == "local":
+            return cls(raw=text, host="local")
+        user = None
+        rest = text
+        if "@" in rest:
+            user, rest = rest.rsplit("@", 1)
+        port = None
+        if rest.startswith("["):
+            host, _, tail = rest[1:].partition("]")
+            if tail.startswith(":"):
+                port = int(tail[1:])
+        elif rest.count(":") == 1:
+            host, p = rest.split(":")
+            port = int(p)
+        else:
+            host = rest
+        return cls(raw=text, host=host, user=user or None, port=port)
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+class Transport(Protocol):
+    name: str  # what the user typed (for messages)
+
+    async def run(self, command: str, *, timeout: float, stdin: bytes | None = None) -> CommandResult:
+        """Run a shell command; never raises for a non-zero exit or a timeout (see CommandResult)."""
+        ...
+
+    def stream_lines(self, command: str) -> AsyncIterator[str]:
+        """Yield stdout lines of a long-running command; closing the iterator ends the command.
+
+        Raises TransportError if the connection drops; stderr is kept and put in that error.
+        """
+        ...
+
+    async def put(self, local: Path, remote: str) -> None:
+        """Copy a file or a directory tree to the host (SFTP over SSH)."""
+        ...
+
+    async def get(self, remote: str, local: Path) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+async def open_transport(
+    host: str,
+    *,
+    accept_new: bool = False,
+    connect_timeout: float = 10.0,
+    known_hosts: str | None = None,
+    keepalive_s: float = 15.0,
+) -> Transport:
+    spec = HostSpec.parse(host)
+    if spec.is_local:
+        from console.transport_local import LocalTransport
+
+        return LocalTransport()
+    from console.transport_ssh import connect_ssh
+
+    return await connect_ssh(
+        spec, accept_new=accept_new, connect_timeout=connect_timeout, known_hosts=known_hosts, keepalive_s=keepalive_s
+    )

@@ -1,0 +1,250 @@
+"""Run config: one TOML file (`run.toml`), loaded with tomllib into typed dataclasses.
+
+The content hash covers only the fields that change what the shards contain (model,
+prompts, sampling, template/thinking, turns, shard size). Operational knobs (concurrency,
+timeouts, launch extras) may change between restarts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TURN_MODES = ("all", "last", "first")
+PROMPT_FORMATS = ("auto", "jsonl", "json", "parquet")
+
+DEFAULT_LAUNCH = (
+    "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
+    " --tp-size {tp} --enable-metrics"
+)
+SIMULATOR_LAUNCH = (
+    "{python} -m engine.simulator --model-path {model} --host {host} --port {port}"
+    " --tp-size {tp} --enable-metrics"
+)
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names the field and the problem."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    # Qwen3 thinking defaults. /generate applies no model defaults, so these are always sent.
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    min_p: float = 0.0
+    max_new_tokens: int = 32768
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def as_sglang(self) -> dict[str, Any]:
+        """Only keys SGLang's SamplingParams knows (unknown keys are a 400 in 0.5.23)."""
+        params: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "max_new_tokens": self.max_new_tokens,
+            "presence_penalty": self.presence_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "skip_special_tokens": False,
+        }
+        if self.seed is not None:
+            params["sampling_seed"] = self.seed
+        return params
+
+
+@dataclass(frozen=True)
+class Workers:
+    gpus: tuple[int, ...] = (0,)
+    tp_size: int = 1
+    base_port: int = 30000
+    host: str = "127.0.0.1"  # SGLang binds to loopback unless the operator asks otherwise
+    launch: str = DEFAULT_LAUNCH
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    api_key: str | None = None
+    ready_timeout_s: float = 1800.0
+    max_restarts: int = 5
+
+    def groups(self) -> list[tuple[int, ...]]:
+        """GPU groups, one SGLang server each: consecutive runs of tp_size GPUs."""
+        if self.tp_size < 1 or len(self.gpus) % self.tp_size:
+            raise ConfigError(
+                f"workers.gpus has {len(self.gpus)} GPUs, not a multiple of workers.tp_size={self.tp_size}"
+            )
+        return [tuple(self.gpus[i : i + self.tp_size]) for i in range(0, len(self.gpus), self.tp_size)]
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    max_in_flight_per_worker: int | None = None  # None: sized from the server's own capacity
+    request_timeout_s: float = 3600.0
+    max_retries: int = 5
+    retry_backoff_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Alerts:
+    empty_share: float = 0.05
+    truncated_share: float = 0.10
+    disk_free_min_gb: float = 20.0
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_dir: str
+    model: str
+    prompts: tuple[str, ...]
+    host_python: str = "python3"
+    tokenizer: str | None = None  # defaults to model
+    prompt_format: str = "auto"
+    turns: str = "all"
+    enable_thinking: bool = True
+    shard_size: int = 1000  # conversations per shard
+    context_length: int | None = None  # defaults to the model config's
+    sampling: Sampling = field(default_factory=Sampling)
+    workers: Workers = field(default_factory=Workers)
+    dispatch: Dispatch = field(default_factory=Dispatch)
+    alerts: Alerts = field(default_factory=Alerts)
+    source_path: str | None = None  # where it was loaded from (not part of the content)
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.model
+
+    def content_fields(self) -> dict[str, Any]:
+        """The fields whose change changes the data; resuming with another hash is refused."""
+        return {
+            "model": self.model,
+            "tokenizer": self.tokenizer_path,
+            "prompts": list(self.prompts),
+            "prompt_format": self.prompt_format,
+            "turns": self.turns,
+            "enable_thinking": self.enable_thinking,
+            "shard_size": self.shard_size,
+            "sampling": dataclasses.asdict(self.sampling),
+        }
+
+    def content_hash(self) -> str:
+        blob = json.dumps(self.content_fields(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source_path", None)
+        return d
+
+
+def changed_content_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Names of content fields that differ (dotted for sampling), for the refusal message."""
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += [f"{key}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            changed.append(key)
+    return changed
+
+
+def _build(cls, data: dict[str, Any], where: str):
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    kwargs = {}
+    for key, value in data.items():
+        if isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def config_from_dict(data: dict[str, Any], source_path: str | None = None) -> RunConfig:
+    data = dict(data)
+    for required in ("run_dir", "model", "prompts"):
+        if required not in data:
+            raise ConfigError(f"run config{f' {source_path}' if source_path else ''}: missing required key '{required}'")
+    sections = {"sampling": Sampling, "workers": Workers, "dispatch": Dispatch, "alerts": Alerts}
+    for name, cls in sections.items():
+        if name in data:
+            if not isinstance(data[name], dict):
+                raise ConfigError(f"[{name}] must be a table")
+            data[name] = _build(cls, data[name], f"[{name}]")
+    if isinstance(data.get("prompts"), str):
+        data["prompts"] = [data["prompts"]]
+    cfg: RunConfig = _build(RunConfig, data, "run config")
+    cfg = dataclasses.replace(cfg, source_path=source_path)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    if cfg.turns not in TURN_MODES:
+        raise ConfigError(f"turns = {cfg.turns!r}: must be one of {', '.join(TURN_MODES)}")
+    if cfg.prompt_format not in PROMPT_FORMATS:
+        raise ConfigError(f"prompt_format = {cfg.prompt_format!r}: must be one of {', '.join(PROMPT_FORMATS)}")
+    if cfg.shard_size < 1:
+        raise ConfigError(f"shard_size = {cfg.shard_size}: must be >= 1")
+    if not cfg.prompts:
+        raise ConfigError("prompts: at least one path or glob is needed")
+    cfg.workers.groups()
+
+
+def load_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read run config {path}: {exc}") from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return config_from_dict(data, source_path=str(path))
+
+
+def dump_toml(cfg: RunConfig) -> str:
+    """Serialize a config back to TOML (the frozen copy kept in the run dir)."""
+    d = cfg.to_dict()
+    lines: list[str] = []
+    tables = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            tables[key] = value
+        elif value is not None:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for name, table in tables.items():
+        lines.append("")
+        lines.append(f"[{name}]")
+        for key, value in table.items():
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                inner = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
+                lines.append(f"{key} = {{{inner}}}")
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")

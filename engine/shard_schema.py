@@ -1,0 +1,31 @@
+"""The Parquet schema of shard part files: what the stats, the console and trainers read.
+
+A sample is `input_ids = prompt_ids + output_ids` with `loss_mask` 0 over the prompt and 1
+over the output (exactly the ids SGLang returned: no re-tokenization).
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+SHARD_SCHEMA = pa.schema(
+    [
+        pa.field("sample_id", pa.string(), nullable=False),  # "<conversation_id>#turn<k>"
+        pa.field("conversation_id", pa.string(), nullable=False),
+        pa.field("turn", pa.int32(), nullable=False),  # 0-based index of the regenerated user turn
+        pa.field("source", pa.string(), nullable=False),  # prompt file (or dataset source field)
+        pa.field("origin", pa.string(), nullable=False),  # "<file>:<line or row>" of the input row
+        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("loss_mask", pa.list_(pa.uint8()), nullable=False),
+        pa.field("prompt_len", pa.int32(), nullable=False),
+        pa.field("output_len", pa.int32(), nullable=False),
+        pa.field("reasoning_tokens", pa.int32(), nullable=False),  # tokens inside <think>...</think>
+        pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | abort
+        pa.field("completion_tokens", pa.int32(), nullable=False),  # meta_info.completion_tokens
+        pa.field("cached_tokens", pa.int32(), nullable=False),
+        pa.field("latency_s", pa.float64(), nullable=False),
+        pa.field("worker", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),  # decoded output ids, for review
+    ]
+)
+
+PART_COMPRESSION = "zstd"

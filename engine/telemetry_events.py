@@ -1,0 +1,117 @@
+"""Telemetry event types (one JSON object per line of `telemetry.jsonl`, with `type` and `ts`).
+
+These dataclasses are the published schema the console imports; the engine emits them
+through `to_json()`, the console parses lines back with `parse_event()`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+
+
+@dataclass
+class Event:
+    type: ClassVar[str] = "event"
+    ts: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["type"] = self.type
+        return d
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+
+@dataclass
+class GpuEvent(Event):
+    type: ClassVar[str] = "gpu"
+    index: int = 0
+    name: str | None = None
+    mem_used_mb: float | None = None  # None = N/A (NVML failed; `error` says why)
+    mem_total_mb: float | None = None
+    util_pct: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class WorkerEvent(Event):
+    type: ClassVar[str] = "worker"
+    name: str = ""
+    state: str = "starting"  # starting | loading | ready | crashed | failed | stopped
+    url: str = ""
+    gpus: list[int] = field(default_factory=list)
+    pid: int | None = None
+    restarts: int = 0
+    running_reqs: float | None = None
+    queued_reqs: float | None = None
+    gen_throughput: float | None = None  # tokens/s from sglang:gen_throughput
+    token_usage: float | None = None  # KV pool fraction
+    in_flight: int = 0  # requests this dispatcher has outstanding on it
+    capacity: int = 0  # in-flight target sized from the server's capacity
+    error: str | None = None
+
+
+@dataclass
+class DispatchEvent(Event):
+    type: ClassVar[str] = "dispatch"
+    in_flight: int = 0
+    done: int = 0
+    failed: int = 0
+    retried: int = 0
+    rejected: int = 0
+    total: int = 0
+    output_tokens: int = 0
+    tokens_per_s: float = 0.0
+    state: str = "running"  # running | paused | draining | done | stopped | disk_full
+
+
+@dataclass
+class DiskEvent(Event):
+    type: ClassVar[str] = "disk"
+    path: str = ""
+    free_bytes: int = 0
+    total_bytes: int = 0
+
+
+@dataclass
+class ShardEvent(Event):
+    type: ClassVar[str] = "shard"
+    id: str = ""
+    state: str = "pending"  # pending | running | paused | done
+    done: int = 0
+    total: int = 0
+    output_tokens: int = 0
+    empty: int = 0
+    truncated: int = 0
+
+
+@dataclass
+class AlertEvent(Event):
+    type: ClassVar[str] = "alert"
+    severity: str = "warning"  # info | warning | error | critical
+    text: str = ""
+    evidence: str = ""
+    key: str = ""  # stable key so the console can de-duplicate repeats
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls for cls in (GpuEvent, WorkerEvent, DispatchEvent, DiskEvent, ShardEvent, AlertEvent)
+}
+
+
+def parse_event(line: bytes | str) -> Event:
+    """Parse one telemetry line; unknown fields are dropped, an unknown type raises ValueError."""
+    data = orjson.loads(line)
+    kind = data.pop("type", None)
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown telemetry event type {kind!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,41 @@
+"""Shared fixtures. Fixtures for SSH live in tests/sshd_fixtures.py (imported below)."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A Qwen3-style model dir (tokenizer, chat template, config.json), built locally once."""
+    from engine.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "Qwen3-tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir, tmp_path) -> Path:
+    """A private copy of the tiny model, for tests that alter it."""
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, dst)
+    return dst
+
+
+try:  # the SSH fixtures module is optional while it is being built
+    from tests.sshd_fixtures import *  # noqa: F401,F403
+except ModuleNotFoundError as exc:
+    if exc.name != "tests.sshd_fixtures":
+        raise

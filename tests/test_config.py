@@ -1,0 +1,65 @@
+import pytest
+
+from engine.config import ConfigError, changed_content_fields, config_from_dict, dump_toml, load_config
+
+
+def base(**kw):
+    d = {"run_dir": "/tmp/r", "model": "/m", "prompts": ["/p/*.jsonl"]}
+    d.update(kw)
+    return d
+
+
+def test_defaults_are_qwen3_thinking():
+    cfg = config_from_dict(base())
+    s = cfg.sampling.as_sglang()
+    assert (s["temperature"], s["top_p"], s["top_k"], s["min_p"], s["max_new_tokens"]) == (0.6, 0.95, 20, 0.0, 32768)
+    assert cfg.workers.host == "127.0.0.1"
+
+
+def test_roundtrip_toml(tmp_path):
+    cfg = config_from_dict(base(workers={"gpus": [0, 1, 2, 3], "tp_size": 2}, sampling={"temperature": 0.7}))
+    p = tmp_path / "run.toml"
+    p.write_text(dump_toml(cfg))
+    again = load_config(p)
+    assert again.content_hash() == cfg.content_hash()
+    assert again.workers.groups() == [(0, 1), (2, 3)]
+
+
+def test_changed_fields_named():
+    a = config_from_dict(base())
+    b = config_from_dict(base(sampling={"temperature": 0.1}, shard_size=7, dispatch={"max_retries": 9}))
+    assert changed_content_fields(a.content_fields(), b.content_fields()) == ["sampling.temperature", "shard_size"]
+
+
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        ({"model": "/m", "prompts": ["x"]}, "missing required key 'run_dir'"),
+        (base(turns="some"), "turns = 'some'"),
+        (base(bogus=1), "unknown key(s) bogus"),
+        (base(workers={"gpus": [0, 1, 2], "tp_size": 2}), "not a multiple"),
+    ],
+)
+def test_bad_configs(data, needle):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(data)
+    assert needle in str(e.value)
+
+
+def test_unreadable_config_names_path(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "nope.toml")
+    assert "nope.toml" in str(e.value) and "No such file" in str(e.value)
+
+
+def test_tiny_model_template(tiny_tokenizer):
+    msgs = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "<think>\nr1\n</think>\n\na1"},
+        {"role": "user", "content": "q2"},
+    ]
+    text = tiny_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    assert "r1" not in text  # earlier turns' reasoning is dropped
+    assert text.endswith("<|im_start|>assistant\n")
+    off = tiny_tokenizer.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert off.endswith("<think>\n\n</think>\n\n")

@@ -92,7 +92,9 @@ async def open_transport(
     connect_timeout: float = 10.0,
     known_hosts: str | None = None,
     keepalive_s: float = 15.0,
+    ssh_config: str | None = None,
 ) -> Transport:
+    """ssh_config: an OpenSSH client config file (default: $REGEN_SSH_CONFIG, else ~/.ssh/config)."""
     spec = HostSpec.parse(host)
     if spec.is_local:
         from console.transport_local import LocalTransport
@@ -101,5 +103,6 @@ async def open_transport(
     from console.transport_ssh import connect_ssh
 
     return await connect_ssh(
-        spec, accept_new=accept_new, connect_timeout=connect_timeout, known_hosts=known_hosts, keepalive_s=keepalive_s
+        spec, accept_new=accept_new, connect_timeout=connect_timeout, known_hosts=known_hosts, keepalive_s=keepalive_s,
+        ssh_config=ssh_config,
     )

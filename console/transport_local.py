@@ -1,0 +1,180 @@
+"""Transport to this machine: every command is `/bin/sh -c COMMAND` in its own session.
+
+Each command runs as the leader of a new session (process group), so a timeout or a
+closed stream kills the command and everything it started, not only the shell.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+from console.transport import TransportError
+from probes.model import CommandResult
+
+# After the group is killed, how long to wait for its pipes to reach EOF. A process that
+# escaped the group (setsid) and holds our pipes would otherwise block us forever.
+_DRAIN_AFTER_KILL_S = 2.0
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _kill_group(pid: int) -> str | None:
+    """SIGKILL the process group led by `pid`; returns the OS error text if that failed."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None  # already gone: nothing left to kill
+    except OSError as exc:
+        return f"could not kill process group {pid}: {exc}"
+    return None
+
+
+async def _read_all(stream: asyncio.StreamReader | None, sink: bytearray) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        sink += chunk
+
+
+class LocalTransport:
+    """Runs commands on this machine; implements console.transport.Transport."""
+
+    def __init__(self, name: str = "local"):
+        self.name = name
+        self._live: set[asyncio.subprocess.Process] = set()
+
+    async def _spawn(self, command: str, *, stdin_pipe: bool) -> asyncio.subprocess.Process:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", command,
+                stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise TransportError(f"could not start /bin/sh for {command!r}: {exc}", kind="error") from exc
+        self._live.add(proc)
+        return proc
+
+    async def run(self, command: str, *, timeout: float, stdin: bytes | None = None) -> CommandResult:
+        started = time.monotonic()
+        try:
+            proc = await self._spawn(command, stdin_pipe=stdin is not None)
+        except TransportError as exc:
+            return CommandResult(command, None, "", "", time.monotonic() - started, error=str(exc))
+        out, err = bytearray(), bytearray()
+        readers = [
+            asyncio.ensure_future(_read_all(proc.stdout, out)),
+            asyncio.ensure_future(_read_all(proc.stderr, err)),
+        ]
+        feed_error: str | None = None
+
+        async def feed_and_wait() -> int:
+            nonlocal feed_error
+            if stdin is not None and proc.stdin is not None:
+                try:
+                    proc.stdin.write(stdin)
+                    await proc.stdin.drain()
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    feed_error = f"the command closed its stdin before reading all input: {exc}"
+                finally:
+                    proc.stdin.close()
+            await asyncio.wait(readers)  # wait, not gather: a timeout must not cancel the readers
+            return await proc.wait()
+
+        timed_out = False
+        error: str | None = None
+        try:
+            returncode: int | None = await asyncio.wait_for(feed_and_wait(), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+            returncode = None
+            kill_error = _kill_group(proc.pid)
+            error = f"timed out after {timeout:g} s; killed process group {proc.pid}"
+            if kill_error:
+                error += f" ({kill_error})"
+            await proc.wait()
+            _done, pending = await asyncio.wait(readers, timeout=_DRAIN_AFTER_KILL_S)
+            for task in pending:
+                task.cancel()
+            if pending:
+                error += "; a process outside the group still held its output open, output may be cut"
+        finally:
+            self._live.discard(proc)
+        exit_status = returncode
+        if returncode is not None and returncode < 0:
+            exit_status = None
+            error = f"killed by {signal_name(-returncode)}"
+        if feed_error and error is None:
+            error = feed_error
+        return CommandResult(
+            command=command,
+            exit_status=exit_status,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+            duration_s=time.monotonic() - started,
+            timed_out=timed_out,
+            error=error,
+        )
+
+    async def stream_lines(self, command: str) -> AsyncIterator[str]:
+        proc = await self._spawn(command, stdin_pipe=False)
+        err = bytearray()
+        err_reader = asyncio.ensure_future(_read_all(proc.stderr, err))
+        finished = False
+        try:
+            assert proc.stdout is not None
+            while line := await proc.stdout.readline():
+                yield line.decode("utf-8", errors="replace").rstrip("\n")
+            returncode = await proc.wait()
+            await asyncio.wait([err_reader], timeout=_DRAIN_AFTER_KILL_S)
+            finished = True
+            if returncode != 0:
+                how = f"exited with status {returncode}" if returncode > 0 else f"was killed by {signal_name(-returncode)}"
+                stderr = err.decode("utf-8", errors="replace").strip()
+                raise TransportError(
+                    f"`{command}` on {self.name} {how}; stderr: {stderr or '(empty)'}", kind="error"
+                )
+        finally:
+            if not finished:  # the caller stopped reading (or was cancelled): end the command
+                _kill_group(proc.pid)
+                await proc.wait()
+            err_reader.cancel()
+            self._live.discard(proc)
+
+    async def put(self, local: Path, remote: str) -> None:
+        await asyncio.to_thread(_copy, Path(local), Path(remote), f"put {local} -> {self.name}:{remote}")
+
+    async def get(self, remote: str, local: Path) -> None:
+        await asyncio.to_thread(_copy, Path(remote), Path(local), f"get {self.name}:{remote} -> {local}")
+
+    async def close(self) -> None:
+        for proc in list(self._live):
+            _kill_group(proc.pid)
+        self._live.clear()
+
+
+def _copy(src: Path, dst: Path, what: str) -> None:
+    """Copy a file or a tree to exactly `dst` (parents created, existing dirs merged), modes kept."""
+    try:
+        if src.is_dir():
+            shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    except shutil.Error as exc:  # copytree gathers per-file errors: (src, dst, why) triples
+        details = "; ".join(f"{s} -> {d}: {why}" for s, d, why in exc.args[0])
+        raise TransportError(f"{what}: {details}", kind="error") from exc
+    except OSError as exc:
+        raise TransportError(f"{what}: {exc}", kind="error") from exc

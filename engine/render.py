@@ -1,0 +1,212 @@
+"""Render conversations into prompt ids with the model's own tokenizer and chat template.
+
+`prompt_ids` is exactly `tokenizer(apply_chat_template(messages, tokenize=False,
+add_generation_prompt=True, enable_thinking=...), add_special_tokens=False).input_ids`: what
+SGLang would build for a chat request, so the ids sent to `/generate` and stored in the shards
+are the ones the model sees at training time.
+
+Multi-turn (`turns = "all"`): turn k is rendered on the model's own earlier answers, passed
+whole (think block included); the Qwen3 template itself drops the reasoning of turns before the
+last user message, exactly as it does at inference time.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from engine.ingest import Conversation
+
+TURN_MODES = ("all", "last", "first")
+_HUGE = 10**9  # transformers' "no limit" model_max_length is ~1e30
+
+
+class RenderError(Exception):
+    """The tokenizer / model dir cannot be used; the message names the path and the problem."""
+
+
+def sample_id(conversation_id: str, turn: int) -> str:
+    return f"{conversation_id}#turn{turn}"
+
+
+class Renderer:
+    def __init__(self, tokenizer_path: str, *, enable_thinking: bool, context_length: int | None = None):
+        from transformers import AutoTokenizer
+
+        path = Path(tokenizer_path).expanduser()
+        if not path.is_dir():
+            try:
+                path.stat()
+                problem = "is not a directory (expected a local model dir with tokenizer files)"
+            except OSError as exc:
+                problem = str(exc)
+            raise RenderError(f"tokenizer path {path}: {problem}")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise RenderError(f"tokenizer path {path}: cannot load the tokenizer: {exc}") from exc
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RenderError(f"tokenizer path {path}: the tokenizer has no chat template "
+                              "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
+        self.path = path
+        self.enable_thinking = enable_thinking
+        self.model_config = _read_json(path / "config.json")
+        self.generation_config = _read_json(path / "generation_config.json")
+        self.context_length = context_length or self._configured_context_length()
+        self.eos_ids = self._eos_ids()
+        self._eos_set = frozenset(self.eos_ids)
+        self.think_open_id = self._single_token_id("<think>")
+        self.think_close_id = self._single_token_id("</think>")
+        # Thinking-2507-style templates open the think block in the generation prompt
+        probe = self.prompt_text([{"role": "user", "content": "x"}])
+        self.prompt_opens_think = probe.rstrip().endswith("<think>")
+
+    # --- configuration -----------------------------------------------------------------------
+
+    def _configured_context_length(self) -> int:
+        cfg = self.model_config or {}
+        for section in (cfg, cfg.get("text_config") or {}):
+            value = section.get("max_position_embeddings")
+            if isinstance(value, int) and value > 0:
+                return value
+        value = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(value, int) and 0 < value < _HUGE:
+            return value
+        raise RenderError(f"{self.path}: no context length: config.json has no max_position_embeddings and the "
+                          "tokenizer no model_max_length; set context_length in run.toml")
+
+    def _eos_ids(self) -> list[int]:
+        value = (self.generation_config or {}).get("eos_token_id")
+        if value is None:
+            value = (self.model_config or {}).get("eos_token_id")
+        if value is None:
+            value = self.tokenizer.eos_token_id
+        if value is None:
+            raise RenderError(f"{self.path}: no eos token id in generation_config.json, config.json or the tokenizer")
+        ids = [value] if isinstance(value, int) else list(value)
+        return list(dict.fromkeys(int(i) for i in ids))
+
+    def _single_token_id(self, token: str) -> int | None:
+        ids = self.tokenizer.encode(token, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    # --- turns and messages ------------------------------------------------------------------
+
+    def user_turns(self, conv: Conversation, mode: str) -> list[int]:
+        n = sum(1 for m in conv.messages if m["role"] == "user")
+        if mode not in TURN_MODES:
+            raise ValueError(f"turns mode {mode!r}: must be one of {', '.join(TURN_MODES)}")
+        if n == 0:
+            return []
+        if mode == "all":
+            return list(range(n))
+        return [n - 1] if mode == "last" else [0]
+
+    def build_messages(self, conv: Conversation, turn: int, answers: Mapping[int, str], mode: str) -> list[dict]:
+        """History up to and including user turn `turn`. In mode "all" the assistant message(s)
+        after each earlier user turn k are replaced by one message with answers[k]."""
+        out: list[dict] = []
+        k = -1
+        replaced = False  # for the current earlier turn, the regenerated answer is already in
+        for m in conv.messages:
+            role = m["role"]
+            if role == "user":
+                if mode == "all" and k >= 0 and not replaced:
+                    out.append(self._answer_message(conv, k, answers))
+                k += 1
+                replaced = False
+                if k > turn:
+                    break
+                out.append({"role": "user", "content": m["content"]})
+                if k == turn:
+                    break
+            elif role == "assistant":
+                if mode == "all":
+                    if k >= 0 and not replaced:
+                        out.append(self._answer_message(conv, k, answers))
+                        replaced = True
+                    elif k < 0:
+                        out.append({"role": "assistant", "content": m["content"]})  # before any user turn
+                else:
+                    out.append({"role": "assistant", "content": m["content"]})
+            else:
+                out.append({"role": role, "content": m["content"]})
+        if k < turn:
+            raise ValueError(f"conversation {conv.conversation_id} has {k + 1} user turns; turn {turn} does not exist")
+        return out
+
+    @staticmethod
+    def _answer_message(conv: Conversation, k: int, answers: Mapping[int, str]) -> dict:
+        if k not in answers:
+            raise KeyError(f"conversation {conv.conversation_id}: turn {k}'s regenerated answer is needed "
+                           f"for the next turn's history but is not there (have turns {sorted(answers)})")
+        return {"role": "assistant", "content": answers[k]}
+
+    # --- tokens ------------------------------------------------------------------------------
+
+    def prompt_text(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=self.enable_thinking
+        )
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        return list(self.tokenizer(self.prompt_text(messages), add_special_tokens=False).input_ids)
+
+    def fits(self, prompt_ids: Sequence[int], max_new_tokens: int) -> str | None:
+        """None if SGLang would accept the request, else its rejection text (TokenizerManager)."""
+        n, ctx = len(prompt_ids), self.context_length
+        if n >= ctx:
+            return f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."
+        if n + max_new_tokens >= ctx:
+            return (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                    f"You requested a total of {n + max_new_tokens} tokens: {n} tokens from the input messages "
+                    f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in "
+                    "the input messages or the completion to fit within the limit.")
+        return None
+
+    def max_new_tokens_for(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
+        """The largest max_new_tokens <= the configured one that SGLang accepts (0: prompt too long)."""
+        return max(0, min(max_new_tokens, self.context_length - len(prompt_ids) - 1))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def strip_eos(self, output_ids: Sequence[int]) -> list[int]:
+        ids = list(output_ids)
+        while ids and ids[-1] in self._eos_set:
+            ids.pop()
+        return ids
+
+    def history_answer(self, output_ids: Sequence[int]) -> str:
+        return self.decode(self.strip_eos(output_ids))
+
+    def reasoning_tokens(self, output_ids: Sequence[int]) -> int:
+        """Tokens inside <think>..</think> (to the end when unclosed; eos excluded)."""
+        ids = self.strip_eos(output_ids)
+        if self.think_close_id is None and self.think_open_id is None:
+            return 0
+        start = None
+        if self.think_open_id is not None and self.think_open_id in ids:
+            start = ids.index(self.think_open_id) + 1
+        close = ids.index(self.think_close_id, start or 0) if self.think_close_id in ids[start or 0:] else None
+        if start is None:
+            if close is not None:
+                return close  # the prompt opened the block; the output only closes it
+            return len(ids) if self.prompt_opens_think else 0
+        return (close if close is not None else len(ids)) - start
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None  # optional files: callers fall back to the tokenizer's own values
+    except OSError as exc:
+        raise RenderError(f"cannot read {path}: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RenderError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RenderError(f"{path}: expected a JSON object")
+    return data

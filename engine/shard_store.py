@@ -1,0 +1,546 @@
+"""The shard store: immutable Parquet part files committed in state.sqlite.
+
+Layout: run_dir/shards/<shard_id>/part-<seq:06d>.parquet (zstd, SHARD_SCHEMA), and
+run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
+
+    parts(path TEXT PRIMARY KEY, shard_id, rows, committed_at, seq, bytes)
+    samples(sample_id TEXT PRIMARY KEY, shard_id, part_path, conversation_id, turn, output_len,
+            finish_reason, empty, answer NULL, prompt_len, reasoning_tokens)
+    shards(shard_id TEXT PRIMARY KEY, total, paused, total_samples NULL,
+           done_samples, output_tokens, empty, truncated, parts)   -- counters kept in the commit txn
+    meta(key TEXT PRIMARY KEY, value)
+
+A commit is: validate rows -> refuse duplicates -> write part-N.parquet.tmp, fsync -> rename to
+part-N.parquet, fsync the directory -> ONE sqlite transaction (part row, every sample id, the
+shard's counters). A part file is committed iff its row is in `parts`; a crash anywhere leaves
+either a committed part or an orphan file that recover() removes. Readers of the shards must
+list parts from sqlite (parts()), never by globbing the directory.
+
+One writer per run dir: commit() and recover() take an exclusive flock on
+run_dir/state.sqlite.writer.lock (released when the process dies), so a second supervisor cannot
+interleave part files or remove another's in-flight part. Reading (progress, history, meta,
+pause flags) needs no lock.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.answer_shape import is_empty_answer
+from engine.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
+
+STATE_DB = "state.sqlite"
+SHARDS_DIR = "shards"
+WRITER_LOCK = "state.sqlite.writer.lock"
+PART_RE = re.compile(r"^part-(\d+)\.parquet(\.tmp)?$")
+_SQL_CHUNK = 500
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS parts(
+    path TEXT PRIMARY KEY, shard_id TEXT NOT NULL, rows INT NOT NULL, committed_at REAL NOT NULL,
+    seq INT NOT NULL, bytes INT NOT NULL);
+CREATE INDEX IF NOT EXISTS parts_shard ON parts(shard_id, seq);
+CREATE TABLE IF NOT EXISTS samples(
+    sample_id TEXT PRIMARY KEY, shard_id TEXT NOT NULL, part_path TEXT NOT NULL, conversation_id TEXT NOT NULL,
+    turn INT NOT NULL, output_len INT NOT NULL, finish_reason TEXT NOT NULL, empty INT NOT NULL, answer TEXT,
+    prompt_len INT NOT NULL DEFAULT 0, reasoning_tokens INT NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS samples_shard ON samples(shard_id, output_len, empty, finish_reason);
+CREATE INDEX IF NOT EXISTS samples_conversation ON samples(conversation_id, turn);
+CREATE INDEX IF NOT EXISTS samples_part ON samples(part_path);
+CREATE TABLE IF NOT EXISTS shards(
+    shard_id TEXT PRIMARY KEY, total INT NOT NULL, paused INT NOT NULL DEFAULT 0, total_samples INT,
+    done_samples INT NOT NULL DEFAULT 0, output_tokens INT NOT NULL DEFAULT 0, empty INT NOT NULL DEFAULT 0,
+    truncated INT NOT NULL DEFAULT 0, parts INT NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+"""
+
+
+def shard_id_for(index: int, shard_size: int) -> str:
+    return f"s{index // shard_size:05d}"
+
+
+@dataclass
+class ShardProgress:
+    shard_id: str
+    total_conversations: int
+    done_samples: int
+    output_tokens: int
+    empty: int
+    truncated: int
+    paused: bool
+    parts: int
+    total_samples: int | None = None  # when the planner knows the number of turns
+
+
+@dataclass
+class PartInfo:
+    shard_id: str
+    path: str  # relative to the run dir
+    rows: int
+    committed_at: float
+    seq: int = 0
+    bytes: int = 0
+
+
+class DuplicateSample(Exception):
+    """A sample id already committed (or twice in one batch); nothing was written."""
+
+    def __init__(self, message: str, sample_ids: list[str]):
+        super().__init__(message)
+        self.sample_ids = sample_ids
+
+
+class StoreBusy(Exception):
+    """Another live process holds the writer lock of this run dir."""
+
+
+class StoreError(Exception):
+    pass
+
+
+class ShardStore:
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.shards_dir = self.run_dir / SHARDS_DIR
+        self.db_path = self.run_dir / STATE_DB
+        if not self.run_dir.is_dir():
+            raise StoreError(f"run dir {self.run_dir} does not exist (prepare_run_dir creates it)")
+        self._lock = threading.RLock()
+        self._writer_fd: int | None = None
+        self._next_seq: dict[str, int] = {}
+        try:
+            self._db = sqlite3.connect(str(self.db_path), isolation_level=None, check_same_thread=False,
+                                       timeout=30.0)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=30000")
+            self._db.executescript(SCHEMA_SQL)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open {self.db_path}: {exc}") from exc
+        mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode.lower() != "wal":
+            raise StoreError(f"{self.db_path}: journal_mode is {mode!r}, WAL could not be enabled "
+                             "(network file systems do not support it; put the run dir on a local disk)")
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+            if self._writer_fd is not None:
+                os.close(self._writer_fd)
+                self._writer_fd = None
+
+    def __enter__(self) -> ShardStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _acquire_writer(self) -> None:
+        if self._writer_fd is not None:
+            return
+        path = self.run_dir / WRITER_LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreBusy(f"{self.run_dir} is being written by another process (pid {holder}, lock {path}); "
+                            "stop that supervisor first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._writer_fd = fd
+
+    # --- recovery ----------------------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """Remove *.tmp and uncommitted part files; un-commit samples of parts missing on disk.
+        Returns one line per thing removed (paths relative to the run dir)."""
+        with self._lock:
+            self._acquire_writer()
+            removed: list[str] = []
+            committed = {row[0] for row in self._db.execute("SELECT path FROM parts")}
+            if self.shards_dir.is_dir():
+                for shard_dir in sorted(p for p in self.shards_dir.iterdir() if p.is_dir()):
+                    changed = False
+                    for f in sorted(shard_dir.iterdir()):
+                        rel = f.relative_to(self.run_dir).as_posix()
+                        m = PART_RE.match(f.name)
+                        if m is None or rel in committed:
+                            continue
+                        f.unlink()
+                        changed = True
+                        removed.append(rel)
+                    if changed:
+                        _fsync_dir(shard_dir)
+            missing = [p for p in sorted(committed) if not (self.run_dir / p).is_file()]
+            for rel in missing:
+                n = self._uncommit_part(rel)
+                removed.append(f"{rel} (committed part missing on disk: {n} samples un-committed, to be regenerated)")
+            self._next_seq.clear()
+            return removed
+
+    def _uncommit_part(self, rel: str) -> int:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            shard_id = db.execute("SELECT shard_id FROM parts WHERE path=?", (rel,)).fetchone()[0]
+            n, tokens, empty, truncated = db.execute(
+                "SELECT count(*), coalesce(sum(output_len),0), coalesce(sum(empty),0),"
+                " coalesce(sum(finish_reason='length'),0) FROM samples WHERE part_path=?", (rel,)).fetchone()
+            db.execute("DELETE FROM samples WHERE part_path=?", (rel,))
+            db.execute("DELETE FROM parts WHERE path=?", (rel,))
+            db.execute("UPDATE shards SET done_samples=done_samples-?, output_tokens=output_tokens-?, empty=empty-?,"
+                       " truncated=truncated-?, parts=parts-1 WHERE shard_id=?", (n, tokens, empty, truncated, shard_id))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return n
+
+    # --- shards ------------------------------------------------------------------------------
+
+    def ensure_shards(self, totals: Mapping[str, int], sample_totals: Mapping[str, int] | None = None) -> None:
+        """Declare shards with their planned conversations (and, optionally, samples = user turns)."""
+        sample_totals = sample_totals or {}
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for shard_id, total in totals.items():
+                    db.execute(
+                        "INSERT INTO shards(shard_id, total, total_samples) VALUES(?,?,?)"
+                        " ON CONFLICT(shard_id) DO UPDATE SET total=excluded.total,"
+                        " total_samples=coalesce(excluded.total_samples, shards.total_samples)",
+                        (shard_id, int(total), sample_totals.get(shard_id)))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def set_paused(self, shard_ids: Iterable[str] | None, paused: bool) -> list[str]:
+        """Pause/resume shards (None = all); persisted. Returns the shard ids it applies to."""
+        with self._lock:
+            known = [r[0] for r in self._db.execute("SELECT shard_id FROM shards ORDER BY shard_id")]
+            if shard_ids is None:
+                targets = known
+            else:
+                targets = list(dict.fromkeys(shard_ids))
+                unknown = sorted(set(targets) - set(known))
+                if unknown:
+                    raise KeyError(f"unknown shard(s): {', '.join(unknown)} (known: {_ranges(known)})")
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for chunk in _chunks(targets):
+                    db.execute(f"UPDATE shards SET paused=? WHERE shard_id IN ({','.join('?' * len(chunk))})",
+                               (int(paused), *chunk))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return targets
+
+    def paused(self) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self._db.execute("SELECT shard_id FROM shards WHERE paused=1")}
+
+    def progress(self) -> list[ShardProgress]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT shard_id, total, done_samples, output_tokens, empty, truncated, paused, parts, total_samples"
+                " FROM shards ORDER BY shard_id").fetchall()
+        return [ShardProgress(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
+
+    def recount(self) -> list[ShardProgress]:
+        """Recompute the per-shard counters from the samples table (a full scan; for checks/repair)."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(
+                    "UPDATE shards SET (done_samples, output_tokens, empty, truncated) = (SELECT count(*),"
+                    " coalesce(sum(output_len),0), coalesce(sum(empty),0), coalesce(sum(finish_reason='length'),0)"
+                    " FROM samples WHERE samples.shard_id=shards.shard_id),"
+                    " parts = (SELECT count(*) FROM parts WHERE parts.shard_id=shards.shard_id)")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return self.progress()
+
+    # --- samples -----------------------------------------------------------------------------
+
+    def is_committed(self, sample_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM samples WHERE sample_id=?", (sample_id,)).fetchone() is not None
+
+    def committed_count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT coalesce(sum(done_samples),0) FROM shards").fetchone()[0])
+
+    def committed_sample_ids(self, shard_id: str | None = None) -> set[str]:
+        """All committed sample ids (of one shard): for skipping done work at start without a query per sample."""
+        with self._lock:
+            if shard_id is None:
+                cur = self._db.execute("SELECT sample_id FROM samples")
+            else:
+                cur = self._db.execute("SELECT sample_id FROM samples WHERE shard_id=?", (shard_id,))
+            return {r[0] for r in cur}
+
+    def history(self, conversation_id: str) -> dict[int, str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT turn, answer FROM samples WHERE conversation_id=? AND answer IS NOT NULL ORDER BY turn",
+                (conversation_id,)).fetchall()
+        return {int(t): a for t, a in rows}
+
+    def parts(self, shard_id: str | None = None) -> list[PartInfo]:
+        with self._lock:
+            sql = "SELECT shard_id, path, rows, committed_at, seq, bytes FROM parts"
+            args: tuple = ()
+            if shard_id is not None:
+                sql += " WHERE shard_id=?"
+                args = (shard_id,)
+            rows = self._db.execute(sql + " ORDER BY shard_id, seq", args).fetchall()
+        return [PartInfo(*r) for r in rows]
+
+    def get_meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO meta(key, value) VALUES(?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                             (key, value))
+
+    # --- commit ------------------------------------------------------------------------------
+
+    def commit(self, shard_id: str, rows: list[dict], history: Mapping[str, str] = {}) -> PartInfo:  # noqa: B006
+        """Write one immutable part with `rows` and commit it with its sample ids (and the
+        `history` answers, sample_id -> text, kept for chaining multi-turn conversations)."""
+        if not rows:
+            raise ValueError(f"commit to shard {shard_id}: no rows")
+        table = build_table(rows)
+        ids = table.column("sample_id").to_pylist()
+        extra = sorted(set(history) - set(ids))
+        if extra:
+            raise ValueError(f"commit to shard {shard_id}: history given for sample(s) not in this part: {extra[:5]}")
+        with self._lock:
+            self._acquire_writer()
+            known = self._db.execute("SELECT paused FROM shards WHERE shard_id=?", (shard_id,)).fetchone()
+            if known is None:
+                raise ValueError(f"commit to unknown shard {shard_id}: declare it with ensure_shards() first")
+            self._check_duplicates(ids)
+            seq = self._take_seq(shard_id)
+            shard_dir = self.shards_dir / shard_id
+            final = shard_dir / f"part-{seq:06d}.parquet"
+            rel = final.relative_to(self.run_dir).as_posix()
+            tmp = shard_dir / (final.name + ".tmp")
+            nbytes = self._write_tmp(table, tmp)
+            self._publish(tmp, final)
+            info = PartInfo(shard_id, rel, len(ids), time.time(), seq, nbytes)
+            try:
+                self._record(info, table, history)
+            except BaseException as exc:
+                # nothing is committed; the file must not outlive the failure (readers trust sqlite,
+                # but a glob over the shard dirs should not see it either)
+                try:
+                    final.unlink()
+                    _fsync_dir(shard_dir)
+                except OSError as unlink_exc:
+                    raise StoreError(f"commit of {rel} failed ({exc!r}) and the uncommitted file could not be "
+                                     f"removed ({unlink_exc}); recover() removes it at the next start") from exc
+                raise
+            return info
+
+    def _check_duplicates(self, ids: list[str]) -> None:
+        seen: set[str] = set()
+        repeated = sorted({i for i in ids if i in seen or seen.add(i)})
+        if repeated:
+            raise DuplicateSample(f"sample id(s) repeated in one commit: {', '.join(repeated[:5])}"
+                                  + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else ""), repeated)
+        found: list[tuple[str, str]] = []
+        for chunk in _chunks(ids):
+            found += self._db.execute(
+                f"SELECT sample_id, part_path FROM samples WHERE sample_id IN ({','.join('?' * len(chunk))})",
+                chunk).fetchall()
+        if found:
+            found.sort()
+            shown = ", ".join(f"{sid} (in {part})" for sid, part in found[:5])
+            raise DuplicateSample(f"sample(s) already committed: {shown}"
+                                  + (f" and {len(found) - 5} more" if len(found) > 5 else ""), [f[0] for f in found])
+
+    def _take_seq(self, shard_id: str) -> int:
+        """Never reuse a sequence number, not even one of a file a crash left behind."""
+        seq = self._next_seq.get(shard_id)
+        if seq is None:
+            on_disk = -1
+            shard_dir = self.shards_dir / shard_id
+            if shard_dir.is_dir():
+                for f in shard_dir.iterdir():
+                    m = PART_RE.match(f.name)
+                    if m:
+                        on_disk = max(on_disk, int(m.group(1)))
+            row = self._db.execute("SELECT max(seq) FROM parts WHERE shard_id=?", (shard_id,)).fetchone()
+            committed = row[0] if row[0] is not None else -1
+            seq = max(on_disk, committed) + 1
+        self._next_seq[shard_id] = seq + 1
+        return seq
+
+    def _write_tmp(self, table: pa.Table, tmp: Path) -> int:
+        new_dir = not tmp.parent.is_dir()
+        if new_dir:
+            self.shards_dir.mkdir(mode=0o700, exist_ok=True)
+            tmp.parent.mkdir(mode=0o700, exist_ok=True)
+            _fsync_dir(self.shards_dir)
+        try:
+            with open(tmp, "xb") as f:
+                pq.write_table(table, f, compression=PART_COMPRESSION)
+                f.flush()
+                os.fsync(f.fileno())
+                return f.tell()
+        except BaseException:
+            if tmp.exists():
+                tmp.unlink()
+            raise
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+
+    def _record(self, info: PartInfo, table: pa.Table, history: Mapping[str, str]) -> None:
+        """The one sqlite transaction that makes the part (and every sample in it) committed."""
+        cols = {name: table.column(name).to_pylist() for name in
+                ("sample_id", "conversation_id", "turn", "output_len", "finish_reason", "prompt_len",
+                 "reasoning_tokens", "text")}
+        empty = [int(is_empty_answer(t)) for t in cols["text"]]
+        samples = [
+            (sid, info.shard_id, info.path, cid, turn, olen, fr, e, history.get(sid), plen, rt)
+            for sid, cid, turn, olen, fr, e, plen, rt in zip(
+                cols["sample_id"], cols["conversation_id"], cols["turn"], cols["output_len"],
+                cols["finish_reason"], empty, cols["prompt_len"], cols["reasoning_tokens"])
+        ]
+        tokens = sum(cols["output_len"])
+        truncated = sum(1 for fr in cols["finish_reason"] if fr == "length")
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("INSERT INTO parts(path, shard_id, rows, committed_at, seq, bytes) VALUES(?,?,?,?,?,?)",
+                       (info.path, info.shard_id, info.rows, info.committed_at, info.seq, info.bytes))
+            db.executemany("INSERT INTO samples(sample_id, shard_id, part_path, conversation_id, turn, output_len,"
+                           " finish_reason, empty, answer, prompt_len, reasoning_tokens)"
+                           " VALUES(?,?,?,?,?,?,?,?,?,?,?)", samples)
+            db.execute("UPDATE shards SET done_samples=done_samples+?, output_tokens=output_tokens+?,"
+                       " empty=empty+?, truncated=truncated+?, parts=parts+1 WHERE shard_id=?",
+                       (len(samples), tokens, sum(empty), truncated, info.shard_id))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+
+def build_table(rows: list[dict]) -> pa.Table:
+    """Rows -> a SHARD_SCHEMA table, validating the token/mask invariants of every sample."""
+    names = SHARD_SCHEMA.names
+    for i, r in enumerate(rows):
+        missing = [n for n in names if n not in r]
+        if missing:
+            raise ValueError(f"sample {r.get('sample_id', f'#{i}')!r}: missing field(s) {', '.join(missing)}")
+    arrays = []
+    for fld in SHARD_SCHEMA:
+        values = [r[fld.name] for r in rows]
+        try:
+            arrays.append(pa.array(values, type=fld.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+            bad = _first_bad(values, fld.type)
+            sid = rows[bad].get("sample_id") if bad is not None else None
+            raise ValueError(f"sample {sid!r}: field {fld.name} is not {fld.type}: {exc}") from exc
+        if arrays[-1].null_count:
+            bad = next(i for i, v in enumerate(values) if v is None)
+            raise ValueError(f"sample {rows[bad].get('sample_id')!r}: field {fld.name} is null")
+    table = pa.Table.from_arrays(arrays, schema=SHARD_SCHEMA)
+    _validate_masks(table)
+    return table
+
+
+def _first_bad(values: list, typ: pa.DataType) -> int | None:
+    for i, v in enumerate(values):
+        try:
+            pa.array([v], type=typ)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+            return i
+    return None
+
+
+def _validate_masks(table: pa.Table) -> None:
+    ids = table.column("input_ids").combine_chunks()
+    mask = table.column("loss_mask").combine_chunks()
+    n_ids = np.diff(ids.offsets.to_numpy())
+    n_mask = np.diff(mask.offsets.to_numpy())
+    prompt_len = table.column("prompt_len").to_numpy()
+    output_len = table.column("output_len").to_numpy()
+    sample_ids = table.column("sample_id")
+
+    def fail(i: int, what: str):
+        raise ValueError(f"sample {sample_ids[int(i)].as_py()!r}: {what}")
+
+    bad = np.flatnonzero(n_ids != n_mask)
+    if bad.size:
+        i = bad[0]
+        fail(i, f"len(input_ids)={n_ids[i]} != len(loss_mask)={n_mask[i]}")
+    bad = np.flatnonzero((prompt_len < 0) | (output_len < 0) | (prompt_len + output_len != n_ids))
+    if bad.size:
+        i = bad[0]
+        fail(i, f"prompt_len {prompt_len[i]} + output_len {output_len[i]} != len(input_ids) {n_ids[i]}")
+    values = mask.flatten().to_numpy(zero_copy_only=False)
+    offsets = mask.offsets.to_numpy()
+    cumulative = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    sums = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+    bad = np.flatnonzero(sums != output_len)
+    if bad.size:
+        i = bad[0]
+        fail(i, f"sum(loss_mask)={int(sums[i])} != output_len={output_len[i]}")
+    expected = np.repeat(np.tile(np.array([0, 1], dtype=values.dtype), len(n_mask)),
+                         np.column_stack([prompt_len, output_len]).ravel())
+    wrong = np.flatnonzero(values != expected)
+    if wrong.size:
+        row = int(np.searchsorted(offsets, wrong[0], side="right") - 1)
+        pos = int(wrong[0] - offsets[row])
+        fail(row, f"loss_mask[{pos}]={int(values[wrong[0]])}: must be 0 on the prompt "
+                  f"(first {prompt_len[row]} tokens) and 1 on the output")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _chunks(items: list) -> Iterable[list]:
+    items = list(items)
+    for i in range(0, len(items), _SQL_CHUNK):
+        yield items[i:i + _SQL_CHUNK]
+
+
+def _ranges(ids: list[str]) -> str:
+    if not ids:
+        return "none"
+    return ids[0] if len(ids) == 1 else f"{ids[0]} .. {ids[-1]} ({len(ids)} shards)"

@@ -7,7 +7,8 @@ run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
     samples(sample_id TEXT PRIMARY KEY, shard_id, part_path, conversation_id, turn, output_len,
             finish_reason, empty, answer NULL, prompt_len, reasoning_tokens)
     shards(shard_id TEXT PRIMARY KEY, total, paused, total_samples NULL,
-           done_samples, output_tokens, empty, truncated, parts)   -- counters kept in the commit txn
+           done_samples, output_tokens, empty, truncated, parts,   -- counters kept in the commit txn
+           next_seq)                                               -- part numbers are never reused
     meta(key TEXT PRIMARY KEY, value)
 
 A commit is: validate rows -> refuse duplicates -> write part-N.parquet.tmp, fsync -> rename to
@@ -61,7 +62,7 @@ CREATE INDEX IF NOT EXISTS samples_part ON samples(part_path);
 CREATE TABLE IF NOT EXISTS shards(
     shard_id TEXT PRIMARY KEY, total INT NOT NULL, paused INT NOT NULL DEFAULT 0, total_samples INT,
     done_samples INT NOT NULL DEFAULT 0, output_tokens INT NOT NULL DEFAULT 0, empty INT NOT NULL DEFAULT 0,
-    truncated INT NOT NULL DEFAULT 0, parts INT NOT NULL DEFAULT 0);
+    truncated INT NOT NULL DEFAULT 0, parts INT NOT NULL DEFAULT 0, next_seq INT NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
 """
 
@@ -175,17 +176,20 @@ class ShardStore:
             committed = {row[0] for row in self._db.execute("SELECT path FROM parts")}
             if self.shards_dir.is_dir():
                 for shard_dir in sorted(p for p in self.shards_dir.iterdir() if p.is_dir()):
-                    changed = False
+                    orphans = []
                     for f in sorted(shard_dir.iterdir()):
-                        rel = f.relative_to(self.run_dir).as_posix()
                         m = PART_RE.match(f.name)
-                        if m is None or rel in committed:
-                            continue
+                        if m and f.relative_to(self.run_dir).as_posix() not in committed:
+                            orphans.append((int(m.group(1)), f))
+                    if not orphans:
+                        continue
+                    # remember the orphans' numbers first, so no later part is ever named like one
+                    self._db.execute("UPDATE shards SET next_seq=max(next_seq, ?) WHERE shard_id=?",
+                                     (max(seq for seq, _ in orphans) + 1, shard_dir.name))
+                    for _, f in orphans:
                         f.unlink()
-                        changed = True
-                        removed.append(rel)
-                    if changed:
-                        _fsync_dir(shard_dir)
+                        removed.append(f.relative_to(self.run_dir).as_posix())
+                    _fsync_dir(shard_dir)
             missing = [p for p in sorted(committed) if not (self.run_dir / p).is_file()]
             for rel in missing:
                 n = self._uncommit_part(rel)
@@ -398,7 +402,8 @@ class ShardStore:
                         on_disk = max(on_disk, int(m.group(1)))
             row = self._db.execute("SELECT max(seq) FROM parts WHERE shard_id=?", (shard_id,)).fetchone()
             committed = row[0] if row[0] is not None else -1
-            seq = max(on_disk, committed) + 1
+            floor = self._db.execute("SELECT next_seq FROM shards WHERE shard_id=?", (shard_id,)).fetchone()
+            seq = max(on_disk + 1, committed + 1, floor[0] if floor else 0)
         self._next_seq[shard_id] = seq + 1
         return seq
 
@@ -446,8 +451,9 @@ class ShardStore:
                            " finish_reason, empty, answer, prompt_len, reasoning_tokens)"
                            " VALUES(?,?,?,?,?,?,?,?,?,?,?)", samples)
             db.execute("UPDATE shards SET done_samples=done_samples+?, output_tokens=output_tokens+?,"
-                       " empty=empty+?, truncated=truncated+?, parts=parts+1 WHERE shard_id=?",
-                       (len(samples), tokens, sum(empty), truncated, info.shard_id))
+                       " empty=empty+?, truncated=truncated+?, parts=parts+1, next_seq=max(next_seq, ?)"
+                       " WHERE shard_id=?",
+                       (len(samples), tokens, sum(empty), truncated, info.seq + 1, info.shard_id))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:

@@ -46,6 +46,8 @@ _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of a
 _STRUCTURAL = re.compile(r'[\[\]{}",]')
 _JSON_STRING_TAIL = re.compile(r'[^"\\]*+(?:\\.[^"\\]*+)*+"', re.S)  # from just after an opening quote
 _NON_WS = re.compile(r"\S")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800-\udfff escapes: checked by _loads
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,8 @@ def iter_prompts(patterns: Sequence[str], fmt: str = "auto") -> Iterator[Convers
             try:
                 messages, conv_id, source = _normalize(obj)
             except _RowError as exc:
-                yield Reject(str(path), line, row, exc.reason, _excerpt(text), _row_id(obj), exc.kind)
+                yield Reject(str(path), line, row, exc.reason, _excerpt(text or _row_text(obj)), _row_id(obj),
+                             exc.kind)
                 continue
             if conv_id is None:
                 conv_id = origin
@@ -252,7 +255,7 @@ def iter_prompts(patterns: Sequence[str], fmt: str = "auto") -> Iterator[Convers
                 f_name = names[files[f_no]]
                 first_origin = f"{f_name}:row{f_pos}" if row_based[f_no] else f"{f_name}:{f_pos}"
                 yield Reject(str(path), line, row, f"duplicate id {conv_id!r} (first seen at {first_origin})",
-                             _excerpt(text), conv_id, "duplicate_id")
+                             _excerpt(text or _row_text(obj)), conv_id, "duplicate_id")
                 continue
             seen[conv_id] = (file_no, pos)
             yield Conversation(conv_id, source or str(path), origin, index, messages, str(path), line, row)
@@ -273,11 +276,28 @@ def _loads(text: str) -> Any:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _RowError("malformed_json", f"malformed JSON: {exc}") from None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise _RowError("invalid_utf8", f"lone surrogate escape in JSON string: {exc.reason}") from None
+    bad = _lone_surrogate(obj)
+    if bad is not None:
+        raise _RowError("invalid_utf8", f"lone surrogate escape in JSON string: {bad!r} is not valid Unicode")
     return obj
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string (key or value) holding a lone surrogate, which UTF-8 cannot encode."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return v[:40]
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
 
 
 RowItem = tuple[int | None, int | None, Any, str]  # (line, row, parsed object, raw text)
@@ -374,18 +394,24 @@ def _json_array_rows(path: Path, chunk_size: int = 1 << 20) -> Iterator[RowItem 
                                  _excerpt(buf[tail.start():tail.start() + EXCERPT_CHARS]), None, "malformed_json")
                 return
             start = m.start()
-            end, closed = _scan_element(buf, start, fill_more=fill, get_buf=lambda: buf)
+            fast = _decode_element(buf, start)
+            if fast is not None:
+                obj, end, closed = fast
+            else:  # malformed, or not complete in the buffer: the structural scan finds its extent
+                obj = None
+                end, closed = _scan_element(buf, start, fill_more=fill, get_buf=lambda: buf)
             text = buf[start:end]
-            if _ESCAPED_BYTE.search(text):
-                bad = _ESCAPED_BYTE.search(text).start()
-                at = len(text[:bad].encode("utf-8", "surrogateescape"))
-                byte = ord(text[bad]) - 0xDC00
+            bad = _ESCAPED_BYTE.search(text)
+            if bad:
+                at = len(text[:bad.start()].encode("utf-8", "surrogateescape"))
+                byte = ord(text[bad.start()]) - 0xDC00
                 yield Reject(str(path), None, row, f"invalid UTF-8 at byte {at} of the row (byte 0x{byte:02x})",
                              _excerpt(text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")),
                              None, "invalid_utf8")
             else:
                 try:
-                    obj = _loads(text)
+                    if obj is None or _SURROGATE_ESCAPE.search(text):
+                        obj = _loads(text)
                     yield None, row, obj, text
                 except _RowError as exc:
                     yield Reject(str(path), None, row, exc.reason, _excerpt(text), None, exc.kind)
@@ -397,6 +423,19 @@ def _json_array_rows(path: Path, chunk_size: int = 1 << 20) -> Iterator[RowItem 
             if pos > chunk_size:
                 buf = buf[pos:]
                 pos = 0
+
+
+def _decode_element(buf: str, start: int) -> tuple[Any, int, str] | None:
+    """Fast path: the C JSON scanner decodes one element; (obj, delimiter index, delimiter) when it
+    is complete and followed by ',' or ']', else None (the caller falls back to the scan)."""
+    try:
+        obj, end = _DECODER.raw_decode(buf, start)
+    except json.JSONDecodeError:
+        return None
+    m = _NON_WS.search(buf, end)
+    if m is None or m.group(0) not in ",]":
+        return None
+    return obj, m.start(), m.group(0)
 
 
 def _scan_element(buf: str, start: int, *, fill_more, get_buf) -> tuple[int, str | None]:
@@ -449,8 +488,21 @@ def _parquet_rows(path: Path, batch_size: int = 2048) -> Iterator[RowItem | Reje
     row = 0
     try:
         for batch in pf.iter_batches(batch_size=batch_size):
-            for obj in batch.to_pylist():
-                yield None, row, obj, _row_text(obj)
+            try:
+                objs = batch.to_pylist()
+            except UnicodeDecodeError:  # a string column with invalid UTF-8: find the rows, one by one
+                objs = None
+            for i in range(batch.num_rows):
+                if objs is not None:
+                    yield None, row, objs[i], ""  # excerpt text is made only for a reject
+                else:
+                    try:
+                        (obj,) = batch.slice(i, 1).to_pylist()
+                        yield None, row, obj, ""
+                    except UnicodeDecodeError as exc:
+                        yield Reject(str(path), None, row, f"invalid UTF-8 in a string column at byte {exc.start}: "
+                                     f"{exc.reason}", _excerpt(exc.object[:EXCERPT_CHARS].decode("utf-8", "replace")),
+                                     None, "invalid_utf8")
                 row += 1
     except (OSError, pa.ArrowInvalid) as exc:
         raise PromptFileError(str(path), str(exc), f"read failed at row {row}") from exc

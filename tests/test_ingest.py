@@ -368,3 +368,24 @@ def test_reject_to_dict_and_conversation_reject(tmp_path):
 def test_excerpt_is_short(tmp_path):
     r = one_reject(tmp_path / "p.jsonl", {"messages": [{"role": "alien", "content": "x" * 5000}]})
     assert len(r.excerpt) <= 201 and r.excerpt.endswith("…")
+
+
+def test_lone_surrogate_escape_is_rejected_in_both_formats(tmp_path):
+    f = write_jsonl(tmp_path / "p.jsonl", [b'{"prompt": "half \\ud800 pair"}', b'{"prompt": "ok \\ud83d\\ude00"}'])
+    g = tmp_path / "a.json"
+    g.write_text('[{"prompt": "half \\ud800 pair"}, {"prompt": "ok \\ud83d\\ude00"}]')
+    for path, where in ((f, "line"), (g, "row")):
+        convs, rejects = run([path])
+        assert [c.messages[0]["content"] for c in convs] == ["ok \U0001F600"]
+        assert [r.kind for r in rejects] == ["invalid_utf8"]
+        assert rejects[0].reason.startswith("lone surrogate escape in JSON string")
+
+
+def test_parquet_string_with_invalid_utf8_is_a_row_reject(tmp_path):
+    f = tmp_path / "bad.parquet"
+    bad = pa.Array.from_buffers(pa.string(), 3, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00\x05\x00\x00\x00"
+                                                                    b"\x07\x00\x00\x00"), pa.py_buffer(b"okno\xffgo")])
+    pq.write_table(pa.table({"prompt": bad}), f)
+    convs, rejects = run([f])
+    assert [c.messages[0]["content"] for c in convs] == ["ok", "go"]
+    assert [(r.row, r.kind) for r in rejects] == [(1, "invalid_utf8")]

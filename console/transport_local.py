@@ -149,7 +149,10 @@ class LocalTransport:
         finally:
             if not finished:  # the caller stopped reading (or was cancelled): end the command
                 _kill_group(proc.pid)
+                # read what is left while waiting: asyncio's wait() returns only once the pipes are closed
+                drain = asyncio.ensure_future(_read_all(proc.stdout, bytearray()))
                 await proc.wait()
+                await asyncio.wait([drain], timeout=_DRAIN_AFTER_KILL_S)
             err_reader.cancel()
             self._live.discard(proc)
 

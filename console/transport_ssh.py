@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import AsyncIterator, Sequence
 
 import asyncssh
+from asyncssh.public_key import decode_ssh_public_key
 
 from console.transport import HostSpec, TransportError
 from probes.model import CommandResult
@@ -205,7 +206,12 @@ async def connect_ssh(
     except socket.gaierror as exc:
         raise TransportError(f"cannot resolve host name {host!r} for {name}: {exc}", kind="unreachable") from exc
     except OSError as exc:
-        raise TransportError(f"cannot reach {where}: {exc}", kind="unreachable") from exc
+        os_text = os.strerror(exc.errno) if exc.errno else ""
+        if os_text and os_text not in str(exc):
+            os_text = f"{os_text}: {exc}"
+        else:
+            os_text = str(exc)
+        raise TransportError(f"cannot reach {where}: {os_text}", kind="unreachable") from exc
     except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
         raise TransportError(f"{where} closed the connection during the SSH handshake: {exc}", kind="closed") from exc
     except asyncssh.Error as exc:
@@ -248,7 +254,8 @@ async def _auth_error(
     keys = []
     for kp in options.client_keys or []:
         comment = kp.get_comment() or ""
-        keys.append(f"{kp.get_algorithm()} {kp.get_fingerprint('sha256')}{' ' + comment if comment else ''}")
+        pub = decode_ssh_public_key(kp.public_data)
+        keys.append(f"{describe_key(pub)}{' ' + comment if comment else ''}")
     tried = [f"publickey ({len(keys)} key{'s' if len(keys) != 1 else ''}: {'; '.join(keys) or 'none found'})"]
     if options.agent_path or os.environ.get("SSH_AUTH_SOCK"):
         tried.append("ssh-agent keys")
@@ -312,14 +319,18 @@ class SshTransport:
             return "the remote pid was never reported, so nothing could be killed"
         if self.is_closed:
             return f"could not kill remote process group {pid}: {self._lost_text()}"
-        cmd = f"kill -KILL -- -{pid} || kill -KILL {pid}"
+        # `kill -s KILL -- -PID` is the spelling dash, bash, zsh and procps kill all accept
+        cmd = f"kill -s KILL -- -{pid} || kill -s KILL {pid}"
         try:
             res = await self._conn.run(cmd, check=False, timeout=_KILL_TIMEOUT_S, encoding="utf-8", errors="replace")
         except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
             return f"could not kill remote process group {pid}: {exc}"
-        if res.exit_status == 0:
+        complaint = _oneline(str(res.stderr or ""))
+        if res.exit_status == 0 and not complaint:
             return f"killed remote process group {pid}"
-        return f"kill of remote process group {pid} failed ({_oneline(str(res.stderr))}); it may have already exited"
+        if res.exit_status == 0:
+            return f"killed remote process {pid} but not its group ({complaint}); its children may survive"
+        return f"kill of remote process group {pid} failed ({complaint}); it may have already exited"
 
     async def run(self, command: str, *, timeout: float, stdin: bytes | None = None) -> CommandResult:
         started = time.monotonic()

@@ -274,6 +274,7 @@ class AsyncSshServer:
     silent_alias: str
     drop_after_bytes: int | None = None
     connections: list = field(default_factory=list, repr=False)
+    handlers: set = field(default_factory=set, repr=False)
 
 
 class _FaultServer(asyncssh.SSHServer):
@@ -286,6 +287,31 @@ class _FaultServer(asyncssh.SSHServer):
 
     def begin_auth(self, username: str) -> bool:
         return True
+
+
+async def _discard(stream: asyncio.StreamReader) -> None:
+    while await stream.read(65536):
+        continue
+
+
+def _kill_group(pid: int) -> bool:
+    """SIGKILL a process group; False if it had already exited entirely."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _reap(proc: asyncio.subprocess.Process, worker: asyncio.Future) -> None:
+    if proc.returncode is None:  # the client went away (or we were cancelled): end the command
+        _kill_group(proc.pid)
+    if not worker.done():
+        worker.cancel()
+    await asyncio.wait({worker}, timeout=2)
+    # read the pipes to EOF while waiting: asyncio's wait() returns only once they are closed
+    drains = [asyncio.ensure_future(_discard(s)) for s in (proc.stdout, proc.stderr)]
+    await asyncio.wait([*drains, asyncio.ensure_future(proc.wait())], timeout=5)
 
 
 async def _run_command(state: AsyncSshServer, process: asyncssh.SSHServerProcess) -> None:
@@ -307,6 +333,12 @@ async def _run_command(state: AsyncSshServer, process: asyncssh.SSHServerProcess
             proc.stdin.close()
 
     async def pump_out(src: asyncio.StreamReader, dst, count: bool) -> None:
+        try:
+            await copy(src, dst, count)
+        except (BrokenPipeError, ConnectionResetError, asyncssh.Error):
+            return  # the client went away; the command is killed below
+
+    async def copy(src: asyncio.StreamReader, dst, count: bool) -> None:
         while chunk := await src.read(4096):
             if count and state.drop_after_bytes is not None:
                 sent = conn.get_extra_info("sent_bytes") + len(chunk)
@@ -318,15 +350,26 @@ async def _run_command(state: AsyncSshServer, process: asyncssh.SSHServerProcess
                     return
             dst.write(chunk)
 
+    async def work() -> int:
+        await asyncio.gather(pump_out(proc.stdout, process.stdout, True),
+                             pump_out(proc.stderr, process.stderr, False))
+        return await proc.wait()
+
     feeder = asyncio.ensure_future(pump_in())
+    worker = asyncio.ensure_future(work())
+    closed = asyncio.ensure_future(process.channel.wait_closed())
     try:
-        await asyncio.gather(pump_out(proc.stdout, process.stdout, True), pump_out(proc.stderr, process.stderr, False))
-        rc = await proc.wait()
+        await asyncio.wait({worker, closed}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         feeder.cancel()
-        if proc.returncode is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        closed.cancel()
+        # asyncssh cancels handlers when a connection drops: reap in a task of its own that a
+        # second cancellation cannot interrupt, and that stop_asyncssh_server waits for
+        reaper = asyncio.ensure_future(_reap(proc, worker))
+        state.handlers.add(reaper)
+        reaper.add_done_callback(state.handlers.discard)
+        await asyncio.shield(reaper)
+    rc = proc.returncode
     if process.channel.is_closing():
         return
     if rc < 0:
@@ -345,7 +388,12 @@ async def start_asyncssh_server(workdir: Path, *, alias: str = ASYNCSSH_ALIAS) -
     state_box: list[AsyncSshServer] = []
 
     async def handle(process: asyncssh.SSHServerProcess) -> None:
-        await _run_command(state_box[0], process)
+        task = asyncio.current_task()
+        state_box[0].handlers.add(task)
+        try:
+            await _run_command(state_box[0], process)
+        finally:
+            state_box[0].handlers.discard(task)
 
     listener = await asyncssh.create_server(
         lambda: _FaultServer(state_box[0]), "127.0.0.1", 0,
@@ -390,6 +438,13 @@ async def stop_asyncssh_server(state: AsyncSshServer, closers: list) -> None:
     close_silent()
     listener.close()
     await listener.wait_closed()
+    # commands still running see their channel gone; their handlers kill and reap them (a handler
+    # that ends adds its reaper to the set, so look again until nothing is left)
+    deadline = time.monotonic() + 10
+    while state.handlers and time.monotonic() < deadline:
+        await asyncio.wait(list(state.handlers), timeout=max(0.1, deadline - time.monotonic()))
+    for task in list(state.handlers):
+        task.cancel()
 
 
 @pytest.fixture

@@ -155,3 +155,12 @@ async def test_closing_a_stream_kills_the_command(local):
     assert await stream.__anext__() == "ready"
     await stream.aclose()
     assert wait_gone("987604") == []
+
+
+async def test_closing_a_stream_with_unread_output_does_not_hang(local):
+    # the pipe is full and nobody reads it: closing must still kill and reap the command
+    stream = local.stream_lines("seq 1 987605000")
+    assert await stream.__anext__() == "1"
+    await asyncio.sleep(0.2)
+    await stream.aclose()
+    assert wait_gone("987605000") == []

@@ -21,6 +21,7 @@ import gzip
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,12 +141,24 @@ def resolve_prompt_files(patterns: Sequence[str]) -> list[Path]:
             if os.path.isdir(pattern):
                 err = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), pattern)
                 raise PromptFileError(pattern, str(err), f"is a directory (use a glob such as {pattern}/*.jsonl)")
-            if not st.st_size and not os.path.isfile(pattern):
+            if not stat.S_ISREG(st.st_mode):
                 raise PromptFileError(pattern, None, "not a regular file")
             matches = [pattern]
         for m in matches:
             found.setdefault(os.path.realpath(m), Path(m))
     return sorted(found.values(), key=str)
+
+
+def fingerprint(files: Sequence[Path]) -> list[dict]:
+    """Path, size and mtime of each prompt file: what the conversation indices depend on."""
+    out = []
+    for p in files:
+        try:
+            st = os.stat(p)
+        except OSError as exc:
+            raise PromptFileError(str(p), str(exc)) from exc
+        out.append({"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return out
 
 
 def _glob_miss_text(pattern: str) -> str:

@@ -152,6 +152,13 @@ class Renderer:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return list(self.tokenizer(self.prompt_text(messages), add_special_tokens=False).input_ids)
 
+    def prompt_ids_many(self, messages_list: Sequence[list[dict]]) -> list[list[int]]:
+        """prompt_ids for several conversations at once (the Rust tokenizer encodes the batch in parallel)."""
+        if not messages_list:
+            return []
+        texts = [self.prompt_text(m) for m in messages_list]
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
+
     def fits(self, prompt_ids: Sequence[int], max_new_tokens: int) -> str | None:
         """None if SGLang would accept the request, else its rejection text (TokenizerManager)."""
         n, ctx = len(prompt_ids), self.context_length

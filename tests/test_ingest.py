@@ -25,8 +25,9 @@ def run(patterns, fmt="auto"):
 
 
 def one_reject(path: Path, row) -> Reject:
-    convs, rejects = run([write_jsonl(path, [row])])
-    assert convs == [] and len(rejects) == 1, rejects
+    convs, rejects = run([write_jsonl(path, [{"prompt": "a good row first"}, row])])
+    assert len(convs) == 1 and len(rejects) == 1, rejects
+    assert (rejects[0].file, rejects[0].line, rejects[0].row) == (str(path), 2, None)
     return rejects[0]
 
 
@@ -266,7 +267,7 @@ def test_blank_lines_are_skipped_and_line_numbers_stay_exact(tmp_path):
 
 def test_not_an_object(tmp_path):
     r = one_reject(tmp_path / "p.jsonl", [1, 2])
-    assert (r.line, r.kind, r.reason) == (1, "not_object", "not an object (a JSON array)")
+    assert (r.line, r.kind, r.reason) == (2, "not_object", "not an object (a JSON array)")
 
 
 def test_unknown_role_is_named(tmp_path):

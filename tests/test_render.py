@@ -104,6 +104,12 @@ def test_mode_last_keeps_dataset_history(renderer, tiny_tokenizer):
     assert ids == expected and "Dataset answer two." in text
 
 
+def test_prompt_ids_many_equals_one_by_one(renderer):
+    batch = [renderer.build_messages(CONV, t, ANSWERS, "all") for t in renderer.user_turns(CONV, "all")]
+    assert renderer.prompt_ids_many(batch) == [renderer.prompt_ids(m) for m in batch]
+    assert renderer.prompt_ids_many([]) == []
+
+
 def test_mode_first(renderer, tiny_tokenizer):
     (turn,) = renderer.user_turns(CONV, "first")
     messages = renderer.build_messages(CONV, turn, {}, "first")

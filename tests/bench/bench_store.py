@@ -4,6 +4,7 @@
 
 commit(): rows/s for parts of `rows` samples of `tokens` tokens (prompt 25%, output 75%), in a
 fresh run dir under $TMPDIR. iter_prompts(): conversations/s over a generated JSONL, JSON array and Parquet.
+render: prompt_ids (chat template + tokenizer) per second with the tiny model's tokenizer.
 """
 from __future__ import annotations
 
@@ -88,15 +89,34 @@ def bench_ingest(n: int) -> None:
                   f"{n / dt:.0f} rows/s ({good} good)")
 
 
+def bench_render(n: int) -> None:
+    from engine.render import Renderer
+    from engine.tiny_model import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as d:
+        r = Renderer(str(build_tiny_model(Path(d) / "m")), enable_thinking=True)
+        files = write_prompts(Path(d), n)
+        convs = [c for c in iter_prompts([str(files["jsonl"])]) if isinstance(c, Conversation)]
+        t0 = time.perf_counter()
+        tokens = 0
+        for c in convs:
+            for turn in r.user_turns(c, "last"):
+                tokens += len(r.prompt_ids(r.build_messages(c, turn, {}, "last")))
+        dt = time.perf_counter() - t0
+        print(f"render (tiny tokenizer): {n} prompts, {tokens / n:.0f} tokens avg: {dt:.2f} s, {n / dt:.0f} prompts/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", type=int, default=5)
     ap.add_argument("--rows", type=int, default=1000)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--prompts", type=int, default=100_000)
+    ap.add_argument("--renders", type=int, default=5_000)
     args = ap.parse_args()
     bench_commit(args.parts, args.rows, args.tokens)
     bench_ingest(args.prompts)
+    bench_render(args.renders)
 
 
 if __name__ == "__main__":

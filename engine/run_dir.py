@@ -82,7 +82,7 @@ class ConfigChanged(RunDirError):
             "Its shards were generated with the old values, so it cannot be resumed with these. To proceed, "
             "either set run_dir to a new directory for a new run, or revert "
             + ("this field" if len(changes) == 1 else "these fields")
-            + f" in the config to resume (the frozen copy is {run_dir / 'run.toml'})."
+            + " in the config to resume (the values the run was started with are the old ones above)."
         )
 
 

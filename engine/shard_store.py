@@ -106,8 +106,9 @@ class StoreBusy(Exception):
     """Another live process holds the writer lock of this run dir."""
 
 
-class StoreError(Exception):
-    pass
+class StoreError(OSError):
+    """The store's files or database failed (disk full, I/O error, locked): nothing was committed.
+    An OSError, so callers that keep rows and retry on I/O errors handle it the same way."""
 
 
 class ShardStore:
@@ -359,7 +360,11 @@ class ShardStore:
             self._publish(tmp, final)
             info = PartInfo(shard_id, rel, len(ids), time.time(), seq, nbytes)
             try:
-                self._record(info, table, history)
+                try:
+                    self._record(info, table, history)
+                except sqlite3.Error as exc:
+                    raise StoreError(f"commit of {rel} ({len(ids)} samples) failed in {self.db_path}: {exc}; "
+                                     "nothing was committed") from exc
             except BaseException as exc:
                 # nothing is committed; the file must not outlive the failure (readers trust sqlite,
                 # but a glob over the shard dirs should not see it either)

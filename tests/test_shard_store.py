@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.shard_schema import SHARD_SCHEMA
-from engine.shard_store import DuplicateSample, ShardStore, StoreBusy, shard_id_for
+from engine.shard_store import DuplicateSample, ShardStore, StoreBusy, StoreError, shard_id_for
 
 REPO = Path(__file__).resolve().parents[1]
 EMPTY_TEXT = "<think>\n\n</think>\n\nOK.<|im_end|>"
@@ -128,8 +128,11 @@ def test_failed_sqlite_step_leaves_nothing_and_seq_is_not_reused(store, tmp_path
 
     with monkeypatch.context() as m:
         m.setattr(ShardStore, "_record", disk_full)
-        with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        with pytest.raises(StoreError) as exc:
             store.commit("s00000", [make_row("a")])
+    assert isinstance(exc.value, OSError)  # callers that keep rows and retry on I/O errors catch it
+    assert str(exc.value) == (f"commit of shards/s00000/part-000000.parquet (1 samples) failed in "
+                              f"{tmp_path / 'state.sqlite'}: database or disk is full; nothing was committed")
     assert part_files(tmp_path) == [] and not store.is_committed("a#turn0") and store.parts() == []
     info = store.commit("s00000", [make_row("a")])
     assert info.path == "shards/s00000/part-000001.parquet"

@@ -390,3 +390,14 @@ def test_parquet_string_with_invalid_utf8_is_a_row_reject(tmp_path):
     convs, rejects = run([f])
     assert [c.messages[0]["content"] for c in convs] == ["ok", "go"]
     assert [(r.row, r.kind) for r in rejects] == [(1, "invalid_utf8")]
+
+
+def test_parquet_reads_only_usable_columns(tmp_path):
+    f = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"prompt": ["p"], "old_answer": ["x" * 1000], "uuid": ["u9"]}), f)
+    (conv,), _ = run([f])
+    assert conv.conversation_id == "u9" and conv.messages == ({"role": "user", "content": "p"},)
+    g = tmp_path / "unknown.parquet"
+    pq.write_table(pa.table({"question": ["q"], "answer": ["a"]}), g)
+    _, (r,) = run([g])
+    assert r.kind == "no_conversation" and "keys: answer, question" in r.reason and r.row == 0

@@ -59,6 +59,21 @@ def test_missing_tokenizer_path_names_it(tmp_path):
     assert str(tmp_path / "no-model") in str(exc.value) and "No such file or directory" in str(exc.value)
 
 
+def test_model_dir_without_chat_template_is_refused(model_copy):
+    (model_copy / "chat_template.jinja").unlink()
+    with pytest.raises(RenderError) as exc:
+        Renderer(str(model_copy), enable_thinking=True)
+    assert str(model_copy) in str(exc.value) and "has no chat template" in str(exc.value)
+
+
+def test_unparsable_config_json_is_named(model_copy):
+    (model_copy / "config.json").write_text("{not json")
+    with pytest.raises(RenderError) as exc:
+        Renderer(str(model_copy), enable_thinking=True)
+    # transformers reads config.json first; either way the message names the file and the problem
+    assert str(model_copy / "config.json") in str(exc.value) and "valid JSON" in str(exc.value)
+
+
 def test_user_turns_per_mode(renderer):
     assert renderer.user_turns(CONV, "all") == [0, 1, 2]
     assert renderer.user_turns(CONV, "last") == [2]

@@ -167,14 +167,14 @@ async def connect_ssh(
         raise TransportError(f"cannot prepare the SSH connection to {name}: {exc}", kind="error") from exc
     host, port, user = base.host, int(base.port or 22), base.username
     target = f"{user}@{host}:{port}"
-    where = name if name == host else f"{name} ({target})"
+    where = name if spec.host == host else f"{name} ({target})"  # show what an alias resolved to
 
     if known_hosts is not None:
         kh_paths = [str(known_hosts)]
     elif base.known_hosts:  # UserKnownHostsFile (+ GlobalKnownHostsFile) from the config
         kh_paths = [str(p) for p in base.known_hosts]
     else:
-        kh_paths = [str(Path("~/.ssh/known_hosts").expanduser())]
+        kh_paths = [str(Path("~/.ssh/known_hosts").expanduser()), "/etc/ssh/ssh_known_hosts"]
     check = _HostKeyCheck(_load_known_hosts(kh_paths), accept_new)
     record_to = Path(kh_paths[0]).expanduser()
     client = _Client(check)
@@ -199,13 +199,15 @@ async def connect_ssh(
         raise await _auth_error(base, config_path, where, host, port, user, exc) from exc
     except (asyncio.TimeoutError, TimeoutError) as exc:
         raise TransportError(
-            f"timed out after {connect_timeout:g} s connecting to {where} (no SSH handshake; "
-            f"is the host up and is that the SSH port?)",
+            f"timed out after {connect_timeout:g} s connecting to {where} (the TCP connection or the SSH "
+            f"handshake did not complete; is the host up, and is {port} its SSH port?)",
             kind="timeout",
         ) from exc
     except socket.gaierror as exc:
         raise TransportError(f"cannot resolve host name {host!r} for {name}: {exc}", kind="unreachable") from exc
     except OSError as exc:
+        if isinstance(exc, ConnectionResetError) and (changed := await _key_type_changed(check, base, where, record_to)):
+            raise changed from exc
         os_text = os.strerror(exc.errno) if exc.errno else ""
         if os_text and os_text not in str(exc):
             os_text = f"{os_text}: {exc}"
@@ -213,6 +215,10 @@ async def connect_ssh(
             os_text = str(exc)
         raise TransportError(f"cannot reach {where}: {os_text}", kind="unreachable") from exc
     except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
+        # includes KeyExchangeFailed; a host that only has keys of a type known_hosts does not list
+        # hangs up during key exchange (asyncssh offers only the known key types)
+        if changed := await _key_type_changed(check, base, where, record_to):
+            raise changed from exc
         raise TransportError(f"{where} closed the connection during the SSH handshake: {exc}", kind="closed") from exc
     except asyncssh.Error as exc:
         raise TransportError(f"SSH connection to {where} failed: {exc}", kind="error") from exc
@@ -226,10 +232,30 @@ async def connect_ssh(
     return SshTransport(conn, client, name=name, target=target)
 
 
+async def _key_type_changed(check: _HostKeyCheck, options: asyncssh.SSHClientConnectionOptions, where: str,
+                            record_to: Path) -> TransportError | None:
+    """If known_hosts lists keys for this host and the host now presents a key that is none of
+    them (e.g. of another type), the CHANGED error; else None."""
+    host, port = options.host, int(options.port or 22)
+    lookup = options.host_key_alias or host
+    keys, ca_keys, *_ = asyncssh.match_known_hosts(check.known_hosts, lookup, host, port if port != 22 else None)
+    if not keys and not ca_keys:
+        return None
+    try:
+        presented = await asyncio.wait_for(asyncssh.get_server_host_key(host, port), 5.0)
+    except (OSError, asyncssh.Error, asyncio.TimeoutError):
+        return None  # the host is not answering at all: the caller's own error says so
+    if presented is None or presented in keys:
+        return None
+    check.presented, check.known, check.verdict = presented, list(keys) + list(ca_keys), "changed"
+    check.host, check.port = lookup, port
+    return _host_key_error(check, where, record_to, ConnectionError("no host key type in common"))
+
+
 def _host_key_error(check: _HostKeyCheck, where: str, record_to: Path, exc: Exception) -> TransportError:
     pattern = known_hosts_pattern(check.host, check.port) if check.host else where
     if check.verdict == "changed" and check.presented is not None:
-        known = ", ".join(describe_key(k) for k in check.known)
+        known = ", ".join(dict.fromkeys(describe_key(k) for k in check.known))  # host and addr may both match
         return TransportError(
             f"host key for {pattern} has CHANGED: the host presented {describe_key(check.presented)}, "
             f"known_hosts ({record_to}) has {known}. This can be a man-in-the-middle attack or a reinstalled "
@@ -249,7 +275,8 @@ def _host_key_error(check: _HostKeyCheck, where: str, record_to: Path, exc: Exce
 
 
 async def _auth_error(
-    options: asyncssh.SSHClientConnectionOptions, config_path: str | None, where: str, host: str, port: int, user: str, exc: Exception
+    options: asyncssh.SSHClientConnectionOptions, config_path: str | None, where: str, host: str, port: int,
+    user: str, exc: Exception,
 ) -> TransportError:
     keys = []
     for kp in options.client_keys or []:

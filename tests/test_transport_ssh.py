@@ -337,3 +337,14 @@ async def test_connection_dropped_after_bytes_raises_closed(asyncssh_server):
     assert 0 < len(received) < 1000000
     assert received[:3] == ["1", "2", "3"]
     await t.close()
+
+
+async def test_known_key_of_another_type_is_refused(sshd, tmp_path):
+    # known_hosts has an ECDSA key; the host only offers ed25519: no silent switch to the new key type
+    other = asyncssh.generate_private_key("ecdsa-sha2-nistp256").export_public_key("openssh").decode()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(known_hosts_line("127.0.0.1", sshd.port, other))
+    with pytest.raises(TransportError) as err:
+        await open_transport(sshd.alias, ssh_config=str(sshd.ssh_config_path), known_hosts=str(kh), accept_new=True)
+    assert err.value.kind == "host_key"
+    assert "CHANGED" in str(err.value)

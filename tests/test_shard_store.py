@@ -6,7 +6,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq

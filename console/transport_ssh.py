@@ -14,6 +14,7 @@ we kill that whole group over a second channel, so a hung `sleep 1000` does not 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import posixpath
 import re
@@ -36,6 +37,9 @@ _WRAPPER = 'printf "\\036regen-pid:%s\\n" "$$" >&2; exec /bin/sh -c "$1"'
 _KILL_TIMEOUT_S = 5.0
 _DRAIN_AFTER_KILL_S = 2.0
 _CHANNEL_OPEN_RETRY_S = 10.0
+_PID_WAIT_S = 2.0
+
+log = logging.getLogger(__name__)
 
 
 def wrap_remote(command: str) -> str:
@@ -389,7 +393,7 @@ class SshTransport:
             await asyncio.wait_for(feed_and_wait(), timeout)
         except asyncio.TimeoutError:
             timed_out = True
-            error = f"timed out after {timeout:g} s; " + await self._kill_group(s.pid())
+            error = f"timed out after {timeout:g} s; " + await self._kill_group(await s.wait_pid(_PID_WAIT_S))
         except (asyncssh.Error, OSError) as exc:
             error = f"lost the command's channel on {self.name}: {exc}"
         if timed_out:
@@ -452,7 +456,9 @@ class SshTransport:
                     )
             finally:
                 if not finished and not self.is_closed:
-                    await self._kill_group(s.pid())
+                    outcome = await self._kill_group(await s.wait_pid(_PID_WAIT_S))
+                    if not outcome.startswith("killed remote process group"):
+                        log.warning("closing the stream of `%s` on %s: %s", command, self.name, outcome)
                 s.close()
 
     # -- SFTP -------------------------------------------------------------------------------
@@ -562,6 +568,7 @@ class _Session:
         self.err = bytearray()
         self._pid: int | None = None
         self.read_error: Exception | None = None
+        self._pid_seen: asyncio.Future = asyncio.get_running_loop().create_future()
         self.out_task = (asyncio.ensure_future(asyncio.sleep(0)) if stream_stdout
                          else asyncio.ensure_future(self._read(proc.stdout, self.out)))
         self.err_task = asyncio.ensure_future(self._read(proc.stderr, self.err, parse_pid=True))
@@ -579,9 +586,16 @@ class _Session:
                 m = _PID_MARKER.search(sink)
                 if m:
                     self._pid = int(m.group(1))
+                    self._pid_seen.set_result(self._pid)
                     del sink[m.start():m.end()]
 
     def pid(self) -> int | None:
+        return self._pid
+
+    async def wait_pid(self, timeout: float) -> int | None:
+        """The remote pid, waiting a little for its marker: stderr may lag behind stdout."""
+        if self._pid is None:
+            await asyncio.wait([self._pid_seen], timeout=timeout)
         return self._pid
 
     def stderr_text(self) -> str:

@@ -51,6 +51,7 @@ class ProbeResult:
     duration_s: float = 0.0
     remedy: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    script: str = ""  # the probes/host script embedded in `command` (`python -c SCRIPT`), for a short display
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

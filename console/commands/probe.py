@@ -1,0 +1,96 @@
+"""`regen probe HOST [--config run.toml] [--json] [--only ID,...]`: can this run start on that host, and if not, why.
+
+Exit status: 0 no FAIL/ERROR, 1 some FAIL/ERROR, 2 could not run at all (bad config, unknown
+probe id, host not reached: the report is still printed, with the connection probe saying why).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from rich.console import Console
+
+from engine.config import ConfigError, RunConfig, load_config
+from probes.catalog import PROBE_IDS, UnknownProbe, probes_for
+from probes.context import GIB, ProbeContext
+from probes.model import ProbeReport
+from probes.render import render_report
+from probes.runner import ConnectFailure, run_probes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", metavar="HOST", help="ssh alias, user@host[:port], or `local`")
+    p.add_argument("--config", metavar="RUN_TOML", help="run config: adds the model, prompts, ports, disk and "
+                   "run dir probes (without it only the config-free probes run)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema regen.probe/1)")
+    p.add_argument("--only", metavar="ID,...", help="run only these probes (and what they need); an id prefix such "
+                   f"as `gpu` selects gpu.*; ids: {', '.join(PROBE_IDS)}")
+    p.add_argument("--accept-new", action="store_true", help="accept and record the host key of a host not yet in "
+                   "known_hosts (a changed key is always refused)")
+    p.add_argument("--timeout", type=float, metavar="S", help="timeout of each probe's command (and of connecting), "
+                   "instead of each probe's own")
+
+
+def context_from_config(cfg: RunConfig) -> ProbeContext:
+    gpus = tuple(cfg.workers.gpus)
+    return ProbeContext(
+        python=cfg.host_python, has_config=True, config_path=cfg.source_path, run_dir=cfg.run_dir, model=cfg.model,
+        tokenizer=cfg.tokenizer_path, prompts=tuple(cfg.prompts), prompt_format=cfg.prompt_format, turns=cfg.turns,
+        enable_thinking=cfg.enable_thinking, tp_size=cfg.workers.tp_size, gpus=gpus, base_port=cfg.workers.base_port,
+        bind_host=cfg.workers.host, context_length=cfg.context_length, max_new_tokens=cfg.sampling.max_new_tokens,
+        disk_floor_bytes=int(cfg.alerts.disk_free_min_gb * 10**9), shm_need_bytes=GIB * max(1, len(gpus)),
+        content_hash=cfg.content_hash(), content_fields=cfg.content_fields(),
+    )
+
+
+async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, accept_new: bool = False,
+                     timeout_s: float | None = None, ssh_config: str | None = None) -> tuple[ProbeReport, bool]:
+    """The report, and whether the host was reached."""
+    from console.transport import TransportError, open_transport
+
+    t0 = time.monotonic()
+    try:
+        transport = await open_transport(host, accept_new=accept_new, connect_timeout=timeout_s or 10.0,
+                                         ssh_config=ssh_config)
+    except TransportError as exc:
+        failure = ConnectFailure(exc.kind, str(exc), time.monotonic() - t0)
+        return await run_probes(None, host, ctx, only, connect_failure=failure, timeout_s=timeout_s), False
+    connect_s = time.monotonic() - t0
+    try:
+        report = await run_probes(transport, host, ctx, only, timeout_s=timeout_s)
+    finally:
+        await transport.close()
+    for r in report.results:
+        if r.id == "connection":
+            r.data["connect_s"] = round(connect_s, 3)
+    return report, True
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    if args.config:
+        try:
+            cfg = load_config(args.config)
+        except ConfigError as exc:
+            err.print(f"[bold red]regen probe:[/] bad run config {args.config}: {exc}", markup=True, highlight=False)
+            return 2
+        ctx = context_from_config(cfg)
+    else:
+        ctx = ProbeContext()
+    only = {s.strip() for s in args.only.split(",") if s.strip()} if args.only else None
+    try:
+        probes_for(ctx, only)
+    except UnknownProbe as exc:
+        err.print(f"regen probe: {exc}", markup=False, highlight=False)
+        return 2
+    report, reached = asyncio.run(probe_host(args.host, ctx, only, accept_new=args.accept_new, timeout_s=args.timeout))
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        render_report(report, Console())
+    if not reached:
+        return 2
+    return report.exit_code()

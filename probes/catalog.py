@@ -1,0 +1,892 @@
+"""The probe catalog: for each probe, the exact shell command it runs on the host and how its output is judged.
+
+A probe's command depends only on the ProbeContext (so the report shows a command the
+operator can paste into a shell on the host). Commands that need Python run a script from
+probes/host/ with the configured host interpreter: `<python> -c <script> <json args>`;
+the scripts print JSON and keep every error's text. stderr is never discarded.
+
+`needs`: probes that must PASS or WARN first (otherwise this one is SKIP, naming them).
+`uses`: probes whose data this one reads when available (it waits for them, never skips).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from probes.context import GIB, ProbeContext
+from probes.host import script
+from probes.model import CommandResult, ProbeResult, Status
+
+MIN_PYTHON = (3, 10)
+# (module, distribution) imported by `packages`; sglang last: it imports torch and may crash the interpreter.
+PACKAGES = (
+    ("transformers", "transformers"),
+    ("pyarrow", "pyarrow"),
+    ("psutil", "psutil"),
+    ("pynvml", "nvidia-ml-py"),
+    ("aiohttp", "aiohttp"),
+    ("orjson", "orjson"),
+    ("prometheus_client", "prometheus-client"),
+    ("sglang", "sglang"),
+)
+NVSMI_QUERY = "index,name,memory.total,memory.used,driver_version"
+NVSMI_APPS = "pid,process_name,used_memory"
+HEADER_MARK = "@@regen:nvidia-smi-header"
+APPS_MARK = "@@regen:nvidia-smi-compute-apps"
+NVCC_FALLBACKS = ("/usr/local/cuda/bin/nvcc",)  # where nvcc usually is when not on PATH (CUDA_HOME is tried first)
+BUSY_GPU_MIB = 1024  # memory already used on a configured GPU above this is worth a warning
+OUTPUT_TOKENS_GUESS = 2048  # per sample, for the disk estimate (Qwen3 thinking answers average ~1.4K)
+BYTES_PER_TOKEN = 6  # input_ids int32 + loss_mask uint8 + the decoded text, after zstd
+KV_HEADROOM = 0.85  # weights above this share of a GPU leave too little room for the KV cache
+
+
+@dataclass
+class Verdict:
+    """A judge's answer; the runner adds id, title, command, exit status, output and duration."""
+
+    status: Status
+    summary: str
+    expected: str = ""
+    actual: str = ""
+    remedy: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JudgeInput:
+    ctx: ProbeContext
+    deps: Mapping[str, ProbeResult]  # results of `needs` and `uses` (those that ran)
+
+    def dep_data(self, probe_id: str) -> dict[str, Any]:
+        r = self.deps.get(probe_id)
+        return r.data if r is not None and r.status in (Status.PASS, Status.WARN) else {}
+
+
+@dataclass(frozen=True)
+class Probe:
+    id: str
+    title: str
+    command: Callable[[ProbeContext], str]
+    judge: Callable[[CommandResult, JudgeInput], Verdict]
+    needs: tuple[str, ...] = ()
+    uses: tuple[str, ...] = ()
+    timeout_s: float = 30.0
+    script: str | None = None  # the probes/host script embedded in the command (for a short display)
+    config: str = "any"  # "any": always; "config": only with --config; "no_config": only without
+
+
+class Findings:
+    """Issues found by a judge; the verdict's status is the worst of them."""
+
+    ORDER = {Status.PASS: 0, Status.WARN: 1, Status.FAIL: 2, Status.ERROR: 3}
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Status, str, str]] = []  # (status, text, remedy)
+
+    def add(self, status: Status, text: str, remedy: str = "") -> None:
+        self.items.append((status, text, remedy))
+
+    def fail(self, text: str, remedy: str = "") -> None:
+        self.add(Status.FAIL, text, remedy)
+
+    def warn(self, text: str, remedy: str = "") -> None:
+        self.add(Status.WARN, text, remedy)
+
+    @property
+    def status(self) -> Status:
+        worst = Status.PASS
+        for status, _, _ in self.items:
+            if self.ORDER[status] > self.ORDER[worst]:
+                worst = status
+        return worst
+
+    def verdict(self, ok_summary: str, *, expected: str = "", actual: str = "", data: dict | None = None) -> Verdict:
+        status = self.status
+        if status is Status.PASS:
+            return Verdict(status, ok_summary, expected, actual, "", data or {})
+        worst = [(t, r) for s, t, r in self.items if s is status]
+        rest = [t for s, t, _ in self.items if s is not status]
+        summary = "; ".join(t for t, _ in worst)
+        remedy = " ".join(dict.fromkeys(r for _, r in worst + [(t, r) for s, t, r in self.items if s is not status] if r))
+        if rest:
+            actual = (actual + "\n" if actual else "") + "also: " + "; ".join(rest)
+        return Verdict(status, summary, expected, actual, remedy, data or {})
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def python_command(ctx: ProbeContext, name: str, args: Any = None) -> str:
+    argv = [ctx.python, "-c", script(name)]
+    if args is not None:
+        argv.append(json.dumps(args, sort_keys=True))
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def shell_path(path: str) -> str:
+    """A path for the host's shell: `~/x` becomes "$HOME"/'x' (quoting stops tilde expansion)."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def shell_failure(res: CommandResult, what: str) -> str:
+    """`what` failed (exit N): <the shell's own text>."""
+    text = last_line(res.stderr) or last_line(res.stdout) or "(no output)"
+    if res.exit_status == 127:
+        return f"{what} not found (exit 127): {text}"
+    return f"{what} failed (exit {res.exit_status}): {text}"
+
+
+def json_lines(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # not ours: a library printed to stdout; the raw stdout is in the report
+    return out
+
+
+class ScriptOutputError(Exception):
+    pass
+
+
+def script_json(res: CommandResult, what: str) -> dict:
+    """The last JSON object the host script printed, or an error naming what went wrong."""
+    objs = json_lines(res.stdout)
+    if res.exit_status == 0 and objs:
+        return objs[-1]
+    if res.exit_status == 127:
+        raise ScriptOutputError(shell_failure(res, "the host python"))
+    detail = last_line(res.stderr) or "(no stderr)"
+    raise ScriptOutputError(f"the {what} script exited {res.exit_status} without a result: {detail}")
+
+
+def script_error_verdict(exc: ScriptOutputError, ctx: ProbeContext) -> Verdict:
+    return Verdict(Status.ERROR, str(exc), remedy=f"run the command by hand on the host with {ctx.python} to see why")
+
+
+def gib(n: float | int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / GIB:.1f} GiB"
+
+
+def size_text(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    m = re.match(r"(\d+)\.(\d+)", str(text))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def gpu_memory_mib(inp: JudgeInput) -> tuple[list[dict], str]:
+    """Per-GPU facts from gpu.nvidia_smi (else gpu.nvml): the configured GPUs when a config names them."""
+    for pid in ("gpu.nvidia_smi", "gpu.nvml"):
+        gpus = inp.dep_data(pid).get("gpus")
+        if gpus:
+            wanted = set(inp.ctx.gpus)
+            chosen = [g for g in gpus if not wanted or g["index"] in wanted]
+            return chosen or gpus, pid
+    return [], ""
+
+
+# ---------------------------------------------------------------------------------------------- connection
+
+
+def judge_connection(res: CommandResult, inp: JudgeInput) -> Verdict:
+    if res.exit_status != 0:
+        return Verdict(Status.FAIL, shell_failure(res, "`id -un && uname -n && uname -srm`"),
+                       expected="a POSIX shell with id and uname", actual=res.stderr.strip(),
+                       remedy="check the account's login shell on the host")
+    lines = res.stdout.strip().splitlines()
+    user, host, kernel = (lines + ["?", "?", "?"])[:3]
+    return Verdict(Status.PASS, f"connected as {user}@{host} ({kernel})",
+                   data={"user": user, "hostname": host, "kernel": kernel})
+
+
+# ---------------------------------------------------------------------------------------------- python and packages
+
+
+def judge_python(res: CommandResult, inp: JudgeInput) -> Verdict:
+    py = inp.ctx.python
+    expected = f"{py} runs and is Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
+    if res.exit_status == 127:
+        return Verdict(Status.FAIL, shell_failure(res, py), expected, res.stderr.strip(),
+                       remedy=f"install Python >= 3.10 or set host_python in the run config to the SGLang env's python "
+                              f"(e.g. /opt/venv/bin/python); `command -v python3` on the host lists what is on PATH")
+    try:
+        info = script_json(res, "interpreter")
+    except ScriptOutputError as exc:
+        return Verdict(Status.FAIL, f"{py} did not run the probe script: {exc}", expected, res.stderr.strip(),
+                       remedy="set host_python to a Python >= 3.10")
+    version = tuple(info.get("version") or ())
+    vtext = ".".join(map(str, version))
+    venv = info.get("prefix") != info.get("base_prefix")
+    where = f"{info.get('executable')}" + (f" (venv {info.get('prefix')})" if venv else "")
+    data = dict(info, venv=venv)
+    if version[:2] < MIN_PYTHON:
+        return Verdict(Status.FAIL, f"{py} is Python {vtext} at {where}: too old", expected, f"Python {vtext}",
+                       remedy="point host_python at a Python >= 3.10 (the SGLang env's)", data=data)
+    return Verdict(Status.PASS, f"Python {vtext} at {where}", expected, f"Python {vtext}", data=data)
+
+
+def judge_packages(res: CommandResult, inp: JudgeInput) -> Verdict:
+    records = json_lines(res.stdout)
+    done = {r["module"]: r for r in records if "module" in r}
+    started = [r["start"] for r in records if "start" in r]
+    finished = any(r.get("done") for r in records)
+    expected = "importable in " + inp.ctx.python + ": " + ", ".join(m for m, _ in PACKAGES)
+    f = Findings()
+    if not finished:
+        crashed = next((m for m in started if m not in done), None)
+        how = f"exit {res.exit_status}" if res.exit_status is not None else (res.error or "no exit status")
+        if crashed:
+            f.add(Status.FAIL, f"importing {crashed} crashed the interpreter ({how}): {last_line(res.stderr) or '(no stderr)'}",
+                  f"reinstall {crashed} in the host env and try `{inp.ctx.python} -c 'import {crashed}'` by hand")
+        else:
+            return Verdict(Status.ERROR, f"the package script printed no result ({how}): {last_line(res.stderr)}",
+                           expected, res.stderr.strip())
+    lines, versions, broken = [], {}, []
+    for module, dist in PACKAGES:
+        r = done.get(module)
+        if r is None:
+            lines.append(f"{module}: not checked")
+            continue
+        if r.get("ok"):
+            versions[module] = r.get("version")
+            lines.append(f"{module} {r.get('version') or '(version unknown)'}")
+        else:
+            lines.append(f"{module}: {r['error']}")
+            broken.append(dist)
+            f.fail(f"{module}: {r['error']}")
+    if broken:
+        f.fail(f"{len(broken)} of {len(PACKAGES)} not importable", f"install into the host env: {inp.ctx.python} -m pip "
+               "install " + " ".join(broken) + " (sglang pins torch and the rest; `pip install 'sglang[all]'`)")
+    ok = ", ".join(f"{m} {versions[m]}" for m in versions)
+    return f.verdict(f"all {len(PACKAGES)} importable: {ok}", expected=expected, actual="\n".join(lines),
+                     data={"packages": {m: done.get(m) for m, _ in PACKAGES}})
+
+
+# ---------------------------------------------------------------------------------------------- GPUs
+
+
+def nvidia_smi_command(ctx: ProbeContext) -> str:
+    return (
+        f"nvidia-smi --query-gpu={NVSMI_QUERY} --format=csv,noheader,nounits"
+        f" && printf '%s\\n' {HEADER_MARK} && nvidia-smi"
+        f" && printf '%s\\n' {APPS_MARK} && nvidia-smi --query-compute-apps={NVSMI_APPS} --format=csv,noheader,nounits"
+    )
+
+
+def judge_nvidia_smi(res: CommandResult, inp: JudgeInput) -> Verdict:
+    expected = "nvidia-smi lists the GPUs" + (f" {list(inp.ctx.gpus)}" if inp.ctx.gpus else "")
+    out = res.stdout
+    query, _, rest = out.partition(HEADER_MARK)
+    header, _, apps = rest.partition(APPS_MARK)
+    if res.exit_status != 0 and not rest:
+        return Verdict(Status.FAIL, shell_failure(res, "nvidia-smi"), expected,
+                       (res.stderr.strip() or res.stdout.strip()),
+                       remedy="install the NVIDIA driver (nvidia-smi ships with it) or run on a GPU host; in a "
+                              "container, start it with --gpus all")
+    f = Findings()
+    gpus = []
+    for line in query.strip().splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 5:
+            f.fail(f"unexpected nvidia-smi line: {line!r}")
+            continue
+        try:
+            gpus.append({"index": int(cells[0]), "name": cells[1], "memory_total_mib": int(float(cells[2])),
+                         "memory_used_mib": int(float(cells[3])), "driver_version": cells[4]})
+        except ValueError:
+            f.fail(f"unexpected nvidia-smi line: {line!r}")
+    m = re.search(r"CUDA Version:\s*([\d.]+)", header)
+    cuda = m.group(1) if m else None
+    if not rest or res.exit_status != 0 and not apps:
+        f.warn(f"CUDA version unknown: {shell_failure(res, 'nvidia-smi (header)')}")
+    elif cuda is None:
+        f.warn("CUDA version not found in the nvidia-smi header")
+    processes = []
+    if apps:
+        if res.exit_status != 0:
+            f.warn(shell_failure(res, "nvidia-smi --query-compute-apps"))
+        for line in apps.strip().splitlines():
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) >= 3 and cells[0].isdigit():
+                used = int(cells[2]) if cells[2].isdigit() else None
+                processes.append({"pid": int(cells[0]), "name": cells[1], "used_memory_mib": used})
+    if not gpus:
+        f.fail("nvidia-smi ran but listed no GPUs", "check the driver (`nvidia-smi -L`) and CUDA_VISIBLE_DEVICES")
+    present = {g["index"] for g in gpus}
+    missing = [i for i in inp.ctx.gpus if i not in present]
+    if missing:
+        f.fail(f"configured GPU(s) {missing} not present (host has {sorted(present)})",
+               "fix workers.gpus in the run config")
+    for g in gpus:
+        if (not inp.ctx.gpus or g["index"] in inp.ctx.gpus) and g["memory_used_mib"] > BUSY_GPU_MIB:
+            f.warn(f"GPU {g['index']} already has {g['memory_used_mib']} MiB in use",
+                   "stop what holds the GPU memory (see the processes) or choose other GPUs")
+    if processes:
+        f.warn("processes hold GPU memory: " + ", ".join(
+            f"pid {p['pid']} {p['name']} ({p['used_memory_mib']} MiB)" for p in processes))
+    names = sorted({g["name"] for g in gpus})
+    total = sum(g["memory_total_mib"] for g in gpus)
+    driver = gpus[0]["driver_version"] if gpus else None
+    actual = "\n".join(f"GPU {g['index']}: {g['name']}, {g['memory_used_mib']}/{g['memory_total_mib']} MiB used"
+                       for g in gpus)
+    summary = (f"{len(gpus)} GPU(s): {', '.join(names)}; {total // 1024} GiB total; driver {driver}, CUDA {cuda}; "
+               f"{len(processes)} process(es) holding VRAM")
+    return f.verdict(summary, expected=expected, actual=actual,
+                     data={"gpus": gpus, "cuda_version": cuda, "driver_version": driver, "processes": processes})
+
+
+def judge_nvml(res: CommandResult, inp: JudgeInput) -> Verdict:
+    try:
+        info = script_json(res, "NVML")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    expected = "pynvml.nvmlInit() succeeds and lists the GPUs"
+    if not info.get("ok"):
+        stage = info.get("stage")
+        remedy = ("install nvidia-ml-py into the host env" if stage == "import"
+                  else "NVML ships with the NVIDIA driver (libnvidia-ml.so.1); install the driver or expose it to the container")
+        what = "import pynvml" if stage == "import" else f"pynvml {stage}()"
+        return Verdict(Status.FAIL, f"{what} failed: {info.get('error')}", expected, info.get("error", ""), remedy,
+                       data=info)
+    f = Findings()
+    gpus = info.get("gpus") or []
+    if not gpus:
+        f.fail("NVML sees no GPUs")
+    smi = inp.dep_data("gpu.nvidia_smi").get("gpus")
+    if smi is not None and len(smi) != len(gpus):
+        f.warn(f"NVML sees {len(gpus)} GPU(s), nvidia-smi {len(smi)}")
+    names = sorted({g["name"] for g in gpus})
+    return f.verdict(f"NVML: {len(gpus)} GPU(s) {', '.join(names)}; driver {info.get('driver_version')}, "
+                     f"CUDA {info.get('cuda_version')}", expected=expected, data=info)
+
+
+def judge_torch(res: CommandResult, inp: JudgeInput) -> Verdict:
+    try:
+        info = script_json(res, "torch/CUDA")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    driver_cuda = inp.dep_data("gpu.nvidia_smi").get("cuda_version") or inp.dep_data("gpu.nvml").get("cuda_version")
+    expected = "torch with CUDA available, built for a CUDA the driver supports" + (
+        f" (driver: CUDA {driver_cuda})" if driver_cuda else "")
+    f = Findings()
+    nvcc = info.get("nvcc") or {}
+    if "torch_error" in info:
+        f.fail(f"import torch failed: {info['torch_error']}", "install the CUDA build of torch that SGLang pins "
+               f"({inp.ctx.python} -m pip install sglang installs it)")
+    else:
+        tv, tc = info.get("torch_version"), info.get("torch_cuda")
+        if tc is None:
+            f.fail(f"torch {tv} is a CPU-only build (torch.version.cuda is None)",
+                   "install a CUDA build of torch (the one sglang pins)")
+        elif not info.get("cuda_available"):
+            f.fail(f"torch {tv} (CUDA {tc}): torch.cuda.is_available() is False: "
+                   f"{info.get('cuda_error') or '(no reason given)'}",
+                   "check the driver (gpu.nvidia_smi) and CUDA_VISIBLE_DEVICES")
+        if tc and driver_cuda and version_tuple(tc) and version_tuple(driver_cuda) and \
+                version_tuple(tc) > version_tuple(driver_cuda):
+            f.fail(f"torch is built for CUDA {tc} but the driver supports up to CUDA {driver_cuda}",
+                   "upgrade the NVIDIA driver or install a torch built for an older CUDA")
+    if not nvcc.get("path"):
+        f.warn("nvcc not found (searched " + ", ".join(nvcc.get("searched") or []) + ")",
+               "install the CUDA toolkit or set CUDA_HOME if SGLang needs to JIT-compile kernels")
+    elif nvcc.get("exit_status") not in (0, None) or nvcc.get("error"):
+        f.warn(f"{nvcc['path']} --version failed: {nvcc.get('error') or last_line(nvcc.get('stderr', ''))}")
+    actual = (f"torch {info.get('torch_version')} CUDA {info.get('torch_cuda')} available={info.get('cuda_available')} "
+              f"devices={info.get('device_count')}; nvcc {nvcc.get('version')} at {nvcc.get('path')}"
+              if "torch_error" not in info else f"torch: {info['torch_error']}; nvcc {nvcc.get('version')} at {nvcc.get('path')}")
+    data = dict(info, driver_cuda=driver_cuda)
+    return f.verdict(f"torch {info.get('torch_version')} CUDA {info.get('torch_cuda')} on {info.get('device_count')} "
+                     f"device(s); driver CUDA {driver_cuda}; nvcc {nvcc.get('version')}",
+                     expected=expected, actual=actual, data=data)
+
+
+# ---------------------------------------------------------------------------------------------- disk
+
+
+def df_command(path: str) -> str:
+    """df of the nearest existing parent of `path` (the run dir need not exist yet)."""
+    return (
+        f"p={shell_path(path)}; while [ ! -e \"$p\" ]; do p=$(dirname -- \"$p\"); done; "
+        "printf 'path=%s\\n' \"$p\"; if [ -w \"$p\" ]; then echo writable=yes; else echo writable=no; fi; "
+        "df -Pk -- \"$p\""
+    )
+
+
+def parse_df(res: CommandResult) -> dict:
+    info: dict[str, Any] = {}
+    lines = res.stdout.splitlines()
+    for line in lines:
+        if line.startswith("path="):
+            info["path"] = line[5:]
+        elif line.startswith("writable="):
+            info["writable"] = line.endswith("yes")
+    table = [ln for ln in lines if not ln.startswith(("path=", "writable="))]
+    if len(table) >= 2:
+        cells = table[-1].split()
+        if len(cells) >= 6:
+            info.update(filesystem=cells[0], total=int(cells[1]) * 1024, used=int(cells[2]) * 1024,
+                        free=int(cells[3]) * 1024, mount=cells[5])
+    return info
+
+
+def estimate_run_bytes(inp: JudgeInput) -> tuple[int | None, str]:
+    """Projected shard bytes from the prompt count (prompts.format) and prompt lengths (prompts.tokens)."""
+    if inp.ctx.disk_need_bytes is not None:
+        return inp.ctx.disk_need_bytes, "from the caller's projection"
+    fmt = inp.dep_data("prompts.format")
+    if not fmt.get("rows"):
+        return None, "unknown: prompts.format reported no row count"
+    rows = fmt["rows"]
+    turns = fmt.get("user_turns_mean") or 1.0 if inp.ctx.turns == "all" else 1.0
+    prompt_tokens = inp.dep_data("prompts.tokens").get("mean") or (fmt.get("row_bytes_mean") or 2000) / 4
+    out_tokens = min(inp.ctx.max_new_tokens or OUTPUT_TOKENS_GUESS, OUTPUT_TOKENS_GUESS)
+    samples = rows * turns
+    need = int(samples * (prompt_tokens + out_tokens) * BYTES_PER_TOKEN)
+    return need, (f"estimate: {rows} rows x {turns:.2f} turns x ({prompt_tokens:.0f} prompt + {out_tokens} output tokens) "
+                  f"x {BYTES_PER_TOKEN} B/token")
+
+
+def disk_judge(kind: str) -> Callable[[CommandResult, JudgeInput], Verdict]:
+    def judge(res: CommandResult, inp: JudgeInput) -> Verdict:
+        if res.exit_status != 0:
+            return Verdict(Status.FAIL, shell_failure(res, "df"), actual=res.stderr.strip(),
+                           remedy="check the path and that df exists on the host")
+        info = parse_df(res)
+        if "free" not in info:
+            return Verdict(Status.ERROR, "could not parse df output", actual=res.stdout)
+        ctx = inp.ctx
+        if kind == "shm":
+            need, how = ctx.shm_need_bytes, f"{gib(ctx.shm_need_bytes)} (1 GiB per GPU for NCCL and torch shared memory)"
+            remedy = "enlarge /dev/shm: docker run --shm-size=32g, or mount -o remount,size=32G /dev/shm"
+        else:
+            projected, how = estimate_run_bytes(inp) if kind == "run_dir" else (None, "no run configured")
+            need = ctx.disk_floor_bytes + (projected or 0)
+            how = f"{size_text(need)} = the {size_text(ctx.disk_floor_bytes)} alert floor + projected shards " \
+                  f"{size_text(projected)} ({how})"
+            remedy = "free space on that filesystem or choose a run_dir on a bigger one"
+        f = Findings()
+        where = f"{info['path']} ({info['filesystem']} on {info['mount']})"
+        if kind != "shm" and info.get("writable") is False:
+            f.fail(f"{info['path']} is not writable by this user", "choose a run_dir the SSH user can write")
+        if info["free"] < need:
+            f.fail(f"{size_text(info['free'])} free at {where}, below the need of {size_text(need)}", remedy)
+        elif info["free"] < 2 * need:
+            f.warn(f"{size_text(info['free'])} free at {where}, less than 2x the need of {size_text(need)}", remedy)
+        return f.verdict(f"{size_text(info['free'])} free of {size_text(info['total'])} at {where}; need {size_text(need)}",
+                         expected=f"free >= {how}", actual=f"{size_text(info['free'])} free",
+                         data=dict(info, need=need, need_basis=how))
+
+    return judge
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+def judge_model(res: CommandResult, inp: JudgeInput) -> Verdict:
+    try:
+        info = script_json(res, "model dir")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    ctx = inp.ctx
+    model, tok = info.get("model", {}), info.get("tokenizer", {})
+    path = model.get("path") or model.get("given")
+    expected = "config.json, tokenizer files, a chat template, and weights that fit the GPUs at tp_size " + str(ctx.tp_size)
+    data: dict[str, Any] = {"model": model, "tokenizer": tok}
+    if "path" not in model:
+        searched = model.get("hub_cache_searched")
+        extra = f"; not in the Hugging Face cache either ({', '.join(searched)})" if searched else ""
+        return Verdict(Status.FAIL, f"model dir {model.get('given')}: {model.get('error')}{extra}", expected,
+                       model.get("error", ""), remedy="set model in the run config to the model directory on the host",
+                       data=data)
+    f = Findings()
+    if not model.get("is_dir"):
+        f.fail(f"model path {path} is not a directory")
+        return f.verdict("", expected=expected, data=data)
+    if model.get("list_error"):
+        f.fail(f"cannot list {path}: {model['list_error']}")
+    if model.get("config_error"):
+        f.fail(f"{path}/config.json: {model['config_error']}", "the model dir needs the config.json of the model")
+    cfg = model.get("config") or {}
+    arch = ",".join(cfg.get("architectures") or []) or cfg.get("model_type") or "?"
+    if "path" not in tok:
+        f.fail(f"tokenizer {tok.get('given')}: {tok.get('error')}")
+    elif not tok.get("files"):
+        f.fail(f"no tokenizer files in {tok.get('path')} (looked for tokenizer.json, tokenizer_config.json, "
+               "vocab.json+merges.txt, tokenizer.model)")
+    if "path" in tok and not tok.get("chat_template"):
+        f.fail(f"no chat template in {tok.get('path')} (tokenizer_config.json chat_template or chat_template.jinja)"
+               + (f": {tok['chat_template_error']}" if tok.get("chat_template_error") else ""),
+               "prompts are rendered with the model's own chat template; copy chat_template.jinja from the model repo")
+    thinking = tok.get("thinking") or {}
+    supports_thinking = bool(thinking.get("enable_thinking") or thinking.get("think_tag"))
+    if tok.get("chat_template") and ctx.enable_thinking and not supports_thinking:
+        f.warn("enable_thinking is on but the chat template never mentions enable_thinking or <think>")
+    weights = model.get("weights_bytes") or 0
+    index = model.get("index") or {}
+    if index.get("missing_shards"):
+        f.fail(f"{index['name']} names {len(index['missing_shards'])} missing shard file(s) in {path}: "
+               + ", ".join(index["missing_shards"][:5]), "finish downloading the model")
+    if index.get("total_size") and not weights:
+        weights = int(index["total_size"])
+    if not weights:
+        f.fail(f"no weights in {path} (no *.safetensors or *.bin files)",
+               "download the weights into the model dir (huggingface-cli download MODEL --local-dir DIR)")
+    gpus, source = gpu_memory_mib(inp)
+    per_gpu = weights / max(1, ctx.tp_size)
+    fit = None
+    if weights and gpus:
+        smallest = min(g["memory_total_mib"] for g in gpus) * (1 << 20)
+        fit = {"weights_per_gpu": per_gpu, "gpu_memory": smallest, "share": per_gpu / smallest, "source": source}
+        if per_gpu > smallest:
+            f.fail(f"weights {gib(weights)} / tp {ctx.tp_size} = {gib(per_gpu)} per GPU exceed the GPU memory "
+                   f"{gib(smallest)}", "raise workers.tp_size")
+        elif per_gpu > KV_HEADROOM * smallest:
+            f.warn(f"weights {gib(per_gpu)} per GPU leave little KV cache room on {gib(smallest)} GPUs",
+                   "raise workers.tp_size")
+    elif weights:
+        f.warn("cannot check the fit on the GPUs: no GPU memory known (gpu.nvidia_smi and gpu.nvml did not pass)")
+    context = ctx.context_length or cfg.get("max_position_embeddings")
+    if ctx.context_length and cfg.get("max_position_embeddings") and ctx.context_length > cfg["max_position_embeddings"]:
+        f.warn(f"context_length {ctx.context_length} is above the model's max_position_embeddings "
+               f"{cfg['max_position_embeddings']}")
+    data.update(architecture=arch, weights_bytes=weights, fit=fit, context_length=context,
+                supports_thinking=supports_thinking, chat_template_source=tok.get("chat_template_source"),
+                path=path, tokenizer_path=tok.get("path"))
+    fit_text = f"{gib(per_gpu)}/GPU at tp {ctx.tp_size} of {gib(fit['gpu_memory'])}" if fit else "fit unknown"
+    summary = (f"{arch} at {path}: weights {gib(weights)} ({fit_text}); context {context}; chat template from "
+               f"{tok.get('chat_template_source')}, thinking {'yes' if supports_thinking else 'no'}")
+    actual = (f"architecture {arch}; weights {size_text(weights)} in {len(model.get('weights') or [])} file(s); "
+              f"tokenizer files {tok.get('files')}; chat template {tok.get('chat_template_source')}")
+    return f.verdict(summary, expected=expected, actual=actual, data=data)
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+
+def prompts_args(ctx: ProbeContext, mode: str) -> dict:
+    args: dict[str, Any] = {"mode": mode, "patterns": list(ctx.prompts), "format": ctx.prompt_format,
+                            "sample": ctx.sample_rows}
+    if mode == "paths":
+        args["run_dir"] = ctx.run_dir
+    if mode == "tokens":
+        args["tokenizer"] = ctx.tokenizer_path
+        args["enable_thinking"] = ctx.enable_thinking
+    return args
+
+
+def judge_prompt_paths(res: CommandResult, inp: JudgeInput) -> Verdict:
+    try:
+        info = script_json(res, "prompt paths")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    files, missing = info.get("files", []), info.get("missing", [])
+    expected = "every prompt path/glob names readable files: " + ", ".join(inp.ctx.prompts)
+    total = sum(f.get("size") or 0 for f in files)
+    if not missing:
+        return Verdict(Status.PASS, f"{len(files)} file(s), {size_text(total)}: "
+                       + ", ".join(f["path"] for f in files[:5]) + (" ..." if len(files) > 5 else ""),
+                       expected, "\n".join(f"{f['path']} ({size_text(f.get('size'))})" for f in files),
+                       data={"files": files})
+    cands = info.get("candidates") or {}
+    listed = cands.get("files") or []
+    cand_text = "\n".join(f"  {c['path']} ({size_text(c['size'])})" for c in listed) or "  (none found)"
+    searched = ", ".join(cands.get("searched") or [])
+    problems = [f"{m['pattern']}: {m['why']}: {m['error']}".rstrip(": ") for m in missing]
+    actual = "\n".join(problems) + f"\ncandidate prompt files (most similar names first; searched {searched}):\n" + cand_text
+    if cands.get("cut"):
+        actual += f"\n(search {cands['cut']})"
+    if cands.get("unreadable_count"):
+        actual += f"\n({cands['unreadable_count']} entries unreadable, e.g. {cands['unreadable'][0]})"
+    hint = f"; candidates: {', '.join(c['path'] for c in listed[:3])}" if listed else "; no candidate prompt files found nearby"
+    return Verdict(Status.FAIL, "; ".join(problems) + hint, expected, actual,
+                   remedy="fix `prompts` in the run config (one of the candidates above?) or copy the files to the host",
+                   data={"files": files, "missing": missing, "candidates": cands})
+
+
+def judge_prompt_format(res: CommandResult, inp: JudgeInput) -> Verdict:
+    try:
+        info = script_json(res, "prompt format")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    files = info.get("files", [])
+    f = Findings()
+    by_source: dict[str, int] = {}
+    shapes: dict[str, int] = {}
+    sampled = good = with_assistant = user_turns = rows = bytes_sampled = 0
+    malformed: list[dict] = []
+    malformed_total = 0
+    for fr in files:
+        if fr.get("error"):
+            f.fail(f"{fr['path']}: {fr['error']}",
+                   f"install pyarrow into {inp.ctx.python}" if fr.get("import_error") else "")
+            continue
+        sampled += fr["sampled"]
+        good += fr["good"]
+        with_assistant += fr["with_assistant"]
+        user_turns += fr["user_turns"]
+        rows += fr.get("rows") or 0
+        bytes_sampled += fr.get("bytes_sampled") or 0
+        malformed += fr["malformed"]
+        malformed_total += fr["malformed_count"]
+        for k, v in fr["by_source"].items():
+            by_source[k] = by_source.get(k, 0) + v
+        for k, v in fr["shapes"].items():
+            shapes[k] = shapes.get(k, 0) + v
+        if fr["sampled"] and not fr["good"]:
+            f.fail(f"{fr['path']}: none of the {fr['sampled']} sampled rows is a usable conversation "
+                   f"(first: {fr['malformed'][0]['where']}: {fr['malformed'][0]['reason']})",
+                   "expected ShareGPT (conversations: [{from, value}]) or OpenAI (messages: [{role, content}]) rows")
+        elif not fr["sampled"]:
+            f.fail(f"{fr['path']}: no rows")
+    if malformed_total:
+        f.warn(f"{malformed_total} malformed row(s) in the sample, e.g. "
+               + "; ".join(f"{m['where']}: {m['reason']}" for m in malformed[:3]),
+               "malformed rows are skipped and logged to rejects.jsonl; fix them at the source to keep them")
+    if len([s for s in shapes if not s.startswith(("prompt", "instruction"))]) > 1:
+        f.warn("mixed row shapes: " + ", ".join(f"{k} {v}" for k, v in shapes.items()))
+    share = with_assistant / good if good else 0.0
+    data = {"files": files, "sampled": sampled, "good": good, "malformed_count": malformed_total,
+            "malformed": malformed, "by_source": by_source, "shapes": shapes, "assistant_share": share,
+            "rows": rows, "user_turns_mean": (user_turns / good) if good else None,
+            "row_bytes_mean": (bytes_sampled / sampled) if sampled and bytes_sampled else None}
+    actual = "\n".join(
+        [f"{fr['path']}: {fr.get('format')}, {fr.get('rows')} rows{'' if fr.get('rows_exact') else ' (estimated)'}, "
+         f"sampled {fr['sampled']}, good {fr['good']}, malformed {fr['malformed_count']}"
+         if not fr.get("error") else f"{fr['path']}: {fr['error']}" for fr in files]
+        + [f"  {m['where']}: {m['reason']}" for m in malformed[:20]]
+        + ([f"  ... {malformed_total - 20} more"] if malformed_total > 20 else []))
+    summary = (f"{rows} rows in {len(files)} file(s); sample {good}/{sampled} good; shapes "
+               + ", ".join(f"{k} {v}" for k, v in shapes.items())
+               + f"; {share:.0%} already have assistant answers; sources: "
+               + ", ".join(f"{k} {v}" for k, v in sorted(by_source.items(), key=lambda kv: -kv[1])[:5]))
+    return f.verdict(summary, expected=f"rows in a known shape (sample of up to {inp.ctx.sample_rows} per file)",
+                     actual=actual, data=data)
+
+
+def judge_prompt_tokens(res: CommandResult, inp: JudgeInput) -> Verdict:
+    try:
+        info = script_json(res, "prompt tokens")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    tok = info.get("tokens") or {}
+    ctx = inp.ctx
+    model = inp.dep_data("model.dir")
+    context = model.get("context_length") or ctx.context_length
+    expected = f"prompts fit the context ({context} tokens) with room for max_new_tokens {ctx.max_new_tokens}"
+    if tok.get("error"):
+        remedy = f"install transformers into {ctx.python}" if tok.get("stage") == "import" else \
+            "check the tokenizer files in the model dir"
+        return Verdict(Status.FAIL, tok["error"], expected, tok["error"], remedy, data=tok)
+    f = Findings()
+    lengths = tok.pop("lengths", [])
+    if tok.get("template_failure_count"):
+        f.warn(f"the chat template failed on {tok['template_failure_count']} sampled row(s), e.g. "
+               + "; ".join(f"{x['where']}: {x['reason']}" for x in tok["template_failures"][:3]))
+    if not lengths:
+        f.fail("no sampled row could be rendered through the chat template")
+        return f.verdict("", expected=expected, data=tok)
+    over = sum(1 for n in lengths if context and n >= context)
+    p50, p99 = tok["p50"], tok["p99"]
+    if context:
+        if p50 >= context:
+            f.fail(f"half the prompts are >= the context length {context} (p50 {p50})", "raise context_length or "
+                   "filter the prompts")
+        elif over:
+            f.warn(f"{over} of {len(lengths)} sampled prompts are >= the context length {context}; those will fail")
+        elif ctx.max_new_tokens and p99 + ctx.max_new_tokens > context:
+            f.warn(f"p99 prompt {p99} + max_new_tokens {ctx.max_new_tokens} > context {context}: long answers will be "
+                   "cut at the context length (finish_reason length)")
+    tok.update(context_length=context, over_context=over)
+    return f.verdict(f"prompt tokens p50 {p50} / p90 {tok['p90']} / p99 {p99} / max {tok['max']} over {len(lengths)} "
+                     f"rows; context {context}", expected=expected,
+                     actual=f"p50 {p50}, p90 {tok['p90']}, p99 {p99}, max {tok['max']}, mean {tok['mean']:.0f}",
+                     data=tok)
+
+
+# ---------------------------------------------------------------------------------------------- ports, run dir
+
+
+def judge_ports(res: CommandResult, inp: JudgeInput) -> Verdict:
+    try:
+        info = script_json(res, "ports")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    ports = info.get("ports", [])
+    f = Findings()
+    for p in ports:
+        if p["free"]:
+            continue
+        holders = p.get("holders") or []
+        who = ", ".join(f"pid {h['pid']} ({h['cmdline']})" for h in holders) or (p.get("holders_note") or "holder unknown")
+        f.fail(f"port {p['port']} on {info['host']} is busy ({p['error']}); held by {who}",
+               "stop that process or set workers.base_port to a free range")
+    first, last = inp.ctx.base_port, inp.ctx.base_port + len(ports) - 1
+    return f.verdict(f"ports {first}..{last} free on {info.get('host')}",
+                     expected=f"{len(ports)} worker port(s) {first}..{last} free on {info.get('host')}",
+                     actual=", ".join(f"{p['port']} {'free' if p['free'] else 'busy'}" for p in ports), data=info)
+
+
+def changed_fields(old: dict, new: dict) -> list[str]:
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += [f"{key}.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            changed.append(f"{key} {a!r} -> {b!r}")
+    return changed
+
+
+def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
+    try:
+        info = script_json(res, "run dir")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    ctx = inp.ctx
+    rd = info.get("run_dir")
+    expected = "a new run dir, or one started with the same content fields (same hash)"
+    if info.get("exists") is False:
+        return Verdict(Status.PASS, f"new run: {rd} does not exist yet", expected, info.get("stat_error", ""),
+                       data=dict(info, mode="new"))
+    if info.get("exists") is None:
+        return Verdict(Status.FAIL, f"cannot stat {rd}: {info.get('error')}", expected, data=info)
+    if not info.get("is_dir"):
+        return Verdict(Status.FAIL, f"{rd} exists and is not a directory", expected,
+                       remedy="choose another run_dir", data=info)
+    f = Findings()
+    if info.get("error"):
+        f.fail(f"cannot list {rd}: {info['error']}")
+    if not info.get("writable"):
+        f.fail(f"{rd} is not writable by this user")
+    if info.get("supervisor_alive"):
+        f.warn(f"a supervisor (pid {info['supervisor_pid']}) is running on {rd}",
+               "attach with `regen status` / `regen tui` instead of starting it again")
+    if info.get("db_error"):
+        f.fail(f"{rd}/state.sqlite: {info['db_error']}")
+    stored = info.get("content_hash")
+    mode = "new"
+    if not info.get("state_db") and not info.get("run_toml"):
+        if info.get("entry_count"):
+            f.fail(f"{rd} is not empty and is not a regen run dir (no state.sqlite or run.toml; it has "
+                   f"{', '.join(info.get('entries', [])[:8])})", "choose an empty or new directory")
+        summary = f"new run: {rd} exists and is empty"
+    elif stored is None:
+        summary = f"{rd} has no content hash recorded yet: starting records it (new run)"
+    elif ctx.content_hash is None or stored == ctx.content_hash:
+        mode = "resume"
+        summary = f"resumable: {rd} was started with the same content (hash {stored[:12]}); " \
+                  f"{info.get('samples_committed', 0)} samples committed"
+    else:
+        mode = "changed"
+        changes = changed_fields(info.get("content_fields") or {}, ctx.content_fields)
+        f.fail(f"not resumable: {rd} was started with another config; changed: "
+               + (", ".join(changes) or "(fields equal; hash recipe differs)"),
+               "set run_dir to a new directory for a new run, or revert these fields to resume")
+        summary = ""
+    return f.verdict(summary, expected=expected, actual=f"stored hash {stored}, config hash {ctx.content_hash}",
+                     data=dict(info, mode=mode))
+
+
+# ---------------------------------------------------------------------------------------------- the catalog
+
+
+def _catalog() -> list[Probe]:
+    py = ("host.python",)
+    return [
+        Probe("connection", "SSH connection (reachability, host key, auth)", lambda c: "id -un && uname -n && uname -srm",
+              judge_connection, timeout_s=15),
+        Probe("host.python", "host Python interpreter", lambda c: python_command(c, "pyinfo"), judge_python,
+              needs=("connection",), timeout_s=20, script="pyinfo"),
+        Probe("packages", "Python packages of the host env",
+              lambda c: python_command(c, "packages", {"packages": [list(p) for p in PACKAGES]}), judge_packages,
+              needs=py, timeout_s=180, script="packages"),
+        Probe("gpu.nvidia_smi", "GPUs (nvidia-smi)", nvidia_smi_command, judge_nvidia_smi, needs=("connection",),
+              timeout_s=30),
+        Probe("gpu.nvml", "GPUs through NVML (pynvml)", lambda c: python_command(c, "nvml"), judge_nvml, needs=py,
+              uses=("gpu.nvidia_smi",), timeout_s=30, script="nvml"),
+        Probe("cuda.torch", "torch CUDA build vs the driver; nvcc", lambda c: python_command(c, "torch_cuda", {"nvcc_candidates": list(NVCC_FALLBACKS)}),
+              judge_torch, needs=py, uses=("gpu.nvidia_smi", "gpu.nvml"), timeout_s=120, script="torch_cuda"),
+        Probe("disk.home", "disk free in $HOME (no run dir configured)", lambda c: df_command("~"), disk_judge("home"),
+              needs=("connection",), timeout_s=15, config="no_config"),
+        Probe("disk.run_dir", "disk free for the run dir", lambda c: df_command(c.run_dir or "~"), disk_judge("run_dir"),
+              needs=("connection",), uses=("prompts.format", "prompts.tokens"), timeout_s=15, config="config"),
+        Probe("disk.shm", "shared memory (/dev/shm)", lambda c: df_command("/dev/shm"), disk_judge("shm"),
+              needs=("connection",), timeout_s=15),
+        Probe("model.dir", "model directory (config, tokenizer, chat template, weights, fit)",
+              lambda c: python_command(c, "model_dir", {"model": c.model, "tokenizer": c.tokenizer_path}), judge_model,
+              needs=py, uses=("gpu.nvidia_smi", "gpu.nvml"), timeout_s=30, script="model_dir", config="config"),
+        Probe("prompts.paths", "prompt files exist", lambda c: python_command(c, "prompts", prompts_args(c, "paths")),
+              judge_prompt_paths, needs=py, timeout_s=60, script="prompts", config="config"),
+        Probe("prompts.format", "prompt rows (sample): shape, sources, malformed rows",
+              lambda c: python_command(c, "prompts", prompts_args(c, "format")), judge_prompt_format,
+              needs=("prompts.paths",), timeout_s=180, script="prompts", config="config"),
+        Probe("prompts.tokens", "prompt token lengths through the chat template vs the context",
+              lambda c: python_command(c, "prompts", prompts_args(c, "tokens")), judge_prompt_tokens,
+              needs=("prompts.format", "model.dir"), timeout_s=180, script="prompts", config="config"),
+        Probe("ports", "worker ports free", lambda c: python_command(c, "ports", {"host": c.bind_host,
+                                                                               "ports": c.worker_ports}),
+              judge_ports, needs=py, timeout_s=20, script="ports", config="config"),
+        Probe("run_dir.resume", "run dir: new or resumable", lambda c: python_command(c, "resume", {"run_dir": c.run_dir}),
+              judge_resume, needs=py, timeout_s=20, script="resume", config="config"),
+    ]
+
+
+CATALOG: list[Probe] = _catalog()
+PROBE_IDS = [p.id for p in CATALOG]
+
+
+class UnknownProbe(ValueError):
+    pass
+
+
+def probes_for(ctx: ProbeContext, only: set[str] | None = None, catalog: list[Probe] | None = None) -> list[Probe]:
+    """The probes to run for this context: config-free ones without a config; `only` (ids or id prefixes
+    such as `gpu`) plus what they need, in catalog order."""
+    catalog = CATALOG if catalog is None else catalog
+    avail = [p for p in catalog if p.config == "any" or (p.config == "config") == ctx.has_config]
+    by_id = {p.id: p for p in avail}
+    if not only:
+        return avail
+    chosen: set[str] = set()
+    for want in only:
+        matches = [p.id for p in avail if p.id == want or p.id.startswith(want + ".")]
+        if not matches:
+            every = {p.id: p for p in catalog}
+            if want in every or any(i.startswith(want + ".") for i in every):
+                raise UnknownProbe(f"probe {want!r} needs a run config (--config run.toml)")
+            raise UnknownProbe(f"unknown probe {want!r}; known: {', '.join(by_id)}")
+        chosen.update(matches)
+    stack = list(chosen)
+    while stack:
+        for dep in by_id[stack.pop()].needs:
+            if dep not in chosen and dep in by_id:
+                chosen.add(dep)
+                stack.append(dep)
+    return [p for p in avail if p.id in chosen]

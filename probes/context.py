@@ -1,0 +1,55 @@
+"""What the probes need to know about a run: a plain dataclass the console fills from the run config.
+
+Probes never import the engine; `console/commands/probe.py` builds a ProbeContext from
+`engine.config.RunConfig`. Without a config (`regen probe HOST`) only `python` is set and
+only the config-free probes run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    python: str = "python3"  # the host interpreter (run config `host_python`)
+    has_config: bool = False
+    config_path: str | None = None
+    run_dir: str | None = None
+    model: str | None = None
+    tokenizer: str | None = None  # defaults to model
+    prompts: tuple[str, ...] = ()
+    prompt_format: str = "auto"
+    turns: str = "all"
+    enable_thinking: bool = True
+    tp_size: int = 1
+    gpus: tuple[int, ...] = ()
+    base_port: int = 30000
+    bind_host: str = "127.0.0.1"
+    context_length: int | None = None  # None: the model config's
+    max_new_tokens: int | None = None
+    # Disk: an explicit projection (bytes) when the caller has one; otherwise disk.run_dir
+    # estimates it from the prompt count. The floor is the free space the supervisor alerts at.
+    disk_need_bytes: int | None = None
+    disk_floor_bytes: int = 20 * 10**9
+    shm_need_bytes: int = GIB
+    # Resume check: what the config would freeze into the run dir.
+    content_hash: str | None = None
+    content_fields: dict[str, Any] = field(default_factory=dict)
+    sample_rows: int = 1000  # rows per prompt file read by prompts.format / prompts.tokens
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return self.tokenizer or self.model
+
+    @property
+    def worker_count(self) -> int:
+        if not self.gpus or self.tp_size < 1:
+            return 0
+        return len(self.gpus) // self.tp_size
+
+    @property
+    def worker_ports(self) -> list[int]:
+        return [self.base_port + i for i in range(self.worker_count)]

@@ -1,0 +1,85 @@
+# Are the worker ports free on the bind address? For a busy one, who holds it (when /proc lets us see).
+import errno
+import json
+import os
+import socket
+import sys
+
+args = json.loads(sys.argv[1])
+host = args["host"]
+
+
+def listeners():
+    """port -> socket inodes in LISTEN state on IPv4/IPv6 (Linux /proc/net)."""
+    found = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError as exc:
+            found.setdefault("errors", []).append(str(exc))
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A":  # 0A = LISTEN
+                port = int(parts[1].rsplit(":", 1)[1], 16)
+                found.setdefault(port, set()).add(parts[9])
+    return found
+
+
+def holders(inodes):
+    out, denied = [], 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError as exc:
+        return [], "cannot list /proc: %s" % exc
+    for pid in pids:
+        fd_dir = "/proc/%s/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            denied += 1  # another user's process: counted and reported below
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue  # the fd closed while we looked
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                try:
+                    with open("/proc/%s/cmdline" % pid, "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+                except OSError as exc:
+                    cmd = "(cmdline unreadable: %s)" % exc
+                out.append({"pid": int(pid), "cmdline": cmd[:300]})
+                break
+    note = "%d processes of other users not inspectable (run as root to see them)" % denied if denied else None
+    return out, note
+
+
+table = None
+results = []
+for port in args["ports"]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: TIME_WAIT is no conflict
+    rec = {"port": port}
+    try:
+        s.bind((host, port))
+    except OSError as exc:
+        rec["free"] = False
+        rec["error"] = str(exc)
+        rec["errno"] = errno.errorcode.get(exc.errno, exc.errno)
+        if table is None:
+            table = listeners()
+        inodes = table.get(port, set()) if isinstance(table.get(port), set) else set()
+        if inodes:
+            rec["holders"], rec["holders_note"] = holders(inodes)
+        else:
+            rec["holders"], rec["holders_note"] = [], "no listening socket for this port in /proc/net/tcp*"
+    else:
+        rec["free"] = True
+    finally:
+        s.close()
+    results.append(rec)
+print(json.dumps({"host": host, "ports": results, "proc_errors": (table or {}).get("errors")}))

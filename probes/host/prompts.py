@@ -1,0 +1,522 @@
+# Prompt files on the host: where they are (mode "paths"), what their rows look like ("format"),
+# and how long their prompts are through the model's chat template ("tokens").
+# Row shapes and reasons follow engine/ingest.py (the reader the run uses); this copy is standalone
+# because it runs in the host's interpreter, where regen is not installed.
+import codecs
+import difflib
+import errno
+import glob
+import gzip
+import json
+import os
+import re
+import stat
+import sys
+import time
+
+ARGS = json.loads(sys.argv[1])
+GLOB_CHARS = re.compile(r"[*?\[]")
+PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet", ".ndjson", ".pq", ".jsonl.gz", ".json.gz")
+ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "bot": "assistant",
+                "model": "assistant", "chatgpt": "assistant", "system": "system"}
+FORMAT_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
+EXACT_COUNT_MAX_BYTES = 2 << 30  # count JSONL lines exactly up to this size, estimate above
+MAX_MALFORMED_LISTED = 50
+EXCERPT = 160
+
+
+def err(exc):
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+# ----------------------------------------------------------------------------------------- paths
+
+def resolve(patterns):
+    files, missing = [], []
+    for given in patterns:
+        pattern = os.path.expanduser(given)
+        if GLOB_CHARS.search(pattern):
+            matches = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
+            if not matches:
+                missing.append({"pattern": given, "expanded": pattern, "why": "glob matched no files",
+                                "error": glob_miss_text(pattern), "near": near_path(pattern)})
+            files += [{"pattern": given, "path": m} for m in matches]
+            continue
+        try:
+            st = os.stat(pattern)
+        except OSError as exc:
+            missing.append({"pattern": given, "expanded": pattern, "why": "cannot stat", "error": str(exc),
+                            "near": near_path(pattern)})
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            e = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), pattern)
+            missing.append({"pattern": given, "expanded": pattern, "error": str(e), "near": pattern,
+                            "why": "is a directory (use a glob such as %s/*.jsonl)" % pattern.rstrip("/")})
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            missing.append({"pattern": given, "expanded": pattern, "why": "not a regular file", "error": "",
+                            "near": near_path(pattern)})
+            continue
+        try:
+            with open(pattern, "rb"):
+                pass
+        except OSError as exc:
+            missing.append({"pattern": given, "expanded": pattern, "why": "cannot open", "error": str(exc),
+                            "near": near_path(pattern)})
+            continue
+        files.append({"pattern": given, "path": pattern})
+    seen, unique = set(), []
+    for f in files:
+        real = os.path.realpath(f["path"])
+        if real not in seen:
+            seen.add(real)
+            unique.append(f)
+    for f in unique:
+        try:
+            f["size"] = os.path.getsize(f["path"])
+        except OSError as exc:
+            f["size"] = None
+            f["error"] = str(exc)
+    return sorted(unique, key=lambda f: f["path"]), missing
+
+
+def glob_miss_text(pattern):
+    literal = []
+    for part in pattern.split(os.sep):
+        if GLOB_CHARS.search(part):
+            break
+        literal.append(part)
+    base = os.sep.join(literal) or "."
+    try:
+        entries = os.listdir(base)
+    except OSError as exc:
+        return str(exc)
+    e = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), pattern)
+    return "%s (looked in %s/, which has %d entries)" % (e, base.rstrip("/"), len(entries))
+
+
+def near_path(pattern):
+    literal = []
+    for part in pattern.split(os.sep):
+        if GLOB_CHARS.search(part):
+            break
+        literal.append(part)
+    return os.sep.join(literal) or "."
+
+
+def is_prompt_file(name):
+    lower = name.lower()
+    return lower.endswith(PROMPT_SUFFIXES)
+
+
+def candidates(missing, run_dir, budget_s=8.0, max_entries=50000, limit=25):
+    """Prompt-like files near the missing paths and in the usual data places, most similar names first."""
+    roots = []  # (dir, depth)
+    for m in missing:
+        d = m["near"]
+        # the parents up the tree that exist: shallow, because one of them is "/"
+        while True:
+            d = os.path.dirname(d.rstrip("/")) if d not in ("/", "") else ""
+            if d == "":
+                break
+            if os.path.isdir(d):
+                roots.append((d, 1))
+            if d == "/":
+                break
+    extra = [run_dir] if run_dir else []
+    extra += [os.path.expanduser("~"), "/data", "/datasets", "/mnt", "/workspace"]
+    roots += [(os.path.expanduser(d), 3) for d in extra if d and os.path.isdir(os.path.expanduser(d))]
+    searched, unreadable, found = [], [], {}
+    deadline = time.monotonic() + budget_s
+    visited = 0
+    cut = None
+    for root, depth in roots:
+        if root in searched:
+            continue
+        searched.append(root)
+        stack = [(root, 0)]
+        while stack:
+            d, level = stack.pop()
+            if time.monotonic() > deadline or visited > max_entries:
+                cut = "stopped after %d entries / %.0f s" % (visited, budget_s)
+                break
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError as exc:
+                unreadable.append(str(exc))
+                continue
+            for e in entries:
+                visited += 1
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        if level + 1 <= depth and not e.name.startswith(".") and e.name not in ("proc", "sys", "dev"):
+                            stack.append((e.path, level + 1))
+                    elif is_prompt_file(e.name) and e.is_file():
+                        found[e.path] = e.stat().st_size
+                except OSError as exc:
+                    unreadable.append(str(exc))
+        if cut:
+            break
+    names = [os.path.basename(m["expanded"]) for m in missing]
+
+    def similarity(path):
+        base = os.path.basename(path)
+        return max(difflib.SequenceMatcher(None, n.lower(), base.lower()).ratio() for n in names) if names else 0
+
+    ranked = sorted(found.items(), key=lambda kv: (-similarity(kv[0]), kv[0]))
+    return {"files": [{"path": p, "size": s, "similarity": round(similarity(p), 3)} for p, s in ranked[:limit]],
+            "total_found": len(found), "searched": searched, "unreadable": unreadable[:10],
+            "unreadable_count": len(unreadable), "cut": cut}
+
+
+# ----------------------------------------------------------------------------------------- rows
+
+class RowError(Exception):
+    def __init__(self, kind, reason):
+        Exception.__init__(self, reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def json_type(v):
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def content_text(content, where):
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                what = part.get("type") if isinstance(part, dict) else json_type(part)
+                raise RowError("non_string_content", "non-string content in %s: part %d is %r, not text" % (where, j, what))
+        return "\n".join(texts)
+    raise RowError("non_string_content", "non-string content in %s (a JSON %s)" % (where, json_type(content)))
+
+
+def normalize(obj):
+    """(messages, shape) or RowError; the same rules as engine/ingest.py."""
+    if not isinstance(obj, dict):
+        raise RowError("not_object", "not an object (a JSON %s)" % json_type(obj))
+    turns, field = None, None
+    for key in ("messages", "conversations", "conversation"):
+        if obj.get(key) is not None:
+            turns, field = obj[key], key
+            break
+    if turns is None and isinstance(obj.get("prompt"), list):
+        turns, field = obj["prompt"], "prompt"
+    if turns is not None:
+        if not isinstance(turns, list):
+            raise RowError("bad_conversation", "'%s' is not a list (a JSON %s)" % (field, json_type(turns)))
+        messages, keys_seen = [], set()
+        for i, turn in enumerate(turns):
+            if not isinstance(turn, dict):
+                raise RowError("bad_conversation", "%s[%d] is not an object (a JSON %s)" % (field, i, json_type(turn)))
+            role = turn.get("role", turn.get("from"))
+            if not isinstance(role, str):
+                raise RowError("unknown_role", "%s[%d] has no role (expected 'role' or 'from')" % (field, i))
+            norm = ROLE_ALIASES.get(role.strip().lower())
+            if norm is None:
+                raise RowError("unknown_role", "unknown role %r in %s[%d] (known: user/human, assistant/gpt/bot/model, system)"
+                               % (role, field, i))
+            keys_seen.add("from/value" if "from" in turn and "role" not in turn else "role/content")
+            content = turn["content"] if "content" in turn else turn.get("value")
+            messages.append({"role": norm, "content": content_text(content, "%s[%d]" % (field, i))})
+        shape = ("sharegpt" if keys_seen == {"from/value"} else "openai" if keys_seen == {"role/content"} else "mixed")
+        shape = "%s (%s)" % (shape, field)
+    elif "prompt" in obj or "instruction" in obj:
+        if "prompt" in obj:
+            text, shape = content_text(obj["prompt"], "'prompt'"), "prompt"
+        else:
+            text = content_text(obj["instruction"], "'instruction'")
+            extra = obj.get("input")
+            extra = "" if extra is None else content_text(extra, "'input'")
+            text, shape = (text + "\n\n" + extra if extra.strip() else text), "instruction"
+        if not text.strip():
+            raise RowError("empty_conversation", "empty conversation (the prompt text is empty)")
+        messages = []
+        system = obj.get("system")
+        if system is not None:
+            system = content_text(system, "'system'")
+            if system.strip():
+                messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": text})
+    else:
+        keys = ", ".join(sorted(map(str, obj))[:12]) or "none"
+        raise RowError("no_conversation",
+                       "no conversation: expected 'messages', 'conversations', 'prompt' or 'instruction' (keys: %s)" % keys)
+    if not messages:
+        raise RowError("empty_conversation", "empty conversation")
+    if not any(m["role"] == "user" for m in messages):
+        raise RowError("no_user_turn", "no user turn (roles: " + ", ".join(m["role"] for m in messages) + ")")
+    return messages, shape
+
+
+def open_binary(path):
+    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+
+
+def detect_format(path, fmt):
+    if fmt != "auto":
+        return fmt
+    name = path.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    guess = FORMAT_BY_SUFFIX.get(os.path.splitext(name)[1])
+    with open_binary(path) as f:
+        head = f.read(4096)
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    text = head.decode("utf-8", "replace").lstrip("\ufeff").lstrip()
+    char = text[:1]
+    if guess in ("json", None) and char == "{":
+        return "jsonl"
+    if guess is None:
+        if char == "[":
+            return "json"
+        raise RowError("unknown_format", "unknown format (expected .jsonl, .json or .parquet, or set prompt_format)")
+    return guess
+
+
+def jsonl_rows(path, limit):
+    """(origin, obj or RowError, raw bytes length) for up to `limit` non-blank lines."""
+    n = 0
+    with open_binary(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            if n >= limit:
+                return
+            n += 1
+            origin = {"line": lineno}
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield origin, RowError("invalid_utf8", "invalid UTF-8 at byte %d: %s" % (exc.start, exc.reason)), raw
+                continue
+            try:
+                yield origin, json.loads(text.lstrip("\ufeff") if lineno == 1 else text), raw
+            except ValueError as exc:
+                yield origin, RowError("malformed_json", "malformed JSON: %s" % exc), raw
+
+
+def json_array_rows(path, limit, max_bytes=64 << 20):
+    decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    buf, pos, row, consumed, eof = "", 0, 0, 0, False
+    with open_binary(path) as f:
+        def fill():
+            nonlocal buf, eof, consumed
+            chunk = f.read(1 << 20)
+            consumed += len(chunk)
+            if not chunk:
+                eof = True
+            buf += utf8.decode(chunk, final=not chunk)
+            return bool(chunk)
+
+        try:
+            fill()
+            stripped = buf.lstrip("\ufeff \t\r\n")
+            if not stripped.startswith("["):
+                yield {"row": 0}, RowError("not_array", "not a JSON array (starts with %r)" % stripped[:20]), b""
+                return
+            pos = len(buf) - len(stripped) + 1
+            while row < limit:
+                while True:
+                    while pos < len(buf) and buf[pos] in " \t\r\n,":
+                        pos += 1
+                    if pos < len(buf) or eof:
+                        break
+                    fill()
+                if pos >= len(buf) or buf[pos] == "]":
+                    return
+                while True:
+                    try:
+                        obj, end = decoder.raw_decode(buf, pos)
+                        break
+                    except ValueError as exc:
+                        if eof or consumed > max_bytes:
+                            yield {"row": row}, RowError("malformed_json", "malformed JSON: %s (sampling of this file "
+                                                         "stopped here)" % exc), buf[pos:pos + EXCERPT].encode()
+                            return
+                        fill()
+                yield {"row": row}, obj, buf[pos:end].encode("utf-8", "replace")
+                row += 1
+                pos = end
+                if pos > (1 << 20):  # drop what was parsed, not on every row (that would copy the buffer each time)
+                    buf, pos = buf[pos:], 0
+        except UnicodeDecodeError as exc:
+            yield {"row": row}, RowError("invalid_utf8", "invalid UTF-8 near byte %d of the file: %s (sampling of this "
+                                         "file stopped here)" % (consumed - len(exc.object) + exc.start, exc.reason)), b""
+
+
+def parquet_rows(path, limit):
+    import pyarrow.parquet as pq  # the host's pyarrow; an ImportError is reported by the caller
+
+    pf = pq.ParquetFile(path)
+    row = 0
+    for batch in pf.iter_batches(batch_size=min(limit, 4096)):
+        try:
+            rows = batch.to_pylist()
+        except UnicodeDecodeError:
+            rows = []
+            for i in range(batch.num_rows):
+                try:
+                    rows.append(batch.slice(i, 1).to_pylist()[0])
+                except UnicodeDecodeError as exc:
+                    rows.append(RowError("invalid_utf8", "invalid UTF-8 in a string column at byte %d: %s"
+                                         % (exc.start, exc.reason)))
+        for obj in rows:
+            if row >= limit:
+                return
+            yield {"row": row}, obj, b""
+            row += 1
+
+
+def count_rows(path, fmt, sampled_bytes, sampled_rows):
+    """(rows, exact) for the whole file: JSONL lines counted, Parquet from its metadata, else estimated."""
+    size = os.path.getsize(path)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows, True
+    if fmt == "jsonl" and size <= EXACT_COUNT_MAX_BYTES:
+        n = 0
+        with open_binary(path) as f:
+            for raw in f:
+                if raw.strip():
+                    n += 1
+        return n, True
+    if not sampled_rows:
+        return 0, False
+    return int(size / max(1.0, sampled_bytes / sampled_rows)), False
+
+
+def excerpt(raw):
+    return raw[:EXCERPT].decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)[:EXCERPT]
+
+
+def sample_file(path, fmt, limit, keep_messages=False):
+    out = {"path": path, "sampled": 0, "good": 0, "malformed": [], "malformed_count": 0, "by_source": {},
+           "shapes": {}, "with_assistant": 0, "user_turns": 0, "bytes_sampled": 0}
+    good = []
+    try:
+        out["format"] = fmt = detect_format(path, fmt)
+        reader = {"jsonl": jsonl_rows, "json": json_array_rows, "parquet": parquet_rows}[fmt]
+        for origin, obj, raw in reader(path, limit):
+            out["sampled"] += 1
+            out["bytes_sampled"] += len(raw)
+            where = "%s:%s" % (path, origin["line"]) if "line" in origin else "%s:row%d" % (path, origin["row"])
+            try:
+                if isinstance(obj, RowError):
+                    raise obj
+                messages, shape = normalize(obj)
+            except RowError as exc:
+                out["malformed_count"] += 1
+                kinds = out.setdefault("malformed_by_kind", {})
+                kinds[exc.kind] = kinds.get(exc.kind, 0) + 1
+                if len(out["malformed"]) < MAX_MALFORMED_LISTED:
+                    out["malformed"].append({"where": where, "kind": exc.kind, "reason": exc.reason,
+                                             "excerpt": excerpt(raw if raw else json.dumps(obj, default=str)[:EXCERPT]
+                                                                if not isinstance(obj, RowError) else b"")})
+                continue
+            out["good"] += 1
+            out["shapes"][shape] = out["shapes"].get(shape, 0) + 1
+            src = obj.get("source") if isinstance(obj.get("source"), str) and obj.get("source") else os.path.basename(path)
+            out["by_source"][src] = out["by_source"].get(src, 0) + 1
+            if any(m["role"] == "assistant" for m in messages):
+                out["with_assistant"] += 1
+            out["user_turns"] += sum(1 for m in messages if m["role"] == "user")
+            if keep_messages:
+                good.append((where, messages))
+        rows, exact = count_rows(path, fmt, out["bytes_sampled"], out["sampled"])
+        out["rows"], out["rows_exact"] = rows, exact
+    except RowError as exc:
+        out["error"] = exc.reason
+    except ImportError as exc:
+        out["error"] = "cannot read Parquet without pyarrow: %s" % err(exc)
+        out["import_error"] = err(exc)
+    except (OSError, ValueError, EOFError) as exc:  # unreadable file, gzip or Parquet corruption (ArrowInvalid is a ValueError)
+        out["error"] = err(exc)
+    return out, good
+
+
+# ----------------------------------------------------------------------------------------- tokens
+
+def percentile(sorted_values, q):
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, int(round(q / 100.0 * (len(sorted_values) - 1)))))
+    return sorted_values[k]
+
+
+def token_lengths(conversations, tokenizer_path, enable_thinking):
+    try:
+        from transformers import AutoTokenizer
+    except Exception as exc:
+        return {"error": "cannot import transformers: %s" % err(exc), "stage": "import"}
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    except Exception as exc:
+        return {"error": "cannot load the tokenizer from %s: %s" % (tokenizer_path, err(exc)), "stage": "load"}
+    lengths, failures, failure_count = [], [], 0
+    for where, messages in conversations:
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        history = messages[: last_user + 1]  # the longest prompt of the conversation: its last user turn
+        try:
+            text = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True,
+                                           enable_thinking=enable_thinking)
+            lengths.append(len(tok.encode(text, add_special_tokens=False)))
+        except Exception as exc:
+            failure_count += 1
+            if len(failures) < MAX_MALFORMED_LISTED:
+                failures.append({"where": where, "reason": "chat template failed: %s" % err(exc)})
+    lengths.sort()
+    return {"count": len(lengths), "p50": percentile(lengths, 50), "p90": percentile(lengths, 90),
+            "p99": percentile(lengths, 99), "max": lengths[-1] if lengths else None,
+            "mean": (sum(lengths) / len(lengths)) if lengths else None, "lengths": lengths,
+            "template_failures": failures, "template_failure_count": failure_count,
+            "tokenizer_class": type(tok).__name__}
+
+
+def main():
+    mode = ARGS["mode"]
+    files, missing = resolve(ARGS["patterns"])
+    if mode == "paths":
+        out = {"files": files, "missing": missing}
+        if missing:
+            out["candidates"] = candidates(missing, ARGS.get("run_dir"))
+        print(json.dumps(out))
+        return
+    results, conversations = [], []
+    for f in files:
+        res, good = sample_file(f["path"], ARGS.get("format", "auto"), int(ARGS.get("sample", 1000)),
+                                keep_messages=(mode == "tokens"))
+        res["size"] = f.get("size")
+        results.append(res)
+        conversations += good
+    out = {"files": results, "missing": missing}
+    if mode == "tokens":
+        out["tokens"] = token_lengths(conversations, ARGS["tokenizer"], bool(ARGS.get("enable_thinking", True)))
+    print(json.dumps(out))
+
+
+main()

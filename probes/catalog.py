@@ -669,8 +669,9 @@ def judge_prompt_format(res: CommandResult, inp: JudgeInput) -> Verdict:
         f.warn(f"{malformed_total} malformed row(s) in the sample, e.g. "
                + "; ".join(f"{m['where']}: {m['reason']}" for m in malformed[:3]),
                "malformed rows are skipped and logged to rejects.jsonl; fix them at the source to keep them")
-    if len([s for s in shapes if not s.startswith(("prompt", "instruction"))]) > 1:
-        f.warn("mixed row shapes: " + ", ".join(f"{k} {v}" for k, v in shapes.items()))
+    mixed = sum(v for k, v in shapes.items() if k.startswith("mixed"))
+    if mixed:
+        f.warn(f"{mixed} row(s) mix ShareGPT (from/value) and OpenAI (role/content) turns in one conversation")
     share = with_assistant / good if good else 0.0
     data = {"files": files, "sampled": sampled, "good": good, "malformed_count": malformed_total,
             "malformed": malformed, "by_source": by_source, "shapes": shapes, "assistant_share": share,

@@ -1,0 +1,294 @@
+"""Probes that need a run config: model dir, prompts, ports, run dir resume."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from probes.model import Status
+from tests.test_probes_fakes import (add_weights, config_context, gpu_env, openai, run_local, sharegpt,
+                                     write_jsonl)
+
+
+# ---------------------------------------------------------------------------------------------- model.dir
+
+
+def test_model_without_weights_fails_with_path(tiny_model_dir, tmp_path):
+    ctx = config_context(tmp_path, tiny_model_dir, [])
+    r = run_local(ctx, {"model.dir"})["model.dir"]
+    assert r.status is Status.FAIL
+    assert f"no weights in {tiny_model_dir} (no *.safetensors or *.bin files)" in r.summary
+    assert r.data["architecture"] == "Qwen3ForCausalLM"
+    assert r.data["supports_thinking"] is True
+
+
+def test_model_pass_with_weights_on_fake_gpus(model_copy, tmp_path, monkeypatch):
+    gpu_env(monkeypatch, tmp_path)
+    add_weights(model_copy, 64 << 30)  # 64 GiB: 32 GiB per GPU at tp 2 on 140 GiB H200s
+    ctx = config_context(tmp_path, model_copy, [], tp_size=2)
+    r = run_local(ctx, {"model.dir", "gpu.nvidia_smi"})["model.dir"]
+    assert r.status is Status.PASS, r.summary
+    assert r.summary.startswith(f"Qwen3ForCausalLM at {model_copy}: weights 64.0 GiB (32.0 GiB/GPU at tp 2 of 140.4 GiB)")
+    assert "chat template from tokenizer_config.json, thinking yes" in r.summary or \
+        "chat template from chat_template.jinja, thinking yes" in r.summary
+    assert r.data["fit"]["source"] == "gpu.nvidia_smi"
+
+
+def test_model_too_big_for_tp_fails_and_unknown_gpu_warns(model_copy, tmp_path, monkeypatch):
+    add_weights(model_copy, 300 << 30)
+    ctx = config_context(tmp_path, model_copy, [], tp_size=1, gpus=(0,))
+    r = run_local(ctx, {"model.dir"})["model.dir"]  # this machine: no GPU facts
+    assert r.status is Status.WARN
+    assert "cannot check the fit on the GPUs" in r.summary
+    gpu_env(monkeypatch, tmp_path)
+    r = run_local(ctx, {"model.dir", "gpu.nvidia_smi"})["model.dir"]
+    assert r.status is Status.FAIL
+    assert "weights 300.0 GiB / tp 1 = 300.0 GiB per GPU exceed the GPU memory 140.4 GiB" in r.summary
+    assert r.remedy == "raise workers.tp_size"
+
+
+def test_model_missing_dir_and_missing_template_and_shards(model_copy, tmp_path):
+    missing = tmp_path / "nope" / "Qwen3-32B"
+    r = run_local(config_context(tmp_path, missing, []), {"model.dir"})["model.dir"]
+    assert r.status is Status.FAIL
+    assert r.summary == f"model dir {missing}: [Errno 2] No such file or directory: '{missing}'"
+
+    tok_cfg = json.loads((model_copy / "tokenizer_config.json").read_text())
+    tok_cfg.pop("chat_template", None)
+    (model_copy / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (model_copy / name).exists():
+            (model_copy / name).unlink()
+    (model_copy / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 1000}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                          "b": "model-00002-of-00002.safetensors"}}))
+    r = run_local(config_context(tmp_path, model_copy, []), {"model.dir"})["model.dir"]
+    assert r.status is Status.FAIL
+    assert "no chat template in" in r.summary
+    assert "names 2 missing shard file(s)" in r.summary
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+
+def test_prompt_paths_pass_and_glob(tiny_model_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", [sharegpt(i) for i in range(3)])
+    write_jsonl(data / "b.jsonl", [openai(i) for i in range(2)])
+    r = run_local(config_context(tmp_path, tiny_model_dir, [str(data / "*.jsonl")]), {"prompts.paths"})["prompts.paths"]
+    assert r.status is Status.PASS
+    assert r.summary.startswith("2 file(s)")
+    assert [f["path"] for f in r.data["files"]] == [str(data / "a.jsonl"), str(data / "b.jsonl")]
+
+
+def test_missing_prompts_file_names_path_error_and_candidates(tiny_model_dir, tmp_path):
+    data = tmp_path / "datasets" / "sharegpt"
+    data.mkdir(parents=True)
+    write_jsonl(data / "sharegpt_train.jsonl", [sharegpt(0)])
+    write_jsonl(tmp_path / "datasets" / "other.parquet.jsonl", [sharegpt(0)])
+    (tmp_path / "datasets" / "notes.txt").write_text("not a prompt file")
+    wanted = tmp_path / "datasets" / "sharegpt" / "sharegpt_train_v2.jsonl"
+    ctx = config_context(tmp_path, tiny_model_dir, [str(wanted)], run_dir=str(tmp_path / "datasets"))
+    res = run_local(ctx)
+    r = res["prompts.paths"]
+    assert r.status is Status.FAIL
+    assert f"[Errno 2] No such file or directory: '{wanted}'" in r.summary
+    assert str(wanted) in r.summary
+    cands = r.data["candidates"]["files"]
+    assert cands[0]["path"] == str(data / "sharegpt_train.jsonl")  # the most similar name first
+    assert cands[0]["size"] > 0
+    assert all(not c["path"].endswith(".txt") for c in cands)
+    assert str(data) in r.data["candidates"]["searched"]
+    assert "candidate prompt files (most similar names first" in r.actual
+    assert res["prompts.format"].status is Status.SKIP
+    assert res["prompts.format"].summary == "needs prompts.paths, which is FAIL"
+
+
+def test_prompt_glob_matching_nothing_and_directory(tiny_model_dir, tmp_path):
+    (tmp_path / "d").mkdir()
+    ctx = config_context(tmp_path, tiny_model_dir, [str(tmp_path / "d" / "*.jsonl"), str(tmp_path / "d")])
+    r = run_local(ctx, {"prompts.paths"})["prompts.paths"]
+    assert r.status is Status.FAIL
+    assert "glob matched no files" in r.summary
+    assert "is a directory (use a glob such as" in r.summary
+    assert f"[Errno 21] Is a directory: '{tmp_path / 'd'}'" in r.summary
+
+
+def test_prompt_format_shapes_sources_and_answers(tiny_model_dir, tmp_path):
+    write_jsonl(tmp_path / "sg.jsonl", [sharegpt(i, turns=2) for i in range(4)])
+    (tmp_path / "oa.json").write_text(json.dumps([openai(i) for i in range(3)]))
+    table = pa.table({"id": ["p0", "p1"], "prompt": ["hello there", "write a poem"]})
+    pq.write_table(table, tmp_path / "pq.parquet")
+    ctx = config_context(tmp_path, tiny_model_dir, [str(tmp_path / "sg.jsonl"), str(tmp_path / "oa.json"),
+                                                    str(tmp_path / "pq.parquet")])
+    r = run_local(ctx, {"prompts.format"})["prompts.format"]
+    assert r.status is Status.PASS, r.summary
+    d = r.data
+    assert d["rows"] == 9 and d["good"] == 9
+    assert d["shapes"] == {"sharegpt (conversations)": 4, "openai (messages)": 3, "prompt": 2}
+    assert d["by_source"] == {"sg.jsonl": 4, "oa-src": 3, "pq.parquet": 2}
+    assert abs(d["assistant_share"] - 4 / 9) < 1e-9
+    formats = {os.path.basename(f["path"]): f["format"] for f in d["files"]}
+    assert formats == {"sg.jsonl": "jsonl", "oa.json": "json", "pq.parquet": "parquet"}
+
+
+def test_malformed_rows_reported_with_file_and_line(tiny_model_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    lines = [
+        json.dumps(sharegpt(0)).encode(),
+        b'{"conversations": [{"from": "human", "value": "hi"}',  # line 2: bad JSON
+        json.dumps({"text": "no conversation here"}).encode(),  # line 3: wrong shape
+        b'{"messages": [{"role": "user", "content": "caf\xe9"}]}',  # line 4: invalid UTF-8 (latin-1 byte)
+        json.dumps({"messages": []}).encode(),  # line 5: empty conversation
+        json.dumps({"messages": [{"role": "narrator", "content": "x"}]}).encode(),  # line 6: unknown role
+        json.dumps(openai(7)).encode(),
+    ]
+    bad.write_bytes(b"\n".join(lines) + b"\n")
+    r = run_local(config_context(tmp_path, tiny_model_dir, [str(bad)]), {"prompts.format"})["prompts.format"]
+    assert r.status is Status.WARN
+    where = {m["where"]: m for m in r.data["malformed"]}
+    assert where[f"{bad}:2"]["kind"] == "malformed_json"
+    assert where[f"{bad}:2"]["reason"].startswith("malformed JSON: Expecting ")
+    assert where[f"{bad}:3"]["reason"].startswith("no conversation: expected 'messages', 'conversations'")
+    at = lines[3].index(b"\xe9")
+    assert where[f"{bad}:4"]["reason"] == f"invalid UTF-8 at byte {at}: invalid continuation byte"
+    assert where[f"{bad}:5"]["reason"] == "empty conversation"
+    assert where[f"{bad}:6"]["kind"] == "unknown_role"
+    assert r.data["good"] == 2 and r.data["malformed_count"] == 5
+    assert f"{bad}:2: malformed JSON" in r.actual
+    assert r.summary.startswith("5 malformed row(s) in the sample, e.g. ")
+
+
+def test_malformed_reasons_match_the_engine_reader(tiny_model_dir, tmp_path):
+    """The probe's copy of the row rules and engine/ingest.py reject the same lines for the same kinds."""
+    from engine.ingest import Reject, iter_prompts
+
+    bad = tmp_path / "mixed.jsonl"
+    rows = [sharegpt(0), {"text": "x"}, {"messages": []}, {"messages": [{"role": "assistant", "content": "a"}]},
+            {"messages": [{"role": "user", "content": {"x": 1}}]}, {"prompt": "  "}, openai(1), [1, 2]]
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{not json\n")
+    engine = {r.line: r.category for r in iter_prompts([str(bad)]) if isinstance(r, Reject)}
+    r = run_local(config_context(tmp_path, tiny_model_dir, [str(bad)]), {"prompts.format"})["prompts.format"]
+    probe = {int(m["where"].rsplit(":", 1)[1]): m["kind"] for m in r.data["malformed"]}
+    assert probe == engine
+
+
+def test_file_with_no_good_rows_fails(tiny_model_dir, tmp_path):
+    bad = write_jsonl(tmp_path / "wrong.jsonl", [{"question": "q", "answer": "a"}] * 3)
+    r = run_local(config_context(tmp_path, tiny_model_dir, [str(bad)]), {"prompts.format"})["prompts.format"]
+    assert r.status is Status.FAIL
+    assert f"{bad}: none of the 3 sampled rows is a usable conversation (first: {bad}:1: no conversation" in r.summary
+
+
+def test_prompt_tokens_through_the_chat_template(model_copy, tmp_path, tiny_tokenizer):
+    add_weights(model_copy)
+    f = write_jsonl(tmp_path / "p.jsonl", [sharegpt(i) for i in range(20)])
+    ctx = config_context(tmp_path, model_copy, [str(f)], max_new_tokens=256)
+    r = run_local(ctx, {"prompts.tokens"})["prompts.tokens"]
+    assert r.status in (Status.PASS, Status.WARN), r.summary
+    # the same number through transformers here: the last user turn, generation prompt, thinking on
+    msgs = [{"role": "user", "content": "question 0.0: explain caching"}]
+    text = tiny_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    expected = len(tiny_tokenizer.encode(text, add_special_tokens=False))
+    assert r.data["max"] >= expected and r.data["count"] == 20
+    assert f"prompt tokens p50 {r.data['p50']} / p90" in r.summary
+    assert r.data["context_length"]
+
+
+def test_prompt_tokens_skip_when_model_fails(tiny_model_dir, tmp_path):
+    f = write_jsonl(tmp_path / "p.jsonl", [sharegpt(0)])
+    res = run_local(config_context(tmp_path, tiny_model_dir, [str(f)]), {"prompts.tokens"})
+    assert res["model.dir"].status is Status.FAIL  # no weights
+    assert res["prompts.tokens"].status is Status.SKIP
+    assert res["prompts.tokens"].summary == "needs model.dir, which is FAIL"
+
+
+def test_prompt_tokens_over_context_warns(model_copy, tmp_path):
+    add_weights(model_copy)
+    f = write_jsonl(tmp_path / "p.jsonl", [sharegpt(i) for i in range(5)])
+    ctx = config_context(tmp_path, model_copy, [str(f)], context_length=8, max_new_tokens=4)
+    r = run_local(ctx, {"prompts.tokens"})["prompts.tokens"]
+    assert r.status is Status.FAIL
+    assert "half the prompts are >= the context length 8" in r.summary
+
+
+# ---------------------------------------------------------------------------------------------- ports
+
+
+def test_ports_free_and_busy_with_holder(tiny_model_dir, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        ctx = config_context(tmp_path, tiny_model_dir, [], base_port=busy, gpus=(0, 1))
+        r = run_local(ctx, {"ports"})["ports"]
+        assert r.status is Status.FAIL
+        assert f"port {busy} on 127.0.0.1 is busy ([Errno 98] Address already in use); held by pid {os.getpid()}" \
+            in r.summary
+        assert len(r.data["ports"]) == 2
+    free_ctx = dataclasses.replace(ctx, base_port=busy)
+    r = run_local(free_ctx, {"ports"})["ports"]
+    assert r.status is Status.PASS, r.summary
+    assert r.summary == f"ports {busy}..{busy + 1} free on 127.0.0.1"
+
+
+# ---------------------------------------------------------------------------------------------- run_dir.resume
+
+
+def _run_config(tmp_path, model, prompts, **sampling):
+    from engine.config import config_from_dict
+
+    return config_from_dict({"run_dir": str(tmp_path / "run"), "model": str(model), "prompts": prompts,
+                             "sampling": sampling})
+
+
+def test_resume_new_resumable_and_changed(tiny_model_dir, tmp_path):
+    from console.commands.probe import context_from_config
+    from engine.run_dir import prepare_run_dir
+
+    prompts = [str(tmp_path / "p.jsonl")]
+    cfg = _run_config(tmp_path, tiny_model_dir, prompts)
+    ctx = dataclasses.replace(context_from_config(cfg), python=config_context(tmp_path, tiny_model_dir, []).python)
+    r = run_local(ctx, {"run_dir.resume"})["run_dir.resume"]
+    assert r.status is Status.PASS and r.summary == f"new run: {tmp_path / 'run'} does not exist yet"
+
+    prepare_run_dir(cfg)
+    r = run_local(ctx, {"run_dir.resume"})["run_dir.resume"]
+    assert r.status is Status.PASS
+    assert r.summary.startswith(f"resumable: {tmp_path / 'run'} was started with the same content")
+    assert r.data["mode"] == "resume"
+
+    changed = context_from_config(_run_config(tmp_path, tiny_model_dir, prompts, temperature=0.7))
+    changed = dataclasses.replace(changed, python=ctx.python)
+    r = run_local(changed, {"run_dir.resume"})["run_dir.resume"]
+    assert r.status is Status.FAIL
+    assert "not resumable" in r.summary and "sampling.temperature 0.6 -> 0.7" in r.summary
+
+
+def test_resume_refuses_foreign_non_empty_dir(tiny_model_dir, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "thesis.pdf").write_text("x")
+    r = run_local(config_context(tmp_path, tiny_model_dir, []), {"run_dir.resume"})["run_dir.resume"]
+    assert r.status is Status.FAIL
+    assert "is not empty and is not a regen run dir" in r.summary and "thesis.pdf" in r.summary
+
+
+# ---------------------------------------------------------------------------------------------- disk.run_dir
+
+
+def test_disk_run_dir_nearest_parent_and_estimate(tiny_model_dir, tmp_path):
+    f = write_jsonl(tmp_path / "p.jsonl", [sharegpt(i) for i in range(50)])
+    ctx = config_context(tmp_path, tiny_model_dir, [str(f)], run_dir=str(tmp_path / "a" / "b" / "run"))
+    res = run_local(ctx, {"disk.run_dir", "prompts.format"})
+    r = res["disk.run_dir"]
+    assert r.status is Status.PASS, r.summary
+    assert r.data["path"] == str(tmp_path)  # nearest existing parent
+    assert "estimate: 50 rows x 1.00 turns" in r.data["need_basis"]
+    huge = dataclasses.replace(ctx, disk_need_bytes=10**18)
+    r = run_local(huge, {"disk.run_dir"})["disk.run_dir"]
+    assert r.status is Status.FAIL and "below the need of" in r.summary

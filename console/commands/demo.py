@@ -1,0 +1,172 @@
+"""regen demo [--gpus N] [--prompts N] [--run-dir DIR] [--headless --until-done]
+
+The whole flow on this machine: a tiny Qwen3-style model, synthetic chat prompts (single and
+multi-turn, two sources, a few deliberately bad rows), one SGLang simulator per simulated GPU,
+started over the `local` transport exactly like `regen start`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+
+from console.commands.status import progress_line
+from console.deploy import EXIT_ERROR, EXIT_OK, DeployError, start_run
+from console.transport import TransportError, open_transport
+from engine.config import SIMULATOR_LAUNCH, RunConfig, Sampling, Workers, Alerts, Dispatch
+from engine.telemetry_events import AlertEvent, DispatchEvent
+
+CACHE = Path.home() / ".cache" / "regen"
+DEMO_CONTEXT = 4096
+# fast enough that 500 prompts finish in a minute or two on 2 cores, slow enough to watch batching
+DEMO_SIM_ARGS = (
+    "--max-running-requests", "32", "--context-length", str(DEMO_CONTEXT),
+    "--sim-step-ms", "8", "--sim-step-ms-per-req", "0.1", "--sim-tokens-per-step", "4",
+    "--sim-output-mean", "64", "--sim-output-sigma", "0.7", "--sim-empty-share", "0.02",
+    "--sim-load-s", "1",
+)
+
+TOPICS = ("prime numbers", "a python list", "the attention layer", "gpu memory", "a test case", "the cache",
+          "an array index error", "the square root of two", "batch size", "a string function")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--gpus", type=int, default=4, help="simulated GPUs, one SGLang simulator each")
+    parser.add_argument("--prompts", type=int, default=200, help="synthetic conversations")
+    parser.add_argument("--run-dir", default=None, help="default: ~/.cache/regen/demo/run-<time>")
+    parser.add_argument("--headless", action="store_true", help="no TUI: print progress lines")
+    parser.add_argument("--until-done", action="store_true", help="with --headless: wait until the run is done")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sim-arg", action="append", default=[], help="extra simulator argument (repeatable)")
+
+
+def free_port_block(n: int) -> int:
+    """A base port with n consecutive free loopback ports."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 45000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free ports found on 127.0.0.1")
+
+
+def write_prompts(prompt_dir: Path, n: int, seed: int) -> list[str]:
+    """Two sources; ~30% multi-turn; bad rows: malformed JSON, no messages, unknown role, too long."""
+    rng = random.Random(seed)
+    prompt_dir.mkdir(parents=True, exist_ok=True)
+    files = [prompt_dir / "chat_a.jsonl", prompt_dir / "chat_b.jsonl"]
+    if all(f.exists() for f in files):
+        return [str(f) for f in files]
+    lines: list[list[str]] = [[], []]
+    for i in range(n):
+        topic = rng.choice(TOPICS)
+        if rng.random() < 0.3:
+            messages = []
+            for k in range(rng.randint(2, 3)):
+                messages.append({"role": "user", "content": f"question {k + 1} about {topic}: why does it work?"})
+                messages.append({"role": "assistant", "content": f"an old answer about {topic}."})
+            messages = messages[:-1]
+        else:
+            messages = [{"role": "user", "content": f"explain {topic} with a simple example ({i})"}]
+            if rng.random() < 0.2:
+                messages.insert(0, {"role": "system", "content": "you are a careful assistant"})
+        lines[i % 2].append(json.dumps({"id": f"demo-{i:06d}", "messages": messages}))
+    bad = [
+        '{"id": "bad-json", "messages": [{"role": "user", "content": "unterminated"',
+        json.dumps({"id": "bad-no-messages", "text": "no conversation here"}),
+        json.dumps({"id": "bad-role", "messages": [{"role": "wizard", "content": "abracadabra"}]}),
+        json.dumps({"id": "too-long", "messages": [{"role": "user", "content": " ".join(["token"] * (DEMO_CONTEXT + 500))}]}),
+    ]
+    for j, row in enumerate(bad):
+        lines[j % 2].insert(rng.randrange(len(lines[j % 2]) + 1), row)
+    for f, rows in zip(files, lines):
+        f.write_text("\n".join(rows) + "\n")
+    return [str(f) for f in files]
+
+
+def demo_config(run_dir: Path, model: Path, prompts: list[str], gpus: int, extra: list[str]) -> RunConfig:
+    return RunConfig(
+        run_dir=str(run_dir), model=str(model), prompts=tuple(prompts), host_python=sys.executable,
+        turns="all", shard_size=50, context_length=DEMO_CONTEXT,
+        sampling=Sampling(max_new_tokens=1024),
+        workers=Workers(gpus=tuple(range(gpus)), base_port=free_port_block(gpus), launch=SIMULATOR_LAUNCH,
+                        extra_args=DEMO_SIM_ARGS + tuple(extra), ready_timeout_s=120.0),
+        dispatch=Dispatch(request_timeout_s=120.0, retry_backoff_s=0.5),
+        alerts=Alerts(disk_free_min_gb=0.5),
+    )
+
+
+def run(args) -> int:
+    from engine.tiny_model import build_tiny_model
+
+    run_dir = Path(args.run_dir or CACHE / "demo" / time.strftime("run-%Y%m%d-%H%M%S")).expanduser().resolve()
+    print(f"building the tiny model in {CACHE / 'tiny-model'}", file=sys.stderr)
+    model = build_tiny_model(CACHE / "tiny-model")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prompts = write_prompts(run_dir / "prompts", args.prompts, args.seed)
+    cfg = demo_config(run_dir, model, prompts, args.gpus, args.sim_arg)
+    if not args.headless:
+        try:
+            from console.tui.app import run_tui
+        except ModuleNotFoundError as exc:
+            print(f"the TUI is not available ({exc}); running headless", file=sys.stderr)
+            run_tui = None
+    return asyncio.run(_demo(args, cfg, None if args.headless else run_tui))
+
+
+async def _demo(args, cfg: RunConfig, run_tui) -> int:
+    transport = await open_transport("local")
+    try:
+        started = await start_run(transport, cfg, progress=lambda m: print(m, file=sys.stderr))
+    except (DeployError, TransportError) as exc:
+        print(f"regen demo: {exc}", file=sys.stderr)
+        await transport.close()
+        return EXIT_ERROR
+    print(f"demo run started: supervisor pid {started.pid}, run dir {started.run_dir}", file=sys.stderr)
+    if run_tui is not None:
+        await transport.close()
+        result = run_tui("local", started.run_dir)
+        if asyncio.iscoroutine(result):
+            result = await result
+        return int(result or 0)
+    if not args.until_done:
+        print(f"watch it: regen status local --run-dir {started.run_dir}")
+        await transport.close()
+        return EXIT_OK
+    try:
+        return await follow_until_done(started.client(transport), started.run_dir)
+    finally:
+        await transport.close()
+
+
+async def follow_until_done(client, run_dir: str) -> int:
+    started = time.monotonic()
+    last: DispatchEvent | None = None
+    last_print = 0.0
+    async for event in client.follow(since=time.time() - 5):
+        if isinstance(event, DispatchEvent):
+            last = event
+            if time.monotonic() - last_print >= 2.0 or event.state in ("done", "stopped", "failed"):
+                last_print = time.monotonic()
+                print(f"[{time.monotonic() - started:6.1f}s] {progress_line(event.to_dict())}", flush=True)
+        elif isinstance(event, AlertEvent) and event.severity != "info":
+            print(f"ALERT {event.severity}: {event.text}", flush=True)
+    wall = time.monotonic() - started
+    state = last.state if last else "unknown"
+    print(f"supervisor exited, run {state} after {wall:.1f} s; shards in {run_dir}/shards, "
+          f"rejects in {run_dir}/rejects.jsonl, logs in {run_dir}/supervisor.log", flush=True)
+    return EXIT_OK if state == "done" else EXIT_ERROR

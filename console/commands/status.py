@@ -1,0 +1,110 @@
+"""regen status HOST --run-dir DIR [--json]: state, tok/s, done/total, ETA, workers, shards, alerts."""
+from __future__ import annotations
+
+import json
+import time
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from console.deploy import EXIT_OK, add_host_args, run_with_client
+
+
+def add_arguments(parser) -> None:
+    add_host_args(parser)
+    parser.add_argument("--json", action="store_true", help="print the supervisor's status as JSON")
+
+
+def run(args) -> int:
+    async def call(client) -> int:
+        status = await client.status()
+        if args.json:
+            print(json.dumps(status, indent=2))
+        else:
+            Console().print(render_status(status))
+        return EXIT_OK
+
+    return run_with_client(args, call)
+
+
+def _na(value, fmt="{}") -> str:
+    return "N/A" if value is None else fmt.format(value)
+
+
+def eta_text(done: int, total: int, tokens_per_s: float, output_tokens: int) -> str:
+    left = total - done
+    if left <= 0:
+        return "-"
+    if done <= 0 or tokens_per_s <= 0:
+        return "unknown"
+    seconds = left * (output_tokens / done) / tokens_per_s
+    h, rem = divmod(int(seconds), 3600)
+    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
+def progress_line(d: dict) -> str:
+    done, total = d.get("done", 0), d.get("total", 0)
+    pct = 100.0 * done / total if total else 100.0
+    return (f"{d.get('state')}: {done}/{total} samples ({pct:.1f}%), {d.get('in_flight', 0)} in flight,"
+            f" {d.get('tokens_per_s', 0.0):.0f} tok/s, failed {d.get('failed', 0)}, rejected {d.get('rejected', 0)},"
+            f" retried {d.get('retried', 0)}, ETA {eta_text(done, total, d.get('tokens_per_s', 0.0), d.get('output_tokens', 0))}")
+
+
+def render_status(s: dict) -> Group:
+    d = s.get("dispatch") or {}
+    head = Text()
+    head.append(f"{s.get('host')}:{s.get('run_dir')}  ", style="bold")
+    head.append(f"state {s.get('state')}", style="bold green" if s.get("state") in ("running", "done") else "bold yellow")
+    head.append(f"  pid {s.get('pid')}  up {time.time() - s.get('started_at', time.time()):.0f} s\n")
+    head.append(progress_line(d) if d else "no dispatch yet")
+    workers = Table(title="workers", expand=False)
+    for col in ("name", "state", "gpus", "pid", "restarts", "in flight/cap", "running", "queued", "gen tok/s",
+                "KV usage", "error"):
+        workers.add_column(col)
+    for w in s.get("workers", []):
+        workers.add_row(w["name"], w["state"], ",".join(map(str, w.get("gpus", []))), _na(w.get("pid")),
+                        str(w.get("restarts", 0)), f"{w.get('in_flight', 0)}/{w.get('capacity', 0)}",
+                        _na(w.get("running_reqs"), "{:.0f}"), _na(w.get("queued_reqs"), "{:.0f}"),
+                        _na(w.get("gen_throughput"), "{:.0f}"), _na(w.get("token_usage"), "{:.0%}"),
+                        (w.get("error") or "")[:60])
+    shards = s.get("shards", [])
+    by_state: dict[str, int] = {}
+    for sh in shards:
+        by_state[sh["state"]] = by_state.get(sh["state"], 0) + 1
+    shard_table = Table(title=f"shards ({', '.join(f'{n} {k}' for k, n in sorted(by_state.items())) or 'none'})")
+    for col in ("shard", "state", "done/total", "output tokens", "empty", "truncated"):
+        shard_table.add_column(col)
+    interesting = [sh for sh in shards if sh["state"] in ("running", "paused")] or shards
+    for sh in interesting[:20]:
+        shard_table.add_row(sh["id"], sh["state"], f"{sh['done']}/{sh['total']}", str(sh.get("output_tokens", 0)),
+                            str(sh.get("empty", 0)), str(sh.get("truncated", 0)))
+    if len(interesting) > 20:
+        shard_table.add_row(f"... {len(interesting) - 20} more", "", "", "", "", "")
+    parts = [head, workers, shard_table]
+    gpus = s.get("gpus", [])
+    if gpus:
+        g = Table(title="GPUs")
+        for col in ("gpu", "name", "mem used/total MiB", "util", "temp", "power", "error"):
+            g.add_column(col)
+        for ev in gpus:
+            mem = (f"{ev['mem_used_mb']:.0f}/{ev['mem_total_mb']:.0f}" if ev.get("mem_used_mb") is not None
+                   and ev.get("mem_total_mb") is not None else "N/A")
+            g.add_row(str(ev["index"]), ev.get("name") or "N/A", mem, _na(ev.get("util_pct"), "{:.0f}%"),
+                      _na(ev.get("temp_c"), "{:.0f}C"), _na(ev.get("power_w"), "{:.0f}W"), ev.get("error") or "")
+        parts.append(g)
+    for disk in s.get("disk", []):
+        parts.append(Text(f"disk {disk['path']}: {disk['free_bytes'] / 2**30:.1f} GiB free of "
+                          f"{disk['total_bytes'] / 2**30:.1f} GiB"))
+    rejects = s.get("rejects") or {}
+    parts.append(Text(f"rejects: {rejects.get('total', 0)} "
+                      + ", ".join(f"{k} {v}" for k, v in sorted((rejects.get('by_reason') or {}).items()))))
+    alerts = s.get("alerts", [])
+    if alerts:
+        a = Table(title="alerts (latest last)")
+        for col in ("time", "severity", "text"):
+            a.add_column(col)
+        for al in alerts[-10:]:
+            a.add_row(time.strftime("%H:%M:%S", time.localtime(al["ts"])), al["severity"], al["text"])
+        parts.append(a)
+    return Group(*parts)

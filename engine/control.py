@@ -1,0 +1,123 @@
+"""The control socket: run_dir/control.sock (0600), one JSON request per line, one JSON reply per line.
+
+Requests: {"op": "status"} | {"op": "pause", "shards": [...] | "all"} | {"op": "resume", ...} |
+{"op": "restart_worker", "worker": name} | {"op": "drain"} | {"op": "stop"}.
+Replies: {"ok": true, "result": {...}} or {"ok": false, "error": "text"}.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+log = logging.getLogger("regen.control")
+
+OPS = ("status", "pause", "resume", "restart_worker", "drain", "stop")
+MAX_REQUEST_BYTES = 1 << 20
+
+
+class ControlError(Exception):
+    """A request that cannot be served; its text is the reply's `error`."""
+
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class ControlServer:
+    def __init__(self, path: Path, handler: Handler):
+        self.path = path
+        self.handler = handler
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: dict[asyncio.Task, asyncio.StreamWriter] = {}
+
+    async def start(self) -> None:
+        if self.path.exists() or self.path.is_symlink():
+            self.path.unlink()  # a stale socket of a dead supervisor (the pid file check ran first)
+        old_umask = os.umask(0o177)  # the socket is created 0600, never briefly wider
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path),
+                                                           limit=MAX_REQUEST_BYTES)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+        log.info("control socket %s", self.path)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            # end open connections with EOF so their handlers return normally before the loop ends
+            for writer in self._connections.values():
+                writer.close()
+            if self._connections:
+                await asyncio.wait(list(self._connections), timeout=2.0)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            log.info("control socket %s already removed", self.path)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections[task] = writer
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    writer.write(_reply_error(f"request longer than {MAX_REQUEST_BYTES} bytes"))
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                writer.write(await self._handle_line(line))
+                await writer.drain()
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            log.info("control client went away: %s", exc)
+        finally:
+            self._connections.pop(task, None)
+            writer.close()
+
+    async def _handle_line(self, line: bytes) -> bytes:
+        try:
+            request = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            return _reply_error(f"request is not JSON: {exc}")
+        if not isinstance(request, dict) or request.get("op") not in OPS:
+            op = request.get("op") if isinstance(request, dict) else None
+            return _reply_error(f"unknown op {op!r}; known: {', '.join(OPS)}")
+        try:
+            result = await self.handler(request)
+        except ControlError as exc:
+            return _reply_error(str(exc))
+        except Exception as exc:  # a bug in an op must reach the operator, not kill the supervisor
+            log.exception("control op %s failed", request.get("op"))
+            return _reply_error(f"{request.get('op')} failed: {type(exc).__name__}: {exc}")
+        return orjson.dumps({"ok": True, "result": result}) + b"\n"
+
+
+def _reply_error(text: str) -> bytes:
+    return orjson.dumps({"ok": False, "error": text}) + b"\n"
+
+
+def request(path: Path, payload: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+    """Blocking client (engine.ctl): send one request, return the reply dict.
+
+    Raises FileNotFoundError / ConnectionRefusedError when no supervisor listens there."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        sock.sendall(orjson.dumps(payload) + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    if not buf.strip():
+        raise ConnectionError(f"the supervisor at {path} closed the connection without a reply")
+    return orjson.loads(buf)

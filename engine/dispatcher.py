@@ -1,0 +1,328 @@
+"""Sends work items to the SGLang workers: native POST /generate, non-streaming, pull model.
+
+Each ready worker runs its own loop that pulls an item from the shared ready queue only when it
+has a free slot, so a slow worker never holds the others back. A worker's slot count is
+`dispatch.max_in_flight_per_worker`, or the server's max_running_requests plus a small queue
+margin, trimmed by the server's own sglang:num_queue_reqs so its queue stays short but non-empty.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Callable
+
+import aiohttp
+import orjson
+
+from engine.committer import Committer
+from engine.config import RunConfig
+from engine.render import Renderer
+from engine.telemetry_events import AlertEvent, DispatchEvent
+from engine.work import WorkItem, WorkPlan
+from engine.workers import Worker, WorkerState
+
+log = logging.getLogger("regen.dispatch")
+
+DEFAULT_MAX_RUNNING = 64  # when the server does not say
+RATE_WINDOW_S = 30.0
+
+
+class Dispatcher:
+    def __init__(self, cfg: RunConfig, plan: WorkPlan, workers: list[Worker], committer: Committer,
+                 renderer: Renderer, session: aiohttp.ClientSession, emit: Callable[[object], None]):
+        self.cfg = cfg
+        self.plan = plan
+        self.workers = workers
+        self.committer = committer
+        self.renderer = renderer
+        self.session = session
+        self.emit = emit
+        self.accepting = True  # False: paused by disk guard, draining, stopping
+        self.aborting = False
+        self.inflight: dict[str, dict[asyncio.Task, WorkItem]] = {w.name: {} for w in workers}
+        self.dispatched: collections.Counter[str] = collections.Counter()  # per shard, this run
+        self.delayed = 0  # retries waiting for their backoff
+        self.done = 0
+        self.failed = 0
+        self.retried = 0
+        self.rejected = 0
+        self.output_tokens = 0
+        self._window: collections.deque[tuple[float, int]] = collections.deque()
+        self._slot_freed = {w.name: asyncio.Event() for w in workers}
+        self._loops: list[asyncio.Task] = []
+        self._dynamic_cap: dict[str, int] = {}
+        self._cancelled_for_requeue: set[asyncio.Task] = set()
+        self._mismatch_alerted: set[str] = set()
+        self._started_at = time.time()
+        for w in workers:
+            w.listeners.append(self._on_worker_state)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        for w in self.workers:
+            self._loops.append(asyncio.create_task(self._worker_loop(w), name=f"dispatch-{w.name}"))
+
+    async def close(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(m) for m in self.inflight.values())
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.in_flight:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
+
+    async def abort_all(self) -> None:
+        """POST /abort_request abort_all on every live worker; their in-flight requests come back as aborts."""
+        self.aborting = True
+        self.accepting = False
+        for w in self.workers:
+            if w.state != WorkerState.READY or not self.inflight[w.name]:
+                continue
+            try:
+                async with self.session.post(w.url + "/abort_request", json={"rid": "", "abort_all": True},
+                                             headers=w.headers, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    text = await resp.text()
+                    if resp.status != 200:
+                        log.warning("abort on %s: HTTP %d %s", w.name, resp.status, text[:200])
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                log.warning("abort on %s failed: %s", w.name, exc)
+
+    def cancel_all(self) -> None:
+        for tasks in self.inflight.values():
+            for task in list(tasks):
+                task.cancel()
+
+    # -- numbers ----------------------------------------------------------------------------
+    def tokens_per_s(self) -> float:
+        now = time.time()
+        while self._window and now - self._window[0][0] > RATE_WINDOW_S:
+            self._window.popleft()
+        if not self._window:
+            return 0.0
+        span = max(1.0, min(RATE_WINDOW_S, now - self._started_at))
+        return sum(n for _, n in self._window) / span
+
+    def snapshot(self, state: str) -> DispatchEvent:
+        return DispatchEvent(
+            in_flight=self.in_flight, done=self.plan.done, failed=self.failed, retried=self.retried,
+            rejected=self.rejected, total=self.plan.total, output_tokens=self.output_tokens,
+            tokens_per_s=round(self.tokens_per_s(), 1), state=state,
+        )
+
+    def capacity_for(self, w: Worker) -> int:
+        fixed = self.cfg.dispatch.max_in_flight_per_worker
+        if fixed:
+            return fixed
+        base = w.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING
+        margin = max(2, base // 8)
+        return self._dynamic_cap.get(w.name, base + margin)
+
+    def adjust_capacity(self) -> None:
+        """Called every metrics tick: keep the server's queue short but never empty while work is left."""
+        if self.cfg.dispatch.max_in_flight_per_worker:
+            for w in self.workers:
+                w.capacity = self.cfg.dispatch.max_in_flight_per_worker
+            return
+        for w in self.workers:
+            base = w.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING
+            margin = max(2, base // 8)
+            cap = self._dynamic_cap.get(w.name, base + margin)
+            queued, running = w.metrics.queued_reqs, w.metrics.running_reqs
+            if queued is not None and running is not None:
+                if queued > 2 * margin:
+                    cap = max(margin, int(running) + margin)  # the server runs fewer than we feed it
+                elif queued < 1 and len(self.inflight[w.name]) >= cap:
+                    cap = cap + margin  # queue ran dry while we were full: offer more
+                cap = max(1, min(base + margin, cap))
+            self._dynamic_cap[w.name] = cap
+            w.capacity = cap
+            w.in_flight = len(self.inflight[w.name])
+
+    # -- per-worker pull loop ---------------------------------------------------------------
+    async def _worker_loop(self, w: Worker) -> None:
+        slot = self._slot_freed[w.name]
+        while True:
+            if not self.accepting or w.state != WorkerState.READY:
+                await asyncio.sleep(0.1)
+                continue
+            cap = self.capacity_for(w)
+            w.capacity = cap
+            if len(self.inflight[w.name]) >= cap:
+                slot.clear()
+                try:
+                    await asyncio.wait_for(slot.wait(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    pass  # re-check capacity and state
+                continue
+            item = self.plan.next_item()
+            if item is None:
+                await self.plan.wait_item(0.25)
+                continue
+            task = asyncio.create_task(self._send(w, item), name=f"gen-{item.rid}")
+            self.inflight[w.name][task] = item
+            self.dispatched[item.shard_id] += 1
+            w.in_flight = len(self.inflight[w.name])
+            task.add_done_callback(lambda t, w=w: self._finished(w, t))
+
+    def _finished(self, w: Worker, task: asyncio.Task) -> None:
+        self.inflight[w.name].pop(task, None)
+        self._cancelled_for_requeue.discard(task)
+        w.in_flight = len(self.inflight[w.name])
+        self._slot_freed[w.name].set()
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("request task on %s failed unexpectedly: %r", w.name, exc, exc_info=exc)
+            self.emit(AlertEvent(severity="error", text=f"dispatcher error on {w.name}: {exc!r}",
+                                 key=f"dispatch-bug:{w.name}"))
+
+    def _on_worker_state(self, w: Worker, state: str) -> None:
+        if state in (WorkerState.READY, WorkerState.STARTING, WorkerState.LOADING):
+            return
+        # crashed / failed / stopped: its in-flight requests will never answer; re-queue them now
+        requeued = 0
+        for task, item in list(self.inflight[w.name].items()):
+            if task in self._cancelled_for_requeue:
+                continue
+            self._cancelled_for_requeue.add(task)
+            task.cancel()
+            if self.aborting:
+                continue  # stopping: uncommitted samples are regenerated by the next run
+            item.last_error = f"worker {w.name} {state}"
+            self._retry_or_fail(item, immediate=True)
+            requeued += 1
+        if requeued:
+            log.warning("worker %s %s: re-queued %d in-flight requests", w.name, state, requeued)
+
+    # -- one request ------------------------------------------------------------------------
+    async def _send(self, w: Worker, item: WorkItem) -> None:
+        params = self.cfg.sampling.as_sglang()
+        params["max_new_tokens"] = item.max_new_tokens
+        payload = {"rid": item.rid, "input_ids": item.prompt_ids, "sampling_params": params, "stream": False}
+        started = time.monotonic()
+        try:
+            async with self.session.post(
+                w.url + "/generate", data=orjson.dumps(payload),
+                headers={**w.headers, "Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=self.cfg.dispatch.request_timeout_s),
+            ) as resp:
+                status = resp.status
+                body = await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            if self.aborting:
+                return
+            item.last_error = f"{w.name}: {type(exc).__name__}: {exc}" if str(exc) else f"{w.name}: {type(exc).__name__}"
+            self._retry_or_fail(item)
+            return
+        latency = time.monotonic() - started
+        if status == 200:
+            self._handle_ok(w, item, body, latency)
+        elif status == 400:
+            message = _error_message(body)
+            self.rejected += 1
+            self.plan.on_failed(item, f"rejected by SGLang (HTTP 400): {message}", kind="rejected",
+                                excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}")
+        else:
+            if self.aborting:
+                return
+            item.last_error = f"{w.name}: HTTP {status}: {_error_message(body)}"
+            self._retry_or_fail(item)
+
+    def _handle_ok(self, w: Worker, item: WorkItem, body: bytes, latency: float) -> None:
+        try:
+            data = orjson.loads(body)
+            if isinstance(data, list):
+                data = data[0]
+            output_ids = [int(t) for t in data["output_ids"]]
+            meta = data.get("meta_info") or {}
+            finish = meta.get("finish_reason") or {}
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            item.last_error = f"{w.name}: unreadable /generate reply ({type(exc).__name__}: {exc}): {body[:200]!r}"
+            self._retry_or_fail(item)
+            return
+        finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
+        if finish_type == "abort":
+            if self.aborting:
+                return
+            item.last_error = f"{w.name}: aborted: {finish.get('message', '')}"
+            self._retry_or_fail(item)
+            return
+        completion = meta.get("completion_tokens")
+        if completion != len(output_ids) and w.name not in self._mismatch_alerted:
+            self._mismatch_alerted.add(w.name)
+            self.emit(AlertEvent(
+                severity="warning", text=f"{w.name}: meta_info.completion_tokens != len(output_ids)",
+                evidence=f"{item.sample_id}: completion_tokens={completion}, len(output_ids)={len(output_ids)}",
+                key=f"completion-mismatch:{w.name}"))
+        prompt_len = len(item.prompt_ids)
+        row = {
+            "sample_id": item.sample_id,
+            "conversation_id": item.conv.conversation_id,
+            "turn": item.turn,
+            "source": item.conv.source,
+            "origin": item.conv.origin,
+            "input_ids": item.prompt_ids + output_ids,
+            "loss_mask": [0] * prompt_len + [1] * len(output_ids),
+            "prompt_len": prompt_len,
+            "output_len": len(output_ids),
+            "reasoning_tokens": self.renderer.reasoning_tokens(output_ids),
+            "finish_reason": finish_type or "unknown",
+            "completion_tokens": int(completion) if isinstance(completion, int) else len(output_ids),
+            "cached_tokens": int(meta.get("cached_tokens") or 0),
+            "latency_s": float(latency),
+            "worker": w.name,
+            "text": self.renderer.decode(output_ids),
+        }
+        answer = None
+        if self.cfg.turns == "all" and not item.is_last_turn:
+            answer = self.renderer.history_answer(output_ids)
+        self.output_tokens += len(output_ids)
+        self._window.append((time.time(), len(output_ids)))
+        self.committer.add(item, row, answer)
+
+    def _retry_or_fail(self, item: WorkItem, immediate: bool = False) -> None:
+        item.attempt += 1
+        if item.attempt > self.cfg.dispatch.max_retries:
+            self.failed += 1
+            log.warning("%s failed after %d attempts: %s", item.sample_id, item.attempt, item.last_error)
+            self.plan.on_failed(item, f"generation failed after {item.attempt} attempts", kind="failed",
+                                excerpt=item.last_error)
+            return
+        self.retried += 1
+        log.info("retry %d of %s: %s", item.attempt, item.sample_id, item.last_error)
+        if immediate:
+            self.plan.requeue(item)
+            return
+        delay = min(60.0, self.cfg.dispatch.retry_backoff_s * 2 ** (item.attempt - 1))
+        self.delayed += 1
+
+        def later() -> None:
+            self.delayed -= 1
+            self.plan.requeue(item)
+
+        asyncio.get_running_loop().call_later(delay, later)
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:500].decode("utf-8", errors="replace")
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in data:
+            return str(data["message"])
+    return body[:500].decode("utf-8", errors="replace")

@@ -1,0 +1,513 @@
+"""The supervisor process on the training host: `python -m engine.supervisor --run-dir D`.
+
+It reads D/run.toml, verifies the run dir (a changed content hash is refused, exit 3), recovers
+the shard store, takes the pid file, serves the control socket, launches one SGLang server per
+GPU group, dispatches the work plan and commits shards until every sample is settled (exit 0),
+or until drain / stop / SIGTERM.
+
+Exit codes: 0 done, drained or stopped; 1 the run failed (every worker failed, internal error);
+2 unusable run config; 3 content config changed; 4 another supervisor holds the run dir.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+from engine.committer import Committer
+from engine.config import ConfigError, RunConfig, load_config
+from engine.control import ControlError, ControlServer
+from engine.dispatcher import Dispatcher
+from engine.gpu import GpuSampler
+from engine.render import Renderer
+from engine.rejects import RejectLog
+from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
+from engine.shard_store import ShardStore
+from engine.telemetry import Telemetry, ThroughputWatch, disk_events
+from engine.telemetry_events import AlertEvent, ShardEvent
+from engine.work import WorkPlan
+from engine.workers import Worker, WorkerState, worker_specs
+
+log = logging.getLogger("regen.supervisor")
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_CHANGED, EXIT_LOCKED = 0, 1, 2, 3, 4
+TICK_S = 2.0
+PROGRESS_EVERY_S = 10.0
+GPU_ERROR_EVERY_S = 60.0
+STOP_ABORT_WAIT_S = 15.0
+
+
+class Supervisor:
+    def __init__(self, cfg: RunConfig, run_dir: Path):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.started_at = time.time()
+        self.mode = "starting"  # starting | running | draining | stopping | done | stopped | failed
+        self.exit_code = EXIT_OK
+        self.disk_full = False
+        self.telemetry = Telemetry(run_dir)
+        self.emit = self.telemetry.emit
+        self._exit = asyncio.Event()
+        self._shutdown_task: asyncio.Task | None = None
+        self._dirty_shards: set[str] = set()
+        self._progress: dict[str, Any] = {}
+        self._tasks: list[asyncio.Task] = []
+        self.workers: list[Worker] = []
+        self.plan: WorkPlan | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.committer: Committer | None = None
+
+    # -- main -------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self.store = ShardStore(self.run_dir)
+        removed = self.store.recover()
+        if removed:
+            log.info("recovered the shard store: removed %d uncommitted files: %s", len(removed), ", ".join(removed[:10]))
+        self.rejects = RejectLog(self.run_dir)
+        self.control = ControlServer(self.run_dir / "control.sock", self.handle)
+        await self.control.start()
+        try:
+            return await self._run()
+        finally:
+            await self.control.close()
+            self.telemetry.close()
+
+    async def _run(self) -> int:
+        cfg = self.cfg
+        renderer = await asyncio.to_thread(
+            Renderer, cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
+        self.renderer = renderer
+        plan = WorkPlan(cfg, renderer, self.store, self.rejects)
+        plan.changed = self._dirty_shards.add
+        bad = await asyncio.to_thread(plan.count_stream)
+        plan.finish_count(bad)
+        self.plan = plan
+        self._dirty_shards.update(plan.shards)
+        if plan.finished:
+            log.info("every sample is already settled (%d done): nothing to generate", plan.done)
+            self.mode = "done"
+            self._tick_once(final=True)
+            return EXIT_OK
+        self.gpu = GpuSampler()
+        if self.gpu.init_error:
+            log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
+        try:
+            self.workers = [Worker(spec=s, cfg=cfg, run_dir=self.run_dir, session=self.session, emit=self.emit)
+                            for s in worker_specs(cfg)]
+            self.committer = Committer(self.store, plan, self.emit, disk_ok=self._disk_ok_for_commit)
+            self.dispatcher = Dispatcher(cfg, plan, self.workers, self.committer, renderer, self.session, self.emit)
+            for w in self.workers:
+                w.listeners.append(self._on_worker_state)
+                w.start()
+            self.dispatcher.start()
+            self._tasks = [
+                asyncio.create_task(self.committer.run_forever(), name="committer"),
+                asyncio.create_task(self._monitor(), name="monitor"),
+                asyncio.create_task(self._start_feed_when_ready(), name="feed"),
+            ]
+            await self._exit.wait()
+            return self.exit_code
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.dispatcher is not None:
+                await self.dispatcher.close()
+            await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+            self.gpu.close()
+            plan.close()
+            await self.session.close()
+
+    async def _start_feed_when_ready(self) -> None:
+        while not any(w.state == WorkerState.READY for w in self.workers):
+            await asyncio.sleep(0.2)
+        known = [w.capacity_info.context_length for w in self.workers if w.capacity_info.context_length]
+        if known and min(known) < self.plan.context_length:
+            log.info("the servers' context length %d is below the tokenizer's %d: using it", min(known),
+                     self.plan.context_length)
+            self.plan.context_length = min(known)
+        self.mode = "running"
+        await self.plan.feed_forever()
+
+    def _on_worker_state(self, w: Worker, state: str) -> None:
+        if state == WorkerState.READY and self.dispatcher is not None:
+            self.dispatcher.adjust_capacity()
+            total = sum(self.dispatcher.capacity_for(x) for x in self.workers if x.state == WorkerState.READY)
+            self.plan.low_water = max(32, 2 * total)
+            self.plan.max_active = max(256, 4 * total)
+        if state == WorkerState.FAILED and all(x.state == WorkerState.FAILED for x in self.workers):
+            self.emit(AlertEvent(severity="critical", text="every worker failed: the run stops",
+                                 evidence="; ".join(f"{x.name}: {x.error}" for x in self.workers), key="all-failed"))
+            self._begin_shutdown("failed")
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("%s received: stopping", sig.name)
+        self._begin_shutdown("stop")
+
+    # -- control ops ------------------------------------------------------------------------
+    async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req["op"]
+        if op == "status":
+            return self.status()
+        if self.plan is None and op in ("pause", "resume", "restart_worker"):
+            raise ControlError("the supervisor is still starting (counting prompts); try again in a moment")
+        if op in ("pause", "resume"):
+            shards = req.get("shards", "all")
+            if shards != "all" and not (isinstance(shards, list) and all(isinstance(s, str) for s in shards)):
+                raise ControlError('"shards" must be a list of shard ids or "all"')
+            try:
+                changed = self.plan.set_paused(None if shards == "all" else shards, op == "pause")
+            except KeyError as exc:
+                raise ControlError(exc.args[0]) from exc
+            log.info("%s %s", op, shards)
+            return {"op": op, "shards": sorted(changed), "paused": sorted(self.plan.paused), "state": self.state()}
+        if op == "restart_worker":
+            name = req.get("worker")
+            match = [w for w in self.workers if w.name == name]
+            if not match:
+                raise ControlError(f"unknown worker {name!r}; workers: {', '.join(w.name for w in self.workers)}")
+            match[0].restart()
+            log.info("restart of worker %s requested", name)
+            return {"worker": name, "state": match[0].state}
+        if op == "drain":
+            self._begin_shutdown("drain")
+            return {"state": self.state()}
+        if op == "stop":
+            self._begin_shutdown("stop")
+            return {"state": self.state()}
+        raise ControlError(f"unknown op {op!r}")
+
+    def state(self) -> str:
+        if self.mode in ("done", "stopped", "failed", "draining", "stopping", "starting"):
+            return self.mode
+        plan = self.plan
+        if self.disk_full or (plan is not None and plan.blocked_by_pause) or (
+                plan is not None and plan.paused and plan.paused >= {s for s, c in plan.shards.items() if not c.complete}):
+            return "paused"
+        return "running"
+
+    def dispatch_state(self) -> str:
+        return "disk_full" if self.disk_full and self.mode == "running" else self.state()
+
+    def status(self) -> dict[str, Any]:
+        t = self.telemetry
+        dispatch = (self.dispatcher.snapshot(self.dispatch_state()).to_dict() if self.dispatcher is not None
+                    else (t.dispatch.to_dict() if t.dispatch else None))
+        return {
+            "run_dir": str(self.run_dir),
+            "state": self.state(),
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "config_hash": self.cfg.content_hash(),
+            "host": socket.gethostname(),
+            "dispatch": dispatch,
+            "workers": [w.snapshot().to_dict() for w in self.workers],
+            "shards": [self._shard_event(sid).to_dict() for sid in sorted(self.plan.shards)] if self.plan else [],
+            "gpus": [g.to_dict() for g in t.gpus.values()],
+            "disk": [d.to_dict() for d in t.disk.values()],
+            "alerts": [a.to_dict() for a in t.alerts],
+            "rejects": {"total": self.rejects.count, "by_reason": self.rejects.counts_by_reason()},
+        }
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def _begin_shutdown(self, how: str) -> None:
+        if self._shutdown_task is not None:
+            if how == "stop" and self.mode == "draining":
+                self._shutdown_task.cancel()  # stop overrides a drain in progress
+            else:
+                return
+        if how in ("drain", "stop") and self.mode not in ("done", "stopped", "failed"):
+            self.mode = "draining" if how == "drain" else "stopping"
+            if self.dispatcher is not None:
+                self.dispatcher.accepting = False
+        self._shutdown_task = asyncio.get_running_loop().create_task(self._shutdown(how), name=f"shutdown-{how}")
+
+    async def _shutdown(self, how: str) -> None:
+        try:
+            d = self.dispatcher
+            if how == "drain":
+                self.mode = "draining"
+                if d is not None:
+                    d.accepting = False
+                    log.info("draining: waiting for %d in-flight requests", d.in_flight)
+                    await d.wait_idle()
+                final = "stopped"
+            elif how == "stop":
+                self.mode = "stopping"
+                if d is not None:
+                    log.info("stopping: aborting %d in-flight requests", d.in_flight)
+                    await d.abort_all()
+                    if not await d.wait_idle(STOP_ABORT_WAIT_S):
+                        log.warning("%d requests still open %.0f s after abort: cancelled", d.in_flight,
+                                    STOP_ABORT_WAIT_S)
+                        d.cancel_all()
+                        await d.wait_idle(5)
+                final = "stopped"
+            elif how == "done":
+                final = "done"
+            else:
+                if d is not None:
+                    d.accepting = False
+                    d.aborting = True
+                    d.cancel_all()
+                final = "failed"
+                self.exit_code = EXIT_FAILED
+            if self.committer is not None:
+                self.committer.flush_all()
+                if self.committer.pending:
+                    log.error("%d finished rows could not be committed (disk?): they will be regenerated",
+                              self.committer.pending)
+            log.info("stopping workers")
+            if d is not None:
+                d.aborting = True  # worker stops must not re-queue anything
+            await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+            self.mode = final
+            self._tick_once(final=True)
+            log.info("run %s: %d/%d samples done", final, self.plan.done if self.plan else 0,
+                     self.plan.total if self.plan else 0)
+        except asyncio.CancelledError:
+            self._shutdown_task = None
+            if how == "drain":
+                self._begin_shutdown("stop")
+            raise
+        self._exit.set()
+
+    # -- periodic telemetry and rules -------------------------------------------------------
+    async def _monitor(self) -> None:
+        self._last_progress = 0.0
+        self._last_gpu = -1e9
+        self._throughput = ThroughputWatch()
+        while True:
+            try:
+                self._tick_once()
+                if (self.mode == "running" and self.plan.finished and self.dispatcher.in_flight == 0
+                        and self.committer.pending == 0):
+                    log.info("all %d samples settled", self.plan.total)
+                    self._begin_shutdown("done")
+            except Exception:  # one bad tick must not end monitoring; the traceback goes to supervisor.log
+                log.exception("monitor tick failed")
+            await asyncio.sleep(TICK_S)
+
+    def _tick_once(self, final: bool = False) -> None:
+        now = time.monotonic()
+        d = self.dispatcher
+        if d is not None:
+            d.adjust_capacity()
+        for w in self.workers:
+            self.emit(w.snapshot())
+        if getattr(self, "gpu", None) is not None and not final:
+            if self.gpu.available or now - self._last_gpu >= GPU_ERROR_EVERY_S:
+                self._last_gpu = now
+                for ev in self.gpu.sample():
+                    self.emit(ev)
+        self._check_disk()
+        if self.plan is not None:
+            if final or now - getattr(self, "_last_progress", 0.0) >= PROGRESS_EVERY_S:
+                self._last_progress = now
+                self._progress = {p.shard_id: p for p in self.store.progress()}
+                self._quality_alerts()
+            for sid in sorted(self._dirty_shards):
+                self.emit(self._shard_event(sid))
+            self._dirty_shards.clear()
+        if d is not None:
+            ev = d.snapshot(self.dispatch_state())
+            self.emit(ev)
+            dropped, why = self._throughput.dropped(ev.tokens_per_s, self.state() == "running" and ev.in_flight > 0) \
+                if hasattr(self, "_throughput") else (False, "")
+            self.telemetry.condition("throughput-drop", dropped, "warning", f"throughput dropped: {why}", why)
+        elif self.plan is not None:
+            from engine.telemetry_events import DispatchEvent
+
+            self.emit(DispatchEvent(done=self.plan.done, total=self.plan.total, state=self.dispatch_state()))
+
+    def _shard_event(self, sid: str) -> ShardEvent:
+        c = self.plan.shards[sid]
+        p = self._progress.get(sid)
+        if c.complete:
+            state = "done"
+        elif sid in self.plan.paused:
+            state = "paused"
+        elif c.done or (self.dispatcher is not None and self.dispatcher.dispatched[sid]):
+            state = "running"
+        else:
+            state = "pending"
+        return ShardEvent(id=sid, state=state, done=c.done, total=c.total,
+                          output_tokens=p.output_tokens if p else 0, empty=p.empty if p else 0,
+                          truncated=p.truncated if p else 0)
+
+    def _quality_alerts(self) -> None:
+        a = self.cfg.alerts
+        for sid, p in self._progress.items():
+            n = p.done_samples
+            if n < 50:
+                continue
+            empty_share, trunc_share = p.empty / n, p.truncated / n
+            self.telemetry.condition(
+                f"empty:{sid}", empty_share > a.empty_share, "error",
+                f"shard {sid}: {empty_share:.0%} empty answers (threshold alerts.empty_share {a.empty_share:.0%})",
+                f"{p.empty} of {n} samples are empty answers (e.g. <think>\\n\\n</think>\\n\\nOK.<|im_end|>)")
+            self.telemetry.condition(
+                f"truncated:{sid}", trunc_share > a.truncated_share, "warning",
+                f"shard {sid}: {trunc_share:.0%} truncated answers (threshold alerts.truncated_share"
+                f" {a.truncated_share:.0%})",
+                f"{p.truncated} of {n} samples hit max_new_tokens (finish_reason length)")
+
+    def _check_disk(self) -> None:
+        events = disk_events([self.run_dir, Path("/dev/shm")])
+        for ev in events:
+            self.emit(ev)
+        run_disk = events[0] if events and events[0].path == str(self.run_dir) else None
+        if run_disk is None:
+            return
+        min_bytes = self.cfg.alerts.disk_free_min_gb * 2**30
+        self._run_free = run_disk.free_bytes
+        low = run_disk.free_bytes < min_bytes
+        if low != self.disk_full:
+            self.disk_full = low
+            if self.dispatcher is not None and self.mode == "running":
+                self.dispatcher.accepting = not low
+        self.telemetry.condition(
+            "disk-low", low, "critical",
+            f"disk low: {run_disk.free_bytes / 2**30:.1f} GiB free under {self.run_dir}: dispatch paused",
+            f"alerts.disk_free_min_gb = {self.cfg.alerts.disk_free_min_gb}; dispatch resumes when space is freed")
+
+    def _disk_ok_for_commit(self) -> bool:
+        # dispatch stops at the threshold; commits continue until a tenth of it is left
+        free = getattr(self, "_run_free", None)
+        return free is None or free > self.cfg.alerts.disk_free_min_gb * 2**30 * 0.1
+
+
+# -- process setup --------------------------------------------------------------------------
+def setup_logging(run_dir: Path) -> None:
+    log_path = run_dir / "supervisor.log"
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    stderr_handler = logging.StreamHandler(sys.stderr)
+    stderr_handler.setFormatter(fmt)
+    root.addHandler(stderr_handler)
+    if not _stderr_is(log_path):
+        file_handler = logging.FileHandler(log_path)
+        file_handler.setFormatter(fmt)
+        root.addHandler(file_handler)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _stderr_is(path: Path) -> bool:
+    """The starter redirects stderr into supervisor.log; then one handler is enough."""
+    try:
+        a, b = os.fstat(2), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+class PidFile:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def acquire(self) -> str | None:
+        """Take the pid file; returns a refusal message if a live supervisor holds it."""
+        try:
+            text = self.path.read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        if text:
+            holder = _live_supervisor(text)
+            if holder:
+                return f"another supervisor (pid {text}) runs on this run dir: {holder}"
+            log.info("replacing stale pid file %s (pid %s is not a live supervisor)", self.path, text)
+        tmp = self.path.with_suffix(".pid.tmp")
+        tmp.write_text(f"{os.getpid()}\n")
+        os.replace(tmp, self.path)
+        return None
+
+    def release(self) -> None:
+        try:
+            if self.path.read_text().strip() == str(os.getpid()):
+                self.path.unlink()
+        except FileNotFoundError:
+            log.warning("pid file %s was already removed", self.path)
+
+
+def _live_supervisor(pid_text: str) -> str | None:
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return f"pid {pid} (cmdline not readable: access denied)"
+    joined = " ".join(cmdline)
+    return joined if "engine.supervisor" in joined else None
+
+
+def _load_and_run(run_dir: Path) -> int:
+    try:
+        cfg = load_config(run_dir / "run.toml")
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    try:
+        prepare_run_dir(cfg)
+    except ConfigChanged as exc:
+        log.error("refusing to resume: %s", exc)
+        return EXIT_CHANGED
+    except RunDirError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
+    except OSError as exc:
+        log.error("cannot prepare run dir %s: %s", run_dir, exc)
+        return EXIT_CONFIG
+    return asyncio.run(Supervisor(cfg, run_dir).run())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.supervisor", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True)
+    args = parser.parse_args(argv)
+    run_dir = Path(args.run_dir).expanduser().resolve()
+    if not run_dir.is_dir():
+        print(f"regen supervisor: run dir {run_dir} does not exist (FileNotFoundError)", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(run_dir)
+    log.info("supervisor pid %d starting on %s (python %s)", os.getpid(), run_dir, sys.executable)
+    pidfile = PidFile(run_dir / "supervisor.pid")
+    refusal = pidfile.acquire()
+    if refusal:
+        log.error("refusing to start: %s", refusal)
+        return EXIT_LOCKED
+    try:
+        code = _load_and_run(run_dir)
+    except Exception:
+        log.exception("supervisor failed")
+        code = EXIT_FAILED
+    finally:
+        pidfile.release()
+    log.info("supervisor exits with %d", code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""`regen stats (DIR | HOST:DIR)`: data-quality statistics of a run's shards.
+
+DIR is read on this machine (engine.stats.compute_stats); HOST:DIR runs
+`python -m engine.stats DIR --json` on the host over the transport and renders its JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from console.transport import TransportError, open_transport, quote_argv
+
+EXIT_OK, EXIT_FLAGGED, EXIT_UNREADABLE = 0, 1, 2
+REMOTE_TIMEOUT_S = 1800.0
+BAR_WIDTH = 40
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Data-quality statistics of a run's shards (committed parts only): loss-mask sum histogram, empty and "
+        "truncated answers, reasoning present/missing/unterminated, token lengths, supervised tokens kept by a "
+        "training cut, by source / worker / shard. Exit status: 0 no quality flag, 1 a quality flag was raised "
+        "(empty or truncated share above its threshold, or an integrity error), 2 the run dir could not be read.")
+    p.add_argument("target", metavar="DIR|HOST:DIR", help="a run dir here, or HOST:DIR (HOST: ssh alias, user@host, local)")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON (schema regen.stats/1)")
+    p.add_argument("--train-max-length", type=int, default=4096, metavar="N",
+                   help="training max length for the cut figures (default 4096)")
+    p.add_argument("--empty-threshold", type=float, default=0.05, metavar="SHARE",
+                   help="flag when the empty-answer share is above this (default 0.05)")
+    p.add_argument("--truncated-threshold", type=float, default=0.10, metavar="SHARE",
+                   help="flag when the truncated share is above this (default 0.10)")
+    p.add_argument("--mask-check", choices=("auto", "full", "sample", "off"), default="auto",
+                   help="which parts have their loss_mask checked against prompt_len/output_len (default auto: "
+                        "all up to 100k samples, else a spread sample of the parts)")
+    p.add_argument("--python", default=None, help="python on the host (default: the one `regen start` recorded, else python3)")
+    p.add_argument("--ssh-config", default=None, help="OpenSSH client config file")
+    p.add_argument("--accept-new", action="store_true", help="accept an unknown host key (first connection)")
+
+
+def split_target(target: str) -> tuple[str | None, str]:
+    """(host, dir): host None for a local path. A path that exists here is always local."""
+    if os.path.exists(target):
+        return None, target
+    m = re.match(r"^(\[[^\]]+\](?::\d+)?|[^/:]+(?::\d+)?|[^/:@]+@[^/:]+):(.+)$", target)
+    if m and not target.startswith(("/", ".", "~")):
+        return m.group(1), m.group(2)
+    return None, target
+
+
+def run(args: argparse.Namespace) -> int:
+    host, run_dir = split_target(args.target)
+    if host is None:
+        from engine.stats import StatsReadError, compute_stats
+
+        try:
+            stats = compute_stats(Path(run_dir), train_max_length=args.train_max_length,
+                                  empty_threshold=args.empty_threshold, truncated_threshold=args.truncated_threshold,
+                                  mask_check=args.mask_check)
+        except StatsReadError as exc:
+            print(f"regen stats: {exc}", file=sys.stderr)  # plain: a wrapped path cannot be copied
+            return EXIT_UNREADABLE
+        data = stats.to_dict()
+    else:
+        try:
+            data = asyncio.run(_remote_stats(host, run_dir, args))
+        except RemoteStatsError as exc:
+            print(f"regen stats: {exc}", file=sys.stderr)  # plain: a wrapped path cannot be copied
+            return EXIT_UNREADABLE
+    if args.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        render(data, Console(highlight=False))
+    return EXIT_FLAGGED if data.get("flags") else EXIT_OK
+
+
+class RemoteStatsError(Exception):
+    pass
+
+
+async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        transport = await open_transport(host, accept_new=args.accept_new, ssh_config=args.ssh_config)
+    except TransportError as exc:
+        raise RemoteStatsError(f"cannot reach {host} ({exc.kind}): {exc}") from exc
+    try:
+        python = args.python or await _recorded_python(transport, run_dir) or "python3"
+        engine = f"{run_dir.rstrip('/')}/.regen/engine"
+        argv = [python, "-m", "engine.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
+                "--empty-threshold", str(args.empty_threshold), "--truncated-threshold", str(args.truncated_threshold),
+                "--mask-check", args.mask_check]
+        q = shlex.quote(engine)
+        command = (f"if [ -d {q} ]; then PYTHONPATH={q}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH; fi; "
+                   f"exec {quote_argv(argv)}")
+        result = await transport.run(command, timeout=REMOTE_TIMEOUT_S)
+    finally:
+        await transport.close()
+    where = f"{host}:{run_dir}"
+    if result.error or result.timed_out:
+        raise RemoteStatsError(f"{where}: `{command}` did not complete: "
+                               f"{result.error or f'timed out after {REMOTE_TIMEOUT_S:.0f} s'}")
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise RemoteStatsError(f"{where}: `{command}` exited {result.exit_status} without a JSON report; "
+                               f"stderr: {result.stderr.strip() or '(empty)'}; stdout: {result.stdout.strip()[:500] or '(empty)'}")
+    if "error" in data:
+        raise RemoteStatsError(f"{where}: {data['error']}")
+    return data
+
+
+async def _recorded_python(transport, run_dir: str) -> str | None:
+    launch = f"{run_dir.rstrip('/')}/.regen/launch.json"
+    q = shlex.quote(launch)
+    result = await transport.run(f"if [ -f {q} ]; then cat -- {q}; fi", timeout=30.0)
+    if result.exit_status != 0 or not result.stdout.strip():
+        return None
+    try:
+        return json.loads(result.stdout).get("host_python")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _num(x: float | int | None, digits: int = 0) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, int) or digits == 0:
+        return f"{int(round(x)):,}"
+    return f"{x:,.{digits}f}"
+
+
+def render(d: dict[str, Any], console: Console) -> None:
+    flags = d.get("flags", [])
+    flagged_keys = {f["key"] for f in flags}
+    parts = d["parts"]
+    console.print(Text(f"regen stats  {d['run_dir']}", style="bold"))
+    console.print(f"{parts['read']} of {parts['committed']} committed parts read (listed from {parts['listed_from']}), "
+                  f"{d['samples']:,} samples, {d['elapsed_s']:.2f} s")
+    for note in d.get("notes", []):
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+    t = Table(title="overview", show_header=True, header_style="bold")
+    t.add_column("measure")
+    t.add_column("count", justify="right")
+    t.add_column("share", justify="right")
+    t.add_column("threshold", justify="right")
+
+    def row(label, count, key=None, threshold=None):
+        style = "bold red" if key in flagged_keys else None
+        t.add_row(label, _num(count["count"]), _pct(count["share"]), _pct(threshold) if threshold is not None else "",
+                  style=style)
+
+    row("empty answers", d["empty"], "empty_share", d["thresholds"]["empty_share"])
+    row("truncated (finish=length)", d["truncated"], "truncated_share", d["thresholds"]["truncated_share"])
+    row("aborted", d["aborted"])
+    for name in ("present", "missing", "unterminated"):
+        row(f"reasoning {name}", d["reasoning"][name])
+    console.print(t)
+
+    _render_histogram(d["loss_mask"], console)
+
+    lt = Table(title="token lengths", header_style="bold")
+    for col in ("", "mean", "p50", "p90", "p99", "max"):
+        lt.add_column(col, justify="right" if col else "left")
+    dist = d["loss_mask"]["distribution"]
+    lt.add_row("loss-mask sum", _num(dist["mean"], 1), _num(dist["p50"], 1), _num(dist["p90"], 1),
+               _num(dist["p99"], 1), _num(dist["max"]))
+    for name, label in (("output", "response (output_len)"), ("reasoning", "reasoning_tokens"), ("prompt", "prompt_len")):
+        x = d["lengths"][name]
+        lt.add_row(label, _num(x["mean"], 1), _num(x["p50"], 1), _num(x["p90"], 1), _num(x["p99"], 1), _num(x["max"]))
+    console.print(lt)
+
+    c = d["cut"]
+    console.print(Text(f"training cut at {c['train_max_length']:,} tokens", style="bold"))
+    console.print(f"  supervised tokens: {c['supervised_tokens_total']:,} total, {c['supervised_tokens_kept']:,} kept, "
+                  f"{c['supervised_tokens_cut']:,} thrown away ({_pct(c['cut_share'])})")
+    console.print(f"  samples cut: {c['samples_cut']:,} ({_pct(c['samples_cut_share'])}); losing all supervision "
+                  f"(prompt_len >= {c['train_max_length']:,}): {c['samples_unsupervised']:,} "
+                  f"({_pct(c['samples_unsupervised_share'])})")
+
+    for title, key in (("by source", "by_source"), ("by worker", "by_worker"), ("per shard", "by_shard")):
+        _render_groups(title, d[key], console, shard=(key == "by_shard"))
+
+    mc = d["mask_check"]
+    console.print(f"loss_mask check ({mc['mode']}): {mc['rows_checked']:,} samples in {mc['parts_checked']} parts, "
+                  f"{mc['mismatches']} mismatch(es)")
+    if d["integrity_errors"]:
+        console.print(f"[bold red]integrity errors: {d['integrity_error_count']}[/bold red]")
+        for e in d["integrity_errors"]:
+            console.print(f"  [red]{e['kind']}[/red] {e['path']}: {e['detail']}")
+    if flags:
+        console.print(Text("flags", style="bold red"))
+        for f in flags:
+            console.print(f"  [bold red]FLAG[/bold red] {f['text']}")
+    else:
+        console.print("[green]no quality flag raised[/green]")
+
+
+def _render_histogram(lm: dict[str, Any], console: Console) -> None:
+    bins = lm["histogram"]
+    console.print(Text("loss-mask sum histogram (supervised tokens per sample, log2 bins)", style="bold"))
+    if not bins:
+        console.print("  (no samples)")
+        return
+    peak = max(b["count"] for b in bins) or 1
+    width = max(len(b["label"]) for b in bins)
+    for b in bins:
+        n = round(BAR_WIDTH * b["count"] / peak)
+        bar = "█" * n if n or not b["count"] else "▏"
+        console.print(f"  {b['label']:>{width}} │ [cyan]{bar:<{BAR_WIDTH}}[/cyan] {b['count']:>10,} {b['share']:>7.1%}")
+
+
+def _render_groups(title: str, groups: list[dict[str, Any]], console: Console, *, shard: bool) -> None:
+    t = Table(title=title, header_style="bold")
+    t.add_column("shard" if shard else title.split()[-1])
+    if shard:
+        t.add_column("parts", justify="right")
+        t.add_column("conversations", justify="right")
+    for col in ("samples", "empty", "truncated", "aborted", "mean output"):
+        t.add_column(col, justify="right")
+    for g in groups:
+        cells = [g["name"]]
+        if shard:
+            total = g.get("total_conversations")
+            cells += [str(g["parts"]), "-" if total is None else f"{total:,}" + (" (paused)" if g.get("paused") else "")]
+        empty = Text(_pct(g["empty"]["share"]), style="bold red" if "empty" in g["flagged"] else "")
+        trunc = Text(_pct(g["truncated"]["share"]), style="bold red" if "truncated" in g["flagged"] else "")
+        t.add_row(*cells, f"{g['samples']:,}", empty, trunc, _pct(g["aborted"]["share"]), _num(g["mean_output"], 1))
+    console.print(t)

@@ -616,8 +616,8 @@ def _flags(s: RunStats) -> list[Flag]:
                           f"(finish_reason=length); threshold {t['truncated_share']:.1%}",
                           s.truncated.share, t["truncated_share"]))
     for kind, groups in (("worker", s.by_worker), ("source", s.by_source)):
-        if len(groups) < 2:
-            continue  # the run-wide flag already says it
+        if len(groups) < 2 or s.empty.share > t["empty_share"]:
+            continue  # the run-wide flag already says it; a group is flagged when it stands out
         for g in groups:
             if "empty" in g.flagged:
                 flags.append(Flag(f"{kind}:{g.name}:empty_share", "warning",

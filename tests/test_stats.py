@@ -135,6 +135,10 @@ def test_empty_share_flag_and_alerts(run_dir):
     assert "8 of 40 samples (20.0%) are empty" in alerts[0].text
     quiet = compute_stats(run_dir, empty_threshold=0.5, truncated_threshold=0.09)
     assert [f.key for f in quiet.flags] == ["truncated_share"]
+    # run-wide 20% is under 22%, but source a.jsonl (6 of 25 = 24%) stands out
+    one_source = compute_stats(run_dir, empty_threshold=0.22)
+    assert [f.key for f in one_source.flags] == ["source:a.jsonl:empty_share"]
+    assert [g.flagged for g in one_source.by_source] == [["empty", "truncated"], []]  # a: 3 of 25 truncated
 
 
 def test_training_cut(run_dir, rows):

@@ -217,7 +217,7 @@ class Supervisor:
             "host": socket.gethostname(),
             "dispatch": dispatch,
             "workers": [w.snapshot().to_dict() for w in self.workers],
-            "shards": [self._shard_event(sid).to_dict() for sid in sorted(self.plan.shards)] if self.plan else [],
+            "shards": [self._shard_status(sid) for sid in sorted(self.plan.shards)] if self.plan else [],
             "gpus": [g.to_dict() for g in t.gpus.values()],
             "disk": [d.to_dict() for d in t.disk.values()],
             "alerts": [a.to_dict() for a in t.alerts],
@@ -334,6 +334,13 @@ class Supervisor:
             from engine.telemetry_events import DispatchEvent
 
             self.emit(DispatchEvent(done=self.plan.done, total=self.plan.total, state=self.dispatch_state()))
+
+    def _shard_status(self, sid: str) -> dict[str, Any]:
+        d = self._shard_event(sid).to_dict()
+        c = self.plan.shards[sid]
+        d.update(failed=c.failed, rejected=c.rejected,
+                 dispatched=self.dispatcher.dispatched[sid] if self.dispatcher is not None else 0)
+        return d
 
     def _shard_event(self, sid: str) -> ShardEvent:
         c = self.plan.shards[sid]

@@ -89,6 +89,49 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str) -> list[str]:
     return argv
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL the server when the supervisor dies (Linux prctl PR_SET_PDEATHSIG), so a
+    killed supervisor does not leave servers holding GPUs and ports. Elsewhere the pid-file reaping
+    at the next start (reap_orphan) covers it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+def reap_orphan(pid_path: Path, port: int) -> str | None:
+    """Kill the process group of a server a previous supervisor left behind (pid file + matching cmdline)."""
+    import psutil
+
+    try:
+        pid = int(pid_path.read_text().strip())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return f"ignored unreadable {pid_path}"
+    try:
+        proc = psutil.Process(pid)
+        cmdline = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return f"pid {pid} from {pid_path} is not ours to inspect (access denied); left alone"
+    if f"--port {port}" not in cmdline:
+        return None  # the pid was reused by something else
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    except PermissionError as exc:
+        return f"cannot kill leftover server pid {pid}: {exc}"
+    try:
+        proc.wait(timeout=10)
+    except psutil.TimeoutExpired:
+        return f"leftover server pid {pid} still alive 10 s after SIGKILL"
+    return f"killed leftover server pid {pid} (process group) from a previous supervisor: {cmdline[:200]}"
+
+
 def redact(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
@@ -246,6 +289,10 @@ class Worker:
 
     async def _launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        pid_path = self.log_path.parent / "server.pid"
+        reaped = await asyncio.to_thread(reap_orphan, pid_path, self.spec.port)
+        if reaped:
+            log.warning("worker %s: %s", self.name, reaped)
         argv = launch_argv(self.cfg, self.spec, self.python)
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)
@@ -259,9 +306,10 @@ class Worker:
             self._log_offset = logf.tell()
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=logf, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                env=env, cwd=str(self.run_dir), start_new_session=True,
+                env=env, cwd=str(self.run_dir), start_new_session=True, preexec_fn=_die_with_parent,
             )
         self.pid = self._proc.pid
+        pid_path.write_text(f"{self.pid}\n")
         self.error = None
         self.metrics = ServerMetrics()
         log.info("worker %s: launched pid %d: %s (log %s)", self.name, self.pid, shown, self.log_path)

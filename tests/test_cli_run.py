@@ -1,0 +1,113 @@
+"""The run commands as the operator types them: regen demo / start / status / pause / stop."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from console.deploy import start_run
+from console.transport import open_transport
+from engine.config import RunConfig, load_config
+from engine.render import Renderer
+from tests.test_engine_run import REPO, SupervisorProc, check_rows, make_config, read_rows, status, wait_for
+
+
+def regen(*args: str, home: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HOME=str(home), PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=str(home))
+
+
+@pytest.fixture
+def cleanup_runs():
+    run_dirs: list[Path] = []
+    yield run_dirs
+    for run_dir in run_dirs:
+        sup = SupervisorProc(run_dir)
+        pid_file = run_dir / "supervisor.pid"
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), 9)
+            except (ProcessLookupError, ValueError):
+                pass  # already exited: nothing to clean
+        sup.cleanup()
+
+
+def test_demo_headless_until_done(tmp_path, cleanup_runs):
+    run_dir = tmp_path / "demo run"
+    cleanup_runs.append(run_dir)
+    r = regen("demo", "--headless", "--until-done", "--gpus", "2", "--prompts", "500", "--run-dir", str(run_dir),
+              "--sim-arg=--sim-step-ms", "--sim-arg=3", home=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "run done" in r.stdout and f"{run_dir}/shards" in r.stdout
+    cfg = load_config(run_dir / "run.toml")
+    rows = read_rows(run_dir)
+    assert len(rows) > 500
+    renderer = Renderer(cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
+    check_rows(rows, cfg, renderer)
+    kinds = {json.loads(line)["kind"] for line in (run_dir / "rejects.jsonl").read_text().splitlines()}
+    assert {"malformed_json", "unknown_role", "no_conversation", "context_overflow"} <= kinds
+
+
+def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_runs):
+    run_dir = tmp_path / "run; with 'quotes'"
+    cleanup_runs.append(run_dir)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "10"))
+    config_path = tmp_path / "run.toml"
+    from engine.config import dump_toml
+
+    config_path.write_text(dump_toml(cfg))
+    r = regen("start", "local", "--config", str(config_path), home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "started: supervisor pid" in r.stdout
+    again = regen("start", "local", "--config", str(config_path), home=tmp_path)
+    assert again.returncode == 1 and "already runs" in again.stderr
+    st = regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path)
+    assert st.returncode == 0, st.stderr
+    data = json.loads(st.stdout)
+    assert data["run_dir"] == str(run_dir) and data["state"] in ("starting", "running")
+    human = regen("status", "local", "--run-dir", str(run_dir), home=tmp_path)
+    assert human.returncode == 0 and "workers" in human.stdout and "shards" in human.stdout
+    p = regen("pause", "local", "s00001", "--run-dir", str(run_dir), home=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "paused now: s00001" in p.stdout
+    bad = regen("pause", "local", "nope", "--run-dir", str(run_dir), home=tmp_path)
+    assert bad.returncode == 1 and "unknown shard" in bad.stderr
+    res = regen("resume", "local", "--all", "--run-dir", str(run_dir), home=tmp_path)
+    assert res.returncode == 0, res.stderr
+    stop = regen("stop", "local", "--run-dir", str(run_dir), "--drain", home=tmp_path)
+    assert stop.returncode == 0, stop.stderr
+    wait_for(lambda: not (run_dir / "supervisor.pid").exists(), 60, "the supervisor to exit")
+    gone = regen("status", "local", "--run-dir", str(run_dir), home=tmp_path)
+    assert gone.returncode == 2 and "control.sock does not exist" in gone.stderr
+    assert "stopped" in (run_dir / "supervisor.log").read_text()
+
+
+@pytest.mark.sshd
+def test_start_and_status_over_ssh(sshd, tmp_path, tiny_model_dir, cleanup_runs):
+    run_dir = tmp_path / "ssh run"
+    cleanup_runs.append(run_dir)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=20)
+
+    async def go():
+        transport = await open_transport(sshd.alias, ssh_config=str(sshd.ssh_config_path))
+        try:
+            started = await start_run(transport, cfg, host_python=sys.executable)
+            client = started.client(transport)
+            st = await client.status()
+            assert st["run_dir"] == str(run_dir)
+            events = []
+            async for ev in client.follow(since=0):
+                events.append(ev)
+            return events
+        finally:
+            await transport.close()
+
+    events = asyncio.run(go())
+    dispatch = [e for e in events if e.type == "dispatch"]
+    assert dispatch and dispatch[-1].state == "done"

@@ -1,0 +1,289 @@
+"""The supervisor end to end: real simulators as subprocesses, real sqlite and Parquet."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from console.commands.demo import demo_config, write_prompts
+from engine.config import RunConfig, dump_toml
+from engine.ingest import Conversation, iter_prompts
+from engine.render import Renderer, sample_id
+from engine.shard_store import ShardStore
+
+REPO = Path(__file__).resolve().parents[1]
+FAST_SIM = ("--sim-step-ms", "2", "--sim-step-ms-per-req", "0.02", "--sim-tokens-per-step", "8",
+            "--sim-output-mean", "24", "--sim-output-sigma", "0.5", "--sim-load-s", "0.2")
+
+
+# -- helpers (also used by tests/test_cli_run.py) -------------------------------------------------
+def make_config(run_dir: Path, model: Path, *, prompts: int = 60, gpus: int = 2, sim: tuple = (),
+                seed: int = 0, **changes) -> RunConfig:
+    prompt_dir = run_dir.parent / f"{run_dir.name}-prompts"
+    files = write_prompts(prompt_dir, prompts, seed)
+    cfg = demo_config(run_dir, model, files, gpus, list(FAST_SIM + tuple(sim)))
+    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, extra_args=cfg.workers.extra_args[:4]
+                                                                  + FAST_SIM + tuple(sim)))
+    return dataclasses.replace(cfg, **changes)
+
+
+class SupervisorProc:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, cfg: RunConfig | None = None) -> "SupervisorProc":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg is not None:
+            (self.run_dir / "run.toml").write_text(dump_toml(cfg))
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        log = open(self.run_dir / "supervisor.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "engine.supervisor", "--run-dir", str(self.run_dir)],
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True, cwd=str(self.run_dir))
+        log.close()
+        return self
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def log_text(self) -> str:
+        return (self.run_dir / "supervisor.log").read_text(errors="replace")
+
+    def cleanup(self) -> None:
+        self.kill()
+        for pid_file in (self.run_dir / "workers").glob("*/server.pid"):
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                continue  # already gone
+
+
+@pytest.fixture
+def supervisors():
+    started: list[SupervisorProc] = []
+
+    def make(run_dir: Path) -> SupervisorProc:
+        sup = SupervisorProc(run_dir)
+        started.append(sup)
+        return sup
+
+    yield make
+    for sup in started:
+        sup.cleanup()
+
+
+def ctl(run_dir: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine.ctl", "--run-dir", str(run_dir), *args],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def status(run_dir: Path) -> dict | None:
+    r = ctl(run_dir, "status")
+    return json.loads(r.stdout)["result"] if r.returncode == 0 else None
+
+
+def wait_for(predicate, timeout: float, what: str, sup: SupervisorProc | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if sup is not None and sup.proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}" + (f"; supervisor log:\n{sup.log_text()[-3000:]}" if sup else ""))
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    store = ShardStore(run_dir)
+    try:
+        parts = store.parts()
+    finally:
+        store.close()
+    rows = []
+    for part in parts:
+        rows += pq.read_table(run_dir / part.path).to_pylist()
+    return rows
+
+
+def expected_samples(cfg: RunConfig, renderer: Renderer) -> tuple[set[str], dict[str, Conversation]]:
+    ids, convs = set(), {}
+    for entry in iter_prompts(cfg.prompts, cfg.prompt_format):
+        if isinstance(entry, Conversation):
+            convs[entry.conversation_id] = entry
+            ids |= {sample_id(entry.conversation_id, t) for t in renderer.user_turns(entry, cfg.turns)}
+    return ids, convs
+
+
+def check_rows(rows: list[dict], cfg: RunConfig, renderer: Renderer) -> None:
+    """Every invariant a trainer relies on, re-derived from the inputs with the real tokenizer."""
+    ids = [r["sample_id"] for r in rows]
+    assert len(ids) == len(set(ids)), "duplicate sample ids"
+    by_id = {r["sample_id"]: r for r in rows}
+    _, convs = expected_samples(cfg, renderer)
+    for r in rows:
+        assert len(r["input_ids"]) == len(r["loss_mask"])
+        assert sum(r["loss_mask"]) == r["output_len"] == r["completion_tokens"]
+        assert r["loss_mask"][: r["prompt_len"]] == [0] * r["prompt_len"]
+        out_ids = r["input_ids"][r["prompt_len"]:]
+        assert renderer.decode(out_ids) == r["text"]
+        conv = convs[r["conversation_id"]]
+        answers = {}
+        for k in range(r["turn"]):
+            prev = by_id.get(sample_id(conv.conversation_id, k))
+            if prev is not None:
+                answers[k] = renderer.history_answer(prev["input_ids"][prev["prompt_len"]:])
+        if len(answers) == r["turn"]:
+            prompt = renderer.prompt_ids(renderer.build_messages(conv, r["turn"], answers, cfg.turns))
+            assert r["input_ids"][: r["prompt_len"]] == prompt, f"{r['sample_id']}: prompt ids differ from the template"
+
+
+def settled_ids(run_dir: Path) -> set[str]:
+    return {r["sample_id"] for r in read_rows(run_dir)}
+
+
+@pytest.fixture(scope="module")
+def renderer_for(tiny_model_dir):
+    cfg_cache = {}
+
+    def get(cfg: RunConfig) -> Renderer:
+        key = (cfg.tokenizer_path, cfg.context_length)
+        if key not in cfg_cache:
+            cfg_cache[key] = Renderer(cfg.tokenizer_path, enable_thinking=cfg.enable_thinking,
+                                      context_length=cfg.context_length)
+        return cfg_cache[key]
+
+    return get
+
+
+# -- tests ------------------------------------------------------------------------------------------
+def test_run_to_done_rows_match_the_template(tmp_path, tiny_model_dir, supervisors, renderer_for):
+    run_dir = tmp_path / "run"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=80)
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(120) == 0, sup.log_text()[-3000:]
+    renderer = renderer_for(cfg)
+    rows = read_rows(run_dir)
+    expected, _ = expected_samples(cfg, renderer)
+    rejects = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
+    rejected_turns = {f"{r['conversation_id']}#{r['reason'].split(':')[0].replace(' ', '')}" for r in rejects
+                      if r["conversation_id"] and r["reason"].startswith("turn ")}
+    assert {r["sample_id"] for r in rows} | rejected_turns == expected
+    check_rows(rows, cfg, renderer)
+    kinds = {r["kind"] for r in rejects}
+    assert {"malformed_json", "no_conversation", "unknown_role", "context_overflow"} <= kinds
+    tail = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+    final = [e for e in tail if e["type"] == "dispatch"][-1]
+    assert final["state"] == "done" and final["done"] == len(rows)
+    assert not (run_dir / "supervisor.pid").exists() and not (run_dir / "control.sock").exists()
+
+
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_model_dir, supervisors,
+                                                                renderer_for):
+    run_dir = tmp_path / "run"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=120, sim=("--sim-output-mean", "40"))
+    rng = random.Random(1234)
+    for round_no in range(4):
+        sup = supervisors(run_dir).start(cfg if round_no == 0 else None)
+        wait_for(lambda: (status(run_dir) or {}).get("state") in ("running", "done") or sup.proc.poll() is not None,
+                 60, "a running supervisor", sup)
+        time.sleep(rng.uniform(0.3, 2.5))
+        sup.kill()
+        for f in (run_dir / "shards").rglob("*.parquet"):
+            pq.read_metadata(f)  # every file left on disk is a whole Parquet file
+    sup = supervisors(run_dir).start()
+    assert sup.wait(180) == 0, sup.log_text()[-3000:]
+    rows = read_rows(run_dir)
+    ids = [r["sample_id"] for r in rows]
+    assert len(ids) == len(set(ids))
+    renderer = renderer_for(cfg)
+    expected, _ = expected_samples(cfg, renderer)
+    rejected = sum(1 for line in (run_dir / "rejects.jsonl").read_text().splitlines()
+                   if json.loads(line)["reason"].startswith("turn "))
+    assert len(ids) + rejected == len(expected)
+    check_rows(rows, cfg, renderer)
+    assert "recovered the shard store" in sup.log_text() or len(list((run_dir / "shards").rglob("*.tmp"))) == 0
+
+
+def test_pause_stops_dispatch_and_survives_restart(tmp_path, tiny_model_dir, supervisors):
+    run_dir = tmp_path / "run"
+    # slow answers so the run is still going when we look
+    cfg = make_config(run_dir, tiny_model_dir, prompts=150, sim=("--sim-output-mean", "200", "--sim-step-ms", "10"))
+    sup = supervisors(run_dir).start(cfg)
+    wait_for(lambda: (status(run_dir) or {}).get("state") == "running", 60, "running", sup)
+    r = ctl(run_dir, "pause", "s00002")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["result"]["paused"] == ["s00002"]
+    time.sleep(1.0)  # the pause takes effect at pull time; give in-flight pulls a moment
+    before = {s["id"]: s for s in status(run_dir)["shards"]}["s00002"]["dispatched"]
+    time.sleep(2.0)
+    now = {s["id"]: s for s in status(run_dir)["shards"]}
+    assert now["s00002"]["dispatched"] == before
+    assert now["s00002"]["state"] == "paused"
+    bad = ctl(run_dir, "pause", "s99999")
+    assert bad.returncode == 1 and "unknown shard" in bad.stderr
+    assert ctl(run_dir, "stop").returncode == 0
+    assert sup.wait(60) == 0
+    sup = supervisors(run_dir).start()
+    st = wait_for(lambda: (lambda s: s if s and s["state"] in ("running", "paused") and s["dispatch"] else None)(
+        status(run_dir)), 60, "restarted supervisor", sup)
+    shard = {s["id"]: s for s in st["shards"]}["s00002"]
+    assert shard["state"] == "paused"
+    wait_for(lambda: (status(run_dir) or {}).get("state") == "paused", 120, "everything but the paused shard", sup)
+    assert {s["id"]: s for s in status(run_dir)["shards"]}["s00002"]["dispatched"] == 0
+    assert ctl(run_dir, "resume", "s00002").returncode == 0
+    assert sup.wait(120) == 0, sup.log_text()[-3000:]
+    done = {s.shard_id: s for s in ShardStore(run_dir).progress()}["s00002"]
+    assert done.done_samples > 0 and not done.paused
+
+
+def test_worker_crash_requeues_in_flight_samples(tmp_path, tiny_model_dir, supervisors, renderer_for):
+    run_dir = tmp_path / "run"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=60, sim=("--sim-crash-after", "25"))
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(180) == 0, sup.log_text()[-3000:]
+    events = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+    crashes = [e for e in events if e["type"] == "alert" and "crashed" in e["text"]]
+    assert crashes, "the simulated crash was not reported"
+    assert any(e["type"] == "worker" and e["restarts"] > 0 for e in events)
+    rows = read_rows(run_dir)
+    renderer = renderer_for(cfg)
+    expected, _ = expected_samples(cfg, renderer)
+    rejected = sum(1 for line in (run_dir / "rejects.jsonl").read_text().splitlines()
+                   if json.loads(line)["reason"].startswith("turn "))
+    assert len(rows) + rejected == len(expected)
+    assert len({r["sample_id"] for r in rows}) == len(rows)
+    final = [e for e in events if e["type"] == "dispatch"][-1]
+    assert final["retried"] > 0 and final["failed"] == 0
+
+
+def test_changed_content_config_is_refused_naming_the_field(tmp_path, tiny_model_dir, supervisors):
+    run_dir = tmp_path / "run"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=10)
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(120) == 0, sup.log_text()[-3000:]
+    changed = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, temperature=0.9))
+    sup = supervisors(run_dir).start(changed)
+    assert sup.wait(60) == 3
+    assert "sampling.temperature 0.6 -> 0.9" in sup.log_text()
+
+
+def test_ctl_without_supervisor_exits_2(tmp_path):
+    r = ctl(tmp_path, "status")
+    assert r.returncode == 2
+    assert "control.sock does not exist" in r.stderr

@@ -59,8 +59,10 @@ def fake_nvidia_smi(bin_dir: Path, *, query: str = H200_QUERY, apps: str = "", c
         """))
 
 
-def fake_gpu_libs(lib_dir: Path, *, torch_cuda: str = "12.8", with_sglang: bool = True) -> Path:
-    """pynvml, torch (and sglang) packages that behave as on a 2x H200 host."""
+def fake_gpu_libs(lib_dir: Path, *, torch_cuda: str = "12.8", torch_version: str = "2.8.0",
+                  with_sglang: bool = True) -> Path:
+    """pynvml, torch (and sglang) packages that behave as on a 2x H200 host. transformers would use a fake
+    torch >= 2.6 (and break on it), so a run that also loads tokenizers asks for torch_version < 2.6."""
     lib_dir.mkdir(parents=True, exist_ok=True)
     (lib_dir / "pynvml.py").write_text(textwrap.dedent("""\
         from collections import namedtuple
@@ -77,7 +79,7 @@ def fake_gpu_libs(lib_dir: Path, *, torch_cuda: str = "12.8", with_sglang: bool 
     torch = lib_dir / "torch"
     torch.mkdir(exist_ok=True)
     (torch / "__init__.py").write_text(textwrap.dedent(f"""\
-        __version__ = "2.8.0+cu{torch_cuda.replace('.', '')}"
+        __version__ = "{torch_version}+cu{torch_cuda.replace('.', '')}"
         from torch import version, cuda
         """))
     (torch / "version.py").write_text(f"cuda = {torch_cuda!r}\n")
@@ -97,7 +99,7 @@ def gpu_env(monkeypatch, tmp_path: Path, **kw) -> tuple[Path, Path]:
     """Put the fakes on PATH / PYTHONPATH of this process (the local transport's commands inherit them)."""
     bin_dir = tmp_path / "fakebin"
     fake_nvidia_smi(bin_dir, **{k: v for k, v in kw.items() if k in ("query", "apps", "cuda")})
-    libs = fake_gpu_libs(tmp_path / "fakelibs", **{k: v for k, v in kw.items() if k in ("torch_cuda", "with_sglang")})
+    libs = fake_gpu_libs(tmp_path / "fakelibs", **{k: v for k, v in kw.items() if k in ("torch_cuda", "torch_version", "with_sglang")})
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("PYTHONPATH", str(libs))
     return bin_dir, libs

@@ -70,12 +70,12 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
 
 
 def run(args: argparse.Namespace) -> int:
-    err = Console(stderr=True)
     if args.config:
         try:
             cfg = load_config(args.config)
         except ConfigError as exc:
-            err.print(f"[bold red]regen probe:[/] bad run config {args.config}: {exc}", markup=True, highlight=False)
+            text = str(exc) if args.config in str(exc) else f"bad run config {args.config}: {exc}"
+            print(f"regen probe: {text}", file=sys.stderr)
             return 2
         ctx = context_from_config(cfg)
     else:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         probes_for(ctx, only)
     except UnknownProbe as exc:
-        err.print(f"regen probe: {exc}", markup=False, highlight=False)
+        print(f"regen probe: {exc}", file=sys.stderr)
         return 2
     report, reached = asyncio.run(probe_host(args.host, ctx, only, accept_new=args.accept_new, timeout_s=args.timeout))
     if args.json:

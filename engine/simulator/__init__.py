@@ -1,0 +1,16 @@
+"""SGLang server simulator: rehearsal of the whole regen flow without GPUs.
+
+Speaks SGLang's HTTP protocol (/generate, /v1/chat/completions, /health, /metrics, ...), logs its
+startup, ready and error lines, and models continuous batching. With B running requests:
+
+    tokens/s = B * tokens_per_step / ((step_ms + step_ms_per_req * B) / 1000)
+
+CLI: `python -m engine.simulator --model-path DIR [SGLang flags] [--sim-* knobs]`.
+In-process: `server = await run_simulator(SimConfig(model_path=...)); await server.wait_ready()`.
+"""
+from engine.simulator.config import SimConfig, parse_args
+from engine.simulator.server import SimServer, run_simulator
+from engine.simulator.cli import main, throughput
+
+
+__all__ = ["SimConfig", "SimServer", "run_simulator", "main", "parse_args", "throughput"]

@@ -1,0 +1,5 @@
+import sys
+
+from engine.simulator.cli import main
+
+sys.exit(main())

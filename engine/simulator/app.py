@@ -1,0 +1,332 @@
+"""aiohttp application: SGLang's endpoints (paths, status codes and JSON shapes of http_server.py)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from engine.simulator.metrics import CONTENT_TYPE
+from engine.simulator.protocol import ApiError, GenerateItem, bad_request, parse_generate
+from engine.simulator.scheduler import SimRequest
+
+if TYPE_CHECKING:
+    from engine.simulator.server import SimServer
+
+FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+              "requests, the operation will not be performed.)\n")
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def error_response(exc: ApiError) -> web.Response:
+    return json_response(exc.body, exc.status)
+
+
+async def read_json(request: web.Request, *, allow_empty: bool = False) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise bad_request("The request body is empty; a JSON object is expected.")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+
+
+def build_app(server: "SimServer") -> web.Application:
+    handlers = Handlers(server)
+
+    @web.middleware
+    async def sglang_middleware(request: web.Request, handler):
+        if server.hung:
+            await server.hang_future()  # --sim-hang-after: the port stays open, nothing answers
+        key = server.cfg.api_key
+        path = request.path
+        if key and not (path.startswith("/health") or path.startswith("/metrics")):
+            if request.headers.get("Authorization", "") != f"Bearer {key}":
+                response = json_response({"error": "Unauthorized"}, 401)
+                server.log.access(_peer(request), request.method, path, 401)
+                return response
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            response = error_response(exc)
+        except web.HTTPException as exc:
+            response = exc
+        server.log.access(_peer(request), request.method, request.path_qs, response.status)
+        return response
+
+    app = web.Application(middlewares=[sglang_middleware], client_max_size=512 * 1024 * 1024)
+    r = app.router
+    r.add_get("/health", handlers.health)
+    r.add_get("/health_generate", handlers.health)
+    r.add_get("/ping", handlers.ping)
+    r.add_get("/get_model_info", handlers.get_model_info)
+    r.add_get("/model_info", handlers.model_info)
+    r.add_get("/get_server_info", handlers.server_info)
+    r.add_get("/server_info", handlers.server_info)
+    r.add_get("/get_load", handlers.get_load)
+    r.add_get("/get_weight_version", handlers.weight_version)
+    r.add_get("/v1/models", handlers.models)
+    r.add_post("/generate", handlers.generate)
+    r.add_put("/generate", handlers.generate)
+    r.add_post("/abort_request", handlers.abort_request)
+    r.add_route("GET", "/flush_cache", handlers.flush_cache)
+    r.add_post("/flush_cache", handlers.flush_cache)
+    r.add_post("/pause_generation", handlers.pause_generation)
+    r.add_post("/continue_generation", handlers.continue_generation)
+    r.add_post("/separate_reasoning", handlers.separate_reasoning)
+    from engine.simulator.openai_chat import ChatHandler
+
+    r.add_post("/v1/chat/completions", ChatHandler(server, handlers).handle)
+    if server.metrics is not None:
+        r.add_get("/metrics", handlers.metrics)
+    return app
+
+
+def _peer(request: web.Request) -> str:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return f"{peer[0]}:{peer[1]}" if peer else "unknown:0"
+
+
+class Handlers:
+    def __init__(self, server: "SimServer"):
+        self.server = server
+
+    # --- health / info ----------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.server.status == "ready" else 503)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    def _model_info(self) -> dict:
+        cfg = self.server.cfg
+        return {"model_path": cfg.model_path, "tokenizer_path": cfg.tokenizer, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": False, "has_audio_understanding": False}
+
+    async def get_model_info(self, request: web.Request) -> web.Response:
+        return json_response(self._model_info())
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        info = self._model_info()
+        info["model_type"] = self.server.model_cfg.get("model_type")
+        info["architectures"] = self.server.model_cfg.get("architectures")
+        info["served_model_name"] = self.server.cfg.model_name
+        info["reasoning_parser"] = self.server.cfg.reasoning_parser
+        return json_response(info)
+
+    async def weight_version(self, request: web.Request) -> web.Response:
+        return json_response({"weight_version": "default"})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        s = self.server
+        args = s.cfg.server_args_dict()
+        args["context_length"] = s.context_len
+        args["max_total_tokens"] = s.max_total_tokens
+        args["chunked_prefill_size"] = s.chunked_prefill_size
+        kv_gb = s.max_total_tokens * s.mem.kv_bytes_per_token / (1 << 30)
+        state = dict(args, last_gen_throughput=s.scheduler.last_gen_throughput,
+                     memory_usage={"weight": round(s.mem.weight_gb, 2), "kvcache": round(kv_gb, 2),
+                                   "token_capacity": s.max_total_tokens, "graph": 0.5})
+        return json_response({**args, "status": "ready" if s.status == "ready" else s.status,
+                              "max_total_num_tokens": s.max_total_tokens, "max_req_input_len": s.max_req_input_len,
+                              "internal_states": [state], "version": "0.5.5.post3-sim"})
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        sch = self.server.scheduler
+        return json_response([{"dp_rank": 0, "num_reqs": sch.num_running + sch.num_waiting,
+                               "num_waiting_reqs": sch.num_waiting, "num_tokens": sch.used_tokens()}])
+
+    async def models(self, request: web.Request) -> web.Response:
+        name = self.server.cfg.model_name
+        return json_response({"object": "list", "data": [{
+            "id": name, "object": "model", "created": int(self.server.started_at), "owned_by": "sglang",
+            "root": name, "parent": None, "max_model_len": self.server.context_len}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.server.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+    # --- control -------------------------------------------------------------------------------------------
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await read_json(request, allow_empty=True)
+        if not isinstance(body, dict):
+            raise bad_request("The request body must be a JSON object.")
+        rid = body.get("rid") or ""
+        abort_all = bool(body.get("abort_all", False))
+        if rid or abort_all:
+            self.server.scheduler.abort(str(rid), abort_all=abort_all)
+        return web.Response(status=200)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        ok = self.server.scheduler.flush_cache()
+        return web.Response(text=FLUSH_TEXT, status=200 if ok else 400)
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        body = await read_json(request, allow_empty=True)
+        mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
+        if mode not in ("abort", "retract", "in_place"):
+            raise bad_request(f"mode must be one of abort, retract, in_place; got {mode!r}")
+        self.server.pause(mode)
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self.server.resume()
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def separate_reasoning(self, request: web.Request) -> web.Response:
+        from engine.simulator.openai_chat import split_reasoning
+
+        body = await read_json(request)
+        reasoning, text = split_reasoning(str(body.get("text", "")), force=body.get("reasoning_parser") in
+                                          ("qwen3-thinking", "deepseek-r1"))
+        return json_response({"reasoning_text": reasoning, "text": text})
+
+    # --- generation -------------------------------------------------------------------------------------------
+    def unavailable(self) -> ApiError | None:
+        status = self.server.status
+        if status == "draining":
+            return ApiError(503, {"object": "error", "message": "The server is shutting down (SIGTERM received).",
+                                  "type": "503", "param": None, "code": 503})
+        if status in ("stopped", "crashed"):
+            return ApiError(503, {"object": "error", "message": "The scheduler is dead.", "type": "503",
+                                  "param": None, "code": 503})
+        return None
+
+    async def submit(self, items: list[GenerateItem]) -> list[SimRequest]:
+        """Validate, plan and schedule; the caller owns the in-flight rids until it calls release()."""
+        s = self.server
+        s.check_request(items)
+        s.check_5xx(items)
+        if s.paused:
+            await s.wait_unpaused()  # 0.5.5: new requests block until /continue_generation
+        s.check_request(items)  # a duplicate may have arrived while we waited
+        reqs = []
+        for item in items:
+            reqs.append(SimRequest(rid=item.rid, prompt_ids=item.prompt_ids, plan=s.plan_for(item),
+                                   skip_special_tokens=item.sampling["skip_special_tokens"]))
+        for req in reqs:
+            s.in_flight_rids.add(req.rid)
+        return reqs
+
+    def release(self, reqs: list[SimRequest]) -> None:
+        for req in reqs:
+            self.server.in_flight_rids.discard(req.rid)
+            if req.state in ("waiting", "running"):
+                self.server.scheduler.abort_one(req)  # the client went away: SGLang aborts the request
+
+    def text_of(self, req: SimRequest) -> str:
+        if req.plan.text is not None and req.output_ids is req.plan.output_ids:
+            return req.plan.text
+        return self.server.generator.decode(req.output_ids, req.skip_special_tokens)
+
+    def meta_info(self, req: SimRequest, *, final: bool = True, completion_tokens: int | None = None) -> dict:
+        if final and req.aborted_in_queue:
+            return {"id": req.rid, "finish_reason": req.finish_reason, "completion_tokens": 0}
+        n = len(req.output_ids) if completion_tokens is None else completion_tokens
+        now = time.time()
+        meta = {"id": req.rid, "finish_reason": req.finish_reason if final else None,
+                "prompt_tokens": req.prompt_len, "weight_version": "default", "total_retractions": 0,
+                "completion_tokens": n, "cached_tokens": req.cached_tokens,
+                "reasoning_tokens": self.server.generator.reasoning_count(
+                    req.output_ids if completion_tokens is None else req.plan.output_ids[:n]),
+                "e2e_latency": time.monotonic() - req.created_mono, "queue_time": req.queue_time,
+                "response_sent_to_client_ts": now}
+        if self.server.metrics is not None:
+            meta["prefill_launch_delay"] = req.queue_time
+            meta["prefill_launch_latency"] = 0.0
+        return meta
+
+    def result(self, req: SimRequest) -> dict:
+        return {"text": self.text_of(req), "output_ids": req.output_ids, "meta_info": self.meta_info(req)}
+
+    async def run(self, reqs: list[SimRequest]) -> None:
+        """Run to completion (scheduler or instant path)."""
+        s = self.server
+        if s.cfg.sim_instant:
+            for req in reqs:
+                s.finish_instant(req)
+            return
+        for req in reqs:
+            s.scheduler.submit(req)
+        await asyncio.gather(*(req.done for req in reqs))
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        s = self.server
+        err = self.unavailable()
+        if err is not None:
+            raise err
+        body = await read_json(request)
+        items, is_batch = parse_generate(body, s.tokenizer.encode)
+        reqs = await self.submit(items)
+        try:
+            if isinstance(body, dict) and body.get("stream"):
+                return await self.stream(request, reqs, is_batch)
+            await self.run(reqs)
+            out = [self.result(req) for req in reqs]
+            return json_response(out if is_batch else out[0])
+        finally:
+            self.release(reqs)
+
+    async def stream(self, request: web.Request, reqs: list[SimRequest], is_batch: bool) -> web.StreamResponse:
+        """0.5.10 semantics: `text` and `output_ids` cumulative; finish_reason null until the last chunk."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        if self.server.cfg.sim_instant:
+            await self.run(reqs)
+            for index, req in enumerate(reqs):
+                chunk = self.result(req)
+                if is_batch:
+                    chunk["index"] = index
+                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        else:
+            queue: asyncio.Queue = asyncio.Queue()
+            for req in reqs:
+                req.stream = True
+                self.server.scheduler.submit(req)
+            tasks = [asyncio.create_task(self._stream_one(req, i if is_batch else None, queue))
+                     for i, req in enumerate(reqs)]
+            try:
+                pending = len(tasks)
+                while pending:
+                    chunk = await queue.get()
+                    if chunk is None:
+                        pending -= 1
+                        continue
+                    await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            finally:
+                for task in tasks:
+                    task.cancel()
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _stream_one(self, req: SimRequest, index: int | None, queue: asyncio.Queue) -> None:
+        sch, gen = self.server.scheduler, self.server.generator
+        sent = 0
+        text = ""
+        while True:
+            await req.progress.wait()
+            req.progress.clear()
+            finished = req.state == "finished"
+            n = len(req.output_ids) if finished else sch.generated(req)
+            ids = req.output_ids if finished else req.plan.output_ids[:n]
+            if n > sent:
+                text += gen.decode(ids[sent:n], req.skip_special_tokens)
+                sent = n
+            if finished or n:
+                chunk = {"text": text, "output_ids": list(ids),
+                         "meta_info": self.meta_info(req, final=finished, completion_tokens=None if finished else n)}
+                if index is not None:
+                    chunk["index"] = index
+                await queue.put(chunk)
+            if finished:
+                await queue.put(None)
+                return

@@ -1,0 +1,202 @@
+"""Simulator configuration: SGLang's launch flags plus the --sim-* knobs, parsed into SimConfig.
+
+Unknown flags are accepted (a real SGLang launch line may carry many we do not model) and
+reported as ignored at startup; an unknown `--sim-*` flag is a typo of ours and is an error.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class SimConfig:
+    # --- SGLang launch flags (same names and defaults as sglang.srt.server_args.ServerArgs) ---
+    model_path: str
+    tokenizer_path: str | None = None  # -> model_path
+    host: str = "127.0.0.1"
+    port: int = 30000  # 0: pick a free port (printed in the "Uvicorn running on" line)
+    tp_size: int = 1
+    dp_size: int = 1
+    base_gpu_id: int = 0
+    enable_metrics: bool = False
+    max_running_requests: int | None = None  # -> 64
+    max_total_tokens: int | None = None  # KV pool size; None -> derived from GPU memory and config.json
+    context_length: int | None = None  # -> config.json max_position_embeddings
+    api_key: str | None = None
+    served_model_name: str | None = None  # -> model_path
+    reasoning_parser: str | None = None
+    decode_log_interval: int = 40
+    mem_fraction_static: float | None = None  # -> 0.88
+    chunked_prefill_size: int | None = None  # -> 8192
+    random_seed: int | None = None
+    skip_server_warmup: bool = False
+    log_level: str = "info"
+    log_level_http: str | None = None  # -> log_level
+    allow_auto_truncate: bool = False
+    ignored_args: tuple[str, ...] = ()  # SGLang flags accepted but not modelled (logged at startup)
+
+    # --- simulator knobs ---
+    sim_step_ms: float = 15.0  # decode step time with one running request
+    sim_step_ms_per_req: float = 0.2  # extra step time per running request
+    sim_tokens_per_step: int = 1  # tokens each running request gains per step
+    sim_prefill_ms_per_1k: float = 2.0  # extra step time per 1000 uncached prompt tokens admitted
+    sim_output_mean: float = 1024.0  # mean of the lognormal output length (tokens)
+    sim_output_sigma: float = 1.0  # sigma of the underlying normal (long tail)
+    sim_empty_share: float = 0.0  # share answering exactly "<think>\n\n</think>\n\nOK.<|im_end|>"
+    sim_load_s: float = 0.0  # port open, /health 503, /get_model_info 200 (warmup window)
+    sim_slow_start_s: float = 0.0  # extra "weight loading" time before the port is bound
+    sim_crash_after: int | None = None  # exit 1 with a scheduler traceback after N finished requests
+    sim_oom_after: int | None = None  # exit 1 with a CUDA OOM traceback after N finished requests
+    sim_hang_after: int | None = None  # stop answering (port stays open) after N finished requests
+    sim_5xx_rate: float = 0.0  # share of /generate attempts answered HTTP 503
+    sim_abort_rate: float = 0.0  # share of requests finishing with finish_reason abort
+    sim_instant: bool = False  # no batching delay; prebuilt outputs (client ingest ceiling)
+    sim_seed: int = 0
+    sim_gpu_mem_gb: float = 139.8  # simulated GPU memory (H200) for the startup lines and KV pool
+    sim_instant_pool: int = 512  # prebuilt outputs per kind for --sim-instant
+    sim_drain_timeout_s: float = 600.0  # SIGTERM: how long to wait for in-flight requests
+
+    # --- process mode (set by main(); in-process servers never os._exit) ---
+    exit_process_on_fault: bool = field(default=False, repr=False)
+
+    @property
+    def tokenizer(self) -> str:
+        return self.tokenizer_path or self.model_path
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @property
+    def running_limit(self) -> int:
+        return self.max_running_requests or 64
+
+    def validate(self) -> None:
+        """Raise ValueError naming the flag when a value cannot work."""
+        checks = [
+            (self.sim_step_ms >= 0, f"--sim-step-ms {self.sim_step_ms}: must be >= 0"),
+            (self.sim_step_ms_per_req >= 0, f"--sim-step-ms-per-req {self.sim_step_ms_per_req}: must be >= 0"),
+            (self.sim_tokens_per_step >= 1, f"--sim-tokens-per-step {self.sim_tokens_per_step}: must be >= 1"),
+            (self.sim_output_mean >= 1, f"--sim-output-mean {self.sim_output_mean}: must be >= 1"),
+            (self.sim_output_sigma >= 0, f"--sim-output-sigma {self.sim_output_sigma}: must be >= 0"),
+            (self.running_limit >= 1, f"--max-running-requests {self.max_running_requests}: must be >= 1"),
+            (self.decode_log_interval >= 1, f"--decode-log-interval {self.decode_log_interval}: must be >= 1"),
+            (self.sim_instant_pool >= 1, f"--sim-instant-pool {self.sim_instant_pool}: must be >= 1"),
+            (0 <= self.port <= 65535, f"--port {self.port}: must be in 0..65535"),
+        ]
+        for name in ("sim_empty_share", "sim_5xx_rate", "sim_abort_rate"):
+            value = getattr(self, name)
+            checks.append((0.0 <= value <= 1.0, f"--{name.replace('_', '-')} {value}: must be in [0, 1]"))
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if not Path(self.tokenizer).is_dir():
+            raise ValueError(
+                f"--model-path/--tokenizer-path {self.tokenizer}: not a directory (the simulator loads the real "
+                "tokenizer from a local model folder; nothing is downloaded)"
+            )
+
+    def server_args_dict(self) -> dict:
+        """ServerArgs-like view for /get_server_info and the startup line; the API key is never shown."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
+        d["tokenizer_path"] = self.tokenizer
+        d["served_model_name"] = self.model_name
+        d["max_running_requests"] = self.running_limit
+        d["api_key"] = "<redacted>" if self.api_key else None
+        d["ignored_args"] = list(self.ignored_args)
+        return d
+
+
+# SGLang flags that take a value and flags that are switches; anything else is accepted and ignored.
+_VALUE_FLAGS: dict[str, tuple[str, type]] = {
+    "--tokenizer-path": ("tokenizer_path", str),
+    "--host": ("host", str),
+    "--port": ("port", int),
+    "--base-gpu-id": ("base_gpu_id", int),
+    "--max-running-requests": ("max_running_requests", int),
+    "--max-total-tokens": ("max_total_tokens", int),
+    "--context-length": ("context_length", int),
+    "--api-key": ("api_key", str),
+    "--served-model-name": ("served_model_name", str),
+    "--reasoning-parser": ("reasoning_parser", str),
+    "--decode-log-interval": ("decode_log_interval", int),
+    "--mem-fraction-static": ("mem_fraction_static", float),
+    "--chunked-prefill-size": ("chunked_prefill_size", int),
+    "--random-seed": ("random_seed", int),
+    "--log-level": ("log_level", str),
+    "--log-level-http": ("log_level_http", str),
+    "--sim-step-ms": ("sim_step_ms", float),
+    "--sim-step-ms-per-req": ("sim_step_ms_per_req", float),
+    "--sim-tokens-per-step": ("sim_tokens_per_step", int),
+    "--sim-prefill-ms-per-1k": ("sim_prefill_ms_per_1k", float),
+    "--sim-output-mean": ("sim_output_mean", float),
+    "--sim-output-sigma": ("sim_output_sigma", float),
+    "--sim-empty-share": ("sim_empty_share", float),
+    "--sim-load-s": ("sim_load_s", float),
+    "--sim-slow-start-s": ("sim_slow_start_s", float),
+    "--sim-crash-after": ("sim_crash_after", int),
+    "--sim-oom-after": ("sim_oom_after", int),
+    "--sim-hang-after": ("sim_hang_after", int),
+    "--sim-5xx-rate": ("sim_5xx_rate", float),
+    "--sim-abort-rate": ("sim_abort_rate", float),
+    "--sim-seed": ("sim_seed", int),
+    "--sim-gpu-mem-gb": ("sim_gpu_mem_gb", float),
+    "--sim-instant-pool": ("sim_instant_pool", int),
+    "--sim-drain-timeout-s": ("sim_drain_timeout_s", float),
+}
+_SWITCH_FLAGS = {
+    "--enable-metrics": "enable_metrics",
+    "--skip-server-warmup": "skip_server_warmup",
+    "--allow-auto-truncate": "allow_auto_truncate",
+    "--sim-instant": "sim_instant",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.simulator",
+        description="SGLang server simulator: SGLang's HTTP protocol, log lines and continuous batching, no GPU. "
+        "Throughput with B running requests: B * tokens_per_step / ((step_ms + step_ms_per_req * B) / 1000) "
+        "tokens/s.",
+        allow_abbrev=True,  # SGLang relies on it: --tp is --tp-size by unique prefix
+    )
+    parser.add_argument("--model-path", "--model", dest="model_path", required=True)
+    parser.add_argument("--tensor-parallel-size", "--tp-size", dest="tp_size", type=int, default=1)
+    parser.add_argument("--data-parallel-size", "--dp-size", dest="dp_size", type=int, default=1)
+    defaults = {f.name: f.default for f in dataclasses.fields(SimConfig)}
+    for flag, (dest, typ) in _VALUE_FLAGS.items():
+        parser.add_argument(flag, dest=dest, type=typ, default=defaults[dest])
+    for flag, dest in _SWITCH_FLAGS.items():
+        parser.add_argument(flag, dest=dest, action="store_true")
+    return parser
+
+
+def parse_args(argv: list[str]) -> SimConfig:
+    """Parse a launch command line; unknown SGLang flags end up in SimConfig.ignored_args."""
+    parser = build_parser()
+    known, unknown = parser.parse_known_args(argv)
+    typos = [a for a in unknown if a.startswith("--sim-")]
+    if typos:
+        parser.error(f"unknown simulator flag(s): {' '.join(typos)}; known: "
+                     + ", ".join(sorted(f for f in list(_VALUE_FLAGS) + list(_SWITCH_FLAGS) if f.startswith("--sim-"))))
+    cfg = SimConfig(**vars(known), ignored_args=tuple(unknown))
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return cfg
+
+
+def read_model_config(model_dir: str) -> dict:
+    """config.json of the model folder ({} when absent: the simulator then uses Qwen3-27B-like sizes)."""
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc

@@ -1,0 +1,254 @@
+"""Deterministic Qwen3-style outputs built from the real tokenizer's ids.
+
+Every request gets a key (the sim seed plus the client's rid, or a hash of the prompt ids when
+no rid was sent). The key fixes the output: its length (lognormal with the configured mean and
+sigma, then capped by max_new_tokens), whether it is an empty answer, whether it is aborted, and
+its content. Content is sliced from a token stream pre-encoded once at startup from plausible
+sentences, so planning an output costs no tokenizer call; `text` is one decode per finished
+request (or none at all on the --sim-instant path, where outputs are prebuilt with their text).
+
+Output shape with thinking on: `<think>\\n{reasoning}\\n</think>\\n\\n{answer}<|im_end|>`, the
+reasoning taking ~80% of the tokens. A prompt ending with `<think>\\n\\n</think>\\n\\n` (thinking
+disabled by the chat template) gets `{answer}<|im_end|>`. The empty answer is exactly
+`<think>\\n\\n</think>\\n\\nOK.<|im_end|>` (`OK.<|im_end|>` after a thinking-disabled prompt).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import random
+from array import array
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from engine.tiny_model import corpus
+
+REASONING_SHARE = 0.8
+NO_THINK_SUFFIX = "<think>\n\n</think>\n\n"
+EMPTY_ANSWER = "<think>\n\n</think>\n\nOK."
+STREAM_TOKENS = 1 << 16
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def load_tokenizer(path: str):
+    """The real tokenizer of the model folder, loaded once per process (several servers may share it)."""
+    tok = _TOKENIZERS.get(path)
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        _TOKENIZERS[path] = tok
+    return tok
+
+
+def request_key(seed: int, rid: str | None, input_ids: Sequence[int]) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(str(seed).encode())
+    if rid is not None:
+        h.update(b"rid:" + rid.encode())
+    else:
+        h.update(b"ids:" + array("i", input_ids).tobytes())
+    return h.digest()
+
+
+def attempt_draw(key: bytes, attempt: int, what: bytes) -> float:
+    """A uniform [0, 1) draw for (request key, attempt): retries of the same rid draw anew."""
+    d = hashlib.blake2b(key + what + attempt.to_bytes(4, "little"), digest_size=8).digest()
+    return int.from_bytes(d, "little") / 2**64
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    output_ids: list[int]  # exactly what the request will return (already cut at max_new_tokens / abort)
+    finish_reason: dict
+    reasoning_tokens: int  # tokens inside <think>...</think> (to the end if unclosed)
+    text: str | None = None  # prebuilt text (instant path) for the requested skip_special_tokens
+
+
+@dataclass(frozen=True)
+class _Prebuilt:
+    ids: list[int]
+    text_plain: str  # skip_special_tokens=True
+    text_special: str  # skip_special_tokens=False
+    offsets: list[int] | None  # char end offset of each token in text_special; None: decode on truncation
+    reasoning_tokens: int
+
+
+class OutputGenerator:
+    def __init__(self, tokenizer, *, seed: int, mean: float, sigma: float, empty_share: float,
+                 abort_rate: float):
+        self.tok = tokenizer
+        self.seed = seed
+        self.sigma = sigma
+        self.mu = math.log(mean) - sigma * sigma / 2  # so that E[length] == mean
+        self.empty_share = empty_share
+        self.abort_rate = abort_rate
+
+        enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if self.im_end is None or self.im_end == tokenizer.unk_token_id:
+            raise ValueError("tokenizer has no <|im_end|> token; the simulator needs a Qwen-style chat tokenizer")
+        self.think_head = enc("<think>\n")
+        self.think_mid = enc("\n</think>\n\n")
+        self.no_think_suffix = enc(NO_THINK_SUFFIX)
+        self.empty_think = enc(EMPTY_ANSWER) + [self.im_end]
+        self.empty_plain = enc("OK.") + [self.im_end]
+        self.think_close = tokenizer.convert_tokens_to_ids("</think>")
+        self._build_stream(enc)
+        self._instant: dict[bool, list[_Prebuilt]] = {}
+        self._instant_empty: dict[bool, _Prebuilt] = {}
+
+    # --- content stream -------------------------------------------------------------------------
+    def _build_stream(self, enc) -> None:
+        sentences = [s for s in corpus(800, seed=self.seed + 1) if s[:1].isalpha()]
+        starters = self.tok(sentences, add_special_tokens=False)["input_ids"]
+        conts = self.tok([" " + s for s in sentences], add_special_tokens=False)["input_ids"]
+        para = enc("\n\n")
+        rng = random.Random(self.seed)
+        stream: list[int] = []
+        starts: list[int] = []
+        while len(stream) < STREAM_TOKENS:
+            if stream:
+                stream.extend(para)
+            starts.append(len(stream))
+            stream.extend(starters[rng.randrange(len(starters))])
+            for _ in range(rng.randint(2, 8)):
+                stream.extend(conts[rng.randrange(len(conts))])
+        self._stream = stream
+        self._starts = starts
+
+    def _content(self, rng: random.Random, n: int) -> list[int]:
+        """n tokens of prose starting at a paragraph start."""
+        if n <= 0:
+            return []
+        pos = self._starts[rng.randrange(len(self._starts))]
+        out = self._stream[pos:pos + n]
+        while len(out) < n:
+            out.extend(self._stream[: n - len(out)])
+        return out
+
+    # --- planning ---------------------------------------------------------------------------------
+    def thinking_disabled(self, prompt_ids: Sequence[int]) -> bool:
+        k = len(self.no_think_suffix)
+        return len(prompt_ids) >= k and list(prompt_ids[-k:]) == self.no_think_suffix
+
+    def draw_length(self, rng: random.Random) -> int:
+        if self.sigma == 0:
+            return max(1, round(math.exp(self.mu)))
+        return max(1, round(rng.lognormvariate(self.mu, self.sigma)))
+
+    def _full(self, rng: random.Random, length: int, think: bool, limit: int) -> tuple[list[int], int]:
+        """The first `limit` tokens of a complete answer of `length` tokens, and its reasoning token count."""
+        if not think:
+            length = max(length, 2)
+            ids = self._content(rng, min(length - 1, limit)) + [self.im_end]
+            return ids[:limit], 0
+        overhead = len(self.think_head) + len(self.think_mid) + 1
+        length = max(length, overhead + 2)
+        content = length - overhead
+        n_reason = max(1, round(content * REASONING_SHARE))
+        n_answer = max(1, content - n_reason)
+        ids = list(self.think_head)
+        ids += self._content(rng, min(n_reason, max(0, limit - len(ids))))
+        if len(ids) < limit:
+            ids += self.think_mid
+            ids += self._content(rng, min(n_answer, max(0, limit - len(ids))))
+            ids.append(self.im_end)
+        ids = ids[:limit]
+        return ids, self._reasoning_count(ids)
+
+    def _reasoning_count(self, ids: list[int]) -> int:
+        """Tokens between <think> and </think> (to the end, eos excluded, when unclosed), as engine.render counts."""
+        if not ids or ids[0] != self.think_head[0]:
+            return 0
+        try:
+            return ids.index(self.think_close, 1) - 1
+        except ValueError:
+            return len(ids) - 1 - (ids[-1] == self.im_end)
+
+    def plan(self, key: bytes, prompt_ids: Sequence[int], max_new_tokens: int, *,
+             min_new_tokens: int = 0, ignore_eos: bool = False) -> OutputPlan:
+        rng = random.Random(key)
+        u_empty, u_abort = rng.random(), rng.random()
+        think = not self.thinking_disabled(prompt_ids)
+        if u_empty < self.empty_share and not ignore_eos:
+            ids = list(self.empty_think if think else self.empty_plain)
+            reasoning = self._reasoning_count(ids)
+        else:
+            length = max(self.draw_length(rng), min_new_tokens)
+            if ignore_eos:
+                length = max_new_tokens + 1
+            ids, reasoning = self._full(rng, length, think, max_new_tokens + 1)
+        if len(ids) > max_new_tokens:
+            ids = ids[:max_new_tokens]
+            reasoning = self._reasoning_count(ids)
+            finish = {"type": "length", "length": max_new_tokens}
+        else:
+            finish = {"type": "stop", "matched": self.im_end}
+        if u_abort < self.abort_rate:
+            ids = ids[: max(1, len(ids) // 2)]
+            reasoning = self._reasoning_count(ids)
+            finish = abort_finish()
+        return OutputPlan(ids, finish, reasoning)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # --- instant path -------------------------------------------------------------------------------
+    def build_instant_pool(self, size: int) -> None:
+        """Prebuild `size` outputs per thinking mode with their texts, so a request costs no tokenizer call."""
+        for think in (True, False):
+            entries = []
+            for i in range(size):
+                rng = random.Random(hashlib.blake2b(f"{self.seed}:pool:{think}:{i}".encode()).digest())
+                ids, reasoning = self._full(rng, self.draw_length(rng), think, 1 << 30)
+                entries.append(ids)
+            self._instant[think] = [self._prebuilt(ids) for ids in entries]
+            self._instant_empty[think] = self._prebuilt(list(self.empty_think if think else self.empty_plain))
+
+    def _prebuilt(self, ids: list[int]) -> _Prebuilt:
+        special = self.tok.decode(ids, skip_special_tokens=False)
+        plain = self.tok.decode(ids, skip_special_tokens=True)
+        pieces = self._pieces(ids)
+        offsets = list(itertools.accumulate(len(pieces[i]) for i in ids))
+        if offsets[-1] != len(special) or "".join(pieces[i] for i in ids) != special:
+            offsets = None  # multi-byte characters split across tokens: decode prefixes instead
+        return _Prebuilt(ids, plain, special, offsets, self._reasoning_count(ids))
+
+    def _pieces(self, ids: list[int]) -> dict[int, str]:
+        cache = getattr(self, "_piece_cache", None)
+        if cache is None:
+            cache = self._piece_cache = {}
+        missing = sorted(set(ids) - cache.keys())
+        if missing:
+            for tid, text in zip(missing, self.tok.batch_decode([[t] for t in missing], skip_special_tokens=False)):
+                cache[tid] = text
+        return cache
+
+    def plan_instant(self, key: bytes, prompt_ids: Sequence[int], max_new_tokens: int,
+                     skip_special_tokens: bool) -> OutputPlan:
+        pick = int.from_bytes(key[:8], "little")
+        u_empty = int.from_bytes(key[8:16], "little") / 2**64
+        think = not self.thinking_disabled(prompt_ids)
+        pool = self._instant[think]
+        entry = self._instant_empty[think] if u_empty < self.empty_share else pool[pick % len(pool)]
+        if len(entry.ids) <= max_new_tokens:
+            text = entry.text_plain if skip_special_tokens else entry.text_special
+            return OutputPlan(entry.ids, {"type": "stop", "matched": self.im_end}, entry.reasoning_tokens, text)
+        ids = entry.ids[:max_new_tokens]
+        if max_new_tokens == 0:
+            text = ""
+        elif entry.offsets is not None:
+            text = entry.text_special[: entry.offsets[max_new_tokens - 1]]  # the cut never keeps <|im_end|>
+        else:
+            text = self.decode(ids, skip_special_tokens)
+        return OutputPlan(ids, {"type": "length", "length": max_new_tokens}, self._reasoning_count(ids), text)
+
+
+def abort_finish(message: str = "Aborted") -> dict:
+    return {"type": "abort", "message": message, "status_code": None, "err_type": None}
+
+
+OutputGenerator.reasoning_count = OutputGenerator._reasoning_count  # public name for the HTTP layer

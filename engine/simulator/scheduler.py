@@ -1,0 +1,344 @@
+"""Continuous batching: one asyncio task per server steps a running batch, fed from a waiting queue.
+
+Cost model (the formula `regen plan --pilot` and the tests rely on). With B running requests a
+decode step takes
+
+    step_s = (step_ms + step_ms_per_req * B) / 1000      (+ prefill_ms_per_1k * new_uncached_tokens / 1e6
+                                                            on steps that admit requests)
+
+and gives every running request `tokens_per_step` tokens, so
+
+    throughput(B) = B * tokens_per_step / step_s   tokens/s
+
+which grows with B and saturates at 1000 * tokens_per_step / step_ms_per_req.
+
+Requests join at step boundaries while fewer than max_running_requests run, the KV pool has room
+for their prompt plus their (known) output, and the step's new prompt tokens stay under
+max_prefill_tokens; a finished request leaves at the end of the step that produced its last
+token. Per-request progress is never stepped token by token: each running request records the
+step it joined and the step it will finish, kept in a heap.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.simulator.generator import OutputPlan, abort_finish
+from engine.simulator.metrics import SimMetrics
+from engine.simulator.prefix_cache import PrefixCache
+from engine.simulator.simlog import SimLog
+
+CUDA_GRAPH_MAX_BS = 256
+
+
+@dataclass(eq=False)
+class SimRequest:
+    rid: str
+    prompt_ids: list[int]
+    plan: OutputPlan
+    skip_special_tokens: bool = True
+    stream: bool = False
+    log_metrics: bool = True
+    created: float = field(default_factory=time.time)
+    created_mono: float = field(default_factory=time.monotonic)
+    state: str = "new"  # new | waiting | running | finished
+    cached_tokens: int = 0
+    start_step: int = 0
+    finish_step: int = 0
+    queue_time: float = 0.0
+    first_token_mono: float | None = None
+    output_ids: list[int] | None = None  # set when finished
+    finish_reason: dict | None = None
+    aborted_in_queue: bool = False
+    done: asyncio.Future | None = None
+    progress: asyncio.Event | None = None  # streaming: set after every step that advanced it
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def planned_len(self) -> int:
+        return len(self.plan.output_ids)
+
+
+class Scheduler:
+    def __init__(self, *, log: SimLog, metrics: SimMetrics | None, max_running: int, max_total_tokens: int,
+                 max_prefill_tokens: int, step_ms: float, step_ms_per_req: float, tokens_per_step: int,
+                 prefill_ms_per_1k: float, decode_log_interval: int,
+                 on_finish: Callable[[SimRequest], None]):
+        self.log = log
+        self.metrics = metrics
+        self.max_running = max_running
+        self.max_total_tokens = max_total_tokens
+        self.max_prefill_tokens = max_prefill_tokens
+        self.step_ms = step_ms
+        self.step_ms_per_req = step_ms_per_req
+        self.tps = tokens_per_step
+        self.prefill_ms_per_1k = prefill_ms_per_1k
+        self.decode_log_interval = decode_log_interval
+        self.on_finish = on_finish
+        self.cache = PrefixCache(max_total_tokens)
+
+        self.waiting: deque[SimRequest] = deque()
+        self.running: dict[SimRequest, None] = {}  # insertion-ordered set
+        self._heap: list[tuple[int, int, SimRequest]] = []
+        self._seq = itertools.count()
+        self._streaming: set[SimRequest] = set()
+        self.step = 0  # completed decode steps
+        self._sum_start = 0
+        self._prompt_sum = 0
+        self._reserved = 0
+        self._wake = asyncio.Event()
+        self._frozen = False
+        self._held = False
+        self._task: asyncio.Task | None = None
+        self.last_gen_throughput = 0.0
+        self._interval_tokens = 0
+        self._interval_t0 = time.monotonic()
+        self._idle_reported = True
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass  # the cancellation we asked for
+            self._task = None
+
+    def freeze(self) -> None:
+        """--sim-hang-after: no more steps; running requests never finish."""
+        self._frozen = True
+
+    @property
+    def task_error(self) -> BaseException | None:
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            return self._task.exception()
+        return None
+
+    # --- requests -----------------------------------------------------------------------------------
+    def submit(self, req: SimRequest) -> None:
+        loop = asyncio.get_running_loop()
+        req.done = loop.create_future()
+        if req.stream:
+            req.progress = asyncio.Event()
+        req.state = "waiting"
+        self.waiting.append(req)
+        self._wake.set()
+
+    def generated(self, req: SimRequest) -> int:
+        """Tokens produced so far."""
+        if req.state == "finished":
+            return len(req.output_ids or ())
+        if req.state != "running":
+            return 0
+        return min(req.planned_len, (self.step - req.start_step) * self.tps)
+
+    def abort(self, rid: str, abort_all: bool = False) -> int:
+        """Abort requests whose rid starts with `rid` (SGLang's scheduler matches prefixes)."""
+        count = 0
+        for req in list(self.waiting):
+            if abort_all or req.rid.startswith(rid):
+                self.waiting.remove(req)
+                req.aborted_in_queue = True
+                self._finish(req, [], {"type": "abort", "message": "Abort in waiting queue"})
+                count += 1
+        for req in list(self.running):
+            if abort_all or req.rid.startswith(rid):
+                self._leave(req)
+                self._finish(req, req.plan.output_ids[: self.generated_running(req)], abort_finish())
+                count += 1
+        return count
+
+    def abort_one(self, req: SimRequest) -> None:
+        """Abort one request (its client went away)."""
+        if req.state == "waiting":
+            self.waiting.remove(req)
+            req.aborted_in_queue = True
+            self._finish(req, [], {"type": "abort", "message": "Abort in waiting queue"})
+        elif req.state == "running":
+            self._leave(req)
+            self._finish(req, req.plan.output_ids[: self.generated_running(req)], abort_finish())
+
+    def hold(self, held: bool) -> None:
+        """pause_generation mode in_place/retract: keep the batch but take no steps until released."""
+        self._held = held
+        self._wake.set()
+
+    def generated_running(self, req: SimRequest) -> int:
+        return min(req.planned_len, (self.step - req.start_step) * self.tps)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def used_tokens(self) -> int:
+        generated = self.tps * (len(self.running) * self.step - self._sum_start)
+        return self._prompt_sum + generated
+
+    def token_usage(self) -> float:
+        return min(1.0, self.used_tokens() / self.max_total_tokens) if self.max_total_tokens else 0.0
+
+    def flush_cache(self) -> bool:
+        if self.running or self.waiting:
+            self.log.info(f"Cache not flushed because there are pending requests. #queue-req: {len(self.waiting)}, "
+                          f"#running-req: {len(self.running)}")
+            return False
+        self.cache.clear()
+        self.log.info("Cache flushed successfully!")
+        return True
+
+    # --- internals ------------------------------------------------------------------------------------
+    def _leave(self, req: SimRequest) -> None:
+        del self.running[req]
+        self._streaming.discard(req)
+        self._sum_start -= req.start_step
+        self._prompt_sum -= req.prompt_len
+        self._reserved -= req.prompt_len + req.planned_len
+
+    def _finish(self, req: SimRequest, output_ids: list[int], finish_reason: dict) -> None:
+        req.state = "finished"
+        req.output_ids = output_ids
+        req.finish_reason = finish_reason
+        if req.progress is not None:
+            req.progress.set()
+        if req.done is not None and not req.done.done():
+            req.done.set_result(None)
+        self.on_finish(req)
+
+    def _admit(self) -> tuple[list[SimRequest], int]:
+        """Move waiting requests into the batch; returns (the admitted requests, #new-token)."""
+        admitted: list[SimRequest] = []
+        new_seq = new_tokens = cached = 0
+        running_before = len(self.running)
+        now = time.monotonic()
+        while self.waiting and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            need = req.prompt_len + req.planned_len
+            if self.running and self._reserved + need > self.max_total_tokens:
+                break  # KV pool full: wait for requests to leave
+            if new_seq and new_tokens + req.prompt_len > self.max_prefill_tokens:
+                break
+            self.waiting.popleft()
+            req.cached_tokens = self.cache.match_and_insert(req.prompt_ids)
+            req.state = "running"
+            req.start_step = self.step
+            req.finish_step = self.step + max(1, math.ceil(req.planned_len / self.tps))
+            req.queue_time = now - req.created_mono
+            self.running[req] = None
+            if req.stream:
+                self._streaming.add(req)
+            heapq.heappush(self._heap, (req.finish_step, next(self._seq), req))
+            self._sum_start += req.start_step
+            self._prompt_sum += req.prompt_len
+            self._reserved += need
+            admitted.append(req)
+            new_seq += 1
+            new_tokens += req.prompt_len - req.cached_tokens
+            cached += req.cached_tokens
+            if self.metrics is not None and req.log_metrics:
+                self.metrics.queue_time.observe(req.queue_time)
+        if new_seq:
+            usage = self.token_usage()
+            self.log.info(f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_tokens}, #cached-token: {cached}, "
+                          f"token usage: {usage:.2f}, #running-req: {running_before}, #queue-req: {len(self.waiting)},")
+            if self.metrics is not None:
+                total = new_tokens + cached
+                self.metrics.set_scheduler_gauges(
+                    running=running_before, queued=len(self.waiting), used_tokens=self.used_tokens(),
+                    token_usage=usage, cache_hit_rate=(cached / total if total else 0.0))
+        return admitted, new_tokens
+
+    def _complete_step(self, admitted: list[SimRequest]) -> int:
+        """Account one finished step: finish requests whose last token it produced. Returns tokens made."""
+        self.step += 1
+        made = len(self.running) * self.tps
+        heap = self._heap
+        now = time.monotonic()
+        for req in admitted:  # the prefill step produced their first token
+            req.first_token_mono = now
+        while heap and heap[0][0] <= self.step:
+            _, _, req = heapq.heappop(heap)
+            if req.state != "running":
+                continue  # aborted earlier; lazily dropped from the heap
+            made -= (req.finish_step - req.start_step) * self.tps - req.planned_len
+            self._leave(req)
+            self._finish(req, req.plan.output_ids, req.plan.finish_reason)
+        for req in self._streaming:
+            if req.first_token_mono is None:
+                req.first_token_mono = now
+            req.progress.set()
+        return made
+
+    def _log_decode(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self._interval_t0
+        self.last_gen_throughput = self._interval_tokens / elapsed if elapsed > 0 else 0.0
+        self._interval_tokens = 0
+        self._interval_t0 = now
+        usage = self.token_usage()
+        cuda_graph = len(self.running) <= CUDA_GRAPH_MAX_BS
+        self.log.info(f"Decode batch, #running-req: {len(self.running)}, #token: {self.used_tokens()}, "
+                      f"token usage: {usage:.2f}, cuda graph: {cuda_graph}, "
+                      f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {len(self.waiting)},")
+        if self.metrics is not None:
+            self.metrics.set_scheduler_gauges(
+                running=len(self.running), queued=len(self.waiting), used_tokens=self.used_tokens(),
+                token_usage=usage, gen_throughput=self.last_gen_throughput, cache_hit_rate=0.0,
+                cuda_graph=cuda_graph)
+
+    def _report_idle(self) -> None:
+        self.last_gen_throughput = 0.0
+        if self.metrics is not None:
+            self.metrics.set_scheduler_gauges(running=0, queued=len(self.waiting), used_tokens=0, token_usage=0.0,
+                                              gen_throughput=0.0)
+        self._idle_reported = True
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            if self._frozen:
+                await asyncio.Event().wait()  # hung for good (cancelled by stop())
+            if self._held or (not self.running and not self.waiting):
+                if not self._idle_reported:
+                    self._report_idle()
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = loop.time()
+                self._interval_t0 = time.monotonic()
+                self._interval_tokens = 0
+                continue
+            self._idle_reported = False
+            admitted, new_tokens = self._admit()
+            batch = len(self.running)
+            step_s = (self.step_ms + self.step_ms_per_req * batch) / 1000.0
+            step_s += self.prefill_ms_per_1k * new_tokens / 1e6
+            deadline += step_s
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let the HTTP side run even when the steps are free
+                if delay < -step_s:
+                    deadline = loop.time()  # fell behind (loaded machine): do not burst to catch up
+            if self._frozen:
+                continue
+            self._interval_tokens += self._complete_step(admitted)
+            if self.step % self.decode_log_interval == 0:
+                self._log_decode()

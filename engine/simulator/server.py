@@ -1,0 +1,387 @@
+"""SimServer: startup sequence, the scheduler, fault switches and shutdown of one simulated SGLang server."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import sys
+import time
+import traceback
+from collections import Counter as CountDict
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from engine.simulator.config import SimConfig, read_model_config
+from engine.simulator.generator import OutputGenerator, OutputPlan, attempt_draw, load_tokenizer, request_key
+from engine.simulator.metrics import SimMetrics
+from engine.simulator.protocol import ApiError, GenerateItem, check_context
+from engine.simulator.scheduler import Scheduler, SimRequest
+from engine.simulator.simlog import SimLog
+
+VERSION = "0.5.5.post3-sim"
+BYTES_PER_GB = 1 << 30
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Plausible memory figures for the startup lines, from config.json (a Qwen3-27B-like default)."""
+    weight_gb: float
+    kv_bytes_per_token: int
+    total_gb: float
+    mem_fraction: float
+
+    @classmethod
+    def from_config(cls, model_cfg: dict, cfg: SimConfig) -> "MemoryModel":
+        h = model_cfg.get("hidden_size", 5120)
+        layers = model_cfg.get("num_hidden_layers", 64)
+        heads = model_cfg.get("num_attention_heads", 40)
+        kv_heads = model_cfg.get("num_key_value_heads", 8)
+        head_dim = model_cfg.get("head_dim", h // max(1, heads))
+        inter = model_cfg.get("intermediate_size", 25600)
+        vocab = model_cfg.get("vocab_size", 151936)
+        per_layer = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2 + 3 * h * inter
+        params = layers * per_layer + 2 * vocab * h
+        tp = max(1, cfg.tp_size)
+        kv = layers * kv_heads * head_dim * 2 * 2 // tp  # K and V, bf16
+        return cls(params * 2 / BYTES_PER_GB / tp, max(1, kv), cfg.sim_gpu_mem_gb, cfg.mem_fraction_static or 0.88)
+
+    def kv_tokens(self) -> int:
+        free = self.total_gb * self.mem_fraction - self.weight_gb
+        return max(4096, int(free * BYTES_PER_GB / self.kv_bytes_per_token))
+
+
+class SimServer:
+    def __init__(self, cfg: SimConfig, log: SimLog | None = None):
+        self.cfg = cfg
+        self.log = log or SimLog(cfg.log_level, cfg.log_level_http)
+        self.model_cfg = read_model_config(cfg.model_path)
+        self.context_len = cfg.context_length or int(self.model_cfg.get("max_position_embeddings", 40960))
+        self.mem = MemoryModel.from_config(self.model_cfg, cfg)
+        self.max_total_tokens = cfg.max_total_tokens or self.mem.kv_tokens()
+        self.max_req_input_len = min(self.context_len - 1, self.max_total_tokens - 1)
+        self.chunked_prefill_size = cfg.chunked_prefill_size or 8192
+        self.max_prefill_tokens = 16384
+        self.metrics = SimMetrics(cfg.model_name) if cfg.enable_metrics else None
+        self.tokenizer = None
+        self.generator: OutputGenerator | None = None
+        self.scheduler: Scheduler | None = None
+        self.status = "starting"  # starting | ready | draining | stopped | crashed
+        self.paused = False
+        self._continue = asyncio.Event()
+        self._continue.set()
+        self.completed = 0  # finished client requests (fault switch counter)
+        self.hung = False
+        self._hang_forever: asyncio.Future | None = None
+        self.in_flight_rids: set[str] = set()
+        self.attempts: CountDict[bytes] = CountDict()
+        self._runner: web.AppRunner | None = None
+        self._sock: socket.socket | None = None
+        self.host = cfg.host
+        self.port = cfg.port
+        self._ready = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.exit_code: int | None = None
+        self.started_at = time.time()
+
+    # --- public ------------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        if host in ("0.0.0.0", "[::]"):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        if self.status == "stopped":
+            return
+        if self.status != "crashed":
+            self.status = "stopped"
+        for task in self._tasks:
+            task.cancel()
+        if self._hang_forever is not None and not self._hang_forever.done():
+            self._hang_forever.cancel()
+        if self.scheduler is not None:
+            self.scheduler.abort("", abort_all=True)
+            await self.scheduler.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self._stopped.set()
+
+    # --- startup --------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load, bind the port (fails like uvicorn when busy), then warm up in the background."""
+        cfg, log = self.cfg, self.log
+        args = ", ".join(f"{k}={v!r}" for k, v in self.cfg.server_args_dict().items() if k != "ignored_args")
+        log.info(f"server_args=ServerArgs({args})")
+        if cfg.ignored_args:
+            log.warning(f"Simulator: ignoring SGLang flag(s) it does not model: {' '.join(cfg.ignored_args)}")
+        self.tokenizer = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
+        log.info("Using default HuggingFace chat template with detected content format: string")
+        log.info("Init torch distributed begin.")
+        log.info("Init torch distributed ends. mem usage=0.00 GB")
+        avail = self.mem.total_gb - 0.5
+        log.info(f"Load weight begin. avail mem={avail:.2f} GB")
+        self.generator = await asyncio.to_thread(self._build_generator)
+        if cfg.sim_slow_start_s > 0:
+            await asyncio.sleep(cfg.sim_slow_start_s)
+        shards = max(1, round(self.mem.weight_gb * cfg.tp_size / 4))
+        log.raw(f"Loading safetensors checkpoint shards: 100% Completed | {shards}/{shards} [00:00<00:00, 0.00it/s]")
+        avail -= self.mem.weight_gb
+        arch = (self.model_cfg.get("architectures") or ["Qwen3ForCausalLM"])[0]
+        log.info(f"Load weight end. type={arch}, dtype=torch.bfloat16, avail mem={avail:.2f} GB, "
+                 f"mem usage={self.mem.weight_gb:.2f} GB.")
+        kv_gb = self.max_total_tokens * self.mem.kv_bytes_per_token / BYTES_PER_GB
+        log.info(f"KV Cache is allocated. #tokens: {self.max_total_tokens}, K size: {kv_gb / 2:.2f} GB, "
+                 f"V size: {kv_gb / 2:.2f} GB")
+        avail -= kv_gb
+        log.info(f"Memory pool end. avail mem={avail:.2f} GB")
+        log.info(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
+        bs = [1, 2, 4, 8] + list(range(16, min(256, cfg.running_limit) + 1, 16))
+        log.info(f"Capture cuda graph bs {bs}")
+        log.info(f"Capture cuda graph end. Time elapsed: 0.00 s. mem usage=0.50 GB. avail mem={avail - 0.5:.2f} GB.")
+        log.info(f"max_total_num_tokens={self.max_total_tokens}, chunked_prefill_size={self.chunked_prefill_size}, "
+                 f"max_prefill_tokens={self.max_prefill_tokens}, max_running_requests={cfg.running_limit}, "
+                 f"context_len={self.context_len}, available_gpu_mem={avail - 0.5:.2f} GB")
+        if self.metrics is not None:
+            self.metrics.max_total_num_tokens.set(self.max_total_tokens)
+            self.metrics.context_len.set(self.context_len)
+        self.scheduler = Scheduler(
+            log=log, metrics=self.metrics, max_running=cfg.running_limit, max_total_tokens=self.max_total_tokens,
+            max_prefill_tokens=self.max_prefill_tokens, step_ms=cfg.sim_step_ms,
+            step_ms_per_req=cfg.sim_step_ms_per_req, tokens_per_step=cfg.sim_tokens_per_step,
+            prefill_ms_per_1k=cfg.sim_prefill_ms_per_1k, decode_log_interval=cfg.decode_log_interval,
+            on_finish=self._on_finish)
+        self.scheduler.start()
+        self._bind()
+        from engine.simulator.app import build_app  # app imports this module's types
+
+        self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.SockSite(self._runner, self._sock)
+        await site.start()
+        log.uvicorn(f"Started server process [{os.getpid()}]")
+        log.uvicorn("Waiting for application startup.")
+        log.uvicorn("Application startup complete.")
+        log.uvicorn(f"Uvicorn running on http://{self.host}:{self.port} (Press CTRL+C to quit)")
+        self._tasks.append(asyncio.get_running_loop().create_task(self._warmup(), name="sim-warmup"))
+
+    def _build_generator(self) -> OutputGenerator:
+        cfg = self.cfg
+        gen = OutputGenerator(self.tokenizer, seed=cfg.sim_seed, mean=cfg.sim_output_mean,
+                              sigma=cfg.sim_output_sigma, empty_share=cfg.sim_empty_share,
+                              abort_rate=cfg.sim_abort_rate)
+        if cfg.sim_instant:
+            gen.build_instant_pool(cfg.sim_instant_pool)
+        return gen
+
+    def _bind(self) -> None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            reason = (exc.strerror or str(exc)).lower()
+            message = f"[Errno {exc.errno}] error while attempting to bind on address {(self.host, self.port)!r}: {reason}"
+            self.log.uvicorn(message, level="ERROR")
+            raise OSError(exc.errno or errno.EADDRINUSE, message) from exc
+        sock.listen(1024)
+        sock.setblocking(False)
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+
+    async def _warmup(self) -> None:
+        cfg = self.cfg
+        if cfg.sim_load_s > 0:
+            await asyncio.sleep(cfg.sim_load_s)
+        if not cfg.skip_server_warmup:
+            self.log.access("127.0.0.1:0", "GET", "/get_model_info", 200)
+            ids = self.tokenizer.encode("The capital city of France is")
+            plan = self.generator.plan(b"warmup", ids, 8)
+            req = SimRequest(rid="WARMUP_" + os.urandom(4).hex(), prompt_ids=ids, plan=plan, log_metrics=False)
+            if cfg.sim_instant:
+                pass  # instant servers have no batching delay to warm up
+            else:
+                self.scheduler.submit(req)
+                await req.done
+            self.log.access("127.0.0.1:0", "POST", "/generate", 200)
+        if self.status == "starting":
+            self.status = "ready"
+            self._ready.set()
+            self.log.info("The server is fired up and ready to roll!")
+
+    # --- requests ---------------------------------------------------------------------------------------------
+    def check_request(self, items: list[GenerateItem]) -> None:
+        """Validation SGLang does before scheduling: context length and duplicate in-flight rids."""
+        for item in items:
+            max_new = item.sampling["max_new_tokens"]
+            if self.cfg.allow_auto_truncate:
+                item.prompt_ids = item.prompt_ids[: self.context_len - 1]
+                if max_new is not None:
+                    item.sampling["max_new_tokens"] = min(max_new, self.context_len - len(item.prompt_ids) - 1)
+                continue
+            check_context(len(item.prompt_ids), max_new, self.context_len)
+        rids = [i.rid for i in items]
+        dup = sorted({r for r in rids if r in self.in_flight_rids} | {r for r in rids if rids.count(r) > 1})
+        if dup:
+            raise ApiError(400, {"error": {"message": f"Duplicate request ID(s) detected: {', '.join(dup)}"}})
+
+    def check_5xx(self, items: list[GenerateItem]) -> None:
+        if self.cfg.sim_5xx_rate <= 0 or not items:
+            return
+        key = self.key_for(items[0])
+        attempt = self.attempts[key]
+        self.attempts[key] += 1
+        if attempt_draw(key, attempt, b"5xx") < self.cfg.sim_5xx_rate:
+            raise ApiError(503, {"object": "error", "message": "The server is temporarily unable to handle the "
+                                 f"request (simulated failure, --sim-5xx-rate={self.cfg.sim_5xx_rate}, "
+                                 f"attempt {attempt + 1}).", "type": "503", "param": None, "code": 503})
+
+    def key_for(self, item: GenerateItem) -> bytes:
+        return request_key(self.cfg.sim_seed, item.rid if item.rid_given else None, item.prompt_ids)
+
+    def plan_for(self, item: GenerateItem) -> OutputPlan:
+        sp = item.sampling
+        max_new = sp["max_new_tokens"]
+        if max_new is None:
+            max_new = max(0, self.context_len - len(item.prompt_ids) - 1)
+        key = self.key_for(item)
+        if self.cfg.sim_instant and not sp["ignore_eos"] and not sp["min_new_tokens"] and not self.cfg.sim_abort_rate:
+            return self.generator.plan_instant(key, item.prompt_ids, max_new, sp["skip_special_tokens"])
+        return self.generator.plan(key, item.prompt_ids, max_new, min_new_tokens=sp["min_new_tokens"],
+                                   ignore_eos=sp["ignore_eos"])
+
+    async def wait_unpaused(self) -> None:
+        await self._continue.wait()
+
+    def pause(self, mode: str) -> None:
+        self.paused = True
+        self._continue.clear()
+        if mode == "abort":
+            self.scheduler.abort("", abort_all=True)
+        else:
+            self.scheduler.hold(True)
+
+    def resume(self) -> None:
+        self.paused = False
+        self.scheduler.hold(False)
+        self._continue.set()
+
+    def finish_instant(self, req: SimRequest) -> None:
+        req.state = "finished"
+        req.output_ids = req.plan.output_ids
+        req.finish_reason = req.plan.finish_reason
+        req.first_token_mono = time.monotonic()
+        self._on_finish(req)
+
+    # --- accounting and faults -------------------------------------------------------------------------------
+    def _on_finish(self, req: SimRequest) -> None:
+        if not req.log_metrics:
+            return
+        if self.metrics is not None:
+            now = time.monotonic()
+            ttft = req.first_token_mono - req.created_mono if req.first_token_mono is not None else None
+            self.metrics.observe_finished(
+                prompt_tokens=0 if req.aborted_in_queue else req.prompt_len,
+                completion_tokens=len(req.output_ids or ()), cached_tokens=req.cached_tokens,
+                e2e_s=now - req.created_mono, ttft_s=ttft, aborted=req.finish_reason["type"] == "abort")
+        self.completed += 1
+        cfg = self.cfg
+        if cfg.sim_crash_after is not None and self.completed >= cfg.sim_crash_after:
+            self._fatal_soon(self._crash_lines("RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                                               "CUDA kernel errors might be asynchronously reported at some other "
+                                               "API call, so the stacktrace below might be incorrect."),
+                             "SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+        elif cfg.sim_oom_after is not None and self.completed >= cfg.sim_oom_after:
+            self._fatal_soon(self._crash_lines(
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                f"of {self.cfg.sim_gpu_mem_gb:.2f} GiB of which 1.12 GiB is free. Including non-PyTorch memory, this "
+                "process has 138.10 GiB memory in use. Of the allocated memory 131.40 GiB is allocated by PyTorch, "
+                "and 2.37 GiB is reserved by PyTorch but unallocated."),
+                "Received sigquit from a child process. It usually means the child failed.")
+        elif cfg.sim_hang_after is not None and self.completed >= cfg.sim_hang_after and not self.hung:
+            self.hung = True
+            self._hang_forever = asyncio.get_running_loop().create_future()
+            self.scheduler.freeze()
+
+    def hang_future(self) -> asyncio.Future:
+        return self._hang_forever
+
+    @staticmethod
+    def _crash_lines(final: str) -> str:
+        return ("Traceback (most recent call last):\n"
+                '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2712, '
+                "in run_scheduler_process\n    scheduler.event_loop_overlap()\n"
+                '  File "/usr/local/lib/python3.12/dist-packages/torch/utils/_contextlib.py", line 120, '
+                "in decorate_context\n    return func(*args, **kwargs)\n"
+                '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 1013, '
+                "in event_loop_overlap\n    batch_result = self.run_batch(batch)\n"
+                '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", line 2105, '
+                "in forward\n    output = self._forward_raw(\n" + final + "\n")
+
+    def _fatal_soon(self, traceback_text: str, sigquit_line: str) -> None:
+        if self.status == "crashed":
+            return
+        self.status = "crashed"
+
+        async def die() -> None:
+            await asyncio.sleep(0.05)  # let the response that completed the count go out, as a real crash races
+            self.log.error(f"Scheduler hit an exception: {traceback_text.rstrip()}")
+            self.log.error(sigquit_line)
+            if self.cfg.exit_process_on_fault:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(1)
+            self.exit_code = 1
+            await self.stop()
+
+        self._tasks.append(asyncio.get_running_loop().create_task(die(), name="sim-crash"))
+
+    # --- SIGTERM ------------------------------------------------------------------------------------------------
+    async def drain_and_stop(self, signum: int = 15) -> None:
+        self.log.info(f"SIGTERM received. signum={signum}, frame=None. Draining requests and shutting down...")
+        self.status = "draining"
+        deadline = time.monotonic() + self.cfg.sim_drain_timeout_s
+        while (self.in_flight_rids or (self.scheduler and (self.scheduler.num_running or self.scheduler.num_waiting))) \
+                and time.monotonic() < deadline and not self.hung:
+            await asyncio.sleep(0.05)
+        left = len(self.in_flight_rids)
+        if left:
+            self.log.warning(f"Drain timed out with {left} request(s) in flight; aborting them.")
+        self.log.uvicorn("Shutting down")
+        self.log.uvicorn("Waiting for application shutdown.")
+        self.log.uvicorn("Application shutdown complete.")
+        self.log.uvicorn(f"Finished server process [{os.getpid()}]")
+        self.exit_code = 0
+        await self.stop()
+
+
+async def run_simulator(cfg: SimConfig, log: SimLog | None = None) -> SimServer:
+    """Start a simulated SGLang server in the running event loop; returns once the port is bound.
+
+    `await server.wait_ready()` waits for "The server is fired up and ready to roll!".
+    """
+    cfg.validate()
+    server = SimServer(cfg, log)
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()
+        raise
+    return server
+
+
+def format_exception(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).rstrip()

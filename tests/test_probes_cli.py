@@ -150,3 +150,47 @@ def test_cli_over_ssh(sshd, run_toml):
     st = statuses(report)
     assert st["connection"] == "PASS" and st["gpu.nvidia_smi"] == "FAIL" and st["prompts.paths"] == "PASS"
     assert report["host"] == sshd.alias
+
+
+def _client_config(sshd, tmp_path: Path, *, known_hosts: Path, key: Path | None = None) -> Path:
+    from tests.sshd_fixtures import write_client_config
+
+    cfg = tmp_path / "client_config"
+    write_client_config(cfg, alias=sshd.alias, port=sshd.port, user=sshd.user, key=key or sshd.client_key_path,
+                        known_hosts=known_hosts)
+    return cfg
+
+
+@pytest.mark.sshd
+def test_cli_unknown_host_key_fails_then_accept_new(sshd, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    env = dict(os.environ, REGEN_SSH_CONFIG=str(_client_config(sshd, tmp_path, known_hosts=known)))
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = regen("probe", sshd.alias, "--json", "--only", "connection", env=env)
+    assert proc.returncode == 2
+    conn = json.loads(proc.stdout)["probes"][0]
+    assert conn["status"] == "FAIL" and conn["data"]["kind"] == "host_key"
+    assert conn["summary"].startswith("host key not verified: ")
+    assert "--accept-new" in conn["remedy"]
+    proc = regen("probe", sshd.alias, "--json", "--only", "connection", "--accept-new", env=env)
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads(proc.stdout)["probes"][0]["status"] == "PASS"
+    assert f"[127.0.0.1]:{sshd.port}" in known.read_text()
+
+
+@pytest.mark.sshd
+def test_cli_wrong_key_is_auth_failure_not_unreachable(sshd, tmp_path):
+    from tests.sshd_fixtures import write_keypair
+
+    stranger = tmp_path / "stranger_key"
+    write_keypair(stranger, "not authorized")
+    env = dict(os.environ, REGEN_SSH_CONFIG=str(_client_config(sshd, tmp_path, known_hosts=sshd.known_hosts_path,
+                                                               key=stranger)))
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = regen("probe", sshd.alias, "--json", env=env)
+    assert proc.returncode == 2
+    conn = json.loads(proc.stdout)["probes"][0]
+    assert conn["status"] == "FAIL" and conn["data"]["kind"] == "auth"
+    assert conn["summary"].startswith("authentication failed: ")
+    assert conn["data"]["reachable"] is True

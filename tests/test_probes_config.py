@@ -292,3 +292,32 @@ def test_disk_run_dir_nearest_parent_and_estimate(tiny_model_dir, tmp_path):
     huge = dataclasses.replace(ctx, disk_need_bytes=10**18)
     r = run_local(huge, {"disk.run_dir"})["disk.run_dir"]
     assert r.status is Status.FAIL and "below the need of" in r.summary
+
+
+def test_json_array_and_parquet_malformed_rows(tiny_model_dir, tmp_path):
+    arr = tmp_path / "arr.json"
+    arr.write_text('[' + json.dumps(openai(0)) + ', {"messages": "not a list"}, ' + json.dumps(openai(2)) + ', {"mess')
+    table = pa.table({"id": ["a", "b"], "messages": [[{"role": "user", "content": "hi"}], []]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    ctx = config_context(tmp_path, tiny_model_dir, [str(arr), str(tmp_path / "t.parquet")])
+    r = run_local(ctx, {"prompts.format"})["prompts.format"]
+    assert r.status is Status.WARN
+    where = {m["where"]: m for m in r.data["malformed"]}
+    assert where[f"{arr}:row1"]["reason"] == "'messages' is not a list (a JSON string)"
+    assert where[f"{arr}:row3"]["kind"] == "malformed_json"
+    assert "sampling of this file stopped here" in where[f"{arr}:row3"]["reason"]
+    assert where[f"{tmp_path / 't.parquet'}:row1"]["reason"] == "empty conversation"
+    assert r.data["good"] == 3
+
+
+def test_gzipped_jsonl_and_sample_limit(tiny_model_dir, tmp_path):
+    import gzip
+
+    path = tmp_path / "big.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        for i in range(300):
+            f.write(json.dumps(sharegpt(i)) + "\n")
+    ctx = config_context(tmp_path, tiny_model_dir, [str(path)], sample_rows=50)
+    r = run_local(ctx, {"prompts.format"})["prompts.format"]
+    assert r.status is Status.PASS, r.summary
+    assert r.data["sampled"] == 50 and r.data["rows"] == 300

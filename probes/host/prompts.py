@@ -104,9 +104,15 @@ def near_path(pattern):
     return os.sep.join(literal) or "."
 
 
+# JSON files that are never prompts (model dirs, tooling): kept out of the candidate list
+NOT_PROMPTS = re.compile(r"^(config|generation_config|tokenizer(_config)?|special_tokens_map|added_tokens|vocab|"
+                         r"preprocessor_config|chat_template|package(-lock)?|tsconfig|composer|manifest|"
+                         r"adapter_config|trainer_state|container_info)\.json$|\.index\.json$")
+
+
 def is_prompt_file(name):
     lower = name.lower()
-    return lower.endswith(PROMPT_SUFFIXES)
+    return lower.endswith(PROMPT_SUFFIXES) and not NOT_PROMPTS.search(lower)
 
 
 def candidates(missing, run_dir, budget_s=8.0, max_entries=50000, limit=25):

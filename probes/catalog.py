@@ -821,7 +821,7 @@ def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
 def _catalog() -> list[Probe]:
     py = ("host.python",)
     return [
-        Probe("connection", "SSH connection (reachability, host key, auth)", lambda c: "id -un && uname -n && uname -srm",
+        Probe("connection", "connection to the host (reachability, host key, auth)", lambda c: "id -un && uname -n && uname -srm",
               judge_connection, timeout_s=15),
         Probe("host.python", "host Python interpreter", lambda c: python_command(c, "pyinfo"), judge_python,
               needs=("connection",), timeout_s=20, script="pyinfo"),

@@ -321,3 +321,25 @@ def test_gzipped_jsonl_and_sample_limit(tiny_model_dir, tmp_path):
     r = run_local(ctx, {"prompts.format"})["prompts.format"]
     assert r.status is Status.PASS, r.summary
     assert r.data["sampled"] == 50 and r.data["rows"] == 300
+
+
+def test_missing_host_libraries_fail_with_their_import_error(model_copy, tmp_path, monkeypatch):
+    """A host env whose transformers / pyarrow cannot be imported: the probes say so in the library's words."""
+    add_weights(model_copy)
+    broken = tmp_path / "broken"
+    (broken / "pyarrow").mkdir(parents=True)
+    (broken / "pyarrow" / "__init__.py").write_text("raise ImportError('libarrow.so.2600: cannot open shared object file')\n")
+    (broken / "transformers.py").write_text("raise ModuleNotFoundError(\"No module named 'transformers'\")\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken))
+    pq.write_table(pa.table({"prompt": ["hi"]}), tmp_path / "t.parquet")
+    jl = write_jsonl(tmp_path / "p.jsonl", [sharegpt(0)])
+    ctx = config_context(tmp_path, model_copy, [str(tmp_path / "t.parquet")])
+    r = run_local(ctx, {"prompts.format"})["prompts.format"]
+    assert r.status is Status.FAIL
+    assert r.summary == (f"{tmp_path / 't.parquet'}: cannot read Parquet without pyarrow: "
+                         "ImportError: libarrow.so.2600: cannot open shared object file")
+    ctx = config_context(tmp_path, model_copy, [str(jl)])
+    r = run_local(ctx, {"prompts.tokens"})["prompts.tokens"]
+    assert r.status is Status.FAIL
+    assert r.summary == "cannot import transformers: ModuleNotFoundError: No module named 'transformers'"
+    assert "install transformers" in r.remedy

@@ -57,8 +57,9 @@ def build_app(server: "SimServer") -> web.Application:
             response = await handler(request)
         except ApiError as exc:
             response = error_response(exc)
-        except web.HTTPException as exc:
-            response = exc
+        except web.HTTPException as exc:  # 404/405 from the router
+            server.log.access(_peer(request), request.method, request.path_qs, exc.status)
+            raise
         server.log.access(_peer(request), request.method, request.path_qs, response.status)
         return response
 

@@ -98,6 +98,14 @@ class Alerts:
 
 
 @dataclass(frozen=True)
+class PlanAssumptions:
+    # `regen plan` without --pilot projects with these (printed as "assumed"); a pilot measures them.
+    output_tokens_per_sample: float = 2000.0
+    tokens_per_s_per_gpu: float = 1500.0  # e.g. a 27B model at TP1 on one H100-class GPU
+    sample_conversations: int = 2000  # conversations tokenized for the prompt-length figures
+
+
+@dataclass(frozen=True)
 class RunConfig:
     run_dir: str
     model: str
@@ -113,6 +121,7 @@ class RunConfig:
     workers: Workers = field(default_factory=Workers)
     dispatch: Dispatch = field(default_factory=Dispatch)
     alerts: Alerts = field(default_factory=Alerts)
+    plan: PlanAssumptions = field(default_factory=PlanAssumptions)
     source_path: str | None = None  # where it was loaded from (not part of the content)
 
     @property
@@ -175,7 +184,7 @@ def config_from_dict(data: dict[str, Any], source_path: str | None = None) -> Ru
     for required in ("run_dir", "model", "prompts"):
         if required not in data:
             raise ConfigError(f"run config{f' {source_path}' if source_path else ''}: missing required key '{required}'")
-    sections = {"sampling": Sampling, "workers": Workers, "dispatch": Dispatch, "alerts": Alerts}
+    sections = {"sampling": Sampling, "workers": Workers, "dispatch": Dispatch, "alerts": Alerts, "plan": PlanAssumptions}
     for name, cls in sections.items():
         if name in data:
             if not isinstance(data[name], dict):

@@ -571,7 +571,9 @@ def judge_model(res: CommandResult, inp: JudgeInput) -> Verdict:
             f.warn(f"weights {gib(per_gpu)} per GPU leave little KV cache room on {gib(smallest)} GPUs",
                    "raise workers.tp_size")
     elif weights:
-        f.warn("cannot check the fit on the GPUs: no GPU memory known (gpu.nvidia_smi and gpu.nvml did not pass)")
+        why = ", ".join(f"{d} {inp.deps[d].status.value}" if d in inp.deps else f"{d} not run"
+                        for d in ("gpu.nvidia_smi", "gpu.nvml"))
+        f.warn(f"cannot check the fit on the GPUs: no GPU memory known ({why})")
     context = ctx.context_length or cfg.get("max_position_embeddings")
     if ctx.context_length and cfg.get("max_position_embeddings") and ctx.context_length > cfg["max_position_embeddings"]:
         f.warn(f"context_length {ctx.context_length} is above the model's max_position_embeddings "
@@ -664,7 +666,9 @@ def judge_prompt_format(res: CommandResult, inp: JudgeInput) -> Verdict:
                    f"(first: {fr['malformed'][0]['where']}: {fr['malformed'][0]['reason']})",
                    "expected ShareGPT (conversations: [{from, value}]) or OpenAI (messages: [{role, content}]) rows")
         elif not fr["sampled"]:
-            f.fail(f"{fr['path']}: no rows")
+            f.warn(f"{fr['path']}: the file is empty ({fr.get('size')} bytes, no rows)")
+    if files and not good and not any(fr.get("error") for fr in files):
+        f.fail("no usable conversation in any prompt file")
     if malformed_total:
         f.warn(f"{malformed_total} malformed row(s) in the sample, e.g. "
                + "; ".join(f"{m['where']}: {m['reason']}" for m in malformed[:3]),

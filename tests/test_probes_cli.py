@@ -121,14 +121,15 @@ def test_cli_unreachable_host_exit_2(tmp_path):
 def test_same_verdicts_over_ssh_as_local(sshd, run_toml):
     ctx = context_from_config(load_config(run_toml))
 
-    async def both():
-        local = await probe_local(ctx)
+    async def over_ssh():
         transport = await open_transport(sshd.alias, ssh_config=str(sshd.ssh_config_path))
         try:
-            remote = await run_probes(transport, sshd.alias, ctx)
+            return await run_probes(transport, sshd.alias, ctx)
         finally:
             await transport.close()
-        return local, remote
+
+    async def both():
+        return await asyncio.gather(probe_local(ctx), over_ssh())
 
     local, remote = asyncio.run(both())
     loc = {r.id: r for r in local.results}

@@ -343,3 +343,15 @@ def test_missing_host_libraries_fail_with_their_import_error(model_copy, tmp_pat
     assert r.status is Status.FAIL
     assert r.summary == "cannot import transformers: ModuleNotFoundError: No module named 'transformers'"
     assert "install transformers" in r.remedy
+
+
+def test_empty_prompt_file_is_named(tiny_model_dir, tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", [sharegpt(0)])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    r = run_local(config_context(tmp_path, tiny_model_dir, [str(good), str(empty)]), {"prompts.format"})["prompts.format"]
+    assert r.status is Status.WARN
+    assert r.summary == f"{empty}: the file is empty (0 bytes, no rows)"
+    r = run_local(config_context(tmp_path, tiny_model_dir, [str(empty)]), {"prompts.format"})["prompts.format"]
+    assert r.status is Status.FAIL
+    assert "no usable conversation in any prompt file" in r.summary

@@ -254,7 +254,7 @@ def test_pause_stops_dispatch_and_survives_restart(tmp_path, tiny_model_dir, sup
 
 def test_worker_crash_requeues_in_flight_samples(tmp_path, tiny_model_dir, supervisors, renderer_for):
     run_dir = tmp_path / "run"
-    cfg = make_config(run_dir, tiny_model_dir, prompts=60, sim=("--sim-crash-after", "25"))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=150, sim=("--sim-crash-after", "40", "--sim-output-mean", "80"))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(180) == 0, sup.log_text()[-3000:]
     events = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]

@@ -75,6 +75,8 @@ class Probe:
     uses: tuple[str, ...] = ()
     timeout_s: float = 30.0
     script: str | None = None  # the probes/host script embedded in the command (for a short display)
+    # what the partial output of a timed-out command tells (e.g. which import hung); None: nothing more
+    on_timeout: Callable[[CommandResult], str | None] | None = None
     config: str = "any"  # "any": always; "config": only with --config; "no_config": only without
 
 
@@ -250,6 +252,13 @@ def judge_python(res: CommandResult, inp: JudgeInput) -> Verdict:
         return Verdict(Status.FAIL, f"{py} is Python {vtext} at {where}: too old", expected, f"Python {vtext}",
                        remedy="point host_python at a Python >= 3.10 (the SGLang env's)", data=data)
     return Verdict(Status.PASS, f"Python {vtext} at {where}", expected, f"Python {vtext}", data=data)
+
+
+def packages_in_flight(res: CommandResult) -> str | None:
+    records = json_lines(res.stdout)
+    done = {r["module"] for r in records if "module" in r}
+    hung = next((r["start"] for r in records if "start" in r and r["start"] not in done), None)
+    return f"while importing {hung}" if hung else None
 
 
 def judge_packages(res: CommandResult, inp: JudgeInput) -> Verdict:
@@ -452,7 +461,7 @@ def parse_df(res: CommandResult) -> dict:
         cells = table[-1].split()
         if len(cells) >= 6:
             info.update(filesystem=cells[0], total=int(cells[1]) * 1024, used=int(cells[2]) * 1024,
-                        free=int(cells[3]) * 1024, mount=cells[5])
+                        free=int(cells[3]) * 1024, mount=" ".join(cells[5:]))
     return info
 
 
@@ -831,7 +840,7 @@ def _catalog() -> list[Probe]:
               needs=("connection",), timeout_s=20, script="pyinfo"),
         Probe("packages", "Python packages of the host env",
               lambda c: python_command(c, "packages", {"packages": [list(p) for p in PACKAGES]}), judge_packages,
-              needs=py, timeout_s=180, script="packages"),
+              needs=py, timeout_s=180, script="packages", on_timeout=packages_in_flight),
         Probe("gpu.nvidia_smi", "GPUs (nvidia-smi)", nvidia_smi_command, judge_nvidia_smi, needs=("connection",),
               timeout_s=30),
         Probe("gpu.nvml", "GPUs through NVML (pynvml)", lambda c: python_command(c, "nvml"), judge_nvml, needs=py,

@@ -87,7 +87,14 @@ async def run_one(probe: Probe, runner: CommandRunner, ctx: ProbeContext, deps: 
                            duration_s=time.monotonic() - started, script=probe.script or "",
                            remedy="check the connection to the host and run the probe again")
     if res.timed_out:
-        v = Verdict(Status.ERROR, f"timed out after {timeout_s:g}s" + (f" ({res.error})" if res.error else ""),
+        where = None
+        if probe.on_timeout is not None:
+            try:
+                where = probe.on_timeout(res)
+            except Exception as exc:  # the timeout is the news; a failing explanation is noted, not raised
+                where = f"(could not read the partial output: {type(exc).__name__}: {exc})"
+        v = Verdict(Status.ERROR, f"timed out after {timeout_s:g}s" + (f" {where}" if where else "")
+                    + (f" ({res.error})" if res.error else ""),
                     expected=f"the command finishes within {timeout_s:g} s",
                     remedy="run the command by hand on the host to see where it hangs (or raise --timeout)")
         return _from_command(probe, res, v)

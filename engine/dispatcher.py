@@ -114,8 +114,8 @@ class Dispatcher:
 
     def snapshot(self, state: str) -> DispatchEvent:
         return DispatchEvent(
-            in_flight=self.in_flight, done=self.plan.done, failed=self.failed, retried=self.retried,
-            rejected=self.rejected, total=self.plan.total, output_tokens=self.output_tokens,
+            in_flight=self.in_flight, done=self.plan.done, failed=self.plan.failed, retried=self.retried,
+            rejected=self.plan.rejected, total=self.plan.total, output_tokens=self.output_tokens,
             tokens_per_s=round(self.tokens_per_s(), 1), state=state,
         )
 

@@ -327,8 +327,9 @@ class Supervisor:
         if d is not None:
             ev = d.snapshot(self.dispatch_state())
             self.emit(ev)
-            dropped, why = self._throughput.dropped(ev.tokens_per_s, self.state() == "running" and ev.in_flight > 0) \
-                if hasattr(self, "_throughput") else (False, "")
+            # only while work is waiting: the tail of a run (input running dry) is not a drop
+            busy = self.state() == "running" and ev.in_flight > 0 and bool(self.plan.ready)
+            dropped, why = self._throughput.dropped(ev.tokens_per_s, busy) if hasattr(self, "_throughput") else (False, "")
             self.telemetry.condition("throughput-drop", dropped, "warning", f"throughput dropped: {why}", why)
         elif self.plan is not None:
             from engine.telemetry_events import DispatchEvent

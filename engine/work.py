@@ -164,6 +164,14 @@ class WorkPlan:
         return sum(c.done for c in self.shards.values())
 
     @property
+    def failed(self) -> int:
+        return sum(c.failed for c in self.shards.values())
+
+    @property
+    def rejected(self) -> int:
+        return sum(c.rejected for c in self.shards.values())
+
+    @property
     def finished(self) -> bool:
         return all(c.complete for c in self.shards.values())
 

@@ -25,8 +25,8 @@ DEMO_CONTEXT = 4096
 # fast enough that 500 prompts finish in a minute or two on 2 cores, slow enough to watch batching
 DEMO_SIM_ARGS = (
     "--max-running-requests", "32", "--context-length", str(DEMO_CONTEXT),
-    "--sim-step-ms", "8", "--sim-step-ms-per-req", "0.1", "--sim-tokens-per-step", "4",
-    "--sim-output-mean", "64", "--sim-output-sigma", "0.7", "--sim-empty-share", "0.02",
+    "--sim-step-ms", "12", "--sim-step-ms-per-req", "0.2", "--sim-tokens-per-step", "2",
+    "--sim-output-mean", "160", "--sim-output-sigma", "0.7", "--sim-empty-share", "0.02",
     "--sim-load-s", "1",
 )
 

@@ -904,3 +904,16 @@ def probes_for(ctx: ProbeContext, only: set[str] | None = None, catalog: list[Pr
                 chosen.add(dep)
                 stack.append(dep)
     return [p for p in avail if p.id in chosen]
+
+
+@dataclass(frozen=True)
+class ProbeCommand:
+    id: str
+    command: str
+    timeout_s: float
+
+
+def default_probes(ctx: ProbeContext | None = None) -> list[ProbeCommand]:
+    """The exact commands the probes would run for `ctx` (default: no config, `python3`), e.g. for benchmarks."""
+    ctx = ctx or ProbeContext()
+    return [ProbeCommand(p.id, p.command(ctx), p.timeout_s) for p in probes_for(ctx)]

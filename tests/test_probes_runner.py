@@ -167,3 +167,13 @@ def test_render_shows_evidence_for_non_pass():
     py = {r.id: r for r in report.results}["host.python"]
     assert display_command(py) == f"{py.command.split(' -c ')[0]} -c <probes/host/pyinfo.py>"
     assert text.count("╭") == 1  # only the FAIL gets a detail block
+
+
+def test_default_probes_lists_the_exact_commands():
+    from probes.catalog import default_probes
+
+    cmds = {p.id: p.command for p in default_probes()}
+    assert cmds["connection"] == "id -un && uname -n && uname -srm"
+    assert cmds["gpu.nvidia_smi"].startswith(
+        "nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv,noheader,nounits")
+    assert cmds["host.python"].startswith("python3 -c ")

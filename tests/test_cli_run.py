@@ -73,7 +73,7 @@ def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_ru
     assert data["run_dir"] == str(run_dir) and data["state"] in ("starting", "running")
     human = regen("status", "local", "--run-dir", str(run_dir), home=tmp_path)
     assert human.returncode == 0 and "workers" in human.stdout and "shards" in human.stdout
-    p = regen("pause", "local", "s00001", "--run-dir", str(run_dir), home=tmp_path)
+    p = regen("pause", "local", "--run-dir", str(run_dir), "s00001", home=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "paused now: s00001" in p.stdout
     bad = regen("pause", "local", "nope", "--run-dir", str(run_dir), home=tmp_path)

@@ -1,6 +1,7 @@
 """regen pause HOST --run-dir DIR (SHARD ... | --all)"""
 from __future__ import annotations
 
+import argparse
 import json
 
 from console.deploy import EXIT_ERROR, EXIT_OK, run_with_client
@@ -8,9 +9,25 @@ from console.deploy import EXIT_ERROR, EXIT_OK, run_with_client
 OP = "pause"
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """Parses positionals that sit on both sides of options (intermixed), also as a subparser."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing:  # parse_known_intermixed_args calls back into this method
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def add_arguments(parser) -> None:
-    # HOST and the shard ids are one positional list: argparse cannot give a second, variable-length
-    # positional its values once an option (--run-dir) sits between them
+    # `regen pause HOST --run-dir DIR S1 S2`: positionals on both sides of an option need argparse's
+    # intermixed parsing; the top-level parser hands this subparser its arguments via parse_known_args
+    parser.__class__ = _IntermixedParser
     parser.add_argument("targets", nargs="+", metavar="HOST [SHARD ...]",
                         help="ssh alias, user@host[:port] or `local`, then shard ids (e.g. s00003)")
     parser.add_argument("--run-dir", required=True, help="the run dir on the host")

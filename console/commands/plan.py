@@ -1,0 +1,193 @@
+"""`regen plan HOST --config run.toml [--pilot N]`: shard plan and GPU-time / wall-time / disk projection.
+
+HOST `local` runs engine.plan here; any other host gets the config copied to a temp file and
+runs `<host_python> -m engine.plan --config ... --json` there (with the engine deployed at
+<run_dir>/.regen/engine on PYTHONPATH when it is there), and renders its JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from console.transport import TransportError, open_transport, quote_argv
+
+EXIT_OK, EXIT_FAILED = 0, 2
+PLAN_TIMEOUT_S = 3600.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Shard plan (conversations, samples per turn mode, shards), prompt token counts from a sample, "
+                     "and the projection of output tokens, GPU-hours, wall time and disk. Without --pilot the "
+                     "throughput and output length are the config's [plan] assumptions (marked 'assumed'); with "
+                     "--pilot N they are measured on live workers (outputs are not written into the run). "
+                     "Exit status: 0 plan made, 2 it could not be made (config, prompts, tokenizer, workers).")
+    p.add_argument("host", help="ssh alias, user@host[:port], or local")
+    p.add_argument("--config", required=True, help="run config (TOML) on this machine")
+    p.add_argument("--pilot", type=int, default=0, metavar="N", help="measure on N prompts with live workers first")
+    p.add_argument("--sample", type=int, default=None, metavar="N", help="conversations tokenized (default [plan])")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (schema regen.plan/1)")
+    p.add_argument("--ssh-config", default=None)
+    p.add_argument("--accept-new", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"regen plan: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.host == "local":
+        from engine.plan import PlanError, make_plan
+
+        try:
+            data = make_plan(cfg, pilot=args.pilot, sample_conversations=args.sample).to_dict()
+        except PlanError as exc:
+            print(f"regen plan: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    else:
+        try:
+            data = asyncio.run(_remote_plan(args, cfg))
+        except RemotePlanError as exc:
+            print(f"regen plan: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    if args.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        render(data, Console(highlight=False))
+    return EXIT_OK
+
+
+class RemotePlanError(Exception):
+    pass
+
+
+async def _remote_plan(args: argparse.Namespace, cfg) -> dict[str, Any]:
+    try:
+        transport = await open_transport(args.host, accept_new=args.accept_new, ssh_config=args.ssh_config)
+    except TransportError as exc:
+        raise RemotePlanError(f"cannot reach {args.host} ({exc.kind}): {exc}") from exc
+    remote_cfg = f"/tmp/regen-plan-{uuid.uuid4().hex[:12]}.toml"
+    try:
+        try:
+            await transport.put(Path(args.config), remote_cfg)
+        except (TransportError, OSError) as exc:
+            raise RemotePlanError(f"cannot copy {args.config} to {args.host}:{remote_cfg}: {exc}") from exc
+        engine = shlex.quote(f"{cfg.run_dir.rstrip('/')}/.regen/engine")
+        argv = [cfg.host_python, "-m", "engine.plan", "--config", remote_cfg, "--json"]
+        if args.pilot:
+            argv += ["--pilot", str(args.pilot)]
+        if args.sample:
+            argv += ["--sample", str(args.sample)]
+        command = (f"if [ -d {engine} ]; then PYTHONPATH={engine}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH; fi; "
+                   f"{quote_argv(argv)}; status=$?; rm -f -- {shlex.quote(remote_cfg)}; exit $status")
+        result = await transport.run(command, timeout=PLAN_TIMEOUT_S)
+    finally:
+        await transport.close()
+    if result.error or result.timed_out:
+        raise RemotePlanError(f"{args.host}: `{command}` did not complete: {result.error or 'timed out'}")
+    lines = result.stdout.strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise RemotePlanError(f"{args.host}: `{command}` exited {result.exit_status} without a JSON plan; "
+                              f"stderr: {result.stderr.strip() or '(empty)'}")
+    if "error" in data:
+        raise RemotePlanError(f"{args.host}: {data['error']}")
+    return data
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _si(x: float) -> str:
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def _bytes(x: float) -> str:
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _hours(x: float) -> str:
+    return f"{x:,.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def render(d: dict[str, Any], console: Console) -> None:
+    sp, pt, pr = d["shard_plan"], d["prompt_tokens"], d["projection"]
+    console.print(Text(f"regen plan  {d.get('config') or ''}  run dir {d['run_dir']}", style="bold"))
+    t = Table(title="shard plan", header_style="bold")
+    t.add_column("item")
+    t.add_column("value", justify="right")
+    t.add_row("conversations", f"{sp['conversations']:,}")
+    t.add_row("rejected rows", f"{sp['rejects']:,}" + (f" ({', '.join(f'{k}: {v}' for k, v in sp['rejects_by_reason'].items())})"
+                                                        if sp["rejects_by_reason"] else ""))
+    for mode, n in sp["samples_by_mode"].items():
+        t.add_row(f"samples if turns = {mode}" + (" (configured)" if mode == sp["turn_mode"] else ""), f"{n:,}")
+    t.add_row("shards", f"{sp['shards']:,} x {sp['shard_size']:,} conversations (last: {sp['last_shard_conversations']:,})")
+    for src, n in sp["sources"].items():
+        t.add_row(f"  source {src}", f"{n:,}")
+    console.print(t)
+    if pt["mean"] is not None:
+        console.print(f"prompt tokens ({pt['samples_sampled']:,} prompts of {pt['conversations_sampled']:,} sampled "
+                      f"conversations): mean {pt['mean']:.0f}, p50 {pt['p50']:.0f}, p90 {pt['p90']:.0f}, "
+                      f"p99 {pt['p99']:.0f}, max {pt['max']:,}  [dim]({pt['note']})[/dim]")
+    if d.get("pilot"):
+        p = d["pilot"]
+        wt = Table(title=f"pilot: {p['prompts']} prompts in {p['wall_s']:.1f} s", header_style="bold")
+        for col in ("worker", "requests", "batch", "tokens", "saturated s", "tokens/s"):
+            wt.add_column(col, justify="right" if col != "worker" else "left")
+        for w in p["workers"]:
+            wt.add_row(w["url"], str(w["requests"]), str(w["batch"]), f"{w['completion_tokens']:,}",
+                       f"{w['saturated_window_s']:.1f}", f"{w['tokens_per_s']:,.0f}")
+        console.print(wt)
+        console.print(f"pilot output tokens: mean {p['output_mean']:.0f} (95% CI {p['output_mean_ci'][0]:.0f}-"
+                      f"{p['output_mean_ci'][1]:.0f}), p50 {p['output_p50']:.0f}, p90 {p['output_p90']:.0f}, "
+                      f"max {p['output_max']:,}; truncated {p['truncated_share']:.1%}")
+    jt = Table(title=f"projection ({pr['workers']} workers x {pr['gpus_per_worker']} GPU)", header_style="bold")
+    for col in ("quantity", "value", "low", "high", "basis"):
+        jt.add_column(col, justify="right" if col in ("value", "low", "high") else "left")
+
+    def row(label, r, fmt):
+        assumed = r["basis"].startswith("assumed")
+        jt.add_row(label, fmt(r["value"]), fmt(r["low"]), fmt(r["high"]),
+                   Text(r["basis"], style="yellow" if assumed else "dim"))
+
+    row("output tokens / sample", pr["output_tokens_per_sample"], lambda x: f"{x:,.0f}")
+    row("tokens/s per worker", pr["tokens_per_s_per_worker"], lambda x: f"{x:,.0f}")
+    row("total output tokens", pr["total_output_tokens"], _si)
+    row("GPU-hours", pr["gpu_hours"], _hours)
+    row("wall time (hours)", pr["wall_hours"], _hours)
+    row("disk for the shards", pr["disk_bytes"], _bytes)
+    if pr["disk_headroom_bytes"]:
+        h = pr["disk_headroom_bytes"]
+        jt.add_row("disk left after the run", _bytes(h["value"]), _bytes(h["low"]), _bytes(h["high"]),
+                   Text(f"free now {_bytes(pr['disk_free_bytes'])} at {pr['disk_free_path']}",
+                        style="bold red" if h["low"] < 0 else "dim"))
+    console.print(jt)
+    console.print(f"[dim]bytes per token: {pr['bytes_per_token']:.2f} ({pr['bytes_per_token_basis']})[/dim]")
+    if d["assumptions"]["used"]:
+        console.print("[yellow]assumed[/yellow]: output tokens per sample "
+                      f"{d['assumptions']['output_tokens_per_sample']:,.0f}, tokens/s per GPU "
+                      f"{d['assumptions']['tokens_per_s_per_gpu']:,.0f} (set them in \\[plan] of the run config, "
+                      "or measure with --pilot N)")
+    for note in d.get("notes", []):
+        console.print(f"[yellow]note:[/yellow] {note}")

@@ -1,0 +1,561 @@
+"""`regen plan`: the shard plan, prompt token counts, and the GPU-time / wall-time / disk projection.
+
+Without a pilot the projection uses the config's [plan] assumptions (printed as "assumed").
+With `pilot=N`, one SGLang server per GPU group is started with the configured launch command, N
+prompts spread over the sources are generated through native /generate (input_ids + the run's
+sampling params), per-worker throughput and the output-length distribution are measured, and the
+servers are stopped. Pilot outputs never go into the run's shards (logs go to a temp dir).
+
+Throughput from non-streaming completions: a request's tokens are spread evenly over its
+lifetime [sent, done] (continuous batching at a constant batch gives every running request one
+token per step), and the tokens falling in the window where the worker had its full pilot batch
+in flight are divided by the window's length. Counting only completed requests instead would
+miss the partial progress of requests still running at the window's end.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.config import ConfigError, RunConfig, load_config
+from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
+from engine.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
+
+SCHEMA = "regen.plan/1"
+BOOTSTRAP_ROUNDS = 2000
+READY_POLL_S = 0.5
+
+
+class PlanError(Exception):
+    """The plan cannot be made (prompts unreadable, tokenizer unusable, workers failed); the message says why."""
+
+
+@dataclass
+class Range:
+    value: float
+    low: float
+    high: float
+    basis: str  # "assumed" | "pilot: ..." | "measured"
+
+
+@dataclass
+class ShardPlan:
+    conversations: int
+    rejects: int
+    rejects_by_reason: dict[str, int]
+    samples_by_mode: dict[str, int]  # all | last | first
+    turn_mode: str
+    samples: int
+    shard_size: int
+    shards: int
+    last_shard_conversations: int
+    sources: dict[str, int]  # conversations per source
+
+
+@dataclass
+class PromptTokens:
+    conversations_sampled: int
+    samples_sampled: int
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    max: int | None
+    note: str
+
+
+@dataclass
+class PilotWorker:
+    name: str
+    url: str
+    requests: int
+    batch: int  # requests kept in flight
+    completion_tokens: int
+    saturated_window_s: float
+    tokens_per_s: float
+
+
+@dataclass
+class PilotResult:
+    prompts: int
+    workers: list[PilotWorker]
+    output_mean: float
+    output_p50: float
+    output_p90: float
+    output_max: int
+    output_mean_ci: tuple[float, float]  # bootstrap 95%
+    truncated_share: float
+    wall_s: float
+    log_dir: str
+    finish_reasons: dict[str, int]
+
+
+@dataclass
+class Projection:
+    output_tokens_per_sample: Range
+    tokens_per_s_per_worker: Range
+    total_output_tokens: Range
+    gpu_hours: Range
+    wall_hours: Range
+    disk_bytes: Range
+    bytes_per_token: float
+    bytes_per_token_basis: str
+    disk_free_bytes: int | None
+    disk_free_path: str
+    disk_headroom_bytes: Range | None
+    workers: int
+    gpus_per_worker: int
+
+
+@dataclass
+class Plan:
+    config: str | None
+    run_dir: str
+    shard_plan: ShardPlan
+    prompt_tokens: PromptTokens
+    pilot: PilotResult | None
+    projection: Projection
+    assumptions: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+
+# --- shard plan and prompt tokens ------------------------------------------------------------
+
+
+def _user_messages(conv: Conversation) -> int:
+    return sum(1 for m in conv.messages if m["role"] == "user")
+
+
+def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0) -> tuple[ShardPlan, list[Conversation]]:
+    """One streaming pass: counts per turn mode and a uniform reservoir sample of conversations."""
+    rng = random.Random(seed)
+    conversations = rejects = 0
+    by_reason: dict[str, int] = {}
+    samples = {"all": 0, "last": 0, "first": 0}
+    sources: dict[str, int] = {}
+    reservoir: list[Conversation] = []
+    try:
+        for item in iter_prompts(cfg.prompts, cfg.prompt_format):
+            if isinstance(item, Reject):
+                rejects += 1
+                kind = getattr(item, "category", None)
+                key = (kind() if callable(kind) else kind) or item.reason
+                by_reason[key] = by_reason.get(key, 0) + 1
+                continue
+            n = _user_messages(item)
+            samples["all"] += n
+            samples["last"] += 1 if n else 0
+            samples["first"] += 1 if n else 0
+            sources[item.source] = sources.get(item.source, 0) + 1
+            if len(reservoir) < sample_size:
+                reservoir.append(item)
+            else:
+                j = rng.randrange(conversations + 1)
+                if j < sample_size:
+                    reservoir[j] = item
+            conversations += 1
+    except PromptFileError as exc:
+        raise PlanError(f"prompts: {exc}") from exc
+    shards = math.ceil(conversations / cfg.shard_size) if conversations else 0
+    last = conversations - (shards - 1) * cfg.shard_size if shards else 0
+    plan = ShardPlan(conversations, rejects, by_reason, samples, cfg.turns, samples[cfg.turns], cfg.shard_size,
+                     shards, last, dict(sorted(sources.items())))
+    reservoir.sort(key=lambda c: c.index)
+    return plan, reservoir
+
+
+def _renderer(cfg: RunConfig):
+    from engine.render import RenderError, Renderer
+
+    try:
+        return Renderer(cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
+    except RenderError as exc:
+        raise PlanError(str(exc)) from exc
+
+
+def sample_prompts(renderer, cfg: RunConfig, convs: Sequence[Conversation]) -> list[tuple[Conversation, int, list[int]]]:
+    """(conversation, turn, prompt ids) of every planned turn of the sampled conversations. Earlier
+    turns use the dataset's own answers (the regenerated ones do not exist yet)."""
+    items = []
+    for conv in convs:
+        for turn in renderer.user_turns(conv, cfg.turns):
+            items.append((conv, turn, renderer.build_messages(conv, turn, {}, "last")))
+    ids = renderer.prompt_ids_many([m for _, _, m in items])
+    return [(c, t, i) for (c, t, _), i in zip(items, ids)]
+
+
+def prompt_token_stats(rendered: list[tuple[Conversation, int, list[int]]], n_convs: int, mode: str) -> PromptTokens:
+    lens = np.array([len(ids) for _, _, ids in rendered], dtype=np.int64)
+    note = ("rendered with the model's chat template" + (
+        "; later turns with the dataset's own earlier answers (the regenerated ones differ)" if mode == "all" else ""))
+    if lens.size == 0:
+        return PromptTokens(n_convs, 0, None, None, None, None, None, note)
+    p50, p90, p99 = np.percentile(lens, [50, 90, 99])
+    return PromptTokens(n_convs, int(lens.size), float(lens.mean()), float(p50), float(p90), float(p99),
+                        int(lens.max()), note)
+
+
+def measure_bytes_per_token(renderer, rendered, outputs: Sequence[Sequence[int]] | None) -> tuple[float, str]:
+    """Bytes per stored token of a zstd part written with the shard schema: from pilot outputs when
+    there are some, else from the sampled prompts (ids as output, their decoded text as text)."""
+    rows = []
+    pairs = (list(zip(rendered, outputs)) if outputs else [(r, r[2]) for r in rendered])[:500]
+    for (conv, turn, prompt), out in pairs:
+        out = list(out)
+        rows.append({
+            "sample_id": f"{conv.conversation_id}#turn{turn}", "conversation_id": conv.conversation_id, "turn": turn,
+            "source": conv.source, "origin": conv.origin, "input_ids": list(prompt) + out,
+            "loss_mask": [0] * len(prompt) + [1] * len(out), "prompt_len": len(prompt), "output_len": len(out),
+            "reasoning_tokens": 0, "finish_reason": "stop", "completion_tokens": len(out), "cached_tokens": 0,
+            "latency_s": 0.0, "worker": "gpu0", "text": renderer.decode(out)})
+    if not rows:
+        return 6.0, "assumed (no sample): 4 B ids + 1 B mask + ~1 B text per token after zstd"
+    table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
+    with tempfile.TemporaryDirectory(prefix="regen-plan-") as tmp:
+        path = Path(tmp) / "part.parquet"
+        pq.write_table(table, path, compression=PART_COMPRESSION)
+        size = path.stat().st_size
+    tokens = sum(r["prompt_len"] + r["output_len"] for r in rows)
+    what = "pilot outputs" if outputs else "sampled prompts"
+    return size / max(1, tokens), f"measured: zstd part of {len(rows)} samples ({what}), {size:,} B / {tokens:,} tokens"
+
+
+def _free_space(run_dir: str) -> tuple[int | None, str]:
+    path = Path(run_dir).expanduser()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free, str(path)
+    except OSError as exc:
+        return None, f"{path} ({exc})"
+
+
+# --- projection ------------------------------------------------------------------------------
+
+
+def project(cfg: RunConfig, shard_plan: ShardPlan, prompt: PromptTokens, pilot: PilotResult | None,
+            bytes_per_token: float, bpt_basis: str) -> Projection:
+    a = cfg.plan
+    groups = cfg.workers.groups()
+    n_workers, tp = len(groups), cfg.workers.tp_size
+    if pilot:
+        out = Range(pilot.output_mean, pilot.output_mean_ci[0], pilot.output_mean_ci[1],
+                    f"pilot: mean of {pilot.prompts} outputs, bootstrap 95% CI")
+        rates = np.array([w.tokens_per_s for w in pilot.workers if w.tokens_per_s > 0])
+        if rates.size == 0:
+            raise PlanError("pilot: no worker had a saturated window to measure throughput (more prompts needed)")
+        q25, q75 = np.percentile(rates, [25, 75])
+        tps = Range(float(rates.mean()), float(q25), float(q75),
+                    f"pilot: mean over {rates.size} workers, p25-p75 of per-worker throughput")
+    else:
+        out = Range(a.output_tokens_per_sample, a.output_tokens_per_sample, a.output_tokens_per_sample, "assumed")
+        per_worker = a.tokens_per_s_per_gpu * tp
+        tps = Range(per_worker, per_worker, per_worker, "assumed")
+    n = shard_plan.samples
+    total = Range(n * out.value, n * out.low, n * out.high, out.basis)
+    # more tokens at less throughput bounds the high end
+    rate_all = [tps.value * n_workers, tps.low * n_workers, tps.high * n_workers]
+    wall_h = Range(total.value / rate_all[0] / 3600, total.low / rate_all[2] / 3600,
+                   total.high / rate_all[1] / 3600,
+                   out.basis if out.basis == tps.basis else f"output: {out.basis}; throughput: {tps.basis}")
+    gpu_h = Range(wall_h.value * n_workers * tp, wall_h.low * n_workers * tp, wall_h.high * n_workers * tp, wall_h.basis)
+    prompt_mean = prompt.mean or 0.0
+    disk = Range(n * (prompt_mean + out.value) * bytes_per_token, n * (prompt_mean + out.low) * bytes_per_token,
+                 n * (prompt_mean + out.high) * bytes_per_token,
+                 f"{bpt_basis.split(':')[0]} bytes/token x (mean prompt + output tokens) x samples")
+    free, free_path = _free_space(cfg.run_dir)
+    headroom = (Range(free - disk.value, free - disk.high, free - disk.low, "free space minus the shards")
+                if free is not None else None)
+    return Projection(out, tps, total, gpu_h, wall_h, disk, bytes_per_token, bpt_basis, free, free_path, headroom,
+                      n_workers, tp)
+
+
+def bootstrap_mean_ci(values: np.ndarray, rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0) -> tuple[float, float]:
+    if values.size == 0:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    means = rng.choice(values, size=(rounds, values.size), replace=True).mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+# --- pilot -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Request:
+    worker: int
+    sent: float
+    done: float
+    completion_tokens: int
+    finish: str
+    output_ids: list[int]
+
+
+def saturated_throughput(reqs: Sequence[_Request], batch: int) -> tuple[float, float, int]:
+    """(tokens/s, window seconds, tokens in window) over the window where `batch` requests were in flight."""
+    if not reqs:
+        return 0.0, 0.0, 0
+    events = sorted([(r.sent, 1) for r in reqs] + [(r.done, -1) for r in reqs], key=lambda e: (e[0], -e[1]))
+    in_flight, start, windows = 0, None, []
+    for t, d in events:
+        in_flight += d
+        if in_flight >= batch and start is None:
+            start = t
+        elif in_flight < batch and start is not None:
+            windows.append((start, t))
+            start = None
+    tokens = seconds = 0.0
+    for a, b in windows:
+        if b <= a:
+            continue
+        seconds += b - a
+        for r in reqs:
+            life = r.done - r.sent
+            if life > 0:
+                tokens += r.completion_tokens * max(0.0, min(b, r.done) - max(a, r.sent)) / life
+    return (tokens / seconds if seconds > 0 else 0.0), seconds, int(round(tokens))
+
+
+def _launch_argv(cfg: RunConfig, host: str, port: int, gpus: Sequence[int], python: str) -> list[str]:
+    # TODO(ENGINE): use engine.workers.launch_argv once it is committed; same template fields.
+    fields = {"python": python, "model": cfg.model, "host": host, "port": str(port), "tp": str(len(gpus)),
+              "gpus": ",".join(str(g) for g in gpus)}
+    argv = [w.format(**fields) for w in shlex.split(cfg.workers.launch)] + list(cfg.workers.extra_args)
+    if cfg.workers.api_key and "--api-key" not in argv:
+        argv += ["--api-key", cfg.workers.api_key]
+    return argv
+
+
+class _PilotServers:
+    def __init__(self, cfg: RunConfig, log_dir: Path, python: str):
+        self.cfg, self.log_dir, self.python = cfg, log_dir, python
+        self.procs: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+        self.logs: list[Path] = []
+
+    def start(self) -> None:
+        w = self.cfg.workers
+        for i, gpus in enumerate(w.groups()):
+            port = w.base_port + i
+            argv = _launch_argv(self.cfg, w.host, port, gpus, self.python)
+            log = self.log_dir / f"pilot-{i}.log"
+            env = dict(os.environ, **w.env, CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpus))
+            with open(log, "ab") as out:
+                try:
+                    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                except OSError as exc:
+                    raise PlanError(f"pilot: cannot start `{shlex.join(argv)}`: {exc}") from exc
+            self.procs.append(proc)
+            host = f"[{w.host}]" if ":" in w.host else w.host
+            self.urls.append(f"http://{host}:{port}")
+            self.logs.append(log)
+
+    async def wait_ready(self, session) -> None:
+        import aiohttp
+
+        deadline = time.monotonic() + self.cfg.workers.ready_timeout_s
+        pending = set(range(len(self.procs)))
+        last_error = {i: "no answer yet" for i in pending}
+        while pending:
+            for i in sorted(pending):
+                code = self.procs[i].poll()
+                if code is not None:
+                    raise PlanError(f"pilot: server {self.urls[i]} exited with status {code} before it was ready; "
+                                    f"last log lines ({self.logs[i]}):\n{_tail(self.logs[i])}")
+                try:
+                    async with session.get(self.urls[i] + "/health", timeout=_timeout(5)) as resp:
+                        if resp.status == 200:
+                            pending.discard(i)
+                        last_error[i] = f"/health answered HTTP {resp.status}"
+                except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
+                    last_error[i] = f"{type(exc).__name__}: {exc}"  # not listening yet: retried until the timeout
+            if pending and time.monotonic() > deadline:
+                waiting = "; ".join(f"{self.urls[i]} ({last_error[i]})" for i in sorted(pending))
+                raise PlanError(f"pilot: server(s) not ready after {self.cfg.workers.ready_timeout_s:.0f} s "
+                                f"(workers.ready_timeout_s): {waiting}; logs in {self.log_dir}")
+            if pending:
+                await asyncio.sleep(READY_POLL_S)
+
+    def stop(self) -> list[str]:
+        problems = []
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        for proc, url in zip(self.procs, self.urls):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+                problems.append(f"pilot server {url} did not stop on SIGTERM within 15 s: killed")
+        return problems
+
+
+def _timeout(seconds: float):
+    import aiohttp
+
+    return aiohttp.ClientTimeout(total=seconds)
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
+
+
+def _spread_over_sources(rendered, n: int) -> list:
+    by_source: dict[str, list] = {}
+    for item in rendered:
+        by_source.setdefault(item[0].source, []).append(item)
+    picked, queues = [], [list(v) for _, v in sorted(by_source.items())]
+    while len(picked) < n and any(queues):
+        for q in queues:
+            if q and len(picked) < n:
+                picked.append(q.pop(0))
+    return picked
+
+
+async def run_pilot(cfg: RunConfig, renderer, rendered, n: int, python: str | None = None) -> tuple[PilotResult, list[str]]:
+    import aiohttp
+
+    chosen = _spread_over_sources(rendered, n)
+    if not chosen:
+        raise PlanError("pilot: no prompts to generate (no conversation with a user turn)")
+    log_dir = Path(tempfile.mkdtemp(prefix="regen-pilot-"))
+    servers = _PilotServers(cfg, log_dir, python or sys.executable)
+    headers = {"Authorization": f"Bearer {cfg.workers.api_key}"} if cfg.workers.api_key else {}
+    n_workers = len(cfg.workers.groups())
+    per_worker = [chosen[i::n_workers] for i in range(n_workers)]
+    configured = cfg.dispatch.max_in_flight_per_worker
+    batches = [max(1, min(len(p), configured or max(1, len(p) // 2))) for p in per_worker]
+    reqs: list[_Request] = []
+    problems: list[str] = []
+    started = time.monotonic()
+    try:
+        servers.start()
+        async with aiohttp.ClientSession(headers=headers) as session:
+            await servers.wait_ready(session)
+            started = time.monotonic()
+
+            async def one(w: int, prompt: list[int]) -> None:
+                params = cfg.sampling.as_sglang()
+                params["max_new_tokens"] = renderer.max_new_tokens_for(prompt, cfg.sampling.max_new_tokens)
+                sent = time.monotonic()
+                async with session.post(servers.urls[w] + "/generate",
+                                        json={"input_ids": prompt, "sampling_params": params, "stream": False},
+                                        timeout=_timeout(cfg.dispatch.request_timeout_s)) as resp:
+                    body = await resp.text()
+                    if resp.status != 200:
+                        raise PlanError(f"pilot: {servers.urls[w]}/generate answered HTTP {resp.status}: {body[:300]}")
+                data = json.loads(body)
+                meta = data.get("meta_info") or {}
+                fr = (meta.get("finish_reason") or {}).get("type", "unknown")
+                out = data.get("output_ids") or []
+                reqs.append(_Request(w, sent, time.monotonic(), int(meta.get("completion_tokens", len(out))), fr, out))
+
+            async def worker_loop(w: int) -> None:
+                queue = list(per_worker[w])
+
+                async def lane() -> None:
+                    while queue:
+                        _, _, prompt = queue.pop(0)
+                        await one(w, prompt)
+
+                await asyncio.gather(*(lane() for _ in range(batches[w])))
+
+            await asyncio.gather(*(worker_loop(w) for w in range(n_workers)))
+    except aiohttp.ClientError as exc:
+        raise PlanError(f"pilot: request failed: {exc}; server logs in {log_dir}") from exc
+    finally:
+        problems += servers.stop()
+    wall = time.monotonic() - started
+    workers = []
+    for w in range(n_workers):
+        mine = [r for r in reqs if r.worker == w]
+        rate, window, _ = saturated_throughput(mine, batches[w])
+        workers.append(PilotWorker(f"w{w}", servers.urls[w], len(mine), batches[w],
+                                   sum(r.completion_tokens for r in mine), window, rate))
+    lens = np.array([r.completion_tokens for r in reqs], dtype=np.float64)
+    finish: dict[str, int] = {}
+    for r in reqs:
+        finish[r.finish] = finish.get(r.finish, 0) + 1
+    p50, p90 = np.percentile(lens, [50, 90])
+    result = PilotResult(len(reqs), workers, float(lens.mean()), float(p50), float(p90), int(lens.max()),
+                         bootstrap_mean_ci(lens), finish.get("length", 0) / len(reqs), wall, str(log_dir), finish)
+    result._outputs = [r.output_ids for r in reqs]  # type: ignore[attr-defined]  # for the bytes/token sample
+    return result, problems
+
+
+# --- entry points ----------------------------------------------------------------------------
+
+
+def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | None = None,
+              python: str | None = None) -> Plan:
+    sample_size = sample_conversations or cfg.plan.sample_conversations
+    shard_plan, sample = scan_prompts(cfg, sample_size)
+    renderer = _renderer(cfg)
+    rendered = sample_prompts(renderer, cfg, sample)
+    prompt = prompt_token_stats(rendered, len(sample), cfg.turns)
+    notes: list[str] = []
+    result = None
+    outputs = None
+    if pilot:
+        if len(rendered) < pilot:
+            notes.append(f"pilot asked for {pilot} prompts; the sample has {len(rendered)}")
+        result, problems = asyncio.run(run_pilot(cfg, renderer, rendered, pilot, python))
+        notes += problems
+        outputs = getattr(result, "_outputs", None)
+    bpt, bpt_basis = measure_bytes_per_token(renderer, rendered, outputs)
+    projection = project(cfg, shard_plan, prompt, result, bpt, bpt_basis)
+    assumptions = {"output_tokens_per_sample": cfg.plan.output_tokens_per_sample,
+                   "tokens_per_s_per_gpu": cfg.plan.tokens_per_s_per_gpu,
+                   "used": result is None}
+    return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.plan", description="shard plan and GPU-time projection (JSON)")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--pilot", type=int, default=0, metavar="N")
+    ap.add_argument("--sample", type=int, default=None, metavar="N", help="conversations tokenized (default [plan])")
+    ap.add_argument("--json", action="store_true", help="JSON output (the only format; kept for symmetry)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        plan = make_plan(cfg, pilot=args.pilot, sample_conversations=args.sample)
+    except (ConfigError, PlanError) as exc:
+        print(json.dumps({"schema": SCHEMA, "error": str(exc)}))
+        print(f"regen plan: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""regen plan: shard plan and projection from real prompt files and the tiny tokenizer; the pilot
+against real simulator workers (subprocesses on 127.0.0.1) measured against the simulator's formula."""
+from __future__ import annotations
+
+import json
+import math
+import socket
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from console.cli import main as cli_main
+from engine.config import SIMULATOR_LAUNCH
+from engine.plan import _Request, bootstrap_mean_ci, saturated_throughput
+from engine.simulator import throughput
+
+
+def write_prompts(tmp_path: Path) -> list[Path]:
+    a = tmp_path / "a.jsonl"
+    b = tmp_path / "b.jsonl"
+    with open(a, "w") as f:
+        for i in range(30):  # 30 conversations, the first 10 with two user turns
+            msgs = [{"role": "user", "content": f"Question {i}: " + "word " * (i + 1)}]
+            if i < 10:
+                msgs += [{"role": "assistant", "content": "An answer."}, {"role": "user", "content": "And then?"}]
+            f.write(json.dumps({"id": f"a{i}", "messages": msgs}) + "\n")
+        f.write("{not json\n")  # one reject
+    with open(b, "w") as f:
+        for i in range(15):
+            f.write(json.dumps({"id": f"b{i}", "prompt": f"Prompt {i} " + "x " * i}) + "\n")
+    return [a, b]
+
+
+def free_port_base(n: int) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65000 and all(_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no free port range on 127.0.0.1")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def write_config(tmp_path: Path, model: Path, prompts: list[Path], *, gpus=(0,), extra=(), in_flight=None,
+                 plan: str = "") -> Path:
+    cfg = tmp_path / "run.toml"
+    launch = SIMULATOR_LAUNCH.replace("{python}", sys.executable)
+    disp = f"max_in_flight_per_worker = {in_flight}\n" if in_flight else ""
+    cfg.write_text(f"""
+run_dir = {json.dumps(str(tmp_path / 'run'))}
+model = {json.dumps(str(model))}
+prompts = {json.dumps([str(p) for p in prompts])}
+turns = "all"
+shard_size = 10
+[sampling]
+max_new_tokens = 2000
+[workers]
+gpus = {list(gpus)}
+base_port = {free_port_base(len(gpus))}
+launch = {json.dumps(launch)}
+extra_args = {json.dumps(list(extra))}
+ready_timeout_s = 60
+[dispatch]
+{disp}
+{plan}
+""")
+    return cfg
+
+
+def test_plan_without_pilot_uses_marked_assumptions(tmp_path, tiny_model_dir, capsys):
+    prompts = write_prompts(tmp_path)
+    cfg = write_config(tmp_path, tiny_model_dir, prompts,
+                       plan="[plan]\noutput_tokens_per_sample = 1000.0\ntokens_per_s_per_gpu = 500.0\n")
+    assert cli_main(["plan", "local", "--config", str(cfg), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["schema"] == "regen.plan/1"
+    sp = d["shard_plan"]
+    assert (sp["conversations"], sp["rejects"]) == (45, 1)
+    assert sp["samples_by_mode"] == {"all": 55, "last": 45, "first": 45} and sp["samples"] == 55
+    assert (sp["shards"], sp["last_shard_conversations"]) == (5, 5)
+    assert sp["sources"] == {str(prompts[0]): 30, str(prompts[1]): 15}
+    pt = d["prompt_tokens"]
+    assert pt["samples_sampled"] == 55 and pt["p50"] <= pt["p90"] <= pt["p99"] <= pt["max"]
+    pr = d["projection"]
+    assert pr["output_tokens_per_sample"]["basis"] == "assumed"
+    assert pr["total_output_tokens"]["value"] == 55 * 1000
+    assert pr["wall_hours"]["value"] == pytest.approx(55_000 / 500 / 3600)
+    assert pr["gpu_hours"]["value"] == pytest.approx(55_000 / 500 / 3600)
+    assert pr["bytes_per_token_basis"].startswith("measured")
+    assert pr["disk_free_bytes"] > 0 and pr["disk_headroom_bytes"]["value"] < pr["disk_free_bytes"]
+    assert d["assumptions"]["used"] is True and d["pilot"] is None
+    assert cli_main(["plan", "local", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "assumed" in out and "GPU-hours" in out and "shards" in out
+
+
+def test_plan_with_unreadable_prompts_exits_2(tmp_path, tiny_model_dir, capsys):
+    cfg = write_config(tmp_path, tiny_model_dir, [tmp_path / "missing.jsonl"])
+    assert cli_main(["plan", "local", "--config", str(cfg)]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_saturated_throughput_counts_partial_progress():
+    # batch 2, each request makes 100 tokens/s; a third is sent when the first finishes
+    reqs = [_Request(0, 0.0, 1.0, 100, "stop", []), _Request(0, 0.0, 2.0, 200, "stop", []),
+            _Request(0, 1.0, 3.0, 200, "stop", [])]
+    rate, window, tokens = saturated_throughput(reqs, 2)
+    assert window == pytest.approx(2.0) and tokens == 400 and rate == pytest.approx(200.0)
+    lo, hi = bootstrap_mean_ci(__import__("numpy").array([1.0, 2.0, 3.0, 4.0]))
+    assert 1.0 <= lo <= 2.5 <= hi <= 4.0
+
+
+def test_pilot_throughput_matches_the_simulator_formula(tmp_path, tiny_model_dir, capsys):
+    step_ms, per_req, batch = 4.0, 0.5, 8
+    knobs = ["--sim-step-ms", str(step_ms), "--sim-step-ms-per-req", str(per_req), "--sim-prefill-ms-per-1k", "0",
+             "--sim-output-mean", "150", "--sim-output-sigma", "0.3", "--max-running-requests", "64"]
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), gpus=(0, 1), extra=knobs, in_flight=batch)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "40", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    p = d["pilot"]
+    assert p["prompts"] == 40 and len(p["workers"]) == 2
+    expected = throughput(batch, step_ms=step_ms, step_ms_per_req=per_req)
+    for w in p["workers"]:
+        assert w["batch"] == batch and w["requests"] == 20
+        assert w["tokens_per_s"] == pytest.approx(expected, rel=0.10), (w, expected)
+    assert d["projection"]["tokens_per_s_per_worker"]["basis"].startswith("pilot")
+    assert d["assumptions"]["used"] is False
+    assert not (tmp_path / "run" / "shards").exists()  # pilot outputs are not written into the run
+    print(json.dumps({"expected": expected, "measured": [w["tokens_per_s"] for w in p["workers"]]}), file=sys.stderr)

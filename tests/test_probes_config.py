@@ -355,3 +355,17 @@ def test_empty_prompt_file_is_named(tiny_model_dir, tmp_path):
     r = run_local(config_context(tmp_path, tiny_model_dir, [str(empty)]), {"prompts.format"})["prompts.format"]
     assert r.status is Status.FAIL
     assert "no usable conversation in any prompt file" in r.summary
+
+
+def test_long_answers_cut_warning_and_separate_tokenizer_dir(model_copy, tiny_model_dir, tmp_path):
+    add_weights(model_copy)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (model_copy / name).unlink(missing_ok=True)
+    f = write_jsonl(tmp_path / "p.jsonl", [sharegpt(i) for i in range(5)])
+    ctx = config_context(tmp_path, model_copy, [str(f)], tokenizer=str(tiny_model_dir), context_length=4096,
+                         max_new_tokens=4090)
+    res = run_local(ctx, {"prompts.tokens"})
+    assert res["model.dir"].data["tokenizer_path"] == str(tiny_model_dir)
+    r = res["prompts.tokens"]
+    assert r.status is Status.WARN
+    assert f"+ max_new_tokens 4090 > context 4096: long answers will be cut" in r.summary

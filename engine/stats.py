@@ -154,7 +154,7 @@ class MaskCheck:
 
 @dataclass
 class IntegrityError:
-    kind: str  # mask_sum | mask_length | mask_layout | rows | missing_part | unreadable_part
+    kind: str  # mask_sum | mask_length | mask_layout | mask_values | rows | sqlite_counts | missing_part | unreadable_part
     path: str
     detail: str
 
@@ -383,6 +383,8 @@ class _Listing:
     shards: dict[str, tuple[int | None, bool | None]]  # shard_id -> (total conversations, paused)
     uncommitted: int
     notes: list[str]
+    # part path -> (samples, empty, truncated) as the store recorded them at commit (samples table)
+    recorded: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def _part_files_on_disk(run_dir: Path) -> list[str]:
@@ -412,6 +414,10 @@ def _list_parts(run_dir: Path) -> _Listing:
             db.execute("PRAGMA busy_timeout=10000")
             parts = [(r[0], r[1], int(r[2])) for r in
                      db.execute("SELECT path, shard_id, rows FROM parts ORDER BY shard_id, path")]
+            recorded = {}
+            if {r[1] for r in db.execute("PRAGMA table_info(samples)")} >= {"part_path", "empty", "finish_reason"}:
+                recorded = {r[0]: (int(r[1]), int(r[2] or 0), int(r[3] or 0)) for r in db.execute(
+                    "SELECT part_path, count(*), sum(empty), sum(finish_reason='length') FROM samples GROUP BY part_path")}
             shard_cols = {r[1] for r in db.execute("PRAGMA table_info(shards)")}
             shards: dict[str, tuple[int | None, bool | None]] = {}
             if shard_cols:
@@ -427,7 +433,7 @@ def _list_parts(run_dir: Path) -> _Listing:
     if uncommitted:
         notes.append(f"{uncommitted} part file(s) under {SHARDS_DIR}/ are not committed in {STATE_DB} "
                      "(being written, or left by a crash): ignored")
-    return _Listing(STATE_DB, parts, shards, uncommitted, notes)
+    return _Listing(STATE_DB, parts, shards, uncommitted, notes, recorded)
 
 
 def _mask_check_parts(n_parts: int, total_rows: int | None, mode: str) -> set[int]:
@@ -553,6 +559,18 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
             else:
                 results.append(outcome)
                 errors += outcome.errors
+
+    if listing.recorded:
+        # the store counted empties with engine.answer_shape at commit; the vectorized rule must agree
+        for p in results:
+            rec = listing.recorded.get(p.path)
+            got = (p.rows, int(p.empty.sum()), int(np.count_nonzero(p.finish == FINISH_LENGTH)))
+            if rec is None:
+                errors.append(IntegrityError("sqlite_counts", p.path, f"no samples of this part in {STATE_DB}"))
+            elif rec != got:
+                errors.append(IntegrityError(
+                    "sqlite_counts", p.path, f"{STATE_DB} samples table says (samples, empty, truncated) = {rec}, "
+                    f"the part file gives {got}"))
 
     cat = (lambda attr, dtype: np.concatenate([getattr(p, attr) for p in results]).astype(dtype, copy=False)
            if results else np.zeros(0, dtype=dtype))

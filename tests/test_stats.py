@@ -295,3 +295,12 @@ def test_cli_unreadable_dir_exits_2_naming_the_path(tmp_path, capsys):
     assert cli_main(["stats", f"local:{missing}", "--python", sys.executable]) == 2
     err = capsys.readouterr().err
     assert str(missing) in err.replace("\n", "")
+
+
+@pytest.mark.sshd
+def test_cli_host_dir_over_real_ssh(run_dir, sshd, capsys):
+    code = cli_main(["stats", f"{sshd.alias}:{run_dir}", "--json", "--python", sys.executable,
+                     "--ssh-config", str(sshd.ssh_config_path)])
+    out = capsys.readouterr()
+    assert code == 1, out.err
+    assert _comparable(json.loads(out.out)) == _comparable(compute_stats(run_dir).to_dict())

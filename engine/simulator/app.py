@@ -236,14 +236,19 @@ class Handlers:
         meta = {"id": req.rid, "finish_reason": req.finish_reason if final else None,
                 "prompt_tokens": req.prompt_len, "weight_version": "default", "total_retractions": 0,
                 "completion_tokens": n, "cached_tokens": req.cached_tokens,
-                "reasoning_tokens": self.server.generator.reasoning_count(
-                    req.output_ids if completion_tokens is None else req.plan.output_ids[:n]),
+                "reasoning_tokens": self._reasoning_tokens(req, completion_tokens),
                 "e2e_latency": time.monotonic() - req.created_mono, "queue_time": req.queue_time,
                 "response_sent_to_client_ts": now}
         if self.server.metrics is not None:
             meta["prefill_launch_delay"] = req.queue_time
             meta["prefill_launch_latency"] = 0.0
         return meta
+
+    def _reasoning_tokens(self, req: SimRequest, completion_tokens: int | None) -> int:
+        if completion_tokens is None and req.output_ids is req.plan.output_ids:
+            return req.plan.reasoning_tokens
+        ids = req.output_ids if completion_tokens is None else req.plan.output_ids[:completion_tokens]
+        return self.server.generator.reasoning_count(ids)
 
     def result(self, req: SimRequest) -> dict:
         return {"text": self.text_of(req), "output_ids": req.output_ids, "meta_info": self.meta_info(req)}

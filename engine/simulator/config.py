@@ -57,7 +57,7 @@ class SimConfig:
     sim_instant: bool = False  # no batching delay; prebuilt outputs (client ingest ceiling)
     sim_seed: int = 0
     sim_gpu_mem_gb: float = 139.8  # simulated GPU memory (H200) for the startup lines and KV pool
-    sim_instant_pool: int = 512  # prebuilt outputs per kind for --sim-instant
+    sim_instant_pool: int = 256  # prebuilt outputs per kind for --sim-instant
     sim_drain_timeout_s: float = 600.0  # SIGTERM: how long to wait for in-flight requests
 
     # --- process mode (set by main(); in-process servers never os._exit) ---

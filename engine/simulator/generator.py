@@ -199,33 +199,38 @@ class OutputGenerator:
     # --- instant path -------------------------------------------------------------------------------
     def build_instant_pool(self, size: int) -> None:
         """Prebuild `size` outputs per thinking mode with their texts, so a request costs no tokenizer call."""
+        raw: dict[bool, list[list[int]]] = {}
         for think in (True, False):
-            entries = []
+            raw[think] = []
             for i in range(size):
                 rng = random.Random(hashlib.blake2b(f"{self.seed}:pool:{think}:{i}".encode()).digest())
-                ids, reasoning = self._full(rng, self.draw_length(rng), think, 1 << 30)
-                entries.append(ids)
-            self._instant[think] = [self._prebuilt(ids) for ids in entries]
-            self._instant_empty[think] = self._prebuilt(list(self.empty_think if think else self.empty_plain))
+                raw[think].append(self._full(rng, self.draw_length(rng), think, 1 << 30)[0])
+        every = [ids for group in raw.values() for ids in group] + [self.empty_think, self.empty_plain]
+        pieces = self._pieces(sorted({t for ids in every for t in ids}))
+        # Joining per-token pieces equals decoding when no character spans two tokens; checked on a sample,
+        # and each entry's length is checked below, else that entry is decoded whole.
+        sample_ok = all("".join(pieces[t] for t in ids) == self.tok.decode(ids, skip_special_tokens=False)
+                        for ids in every[:: max(1, len(every) // 16)])
+        for think in (True, False):
+            self._instant[think] = [self._prebuilt(ids, pieces, sample_ok) for ids in raw[think]]
+            empty = self.empty_think if think else self.empty_plain
+            self._instant_empty[think] = self._prebuilt(list(empty), pieces, sample_ok)
 
-    def _prebuilt(self, ids: list[int]) -> _Prebuilt:
-        special = self.tok.decode(ids, skip_special_tokens=False)
-        plain = self.tok.decode(ids, skip_special_tokens=True)
-        pieces = self._pieces(ids)
-        offsets = list(itertools.accumulate(len(pieces[i]) for i in ids))
-        if offsets[-1] != len(special) or "".join(pieces[i] for i in ids) != special:
-            offsets = None  # multi-byte characters split across tokens: decode prefixes instead
+    def _prebuilt(self, ids: list[int], pieces: dict[int, str], joinable: bool) -> _Prebuilt:
+        offsets = list(itertools.accumulate(len(pieces[t]) for t in ids))
+        if joinable:
+            special = "".join(pieces[t] for t in ids)
+            plain = special[: offsets[-2]] if ids[-1] == self.im_end and len(ids) > 1 else special
+            if ids[-1] == self.im_end and len(ids) == 1:
+                plain = ""
+        else:
+            special = self.tok.decode(ids, skip_special_tokens=False)
+            plain = self.tok.decode(ids, skip_special_tokens=True)
+            offsets = None
         return _Prebuilt(ids, plain, special, offsets, self._reasoning_count(ids))
 
     def _pieces(self, ids: list[int]) -> dict[int, str]:
-        cache = getattr(self, "_piece_cache", None)
-        if cache is None:
-            cache = self._piece_cache = {}
-        missing = sorted(set(ids) - cache.keys())
-        if missing:
-            for tid, text in zip(missing, self.tok.batch_decode([[t] for t in missing], skip_special_tokens=False)):
-                cache[tid] = text
-        return cache
+        return dict(zip(ids, self.tok.batch_decode([[t] for t in ids], skip_special_tokens=False)))
 
     def plan_instant(self, key: bytes, prompt_ids: Sequence[int], max_new_tokens: int,
                      skip_special_tokens: bool) -> OutputPlan:

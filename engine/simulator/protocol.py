@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +106,14 @@ class GenerateItem:
 
 
 def _is_id_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    """A list of token ids (checked in C: array() rejects floats, strings and out-of-range values)."""
+    if not isinstance(value, list):
+        return False
+    try:
+        array("q", value)
+    except (TypeError, OverflowError):
+        return False
+    return True
 
 
 def parse_generate(body: Any, encode) -> tuple[list[GenerateItem], bool]:

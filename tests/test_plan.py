@@ -138,3 +138,15 @@ def test_pilot_throughput_matches_the_simulator_formula(tmp_path, tiny_model_dir
     assert d["assumptions"]["used"] is False
     assert not (tmp_path / "run" / "shards").exists()  # pilot outputs are not written into the run
     print(json.dumps({"expected": expected, "measured": [w["tokens_per_s"] for w in p["workers"]]}), file=sys.stderr)
+
+
+@pytest.mark.sshd
+def test_plan_over_real_ssh_runs_the_engine_on_the_host(tmp_path, tiny_model_dir, sshd, capsys):
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path))
+    cfg.write_text(f"host_python = {json.dumps(sys.executable)}\n" + cfg.read_text())
+    code = cli_main(["plan", sshd.alias, "--config", str(cfg), "--json", "--ssh-config", str(sshd.ssh_config_path)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    d = json.loads(out.out)
+    assert d["shard_plan"]["samples"] == 55 and d["projection"]["output_tokens_per_sample"]["basis"] == "assumed"
+    assert not list(Path("/tmp").glob("regen-plan-*.toml"))  # the copied config is removed on the host

@@ -274,7 +274,7 @@ class Worker:
                     "critical",
                     f"worker {self.name} failed: {len(self._crash_times)} crashes in {RESTART_WINDOW_S:.0f} s,"
                     f" not restarted again",
-                    self.error or "", "failed",
+                    "\n".join([self.error or ""] + list(getattr(self, "last_error_lines", []))), "failed",
                 )
                 return
             delay = min(60.0, 2.0 ** (len(self._crash_times) - 1))
@@ -372,6 +372,7 @@ class Worker:
         code = "unknown" if returncode is None else (
             f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}")
         self.error = (reason + "; " if reason else "") + f"{code}" + (f": {lines[-1]}" if lines else "")
+        self.last_error_lines = evidence_lines
         self._set_state(WorkerState.CRASHED)
         self._alert("error", f"worker {self.name} crashed ({code})", "\n".join(evidence_lines), "crash")
         return "crashed"

@@ -175,6 +175,7 @@ def renderer_for(tiny_model_dir):
 def test_run_to_done_rows_match_the_template(tmp_path, tiny_model_dir, supervisors, renderer_for):
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=80)
+    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, api_key="k-s3cret-key"))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 0, sup.log_text()[-3000:]
     renderer = renderer_for(cfg)
@@ -191,6 +192,9 @@ def test_run_to_done_rows_match_the_template(tmp_path, tiny_model_dir, superviso
     final = [e for e in tail if e["type"] == "dispatch"][-1]
     assert final["state"] == "done" and final["done"] == len(rows)
     assert not (run_dir / "supervisor.pid").exists() and not (run_dir / "control.sock").exists()
+    for private in ("supervisor.log", "telemetry.jsonl"):
+        assert "k-s3cret-key" not in (run_dir / private).read_text()
+    assert "--api-key ***" in (run_dir / "workers" / "gpu0" / "server.log").read_text()
 
 
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_model_dir, supervisors,
@@ -237,6 +241,11 @@ def test_pause_stops_dispatch_and_survives_restart(tmp_path, tiny_model_dir, sup
     assert now["s00002"]["state"] == "paused"
     bad = ctl(run_dir, "pause", "s99999")
     assert bad.returncode == 1 and "unknown shard" in bad.stderr
+    unknown = ctl(run_dir, "restart-worker", "gpu9")
+    assert unknown.returncode == 1 and "workers: gpu0, gpu1" in unknown.stderr
+    assert ctl(run_dir, "restart-worker", "gpu0").returncode == 0
+    wait_for(lambda: {w["name"]: w for w in status(run_dir)["workers"]}["gpu0"]["restarts"] == 1, 30,
+             "gpu0 restarted", sup)
     assert ctl(run_dir, "stop").returncode == 0
     assert sup.wait(60) == 0
     sup = supervisors(run_dir).start()
@@ -287,3 +296,19 @@ def test_ctl_without_supervisor_exits_2(tmp_path):
     r = ctl(tmp_path, "status")
     assert r.returncode == 2
     assert "control.sock does not exist" in r.stderr
+
+
+def test_workers_that_keep_crashing_fail_the_run_with_the_error_lines(tmp_path, tiny_model_dir, supervisors):
+    run_dir = tmp_path / "run"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-oom-after", "3", "--sim-output-mean", "300"))
+    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, max_restarts=1))
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(120) == 1, sup.log_text()[-3000:]
+    events = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e["type"] == "alert" and "failed" in e["text"] and e["key"].endswith(":failed")]
+    assert len(failed) == 2
+    assert "out of memory" in failed[0]["evidence"].lower()
+    assert any(e["type"] == "alert" and e["key"] == "all-failed" for e in events)
+    assert [e for e in events if e["type"] == "dispatch"][-1]["state"] == "failed"
+    rows = read_rows(run_dir)
+    assert len({r["sample_id"] for r in rows}) == len(rows)  # what was committed stays, once

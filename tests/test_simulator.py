@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import re
 import statistics
 
@@ -106,7 +107,7 @@ async def test_health_is_503_while_loading_then_200_with_ready_line(start_sim):
 async def test_info_endpoints(start_sim):
     sim = await start_sim(max_running_requests=8, context_length=4096, served_model_name="Qwen/Qwen3-27B")
     status, body = await get(sim.url + "/get_server_info")
-    info = __import__("json").loads(body)
+    info = json.loads(body)
     assert status == 200
     assert info["max_running_requests"] == 8 and info["context_length"] == 4096
     assert info["status"] == "ready" and info["max_total_num_tokens"] > 0 and info["max_req_input_len"] == 4095
@@ -115,10 +116,10 @@ async def test_info_endpoints(start_sim):
     assert info["version"].startswith("0.5.5")
     assert (await get(sim.url + "/server_info"))[0] == 200
     status, body = await get(sim.url + "/v1/models")
-    models = __import__("json").loads(body)
+    models = json.loads(body)
     assert models["data"][0]["id"] == "Qwen/Qwen3-27B" and models["data"][0]["max_model_len"] == 4096
     status, body = await get(sim.url + "/get_load")
-    assert __import__("json").loads(body) == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+    assert json.loads(body) == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
     assert (await get(sim.url + "/ping"))[0] == 200
     status, body = await get(sim.url + "/model_info")
     assert status == 200 and '"architectures":["Qwen3ForCausalLM"]' in body
@@ -379,7 +380,7 @@ async def test_stream_generate_cumulative_chunks_then_done(start_sim, tiny_token
             raw = (await resp.read()).decode()
     events = [e for e in raw.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
-    chunks = [__import__("json").loads(e[len("data: "):]) for e in events[:-1]]
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
     assert len(chunks) > 5
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     last = chunks[-1]
@@ -486,7 +487,7 @@ async def test_chat_completions_thinking_on_and_off(start_sim):
     async with aiohttp.ClientSession() as session:
         async with session.post(sim.url + "/v1/chat/completions", json=payload) as resp:
             raw = (await resp.read()).decode()
-    events = [__import__("json").loads(e[6:]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
+    events = [json.loads(e[6:]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
     assert raw.endswith("data: [DONE]\n\n")
     content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
     reasoning = "".join(e["choices"][0]["delta"].get("reasoning_content") or "" for e in events if e["choices"])

@@ -108,6 +108,9 @@ class Scheduler:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-scheduler")
 
+    def add_done_callback(self, callback) -> None:
+        self._task.add_done_callback(callback)
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -120,12 +123,6 @@ class Scheduler:
     def freeze(self) -> None:
         """--sim-hang-after: no more steps; running requests never finish."""
         self._frozen = True
-
-    @property
-    def task_error(self) -> BaseException | None:
-        if self._task is not None and self._task.done() and not self._task.cancelled():
-            return self._task.exception()
-        return None
 
     # --- requests -----------------------------------------------------------------------------------
     def submit(self, req: SimRequest) -> None:
@@ -316,7 +313,7 @@ class Scheduler:
             if self._frozen:
                 await asyncio.Event().wait()  # hung for good (cancelled by stop())
             if self._held or (not self.running and not self.waiting):
-                if not self._idle_reported:
+                if not self._idle_reported and not self._held:
                     self._report_idle()
                 self._wake.clear()
                 await self._wake.wait()

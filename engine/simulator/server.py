@@ -105,8 +105,10 @@ class SimServer:
             return
         if self.status != "crashed":
             self.status = "stopped"
+        current = asyncio.current_task()
         for task in self._tasks:
-            task.cancel()
+            if task is not current:
+                task.cancel()
         if self._hang_forever is not None and not self._hang_forever.done():
             self._hang_forever.cancel()
         if self.scheduler is not None:
@@ -162,6 +164,7 @@ class SimServer:
             prefill_ms_per_1k=cfg.sim_prefill_ms_per_1k, decode_log_interval=cfg.decode_log_interval,
             on_finish=self._on_finish)
         self.scheduler.start()
+        self.scheduler.add_done_callback(self._scheduler_ended)
         self._bind()
         from engine.simulator.app import build_app  # app imports this module's types
 
@@ -315,6 +318,13 @@ class SimServer:
             self.hung = True
             self._hang_forever = asyncio.get_running_loop().create_future()
             self.scheduler.freeze()
+
+    def _scheduler_ended(self, task: asyncio.Task) -> None:
+        """A bug in the scheduler loop is fatal, as in SGLang: traceback, SIGQUIT line, exit 1."""
+        if task.cancelled() or task.exception() is None:
+            return
+        self._fatal_soon("".join(traceback.format_exception(task.exception())),
+                         "SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
 
     def hang_future(self) -> asyncio.Future:
         return self._hang_forever

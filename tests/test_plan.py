@@ -3,9 +3,7 @@ against real simulator workers (subprocesses on 127.0.0.1) measured against the 
 from __future__ import annotations
 
 import json
-import math
 import socket
-import statistics
 import sys
 from pathlib import Path
 

@@ -519,3 +519,17 @@ def test_parse_args_accepts_sglang_flags_and_rejects_unknown_sim_flags(tiny_mode
     with pytest.raises(SystemExit):
         parse_args(["--model-path", "/nonexistent/model"])
     assert "/nonexistent/model: not a directory" in capsys.readouterr().err
+
+
+async def test_tp_size_2_prefixes_scheduler_lines_and_halves_weights(start_sim):
+    one = await start_sim()
+    two = await start_sim(tp_size=2)
+    await post(two.url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3}})
+    assert re.search(r"^\[[\d\- :]+ TP0\] Load weight begin\.", two.log, re.M)
+    assert re.search(r"^\[[\d\- :]+ TP0\] Prefill batch, #new-seq: 1,", two.log, re.M)
+    assert re.search(r"^\[[\d\- :]+\] The server is fired up and ready to roll!", two.log, re.M)
+    assert " TP0]" not in one.log
+
+    def weights(log: str) -> float:
+        return float(re.search(r"Load weight end\. .* mem usage=([\d.]+) GB\.", log).group(1))
+    assert weights(two.log) == pytest.approx(weights(one.log) / 2, rel=0.01)

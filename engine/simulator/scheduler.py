@@ -193,11 +193,11 @@ class Scheduler:
 
     def flush_cache(self) -> bool:
         if self.running or self.waiting:
-            self.log.info(f"Cache not flushed because there are pending requests. #queue-req: {len(self.waiting)}, "
+            self.log.sched(f"Cache not flushed because there are pending requests. #queue-req: {len(self.waiting)}, "
                           f"#running-req: {len(self.running)}")
             return False
         self.cache.clear()
-        self.log.info("Cache flushed successfully!")
+        self.log.sched("Cache flushed successfully!")
         return True
 
     # --- internals ------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ class Scheduler:
                 self.metrics.queue_time.observe(req.queue_time)
         if new_seq:
             usage = self.token_usage()
-            self.log.info(f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_tokens}, #cached-token: {cached}, "
+            self.log.sched(f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_tokens}, #cached-token: {cached}, "
                           f"token usage: {usage:.2f}, #running-req: {running_before}, #queue-req: {len(self.waiting)},")
             if self.metrics is not None:
                 total = new_tokens + cached
@@ -290,7 +290,7 @@ class Scheduler:
         self._interval_t0 = now
         usage = self.token_usage()
         cuda_graph = len(self.running) <= CUDA_GRAPH_MAX_BS
-        self.log.info(f"Decode batch, #running-req: {len(self.running)}, #token: {self.used_tokens()}, "
+        self.log.sched(f"Decode batch, #running-req: {len(self.running)}, #token: {self.used_tokens()}, "
                       f"token usage: {usage:.2f}, cuda graph: {cuda_graph}, "
                       f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {len(self.waiting)},")
         if self.metrics is not None:

@@ -56,6 +56,7 @@ class SimServer:
     def __init__(self, cfg: SimConfig, log: SimLog | None = None):
         self.cfg = cfg
         self.log = log or SimLog(cfg.log_level, cfg.log_level_http)
+        self.log.rank_prefix = "".join(f" {tag}0" for tag, size in (("DP", cfg.dp_size), ("TP", cfg.tp_size)) if size > 1)
         self.model_cfg = read_model_config(cfg.model_path)
         self.context_len = cfg.context_length or int(self.model_cfg.get("max_position_embeddings", 40960))
         self.mem = MemoryModel.from_config(self.model_cfg, cfg)
@@ -129,10 +130,10 @@ class SimServer:
             log.warning(f"Simulator: ignoring SGLang flag(s) it does not model: {' '.join(cfg.ignored_args)}")
         self.tokenizer = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
         log.info("Using default HuggingFace chat template with detected content format: string")
-        log.info("Init torch distributed begin.")
-        log.info("Init torch distributed ends. mem usage=0.00 GB")
+        log.sched("Init torch distributed begin.")
+        log.sched("Init torch distributed ends. mem usage=0.00 GB")
         avail = self.mem.total_gb - 0.5
-        log.info(f"Load weight begin. avail mem={avail:.2f} GB")
+        log.sched(f"Load weight begin. avail mem={avail:.2f} GB")
         self.generator = await asyncio.to_thread(self._build_generator)
         if cfg.sim_slow_start_s > 0:
             await asyncio.sleep(cfg.sim_slow_start_s)
@@ -140,18 +141,18 @@ class SimServer:
         log.raw(f"Loading safetensors checkpoint shards: 100% Completed | {shards}/{shards} [00:00<00:00, 0.00it/s]")
         avail -= self.mem.weight_gb
         arch = (self.model_cfg.get("architectures") or ["Qwen3ForCausalLM"])[0]
-        log.info(f"Load weight end. type={arch}, dtype=torch.bfloat16, avail mem={avail:.2f} GB, "
+        log.sched(f"Load weight end. type={arch}, dtype=torch.bfloat16, avail mem={avail:.2f} GB, "
                  f"mem usage={self.mem.weight_gb:.2f} GB.")
         kv_gb = self.max_total_tokens * self.mem.kv_bytes_per_token / BYTES_PER_GB
-        log.info(f"KV Cache is allocated. #tokens: {self.max_total_tokens}, K size: {kv_gb / 2:.2f} GB, "
+        log.sched(f"KV Cache is allocated. #tokens: {self.max_total_tokens}, K size: {kv_gb / 2:.2f} GB, "
                  f"V size: {kv_gb / 2:.2f} GB")
         avail -= kv_gb
-        log.info(f"Memory pool end. avail mem={avail:.2f} GB")
-        log.info(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
+        log.sched(f"Memory pool end. avail mem={avail:.2f} GB")
+        log.sched(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
         bs = [1, 2, 4, 8] + list(range(16, min(256, cfg.running_limit) + 1, 16))
-        log.info(f"Capture cuda graph bs {bs}")
-        log.info(f"Capture cuda graph end. Time elapsed: 0.00 s. mem usage=0.50 GB. avail mem={avail - 0.5:.2f} GB.")
-        log.info(f"max_total_num_tokens={self.max_total_tokens}, chunked_prefill_size={self.chunked_prefill_size}, "
+        log.sched(f"Capture cuda graph bs {bs}")
+        log.sched(f"Capture cuda graph end. Time elapsed: 0.00 s. mem usage=0.50 GB. avail mem={avail - 0.5:.2f} GB.")
+        log.sched(f"max_total_num_tokens={self.max_total_tokens}, chunked_prefill_size={self.chunked_prefill_size}, "
                  f"max_prefill_tokens={self.max_prefill_tokens}, max_running_requests={cfg.running_limit}, "
                  f"context_len={self.context_len}, available_gpu_mem={avail - 0.5:.2f} GB")
         if self.metrics is not None:
@@ -348,7 +349,7 @@ class SimServer:
 
         async def die() -> None:
             await asyncio.sleep(0.05)  # let the response that completed the count go out, as a real crash races
-            self.log.error(f"Scheduler hit an exception: {traceback_text.rstrip()}")
+            self.log.sched_error(f"Scheduler hit an exception: {traceback_text.rstrip()}")
             self.log.error(sigquit_line)
             if self.cfg.exit_process_on_fault:
                 sys.stdout.flush()

@@ -15,6 +15,7 @@ LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "crit
 class SimLog:
     def __init__(self, level: str = "info", http_level: str | None = None,
                  err: TextIO | None = None, out: TextIO | None = None):
+        self.rank_prefix = ""  # " TP0" etc. on scheduler-process lines when that parallel size > 1
         self.level = LEVELS.get(level.lower(), 20)
         self.http_level = LEVELS.get((http_level or level).lower(), 20)
         self._err = err
@@ -39,6 +40,14 @@ class SimLog:
     def info(self, message: str) -> None:
         if self.level <= 20:
             self._write(self.err, f"[{self.stamp()}] {message}\n")
+
+    def sched(self, message: str) -> None:
+        """A line from the scheduler / model runner process (carries the rank prefix)."""
+        if self.level <= 20:
+            self._write(self.err, f"[{self.stamp()}{self.rank_prefix}] {message}\n")
+
+    def sched_error(self, message: str) -> None:
+        self._write(self.err, f"[{self.stamp()}{self.rank_prefix}] {message}\n")
 
     def warning(self, message: str) -> None:
         if self.level <= 30:

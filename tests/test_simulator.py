@@ -219,6 +219,8 @@ async def test_http_400s_context_sampling_duplicate(start_sim, tiny_tokenizer):
     assert body["error"]["message"].startswith(
         "Requested token count exceeds the model's maximum context length of 256 tokens. You requested a total of "
         "300 tokens: 200 tokens from the input messages and 100 tokens for the completion.")
+    status, body = await post(sim.url + "/generate", {"text": "hi", "return_logprob": True})
+    assert status == 400 and "return_logprob is not supported by the SGLang simulator" in body["error"]["message"]
     status, body = await post(sim.url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 5,
                                                                                         "bogus_knob": 1}})
     assert status == 400 and body["error"].startswith("unknown field `bogus_knob`, expected one of ")

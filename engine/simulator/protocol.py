@@ -120,6 +120,10 @@ def parse_generate(body: Any, encode) -> tuple[list[GenerateItem], bool]:
     """Expand a GenerateReqInput into single items; returns (items, is_batch)."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    for unsupported in ("return_logprob", "return_hidden_states", "return_entropy"):
+        if body.get(unsupported):
+            raise bad_request(f"{unsupported} is not supported by the SGLang simulator (it has no model weights); "
+                              "send it only to a real server.")
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
         if body.get("input_embeds") is not None:

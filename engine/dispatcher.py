@@ -186,9 +186,10 @@ class Dispatcher:
                                  key=f"dispatch-bug:{w.name}"))
 
     def _on_worker_state(self, w: Worker, state: str) -> None:
-        if state in (WorkerState.READY, WorkerState.STARTING, WorkerState.LOADING):
+        if state == WorkerState.READY:
             return
-        # crashed / failed / stopped: its in-flight requests will never answer; re-queue them now
+        # crashed / failed / stopped / relaunched after a restart: its in-flight requests will never
+        # answer; re-queue them now rather than after their timeouts
         requeued = 0
         for task, item in list(self.inflight[w.name].items()):
             if task in self._cancelled_for_requeue:

@@ -97,6 +97,10 @@ class Supervisor:
         plan.finish_count(bad)
         self.plan = plan
         self._dirty_shards.update(plan.shards)
+        if self._shutdown_task is not None:
+            log.info("stopped before any worker was launched")
+            await self._shutdown_task
+            return self.exit_code
         if plan.finished:
             log.info("every sample is already settled (%d done): nothing to generate", plan.done)
             self.mode = "done"

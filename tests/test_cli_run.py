@@ -38,6 +38,7 @@ def cleanup_runs():
         sup.cleanup()
 
 
+@pytest.mark.slow
 def test_demo_headless_until_done(tmp_path, cleanup_runs):
     run_dir = tmp_path / "demo run"
     cleanup_runs.append(run_dir)

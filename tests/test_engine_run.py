@@ -197,12 +197,13 @@ def test_run_to_done_rows_match_the_template(tmp_path, tiny_model_dir, superviso
     assert "--api-key ***" in (run_dir / "workers" / "gpu0" / "server.log").read_text()
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_model_dir, supervisors,
                                                                 renderer_for):
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=120, sim=("--sim-output-mean", "40"))
     rng = random.Random(1234)
-    for round_no in range(4):
+    for round_no in range(3):
         sup = supervisors(run_dir).start(cfg if round_no == 0 else None)
         wait_for(lambda: (status(run_dir) or {}).get("state") in ("running", "done") or sup.proc.poll() is not None,
                  60, "a running supervisor", sup)
@@ -224,6 +225,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_m
     assert "recovered the shard store" in sup.log_text() or len(list((run_dir / "shards").rglob("*.tmp"))) == 0
 
 
+@pytest.mark.slow
 def test_pause_stops_dispatch_and_survives_restart(tmp_path, tiny_model_dir, supervisors):
     run_dir = tmp_path / "run"
     # slow answers so the run is still going when we look

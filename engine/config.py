@@ -72,6 +72,10 @@ class Workers:
     api_key: str | None = None
     ready_timeout_s: float = 1800.0
     max_restarts: int = 5
+    # a ready server whose /health fails health_failures times in a row (each waiting up to
+    # health_timeout_s; SGLang itself answers 503 after 20 s) while its process lives is hung: killed, restarted
+    health_timeout_s: float = 25.0
+    health_failures: int = 3
 
     def groups(self) -> list[tuple[int, ...]]:
         """GPU groups, one SGLang server each: consecutive runs of tp_size GPUs."""

@@ -35,8 +35,6 @@ ERROR_PATTERN = re.compile(
 LOADING_HINTS = ("server_args=", "Load weight begin", "Init torch distributed", "Loading")
 RESTART_WINDOW_S = 600.0
 HEALTH_INTERVAL_S = 5.0
-HEALTH_TIMEOUT_S = 25.0  # SGLang's own health check gives up after 20 s and answers 503
-HEALTH_FAILURES_HUNG = 3
 METRICS_INTERVAL_S = 2.0
 STOP_GRACE_S = 10.0
 MAX_ERROR_LINES = 8
@@ -351,16 +349,17 @@ class Worker:
                     next_metrics = now + METRICS_INTERVAL_S
                     await self._scrape_metrics()
                 if now >= next_health:
-                    next_health = now + HEALTH_INTERVAL_S
-                    if await self._health_ok(timeout=HEALTH_TIMEOUT_S):
+                    timeout = self.cfg.workers.health_timeout_s
+                    if await self._health_ok(timeout=timeout):
                         health_failures = 0
                     else:
                         health_failures += 1
-                        if health_failures >= HEALTH_FAILURES_HUNG and proc.returncode is None:
+                        if health_failures >= self.cfg.workers.health_failures and proc.returncode is None:
                             self.error = f"hung: /health failed {health_failures} times while the process lives; killed"
                             self._alert("error", f"worker {self.name} hung, killing it", self.error, "hung")
                             await self._kill(2.0)
                             return self._crashed(proc.returncode, reason=self.error)
+                    next_health = time.monotonic() + min(HEALTH_INTERVAL_S, timeout)
             try:
                 await asyncio.wait_for(self._manual_restart.wait(), timeout=0.25)
             except asyncio.TimeoutError:

@@ -105,8 +105,9 @@ async def client_for(transport: Transport, run_dir: str) -> RunClient:
             return RunClient(transport, abs_dir, host_python=launch["host_python"], engine_path=launch["engine_path"])
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise RunClientError(f"{abs_dir}/{LAUNCH_FILE} is unreadable: {exc}") from exc
-    raise RunClientError(f"{abs_dir} was not started by regen start ({LAUNCH_FILE}: "
-                         f"{result.stderr.strip() or 'missing'})", kind="unreachable")
+    # not started by `regen start` (e.g. `python -m engine.supervisor` by hand): the host's python3
+    # must then import the engine itself; if it cannot, the ctl error says so
+    return RunClient(transport, abs_dir)
 
 
 async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | None = None,

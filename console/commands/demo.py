@@ -143,7 +143,7 @@ async def _demo(args, cfg: RunConfig, run_tui) -> int:
         if asyncio.iscoroutine(result):
             result = await result
         return int(result or 0)
-    if not args.until_done:
+    if args.headless and not args.until_done:
         print(f"watch it: regen status local --run-dir {started.run_dir}")
         await transport.close()
         return EXIT_OK

@@ -304,3 +304,24 @@ def test_cli_host_dir_over_real_ssh(run_dir, sshd, capsys):
     out = capsys.readouterr()
     assert code == 1, out.err
     assert _comparable(json.loads(out.out)) == _comparable(compute_stats(run_dir).to_dict())
+
+
+def test_sampled_mask_check_reads_the_head_of_parts(run_dir, rows, monkeypatch):
+    import engine.stats as stats_module
+
+    monkeypatch.setattr(stats_module, "MASK_CHECK_HEAD_ROWS", 5)
+    s = compute_stats(run_dir, mask_check="sample")
+    assert (s.mask_check.mode, s.mask_check.parts_checked, s.mask_check.rows_checked) == ("sample", 3, 15)
+    assert s.mask_check.mismatches == 0 and any("first 5 rows" in n for n in s.notes)
+    off = compute_stats(run_dir, mask_check="off")
+    assert (off.mask_check.mode, off.mask_check.rows_checked) == ("off", 0)
+
+
+def test_check_mask_on_a_sliced_array():
+    from engine.stats import check_mask
+
+    mask = pa.array([[0, 1], [0, 0, 1, 1], [1], [0, 1, 1]], type=pa.list_(pa.uint8())).slice(1, 3)
+    bad, errors = check_mask(mask, np.array([2, 0, 1]), np.array([2, 1, 2]), "p")
+    assert (bad, errors) == (0, [])
+    bad, errors = check_mask(mask, np.array([2, 0, 1]), np.array([2, 1, 1]), "p")
+    assert bad == 1 and {e.kind for e in errors} == {"mask_sum", "mask_length"}

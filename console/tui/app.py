@@ -1,0 +1,471 @@
+"""The operations console: RegenApp(source) and run_tui(host, run_dir).
+
+I/O runs in Textual workers (one group per job) and comes back as typed messages
+(console/tui/messages.py); the model (console/tui/model.py) folds it; only the visible tab
+redraws. Quitting or losing the connection never stops the run: the app sends no stop.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, TabbedContent, TabPane
+
+from console.tui.messages import (ConnectionChanged, ControlDone, LogTail, ProbeReportReady, StatsReceived,
+                                  StatusReceived, TelemetryBatch)
+from console.tui.model import AlertView, RunModel
+from console.tui.palette import RegenCommands
+from console.tui.panel_alerts import AlertsPanel
+from console.tui.panel_disk import DiskPanel
+from console.tui.panel_preflight import PreflightPanel
+from console.tui.panel_quality import QualityPanel
+from console.tui.panel_shards import ShardsPanel
+from console.tui.panel_workers import WorkersPanel
+from console.tui.screens import ConfirmScreen, HelpScreen
+from console.tui.source import DataSource, HostSource, SourceError
+from console.tui.widgets import RunHeader
+
+BATCH_INTERVAL_S = 0.25  # telemetry is posted at most 4 times a second
+STATUS_EVERY_S = 10.0
+STATS_EVERY_S = 30.0
+LOG_EVERY_S = 5.0
+BACKFILL_S = 3600.0  # on first attach: the last hour of telemetry
+BACKOFF_MAX_S = 60.0
+LOST_AFTER = 5  # failed attempts before "reconnecting" becomes "lost"
+ENDED_CHECK_S = 15.0
+NOTIFY_MAX_AGE_S = 120.0  # backfilled alerts older than this go to the list, not to a toast
+
+TABS = ["preflight", "workers", "shards", "quality", "disk", "alerts"]
+PANEL_OF_SECTION = {"workers": "workers", "shards": "shards", "disk": "disk", "alerts": "alerts", "stats": "quality"}
+
+
+class RegenApp(App):
+    TITLE = "regen"
+    COMMANDS = App.COMMANDS | {RegenCommands}
+    CSS = """
+    RunHeader { height: 1; background: $panel; }
+    TabbedContent { height: 1fr; }
+    #workers-table { height: auto; max-height: 11; }
+    #workers-charts { height: 14; }
+    #workers-bottom { height: 1fr; }
+    #sparklines { width: 44; border: round $primary; border-title-align: left; }
+    .spark-row { height: 1; }
+    .spark-row Label { width: 10; }
+    .spark-row Sparkline { width: 1fr; }
+    #worker-log { width: 1fr; border: round $primary; }
+    TimeChart { border: round $primary; width: 1fr; }
+    #disk-table { height: auto; }
+    #disk-chart { height: 1fr; }
+    #shards-summary, #preflight-summary, #quality-status { height: auto; padding: 0 1; }
+    #probe-table { width: 3fr; }
+    #probe-detail-box { width: 2fr; }
+    #loss-hist { width: 1fr; border: round $primary; }
+    #quality-figures-box { width: 1fr; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "Quit (run continues)"),
+        Binding("question_mark", "help", "Help"),
+        Binding("ctrl+r", "reconnect", "Reconnect"),
+        *[Binding(str(i + 1), f"tab('{t}')", t.capitalize(), show=False) for i, t in enumerate(TABS)],
+    ]
+
+    def __init__(self, source: DataSource, *, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic, live: bool = True,
+                 export_dir: Path | None = None, run_probes_on_start: bool = True):
+        """live=False: no timers and no background polling (frozen data for snapshots); clock/monotonic: the
+        time the header shows (frozen in tests)."""
+        super().__init__()
+        self.source = source
+        self.clock = clock
+        self.monotonic = monotonic
+        self.live = live
+        self.export_dir = export_dir or Path.cwd()
+        self.run_probes_on_start = run_probes_on_start
+        self.model = RunModel(source.host, source.run_dir or "")
+        self._stale: set[str] = set(TABS)
+        self._wake_follow = asyncio.Event()
+        self._log_worker: str | None = None
+        self.events_applied = 0
+        self.last_event_on_screen: tuple[float, float] | None = None  # (event ts, wall time it was drawn)
+
+    # -- layout ------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="run-header")
+        with TabbedContent(initial="workers", id="tabs"):
+            with TabPane("Preflight", id="preflight"):
+                yield PreflightPanel(id="panel-preflight")
+            with TabPane("Workers", id="workers"):
+                yield WorkersPanel(id="panel-workers")
+            with TabPane("Shards", id="shards"):
+                yield ShardsPanel(id="panel-shards")
+            with TabPane("Data quality", id="quality"):
+                yield QualityPanel(id="panel-quality")
+            with TabPane("Disk", id="disk"):
+                yield DiskPanel(id="panel-disk")
+            with TabPane("Alerts", id="alerts"):
+                yield AlertsPanel(id="panel-alerts")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"regen · {self.source.host}"
+        self._draw_header()
+        self.start_io()
+        if self.live:
+            self.set_interval(1.0, self._draw_header)
+            self.set_interval(STATUS_EVERY_S, self.poll_status)
+            self.set_interval(STATS_EVERY_S, self._stats_tick)
+            self.set_interval(LOG_EVERY_S, self._log_tick)
+
+    def start_io(self) -> None:
+        self.follow_telemetry()
+        if self.run_probes_on_start:
+            self.run_probes()
+
+    @property
+    def active_tab(self) -> str:
+        return self.query_one("#tabs", TabbedContent).active
+
+    def panel(self, tab: str):
+        return self.query_one(f"#panel-{tab}")
+
+    # -- drawing -----------------------------------------------------------------------------
+    def _draw_header(self) -> None:
+        self.query_one(RunHeader).show(self.model, self.clock(), self.monotonic())
+
+    def _mark(self, sections: set[str]) -> None:
+        for s in sections:
+            if s in PANEL_OF_SECTION:
+                self._stale.add(PANEL_OF_SECTION[s])
+        self._draw_header()
+        self._draw_active()
+
+    def _draw_active(self) -> None:
+        tab = self.active_tab
+        if tab in self._stale and tab != "preflight":
+            self._stale.discard(tab)
+            self.panel(tab).refresh_from(self.model)
+
+    @on(TabbedContent.TabActivated)
+    def _tab_shown(self, event: TabbedContent.TabActivated) -> None:
+        self._draw_active()
+        tab = self.active_tab
+        if tab == "quality" and (self.model.stats_at is None or self.clock() - self.model.stats_at > STATS_EVERY_S):
+            self.fetch_stats()
+        if tab == "workers":
+            self._log_tick()
+        self._focus_table(tab)
+
+    def _focus_table(self, tab: str) -> None:
+        tables = self.panel(tab).query(DataTable)
+        if tables:
+            tables.first().focus()
+
+    # -- telemetry ---------------------------------------------------------------------------
+    @work(exclusive=True, group="follow", exit_on_error=False)
+    async def follow_telemetry(self) -> None:
+        failures = 0
+        while True:
+            try:
+                if failures:
+                    await self.source.reconnect()
+                else:
+                    await self.source.connect()
+                running = True
+                try:
+                    status = await self.source.status()
+                    self.post_message(StatusReceived(status))
+                except SourceError as exc:
+                    if exc.kind != "no_supervisor":
+                        raise
+                    running = False
+                    self.post_message(ConnectionChanged("ended", error=str(exc)))
+                if running:
+                    if failures:
+                        self.post_message(ConnectionChanged("connected", error="regained"))
+                    else:
+                        self.post_message(ConnectionChanged("connected"))
+                failures = 0
+                if self.source.run_dir is not None:
+                    since = self.model.last_ts if self.model.last_ts is not None else self.clock() - BACKFILL_S
+                    await self._pump(self.source.follow(since))
+                if running:
+                    continue  # the stream ended: the supervisor exited (or restarted); ask again
+                self._wake_follow.clear()
+                await self._sleep_or_wake(ENDED_CHECK_S)
+                if not self.live:
+                    return
+            except SourceError as exc:
+                if exc.kind != "connection":
+                    self.post_message(ConnectionChanged("ended", error=str(exc)))
+                    return
+                failures += 1
+                delay = min(BACKOFF_MAX_S, 2.0 ** (failures - 1))
+                self.post_message(ConnectionChanged("reconnecting" if failures <= LOST_AFTER else "lost", delay, str(exc)))
+                self._wake_follow.clear()
+                await self._sleep_or_wake(delay)
+
+    async def _sleep_or_wake(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake_follow.wait(), seconds)
+        except asyncio.TimeoutError:
+            return
+
+    async def _pump(self, events) -> None:
+        """Read events as they come; post them in batches, at most one batch per BATCH_INTERVAL_S."""
+        buf: list = []
+        arrived = asyncio.Event()
+
+        async def read() -> None:
+            async for ev in events:
+                buf.append(ev)
+                arrived.set()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                waiter = asyncio.ensure_future(arrived.wait())
+                await asyncio.wait({reader, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if buf:
+                    batch = buf[:]
+                    buf.clear()
+                    arrived.clear()
+                    self.post_message(TelemetryBatch(batch))
+                    if not reader.done():
+                        await asyncio.sleep(BATCH_INTERVAL_S)
+                    continue
+                if reader.done():
+                    reader.result()  # raises the stream's error (SourceError) if it had one
+                    return
+        finally:
+            if not reader.done():
+                reader.cancel()
+
+    def on_telemetry_batch(self, msg: TelemetryBatch) -> None:
+        changed = self.model.apply_all(msg.events)
+        self.events_applied += len(msg.events)
+        self._mark(changed)
+        self._notify_alerts()
+        if msg.events:
+            self.last_event_on_screen = (msg.events[-1].ts, time.time())
+
+    def _notify_alerts(self) -> None:
+        now = self.clock()
+        fresh = [a for a in self.model.take_new_alerts() if now - a.ts <= NOTIFY_MAX_AGE_S and a.severity != "info"]
+        for a in fresh[-3:]:
+            self.notify(a.text, title=f"{a.severity} ({a.origin})",
+                        severity="error" if a.severity in ("error", "critical") else "warning",
+                        timeout=10 if a.severity != "critical" else 30)
+
+    def on_status_received(self, msg: StatusReceived) -> None:
+        self._mark(self.model.apply_status(msg.status))
+        self._notify_alerts()
+
+    def on_connection_changed(self, msg: ConnectionChanged) -> None:
+        conn = self.model.connection
+        before = conn.state
+        conn.state, conn.error = msg.state, msg.error
+        conn.retry_at = None if msg.retry_in_s is None else self.monotonic() + msg.retry_in_s
+        conn.since = self.monotonic()
+        now = self.clock()
+        if msg.state in ("reconnecting", "lost") and before not in ("reconnecting", "lost"):
+            self.model.add_alert(AlertView(now, "error", f"connection lost: {msg.error}", key=f"console.conn.lost.{now}",
+                                           origin="console"))
+        elif msg.state == "connected" and before in ("reconnecting", "lost"):
+            self.model.add_alert(AlertView(now, "info", "connection regained; history backfilled",
+                                           key=f"console.conn.ok.{now}", origin="console"))
+            self.notify("connection regained; history backfilled", title="connection")
+        elif msg.state == "ended" and before != "ended" and msg.error:
+            self.model.add_alert(AlertView(now, "info", msg.error, key=f"console.ended.{msg.error}", origin="console"))
+        self._mark({"alerts", "header"})
+        self._notify_alerts()
+
+    @work(exclusive=True, group="status", exit_on_error=False)
+    async def poll_status(self) -> None:
+        if self.model.connection.state != "connected":
+            return
+        try:
+            status = await self.source.status()
+        except SourceError as exc:
+            if exc.kind == "no_supervisor":
+                self.post_message(ConnectionChanged("ended", error=str(exc)))
+            return  # a connection failure shows through the telemetry stream's reconnect
+        self.post_message(StatusReceived(status))
+
+    def action_reconnect(self) -> None:
+        self._wake_follow.set()
+        self.poll_status()
+
+    # -- control operations ------------------------------------------------------------------
+    @work(group="control", exit_on_error=False)
+    async def control(self, op: str, arg) -> None:
+        label = {"pause": "pause", "resume": "resume", "restart_worker": "restart worker"}[op]
+        target = "all shards" if arg is None else (arg if isinstance(arg, str) else ", ".join(arg))
+        try:
+            result = await getattr(self.source, op)(arg)
+        except SourceError as exc:
+            self.post_message(ControlDone(op, False, f"{label} {target} failed: {exc}"))
+            return
+        self.post_message(ControlDone(op, True, f"{label} {target}: done", result))
+        try:
+            status = await self.source.status()
+        except SourceError as exc:
+            self.post_message(ControlDone(op, False, f"{label} {target} was sent, but status failed: {exc}"))
+            return
+        self.post_message(StatusReceived(status))
+
+    def on_control_done(self, msg: ControlDone) -> None:
+        self.notify(msg.text, title="control", severity="information" if msg.ok else "error",
+                    timeout=5 if msg.ok else 15)
+
+    def _shard(self) -> str | None:
+        return self.panel("shards").selected_shard
+
+    def action_pause_shard(self) -> None:
+        if (sid := self._shard()) is not None:
+            self.control("pause", [sid])
+
+    def action_resume_shard(self) -> None:
+        if (sid := self._shard()) is not None:
+            self.control("resume", [sid])
+
+    def action_pause_all(self) -> None:
+        self.control("pause", None)
+
+    def action_resume_all(self) -> None:
+        self.control("resume", None)
+
+    def action_restart_worker(self) -> None:
+        name = self.panel("workers").selected_worker
+        if name is None:
+            self.notify("no worker selected", severity="warning")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.control("restart_worker", name)
+
+        self.push_screen(ConfirmScreen(f"Restart worker {name}?\n\nIts in-flight requests are aborted and re-queued;"
+                                       " the server is stopped and launched again."), answered)
+
+    # -- log tail, stats, probes --------------------------------------------------------------
+    @on(DataTable.RowHighlighted, "#workers-table")
+    def _worker_selected(self, event: DataTable.RowHighlighted) -> None:
+        name = event.row_key.value
+        if name != self._log_worker:
+            self._log_worker = name
+            self.fetch_log(name)
+
+    def _log_tick(self) -> None:
+        if self.active_tab == "workers" and (name := self.panel("workers").selected_worker):
+            self._log_worker = name
+            self.fetch_log(name)
+
+    def action_refresh_log(self) -> None:
+        self._log_tick()
+
+    @work(exclusive=True, group="log", exit_on_error=False)
+    async def fetch_log(self, worker: str) -> None:
+        try:
+            self.post_message(LogTail(worker, await self.source.log_tail(worker)))
+        except SourceError as exc:
+            self.post_message(LogTail(worker, "", str(exc)))
+
+    def on_log_tail(self, msg: LogTail) -> None:
+        self.panel("workers").show_log(msg.worker, msg.text, msg.error)
+
+    def _stats_tick(self) -> None:
+        if self.active_tab == "quality":
+            self.fetch_stats()
+
+    def action_refresh_stats(self) -> None:
+        self.fetch_stats()
+        self.notify("computing statistics on the host", timeout=3)
+
+    @work(exclusive=True, group="stats", exit_on_error=False)
+    async def fetch_stats(self) -> None:
+        if self.source.run_dir is None:
+            self.post_message(StatsReceived(None, "no run dir given (regen tui HOST --run-dir DIR)"))
+            return
+        try:
+            self.post_message(StatsReceived(await self.source.stats()))
+        except SourceError as exc:
+            self.post_message(StatsReceived(None, str(exc)))
+
+    def on_stats_received(self, msg: StatsReceived) -> None:
+        self.model.stats_at = self.clock()
+        if msg.stats is not None:
+            self.model.stats, self.model.stats_error = msg.stats, ""
+        else:
+            self.model.stats_error = msg.error
+        self._mark({"stats"})
+
+    @work(exclusive=True, group="probes", exit_on_error=False)
+    async def run_probes(self, only: set[str] | None = None) -> None:
+        try:
+            report = await self.source.probes(only)
+        except SourceError as exc:
+            self.notify(f"probes could not run: {exc}", severity="error", timeout=15)
+            return
+        self.post_message(ProbeReportReady(report, partial=only is not None))
+
+    def on_probe_report_ready(self, msg: ProbeReportReady) -> None:
+        self.panel("preflight").set_report(msg.report, msg.partial)
+
+    def action_rerun_probes(self) -> None:
+        self.notify("running every probe", timeout=3)
+        self.run_probes()
+
+    def action_rerun_probe(self) -> None:
+        p = self.panel("preflight").selected_probe
+        if p is not None:
+            self.notify(f"running {p.id}", timeout=3)
+            self.run_probes({p.id})
+
+    def action_export_probes(self) -> None:
+        report = self.panel("preflight").report
+        if report is None:
+            self.notify("no probe report yet", severity="warning")
+            return
+        host = "".join(c if c.isalnum() or c in "-_." else "_" for c in report.host)
+        path = self.export_dir / f"probe-{host}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(self.clock()))}.json"
+        try:
+            path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            self.notify(f"could not write {path}: {exc}", severity="error", timeout=15)
+            return
+        self.notify(f"probe report written to {path}", title="export")
+
+    # -- navigation ----------------------------------------------------------------------------
+    def action_tab(self, tab: str) -> None:
+        self.query_one("#tabs", TabbedContent).active = tab
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+
+async def run_tui_async(host: str, run_dir: str | None, *, host_python: str = "python3", transport=None) -> int:
+    source = HostSource(host, run_dir, host_python=host_python, transport=transport)
+    app = RegenApp(source)
+    try:
+        await app.run_async()
+    finally:
+        await source.close()
+    return int(app.return_code or 0)
+
+
+def run_tui(host: str, run_dir: str | None, *, host_python: str = "python3", transport=None):
+    """Run the console until the operator quits (the run is never stopped by it). Returns the exit code;
+    called from inside a running event loop (e.g. `regen demo`), it returns the coroutine to await instead."""
+    coro = run_tui_async(host, run_dir, host_python=host_python, transport=transport)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    return coro

@@ -1,0 +1,58 @@
+"""Typed messages from the I/O workers to the app: data arrives only through these."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+from engine.telemetry_events import Event
+from probes.model import ProbeReport
+
+
+@dataclass
+class TelemetryBatch(Message):
+    """Events read from the host since the last batch (coalesced, at most a few per second)."""
+
+    events: list[Event]
+
+
+@dataclass
+class StatusReceived(Message):
+    status: dict[str, Any]
+
+
+@dataclass
+class ConnectionChanged(Message):
+    state: str  # connecting | connected | reconnecting | lost | ended
+    retry_in_s: float | None = None
+    error: str = ""
+
+
+@dataclass
+class LogTail(Message):
+    worker: str
+    text: str
+    error: str = ""
+
+
+@dataclass
+class StatsReceived(Message):
+    stats: dict[str, Any] | None
+    error: str = ""
+
+
+@dataclass
+class ProbeReportReady(Message):
+    report: ProbeReport
+    partial: bool = False  # only some probes were rerun: merge into the shown report
+
+
+@dataclass
+class ControlDone(Message):
+    """A control operation's outcome (pause/resume/restart): shown to the operator either way."""
+
+    op: str
+    ok: bool
+    text: str
+    result: dict[str, Any] | None = None

@@ -1,0 +1,393 @@
+"""The console's data model: telemetry events and status replies folded into the current state
+plus bounded history (ring buffers). No Textual here: the UI reads this, tests drive it directly.
+
+Every number that may be missing (NVML not available, a worker that never answered /metrics) is
+kept as None and shown as N/A; nothing here raises on a partial event.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, GpuEvent, ShardEvent,
+                                     WorkerEvent)
+
+HISTORY_POINTS = 1800  # one point per supervisor tick (2 s): an hour of history per series
+ALERTS_KEPT = 500
+DISK_RATE_WINDOW_S = 600.0  # free-space slope over the last ten minutes
+THROUGHPUT_DROP_SHARE = 0.5  # console-side alert: tok/s under half of the recent median while work runs
+EMPTY_SHARE_ALERT = 0.05
+DISK_LOW_SHARE = 0.05
+
+Point = tuple[float, float]
+
+
+def na(value: Any, fmt: str = "{}") -> str:
+    return "N/A" if value is None else fmt.format(value)
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "N/A"
+    seconds = max(0, int(seconds))
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if d:
+        return f"{d}d{h:02d}h{m:02d}m"
+    if h:
+        return f"{h}h{m:02d}m"
+    return f"{m}m{s:02d}s"
+
+
+def bytes_text(n: float | None) -> str:
+    if n is None:
+        return "N/A"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+class Series:
+    """(ts, value) points, oldest dropped first; a replayed point (ts not after the last) is ignored."""
+
+    def __init__(self, maxlen: int = HISTORY_POINTS):
+        self.points: deque[Point] = deque(maxlen=maxlen)
+
+    def add(self, ts: float, value: float | None) -> None:
+        if value is None:
+            return
+        if self.points and ts <= self.points[-1][0]:
+            return
+        self.points.append((ts, float(value)))
+
+    def values(self) -> list[float]:
+        return [v for _, v in self.points]
+
+    def last(self) -> float | None:
+        return self.points[-1][1] if self.points else None
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+
+@dataclass
+class WorkerView:
+    name: str
+    state: str = "starting"
+    gpus: list[int] = field(default_factory=list)
+    pid: int | None = None
+    restarts: int = 0
+    running: float | None = None
+    queued: float | None = None
+    tok_s: float | None = None
+    token_usage: float | None = None
+    in_flight: int = 0
+    capacity: int = 0
+    error: str | None = None
+    url: str = ""
+    tok_history: Series = field(default_factory=Series)
+
+
+@dataclass
+class GpuView:
+    index: int
+    name: str | None = None
+    mem_used_mb: float | None = None
+    mem_total_mb: float | None = None
+    util_pct: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    error: str | None = None
+    mem_history: Series = field(default_factory=Series)
+
+
+@dataclass
+class ShardView:
+    id: str
+    state: str = "pending"
+    done: int = 0
+    total: int = 0
+    output_tokens: int = 0
+    empty: int = 0
+    truncated: int = 0
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 1.0
+
+    @property
+    def empty_share(self) -> float | None:
+        return self.empty / self.done if self.done else None
+
+    @property
+    def truncated_share(self) -> float | None:
+        return self.truncated / self.done if self.done else None
+
+
+@dataclass
+class DiskView:
+    path: str
+    free_bytes: int = 0
+    total_bytes: int = 0
+    history: Series = field(default_factory=Series)
+
+    def write_rate(self, window_s: float = DISK_RATE_WINDOW_S) -> float | None:
+        """Bytes/s consumed over the window (positive: filling up); None without two points."""
+        pts = self.history.points
+        if len(pts) < 2:
+            return None
+        t_end, free_end = pts[-1]
+        start = next(((t, f) for t, f in pts if t >= t_end - window_s), pts[0])
+        if t_end - start[0] <= 0:
+            return None
+        return (start[1] - free_end) / (t_end - start[0])
+
+    def time_to_full(self) -> float | None:
+        """Seconds until the free space is gone at the current write rate; None when not filling."""
+        rate = self.write_rate()
+        if rate is None or rate <= 0:
+            return None
+        return self.free_bytes / rate
+
+
+@dataclass
+class AlertView:
+    ts: float
+    severity: str
+    text: str
+    evidence: str = ""
+    key: str = ""
+    origin: str = "host"  # host (the supervisor's alert) | console (seen by the console)
+    count: int = 1
+
+
+@dataclass
+class Connection:
+    state: str = "connecting"  # connecting | connected | reconnecting | lost | ended
+    retry_at: float | None = None  # monotonic time of the next attempt
+    error: str = ""
+    since: float = field(default_factory=time.monotonic)
+
+    def text(self, now_mono: float | None = None) -> str:
+        now_mono = time.monotonic() if now_mono is None else now_mono
+        if self.state in ("reconnecting", "lost") and self.retry_at is not None:
+            left = max(0, round(self.retry_at - now_mono))
+            return f"{self.state} in {left}s" if self.state == "reconnecting" else f"lost (retry in {left}s)"
+        return self.state
+
+
+class RunModel:
+    """Folds events into state. apply() returns the names of the sections that changed, so the UI
+    redraws only those (and only when their tab is visible)."""
+
+    def __init__(self, host: str = "", run_dir: str = ""):
+        self.host = host
+        self.run_dir = run_dir
+        self.state: str = "unknown"
+        self.pid: int | None = None
+        self.started_at: float | None = None
+        self.dispatch: DispatchEvent | None = None
+        self.workers: dict[str, WorkerView] = {}
+        self.gpus: dict[int, GpuView] = {}
+        self.shards: dict[str, ShardView] = {}
+        self.disks: dict[str, DiskView] = {}
+        self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
+        self._alert_by_key: dict[str, AlertView] = {}
+        self.rejects: dict[str, Any] = {"total": 0, "by_reason": {}}
+        self.throughput = Series()
+        self.last_ts: float | None = None
+        self.connection = Connection()
+        self.stats: dict[str, Any] | None = None
+        self.stats_error: str = ""
+        self.stats_at: float | None = None
+        self.new_alerts: list[AlertView] = []  # raised since the UI last took them (for notifications)
+        self._console_conditions: set[str] = set()
+
+    # -- folding -----------------------------------------------------------------------------
+    def apply_all(self, events: Iterable[Event]) -> set[str]:
+        changed: set[str] = set()
+        for ev in events:
+            changed |= self.apply(ev)
+        return changed
+
+    def apply(self, ev: Event) -> set[str]:
+        if self.last_ts is None or ev.ts > self.last_ts:
+            self.last_ts = ev.ts
+        if isinstance(ev, WorkerEvent):
+            return self._worker(ev)
+        if isinstance(ev, GpuEvent):
+            g = self.gpus.get(ev.index) or self.gpus.setdefault(ev.index, GpuView(ev.index))
+            g.name, g.mem_used_mb, g.mem_total_mb = ev.name, ev.mem_used_mb, ev.mem_total_mb
+            g.util_pct, g.temp_c, g.power_w, g.error = ev.util_pct, ev.temp_c, ev.power_w, ev.error
+            g.mem_history.add(ev.ts, ev.mem_used_mb)
+            return {"workers"}
+        if isinstance(ev, DispatchEvent):
+            return self._dispatch(ev)
+        if isinstance(ev, ShardEvent):
+            s = self.shards.get(ev.id) or self.shards.setdefault(ev.id, ShardView(ev.id))
+            s.state, s.done, s.total = ev.state, ev.done, ev.total
+            s.output_tokens, s.empty, s.truncated = ev.output_tokens, ev.empty, ev.truncated
+            return {"shards"}
+        if isinstance(ev, DiskEvent):
+            return self._disk(ev)
+        if isinstance(ev, AlertEvent):
+            self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
+            return {"alerts"}
+        return set()
+
+    def _worker(self, ev: WorkerEvent) -> set[str]:
+        w = self.workers.get(ev.name) or self.workers.setdefault(ev.name, WorkerView(ev.name))
+        before = w.state
+        w.state, w.gpus, w.pid, w.restarts, w.url = ev.state, list(ev.gpus), ev.pid, ev.restarts, ev.url
+        w.running, w.queued, w.tok_s, w.token_usage = ev.running_reqs, ev.queued_reqs, ev.gen_throughput, ev.token_usage
+        w.in_flight, w.capacity, w.error = ev.in_flight, ev.capacity, ev.error
+        w.tok_history.add(ev.ts, ev.gen_throughput if ev.gen_throughput is not None else
+                          (0.0 if ev.state != "ready" else None))
+        changed = {"workers"}
+        if ev.state in ("crashed", "failed") and before != ev.state:
+            self.add_alert(AlertView(ev.ts, "error", f"worker {ev.name} {ev.state}" + (f": {ev.error}" if ev.error else ""),
+                                     ev.error or "", f"console.worker:{ev.name}:{ev.state}:{ev.restarts}", "console"))
+            changed.add("alerts")
+        return changed
+
+    def _dispatch(self, ev: DispatchEvent) -> set[str]:
+        self.dispatch = ev
+        self.state = ev.state
+        self.throughput.add(ev.ts, ev.tokens_per_s)
+        changed = {"header", "workers"}
+        # console-side throughput drop: under half the median of the last ~5 minutes while work is running
+        recent = [v for t, v in self.throughput.points if t >= ev.ts - 300]
+        if ev.state == "running" and ev.in_flight > 0 and len(recent) >= 30:
+            median = sorted(recent)[len(recent) // 2]
+            dropped = median > 0 and ev.tokens_per_s < THROUGHPUT_DROP_SHARE * median
+            if self._condition("throughput", dropped, ev.ts, "warning",
+                               f"throughput {ev.tokens_per_s:.0f} tok/s, under half the 5-min median {median:.0f}"):
+                changed.add("alerts")
+        if ev.done >= 50:
+            empty = sum(s.empty for s in self.shards.values())
+            share = empty / max(1, sum(s.done for s in self.shards.values()))
+            if self._condition("empty", share > EMPTY_SHARE_ALERT, ev.ts, "error",
+                               f"empty answers {share:.1%} of samples (threshold {EMPTY_SHARE_ALERT:.0%})"):
+                changed.add("alerts")
+        return changed
+
+    def _disk(self, ev: DiskEvent) -> set[str]:
+        d = self.disks.get(ev.path) or self.disks.setdefault(ev.path, DiskView(ev.path))
+        d.free_bytes, d.total_bytes = ev.free_bytes, ev.total_bytes
+        d.history.add(ev.ts, ev.free_bytes)
+        changed = {"disk"}
+        low = ev.total_bytes > 0 and ev.free_bytes < DISK_LOW_SHARE * ev.total_bytes
+        if self._condition(f"disk:{ev.path}", low, ev.ts, "critical",
+                           f"disk low: {bytes_text(ev.free_bytes)} free of {bytes_text(ev.total_bytes)} on {ev.path}"):
+            changed.add("alerts")
+        return changed
+
+    def _condition(self, key: str, active: bool, ts: float, severity: str, text: str) -> bool:
+        """Raise a console alert when a condition starts (once); note when it clears. True if an alert was added."""
+        if active and key not in self._console_conditions:
+            self._console_conditions.add(key)
+            self.add_alert(AlertView(ts, severity, text, key=f"console.{key}", origin="console"))
+            return True
+        if not active and key in self._console_conditions:
+            self._console_conditions.discard(key)
+            self.add_alert(AlertView(ts, "info", f"cleared: {key}", key=f"console.{key}.cleared.{ts}", origin="console"))
+            return True
+        return False
+
+    def add_alert(self, alert: AlertView) -> None:
+        known = self._alert_by_key.get(alert.key)
+        if known is not None and known.text == alert.text:
+            if alert.ts > known.ts:  # a repeat (or a backfilled copy) of the same alert: count, don't list twice
+                known.ts = alert.ts
+                known.count += 1
+            return
+        self.alerts.append(alert)
+        self._alert_by_key[alert.key] = alert
+        if len(self._alert_by_key) > 4 * ALERTS_KEPT:
+            live = {id(a) for a in self.alerts}
+            self._alert_by_key = {k: a for k, a in self._alert_by_key.items() if id(a) in live}
+        self.new_alerts.append(alert)
+
+    def take_new_alerts(self) -> list[AlertView]:
+        out, self.new_alerts = self.new_alerts, []
+        return out
+
+    def apply_status(self, status: dict[str, Any]) -> set[str]:
+        """A `status` reply: the authoritative snapshot (shard list, paused state, rejects)."""
+        self.state = status.get("state") or self.state
+        self.pid = status.get("pid")
+        self.started_at = status.get("started_at") or self.started_at
+        self.run_dir = status.get("run_dir") or self.run_dir
+        changed = {"header"}
+        d = status.get("dispatch")
+        if d:
+            ev = DispatchEvent(**{k: v for k, v in d.items() if k in DispatchEvent.__dataclass_fields__})
+            if self.dispatch is None or ev.ts >= self.dispatch.ts:
+                self.dispatch = ev
+        for key, cls in (("workers", WorkerEvent), ("gpus", GpuEvent), ("shards", ShardEvent), ("disk", DiskEvent)):
+            for item in status.get(key) or []:
+                fields = {k: v for k, v in item.items() if k in cls.__dataclass_fields__}
+                changed |= self._snapshot(cls(**fields))
+        for item in status.get("alerts") or []:
+            fields = {k: v for k, v in item.items() if k in AlertEvent.__dataclass_fields__}
+            ev = AlertEvent(**fields)
+            self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
+            changed.add("alerts")
+        if status.get("rejects") is not None:
+            self.rejects = status["rejects"]
+        return changed
+
+    def _snapshot(self, ev: Event) -> set[str]:
+        # a status snapshot updates the current values but does not advance last_ts (the follow position)
+        last = self.last_ts
+        changed = self.apply(ev)
+        self.last_ts = last
+        return changed
+
+    # -- derived figures -----------------------------------------------------------------------
+    @property
+    def done(self) -> int:
+        return self.dispatch.done if self.dispatch else sum(s.done for s in self.shards.values())
+
+    @property
+    def total(self) -> int:
+        return self.dispatch.total if self.dispatch else sum(s.total for s in self.shards.values())
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.dispatch.tokens_per_s if self.dispatch else None
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the current rate: samples left x output tokens per sample / tok/s."""
+        d = self.dispatch
+        if d is None or d.done <= 0 or d.tokens_per_s <= 0 or d.output_tokens <= 0:
+            return None
+        left = d.total - d.done
+        return 0.0 if left <= 0 else left * (d.output_tokens / d.done) / d.tokens_per_s
+
+    def elapsed_s(self, now: float | None = None) -> float | None:
+        if self.started_at is None:
+            return None
+        return (time.time() if now is None else now) - self.started_at
+
+    def worker_gpu(self, w: WorkerView) -> dict[str, float | None]:
+        """VRAM used/total (sum), util (mean), temperature (max) over the worker's GPUs; None = N/A."""
+        gs = [self.gpus[i] for i in w.gpus if i in self.gpus]
+
+        def agg(vals, how):
+            vals = [v for v in vals if v is not None]
+            return how(vals) if vals and len(vals) == len(gs) else None
+
+        return {
+            "mem_used_mb": agg([g.mem_used_mb for g in gs], sum),
+            "mem_total_mb": agg([g.mem_total_mb for g in gs], sum),
+            "util_pct": agg([g.util_pct for g in gs], lambda v: sum(v) / len(v)),
+            "temp_c": agg([g.temp_c for g in gs], max),
+        }
+
+    def paused_shards(self) -> list[str]:
+        return sorted(s.id for s in self.shards.values() if s.state == "paused")

@@ -1,0 +1,33 @@
+"""Disk tab: free space of the run dir and /dev/shm over time, and the time until full at the current rate."""
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from console.tui.charts import TimeChart
+from console.tui.model import RunModel, bytes_text, duration_text
+
+
+class DiskPanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static(id="disk-table")
+        yield TimeChart("free space (GiB)", "GiB", id="disk-chart")
+
+    def refresh_from(self, m: RunModel) -> None:
+        t = Table(expand=True)
+        for c in ("path", "free", "total", "used %", "write rate", "full in"):
+            t.add_column(c)
+        for d in sorted(m.disks.values(), key=lambda d: d.path):
+            rate = d.write_rate()
+            full_in = d.time_to_full()
+            used = 100.0 * (1 - d.free_bytes / d.total_bytes) if d.total_bytes else None
+            t.add_row(d.path, bytes_text(d.free_bytes), bytes_text(d.total_bytes),
+                      "N/A" if used is None else f"{used:.1f}%",
+                      "N/A" if rate is None else f"{bytes_text(rate)}/s",
+                      "not filling" if full_in is None else duration_text(full_in),
+                      style="bold red" if full_in is not None and full_in < 6 * 3600 else "")
+        self.query_one("#disk-table", Static).update(t)
+        self.query_one("#disk-chart", TimeChart).draw(
+            [(d.path, d.history, 1 / 2**30) for d in sorted(m.disks.values(), key=lambda d: d.path)])

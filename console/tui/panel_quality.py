@@ -1,0 +1,101 @@
+"""Data quality tab: the loss-mask histogram and the other `engine.stats` figures, flags highlighted."""
+from __future__ import annotations
+
+import time
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Static
+from textual_plot import PlotWidget
+
+from console.tui.model import RunModel
+
+
+class Histogram(PlotWidget):
+    can_focus = False
+
+    def __init__(self, **kw):
+        super().__init__(allow_pan_and_zoom=False, **kw)
+
+
+def _share(c: dict | None) -> str:
+    return "N/A" if not c else f"{c['count']:,} ({c['share']:.1%})"
+
+
+def figures(s: dict) -> Group:
+    t = Table(show_header=False, box=None, expand=True)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("samples", f"{s.get('samples', 0):,}")
+    t.add_row("empty answers", _share(s.get("empty")))
+    t.add_row("truncated (length)", _share(s.get("truncated")))
+    t.add_row("aborted", _share(s.get("aborted")))
+    for k, c in (s.get("reasoning") or {}).items():
+        t.add_row(f"thinking {k}", _share(c))
+    lm = (s.get("loss_mask") or {}).get("distribution") or {}
+    t.add_row("loss-mask sum", f"mean {lm.get('mean') or 0:.0f}  p50 {lm.get('p50')}  p90 {lm.get('p90')}  "
+              f"p99 {lm.get('p99')}  max {lm.get('max')}")
+    cut = s.get("cut") or {}
+    if cut:
+        t.add_row(f"cut at {cut.get('train_max_length')}",
+                  f"{cut.get('supervised_tokens_cut', 0):,} of {cut.get('supervised_tokens_total', 0):,} supervised "
+                  f"tokens ({cut.get('cut_share', 0):.1%}); {cut.get('samples_cut', 0):,} samples cut, "
+                  f"{cut.get('samples_unsupervised', 0):,} unsupervised")
+    mc = s.get("mask_check") or {}
+    t.add_row("mask check", f"{mc.get('mode')}: {mc.get('rows_checked', 0):,} rows, {mc.get('mismatches', 0)} mismatches")
+    parts = s.get("parts") or {}
+    t.add_row("parts", f"{parts.get('read', 0)} read of {parts.get('committed', 0)} committed "
+              f"({parts.get('listed_from')}), {parts.get('uncommitted_ignored', 0)} uncommitted ignored")
+    groups = Table(title="by worker / source", expand=True)
+    for c in ("group", "samples", "empty", "truncated", "mean output"):
+        groups.add_column(c)
+    for kind in ("by_worker", "by_source"):
+        for g in s.get(kind) or []:
+            flagged = g.get("flagged") or []
+            groups.add_row(f"{kind[3:]} {g['name']}", f"{g['samples']:,}",
+                           Text(_share(g.get("empty")), style="bold red" if "empty" in flagged else ""),
+                           Text(_share(g.get("truncated")), style="yellow" if "truncated" in flagged else ""),
+                           "N/A" if g.get("mean_output") is None else f"{g['mean_output']:.0f}")
+    flags = [Text(f"⚑ {f['severity'].upper()}: {f['text']}", style="bold red" if f["severity"] == "error" else "bold yellow")
+             for f in s.get("flags") or []]
+    if not flags:
+        flags = [Text("no quality flags", style="green")]
+    notes = [Text(f"note: {n}", style="dim") for n in s.get("notes") or []]
+    return Group(*flags, t, groups, *notes)
+
+
+class QualityPanel(Vertical):
+    BINDINGS = [Binding("s", "app.refresh_stats", "Refresh stats")]
+
+    def compose(self) -> ComposeResult:
+        yield Static("statistics not computed yet (s: compute now)", id="quality-status")
+        with Horizontal():
+            hist = Histogram(id="loss-hist")
+            hist.border_title = "loss-mask sum (output tokens), log2 bins: share of samples"
+            yield hist
+            with VerticalScroll(id="quality-figures-box"):
+                yield Static(id="quality-figures")
+
+    def refresh_from(self, m: RunModel) -> None:
+        status = self.query_one("#quality-status", Static)
+        s = m.stats
+        when = "" if m.stats_at is None else time.strftime(" at %H:%M:%S UTC", time.gmtime(m.stats_at))
+        if m.stats_error:
+            status.update(Text(f"stats failed{when}: {m.stats_error}", style="bold red"))
+        elif s is not None:
+            status.update(f"{s.get('samples', 0):,} samples{when} (computed in {s.get('elapsed_s', 0):.1f}s); "
+                          "refreshed every 30 s while this tab is open · s: now")
+        if s is None:
+            return
+        bins = (s.get("loss_mask") or {}).get("histogram") or []
+        hist = self.query_one("#loss-hist", Histogram)
+        hist.clear()
+        if bins:
+            styles = ["red" if b["low"] <= 7 and b["share"] > 0.05 else "cyan" for b in bins]
+            hist.bar([b["label"] for b in bins], [100.0 * b["share"] for b in bins], bar_style=styles)
+            hist.set_ylabel("% samples")
+        self.query_one("#quality-figures", Static).update(figures(s))

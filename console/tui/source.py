@@ -1,0 +1,291 @@
+"""Where the console's data comes from: a host (RunClient + the transport) or a recorded telemetry file.
+
+The app only sees the DataSource protocol; every failure is a SourceError whose `kind` tells the
+app what to do: "connection" (reconnect with backoff), "no_supervisor" (the run is not running:
+show history, keep checking), "error" (an operation was refused: show the text).
+"""
+from __future__ import annotations
+
+import shlex
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, AsyncIterator, Protocol
+
+import orjson
+
+from console.run_client import RunClient, RunClientError, engine_command
+from console.transport import Transport, TransportError, open_transport
+from engine.telemetry_events import Event, parse_event
+from probes.model import ProbeReport
+
+LOG_TAIL_LINES = 200
+STATS_TIMEOUT_S = 300.0
+TAIL_TIMEOUT_S = 20.0
+
+
+class SourceError(Exception):
+    def __init__(self, message: str, kind: str = "error"):
+        super().__init__(message)
+        self.kind = kind  # connection | no_supervisor | error
+
+
+class DataSource(Protocol):
+    host: str
+    run_dir: str | None
+
+    async def connect(self) -> None: ...
+    async def reconnect(self) -> None: ...
+    async def status(self) -> dict[str, Any]: ...
+    async def pause(self, shards: list[str] | None) -> dict[str, Any]: ...
+    async def resume(self, shards: list[str] | None) -> dict[str, Any]: ...
+    async def restart_worker(self, name: str) -> dict[str, Any]: ...
+    def follow(self, since: float | None) -> AsyncIterator[Event]: ...
+    async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str: ...
+    async def stats(self) -> dict[str, Any]: ...
+    async def probes(self, only: set[str] | None = None) -> ProbeReport: ...
+    async def close(self) -> None: ...
+
+
+def _classify(exc: RunClientError) -> SourceError:
+    if isinstance(exc.__cause__, TransportError):
+        return SourceError(str(exc), "connection")
+    if exc.kind == "unreachable" and str(exc).startswith("no supervisor"):
+        return SourceError(str(exc), "no_supervisor")
+    if exc.kind == "unreachable":
+        return SourceError(str(exc), "connection")
+    return SourceError(str(exc), "error")
+
+
+class HostSource:
+    """A run on a host. `transport` may be given (tests, `regen demo`); otherwise it is opened from `host`."""
+
+    def __init__(self, host: str, run_dir: str | None, *, host_python: str = "python3",
+                 transport: Transport | None = None, ssh_config: str | None = None):
+        self.host = host
+        self.run_dir = run_dir
+        self.host_python = host_python
+        self.transport = transport
+        self.ssh_config = ssh_config
+        self.client: RunClient | None = None
+        self._owns_transport = transport is None
+        self.close_error = ""
+
+    async def connect(self) -> None:
+        if self.transport is None:
+            try:
+                self.transport = await open_transport(self.host, ssh_config=self.ssh_config)
+            except TransportError as exc:
+                raise SourceError(f"cannot connect to {self.host}: {exc}", "connection") from exc
+        if self.run_dir is None or self.client is not None:
+            return
+        from console.deploy import client_for  # reads .regen/launch.json: the python and engine the run uses
+
+        try:
+            self.client = await client_for(self.transport, self.run_dir)
+        except RunClientError as exc:
+            if isinstance(exc.__cause__, TransportError):
+                raise SourceError(str(exc), "connection") from exc
+            # not started by `regen start` (or unreadable launch file): the configured python, no PYTHONPATH
+            self.client = RunClient(self.transport, self.run_dir, host_python=self.host_python)
+
+    async def reconnect(self) -> None:
+        if self._owns_transport and self.transport is not None:
+            old, self.transport = self.transport, None
+            try:
+                await old.close()
+            except TransportError as exc:  # the old connection is gone anyway; say so, then open a new one
+                self.close_error = f"closing the old connection to {self.host}: {exc}"
+            if self.client is not None:
+                self.client.transport = None  # set below once reconnected
+        await self.connect()
+        if self.client is not None:
+            self.client.transport = self.transport
+
+    def _need_client(self) -> RunClient:
+        if self.client is None:
+            raise SourceError("no run dir given (regen tui HOST --run-dir DIR)" if self.run_dir is None
+                              else f"not connected to {self.host}", "no_supervisor" if self.run_dir is None
+                              else "connection")
+        return self.client
+
+    async def _call(self, op: str, *args):
+        client = self._need_client()
+        try:
+            return await getattr(client, op)(*args)
+        except RunClientError as exc:
+            raise _classify(exc) from exc
+
+    async def status(self) -> dict[str, Any]:
+        return await self._call("status")
+
+    async def pause(self, shards: list[str] | None) -> dict[str, Any]:
+        return await self._call("pause", shards)
+
+    async def resume(self, shards: list[str] | None) -> dict[str, Any]:
+        return await self._call("resume", shards)
+
+    async def restart_worker(self, name: str) -> dict[str, Any]:
+        return await self._call("restart_worker", name)
+
+    async def follow(self, since: float | None) -> AsyncIterator[Event]:
+        client = self._need_client()
+        try:
+            async for ev in client.follow(since):
+                yield ev
+        except TransportError as exc:
+            raise SourceError(f"telemetry stream from {self.host} ended: {exc}", "connection") from exc
+
+    async def _run(self, command: str, timeout: float, what: str):
+        assert self.transport is not None
+        try:
+            return await self.transport.run(command, timeout=timeout)
+        except TransportError as exc:
+            raise SourceError(f"{what}: cannot reach {self.host}: {exc}", "connection") from exc
+
+    async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str:
+        client = self._need_client()
+        path = f"{client.run_dir}/workers/{worker}/server.log"
+        res = await self._run(f"tail -n {int(lines)} -- {shlex.quote(path)}", TAIL_TIMEOUT_S, f"log of {worker}")
+        if res.exit_status != 0:
+            why = res.error or (f"exit status {res.exit_status}" if res.exit_status is not None else "no exit status")
+            raise SourceError(f"tail {path} on {self.host}: {why}; stderr: {res.stderr.strip() or '(empty)'}")
+        return res.stdout
+
+    async def stats(self) -> dict[str, Any]:
+        client = self._need_client()
+        command = engine_command(client.host_python, client.engine_path,
+                                 ["-m", "engine.stats", client.run_dir, "--json"])
+        res = await self._run(command, STATS_TIMEOUT_S, "stats")
+        # exit 0: fine, 1: quality flagged (both print the stats JSON); 2: the run dir could not be read
+        last = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith("{")), None)
+        if last is None:
+            why = res.error or f"exit status {res.exit_status}"
+            raise SourceError(f"`{command}` on {self.host}: {why}, no JSON; stderr: {res.stderr.strip()[-500:] or '(empty)'}")
+        data = orjson.loads(last)
+        if "error" in data:
+            raise SourceError(f"stats of {client.run_dir}: {data['error']}")
+        return data
+
+    async def probes(self, only: set[str] | None = None) -> ProbeReport:
+        from probes.catalog import CATALOG
+        from probes.runner import run_probes
+
+        if self.transport is None:
+            await self.connect()
+        ctx, live = await self._probe_context()
+        # a running supervisor's workers hold the worker ports: "ports busy" would be a false FAIL
+        catalog = [p for p in CATALOG if not (live and p.id == "ports")]
+        return await run_probes(self.transport, self.host, ctx, only, catalog=catalog)
+
+    async def _probe_context(self):
+        from console.commands.probe import context_from_config
+        from engine.config import ConfigError, config_from_dict
+        from probes.context import ProbeContext
+
+        python = self.client.host_python if self.client else self.host_python
+        if self.client is None:
+            return ProbeContext(python=python), False
+        path = f"{self.client.run_dir}/run.toml"
+        res = await self._run(f"cat -- {shlex.quote(path)}", TAIL_TIMEOUT_S, "read run.toml")
+        if res.exit_status != 0:
+            return ProbeContext(python=python), False
+        try:
+            cfg = config_from_dict(tomllib.loads(res.stdout), source_path=path)
+        except (tomllib.TOMLDecodeError, ConfigError) as exc:
+            raise SourceError(f"{self.host}:{path} is not a usable run config: {exc}") from exc
+        live = True
+        try:
+            await self.status()
+        except SourceError:
+            live = False
+        return context_from_config(cfg), live
+
+    async def close(self) -> None:
+        if self._owns_transport and self.transport is not None:
+            await self.transport.close()
+
+
+class ReplaySource:
+    """A recorded telemetry.jsonl (a finished run, or frozen data for tests): read-only.
+
+    follow() yields every recorded event (from `since`) and ends, like following a run whose
+    supervisor has exited; control operations are refused with a message."""
+
+    def __init__(self, telemetry: Path, *, status: dict[str, Any] | None = None, stats: dict[str, Any] | None = None,
+                 logs: dict[str, str] | None = None, probe_report: ProbeReport | None = None, host: str = "replay"):
+        self.telemetry = Path(telemetry)
+        self.host = host
+        self.run_dir = str(self.telemetry.parent)
+        self._status = status
+        self._stats = stats
+        self._logs = logs or {}
+        self._report = probe_report
+        self.requests: list[tuple[str, Any]] = []
+
+    async def connect(self) -> None:
+        if not self.telemetry.exists():
+            raise SourceError(f"{self.telemetry}: no such file (FileNotFoundError)", "error")
+
+    async def reconnect(self) -> None:
+        await self.connect()
+
+    async def status(self) -> dict[str, Any]:
+        if self._status is None:
+            raise SourceError(f"replay of {self.telemetry}: no supervisor (recorded run)", "no_supervisor")
+        return self._status
+
+    def _refuse(self, op: str, arg: Any) -> dict[str, Any]:
+        self.requests.append((op, arg))
+        raise SourceError(f"{op}: a replay of {self.telemetry} is read-only")
+
+    async def pause(self, shards):
+        return self._refuse("pause", shards)
+
+    async def resume(self, shards):
+        return self._refuse("resume", shards)
+
+    async def restart_worker(self, name):
+        return self._refuse("restart_worker", name)
+
+    async def follow(self, since: float | None) -> AsyncIterator[Event]:
+        with open(self.telemetry, "rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    ev = parse_event(line)
+                except ValueError:
+                    continue  # an event type this console does not know
+                if since is None or ev.ts >= since:
+                    yield ev
+
+    async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str:
+        if worker in self._logs:
+            return self._logs[worker]
+        path = self.telemetry.parent / "workers" / worker / "server.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            raise SourceError(f"log of {worker}: {path}: {exc}") from exc
+
+    async def stats(self) -> dict[str, Any]:
+        if self._stats is not None:
+            return self._stats
+        from engine.stats import StatsReadError, compute_stats
+
+        try:
+            return compute_stats(self.telemetry.parent).to_dict()
+        except StatsReadError as exc:
+            raise SourceError(str(exc)) from exc
+
+    async def probes(self, only: set[str] | None = None) -> ProbeReport:
+        if self._report is None:
+            return ProbeReport(host=self.host, results=[], started_at=time.time(), duration_s=0.0)
+        if only:
+            return ProbeReport(self._report.host, [r for r in self._report.results if r.id in only],
+                               self._report.started_at, self._report.duration_s)
+        return self._report
+
+    async def close(self) -> None:
+        return None

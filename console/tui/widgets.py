@@ -1,0 +1,74 @@
+"""Small shared widgets and helpers: the run header and in-place DataTable syncing."""
+from __future__ import annotations
+
+from typing import Any, Hashable, Iterable
+
+from rich.text import Text
+from textual.widgets import DataTable, Static
+
+from console.tui.model import RunModel, duration_text
+
+STATE_STYLE = {
+    "running": "bold green", "done": "bold cyan", "paused": "bold yellow", "draining": "yellow", "starting": "yellow",
+    "stopped": "dim", "failed": "bold red", "disk_full": "bold red", "unknown": "dim", "ready": "green",
+    "loading": "yellow", "crashed": "bold red", "pending": "dim",
+}
+CONN_STYLE = {"connected": "green", "connecting": "yellow", "reconnecting": "bold yellow", "lost": "bold red",
+              "ended": "cyan"}
+
+
+def styled(text: str, style_key: str | None = None) -> Text:
+    return Text(text, style=STATE_STYLE.get(style_key or text, ""))
+
+
+class RunHeader(Static):
+    """host, run, state, aggregate tok/s, done/total, ETA, elapsed, connection."""
+
+    def show(self, m: RunModel, now: float, now_mono: float) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(f" {m.host}", style="bold")
+        t.append(f":{m.run_dir or '(no run dir)'}  ")
+        t.append(m.state, style=STATE_STYLE.get(m.state, ""))
+        tok = m.tokens_per_s
+        t.append(f"  {'N/A' if tok is None else f'{tok:,.0f}'} tok/s")
+        total = m.total
+        pct = f" ({100.0 * m.done / total:.1f}%)" if total else ""
+        t.append(f"  {m.done:,}/{total:,}{pct}")
+        t.append(f"  ETA {duration_text(m.eta_s()) if m.state != 'done' else '-'}")
+        t.append(f"  up {duration_text(m.elapsed_s(now))}")
+        rej = (m.rejects or {}).get("total", 0)
+        if rej:
+            t.append(f"  rejects {rej}", style="yellow")
+        t.append("  ")
+        conn = m.connection
+        t.append(f"[{conn.text(now_mono)}]", style=CONN_STYLE.get(conn.state, ""))
+        self.update(t)
+
+
+def sync_table(table: DataTable, rows: Iterable[tuple[Hashable, tuple[Any, ...]]], columns: list[str]) -> None:
+    """Make `table` show `rows` (key, cells) in order, touching only the cells that changed."""
+    cache: dict[Hashable, tuple] = table.__dict__.setdefault("_regen_cells", {})
+    seen = set()
+    for key, cells in rows:
+        seen.add(key)
+        old = cache.get(key)
+        if old is None:
+            table.add_row(*cells, key=str(key))
+        elif old != cells:
+            for col, (a, b) in enumerate(zip(old, cells)):
+                if a != b:
+                    table.update_cell(str(key), columns[col], b)
+        cache[key] = cells
+    for key in [k for k in cache if k not in seen]:
+        table.remove_row(str(key))
+        del cache[key]
+
+
+def bar(fraction: float, width: int = 12) -> str:
+    fraction = min(1.0, max(0.0, fraction))
+    full = int(fraction * width)
+    return "█" * full + "░" * (width - full)
+
+
+def pct(share: float | None) -> str:
+    return "N/A" if share is None else f"{share:.1%}"

@@ -330,3 +330,18 @@ def test_hung_worker_is_killed_and_its_samples_requeued(tmp_path, tiny_model_dir
     assert len({r["sample_id"] for r in rows}) == len(rows)
     final = [e for e in events if e["type"] == "dispatch"][-1]
     assert final["state"] == "done" and final["failed"] == 0
+
+
+def test_5xx_and_aborts_are_retried_until_every_sample_is_done(tmp_path, tiny_model_dir, supervisors):
+    run_dir = tmp_path / "run"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=60, sim=("--sim-5xx-rate", "0.2", "--sim-abort-rate", "0.1"))
+    cfg = dataclasses.replace(cfg, dispatch=dataclasses.replace(cfg.dispatch, max_retries=10, retry_backoff_s=0.05))
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(120) == 0, sup.log_text()[-3000:]
+    events = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+    final = [e for e in events if e["type"] == "dispatch"][-1]
+    assert final["state"] == "done" and final["retried"] > 0 and final["failed"] == 0
+    rows = read_rows(run_dir)
+    assert {r["finish_reason"] for r in rows} <= {"stop", "length"}
+    assert final["done"] == len(rows) == len({r["sample_id"] for r in rows})
+    assert "HTTP 503" in sup.log_text() and "aborted" in sup.log_text()

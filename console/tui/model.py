@@ -320,7 +320,8 @@ class RunModel:
         """A `status` reply: the authoritative snapshot (shard list, paused state, rejects)."""
         self.state = status.get("state") or self.state
         self.pid = status.get("pid")
-        self.started_at = status.get("started_at") or self.started_at
+        if status.get("started_at") is not None:
+            self.started_at = status["started_at"]
         self.run_dir = status.get("run_dir") or self.run_dir
         changed = {"header"}
         d = status.get("dispatch")

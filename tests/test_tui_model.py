@@ -1,0 +1,109 @@
+"""The console's event-folding model: state, bounded history, derived figures, console-side alerts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from console.tui.model import HISTORY_POINTS, RunModel, Series, bytes_text, duration_text
+from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, ShardEvent, WorkerEvent,
+                                     parse_event)
+
+RECORDED = Path(__file__).parent / "data" / "tui_telemetry.jsonl"
+
+
+def test_worker_and_gpu_fold_with_na_when_nvml_missing():
+    m = RunModel("h", "/r")
+    m.apply(WorkerEvent(ts=1, name="gpu0", state="ready", gpus=[0, 1], gen_throughput=900.0, running_reqs=12,
+                        queued_reqs=None))
+    m.apply(GpuEvent(ts=1, index=0, mem_used_mb=1000, mem_total_mb=80000, util_pct=90, temp_c=70))
+    m.apply(GpuEvent(ts=1, index=1, mem_used_mb=None, error="NVML unavailable"))
+    w = m.workers["gpu0"]
+    assert (w.state, w.tok_s, w.running, w.queued) == ("ready", 900.0, 12, None)
+    g = m.worker_gpu(w)
+    assert g["mem_used_mb"] is None and g["util_pct"] is None  # one GPU of two is N/A: the sum is N/A, not half
+    m.apply(GpuEvent(ts=2, index=1, mem_used_mb=3000, mem_total_mb=80000, util_pct=50, temp_c=80))
+    g = m.worker_gpu(w)
+    assert g == {"mem_used_mb": 4000, "mem_total_mb": 160000, "util_pct": 70.0, "temp_c": 80}
+
+
+def test_worker_crash_raises_one_console_alert():
+    m = RunModel()
+    m.apply(WorkerEvent(ts=1, name="gpu1", state="ready"))
+    m.apply(WorkerEvent(ts=2, name="gpu1", state="crashed", error="exit -9"))
+    m.apply(WorkerEvent(ts=3, name="gpu1", state="crashed", error="exit -9"))
+    alerts = [a for a in m.alerts if "gpu1" in a.text]
+    assert len(alerts) == 1 and alerts[0].text == "worker gpu1 crashed: exit -9" and alerts[0].origin == "console"
+    assert m.take_new_alerts() and not m.take_new_alerts()
+
+
+def test_history_is_bounded_and_replays_are_ignored():
+    s = Series()
+    for i in range(HISTORY_POINTS + 100):
+        s.add(float(i), i)
+    assert len(s) == HISTORY_POINTS and s.points[0] == (100.0, 100.0)
+    s.add(5.0, 1.0)  # backfill overlap: older than the newest point
+    assert s.last() == HISTORY_POINTS + 99
+
+
+def test_dispatch_header_eta_and_follow_position():
+    m = RunModel()
+    m.apply(DispatchEvent(ts=10, done=100, total=400, output_tokens=20000, tokens_per_s=1000.0, in_flight=5))
+    assert (m.done, m.total, m.state) == (100, 400, "running")
+    assert m.eta_s() == 300 * 200 / 1000.0  # samples left x tokens per sample / tok/s
+    assert m.last_ts == 10
+    m.apply_status({"state": "paused", "pid": 7, "started_at": 0.0, "dispatch": None,
+                    "shards": [{"id": "s00000", "state": "paused", "done": 3, "total": 50, "ts": 99}]})
+    assert m.last_ts == 10  # a status snapshot does not move the follow position
+    assert m.paused_shards() == ["s00000"] and m.state == "paused"
+    assert m.elapsed_s(now=65.0) == 65.0
+
+
+def test_alerts_deduplicate_by_key_and_count_repeats():
+    m = RunModel()
+    for ts in (1, 2, 3):
+        m.apply(AlertEvent(ts=ts, severity="error", text="shard s1: 30% empty", key="empty:s1"))
+    assert len(m.alerts) == 1 and m.alerts[0].count == 3
+    m.apply(AlertEvent(ts=2, severity="error", text="shard s1: 30% empty", key="empty:s1"))  # backfilled copy
+    assert m.alerts[0].count == 3
+
+
+def test_disk_time_to_full_and_low_alert():
+    m = RunModel()
+    gib = 2**30
+    for i in range(11):
+        m.apply(DiskEvent(ts=60.0 * i, path="/run", free_bytes=(100 - i) * gib, total_bytes=200 * gib))
+    d = m.disks["/run"]
+    assert abs(d.write_rate() - gib / 60) < 1
+    assert abs(d.time_to_full() - 90 * 60) < 1  # 90 GiB left at 1 GiB/min
+    m.apply(DiskEvent(ts=700.0, path="/run", free_bytes=5 * gib, total_bytes=200 * gib))
+    assert any(a.key == "console.disk:/run" and a.severity == "critical" for a in m.alerts)
+    flat = RunModel()
+    flat.apply(DiskEvent(ts=1, path="/dev/shm", free_bytes=gib, total_bytes=gib))
+    flat.apply(DiskEvent(ts=2, path="/dev/shm", free_bytes=gib, total_bytes=gib))
+    assert flat.disks["/dev/shm"].time_to_full() is None
+
+
+def test_throughput_drop_and_empty_share_alerts():
+    m = RunModel()
+    m.apply(ShardEvent(ts=0, id="s0", state="running", done=100, total=200, empty=20))
+    for i in range(40):
+        m.apply(DispatchEvent(ts=float(i), done=100, total=200, tokens_per_s=1000.0, in_flight=8))
+    m.apply(DispatchEvent(ts=41.0, done=100, total=200, tokens_per_s=100.0, in_flight=8))
+    keys = {a.key for a in m.alerts}
+    assert "console.throughput" in keys and "console.empty" in keys
+
+
+def test_recorded_run_folds_to_its_final_state():
+    """A telemetry.jsonl written by the real engine (`regen demo`, 2 simulated GPUs)."""
+    m = RunModel()
+    lines = RECORDED.read_bytes().splitlines()
+    m.apply_all(parse_event(line) for line in lines if line.strip())
+    assert m.state == "done" and m.done == m.dispatch.done and m.total > 0
+    assert set(m.workers) == {"gpu0", "gpu1"}
+    assert all(s.state == "done" for s in m.shards.values())
+    assert {"/dev/shm"} <= set(m.disks)
+    assert all(g.mem_used_mb is None and g.error for g in m.gpus.values())  # no NVML here: N/A, with the reason
+
+
+def test_text_helpers():
+    assert duration_text(None) == "N/A" and duration_text(3725) == "1h02m" and duration_text(90061) == "1d01h01m"
+    assert bytes_text(3 * 2**30) == "3.0 GiB" and bytes_text(None) == "N/A"

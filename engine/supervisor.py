@@ -145,7 +145,9 @@ class Supervisor:
             log.info("the servers' context length %d is below the tokenizer's %d: using it", min(known),
                      self.plan.context_length)
             self.plan.context_length = min(known)
-        self.mode = "running"
+        if self.mode == "starting":
+            self.mode = "running"
+            self.dispatcher.accepting = not self.disk_full
         await self.plan.feed_forever()
 
     def _on_worker_state(self, w: Worker, state: str) -> None:

@@ -208,7 +208,13 @@ class Worker:
         await self._ready_event.wait()
 
     def restart(self) -> None:
-        """Operator-requested restart: kill and relaunch; not counted as a crash."""
+        """Operator-requested restart: kill and relaunch; not counted as a crash. A failed worker
+        gets a fresh crash budget and is launched again."""
+        if self._task is not None and self._task.done() and not self._stopping:
+            self._crash_times.clear()
+            self.restarts += 1
+            self.start()
+            return
         self._manual_restart.set()
 
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:

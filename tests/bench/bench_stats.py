@@ -215,7 +215,7 @@ def main() -> None:
             "figures": {"empty_share": stats.empty.share, "truncated_share": stats.truncated.share,
                         "output_mean": stats.lengths["output"].mean, "output_p99": stats.lengths["output"].p99,
                         "cut_share": stats.cut.cut_share},
-            "machine": {"cpus": os.cpu_count()},
+            "machine": {"cpus": os.cpu_count(), "load_avg_1_5_15": os.getloadavg()},
         }
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -338,38 +338,30 @@ def saturated_throughput(reqs: Sequence[_Request], batch: int) -> tuple[float, f
     return (tokens / seconds if seconds > 0 else 0.0), seconds, int(round(tokens))
 
 
-def _launch_argv(cfg: RunConfig, host: str, port: int, gpus: Sequence[int], python: str) -> list[str]:
-    # TODO(ENGINE): use engine.workers.launch_argv once it is committed; same template fields.
-    fields = {"python": python, "model": cfg.model, "host": host, "port": str(port), "tp": str(len(gpus)),
-              "gpus": ",".join(str(g) for g in gpus)}
-    argv = [w.format(**fields) for w in shlex.split(cfg.workers.launch)] + list(cfg.workers.extra_args)
-    if cfg.workers.api_key and "--api-key" not in argv:
-        argv += ["--api-key", cfg.workers.api_key]
-    return argv
-
-
 class _PilotServers:
     def __init__(self, cfg: RunConfig, log_dir: Path, python: str):
         self.cfg, self.log_dir, self.python = cfg, log_dir, python
         self.procs: list[subprocess.Popen] = []
         self.urls: list[str] = []
+        self.names: list[str] = []
         self.logs: list[Path] = []
 
     def start(self) -> None:
+        from engine.workers import launch_argv, worker_specs  # the supervisor's own command line per group
+
         w = self.cfg.workers
-        for i, gpus in enumerate(w.groups()):
-            port = w.base_port + i
-            argv = _launch_argv(self.cfg, w.host, port, gpus, self.python)
-            log = self.log_dir / f"pilot-{i}.log"
-            env = dict(os.environ, **w.env, CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpus))
+        for spec in worker_specs(self.cfg):
+            argv = launch_argv(self.cfg, spec, self.python)
+            log = self.log_dir / f"{spec.name}.log"
+            env = dict(os.environ, **w.env, CUDA_VISIBLE_DEVICES=",".join(str(g) for g in spec.gpus))
             with open(log, "ab") as out:
                 try:
                     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 except OSError as exc:
                     raise PlanError(f"pilot: cannot start `{shlex.join(argv)}`: {exc}") from exc
             self.procs.append(proc)
-            host = f"[{w.host}]" if ":" in w.host else w.host
-            self.urls.append(f"http://{host}:{port}")
+            self.urls.append(spec.url)
+            self.names.append(spec.name)
             self.logs.append(log)
 
     async def wait_ready(self, session) -> None:
@@ -499,7 +491,7 @@ async def run_pilot(cfg: RunConfig, renderer, rendered, n: int, python: str | No
     for w in range(n_workers):
         mine = [r for r in reqs if r.worker == w]
         rate, window, _ = saturated_throughput(mine, batches[w])
-        workers.append(PilotWorker(f"w{w}", servers.urls[w], len(mine), batches[w],
+        workers.append(PilotWorker(servers.names[w], servers.urls[w], len(mine), batches[w],
                                    sum(r.completion_tokens for r in mine), window, rate))
     lens = np.array([r.completion_tokens for r in reqs], dtype=np.float64)
     finish: dict[str, int] = {}

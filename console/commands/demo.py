@@ -139,7 +139,7 @@ async def _demo(args, cfg: RunConfig, run_tui) -> int:
     print(f"demo run started: supervisor pid {started.pid}, run dir {started.run_dir}", file=sys.stderr)
     if run_tui is not None:
         await transport.close()
-        result = run_tui("local", started.run_dir)
+        result = run_tui("local", started.run_dir, host_python=started.host_python)
         if asyncio.iscoroutine(result):
             result = await result
         return int(result or 0)

@@ -114,6 +114,10 @@ class RegenApp(App):
 
     def on_mount(self) -> None:
         self.title = f"regen · {self.source.host}"
+        # kept, not queried: a modal screen on top must not hide them from the data handlers
+        self._header = self.query_one(RunHeader)
+        self._tabs = self.query_one("#tabs", TabbedContent)
+        self._panels = {t: self.query_one(f"#panel-{t}") for t in TABS}
         self._draw_header()
         self.start_io()
         if self.live:
@@ -129,14 +133,14 @@ class RegenApp(App):
 
     @property
     def active_tab(self) -> str:
-        return self.query_one("#tabs", TabbedContent).active
+        return self._tabs.active
 
     def panel(self, tab: str):
-        return self.query_one(f"#panel-{tab}")
+        return self._panels[tab]
 
     # -- drawing -----------------------------------------------------------------------------
     def _draw_header(self) -> None:
-        self.query_one(RunHeader).show(self.model, self.clock(), self.monotonic())
+        self._header.show(self.model, self.clock(), self.monotonic())
 
     def _mark(self, sections: set[str]) -> None:
         for s in sections:
@@ -444,7 +448,7 @@ class RegenApp(App):
 
     # -- navigation ----------------------------------------------------------------------------
     def action_tab(self, tab: str) -> None:
-        self.query_one("#tabs", TabbedContent).active = tab
+        self._tabs.active = tab
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -6,6 +6,7 @@ kept as None and shown as N/A; nothing here raises on a partial event.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -49,6 +50,12 @@ def bytes_text(n: float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+def event_from(cls: type[Event], data: dict[str, Any]) -> Event:
+    """An event from a status dict (fields this console does not know are dropped)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
 
 
 class Series:
@@ -326,16 +333,14 @@ class RunModel:
         changed = {"header"}
         d = status.get("dispatch")
         if d:
-            ev = DispatchEvent(**{k: v for k, v in d.items() if k in DispatchEvent.__dataclass_fields__})
+            ev = event_from(DispatchEvent, d)
             if self.dispatch is None or ev.ts >= self.dispatch.ts:
                 self.dispatch = ev
         for key, cls in (("workers", WorkerEvent), ("gpus", GpuEvent), ("shards", ShardEvent), ("disk", DiskEvent)):
             for item in status.get(key) or []:
-                fields = {k: v for k, v in item.items() if k in cls.__dataclass_fields__}
-                changed |= self._snapshot(cls(**fields))
+                changed |= self._snapshot(event_from(cls, item))
         for item in status.get("alerts") or []:
-            fields = {k: v for k, v in item.items() if k in AlertEvent.__dataclass_fields__}
-            ev = AlertEvent(**fields)
+            ev = event_from(AlertEvent, item)
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
             changed.add("alerts")
         if status.get("rejects") is not None:

@@ -1,0 +1,90 @@
+"""Helpers shared by the fault-injection suite (tests/test_faults_*.py).
+
+The simulated-run harness itself (make_config, SupervisorProc, supervisors, ctl, status, wait_for,
+read_rows, expected_samples, check_rows) lives in tests/test_engine_run.py and is re-exported here.
+Each fault case records its figures with `record_figures`; tests/bench/fault_report.py tallies them.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from engine.config import RunConfig
+from engine.render import Renderer
+from tests.test_engine_run import (  # noqa: F401  (re-exported for the fault tests)
+    REPO, SupervisorProc, check_rows, ctl, expected_samples, make_config, read_rows, renderer_for, status,
+    supervisors, wait_for,
+)
+
+FIGURES_PATH = REPO / "tests" / "bench" / "results" / "faults.json"
+
+
+def events(run_dir: Path) -> list[dict]:
+    """Every telemetry event written so far (a partial last line is skipped)."""
+    out = []
+    for line in (run_dir / "telemetry.jsonl").read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # the writer's current line
+    return out
+
+
+def rejects(run_dir: Path) -> list[dict]:
+    path = run_dir / "rejects.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def sample_accounting(run_dir: Path, cfg: RunConfig, renderer: Renderer) -> dict:
+    """Lost / duplicated / unreadable figures of a finished run, re-derived from the inputs.
+
+    A sample is accounted for when it is in a committed part or in rejects.jsonl (a turn rejected
+    for context overflow, or failed after its retries, with the reason)."""
+    unreadable = 0
+    for f in (run_dir / "shards").rglob("*.parquet"):
+        try:
+            pq.read_table(f)
+        except Exception as exc:  # noqa: BLE001 - any read failure counts, and is printed
+            print(f"unreadable part file {f}: {exc!r}")
+            unreadable += 1
+    rows = read_rows(run_dir)
+    ids = [r["sample_id"] for r in rows]
+    expected, _ = expected_samples(cfg, renderer)
+    settled = {f"{r['conversation_id']}#{r['reason'].split(':')[0].replace(' ', '')}" for r in rejects(run_dir)
+               if r.get("conversation_id") and r["reason"].startswith("turn ")}
+    failed = sum(1 for r in rejects(run_dir) if r.get("kind") == "generation_failed")
+    present = set(ids)
+    lost = expected - present - settled
+    return {"expected": len(expected), "committed": len(ids), "duplicated": len(ids) - len(present),
+            "lost": len(lost), "unreadable_parts": unreadable, "rejected_turns": len(settled & expected),
+            "failed_after_retries": failed,
+            "lost_ids": sorted(lost)[:10]}
+
+
+def record_figures(case: str, **figures) -> None:
+    """Merge one case's figures into tests/bench/results/faults.json (several test processes may write)."""
+    FIGURES_PATH.parent.mkdir(parents=True, exist_ok=True)
+    with open(FIGURES_PATH.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(FIGURES_PATH.read_text()) if FIGURES_PATH.exists() else {}
+        except json.JSONDecodeError:
+            data = {}
+        cases = data.setdefault("cases", {})
+        cases[case] = {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **figures}
+        FIGURES_PATH.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def quick_state(run_dir: Path) -> str:
+    """The supervisor's state over the control socket, in-process (no engine.ctl subprocess per poll)."""
+    from engine.control import request
+
+    try:
+        reply = request(run_dir / "control.sock", {"op": "status"}, timeout=5)
+    except (OSError, ValueError) as exc:
+        return f"no-socket ({type(exc).__name__})"
+    return (reply.get("result") or {}).get("state", "unknown") if reply.get("ok") else "error-reply"

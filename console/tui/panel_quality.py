@@ -26,6 +26,10 @@ def _share(c: dict | None) -> str:
     return "N/A" if not c else f"{c['count']:,} ({c['share']:.1%})"
 
 
+def _num(v) -> str:
+    return "N/A" if v is None else f"{v:,.0f}"
+
+
 def figures(s: dict) -> Group:
     t = Table(show_header=False, box=None, expand=True)
     t.add_column(style="bold")
@@ -37,8 +41,7 @@ def figures(s: dict) -> Group:
     for k, c in (s.get("reasoning") or {}).items():
         t.add_row(f"thinking {k}", _share(c))
     lm = (s.get("loss_mask") or {}).get("distribution") or {}
-    t.add_row("loss-mask sum", f"mean {lm.get('mean') or 0:.0f}  p50 {lm.get('p50')}  p90 {lm.get('p90')}  "
-              f"p99 {lm.get('p99')}  max {lm.get('max')}")
+    t.add_row("loss-mask sum", "  ".join(f"{k} {_num(lm.get(k))}" for k in ("mean", "min", "p50", "p90", "p99", "max")))
     cut = s.get("cut") or {}
     if cut:
         t.add_row(f"cut at {cut.get('train_max_length')}",

@@ -29,7 +29,9 @@ class WorkersPanel(Vertical):
             yield TimeChart("throughput (tok/s)", "tok/s", id="throughput-chart")
             yield TimeChart("VRAM used (GiB)", "GiB", id="vram-chart")
         with Horizontal(id="workers-bottom"):
-            yield VerticalScroll(id="sparklines")
+            sparks = VerticalScroll(id="sparklines")
+            sparks.border_title = "tok/s per worker"
+            yield sparks
             log = Log(id="worker-log", max_lines=400)
             log.border_title = "server.log"
             yield log

@@ -213,10 +213,11 @@ class ReplaySource:
     supervisor has exited; control operations are refused with a message."""
 
     def __init__(self, telemetry: Path, *, status: dict[str, Any] | None = None, stats: dict[str, Any] | None = None,
-                 logs: dict[str, str] | None = None, probe_report: ProbeReport | None = None, host: str = "replay"):
+                 logs: dict[str, str] | None = None, probe_report: ProbeReport | None = None, host: str = "replay",
+                 run_dir: str | None = None):
         self.telemetry = Path(telemetry)
         self.host = host
-        self.run_dir = str(self.telemetry.parent)
+        self.run_dir = run_dir or str(self.telemetry.parent)
         self._status = status
         self._stats = stats
         self._logs = logs or {}
@@ -232,7 +233,7 @@ class ReplaySource:
 
     async def status(self) -> dict[str, Any]:
         if self._status is None:
-            raise SourceError(f"replay of {self.telemetry}: no supervisor (recorded run)", "no_supervisor")
+            raise SourceError("replay: no supervisor (a recorded run)", "no_supervisor")
         return self._status
 
     def _refuse(self, op: str, arg: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def sample_accounting(run_dir: Path, cfg: RunConfig, renderer: Renderer) -> dict
 def record_figures(case: str, **figures) -> None:
     """Merge one case's figures into tests/bench/results/faults.json (several test processes may write)."""
     FIGURES_PATH.parent.mkdir(parents=True, exist_ok=True)
-    with open(FIGURES_PATH.with_suffix(".lock"), "w") as lock:
+    with open(Path(tempfile.gettempdir()) / "regen-faults-figures.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             data = json.loads(FIGURES_PATH.read_text()) if FIGURES_PATH.exists() else {}

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import logging
 import time
+from array import array
 from typing import Callable
 
 import aiohttp
@@ -243,10 +244,13 @@ class Dispatcher:
             data = orjson.loads(body)
             if isinstance(data, list):
                 data = data[0]
-            output_ids = [int(t) for t in data["output_ids"]]
+            output_ids = data["output_ids"]
+            if not isinstance(output_ids, list):
+                raise TypeError(f"output_ids is {type(output_ids).__name__}, not a list")
+            array("i", output_ids)  # every id an int32, checked at C speed (TypeError / OverflowError)
             meta = data.get("meta_info") or {}
             finish = meta.get("finish_reason") or {}
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
             item.last_error = f"{w.name}: unreadable /generate reply ({type(exc).__name__}: {exc}): {body[:200]!r}"
             self._retry_or_fail(item)
             return

@@ -50,6 +50,15 @@ class Renderer:
                               "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
         self.path = path
         self.enable_thinking = enable_thinking
+        # transformers' decode walks every id in Python (to_py_obj) before the Rust decode: on a
+        # 4000-token answer that costs more than the decode itself. Without clean-up of spaces its
+        # result is exactly the Rust tokenizer's, so call that directly, or (byte-level BPE, checked
+        # to agree) a per-id bytes table, built on first use (engine.bytelevel_decode)
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        self._backend = (backend if backend is not None
+                         and not getattr(self.tokenizer, "clean_up_tokenization_spaces", False) else None)
+        self._byte_table = None
+        self._byte_table_built = False
         self.model_config = _read_json(path / "config.json")
         self.generation_config = _read_json(path / "generation_config.json")
         self.context_length = context_length or self._configured_context_length()
@@ -176,7 +185,16 @@ class Renderer:
         return max(0, min(max_new_tokens, self.context_length - len(prompt_ids) - 1))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        if self._backend is None:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        if not self._byte_table_built:
+            from engine.bytelevel_decode import ByteTableDecoder
+
+            self._byte_table = ByteTableDecoder.build(self._backend)
+            self._byte_table_built = True
+        ids = ids if isinstance(ids, list) else list(ids)
+        text = self._byte_table.decode(ids) if self._byte_table is not None else None
+        return text if text is not None else self._backend.decode(ids, skip_special_tokens=False)
 
     def strip_eos(self, output_ids: Sequence[int]) -> list[int]:
         ids = list(output_ids)

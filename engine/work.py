@@ -93,6 +93,8 @@ def reject_for(conv: Conversation, reason: str, excerpt: str = "", kind: str = "
         line = int(where)
     else:
         file = conv.origin
+    if file and conv.source.endswith("/" + file):
+        file = conv.source  # origin names the file by its base name; rejects.jsonl gives the full path as ingest does
     return Reject(file=file or conv.source, line=line, row=row, reason=reason, excerpt=excerpt[:300],
                   conversation_id=conv.conversation_id, kind=kind)
 

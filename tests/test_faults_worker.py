@@ -94,7 +94,8 @@ def test_hung_worker_is_detected_killed_restarted_and_requeued(tmp_path, tiny_mo
     answered = [e for e in _worker_events(evs, "gpu0") if e["ts"] < hung["ts"] and e["running_reqs"] is not None]
     crashed, ready = _recovery(evs, "gpu0", hung["ts"])
     requeued = _requeued(sup.log_text(), "gpu0")
-    record_figures("worker_hang", faults_injected=1, survived=1,
+    hangs = sum(1 for e in evs if e["type"] == "alert" and e["key"] == "worker:gpu0:hung")
+    record_figures("worker_hang", faults_injected=hangs, survived=1,
                    detection_s=round(hung["ts"] - answered[-1]["ts"], 2),
                    detection_note="from the last answered /metrics scrape to the hung alert "
                                   "(health_timeout_s=1, health_failures=2)",
@@ -120,7 +121,8 @@ def test_oom_is_reported_with_the_log_line_and_recovered(tmp_path, tiny_model_di
     stamp = re.search(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\][^\n]*Received sigquit", log_text)
     oom_at = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")) if stamp else None
     requeued = _requeued(sup.log_text(), "gpu0")
-    record_figures("worker_oom", faults_injected=1, survived=1,
+    ooms = sum(1 for e in evs if e["type"] == "alert" and e["key"] == "worker:gpu0:crash")
+    record_figures("worker_oom", faults_injected=ooms, survived=1,
                    detection_s=round(crashed["ts"] - oom_at, 2) if oom_at else None,
                    detection_note="from the SGLang sigquit log line (1 s resolution) to the crashed state",
                    ready_again_s=round(ready["ts"] - crashed["ts"], 2), in_flight_requeued=requeued,

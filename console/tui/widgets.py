@@ -26,7 +26,9 @@ class RunHeader(Static):
 
     def show(self, m: RunModel, now: float, now_mono: float) -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(f" {m.host}", style="bold")
+        conn = m.connection
+        t.append(f" [{conn.text(now_mono)}] ", style=CONN_STYLE.get(conn.state, ""))  # first: never cut off
+        t.append(f"{m.host}", style="bold")
         t.append(f":{m.run_dir or '(no run dir)'}  ")
         t.append(m.state, style=STATE_STYLE.get(m.state, ""))
         tok = m.tokens_per_s
@@ -39,9 +41,6 @@ class RunHeader(Static):
         rej = (m.rejects or {}).get("total", 0)
         if rej:
             t.append(f"  rejects {rej}", style="yellow")
-        t.append("  ")
-        conn = m.connection
-        t.append(f"[{conn.text(now_mono)}]", style=CONN_STYLE.get(conn.state, ""))
         self.update(t)
 
 
@@ -57,7 +56,7 @@ def sync_table(table: DataTable, rows: Iterable[tuple[Hashable, tuple[Any, ...]]
         elif old != cells:
             for col, (a, b) in enumerate(zip(old, cells)):
                 if a != b:
-                    table.update_cell(str(key), columns[col], b)
+                    table.update_cell(str(key), columns[col], b, update_width=True)
         cache[key] = cells
     for key in [k for k in cache if k not in seen]:
         table.remove_row(str(key))

@@ -7,6 +7,7 @@ Replies: {"ok": true, "result": {...}} or {"ok": false, "error": "text"}.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -19,6 +20,21 @@ log = logging.getLogger("regen.control")
 
 OPS = ("status", "pause", "resume", "restart_worker", "drain", "stop")
 MAX_REQUEST_BYTES = 1 << 20
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the terminating NUL (Linux)
+
+
+@contextlib.contextmanager
+def socket_address(path: Path):
+    """An AF_UNIX address for `path`: the path itself, or, when it is longer than sun_path allows
+    (deep run dirs), the same file reached through /proc/self/fd/<dir fd>/<name> (Linux)."""
+    if len(os.fsencode(str(path))) <= SUN_PATH_MAX:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
 
 
 class ControlError(Exception):
@@ -40,8 +56,8 @@ class ControlServer:
             self.path.unlink()  # a stale socket of a dead supervisor (the pid file check ran first)
         old_umask = os.umask(0o177)  # the socket is created 0600, never briefly wider
         try:
-            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path),
-                                                           limit=MAX_REQUEST_BYTES)
+            with socket_address(self.path) as address:
+                self._server = await asyncio.start_unix_server(self._serve, path=address, limit=MAX_REQUEST_BYTES)
         finally:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
@@ -110,7 +126,8 @@ def request(path: Path, payload: dict[str, Any], timeout: float = 30.0) -> dict[
     Raises FileNotFoundError / ConnectionRefusedError when no supervisor listens there."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        sock.connect(str(path))
+        with socket_address(path) as address:
+            sock.connect(address)
         sock.sendall(orjson.dumps(payload) + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):

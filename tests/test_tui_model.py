@@ -107,3 +107,14 @@ def test_recorded_run_folds_to_its_final_state():
 def test_text_helpers():
     assert duration_text(None) == "N/A" and duration_text(3725) == "1h02m" and duration_text(90061) == "1d01h01m"
     assert bytes_text(3 * 2**30) == "3.0 GiB" and bytes_text(None) == "N/A"
+
+
+def test_status_reply_with_event_dicts_folds():
+    """A real status reply carries each event's `type` key; it must fold, not raise."""
+    m = RunModel()
+    d = DispatchEvent(ts=5, done=3, total=9, tokens_per_s=10.0).to_dict()
+    w = WorkerEvent(ts=5, name="gpu0", state="ready").to_dict()
+    a = AlertEvent(ts=5, severity="warning", text="t", key="k").to_dict()
+    m.apply_status({"state": "running", "dispatch": d, "workers": [w], "alerts": [a], "rejects": {"total": 2}})
+    assert (m.done, m.total, m.workers["gpu0"].state, m.rejects["total"]) == (3, 9, "ready", 2)
+    assert [x.text for x in m.alerts] == ["t"]

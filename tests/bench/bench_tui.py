@@ -100,18 +100,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=60.0)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="regen-bench-tui-") as tmp:
-        started = asyncio.run(start(Path(tmp) / "run"))
+    tmp = tempfile.mkdtemp(prefix="regen-bench-tui-")
+    started = asyncio.run(start(Path(tmp) / "run"))
+    try:
+        time.sleep(10)  # workers loading
+        cpu = tui_cpu(started.run_dir, args.seconds)
+        lags = asyncio.run(latency(started.run_dir, args.seconds / 2))
+    finally:
         try:
-            time.sleep(10)  # workers loading
-            cpu = tui_cpu(started.run_dir, args.seconds)
-            lags = asyncio.run(latency(started.run_dir, args.seconds / 2))
-        finally:
-            try:
-                os.killpg(int((Path(started.run_dir) / "supervisor.pid").read_text()), signal.SIGTERM)
-            except (FileNotFoundError, ProcessLookupError, ValueError) as exc:
-                print(f"stopping the run: {exc}", file=sys.stderr)
-            time.sleep(3)
+            pgid = int((Path(started.run_dir) / "supervisor.pid").read_text())
+            os.killpg(pgid, signal.SIGTERM)
+            psutil.wait_procs([psutil.Process(pgid)], timeout=30)
+        except (FileNotFoundError, ProcessLookupError, ValueError, psutil.NoSuchProcess) as exc:
+            print(f"stopping the run: {exc}", file=sys.stderr)
+        print(f"run dir left for inspection: {tmp}", file=sys.stderr)
     print(f"console CPU, % of one core (median of 1 s samples): workers tab {cpu['workers']:.1f}, "
           f"shards tab (1,000 rows) {cpu['shards']:.1f}")
     if lags:

@@ -125,3 +125,39 @@ def test_disk_full_pauses_dispatch_keeps_parts_whole_and_resumes(small_disk, tin
     assert bad_full == bad_end == 0
     assert acc["lost"] == acc["duplicated"] == 0, acc["lost_ids"]
     assert [e for e in evs if e["type"] == "dispatch"][-1]["state"] == "done"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sudden_enospc_mid_commit_keeps_rows_and_parts_whole(small_disk, tiny_model_dir, supervisors, renderer_for):
+    """The disk fills at once (no time for the free-space guard's tick): commits fail with ENOSPC,
+    the rows stay in memory with an alert, no partial file is left, and all is committed once space returns."""
+    run_dir = small_disk / "run"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=100, gpus=1,
+                      sim=("--sim-output-mean", "80", "--sim-step-ms", "6", "--max-running-requests", "8"))
+    cfg = dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, disk_free_min_gb=MIN_FREE_MB / 1024))
+    sup = supervisors(run_dir).start(cfg)
+    wait_for(lambda: quick_state(run_dir) == "running" and (_status(run_dir).get("dispatch") or {}).get("done", 0) > 5,
+             90, "a running supervisor with commits", sup)
+    filler = small_disk / "filler.bin"
+    _fill(filler, leave_bytes=0)
+    time.sleep(6)
+    alive = sup.proc.poll() is None
+    ok_full, bad_full = _parts_readable(run_dir)
+    leftovers = [str(p) for p in (run_dir / "shards").rglob("*.tmp")]
+    filler.unlink()
+    assert alive, "the supervisor died when the disk filled up"
+    assert sup.wait(150) == 0, sup.log_text()[-3000:]
+    evs = events(run_dir)
+    commit_alerts = [e for e in evs if e["type"] == "alert" and e["key"].startswith("commit:")]
+    acc = sample_accounting(run_dir, cfg, renderer_for(cfg))
+    ok_end, bad_end = _parts_readable(run_dir)
+    record_figures("disk_enospc", faults_injected=1, survived=int(acc["lost"] == 0 and alive),
+                   commit_failures_alerted=len(commit_alerts), parts_readable_while_full=ok_full,
+                   tmp_files_left_while_full=len(leftovers), parts_unreadable=bad_full + bad_end,
+                   samples_lost=acc["lost"], samples_duplicated=acc["duplicated"])
+    assert bad_full == bad_end == 0
+    assert acc["lost"] == acc["duplicated"] == 0, acc["lost_ids"]
+    assert [e for e in evs if e["type"] == "dispatch"][-1]["state"] == "done"
+    for alert in commit_alerts:
+        assert "No space left on device" in alert["text"] and "rows kept in memory" in alert["evidence"]

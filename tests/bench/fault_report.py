@@ -25,6 +25,7 @@ CASES = {
     "worker_oom": "worker logs a CUDA OOM and exits (--sim-oom-after)",
     "ssh_cut": "SSH connection cut while a console follows (sshd session killed)",
     "disk_full": "run dir disk below the threshold, then full (ENOSPC), then freed",
+    "disk_enospc": "run dir disk full at once, before the free-space guard's tick (commits hit ENOSPC)",
     "server_5xx_and_abort": "HTTP 503 bursts and aborted finish reasons",
     "request_timeout": "requests past dispatch.request_timeout_s",
     "context_overflow": "prompt longer than the context",
@@ -50,6 +51,10 @@ def outcome(name: str, c: dict) -> str:
     if name == "disk_full":
         return (f"dispatch paused {c['pause_detected_s']} s after the fill, {c['parts_unreadable']} unreadable"
                 f" parts, resumed and completed; lost {c['samples_lost']}, duplicated {c['samples_duplicated']}")
+    if name == "disk_enospc":
+        return (f"{c['commit_failures_alerted']} failed commits alerted, rows kept in memory,"
+                f" {c['tmp_files_left_while_full']} partial files left, {c['parts_unreadable']} unreadable parts,"
+                f" lost {c['samples_lost']}, duplicated {c['samples_duplicated']}")
     if name == "server_5xx_and_abort":
         return (f"{c['http_503_retried']} 503 and {c['aborts_retried']} aborts retried, run done,"
                 f" lost {c['samples_lost']}")

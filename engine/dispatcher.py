@@ -135,6 +135,12 @@ class Dispatcher:
                 w.capacity = self.cfg.dispatch.max_in_flight_per_worker
             return
         for w in self.workers:
+            if w.state != WorkerState.READY:
+                # its max_running_requests is read when it becomes ready: a cap kept from the default
+                # now (64 + margin) would over-fill a smaller server for a whole metrics tick
+                self._dynamic_cap.pop(w.name, None)
+                w.in_flight = len(self.inflight[w.name])
+                continue
             base = w.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING
             margin = max(2, base // 8)
             cap = self._dynamic_cap.get(w.name, base + margin)

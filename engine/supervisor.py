@@ -397,13 +397,18 @@ class Supervisor:
                 self.dispatcher.accepting = not low
         self.telemetry.condition(
             "disk-low", low, "critical",
-            f"disk low: {run_disk.free_bytes / 2**30:.1f} GiB free under {self.run_dir}: dispatch paused",
+            f"disk low: {_size(run_disk.free_bytes)} free under {self.run_dir}: dispatch paused",
             f"alerts.disk_free_min_gb = {self.cfg.alerts.disk_free_min_gb}; dispatch resumes when space is freed")
 
     def _disk_ok_for_commit(self) -> bool:
         # dispatch stops at the threshold; commits continue until a tenth of it is left
         free = getattr(self, "_run_free", None)
         return free is None or free > self.cfg.alerts.disk_free_min_gb * 2**30 * 0.1
+
+
+def _size(nbytes: int) -> str:
+    """GiB, or MiB under one GiB (a nearly full disk must not read "0.0 GiB")."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 # -- process setup --------------------------------------------------------------------------

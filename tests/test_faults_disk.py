@@ -121,6 +121,7 @@ def test_disk_full_pauses_dispatch_keeps_parts_whole_and_resumes(small_disk, tin
                    parts_unreadable=bad_full + bad_end, samples_lost=acc["lost"], samples_duplicated=acc["duplicated"],
                    alerts=[e["text"] for e in low])
     assert low and low[0]["severity"] == "critical" and "dispatch paused" in low[0]["text"]
+    assert " MiB free under " in low[0]["text"], low[0]["text"]  # not "0.0 GiB"
     assert any(e["severity"] == "info" and e["text"].startswith("cleared") for e in low), "no resume alert"
     assert bad_full == bad_end == 0
     assert acc["lost"] == acc["duplicated"] == 0, acc["lost_ids"]

@@ -120,6 +120,8 @@ class WorkPlan:
         self._rescans: collections.deque[_Rescan] = collections.deque()
         self._main_done = False
         self._main_iter: Iterator | None = None
+        self._shard_order: list[str] | None = None  # shards in index order (set after the count)
+        self._incomplete_from = 0  # every shard before this position in _shard_order is complete
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="regen-render")
         self._wake_feed = asyncio.Event()
         self._item_ready = asyncio.Event()
@@ -265,9 +267,21 @@ class WorkPlan:
             return False
         if not self._rescans and self._main_done:
             return False
-        if not self._rescans and all(c.complete or sid in self.paused for sid, c in self.shards.items()):
+        if not self._rescans and self._only_paused_left():
             return False  # everything left is paused: do not walk the file
         return True
+
+    def _only_paused_left(self) -> bool:
+        # called once per feed batch: scanning every shard each time is quadratic on a resumed run
+        # with many complete shards; completion is final within a run, so skip those for good
+        order = self._shard_order
+        if order is None:
+            order = self._shard_order = list(self.shards)
+        i = self._incomplete_from
+        while i < len(order) and self.shards[order[i]].complete:
+            i += 1
+        self._incomplete_from = i
+        return all(order[k] in self.paused for k in range(i, len(order)) if not self.shards[order[k]].complete)
 
     def _next_source(self):
         if self._rescans:
@@ -293,6 +307,8 @@ class WorkPlan:
             sid = shard_id_for(conv.index, self.cfg.shard_size)
             if sid not in self.shards or conv.conversation_id in self.active:
                 continue
+            if self.shards[sid].complete:
+                continue  # every sample settled (on resume: committed): no per-sample lookups
             if sid in self.paused:
                 self._defer(sid, conv.index)
                 continue

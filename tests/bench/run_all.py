@@ -1,0 +1,153 @@
+"""All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, resume, stats, probe latency.
+
+    .venv/bin/python -m tests.bench.run_all [--quick] [--only ingest,occupancy,resume,stats,probe]
+
+Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
+(the one in README.md "## Benchmarks"). Medians of --repeats runs (3; --quick: 1). The resume
+run dir (1,000,000 committed samples) and the stats data (1,000,000 samples) are built once and
+cached under $TMPDIR/regen-bench-cache (the first run pays for building them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.bench import bench_common as bc
+
+ALL = ("ingest", "occupancy", "resume", "stats", "probe")
+
+
+def _sub(argv: list[str], timeout: float) -> None:
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=str(bc.REPO), timeout=timeout, text=True,
+                          capture_output=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    print("\n".join("  " + line for line in proc.stdout.strip().splitlines()[-6:]), flush=True)
+
+
+def run_ingest(quick: bool) -> dict:
+    from tests.bench import bench_ingest
+
+    if quick:
+        res = bench_ingest.run(samples=2000, baseline_samples=500, repeats=1, gpus=2, threads=64, output_mean=4000)
+    else:
+        res = bench_ingest.run(samples=4000, baseline_samples=1200, repeats=3, gpus=2, threads=64, output_mean=4000)
+    (bc.RESULTS_DIR / "ingest.json").write_text(json.dumps(res, indent=2) + "\n")
+    return res
+
+
+def run_occupancy(quick: bool) -> dict:
+    from tests.bench import bench_occupancy
+
+    res = bench_occupancy.run(requests=640 if quick else 960, gpus=4, repeats=1 if quick else 3, step_ms=6.0)
+    (bc.RESULTS_DIR / "occupancy.json").write_text(json.dumps(res, indent=2) + "\n")
+    return res
+
+
+def run_resume(quick: bool) -> dict:
+    from tests.bench import bench_resume
+
+    res = bench_resume.run(1_000_000, repeats=1 if quick else 3, keep=bc.CACHE / "resume-1000000")
+    (bc.RESULTS_DIR / "resume.json").write_text(json.dumps(res, indent=2) + "\n")
+    return res
+
+
+def run_stats(quick: bool) -> dict:
+    _sub(["tests.bench.bench_stats", "--repeats", "1" if quick else "3", "--jsonl-samples", "5000" if quick else "20000",
+          "--keep", str(bc.CACHE / "stats-1000000")], timeout=1200)
+    return json.loads((bc.RESULTS_DIR / "stats.json").read_text())
+
+
+def run_probe(quick: bool) -> dict:
+    _sub(["tests.bench.bench_probe_latency", "--runs", "3" if quick else "5"], timeout=600)
+    return json.loads((bc.RESULTS_DIR / "probe_latency.json").read_text())
+
+
+def _yes(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**yes**" if ok else "**NO**")
+
+
+def table(results: dict) -> str:
+    rows = ["| benchmark | regen | baseline (same run) | ratio | target | met |", "|---|---:|---:|---:|---|---|"]
+    ing = results.get("ingest")
+    if ing:
+        r, b = ing["regen"], ing["baseline"]
+        cpu = bc.median([x["tokens_per_cpu_s"] for x in r["runs"]])
+        share = bc.median([x["engine_cpu_share"] for x in r["runs"]])
+        rows.append(f"| ingest: output tokens/s committed, wall clock (engine pinned to 1 core; got {share:.0%} of it) | "
+                    f"{r['tokens_per_s_median']:,.0f} | {b['tokens_per_s_median']:,.0f} | {ing['ratio']:.1f}x | "
+                    f"≥ 1,000,000 and ≥ 10x | {_yes(r['tokens_per_s_median'] >= 1e6 and ing['ratio'] >= 10)} |")
+        rows.append(f"| ingest: output tokens per engine CPU-second (one core to itself) | {cpu:,.0f} | | | ≥ 1,000,000 | "
+                    f"{_yes(cpu >= 1e6)} |")
+    occ = results.get("occupancy")
+    if occ:
+        m = occ["median"]
+        rows.append(f"| occupancy: full-batch share, worst simulated GPU (mean) | {m['full_batch_share_min']['regen']:.1%} "
+                    f"({m['full_batch_share_mean']['regen']:.1%}) | {m['full_batch_share_min']['baseline']:.1%} "
+                    f"({m['full_batch_share_mean']['baseline']:.1%}) | | ≥ 98% | "
+                    f"{_yes(m['full_batch_share_min']['regen'] >= 0.98)} |")
+        rows.append(f"| occupancy: wall time for {occ['requests']} long-tail requests, {occ['simulators']} GPUs | "
+                    f"{m['wall_s']['regen']:.1f} s | {m['wall_s']['baseline']:.1f} s | {occ['wall_ratio']:.2f}x | | n/a |")
+    res = results.get("resume")
+    if res:
+        m = res["median"]
+        rows.append(f"| resume: start -> first dispatch, 1M committed / 1M prompt rows (without server startup) | "
+                    f"{m['resume_s']:.2f} s ({m['resume_without_server_startup_s']:.2f} s) | | | ≤ 3 s | "
+                    f"{_yes(m['resume_s'] <= 3.0)} |")
+        rows.append(f"| resume: supervisor peak RSS | {m['peak_rss_mb']:.0f} MB | | | ≤ 500 MB | "
+                    f"{_yes(m['peak_rss_mb'] <= 500)} |")
+    st = results.get("stats")
+    if st:
+        rows.append(f"| stats: 1M samples, `regen stats` vs JSONL json.loads loop | {st['compute_stats_s']['median']:.2f} s | "
+                    f"{st['jsonl_loop']['extrapolated_s_for_all']:.0f} s (extrapolated) | {st['speedup_vs_jsonl']:.0f}x | | n/a |")
+    pr = results.get("probe")
+    if pr:
+        a = pr["asyncssh_one_connection_concurrent"]["connect_and_run"]["median_s"]
+        s = pr["ssh_process_per_command_sequential"]["median_s"]
+        rows.append(f"| probe latency: {len(pr['commands'])} probes, one asyncssh connection vs ssh per command | "
+                    f"{a:.2f} s | {s:.2f} s | {pr['speedup_vs_ssh_sequential']:.1f}x | | n/a |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one run each, smaller ingest/occupancy workloads")
+    ap.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
+    args = ap.parse_args(argv)
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = sorted(set(wanted) - set(ALL))
+    if unknown:
+        ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
+    runners = {"ingest": run_ingest, "occupancy": run_occupancy, "resume": run_resume, "stats": run_stats,
+               "probe": run_probe}
+    out = bc.RESULTS_DIR / "bench.json"
+    results: dict = {}
+    failures: dict[str, str] = {}
+    started = time.monotonic()
+    for name in wanted:
+        t = time.monotonic()
+        print(f"== {name}", flush=True)
+        try:
+            results[name] = runners[name](args.quick)
+        except Exception as exc:  # one failing benchmark must not hide the others' figures; reported below
+            failures[name] = f"{type(exc).__name__}: {exc}"
+            print(f"  FAILED: {failures[name]}", file=sys.stderr, flush=True)
+        print(f"   ({time.monotonic() - t:.0f} s)", flush=True)
+    report = {"quick": args.quick, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "total_s": time.monotonic() - started, "machine": bc.machine(), "failures": failures,
+              "results": results, "table_markdown": table(results)}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print()
+    print(report["table_markdown"])
+    print(f"\ntotal {report['total_s']:.0f} s; wrote {out}")
+    for name, why in failures.items():
+        print(f"{name} FAILED: {why}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one run each, smaller ingest/occupancy workloads")
     ap.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
+    ap.add_argument("--from-results", action="store_true",
+                    help="run nothing: rebuild bench.json and the table from the per-benchmark JSON files")
     args = ap.parse_args(argv)
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     unknown = sorted(set(wanted) - set(ALL))
@@ -128,7 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     failures: dict[str, str] = {}
     started = time.monotonic()
-    for name in wanted:
+    files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "resume": "resume.json", "stats": "stats.json",
+             "probe": "probe_latency.json"}
+    for name in wanted if args.from_results else []:
+        path = bc.RESULTS_DIR / files[name]
+        try:
+            results[name] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            failures[name] = f"cannot read {path}: {exc}"
+    for name in [] if args.from_results else wanted:
         t = time.monotonic()
         print(f"== {name}", flush=True)
         try:

@@ -9,7 +9,7 @@ for chaining), so the only work left is the 1,000 turn-1 samples at the very END
 worst case for time to first dispatch (the feed must skip every committed conversation first).
 
 Shortcut (documented): the committed samples are written with the ShardStore API itself
-(ensure_shards + commit), in parts of 10,000 small samples (a 6-token prompt, 4-token answer),
+(ensure_shards + commit), one part of 1,000 small samples per shard (a 6-token prompt, 4-token answer),
 instead of being generated: the store, the parts and the sqlite rows are the real ones, only the
 token ids are made up. Generating them would take hours; resume cost depends on the number of
 committed samples and prompt rows, not on the answers' lengths.
@@ -43,7 +43,7 @@ TARGET_RESUME_S = 3.0
 TARGET_RSS_MB = 500.0
 SHARD_SIZE = 1000
 TWO_TURN = 1000
-PART_ROWS = 10_000
+PART_ROWS = 10_000  # rows generated per loop step; committed one shard (SHARD_SIZE rows) per part
 SIM_ARGS = ["--max-running-requests", "64", "--sim-output-mean", "32", "--sim-output-sigma", "0.3",
             "--sim-step-ms", "2", "--sim-step-ms-per-req", "0", "--sim-tokens-per-step", "8",
             "--log-level-http", "warning"]

@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from console.tui.model import RunModel
-from console.tui.widgets import STATE_STYLE, bar, pct, sync_table
+from console.tui.widgets import STATE_STYLE, bar, pct, selected_row_key, sync_table
 
 COLUMNS = ["shard", "state", "progress", "samples", "tokens", "empty %", "truncated %"]
 
@@ -36,11 +36,7 @@ class ShardsPanel(Vertical):
 
     @property
     def selected_shard(self) -> str | None:
-        table = self.query_one("#shards-table", DataTable)
-        if table.row_count == 0:
-            return None
-        row_key, _ = table.coordinate_to_cell_key((table.cursor_row, 0))
-        return row_key.value
+        return selected_row_key(self.query_one("#shards-table", DataTable))
 
     def refresh_from(self, m: RunModel) -> None:
         rows = []

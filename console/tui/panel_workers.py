@@ -8,7 +8,7 @@ from textual.widgets import DataTable, Label, Log, Sparkline
 
 from console.tui.charts import TimeChart
 from console.tui.model import RunModel, Series, na
-from console.tui.widgets import styled, sync_table
+from console.tui.widgets import selected_row_key, styled, sync_table
 
 COLUMNS = ["worker", "state", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util", "temp",
            "restarts", "error"]
@@ -38,11 +38,7 @@ class WorkersPanel(Vertical):
 
     @property
     def selected_worker(self) -> str | None:
-        table = self.query_one("#workers-table", DataTable)
-        if table.row_count == 0:
-            return None
-        row_key, _ = table.coordinate_to_cell_key((table.cursor_row, 0))
-        return row_key.value
+        return selected_row_key(self.query_one("#workers-table", DataTable))
 
     def refresh_from(self, m: RunModel) -> None:
         rows = []

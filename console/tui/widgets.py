@@ -63,6 +63,14 @@ def sync_table(table: DataTable, rows: Iterable[tuple[Hashable, tuple[Any, ...]]
         del cache[key]
 
 
+def selected_row_key(table: DataTable) -> str | None:
+    """The key of the row under the cursor, or None for an empty table."""
+    if table.row_count == 0:
+        return None
+    row_key, _ = table.coordinate_to_cell_key((table.cursor_row, 0))
+    return row_key.value
+
+
 def bar(fraction: float, width: int = 12) -> str:
     fraction = min(1.0, max(0.0, fraction))
     full = int(fraction * width)

@@ -94,7 +94,11 @@ class Committer:
             return
         except DuplicateSample as exc:
             # must not happen (ids are checked before dispatch); keep the store consistent and say so
-            fresh = [(it, row, ans) for it, row, ans in entries if not self.store.is_committed(it.sample_id)]
+            fresh, seen = [], set()
+            for it, row, ans in entries:
+                if it.sample_id not in seen and not self.store.is_committed(it.sample_id):
+                    seen.add(it.sample_id)
+                    fresh.append((it, row, ans))
             self.emit(AlertEvent(severity="error", text=f"duplicate sample ids in a commit of {shard_id}; dropped"
                                  f" {len(entries) - len(fresh)} duplicate rows", evidence=str(exc),
                                  key=f"duplicate:{shard_id}"))

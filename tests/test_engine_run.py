@@ -277,6 +277,8 @@ def test_worker_crash_requeues_in_flight_samples(tmp_path, tiny_model_dir, super
     expected, _ = expected_samples(cfg, renderer)
     rejected = sum(1 for line in (run_dir / "rejects.jsonl").read_text().splitlines()
                    if json.loads(line)["reason"].startswith("turn "))
+    duplicate_alerts = [e["text"] for e in events if e["type"] == "alert" and "duplicate" in e["text"]]
+    assert not duplicate_alerts, "an in-flight item was re-queued twice"
     assert len(rows) + rejected == len(expected)
     assert len({r["sample_id"] for r in rows}) == len(rows)
     final = [e for e in events if e["type"] == "dispatch"][-1]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import re
 import statistics
@@ -11,47 +10,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.simulator import SimConfig, parse_args, run_simulator, throughput
-from engine.simulator.simlog import SimLog
+from engine.simulator import SimConfig, parse_args, throughput
+from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Sim:
-    """A running simulator plus the log lines it printed."""
-
-    def __init__(self, server, err: io.StringIO, out: io.StringIO):
-        self.server, self._err, self._out = server, err, out
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    @property
-    def log(self) -> str:
-        return self._err.getvalue() + self._out.getvalue()
-
-
-@pytest.fixture
-async def start_sim(tiny_model_dir):
-    servers = []
-
-    async def start(*, ready: bool = True, **overrides) -> Sim:
-        overrides.setdefault("sim_step_ms", 2.0)
-        overrides.setdefault("sim_step_ms_per_req", 0.0)
-        overrides.setdefault("sim_output_mean", 60)
-        overrides.setdefault("sim_prefill_ms_per_1k", 0.0)
-        cfg = SimConfig(model_path=str(tiny_model_dir), port=0, **overrides)
-        err, out = io.StringIO(), io.StringIO()
-        server = await run_simulator(cfg, SimLog(err=err, out=out))
-        servers.append(server)
-        if ready:
-            await server.wait_ready(15)
-        return Sim(server, err, out)
-
-    yield start
-    for server in servers:
-        await server.stop()
 
 
 async def post(url: str, payload: dict, headers: dict | None = None) -> tuple[int, object]:

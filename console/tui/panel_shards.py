@@ -30,13 +30,15 @@ class ShardsPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="shards-summary")
         table = DataTable(id="shards-table", cursor_type="row", zebra_stripes=True)
+        # kept, not queried: timers may still ask for the selection while the app tears the DOM down
+        self._table = table
         for c in COLUMNS:
             table.add_column(c, key=c)
         yield table
 
     @property
     def selected_shard(self) -> str | None:
-        return selected_row_key(self.query_one("#shards-table", DataTable))
+        return selected_row_key(self._table)
 
     def refresh_from(self, m: RunModel) -> None:
         rows = []
@@ -48,7 +50,7 @@ class ShardsPanel(Vertical):
                 s.id, state_cell(s.state), f"{bar(s.fraction)} {100 * s.fraction:5.1f}%", f"{s.done}/{s.total}",
                 f"{s.output_tokens:,}", Text(pct(e), style="bold red" if e is not None and e > 0.05 else ""),
                 Text(pct(t), style="yellow" if t is not None and t > 0.10 else ""))))
-        sync_table(self.query_one("#shards-table", DataTable), rows, COLUMNS)
+        sync_table(self._table, rows, COLUMNS)
         summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no shards yet"
         self.query_one("#shards-summary", Static).update(
             f"{len(m.shards)} shards: {summary}   [dim]p pause · r resume · P pause all · R resume all[/]")

@@ -22,6 +22,8 @@ class WorkersPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         table = DataTable(id="workers-table", cursor_type="row", zebra_stripes=True)
+        # kept, not queried: timers may still ask for the selection while the app tears the DOM down
+        self._table = table
         for c in COLUMNS:
             table.add_column(c, key=c)
         yield table
@@ -38,7 +40,7 @@ class WorkersPanel(Vertical):
 
     @property
     def selected_worker(self) -> str | None:
-        return selected_row_key(self.query_one("#workers-table", DataTable))
+        return selected_row_key(self._table)
 
     def refresh_from(self, m: RunModel) -> None:
         rows = []
@@ -50,7 +52,7 @@ class WorkersPanel(Vertical):
                 w.name, styled(w.state), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"), na(w.running, "{:.0f}"),
                 na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}", vram, na(g["util_pct"], "{:.0f}%"),
                 na(g["temp_c"], "{:.0f}°C"), str(w.restarts), (w.error or "")[:60])))
-        sync_table(self.query_one("#workers-table", DataTable), rows, COLUMNS)
+        sync_table(self._table, rows, COLUMNS)
         self._sparklines(m)
         series = [("all", m.throughput, 1.0)] + [(w.name, w.tok_history, 1.0)
                                                   for w in sorted(m.workers.values(), key=lambda w: w.name)]

@@ -1,0 +1,100 @@
+"""The dispatcher hands every in-flight item back exactly once when its worker goes away.
+
+A crashed server's requests fail on their own (connection reset) at about the moment the worker
+is marked crashed; the two paths must not both re-queue the same item, or the same rid reaches the
+restarted server twice and SGLang refuses the second one with 400 "Duplicate request ID(s)".
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from types import SimpleNamespace
+
+import aiohttp
+import pytest
+
+from engine.config import Dispatch, RunConfig
+from engine.dispatcher import Dispatcher
+from engine.ingest import Conversation
+from engine.work import WorkItem
+from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class RecordingPlan:
+    def __init__(self):
+        self.requeued: list[str] = []
+        self.failed: list[tuple[str, str, str]] = []
+
+    def requeue(self, item: WorkItem) -> None:
+        self.requeued.append(item.rid)
+
+    def on_failed(self, item: WorkItem, reason: str, kind: str = "failed", **_) -> None:
+        self.failed.append((item.sample_id, kind, reason))
+
+
+def make_item(sample_id: str, prompt_ids: list[int]) -> WorkItem:
+    conv = Conversation(conversation_id=sample_id.split("#")[0], source="test", origin="t", index=0,
+                        messages=({"role": "user", "content": "hi"},))
+    return WorkItem(sample_id=sample_id, conv=conv, turn=0, shard_id="s00000", prompt_ids=prompt_ids,
+                    max_new_tokens=64, is_last_turn=True)
+
+
+def make_dispatcher(session=None, url: str = "", backoff: float = 2.0):
+    cfg = RunConfig(run_dir="/nonexistent", model="/nonexistent", prompts=("/nonexistent",),
+                    dispatch=Dispatch(retry_backoff_s=backoff))
+    worker = SimpleNamespace(name="gpu0", url=url, headers={}, listeners=[])
+    events: list[object] = []
+    plan = RecordingPlan()
+    d = Dispatcher(cfg, plan, [worker], committer=None, renderer=None, session=session, emit=events.append)
+    return d, worker, plan, events
+
+
+async def test_a_finished_task_whose_callback_has_not_run_is_not_requeued_again():
+    d, w, plan, _ = make_dispatcher()
+    settled = make_item("a#turn0", [1, 2])
+    pending = make_item("b#turn0", [1, 2])
+    never = asyncio.get_running_loop().create_future()
+
+    async def settles_itself():
+        d.plan.requeue(settled)  # what _send does on a connection reset
+
+    async def waits_for_answer():
+        await never
+
+    done_task = asyncio.create_task(settles_itself())
+    live_task = asyncio.create_task(waits_for_answer())
+    await asyncio.sleep(0)  # done_task ran to completion; no done-callback registered, as if still pending
+    assert done_task.done() and not live_task.done()
+    d.inflight["gpu0"] = {done_task: settled, live_task: pending}
+
+    d._on_worker_state(w, "crashed")
+    d._on_worker_state(w, "starting")  # the relaunch notifies again: nothing is handed back twice
+    await asyncio.sleep(0)
+
+    assert plan.requeued == ["a#turn0", "b#turn0@1"]
+    assert live_task.cancelled()
+    assert plan.failed == []
+
+
+async def test_a_duplicate_rid_400_is_retried_with_an_alert_never_rejected(start_sim, tiny_tokenizer):
+    sim = await start_sim(sim_step_ms=5.0, sim_output_mean=400)
+    ids = tiny_tokenizer.encode("hello there")
+    async with aiohttp.ClientSession() as session:
+        first = asyncio.create_task(session.post(sim.url + "/generate", json={
+            "rid": "c#turn0", "input_ids": ids, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
+        for _ in range(200):
+            if "c#turn0" in sim.server.in_flight_rids:
+                break
+            await asyncio.sleep(0.01)
+        d, w, plan, events = make_dispatcher(session, sim.url, backoff=0.01)
+        await d._send(w, make_item("c#turn0", ids))
+        await asyncio.sleep(0.1)  # the retry's backoff
+        (await first).release()
+
+    assert plan.failed == [], "a sample must not be rejected because the dispatcher sent its rid twice"
+    assert plan.requeued == ["c#turn0@1"]
+    alerts = [e for e in events if getattr(e, "key", "").startswith("duplicate-rid")]
+    assert alerts and "c#turn0" in alerts[0].evidence and alerts[0].severity == "error"
+    assert "refused a duplicate request id" in alerts[0].text

@@ -109,6 +109,51 @@ class PlanAssumptions:
     sample_conversations: int = 2000  # conversations tokenized for the prompt-length figures
 
 
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+ROUTER_LINKS = ("ssh", "lan")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One GPU host of a multi-host run: its SGLang workers run under a host agent there."""
+    name: str
+    address: str  # "local" (the dispatch host itself), an ssh alias, or user@host[:port]
+    gpus: tuple[int, ...] = (0,)
+    work_dir: str = "~/.regen-host"  # engine copy, agent pid/log, workers/<name>/server.log on that host
+    host_python: str = "python3"
+    tp_size: int | None = None  # default: workers.tp_size
+    base_port: int | None = None  # default: workers.base_port
+    lan_address: str | None = None  # with router.link = "lan": the address the workers bind and are reached at
+    ssh_options: tuple[str, ...] = ()  # extra OpenSSH client options from the dispatch host, e.g. ["-F", "cfg"]
+
+    @property
+    def is_local(self) -> bool:
+        return self.address == "local"
+
+    def ssh_destination(self) -> list[str]:
+        """`user@host:port` is not an ssh(1) destination: split the port into -p."""
+        dest = self.address
+        if dest.startswith("ssh://"):
+            return [dest]
+        head, _, port = dest.rpartition(":")
+        if head and port.isdigit() and "]" not in port:
+            return ["-p", port, head]
+        return [dest]
+
+
+@dataclass(frozen=True)
+class Router:
+    """SGLang's own router (`sglang-router`), started on the dispatch host in front of every worker."""
+    policy: str = "cache_aware"
+    port: int = 30500
+    python: str | None = None  # default: host_python
+    link: str = "ssh"  # "ssh": SSH port forwards (workers stay on 127.0.0.1); "lan": workers bind lan_address
+    forward_base_port: int = 40000  # local ends of the SSH port forwards on the dispatch host
+    extra_args: tuple[str, ...] = ()
+    ready_timeout_s: float = 60.0
+    host_lost_after_s: float = 10.0  # a host whose workers cannot be reached this long is lost
+
+
 @dataclass(frozen=True)
 class RunConfig:
     run_dir: str
@@ -126,6 +171,8 @@ class RunConfig:
     dispatch: Dispatch = field(default_factory=Dispatch)
     alerts: Alerts = field(default_factory=Alerts)
     plan: PlanAssumptions = field(default_factory=PlanAssumptions)
+    hosts: tuple[Host, ...] = ()  # empty: one host, the supervisor's own ([workers])
+    router: Router = field(default_factory=Router)
     source_path: str | None = None  # where it was loaded from (not part of the content)
 
     @property
@@ -188,12 +235,17 @@ def config_from_dict(data: dict[str, Any], source_path: str | None = None) -> Ru
     for required in ("run_dir", "model", "prompts"):
         if required not in data:
             raise ConfigError(f"run config{f' {source_path}' if source_path else ''}: missing required key '{required}'")
-    sections = {"sampling": Sampling, "workers": Workers, "dispatch": Dispatch, "alerts": Alerts, "plan": PlanAssumptions}
+    sections = {"sampling": Sampling, "workers": Workers, "dispatch": Dispatch, "alerts": Alerts, "plan": PlanAssumptions,
+                "router": Router}
     for name, cls in sections.items():
         if name in data:
             if not isinstance(data[name], dict):
                 raise ConfigError(f"[{name}] must be a table")
             data[name] = _build(cls, data[name], f"[{name}]")
+    if "hosts" in data:
+        if not isinstance(data["hosts"], list) or not all(isinstance(h, dict) for h in data["hosts"]):
+            raise ConfigError("hosts must be an array of tables ([[hosts]])")
+        data["hosts"] = [_build(Host, h, f"[[hosts]] #{i + 1}") for i, h in enumerate(data["hosts"])]
     if isinstance(data.get("prompts"), str):
         data["prompts"] = [data["prompts"]]
     cfg: RunConfig = _build(RunConfig, data, "run config")
@@ -212,6 +264,40 @@ def validate(cfg: RunConfig) -> None:
     if not cfg.prompts:
         raise ConfigError("prompts: at least one path or glob is needed")
     cfg.workers.groups()
+    if cfg.hosts:
+        validate_hosts(cfg)
+
+
+def validate_hosts(cfg: RunConfig) -> None:
+    names = [h.name for h in cfg.hosts]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"[[hosts]]: name(s) used twice: {', '.join(dup)}")
+    if sum(h.is_local for h in cfg.hosts) > 1:
+        raise ConfigError("[[hosts]]: only one host can be address = \"local\" (the dispatch host)")
+    if cfg.router.policy not in ROUTER_POLICIES:
+        raise ConfigError(f"router.policy = {cfg.router.policy!r}: must be one of {', '.join(ROUTER_POLICIES)}")
+    if cfg.router.link not in ROUTER_LINKS:
+        raise ConfigError(f"router.link = {cfg.router.link!r}: must be one of {', '.join(ROUTER_LINKS)}")
+    for h in cfg.hosts:
+        if not h.name or not h.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"[[hosts]] name {h.name!r}: letters, digits, - and _ only")
+        if not h.address:
+            raise ConfigError(f"[[hosts]] {h.name}: address is empty")
+        if cfg.router.link == "lan" and not h.is_local and not h.lan_address:
+            raise ConfigError(f"[[hosts]] {h.name}: router.link = \"lan\" needs lan_address (the address its workers"
+                              " bind and the router reaches)")
+        host_workers(cfg, h).groups()
+
+
+def host_workers(cfg: RunConfig, host: Host) -> Workers:
+    """[workers] with this host's GPUs, tp size, base port and bind address."""
+    bind = cfg.workers.host
+    if cfg.router.link == "lan" and not host.is_local:
+        bind = host.lan_address or bind
+    return dataclasses.replace(
+        cfg.workers, gpus=host.gpus, tp_size=host.tp_size or cfg.workers.tp_size,
+        base_port=host.base_port or cfg.workers.base_port, host=bind)
 
 
 def load_config(path: str | Path) -> RunConfig:
@@ -232,6 +318,7 @@ def dump_toml(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     lines: list[str] = []
     tables = {}
+    hosts = d.pop("hosts", None) or []
     for key, value in d.items():
         if isinstance(value, dict):
             tables[key] = value
@@ -248,6 +335,10 @@ def dump_toml(cfg: RunConfig) -> str:
                 lines.append(f"{key} = {{{inner}}}")
             else:
                 lines.append(f"{key} = {_toml_value(value)}")
+    for host in hosts:
+        lines.append("")
+        lines.append("[[hosts]]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in host.items() if value is not None]
     return "\n".join(lines) + "\n"
 
 

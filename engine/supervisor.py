@@ -37,6 +37,7 @@ from engine.shard_store import ShardStore
 from engine.telemetry import Telemetry, ThroughputWatch, disk_events
 from engine.telemetry_events import AlertEvent, ShardEvent
 from engine.work import WorkPlan
+from engine.fleet import Fleet
 from engine.workers import Worker, WorkerState, worker_specs
 
 log = logging.getLogger("regen.supervisor")
@@ -67,6 +68,7 @@ class Supervisor:
         self.plan: WorkPlan | None = None
         self.dispatcher: Dispatcher | None = None
         self.committer: Committer | None = None
+        self.fleet: Fleet | None = None
 
     # -- main -------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -111,13 +113,25 @@ class Supervisor:
             log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
         try:
-            self.workers = [Worker(spec=s, cfg=cfg, run_dir=self.run_dir, session=self.session, emit=self.emit)
-                            for s in worker_specs(cfg)]
             self.committer = Committer(self.store, plan, self.emit, disk_ok=self._disk_ok_for_commit)
-            self.dispatcher = Dispatcher(cfg, plan, self.workers, self.committer, renderer, self.session, self.emit)
+            if cfg.hosts:
+                self.fleet = Fleet(cfg, self.run_dir, self.session, self.emit)
+                self.workers = self.fleet.workers
+                targets = [self.fleet.endpoint]
+            else:
+                self.workers = [Worker(spec=s, cfg=cfg, run_dir=self.run_dir, session=self.session, emit=self.emit)
+                                for s in worker_specs(cfg)]
+                targets = self.workers
+            self.dispatcher = Dispatcher(cfg, plan, targets, self.committer, renderer, self.session, self.emit)
+            for w in targets:
+                w.listeners.append(self._on_target_state)
             for w in self.workers:
                 w.listeners.append(self._on_worker_state)
-                w.start()
+            if self.fleet is not None:
+                await self.fleet.start()
+            else:
+                for w in self.workers:
+                    w.start()
             self.dispatcher.start()
             self._tasks = [
                 asyncio.create_task(self.committer.run_forever(), name="committer"),
@@ -132,7 +146,9 @@ class Supervisor:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if self.dispatcher is not None:
                 await self.dispatcher.close()
-            await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+            if self.fleet is not None:
+                await self.fleet.stop()
+            await asyncio.gather(*(w.stop() for w in self.workers if isinstance(w, Worker)), return_exceptions=True)
             self.gpu.close()
             plan.close()
             await self.session.close()
@@ -150,12 +166,15 @@ class Supervisor:
             self.dispatcher.accepting = not self.disk_full
         await self.plan.feed_forever()
 
-    def _on_worker_state(self, w: Worker, state: str) -> None:
+    def _on_target_state(self, w, state: str) -> None:
+        """A dispatch target (a worker, or the router of a multi-host run) changed state."""
         if state == WorkerState.READY and self.dispatcher is not None:
             self.dispatcher.adjust_capacity()
-            total = sum(self.dispatcher.capacity_for(x) for x in self.workers if x.state == WorkerState.READY)
+            total = sum(self.dispatcher.capacity_for(x) for x in self.dispatcher.workers if x.state == WorkerState.READY)
             self.plan.low_water = max(32, 2 * total)
             self.plan.max_active = max(256, 4 * total)
+
+    def _on_worker_state(self, w: Worker, state: str) -> None:
         if state == WorkerState.FAILED and all(x.state == WorkerState.FAILED for x in self.workers):
             self.emit(AlertEvent(severity="critical", text="every worker failed: the run stops",
                                  evidence="; ".join(f"{x.name}: {x.error}" for x in self.workers), key="all-failed"))
@@ -187,7 +206,10 @@ class Supervisor:
             match = [w for w in self.workers if w.name == name]
             if not match:
                 raise ControlError(f"unknown worker {name!r}; workers: {', '.join(w.name for w in self.workers)}")
-            match[0].restart()
+            try:
+                match[0].restart()
+            except NotImplementedError as exc:
+                raise ControlError(str(exc)) from exc
             log.info("restart of worker %s requested", name)
             return {"worker": name, "state": match[0].state}
         if op == "drain":
@@ -223,6 +245,7 @@ class Supervisor:
             "host": socket.gethostname(),
             "dispatch": dispatch,
             "workers": [w.snapshot().to_dict() for w in self.workers],
+            **(self.fleet.status() if self.fleet is not None else {}),
             "shards": [self._shard_status(sid) for sid in sorted(self.plan.shards)] if self.plan else [],
             "gpus": [g.to_dict() for g in t.gpus.values()],
             "disk": [d.to_dict() for d in t.disk.values()],
@@ -281,7 +304,10 @@ class Supervisor:
             log.info("stopping workers")
             if d is not None:
                 d.aborting = True  # worker stops must not re-queue anything
-            await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+            if self.fleet is not None:
+                await self.fleet.stop()
+            else:
+                await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
             self.mode = final
             self._tick_once(final=True)
             log.info("run %s: %d/%d samples done", final, self.plan.done if self.plan else 0,
@@ -316,6 +342,8 @@ class Supervisor:
             d.adjust_capacity()
         for w in self.workers:
             self.emit(w.snapshot())
+        if self.fleet is not None:
+            self.fleet.endpoint.refresh()
         if getattr(self, "gpu", None) is not None and not final:
             if self.gpu.available or now - self._last_gpu >= GPU_ERROR_EVERY_S:
                 self._last_gpu = now

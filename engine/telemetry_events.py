@@ -56,6 +56,7 @@ class WorkerEvent(Event):
     in_flight: int = 0  # requests this dispatcher has outstanding on it
     capacity: int = 0  # in-flight target sized from the server's capacity
     error: str | None = None
+    host: str = ""  # the [[hosts]] name in a multi-host run; "" on one host
 
 
 @dataclass

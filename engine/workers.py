@@ -176,6 +176,7 @@ class Worker:
     in_flight: int = 0  # maintained by the dispatcher
     capacity: int = 0  # maintained by the dispatcher
     listeners: list[Callable[["Worker", str], None]] = field(default_factory=list)
+    host_name: str = ""  # the [[hosts]] name in a multi-host run
 
     def __post_init__(self) -> None:
         self.log_path = self.run_dir / "workers" / self.spec.name / "server.log"
@@ -234,7 +235,7 @@ class Worker:
             name=self.name, state=self.state, url=self.url, gpus=list(self.spec.gpus), pid=self.pid,
             restarts=self.restarts, running_reqs=m.running_reqs, queued_reqs=m.queued_reqs,
             gen_throughput=m.gen_throughput, token_usage=m.token_usage, in_flight=self.in_flight,
-            capacity=self.capacity, error=self.error,
+            capacity=self.capacity, error=self.error, host=self.host_name,
         )
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""A multi-host run's servers: the dispatch host's own (if it is one of [[hosts]]), each remote
+host's through its HostLink, and the router in front of all of them.
+
+The fleet keeps the router's membership equal to the set of ready servers: a server that turns
+ready is added, one that stops answering (or whose host is lost) is removed. The dispatcher sees
+only `endpoint`, the router.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+
+import engine
+from engine.config import RunConfig, host_workers
+from engine.host_link import HostLink, named_specs
+from engine.router import RouterEndpoint, RouterError, RouterProcess
+from engine.telemetry_events import AlertEvent
+from engine.workers import Worker, WorkerState
+
+log = logging.getLogger("regen.fleet")
+
+
+class Fleet:
+    def __init__(self, cfg: RunConfig, run_dir: Path, session: aiohttp.ClientSession, emit: Callable[[object], None]):
+        self.cfg = cfg
+        self.emit = emit
+        self.router = RouterProcess(cfg, run_dir, session, emit)
+        self.endpoint = RouterEndpoint(self.router)
+        self.router.on_change = self.endpoint.refresh
+        engine_root = Path(engine.__file__).resolve().parent.parent
+        self.local_workers: list[Worker] = []
+        self.links: list[HostLink] = []
+        forward = cfg.router.forward_base_port
+        for host in cfg.hosts:
+            if host.is_local:
+                local_cfg = dataclasses.replace(cfg, workers=host_workers(cfg, host))
+                for spec in named_specs(local_cfg.workers, host.name):
+                    self.local_workers.append(Worker(spec=spec, cfg=local_cfg, run_dir=run_dir, session=session,
+                                                     emit=emit, python=host.host_python,
+                                                     host_name=host.name))
+            else:
+                link = HostLink(cfg, host, engine_root=engine_root, session=session, emit=emit, forward_base=forward)
+                forward += len(link.specs)
+                self.links.append(link)
+        self.workers = list(self.local_workers) + [m for link in self.links for m in link.members]
+        self.endpoint.members = self.workers
+        for w in self.workers:
+            w.listeners.append(self._member_state)
+        self._changes: set[asyncio.Task] = set()
+        self._stopped = False
+
+    async def start(self) -> None:
+        try:
+            await self.router.start()
+        except RouterError as exc:
+            self.emit(AlertEvent(severity="critical", text="the router could not be started", evidence=str(exc),
+                                 key="router-start"))
+            raise
+        for w in self.local_workers:
+            w.start()
+        for link in self.links:
+            link.start()
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for task in list(self._changes):
+            task.cancel()
+        await asyncio.gather(*(link.stop() for link in self.links), *(w.stop() for w in self.local_workers),
+                             return_exceptions=True)
+        await self.router.stop()
+
+    def _member_state(self, w, state: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._sync(w, state), name=f"router-sync-{w.name}")
+        self._changes.add(task)
+        task.add_done_callback(self._changes.discard)
+
+    async def _sync(self, w, state: str) -> None:
+        try:
+            if state == WorkerState.READY:
+                await self.router.add(w.url)
+            else:
+                await self.router.remove(w.url)
+        except RouterError as exc:
+            self.emit(AlertEvent(severity="error", text=f"router membership of {w.name} not updated",
+                                 evidence=str(exc), key=f"router-sync:{w.name}"))
+        self.endpoint.refresh()
+
+    def status(self) -> dict:
+        hosts = [link.status() for link in self.links]
+        for h in self.cfg.hosts:
+            if h.is_local:
+                hosts.insert(0, {"name": h.name, "address": "local", "state": "up", "error": None,
+                                 "workers": [w.name for w in self.local_workers], "work_dir": self.cfg.run_dir})
+        return {"hosts": hosts, "router": {"url": self.router.url, "up": self.router.up, "policy": self.cfg.router.policy,
+                                           "members": sorted(self.router.members), "restarts": self.router.restarts,
+                                           "error": self.router.error}}

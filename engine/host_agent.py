@@ -1,0 +1,99 @@
+"""`python -m engine.host_agent --work-dir D --host-name H`: the SGLang servers of one host of a
+multi-host run, supervised with the same Worker code as a one-host run.
+
+Started detached by the dispatch host (engine/host_link.py) in D, where host.toml holds this
+host's [workers]. It launches one server per GPU group, restarts crashed ones (pid files and
+logs under D/workers/<name>/), and runs until SIGTERM (`regen stop`, or the run ending), when it
+stops its servers. A second agent on the same work dir exits at once with EXIT_LOCKED, so the
+dispatch host can start one on every (re)join without checking first. Events go to
+D/telemetry.jsonl; the dispatch host watches the servers over HTTP.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+from engine.config import ConfigError, load_config
+from engine.host_link import named_specs
+from engine.telemetry import Telemetry
+from engine.workers import Worker
+
+log = logging.getLogger("regen.agent")
+
+EXIT_OK, EXIT_CONFIG, EXIT_LOCKED = 0, 2, 4
+PID_FILE = "agent.pid"
+
+
+def _holder(pid_path: Path) -> int | None:
+    """The pid of a live agent holding this work dir, if any."""
+    try:
+        pid = int(pid_path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+    return pid if "engine.host_agent" in cmdline else None
+
+
+async def run_agent(work_dir: Path, host_name: str) -> int:
+    try:
+        cfg = load_config(work_dir / "host.toml")
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
+    telemetry = Telemetry(work_dir)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with aiohttp.ClientSession() as session:
+        workers = [Worker(spec=s, cfg=cfg, run_dir=work_dir, session=session, emit=telemetry.emit)
+                   for s in named_specs(cfg.workers, host_name)]
+        for w in workers:
+            w.start()
+        log.info("host agent %s: %d servers: %s", host_name, len(workers),
+                 ", ".join(f"{w.name} on :{w.spec.port}" for w in workers))
+        await stop.wait()
+        log.info("stopping %d servers", len(workers))
+        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+    telemetry.close()
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.host_agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--host-name", required=True)
+    args = parser.parse_args(argv)
+    work_dir = Path(args.work_dir).expanduser().resolve()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    pid_path = work_dir / PID_FILE
+    holder = _holder(pid_path)
+    if holder is not None:
+        log.info("an agent (pid %d) already runs on %s: leaving it", holder, work_dir)
+        return EXIT_LOCKED
+    pid_path.write_text(f"{os.getpid()}\n")
+    try:
+        return asyncio.run(run_agent(work_dir, args.host_name))
+    finally:
+        try:
+            if pid_path.read_text().strip() == str(os.getpid()):
+                pid_path.unlink()
+        except FileNotFoundError:
+            pass  # removed by hand: nothing to release
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""One remote GPU host of a multi-host run, seen from the dispatch host.
+
+The dispatch host reaches each remote host with its own OpenSSH client (`ssh`, keys and config
+of the dispatch host, plus `[[hosts]].ssh_options`). On every (re)join the link:
+
+1. copies the engine there (`tar | ssh tar -x` into <work_dir>/.regen/engine) with host.toml;
+2. starts the host agent (`python -m engine.host_agent`, detached with setsid/nohup; an agent
+   that already runs keeps running and the new one exits at once), which supervises the host's
+   SGLang servers with the same Worker code as a one-host run;
+3. opens one `ssh -N -L` process forwarding a dispatch-host loopback port to each server's
+   127.0.0.1 port (SGLang stays bound to loopback on the host), unless router.link = "lan";
+4. watches each server through its forward (/health, /metrics, /get_server_info).
+
+A link that dies or servers unreachable for `router.host_lost_after_s` make the host *lost*: an
+alert, its servers leave the router (the fleet listens to their states), the forwards are killed
+so every request still open through them fails now and is re-dispatched, and the link retries
+with backoff until the host answers again (rejoin, another alert).
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import shlex
+import signal
+import socket
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+
+from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
+from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics, parse_server_info
+from engine.telemetry_events import AlertEvent, WorkerEvent
+from engine.workers import WorkerSpec, WorkerState
+
+log = logging.getLogger("regen.hosts")
+
+AGENT_DIR = ".regen/engine"
+POLL_S = 1.0
+METRICS_EVERY_S = 2.0
+SSH_TIMEOUT_S = 60.0
+FORWARD_READY_S = 20.0
+MAX_BACKOFF_S = 30.0
+
+
+class HostState:
+    CONNECTING = "connecting"
+    UP = "up"
+    LOST = "lost"
+    STOPPED = "stopped"
+
+
+class HostError(Exception):
+    """A step towards a remote host failed; the message says which step and what ssh said."""
+
+
+def shell_path(path: str) -> str:
+    """Shell word for a host path: quoted, with a leading ~/ expanded by the host's shell."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def named_specs(workers: Workers, host_name: str) -> list[WorkerSpec]:
+    """One server per GPU group, named <host>.gpu<ids> so names stay unique across hosts."""
+    return [WorkerSpec(name=f"{host_name}.gpu" + "-".join(str(g) for g in group), gpus=group, host=workers.host,
+                       port=workers.base_port + i)
+            for i, group in enumerate(workers.groups())]
+
+
+def host_specs(cfg: RunConfig, host: Host) -> list[WorkerSpec]:
+    return named_specs(host_workers(cfg, host), host.name)
+
+
+def host_config(cfg: RunConfig, host: Host) -> RunConfig:
+    """The config a host agent runs with: this host's workers and nothing of the others."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, run_dir=host.work_dir, host_python=host.host_python,
+                               workers=host_workers(cfg, host), hosts=(), source_path=None)
+
+
+def engine_tarball(engine_root: Path) -> bytes:
+    """engine/ and probes/ (.py files) as an uncompressed tar, for `ssh host tar -x`."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for pkg in ("engine", "probes"):
+            for f in sorted((engine_root / pkg).rglob("*.py")):
+                if "__pycache__" not in f.parts:
+                    tar.add(f, arcname=str(f.relative_to(engine_root)))
+    return buf.getvalue()
+
+
+@dataclass
+class RemoteWorker:
+    """An SGLang server on a remote host, watched through its forward; launched by the host agent."""
+    spec: WorkerSpec
+    host: str
+    url: str
+    headers: dict[str, str]
+    state: str = WorkerState.STARTING
+    pid: int | None = None
+    restarts: int = 0
+    error: str | None = None
+    capacity_info: ServerCapacity = field(default_factory=ServerCapacity)
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    in_flight: int = 0
+    capacity: int = 0
+    listeners: list[Callable[["RemoteWorker", str], None]] = field(default_factory=list)
+    unhealthy_since: float | None = None
+    ready_this_join: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def restart(self) -> None:
+        raise NotImplementedError(f"{self.name} runs on host {self.host}: restart it there (its host agent"
+                                  " restarts crashed servers itself)")
+
+    def set_state(self, state: str, error: str | None = None) -> None:
+        self.error = error
+        if state == self.state:
+            return
+        log.info("worker %s: %s -> %s%s", self.name, self.state, state, f" ({error})" if error else "")
+        self.state = state
+        for listener in list(self.listeners):
+            listener(self, state)
+
+    def snapshot(self) -> WorkerEvent:
+        m = self.metrics
+        return WorkerEvent(
+            name=self.name, state=self.state, url=self.url, gpus=list(self.spec.gpus), pid=self.pid,
+            restarts=self.restarts, running_reqs=m.running_reqs, queued_reqs=m.queued_reqs,
+            gen_throughput=m.gen_throughput, token_usage=m.token_usage, in_flight=self.in_flight,
+            capacity=self.capacity, error=self.error, host=self.host)
+
+
+def _free_local_port(preferred: int) -> int:
+    for port in [preferred] + [0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise HostError("no free loopback port for an SSH forward")
+
+
+class HostLink:
+    def __init__(self, cfg: RunConfig, host: Host, *, engine_root: Path, session: aiohttp.ClientSession,
+                 emit: Callable[[object], None], forward_base: int):
+        self.cfg = cfg
+        self.host = host
+        self.engine_root = engine_root
+        self.session = session
+        self.emit = emit
+        self.state = HostState.CONNECTING
+        self.error: str | None = None
+        self.joins = 0
+        self.lost_count = 0
+        self.specs = host_specs(cfg, host)
+        lan = cfg.router.link == "lan"
+        self.forward_ports = {s.name: (s.port if lan else _free_local_port(forward_base + i))
+                              for i, s in enumerate(self.specs)}
+        headers = {"Authorization": f"Bearer {cfg.workers.api_key}"} if cfg.workers.api_key else {}
+        self.members = [
+            RemoteWorker(spec=s, host=host.name, headers=headers,
+                         url=(s.url if lan else f"http://127.0.0.1:{self.forward_ports[s.name]}"))
+            for s in self.specs]
+        self._tunnel: asyncio.subprocess.Process | None = None
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+        self.log_path = Path(cfg.run_dir) / "hosts" / host.name / "link.log"
+
+    # -- public -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._task = asyncio.create_task(self._run(), name=f"host-{self.host.name}")
+
+    async def stop(self, stop_agent: bool = True) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._close_tunnel()
+        if stop_agent:
+            try:
+                rc, _, err = await self.ssh(
+                    f"p={shell_path(self.host.work_dir)}/agent.pid; [ -f $p ] && kill $(cat $p) || true", timeout=20)
+                if rc != 0:
+                    log.warning("host %s: stopping the agent failed: %s", self.host.name, err.strip())
+            except HostError as exc:
+                log.warning("host %s: cannot stop its agent: %s", self.host.name, exc)
+        self.state = HostState.STOPPED
+        for m in self.members:
+            m.set_state(WorkerState.STOPPED)
+
+    def status(self) -> dict:
+        return {"name": self.host.name, "address": self.host.address, "state": self.state, "error": self.error,
+                "joins": self.joins, "lost": self.lost_count, "workers": [m.name for m in self.members],
+                "work_dir": self.host.work_dir}
+
+    # -- ssh --------------------------------------------------------------------------------
+    def ssh_argv(self, *extra: str) -> list[str]:
+        return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=2",
+                "-o", "ServerAliveCountMax=3", *self.host.ssh_options, *extra, *self.host.ssh_destination()]
+
+    async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = SSH_TIMEOUT_S
+                  ) -> tuple[int, str, str]:
+        argv = self.ssh_argv() + ["--", command]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise HostError(f"cannot run ssh: {exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=timeout)
+        except asyncio.TimeoutError:
+            _kill_group(proc.pid)
+            await proc.wait()
+            raise HostError(f"ssh {self.host.address} `{command[:80]}` timed out after {timeout:.0f} s") from None
+        if proc.returncode == 255:
+            raise HostError(f"ssh {self.host.address}: {err.decode(errors='replace').strip() or 'exit 255'}")
+        return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+    async def _checked(self, what: str, command: str, stdin: bytes | None = None) -> str:
+        rc, out, err = await self.ssh(command, stdin)
+        if rc != 0:
+            raise HostError(f"{what} failed on {self.host.name} (exit {rc}): {err.strip() or out.strip() or '(no output)'}")
+        return out
+
+    # -- join -------------------------------------------------------------------------------
+    async def deploy(self) -> None:
+        wd = shell_path(self.host.work_dir)
+        await self._checked("creating the work dir", f"mkdir -p {wd}/{AGENT_DIR} && chmod 700 {wd}")
+        await self._checked("copying the engine",
+                            f"rm -rf {wd}/{AGENT_DIR} && mkdir -p {wd}/{AGENT_DIR} && tar -x -C {wd}/{AGENT_DIR} -f -",
+                            stdin=engine_tarball(self.engine_root))
+        cfg = host_config(self.cfg, self.host)
+        await self._checked("writing host.toml", f"cat > {wd}/host.toml", stdin=dump_toml(cfg).encode())
+
+    async def start_agent(self) -> str:
+        wd = shell_path(self.host.work_dir)
+        py = shlex.quote(self.host.host_python)
+        name = shlex.quote(self.host.name)
+        command = (f"cd {wd} && PYTHONPATH={wd}/{AGENT_DIR} setsid nohup {py} -m engine.host_agent --work-dir . "
+                   f"--host-name {name} >> agent.log 2>&1 < /dev/null & sleep 0.5; cat {wd}/agent.pid 2>/dev/null;"
+                   f" tail -n 3 {wd}/agent.log")
+        return await self._checked("starting the host agent", command)
+
+    async def open_tunnel(self) -> None:
+        if self.cfg.router.link == "lan":
+            return
+        forwards: list[str] = []
+        for s in self.specs:
+            forwards += ["-L", f"127.0.0.1:{self.forward_ports[s.name]}:127.0.0.1:{s.port}"]
+        argv = self.ssh_argv("-N", "-o", "ExitOnForwardFailure=yes", *forwards)
+        logf = open(self.log_path, "ab")
+        try:
+            logf.write(f"[regen {time.strftime('%H:%M:%S')}] {shlex.join(argv)}\n".encode())
+            logf.flush()
+            self._tunnel = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+        except OSError as exc:
+            raise HostError(f"cannot run ssh for the port forwards: {exc}") from exc
+        finally:
+            logf.close()
+        deadline = time.monotonic() + FORWARD_READY_S
+        pending = set(self.forward_ports.values())
+        while pending and time.monotonic() < deadline:
+            if self._tunnel.returncode is not None:
+                raise HostError(f"the SSH port forwards to {self.host.address} exited ({self._tunnel.returncode}):"
+                                f" {self._link_log_tail()}")
+            for port in list(pending):
+                try:
+                    _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+                    writer.close()
+                    pending.discard(port)
+                except (OSError, asyncio.TimeoutError):
+                    pass  # not listening yet
+            if pending:
+                await asyncio.sleep(0.1)
+        if pending:
+            raise HostError(f"the SSH port forwards to {self.host.address} did not listen within {FORWARD_READY_S:.0f} s")
+
+    def _link_log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(lines[-3:])
+
+    async def _close_tunnel(self) -> None:
+        proc, self._tunnel = self._tunnel, None
+        if proc is not None and proc.returncode is None:
+            _kill_group(proc.pid)
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except asyncio.TimeoutError:
+                log.warning("host %s: ssh forward pid %d did not exit", self.host.name, proc.pid)
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def _run(self) -> None:
+        backoff = 1.0
+        while not self._stopping:
+            self.state = HostState.CONNECTING if self.joins == 0 else self.state
+            try:
+                await self.deploy()
+                agent = await self.start_agent()
+                log.info("host %s: agent: %s", self.host.name, agent.strip().replace("\n", " | "))
+                await self.open_tunnel()
+            except HostError as exc:
+                await self._close_tunnel()
+                self._unreachable(str(exc))
+                await self._sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                continue
+            backoff = 1.0
+            rejoined = self.state == HostState.LOST
+            self.state, self.error = HostState.UP, None
+            self.joins += 1
+            if rejoined:
+                self.emit(AlertEvent(severity="info", text=f"host {self.host.name} rejoined; it gets work again",
+                                     evidence=f"{self.host.address}: link up, agent running", key=f"host-rejoin:{self.host.name}"))
+            log.info("host %s: up (join %d)", self.host.name, self.joins)
+            reason = await self._watch()
+            if self._stopping:
+                return
+            await self._lose(reason)
+            await self._sleep(2.0)
+
+    def _unreachable(self, why: str) -> None:
+        first = self.error != why
+        self.error = why
+        for m in self.members:
+            m.set_state("unreachable" if m.state != WorkerState.STOPPED else m.state, why)
+        if self.state != HostState.LOST:
+            self.state = HostState.LOST if self.joins else HostState.CONNECTING
+        if first:
+            log.warning("host %s: %s", self.host.name, why)
+            self.emit(AlertEvent(severity="error", text=f"host {self.host.name} cannot be reached", evidence=why,
+                                 key=f"host-unreachable:{self.host.name}"))
+
+    async def _lose(self, reason: str) -> None:
+        self.lost_count += 1
+        self.state, self.error = HostState.LOST, reason
+        for m in self.members:
+            m.set_state("unreachable", reason)
+        # requests open through the forwards fail now instead of at their timeouts: re-dispatched
+        await self._close_tunnel()
+        log.error("host %s lost: %s", self.host.name, reason)
+        self.emit(AlertEvent(severity="error", text=f"host {self.host.name} lost: its in-flight samples are"
+                             " re-dispatched to the other hosts", evidence=reason, key=f"host-lost:{self.host.name}"))
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass  # backoff over
+
+    async def _watch(self) -> str:
+        """Poll the members until the host is lost; returns why."""
+        next_metrics = 0.0
+        lost_after = self.cfg.router.host_lost_after_s
+        for m in self.members:
+            m.unhealthy_since = None
+            m.ready_this_join = False
+            if m.state in ("unreachable", WorkerState.STOPPED):
+                m.set_state(WorkerState.STARTING)
+        while not self._stopping:
+            if self._tunnel is not None and self._tunnel.returncode is not None:
+                return f"the SSH port forwards exited ({self._tunnel.returncode}): {self._link_log_tail()}"
+            now = time.monotonic()
+            results = await asyncio.gather(*(self._health(m) for m in self.members))
+            for m, (ok, why) in zip(self.members, results):
+                if ok:
+                    m.unhealthy_since = None
+                    if m.state != WorkerState.READY:
+                        await self._read_capacity(m)
+                        m.ready_this_join = True
+                        m.set_state(WorkerState.READY)
+                else:
+                    if m.unhealthy_since is None:
+                        m.unhealthy_since = now
+                    if m.state == WorkerState.READY:
+                        m.set_state(WorkerState.LOADING, why)  # out of the router until healthy again
+                    else:
+                        m.error = why
+            # servers still loading (minutes for a 27B model) are not a lost host; ready ones that all
+            # stop answering are (a cut link is usually caught sooner: ssh's ServerAlive ends the forwards)
+            if any(m.ready_this_join for m in self.members) and all(
+                    m.unhealthy_since is not None and now - m.unhealthy_since >= lost_after for m in self.members):
+                return f"no server answered /health for {lost_after:.0f} s: " + "; ".join(
+                    f"{m.name}: {m.error}" for m in self.members)
+            if now >= next_metrics:
+                next_metrics = now + METRICS_EVERY_S
+                await asyncio.gather(*(self._scrape(m) for m in self.members if m.state == WorkerState.READY))
+            await asyncio.sleep(POLL_S)
+        return "stopping"
+
+    async def _health(self, m: RemoteWorker) -> tuple[bool, str]:
+        try:
+            async with self.session.get(m.url + "/health", headers=m.headers,
+                                        timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                await resp.read()
+                return resp.status == 200, f"/health -> HTTP {resp.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return False, f"/health: {type(exc).__name__}: {exc}"
+
+    async def _read_capacity(self, m: RemoteWorker) -> None:
+        for path in ("/get_server_info", "/server_info"):
+            try:
+                async with self.session.get(m.url + path, headers=m.headers,
+                                            timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    if resp.status == 200:
+                        m.capacity_info = parse_server_info(await resp.json(content_type=None))
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                log.warning("worker %s: GET %s failed: %s", m.name, path, exc)
+
+    async def _scrape(self, m: RemoteWorker) -> None:
+        try:
+            async with self.session.get(m.url + "/metrics", headers=m.headers,
+                                        timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                text = await resp.text()
+            m.metrics = parse_metrics(text) if resp.status == 200 else ServerMetrics()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            m.metrics = ServerMetrics()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone

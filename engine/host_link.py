@@ -254,9 +254,11 @@ class HostLink:
         wd = shell_path(self.host.work_dir)
         py = shlex.quote(self.host.host_python)
         name = shlex.quote(self.host.name)
-        command = (f"cd {wd} && PYTHONPATH={wd}/{AGENT_DIR} setsid nohup {py} -m engine.host_agent --work-dir . "
-                   f"--host-name {name} >> agent.log 2>&1 < /dev/null & sleep 0.5; cat {wd}/agent.pid 2>/dev/null;"
-                   f" tail -n 3 {wd}/agent.log")
+        # the braces keep `&` on the agent alone: a backgrounded `cd && ...` list would be a subshell
+        # holding the ssh channel open until the agent exits
+        command = (f"cd {wd} && {{ PYTHONPATH={wd}/{AGENT_DIR} setsid nohup {py} -m engine.host_agent --work-dir . "
+                   f"--host-name {name} >> agent.log 2>&1 < /dev/null & }} && sleep 0.5 && cat agent.pid 2>/dev/null;"
+                   f" tail -n 2 agent.log")
         return await self._checked("starting the host agent", command)
 
     async def open_tunnel(self) -> None:

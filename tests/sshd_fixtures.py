@@ -106,7 +106,8 @@ def write_client_config(path: Path, *, alias: str, port: int, user: str, key: Pa
     path.write_text(text)
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen | None, log: Path | None, timeout: float) -> None:
+def _wait_for_port(port: int, proc: subprocess.Popen | None, log: Path | None, timeout: float,
+                   host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     last_error: OSError | None = None
     while time.monotonic() < deadline:
@@ -114,27 +115,35 @@ def _wait_for_port(port: int, proc: subprocess.Popen | None, log: Path | None, t
             log_text = log.read_text(errors="replace") if log and log.exists() else "(no log)"
             raise RuntimeError(f"sshd exited with status {proc.returncode} before listening; its log:\n{log_text}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError as exc:
             last_error = exc
             time.sleep(0.05)
-    raise RuntimeError(f"sshd did not accept connections on 127.0.0.1:{port} within {timeout:g} s: {last_error}")
+    raise RuntimeError(f"sshd did not accept connections on {host}:{port} within {timeout:g} s: {last_error}")
 
 
-def start_sshd(workdir: Path, *, alias: str = SSHD_ALIAS, sshd_path: str | None = None) -> SshdServer:
-    """Start OpenSSH sshd on a free loopback port with throwaway keys; returns when it accepts."""
+def start_sshd(workdir: Path, *, alias: str = SSHD_ALIAS, sshd_path: str | None = None, listen: str = "127.0.0.1",
+               port: int | None = None, netns: str | None = None) -> SshdServer:
+    """Start OpenSSH sshd on a free loopback port with throwaway keys; returns when it accepts.
+
+    `listen`/`port`/`netns` put it elsewhere: an address inside a network namespace (ip netns exec).
+    Keys already in `workdir` are reused, so a restarted server keeps its host key."""
     sshd_path = sshd_path or find_sshd()
     if sshd_path is None:
         raise FileNotFoundError("sshd not found on PATH or in " + ", ".join(_SSHD_CANDIDATES))
     workdir.mkdir(parents=True, exist_ok=True)
     os.chmod(workdir, 0o700)
     user = getpass.getuser()
-    port = free_port()
+    port = port or free_port()
     host_key = workdir / "ssh_host_ed25519_key"
     client_key = workdir / "id_ed25519"
-    host_key_pub = write_keypair(host_key, "regen-test-host")
-    client_pub = write_keypair(client_key, "regen-test-client")
+    if host_key.exists() and client_key.exists():
+        host_key_pub = host_key.with_name(host_key.name + ".pub").read_text().strip()
+        client_pub = client_key.with_name(client_key.name + ".pub").read_text().strip()
+    else:
+        host_key_pub = write_keypair(host_key, "regen-test-host")
+        client_pub = write_keypair(client_key, "regen-test-client")
     authorized = workdir / "authorized_keys"
     authorized.write_text(client_pub + "\n")
     os.chmod(authorized, 0o600)
@@ -144,7 +153,7 @@ def start_sshd(workdir: Path, *, alias: str = SSHD_ALIAS, sshd_path: str | None 
     cfg = workdir / "sshd_config"
     log = workdir / "sshd.log"
     cfg.write_text(
-        f"ListenAddress 127.0.0.1\n"
+        f"ListenAddress {listen}\n"
         f"Port {port}\n"
         f"PidFile {workdir / 'sshd.pid'}\n"
         f"HostKey {host_key}\n"
@@ -160,22 +169,24 @@ def start_sshd(workdir: Path, *, alias: str = SSHD_ALIAS, sshd_path: str | None 
         f"LogLevel VERBOSE\n"
     )
     known_hosts = workdir / "known_hosts"
-    known_hosts.write_text(known_hosts_line("127.0.0.1", port, host_key_pub))
+    known_hosts.write_text(known_hosts_line(listen, port, host_key_pub))
     ssh_config = workdir / "ssh_config"
-    write_client_config(ssh_config, alias=alias, port=port, user=user, key=client_key, known_hosts=known_hosts)
+    write_client_config(ssh_config, alias=alias, port=port, user=user, key=client_key, known_hosts=known_hosts,
+                        host=listen)
     log_f = open(log, "ab")
+    prefix = ["ip", "netns", "exec", netns] if netns else []
     try:
-        proc = subprocess.Popen([sshd_path, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(prefix + [sshd_path, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
                                 stdout=log_f, stderr=subprocess.STDOUT)
     finally:
         log_f.close()
     server = SshdServer(
-        host="127.0.0.1", port=port, user=user, alias=alias, ssh_config_path=ssh_config,
+        host=listen, port=port, user=user, alias=alias, ssh_config_path=ssh_config,
         known_hosts_path=known_hosts, client_key_path=client_key, host_key_pub=host_key_pub,
         pid=proc.pid, log_path=log, workdir=workdir, process=proc,
     )
     try:
-        _wait_for_port(port, proc, log, _START_TIMEOUT_S)
+        _wait_for_port(port, proc, log, _START_TIMEOUT_S, host=listen)
     except RuntimeError:
         stop_sshd(server)
         raise

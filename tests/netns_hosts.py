@@ -1,0 +1,162 @@
+"""Several simulated GPU hosts for the multi-host tests, each with its own real OpenSSH sshd.
+
+Where the machine allows it (root, `ip netns`), every host is a network namespace joined to the
+root namespace by a veth pair (10.231.<i>.1 <-> 10.231.<i>.2): its own loopback, its own ports
+(every host's SGLang servers use the same base port, as on real boxes), its sshd on
+10.231.<i>.2:22. Cutting a host takes its veth link down, as a pulled cable would; rejoining
+brings it back. Elsewhere the hosts are sshd servers on separate loopback ports, with separate
+server ports per host; cutting one kills its sshd and its host agent's process group.
+
+The filesystem is shared, so the engine copy, the tiny model and the work dirs are plain paths.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.sshd_fixtures import SshdServer, start_sshd, stop_sshd
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def netns_available() -> str | None:
+    """None if network namespaces can be made here, else why not."""
+    if os.geteuid() != 0:
+        return "not root"
+    probe = f"rgprobe{os.getpid() % 100000}"
+    try:
+        r = _ip("netns", "add", probe, check=False)
+    except FileNotFoundError:
+        return "no `ip` command (iproute2)"
+    if r.returncode != 0:
+        return f"ip netns add failed: {r.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+@dataclass
+class SimHost:
+    name: str
+    index: int
+    workdir: Path  # its sshd's keys and config
+    work_dir: Path  # [[hosts]].work_dir
+    netns: str | None
+    address: str  # the ssh alias
+    base_port: int
+    sshd: SshdServer | None = None
+    veth_root: str | None = None
+    listen: str = "127.0.0.1"
+    ssh_port: int | None = None
+    cut: bool = False
+
+    def agent_pid(self) -> int | None:
+        try:
+            return int((self.work_dir / "agent.pid").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+@dataclass
+class SimHosts:
+    hosts: list[SimHost]
+    ssh_config: Path
+    mode: str  # "netns" | "loopback"
+    why_not_netns: str | None = None
+    _root: Path = field(default=Path("."))
+
+    def host(self, name: str) -> SimHost:
+        return next(h for h in self.hosts if h.name == name)
+
+    def write_ssh_config(self) -> None:
+        text = ""
+        for h in self.hosts:
+            text += (Path(h.workdir) / "ssh_config").read_text()
+        self.ssh_config.write_text(text)
+
+    def cut(self, name: str) -> None:
+        h = self.host(name)
+        h.cut = True
+        if self.mode == "netns":
+            _ip("link", "set", h.veth_root, "down")
+            return
+        if h.sshd is not None:
+            stop_sshd(h.sshd)
+        pid = h.agent_pid()
+        if pid:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already gone
+
+    def rejoin(self, name: str) -> None:
+        h = self.host(name)
+        h.cut = False
+        if self.mode == "netns":
+            _ip("link", "set", h.veth_root, "up")
+            return
+        h.sshd = start_sshd(h.workdir, alias=h.address, listen=h.listen, port=h.ssh_port)
+
+    def close(self) -> None:
+        for h in self.hosts:
+            pid = h.agent_pid()
+            if pid:
+                try:
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass  # gone with its namespace or already stopped
+            if h.sshd is not None:
+                stop_sshd(h.sshd)
+            if h.netns:
+                # processes left in the namespace (servers) die with their agent's group above
+                _ip("netns", "pids", h.netns, check=False)
+                r = _ip("netns", "pids", h.netns, check=False)
+                for pid_text in r.stdout.split():
+                    try:
+                        os.kill(int(pid_text), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass  # exited meanwhile
+                _ip("netns", "del", h.netns, check=False)
+            if h.veth_root:
+                _ip("link", "del", h.veth_root, check=False)
+
+
+def start_hosts(root: Path, count: int, *, force_loopback: bool = False) -> SimHosts:
+    why = "forced" if force_loopback else netns_available()
+    mode = "netns" if why is None else "loopback"
+    tag = os.getpid() % 10000
+    hosts: list[SimHost] = []
+    sim = SimHosts(hosts=hosts, ssh_config=root / "ssh_config", mode=mode, why_not_netns=why, _root=root)
+    try:
+        for i in range(1, count + 1):
+            name = f"h{i}"
+            workdir = root / f"{name}-sshd"
+            work_dir = root / f"{name}-work"
+            work_dir.mkdir(parents=True, exist_ok=True)
+            h = SimHost(name=name, index=i, workdir=workdir, work_dir=work_dir, netns=None,
+                        address=f"regen-{name}", base_port=30000 if mode == "netns" else 31000 + 100 * i)
+            hosts.append(h)
+            if mode == "netns":
+                h.netns = f"rg{tag}{name}"
+                h.veth_root = f"rg{tag}{name}a"
+                peer = f"rg{tag}{name}b"
+                _ip("netns", "add", h.netns)
+                _ip("link", "add", h.veth_root, "type", "veth", "peer", "name", peer)
+                _ip("link", "set", peer, "netns", h.netns)
+                _ip("addr", "add", f"10.231.{i}.1/24", "dev", h.veth_root)
+                _ip("link", "set", h.veth_root, "up")
+                _ip("netns", "exec", h.netns, "ip", "addr", "add", f"10.231.{i}.2/24", "dev", peer)
+                _ip("netns", "exec", h.netns, "ip", "link", "set", peer, "up")
+                _ip("netns", "exec", h.netns, "ip", "link", "set", "lo", "up")
+                h.listen, h.ssh_port = f"10.231.{i}.2", 22
+            h.sshd = start_sshd(workdir, alias=h.address, listen=h.listen, port=h.ssh_port, netns=h.netns)
+            h.ssh_port = h.sshd.port
+        sim.write_ssh_config()
+    except BaseException:
+        sim.close()
+        raise
+    return sim

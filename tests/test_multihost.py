@@ -1,0 +1,105 @@
+"""One run over three hosts through SGLang's real router (sglang-router), each host a network
+namespace with its own sshd and simulator workers (tests/netns_hosts.py): every sample exactly
+once, a host cut off mid-run loses nothing, and it gets work again when it comes back."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+import pytest
+
+from engine.config import Host, Router
+from tests.netns_hosts import start_hosts
+from tests.sshd_fixtures import find_sshd
+from tests.test_engine_run import (expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
+                                   supervisors, wait_for)
+
+pytestmark = [pytest.mark.sshd, pytest.mark.timeout(420)]
+
+
+@pytest.fixture
+def sim_hosts(tmp_path):
+    if find_sshd() is None:
+        pytest.skip("sshd not installed (apt-get install openssh-server)")
+    hosts = start_hosts(tmp_path / "hosts", 3)
+    yield hosts
+    hosts.close()
+
+
+def multihost_config(tmp_path, tiny_model_dir, hosts, *, prompts: int, sim: tuple = (), gpus: int = 2,
+                     policy: str = "round_robin", names: list[str] | None = None):
+    cfg = make_config(tmp_path / "run", tiny_model_dir, prompts=prompts, gpus=gpus, sim=sim)
+    chosen = [h for h in hosts.hosts if names is None or h.name in names]
+    return dataclasses.replace(
+        cfg,
+        hosts=tuple(Host(name=h.name, address=h.address, gpus=tuple(range(gpus)), work_dir=str(h.work_dir),
+                         host_python=sys.executable, base_port=h.base_port,
+                         ssh_options=("-F", str(hosts.ssh_config))) for h in chosen),
+        router=Router(policy=policy, port=_free_pair(), python=sys.executable, host_lost_after_s=4.0),
+    )
+
+
+def _free_pair() -> int:
+    from tests.sshd_fixtures import free_port
+
+    while True:
+        p = free_port()
+        if p < 65000:
+            return p
+
+
+def events(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+
+
+def test_three_hosts_every_sample_once_and_a_cut_host_rejoins(tmp_path, tiny_model_dir, sim_hosts, supervisors,
+                                                               renderer_for):
+    cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=600,
+                           sim=("--sim-output-mean", "120", "--max-running-requests", "8", "--sim-step-ms", "60",
+                                "--sim-tokens-per-step", "4"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+
+    st = wait_for(lambda: (lambda s: s if s and s.get("router", {}).get("up") and len(s["router"]["members"]) == 6
+                           else None)(status(run_dir)), 120, "all six servers in the router", sup)
+    assert {h["name"]: h["state"] for h in st["hosts"]} == {"h1": "up", "h2": "up", "h3": "up"}
+    assert {w["host"] for w in st["workers"]} == {"h1", "h2", "h3"}
+    wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 40, 120, "first samples", sup)
+
+    sim_hosts.cut("h2")
+    cut_at = time.time()
+    lost = wait_for(lambda: next((e for e in events(run_dir) if e["type"] == "alert" and "host h2 lost" in e["text"]),
+                                 None), 60, "the host-lost alert", sup)
+    st = status(run_dir)
+    assert {h["name"]: h["state"] for h in st["hosts"]}["h2"] in ("lost", "connecting")
+    assert not [m for m in st["router"]["members"] if m in {w["url"] for w in st["workers"] if w["host"] == "h2"}]
+    done_during_cut = st["dispatch"]["done"]
+    wait_for(lambda: (status(run_dir) or {}).get("dispatch", {}).get("done", 0) > done_during_cut + 20, 120,
+             "progress on the two remaining hosts", sup)
+
+    sim_hosts.rejoin("h2")
+    wait_for(lambda: next((e for e in events(run_dir) if e["type"] == "alert" and "host h2 rejoined" in e["text"]),
+                          None), 90, "the rejoin alert", sup)
+    rejoined_at = time.time()
+    assert sup.wait(300) == 0, sup.log_text()[-4000:]
+
+    rows = read_rows(run_dir)
+    expected, _ = expected_samples(cfg, renderer_for(cfg))
+    rejected = sum(1 for line in (run_dir / "rejects.jsonl").read_text().splitlines()
+                   if json.loads(line)["reason"].startswith("turn "))
+    ids = [r["sample_id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a sample was written twice"
+    assert len(rows) + rejected == len(expected), "a sample was lost"
+    assert lost["severity"] == "error" and lost["ts"] >= cut_at
+    # the rejoined host served requests after it came back (its servers' own logs say so)
+    served_after = 0
+    for log in sim_hosts.host("h2").work_dir.glob("workers/*/server.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if "POST /generate" in line and line.startswith("["):
+                stamp = time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S"))
+                served_after += stamp >= rejoined_at - 1
+    assert served_after > 0, "the rejoined host got no work"
+    final = [e for e in events(run_dir) if e["type"] == "dispatch"][-1]
+    assert final["failed"] == 0

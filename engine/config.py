@@ -146,6 +146,7 @@ class Router:
     """SGLang's own router (`sglang-router`), started on the dispatch host in front of every worker."""
     policy: str = "cache_aware"
     port: int = 30500
+    prometheus_port: int | None = None  # the router's own metrics; default: port + 1
     python: str | None = None  # default: host_python
     link: str = "ssh"  # "ssh": SSH port forwards (workers stay on 127.0.0.1); "lan": workers bind lan_address
     forward_base_port: int = 40000  # local ends of the SSH port forwards on the dispatch host

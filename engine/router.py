@@ -39,7 +39,7 @@ def router_argv(cfg: RunConfig) -> list[str]:
     r = cfg.router
     python = r.python or cfg.host_python
     argv = [python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(r.port),
-            "--policy", r.policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(r.port + 1),
+            "--policy", r.policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(r.prometheus_port or r.port + 1),
             "--log-level", "warn"]
     if cfg.workers.api_key:
         argv += ["--api-key", cfg.workers.api_key]
@@ -89,8 +89,9 @@ class RouterProcess:
         while time.monotonic() < deadline:
             if self._proc.returncode is not None:
                 tail = " | ".join(log_tail(self.log_path, offset, 6))
-                raise RouterError(f"the router exited with {self._proc.returncode} during startup: {tail}"
-                                  " (is sglang-router installed for that python? pip install sglang-router)")
+                hint = (" (sglang-router is not installed for that python: pip install sglang-router)"
+                        if "No module named" in tail else "")
+                raise RouterError(f"the router exited with {self._proc.returncode} during startup: {tail}{hint}")
             try:
                 async with self.session.get(self.url + "/liveness", timeout=aiohttp.ClientTimeout(total=2)) as resp:
                     if resp.status == 200:

@@ -11,19 +11,24 @@ import time
 import pytest
 
 from engine.config import Host, Router
-from tests.netns_hosts import start_hosts
-from tests.sshd_fixtures import find_sshd
+from tests.netns_hosts import netns_available, start_hosts
+from tests.sshd_fixtures import find_sshd, free_port
 from tests.test_engine_run import (expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
                                    supervisors, wait_for)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(420)]
 
 
-@pytest.fixture
-def sim_hosts(tmp_path):
+@pytest.fixture(params=["netns", "loopback"])
+def sim_hosts(request, tmp_path):
+    """netns: a cut is the host's link going down (servers keep running, the host comes back as it
+    was). loopback: a cut kills the host's sshd and agent (its servers die with it), so the rejoin
+    also restarts the agent and its servers."""
     if find_sshd() is None:
         pytest.skip("sshd not installed (apt-get install openssh-server)")
-    hosts = start_hosts(tmp_path / "hosts", 3)
+    if request.param == "netns" and (why := netns_available()):
+        pytest.skip(f"network namespaces unavailable here ({why}); the loopback variant runs instead")
+    hosts = start_hosts(tmp_path / "hosts", 3, force_loopback=request.param == "loopback")
     yield hosts
     hosts.close()
 
@@ -37,17 +42,9 @@ def multihost_config(tmp_path, tiny_model_dir, hosts, *, prompts: int, sim: tupl
         hosts=tuple(Host(name=h.name, address=h.address, gpus=tuple(range(gpus)), work_dir=str(h.work_dir),
                          host_python=sys.executable, base_port=h.base_port,
                          ssh_options=("-F", str(hosts.ssh_config))) for h in chosen),
-        router=Router(policy=policy, port=_free_pair(), python=sys.executable, host_lost_after_s=4.0),
+        router=Router(policy=policy, port=free_port(), prometheus_port=free_port(), python=sys.executable,
+                      host_lost_after_s=4.0),
     )
-
-
-def _free_pair() -> int:
-    from tests.sshd_fixtures import free_port
-
-    while True:
-        p = free_port()
-        if p < 65000:
-            return p
 
 
 def events(run_dir) -> list[dict]:

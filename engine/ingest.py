@@ -22,7 +22,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,7 @@ class Conversation:
     file: str = ""  # the prompt file path this row came from
     line: int | None = None  # JSONL line (1-based)
     row: int | None = None  # JSON array / Parquet row (0-based)
+    offset: int | None = None  # JSONL: byte offset of the line in the (decompressed) file, for seeking
 
     def reject(self, reason: str, kind: str = "") -> Reject:
         """A reject for this conversation found after ingest (e.g. prompt longer than the context)."""
@@ -237,25 +238,56 @@ def display_names(files: Sequence[Path]) -> dict[Path, str]:
 # iteration
 
 
-def iter_prompts(patterns: Sequence[str], fmt: str = "auto") -> Iterator[Conversation | Reject]:
-    files = resolve_prompt_files(patterns)
+@dataclass(frozen=True)
+class StreamStart:
+    """Where a stream over the same files can start without reading what comes before: the
+    position of one good conversation (saved by a full pass, see engine.work's count cache)."""
+    file_no: int  # index into the sorted resolved files
+    position: int  # JSONL: byte offset of the line; JSON array / Parquet: row number
+    line: int | None  # JSONL: that line's number (1-based); None for row-based files
+    index: int  # that conversation's index
+
+
+def iter_prompts(patterns: Sequence[str], fmt: str = "auto", *, files: Sequence[Path] | None = None,
+                 start: StreamStart | None = None,
+                 skip: Mapping[int, frozenset[int] | set[int]] | None = None) -> Iterator[Conversation | Reject]:
+    """Every row of the prompt files, in order: a Conversation or a Reject.
+
+    `files`: the resolved files (default: resolve `patterns`). `start`: begin at that position
+    (files before it are not opened, rows before it not read); a partial stream then needs
+    `skip`, the positions (per file number: JSONL line, or row) that the FULL stream rejected,
+    so that rows rejected as duplicates of ids seen before `start` are skipped too and every
+    conversation gets the same index as in the full stream. Skipped rows yield nothing."""
+    files = resolve_prompt_files(patterns) if files is None else list(files)
     names = display_names(files)
     seen: dict[str, int] = {}  # conversation id -> first origin, packed as file number << 40 | line or row
     row_based: list[bool] = []  # per file: positions are 0-based rows (JSON array, Parquet), not lines
-    index = 0
+    index = start.index if start is not None else 0
     for file_no, path in enumerate(files):
-        kind = detect_format(path, fmt)
+        kind = detect_format(path, fmt) if start is None or file_no >= start.file_no else "jsonl"
         row_based.append(kind != "jsonl")
+        if start is not None and file_no < start.file_no:
+            continue
         reader = {"jsonl": _jsonl_rows, "json": _json_array_rows, "parquet": _parquet_rows}.get(kind)
         if reader is None:
             raise PromptFileError(str(path), None, f"unknown prompt format {kind!r}")
         name = names[path]
-        for item in reader(path):
+        skipped = (skip or {}).get(file_no) or ()
+        if start is not None and file_no == start.file_no:
+            rows = (_jsonl_rows(path, start.position, start.line or 1) if kind == "jsonl"
+                    else reader(path, first_row=start.position))
+        else:
+            rows = reader(path)
+        for item in rows:
             if isinstance(item, Reject):
+                if skipped and (item.line if item.line is not None else item.row) in skipped:
+                    continue
                 yield item
                 continue
-            line, row, obj, text = item
+            line, row, obj, text, offset = item
             pos = line if line is not None else row
+            if skipped and pos in skipped:
+                continue
             origin = f"{name}:{line}" if line is not None else f"{name}:row{row}"
             try:
                 messages, conv_id, source = _normalize(obj)
@@ -274,7 +306,7 @@ def iter_prompts(patterns: Sequence[str], fmt: str = "auto") -> Iterator[Convers
                              _excerpt(text or _row_text(obj)), conv_id, "duplicate_id")
                 continue
             seen[conv_id] = file_no << 40 | pos
-            yield Conversation(conv_id, source or str(path), origin, index, messages, str(path), line, row)
+            yield Conversation(conv_id, source or str(path), origin, index, messages, str(path), line, row, offset)
             index += 1
 
 
@@ -316,18 +348,23 @@ def _lone_surrogate(value: Any) -> str | None:
     return None
 
 
-RowItem = tuple[int | None, int | None, Any, str]  # (line, row, parsed object, raw text)
+RowItem = tuple[int | None, int | None, Any, str, int | None]  # (line, row, parsed object, raw text, offset)
 
 
-def _jsonl_rows(path: Path) -> Iterator[RowItem | Reject]:
+def _jsonl_rows(path: Path, first_offset: int = 0, first_line: int = 1) -> Iterator[RowItem | Reject]:
     try:
         f = _open_binary(path)
     except OSError as exc:
         raise PromptFileError(str(path), str(exc)) from exc
-    offset = 0
+    offset = first_offset
     with f:
-        for line_no, raw in enumerate(f, start=1):
-            start = offset
+        if first_offset:
+            try:
+                f.seek(first_offset)
+            except OSError as exc:
+                raise PromptFileError(str(path), str(exc), f"cannot seek to byte {first_offset}") from exc
+        for line_no, raw in enumerate(f, start=first_line):
+            start = line_start = offset
             offset += len(raw)
             if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8):]
@@ -347,10 +384,10 @@ def _jsonl_rows(path: Path) -> Iterator[RowItem | Reject]:
             except _RowError as exc:
                 yield Reject(str(path), line_no, None, exc.reason, _excerpt(text), None, exc.kind)
                 continue
-            yield line_no, None, obj, text
+            yield line_no, None, obj, text, line_start
 
 
-def _json_array_rows(path: Path, chunk_size: int = 1 << 20) -> Iterator[RowItem | Reject]:
+def _json_array_rows(path: Path, chunk_size: int = 1 << 20, first_row: int = 0) -> Iterator[RowItem | Reject]:
     """Elements of a top-level JSON array, found by a structural scan over a sliding buffer."""
     try:
         f = _open_binary(path)
@@ -411,6 +448,19 @@ def _json_array_rows(path: Path, chunk_size: int = 1 << 20) -> Iterator[RowItem 
                 return
             start = m.start()
             fast = _decode_element(buf, start)
+            if row < first_row:  # before the start of a partial stream: only find the element's end
+                if fast is not None:
+                    end, closed = fast[1], fast[2]
+                else:
+                    end, closed = _scan_element(buf, start, fill_more=fill, get_buf=lambda: buf)
+                row += 1
+                if closed is None:
+                    return
+                pos = end + 1 if closed == "," else end
+                if pos > chunk_size:
+                    buf = buf[pos:]
+                    pos = 0
+                continue
             if fast is not None:
                 obj, end, closed = fast
             else:  # malformed, or not complete in the buffer: the structural scan finds its extent
@@ -428,7 +478,7 @@ def _json_array_rows(path: Path, chunk_size: int = 1 << 20) -> Iterator[RowItem 
                 try:
                     if obj is None or _SURROGATE_ESCAPE.search(text):
                         obj = _loads(text)
-                    yield None, row, obj, text
+                    yield None, row, obj, text, None
                 except _RowError as exc:
                     yield Reject(str(path), None, row, exc.reason, _excerpt(text), None, exc.kind)
             row += 1
@@ -491,7 +541,7 @@ def _scan_element(buf: str, start: int, *, fill_more, get_buf) -> tuple[int, str
         pos = m.end()
 
 
-def _parquet_rows(path: Path, batch_size: int = 2048) -> Iterator[RowItem | Reject]:
+def _parquet_rows(path: Path, batch_size: int = 2048, first_row: int = 0) -> Iterator[RowItem | Reject]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -506,19 +556,37 @@ def _parquet_rows(path: Path, batch_size: int = 2048) -> Iterator[RowItem | Reje
     wanted = [n for n in names if n in PARQUET_COLUMNS]
     columns = wanted if wanted else None  # none known: read all, so the reject lists the row's keys
     row = 0
+    groups = None
+    if first_row:  # a partial stream: start at the row group holding first_row, slice off the rest
+        meta = pf.metadata
+        groups = []
+        for g in range(meta.num_row_groups):
+            n = meta.row_group(g).num_rows
+            if row + n <= first_row and not groups:
+                row += n
+                continue
+            groups.append(g)
     try:
-        for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
+        batches = (pf.iter_batches(batch_size=batch_size, columns=columns) if groups is None
+                   else pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups))
+        for batch in batches:
+            if row < first_row:
+                if row + batch.num_rows <= first_row:
+                    row += batch.num_rows
+                    continue
+                batch = batch.slice(first_row - row)
+                row = first_row
             try:
                 objs = batch.to_pylist()
             except UnicodeDecodeError:  # a string column with invalid UTF-8: find the rows, one by one
                 objs = None
             for i in range(batch.num_rows):
                 if objs is not None:
-                    yield None, row, objs[i], ""  # excerpt text is made only for a reject
+                    yield None, row, objs[i], "", None  # excerpt text is made only for a reject
                 else:
                     try:
                         (obj,) = batch.slice(i, 1).to_pylist()
-                        yield None, row, obj, ""
+                        yield None, row, obj, "", None
                     except UnicodeDecodeError as exc:
                         yield Reject(str(path), None, row, f"invalid UTF-8 in a string column at byte {exc.start}: "
                                      f"{exc.reason}", _excerpt(exc.object[:EXCERPT_CHARS].decode("utf-8", "replace")),

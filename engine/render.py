@@ -207,18 +207,30 @@ class Renderer:
 
     def reasoning_tokens(self, output_ids: Sequence[int]) -> int:
         """Tokens inside <think>..</think> (to the end when unclosed; eos excluded)."""
-        ids = self.strip_eos(output_ids)
         if self.think_close_id is None and self.think_open_id is None:
             return 0
+        ids = output_ids  # no copy: trailing eos ids are cut off by the search bound n
+        n = len(ids)
+        eos = self._eos_set
+        while n and ids[n - 1] in eos:
+            n -= 1
         start = None
-        if self.think_open_id is not None and self.think_open_id in ids:
-            start = ids.index(self.think_open_id) + 1
-        close = ids.index(self.think_close_id, start or 0) if self.think_close_id in ids[start or 0:] else None
+        if self.think_open_id is not None:
+            try:
+                start = ids.index(self.think_open_id, 0, n) + 1
+            except ValueError:
+                start = None
+        close = None
+        if self.think_close_id is not None:
+            try:
+                close = ids.index(self.think_close_id, start or 0, n)
+            except ValueError:
+                close = None
         if start is None:
             if close is not None:
                 return close  # the prompt opened the block; the output only closes it
-            return len(ids) if self.prompt_opens_think else 0
-        return (close if close is not None else len(ids)) - start
+            return n if self.prompt_opens_think else 0
+        return (close if close is not None else n) - start
 
 
 def _read_json(path: Path) -> dict | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from array import array
 import re
 import sqlite3
 import threading
@@ -38,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.answer_shape import is_empty_answer
+from engine.answer_shape import THINK_CLOSE, THINK_OPEN, is_empty_answer
 from engine.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
 
 STATE_DB = "state.sqlite"
@@ -46,6 +47,7 @@ SHARDS_DIR = "shards"
 WRITER_LOCK = "state.sqlite.writer.lock"
 PART_RE = re.compile(r"^part-(\d+)\.parquet(\.tmp)?$")
 _SQL_CHUNK = 500
+_NON_SPACE = re.compile(r"\S")
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS parts(
@@ -118,7 +120,8 @@ class ShardStore:
         self.db_path = self.run_dir / STATE_DB
         if not self.run_dir.is_dir():
             raise StoreError(f"run dir {self.run_dir} does not exist (prepare_run_dir creates it)")
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the sqlite connection and the seq numbers
+        self._commit_lock = threading.RLock()  # writers: commit, recover, close (taken before _lock)
         self._writer_fd: int | None = None
         self._next_seq: dict[str, int] = {}
         try:
@@ -138,7 +141,7 @@ class ShardStore:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        with self._lock:
+        with self._commit_lock, self._lock:
             self._db.close()
             if self._writer_fd is not None:
                 os.close(self._writer_fd)
@@ -171,7 +174,7 @@ class ShardStore:
     def recover(self) -> list[str]:
         """Remove *.tmp and uncommitted part files; un-commit samples of parts missing on disk.
         Returns one line per thing removed (paths relative to the run dir)."""
-        with self._lock:
+        with self._commit_lock, self._lock:
             self._acquire_writer()
             removed: list[str] = []
             committed = {row[0] for row in self._db.execute("SELECT path FROM parts")}
@@ -340,18 +343,22 @@ class ShardStore:
         `history` answers, sample_id -> text, kept for chaining multi-turn conversations)."""
         if not rows:
             raise ValueError(f"commit to shard {shard_id}: no rows")
-        table = build_table(rows)
+        table = build_table(rows)  # CPU only: no lock held, readers on other threads go on
         ids = table.column("sample_id").to_pylist()
         extra = sorted(set(history) - set(ids))
         if extra:
             raise ValueError(f"commit to shard {shard_id}: history given for sample(s) not in this part: {extra[:5]}")
-        with self._lock:
-            self._acquire_writer()
-            known = self._db.execute("SELECT paused FROM shards WHERE shard_id=?", (shard_id,)).fetchone()
-            if known is None:
-                raise ValueError(f"commit to unknown shard {shard_id}: declare it with ensure_shards() first")
-            self._check_duplicates(ids)
-            seq = self._take_seq(shard_id)
+        # _commit_lock: one commit at a time (so the duplicate check still holds at the insert);
+        # _lock (the sqlite connection) only around the database steps, not the Parquet write
+        # and fsyncs, so a commit in the committer's thread never stalls readers on the loop
+        with self._commit_lock:
+            with self._lock:
+                self._acquire_writer()
+                known = self._db.execute("SELECT paused FROM shards WHERE shard_id=?", (shard_id,)).fetchone()
+                if known is None:
+                    raise ValueError(f"commit to unknown shard {shard_id}: declare it with ensure_shards() first")
+                self._check_duplicates(ids)
+                seq = self._take_seq(shard_id)
             shard_dir = self.shards_dir / shard_id
             final = shard_dir / f"part-{seq:06d}.parquet"
             rel = final.relative_to(self.run_dir).as_posix()
@@ -361,7 +368,7 @@ class ShardStore:
             info = PartInfo(shard_id, rel, len(ids), time.time(), seq, nbytes)
             try:
                 try:
-                    self._record(info, table, history)
+                    self._record(info, table, history)  # takes _lock for its transaction only
                 except sqlite3.Error as exc:
                     raise StoreError(f"commit of {rel} ({len(ids)} samples) failed in {self.db_path}: {exc}; "
                                      "nothing was committed") from exc
@@ -438,7 +445,7 @@ class ShardStore:
         cols = {name: table.column(name).to_pylist() for name in
                 ("sample_id", "conversation_id", "turn", "output_len", "finish_reason", "prompt_len",
                  "reasoning_tokens", "text")}
-        empty = [int(is_empty_answer(t)) for t in cols["text"]]
+        empty = [int(_is_empty(t)) for t in cols["text"]]
         samples = [
             (sid, info.shard_id, info.path, cid, turn, olen, fr, e, history.get(sid), plen, rt)
             for sid, cid, turn, olen, fr, e, plen, rt in zip(
@@ -447,34 +454,48 @@ class ShardStore:
         ]
         tokens = sum(cols["output_len"])
         truncated = sum(1 for fr in cols["finish_reason"] if fr == "length")
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("INSERT INTO parts(path, shard_id, rows, committed_at, seq, bytes) VALUES(?,?,?,?,?,?)",
-                       (info.path, info.shard_id, info.rows, info.committed_at, info.seq, info.bytes))
-            db.executemany("INSERT INTO samples(sample_id, shard_id, part_path, conversation_id, turn, output_len,"
-                           " finish_reason, empty, answer, prompt_len, reasoning_tokens)"
-                           " VALUES(?,?,?,?,?,?,?,?,?,?,?)", samples)
-            db.execute("UPDATE shards SET done_samples=done_samples+?, output_tokens=output_tokens+?,"
-                       " empty=empty+?, truncated=truncated+?, parts=parts+1, next_seq=max(next_seq, ?)"
-                       " WHERE shard_id=?",
-                       (len(samples), tokens, sum(empty), truncated, info.seq + 1, info.shard_id))
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT INTO parts(path, shard_id, rows, committed_at, seq, bytes) VALUES(?,?,?,?,?,?)",
+                           (info.path, info.shard_id, info.rows, info.committed_at, info.seq, info.bytes))
+                db.executemany("INSERT INTO samples(sample_id, shard_id, part_path, conversation_id, turn, output_len,"
+                               " finish_reason, empty, answer, prompt_len, reasoning_tokens)"
+                               " VALUES(?,?,?,?,?,?,?,?,?,?,?)", samples)
+                db.execute("UPDATE shards SET done_samples=done_samples+?, output_tokens=output_tokens+?,"
+                           " empty=empty+?, truncated=truncated+?, parts=parts+1, next_seq=max(next_seq, ?)"
+                           " WHERE shard_id=?",
+                           (len(samples), tokens, sum(empty), truncated, info.seq + 1, info.shard_id))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
 
 def build_table(rows: list[dict]) -> pa.Table:
-    """Rows -> a SHARD_SCHEMA table, validating the token/mask invariants of every sample."""
+    """Rows -> a SHARD_SCHEMA table, validating the token/mask invariants of every sample.
+
+    The usual row (loss_mask exactly `[0] * prompt_len + [1] * output_len`, checked per row with
+    list.count/index at C speed) gets its loss_mask column built from the lengths with numpy
+    instead of converting ~10^6 Python ints per part; any other row takes the general path, which
+    converts every value and names the first bad sample and position."""
     names = SHARD_SCHEMA.names
     for i, r in enumerate(rows):
         missing = [n for n in names if n not in r]
         if missing:
             raise ValueError(f"sample {r.get('sample_id', f'#{i}')!r}: missing field(s) {', '.join(missing)}")
+    masks_from_lengths = _standard_masks(rows)
     arrays = []
     for fld in SHARD_SCHEMA:
+        if fld.name == "loss_mask" and masks_from_lengths:
+            arrays.append(None)  # built below from the (validated) prompt/output lengths
+            continue
+        if fld.name == "input_ids" and _INT32_ARRAYS and all(
+                type(v) is array and v.typecode == "i" for v in (r["input_ids"] for r in rows)):
+            arrays.append(_int32_lists([r["input_ids"] for r in rows]))  # int32 already: one copy
+            continue
         values = [r[fld.name] for r in rows]
         try:
             arrays.append(pa.array(values, type=fld.type))
@@ -485,9 +506,52 @@ def build_table(rows: list[dict]) -> pa.Table:
         if arrays[-1].null_count:
             bad = next(i for i, v in enumerate(values) if v is None)
             raise ValueError(f"sample {rows[bad].get('sample_id')!r}: field {fld.name} is null")
+    if masks_from_lengths:
+        prompt_len = arrays[names.index("prompt_len")].to_numpy()
+        output_len = arrays[names.index("output_len")].to_numpy()
+        ids = arrays[names.index("input_ids")]
+        n_ids = np.diff(ids.offsets.to_numpy())
+        n_mask = prompt_len + output_len
+        bad = np.flatnonzero(n_ids != n_mask)  # the masks are right by construction; the ids' lengths are not
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"sample {rows[i]['sample_id']!r}: len(input_ids)={n_ids[i]} != len(loss_mask)={n_mask[i]}")
+        arrays[names.index("loss_mask")] = _masks_array(prompt_len, output_len)
+        return pa.Table.from_arrays(arrays, schema=SHARD_SCHEMA)
     table = pa.Table.from_arrays(arrays, schema=SHARD_SCHEMA)
     _validate_masks(table)
     return table
+
+
+_INT32_ARRAYS = array("i").itemsize == 4
+
+
+def _int32_lists(values: list[array]) -> pa.ListArray:
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    flat = np.frombuffer(b"".join(values), dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(flat, type=pa.int32()))
+
+
+def _standard_masks(rows: list[dict]) -> bool:
+    """True when every row's loss_mask is a list equal to [0] * prompt_len + [1] * output_len
+    (non-negative int lengths): exactly p zeros, o ones, the first 1 at position p."""
+    for r in rows:
+        mask, p, o = r["loss_mask"], r["prompt_len"], r["output_len"]
+        if type(mask) is not list or type(p) is not int or type(o) is not int or p < 0 or o < 0:
+            return False
+        if len(mask) != p + o or mask.count(0) != p or mask.count(1) != o or (o and mask.index(1) != p):
+            return False
+    return True
+
+
+def _masks_array(prompt_len: np.ndarray, output_len: np.ndarray) -> pa.ListArray:
+    n = len(prompt_len)
+    lengths = np.column_stack([prompt_len, output_len]).ravel()
+    values = np.repeat(np.tile(np.array([0, 1], dtype=np.uint8), n), lengths)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(prompt_len + output_len, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(values, type=pa.uint8()))
 
 
 def _first_bad(values: list, typ: pa.DataType) -> int | None:
@@ -535,6 +599,17 @@ def _validate_masks(table: pa.Table) -> None:
         pos = int(wrong[0] - offsets[row])
         fail(row, f"loss_mask[{pos}]={int(values[wrong[0]])}: must be 0 on the prompt "
                   f"(first {prompt_len[row]} tokens) and 1 on the output")
+
+
+def _is_empty(text: str) -> bool:
+    """is_empty_answer(text), without copying a long answer: a reasoning block with any
+    non-space character is never empty (the common case, decided by two searches)."""
+    close = text.rfind(THINK_CLOSE)
+    if close >= 0:
+        opened = text.find(THINK_OPEN, 0, close)
+        if _NON_SPACE.search(text, opened + len(THINK_OPEN) if opened >= 0 else 0, close):
+            return False
+    return is_empty_answer(text)
 
 
 def _fsync_dir(path: Path) -> None:

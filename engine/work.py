@@ -4,6 +4,11 @@ Prompts are streamed, never materialized: one counting pass at startup gives per
 then a feed pass turns conversations into ready work items with a bounded look-ahead. A sample
 is identified by its sample id (`<conversation_id>#turn<k>`); resume skips committed ids.
 
+Counting once: the counting pass's result is cached in the run dir (engine.count_cache), keyed by
+the prompt files and the config fields that change it; with it the pass is a file read, and the
+feed starts reading at the first incomplete shard's first conversation instead of re-parsing
+every committed conversation before it.
+
 Paused shards: items already queued are held back at pull time (so a pause stops dispatch at
 once); conversations of a paused shard met by the feed are not kept in memory, the index range
 is remembered and streamed again (a rescan) when the shard is resumed.
@@ -21,8 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from pathlib import Path
+
+from engine import count_cache
 from engine.config import RunConfig
-from engine.ingest import Conversation, Reject, iter_prompts
+from engine.ingest import Conversation, Reject, StreamStart, iter_prompts, resolve_prompt_files
 from engine.render import Renderer, sample_id
 from engine.rejects import RejectLog
 from engine.shard_store import ShardStore, shard_id_for
@@ -122,6 +130,12 @@ class WorkPlan:
         self._main_iter: Iterator | None = None
         self._shard_order: list[str] | None = None  # shards in index order (set after the count)
         self._incomplete_from = 0  # every shard before this position in _shard_order is complete
+        self._files: list[Path] | None = None  # the resolved prompt files (set by the count)
+        self._starts: dict[str, tuple[StreamStart, str]] = {}  # shard -> its first conversation (pos, id)
+        self._skip: dict[int, set[int]] = {}  # file number -> positions the full stream rejects
+        self._seekable = False
+        self._count_from_cache = False
+        self._cache_to_save: tuple[list[dict], count_cache.CountResult] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="regen-render")
         self._wake_feed = asyncio.Event()
         self._item_ready = asyncio.Event()
@@ -129,35 +143,137 @@ class WorkPlan:
 
     # -- startup ----------------------------------------------------------------------------
     def count_stream(self) -> list[Reject]:
-        """One streaming pass (safe in a thread: touches no sqlite): per-shard totals and bad input rows."""
+        """The counting pass (safe in a thread: touches no sqlite): per-shard totals and bad input
+        rows, from the run dir's count cache when the prompt files and config are unchanged."""
         started = time.monotonic()
+        self._files = files = resolve_prompt_files(self.cfg.prompts)
+        facts = None
+        try:
+            facts = count_cache.file_facts(files)
+        except OSError as exc:
+            log.warning("count cache: cannot fingerprint the prompt files (%s): not used", exc)
+        if facts is not None and self._use_cache(facts, started):
+            return []
         bad: list[Reject] = []
-        for entry in iter_prompts(self.cfg.prompts, self.cfg.prompt_format):
+        file_no_of = {str(p): i for i, p in enumerate(files)}
+        skip: dict[int, set[int]] = {}
+        seekable = True
+        for entry in iter_prompts(self.cfg.prompts, self.cfg.prompt_format, files=files):
             if isinstance(entry, Reject):
                 bad.append(entry)
+                fno = file_no_of.get(entry.file)
+                pos = entry.line if entry.line is not None else entry.row
+                if fno is None or pos is None:
+                    seekable = False  # a reject without a position: partial streams could shift indices
+                else:
+                    skip.setdefault(fno, set()).add(pos)
                 continue
             sid = shard_id_for(entry.index, self.cfg.shard_size)
             counts = self.shards.get(sid)
             if counts is None:
                 counts = self.shards[sid] = ShardCounts(first_index=entry.index)
+                pos = entry.offset if entry.line is not None else entry.row
+                if pos is None:
+                    seekable = False
+                else:
+                    self._starts[sid] = (StreamStart(file_no_of[entry.file], pos, entry.line, entry.index),
+                                         entry.conversation_id)
             counts.conversations += 1
             counts.total += len(self.renderer.user_turns(entry, self.cfg.turns))
             counts.end_index = entry.index + 1
         self.input_rejects = len(bad)
+        self._skip = skip
+        self._seekable = seekable
         self._count_s = time.monotonic() - started
+        if facts is not None:
+            result = count_cache.CountResult(
+                [count_cache.ShardStart(sid, c.conversations, c.total, c.first_index, c.end_index,
+                                        self._starts[sid][0] if sid in self._starts else None,
+                                        self._starts[sid][1] if sid in self._starts else "")
+                 for sid, c in self.shards.items()], skip, len(bad), self._count_s, seekable)
+            self._cache_to_save = (facts, result)  # saved by finish_count, once the rejects are logged
         return bad
+
+    def _use_cache(self, facts: list[dict], started: float) -> bool:
+        run_dir = Path(self.cfg.run_dir)
+        try:
+            cached = count_cache.load(run_dir, self.cfg, facts)
+            if cached.input_rejects > self.rejects.count:
+                raise count_cache.CacheUnusable(
+                    f"{self.rejects.path} holds {self.rejects.count} rejects, fewer than the {cached.input_rejects}"
+                    " bad input rows of the cached count", stale=True)
+        except count_cache.CacheUnusable as exc:
+            if exc.stale:
+                log.info("count cache: not used: %s; counting the prompt files", exc)
+            else:
+                log.warning("count cache: IGNORED: %s; counting the prompt files again", exc)
+            return False
+        for sh in cached.shards:
+            self.shards[sh.shard_id] = ShardCounts(total=sh.total, conversations=sh.conversations,
+                                                   first_index=sh.first_index, end_index=sh.end_index)
+            if sh.start is not None:
+                self._starts[sh.shard_id] = (sh.start, sh.first_id)
+        self._skip = cached.skip
+        self._seekable = cached.seekable
+        self.input_rejects = cached.input_rejects
+        self._count_from_cache = True
+        self._count_s = time.monotonic() - started
+        log.info("count cache: %d shards, %d bad input rows from %s (prompt files unchanged; the full count "
+                 "took %.1f s)", len(cached.shards), cached.input_rejects, run_dir / count_cache.CACHE_FILE,
+                 cached.count_s)
+        return True
 
     def finish_count(self, bad: list[Reject]) -> None:
         """Store side of the counting pass (on the loop thread): shards, committed counts, paused set."""
         self.rejects.add_many(bad)  # one fsync for the lot
+        if self._cache_to_save is not None:
+            facts, result = self._cache_to_save
+            self._cache_to_save = None
+            try:
+                path = count_cache.save(Path(self.cfg.run_dir), self.cfg, facts, result)
+                log.info("count cache: saved %s (%d shards)", path, len(result.shards))
+            except OSError as exc:
+                log.warning("count cache: cannot save it in %s (%s): the next start counts again", self.cfg.run_dir, exc)
         self.store.ensure_shards({sid: c.conversations for sid, c in self.shards.items()},
                                  {sid: c.total for sid, c in self.shards.items()})
         for progress in self.store.progress():
             if progress.shard_id in self.shards:
                 self.shards[progress.shard_id].done = progress.done_samples
         self.paused = set(self.store.paused()) & set(self.shards)
-        log.info("plan: %d samples in %d shards (%d already committed), %d bad input rows, counted in %.1f s",
-                 self.total, len(self.shards), self.done, self.input_rejects, getattr(self, "_count_s", 0.0))
+        log.info("plan: %d samples in %d shards (%d already committed), %d bad input rows, counted in %.1f s%s",
+                 self.total, len(self.shards), self.done, self.input_rejects, getattr(self, "_count_s", 0.0),
+                 " (count cache)" if self._count_from_cache else "")
+
+    # -- streams ----------------------------------------------------------------------------
+    def _stream_from(self, first_index: int) -> Iterator[Conversation]:
+        """Good conversations from index `first_index` on (earlier ones may come too: callers skip
+        them), starting at the saved position of the shard holding it when there is one."""
+        full = lambda: _good(iter_prompts(self.cfg.prompts, self.cfg.prompt_format, files=self._files))  # noqa: E731
+        sid = shard_id_for(first_index, self.cfg.shard_size)
+        entry = self._starts.get(sid) if self._seekable else None
+        if entry is None or entry[0].index == 0:
+            return full()
+        start, first_id = entry
+        stream = iter_prompts(self.cfg.prompts, self.cfg.prompt_format, files=self._files, start=start,
+                              skip=self._skip)
+        return self._checked(stream, sid, start, first_id, full)
+
+    @staticmethod
+    def _checked(stream, sid: str, start: StreamStart, first_id: str, full) -> Iterator[Conversation]:
+        first = True
+        for entry in stream:
+            if not isinstance(entry, Conversation):
+                continue
+            if first:
+                first = False
+                if entry.conversation_id != first_id or entry.index != start.index:
+                    log.error("count cache: shard %s should start with conversation %r (index %d) at file %d"
+                              " position %d, found %r (index %d): reading the prompt files from the start instead",
+                              sid, first_id, start.index, start.file_no, start.position, entry.conversation_id,
+                              entry.index)
+                    yield from full()
+                    return
+            yield entry
 
     @property
     def total(self) -> int:
@@ -234,7 +350,7 @@ class WorkPlan:
                 if held:
                     self._push(list(held), front=True)
                 for start, end in self._deferred.pop(sid, []):
-                    self._rescans.append(_Rescan(self.cfg, start, end))
+                    self._rescans.append(_Rescan(self._stream_from(start), start, end))
                 self._wake_feed.set()
             self.changed(sid)
         return changed if changed is not None else targets
@@ -274,9 +390,7 @@ class WorkPlan:
     def _only_paused_left(self) -> bool:
         # called once per feed batch: scanning every shard each time is quadratic on a resumed run
         # with many complete shards; completion is final within a run, so skip those for good
-        order = self._shard_order
-        if order is None:
-            order = self._shard_order = list(self.shards)
+        order = self._ordered_shards()
         i = self._incomplete_from
         while i < len(order) and self.shards[order[i]].complete:
             i += 1
@@ -289,8 +403,18 @@ class WorkPlan:
         if self._main_done:
             return None
         if self._main_iter is None:
-            self._main_iter = _good(iter_prompts(self.cfg.prompts, self.cfg.prompt_format))
+            first = next((self.shards[sid].first_index for sid in self._ordered_shards()
+                          if not self.shards[sid].complete), 0)
+            self._main_iter = self._stream_from(first)
+            if first:
+                log.info("plan: feed starts at conversation %d (shard %s): every shard before it is complete",
+                         first, shard_id_for(first, self.cfg.shard_size))
         return self._main_iter
+
+    def _ordered_shards(self) -> list[str]:
+        if self._shard_order is None:
+            self._shard_order = sorted(self.shards, key=lambda sid: self.shards[sid].first_index)
+        return self._shard_order
 
     def _source_exhausted(self, source) -> None:
         if source is self._main_iter:
@@ -336,23 +460,35 @@ class WorkPlan:
             ranges.append([index, index + 1])
 
     def _build_first(self, states: list[_ConvState]) -> list[list[WorkItem | _Unfit]]:
-        out = []
-        for state in states:
-            if self.cfg.turns == "all":
-                out.append([self._build(state, state.turns[0])])
-            else:
-                out.append([self._build(state, t) for t in state.turns])
-        return out
+        """The first items of each conversation, rendered with ONE batched tokenizer call (the
+        per-call overhead of transformers' tokenizer is ~2/3 of rendering a short prompt); a batch
+        that fails is rendered again one by one, so only the rows that fail are rejected."""
+        wanted = [(state, t) for state in states
+                  for t in (state.turns[:1] if self.cfg.turns == "all" else state.turns)]
+        try:
+            messages = [self.renderer.build_messages(state.conv, t, state.answers, self.cfg.turns)
+                        for state, t in wanted]
+            all_ids = self.renderer.prompt_ids_many(messages)
+        except Exception:  # noqa: BLE001  # some row cannot render: _build names it, one by one
+            all_ids = None
+        built = iter([self._build(state, t) for state, t in wanted] if all_ids is None else
+                     [self._item(state, t, ids) for (state, t), ids in zip(wanted, all_ids)])
+        return [[next(built) for _ in (state.turns[:1] if self.cfg.turns == "all" else state.turns)]
+                for state in states]
 
     def _build(self, state: _ConvState, turn: int) -> WorkItem | _Unfit:
         conv = state.conv
-        sid = sample_id(conv.conversation_id, turn)
         try:
             messages = self.renderer.build_messages(conv, turn, state.answers, self.cfg.turns)
             prompt_ids = self.renderer.prompt_ids(messages)
         except Exception as exc:  # a template that cannot render this row: the row is rejected, loudly
             return _Unfit(turn, reject_for(conv, f"turn {turn}: chat template failed: {type(exc).__name__}: {exc}",
                                            kind="template_error"))
+        return self._item(state, turn, prompt_ids)
+
+    def _item(self, state: _ConvState, turn: int, prompt_ids: list[int]) -> WorkItem | _Unfit:
+        conv = state.conv
+        sid = sample_id(conv.conversation_id, turn)
         room = self.context_length - len(prompt_ids) - 1
         if room < 1:
             return _Unfit(turn, reject_for(
@@ -452,9 +588,9 @@ def _good(entries) -> Iterator[Conversation]:
 class _Rescan:
     """Conversations with index in [start, end), streamed again (a shard resumed after the feed passed it)."""
 
-    def __init__(self, cfg: RunConfig, start: int, end: int):
+    def __init__(self, stream: Iterator[Conversation], start: int, end: int):
         self.start, self.end = start, end
-        self._iter = _good(iter_prompts(cfg.prompts, cfg.prompt_format))
+        self._iter = stream
         self.exhausted = False
 
     def take(self, n: int) -> list[Conversation]:

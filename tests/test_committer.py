@@ -1,0 +1,195 @@
+"""The committer commits in its own thread: the event loop keeps running during a slow commit,
+rows count as committed (plan.on_committed, on the loop thread) only after ShardStore.commit
+returned, failed commits keep their rows in order, and flush_all / drain wait for the commit in
+flight. A real ShardStore underneath; its commit slowed down where the test needs a slow disk."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import pyarrow.parquet as pq
+import pytest
+
+from engine.committer import Committer
+from engine.ingest import Conversation
+from engine.shard_store import ShardStore, StoreError
+from engine.work import WorkItem
+from tests.test_shard_store import make_row
+
+
+class FakePlan:
+    def __init__(self, turns: str = "last"):
+        self.cfg = SimpleNamespace(turns=turns)
+        self.committed: list[tuple[str, int]] = []  # (sample id, thread id)
+
+    def on_committed(self, item, answer) -> None:
+        self.committed.append((item.sample_id, threading.get_ident()))
+
+
+def item(conv: str) -> WorkItem:
+    c = Conversation(conv, "p.jsonl", "p.jsonl:1", 0, ({"role": "user", "content": "q"},))
+    return WorkItem(sample_id=f"{conv}#turn0", conv=c, turn=0, shard_id="s00000", prompt_ids=[1, 2, 3],
+                    max_new_tokens=8, is_last_turn=True)
+
+
+class SlowStore(ShardStore):
+    delay = 0.0
+    fail_next = 0
+    threads: list[int]
+
+    def commit(self, shard_id, rows, history={}):  # noqa: B006
+        self.threads.append(threading.get_ident())
+        time.sleep(self.delay)
+        if self.fail_next:
+            self.fail_next -= 1
+            raise StoreError("No space left on device (simulated)")
+        return super().commit(shard_id, rows, history)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SlowStore(tmp_path)
+    s.threads = []
+    s.ensure_shards({"s00000": 1000})
+    yield s
+    s.close()
+
+
+def committed_ids(store: ShardStore) -> list[str]:
+    ids = []
+    for part in store.parts():
+        ids += pq.read_table(store.run_dir / part.path).column("sample_id").to_pylist()
+    return ids
+
+
+def test_a_slow_commit_does_not_block_the_loop(store):
+    store.delay = 0.5
+    plan = FakePlan()
+    alerts = []
+
+    async def main():
+        c = Committer(store, plan, alerts.append, max_rows=4, max_age_s=10)
+        task = asyncio.create_task(c.run_forever())
+        for i in range(4):
+            c.add(item(f"a{i}"), make_row(f"a{i}"), None)
+        gaps, last = [], time.monotonic()
+        deadline = last + 1.5
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+            if plan.committed:
+                break
+        assert c.pending == 0 or plan.committed
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        c.close()
+        return max(gaps), c
+
+    worst, c = asyncio.run(main())
+    assert worst < 0.2, f"the loop stalled {worst:.2f} s during a 0.5 s commit"
+    loop_thread = threading.get_ident()
+    assert store.threads and all(t != loop_thread for t in store.threads)  # committed in the thread
+    assert [sid for sid, _ in plan.committed] == [f"a{i}#turn0" for i in range(4)]
+    assert all(t == loop_thread for _, t in plan.committed)  # on_committed ran on the loop
+    assert c.committed_rows == 4 and c.parts == 1 and alerts == []
+
+
+def test_a_failed_commit_keeps_its_rows_first_and_is_retried(store):
+    store.fail_next = 1
+    plan = FakePlan()
+    alerts = []
+
+    async def main():
+        c = Committer(store, plan, alerts.append, max_rows=2, max_age_s=10)
+        c.add(item("a"), make_row("a"), None)
+        c.add(item("b"), make_row("b"), None)
+        await c.commit_due_async()
+        assert plan.committed == [] and c.pending == 2  # nothing counted, nothing lost
+        c.add(item("c"), make_row("c"), None)
+        await c.drain()
+        c.close()
+        return c
+
+    c = asyncio.run(main())
+    assert len(alerts) == 1 and "cannot write a part file of s00000" in alerts[0].text
+    assert committed_ids(store) == ["a#turn0", "b#turn0", "c#turn0"]  # the kept rows first, in order
+    assert [sid for sid, _ in plan.committed] == ["a#turn0", "b#turn0", "c#turn0"] and c.pending == 0
+
+
+def test_flush_all_waits_for_the_commit_in_flight_then_commits_the_rest(store):
+    store.delay = 0.3
+    plan = FakePlan()
+
+    async def main():
+        c = Committer(store, plan, lambda e: None, max_rows=2, max_age_s=10)
+        task = asyncio.create_task(c.run_forever())
+        c.add(item("a"), make_row("a"), None)
+        c.add(item("b"), make_row("b"), None)
+        while not c.committing:
+            await asyncio.sleep(0.01)
+        c.add(item("c"), make_row("c"), None)
+        assert c.pending == 3
+        c.flush_all()  # the sync form (shutdown): blocks until all is committed
+        assert c.pending == 0 and not c.committing
+        await asyncio.sleep(0.3)  # run_forever wakes up: the job is settled already, not counted twice
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        c.close()
+
+    asyncio.run(main())
+    assert sorted(committed_ids(store)) == ["a#turn0", "b#turn0", "c#turn0"]
+    assert sorted(sid for sid, _ in plan.committed) == ["a#turn0", "b#turn0", "c#turn0"]
+
+
+def test_drain_commits_everything_off_the_loop(store):
+    store.delay = 0.2
+    plan = FakePlan()
+
+    async def main():
+        c = Committer(store, plan, lambda e: None, max_rows=100, max_age_s=10)
+        task = asyncio.create_task(c.run_forever())
+        for i in range(5):
+            c.add(item(f"d{i}"), make_row(f"d{i}"), None)
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.create_task(ticker())
+        await c.drain()
+        t.cancel()
+        task.cancel()
+        await asyncio.gather(task, t, return_exceptions=True)
+        c.close()
+        return ticks, c
+
+    ticks, c = asyncio.run(main())
+    assert ticks >= 5  # the loop ran while the commit was in the thread
+    assert c.pending == 0 and sorted(committed_ids(store)) == [f"d{i}#turn0" for i in range(5)]
+
+
+def test_a_duplicate_sample_is_dropped_with_an_alert_and_the_rest_committed(store):
+    store.commit("s00000", [make_row("x")])
+    plan = FakePlan()
+    alerts = []
+
+    async def main():
+        c = Committer(store, plan, alerts.append, max_rows=100, max_age_s=10)
+        for conv in ("y", "x", "z"):
+            c.add(item(conv), make_row(conv), None)
+        await c.drain()
+        await c.drain()  # the fresh rows go back to the buffer and are committed with the next part
+        c.close()
+        return c
+
+    c = asyncio.run(main())
+    assert len(alerts) == 1 and "duplicate sample ids in a commit of s00000; dropped 1" in alerts[0].text
+    assert sorted(committed_ids(store)) == ["x#turn0", "y#turn0", "z#turn0"]
+    assert [sid for sid, _ in plan.committed] == ["y#turn0", "z#turn0"] and c.pending == 0

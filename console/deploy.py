@@ -23,6 +23,7 @@ import probes
 from console.run_client import RunClient, RunClientError, engine_command
 from console.transport import Transport, TransportError, quote_argv
 from engine.config import RunConfig, dump_toml
+from probes.shell import shell_path
 
 START_WAIT_S = 180.0
 LAUNCH_FILE = ".regen/launch.json"
@@ -44,15 +45,6 @@ class StartedRun:
         return RunClient(transport, self.run_dir, host_python=self.host_python, engine_path=self.engine_path)
 
 
-def path_expr(path: str) -> str:
-    """Shell word for a host path: quoted, with a leading ~/ expanded by the host shell."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
-
-
 async def _run_checked(transport: Transport, command: str, what: str, timeout: float = 60.0) -> str:
     try:
         result = await transport.run(command, timeout=timeout)
@@ -67,7 +59,7 @@ async def _run_checked(transport: Transport, command: str, what: str, timeout: f
 
 
 async def resolve_run_dir(transport: Transport, run_dir: str, create: bool) -> str:
-    expr = path_expr(run_dir)
+    expr = shell_path(run_dir)
     if create:
         command = f"mkdir -p -- {expr} && chmod 700 -- {expr} && cd -- {expr} && pwd -P"
     else:

@@ -36,7 +36,8 @@ import aiohttp
 from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
 from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics, parse_server_info
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import WorkerSpec, WorkerState
+from engine.workers import WorkerSpec, WorkerState, die_with_parent
+from probes.shell import shell_path
 
 log = logging.getLogger("regen.hosts")
 
@@ -57,15 +58,6 @@ class HostState:
 
 class HostError(Exception):
     """A step towards a remote host failed; the message says which step and what ssh said."""
-
-
-def shell_path(path: str) -> str:
-    """Shell word for a host path: quoted, with a leading ~/ expanded by the host's shell."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def named_specs(workers: Workers, host_name: str) -> list[WorkerSpec]:
@@ -140,7 +132,7 @@ class RemoteWorker:
             name=self.name, state=self.state, url=self.url, gpus=list(self.spec.gpus), pid=self.pid,
             restarts=self.restarts, running_reqs=m.running_reqs, queued_reqs=m.queued_reqs,
             gen_throughput=m.gen_throughput, token_usage=m.token_usage, in_flight=self.in_flight,
-            capacity=self.capacity, error=self.error, host=self.host)
+            capacity=self.capacity, error=self.error, host=self.host, remote=True)
 
 
 def _free_local_port(preferred: int) -> int:
@@ -273,7 +265,8 @@ class HostLink:
             logf.write(f"[regen {time.strftime('%H:%M:%S')}] {shlex.join(argv)}\n".encode())
             logf.flush()
             self._tunnel = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                preexec_fn=die_with_parent)
         except OSError as exc:
             raise HostError(f"cannot run ssh for the port forwards: {exc}") from exc
         finally:

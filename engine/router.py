@@ -24,7 +24,7 @@ import aiohttp
 from engine.config import RunConfig
 from engine.metrics_client import ServerCapacity, ServerMetrics
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import WorkerState, log_tail
+from engine.workers import WorkerState, die_with_parent, log_tail
 
 log = logging.getLogger("regen.router")
 
@@ -82,7 +82,7 @@ class RouterProcess:
             try:
                 self._proc = await asyncio.create_subprocess_exec(
                     *argv, stdout=logf, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                    start_new_session=True)
+                    start_new_session=True, preexec_fn=die_with_parent)
             except OSError as exc:
                 raise RouterError(f"cannot launch the router ({argv[0]}): {exc}") from exc
         deadline = time.monotonic() + self.cfg.router.ready_timeout_s

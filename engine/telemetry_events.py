@@ -57,6 +57,7 @@ class WorkerEvent(Event):
     capacity: int = 0  # in-flight target sized from the server's capacity
     error: str | None = None
     host: str = ""  # the [[hosts]] name in a multi-host run; "" on one host
+    remote: bool = False  # on another host than the supervisor's: its GPUs are not in this host's readings
 
 
 @dataclass

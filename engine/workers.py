@@ -87,7 +87,7 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str) -> list[str]:
     return argv
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """preexec_fn: SIGKILL the server when the supervisor dies (Linux prctl PR_SET_PDEATHSIG), so a
     killed supervisor does not leave servers holding GPUs and ports. Elsewhere the pid-file reaping
     at the next start (reap_orphan) covers it."""
@@ -311,7 +311,7 @@ class Worker:
             self._log_offset = logf.tell()
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=logf, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                env=env, cwd=str(self.run_dir), start_new_session=True, preexec_fn=_die_with_parent,
+                env=env, cwd=str(self.run_dir), start_new_session=True, preexec_fn=die_with_parent,
             )
         self.pid = self._proc.pid
         pid_path.write_text(f"{self.pid}\n")

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from probes.context import GIB, ProbeContext
 from probes.host import script
+from probes.shell import shell_path
 from probes.model import CommandResult, ProbeResult, Status
 
 MIN_PYTHON = (3, 10)
@@ -78,6 +79,7 @@ class Probe:
     # what the partial output of a timed-out command tells (e.g. which import hung); None: nothing more
     on_timeout: Callable[[CommandResult], str | None] | None = None
     config: str = "any"  # "any": always; "config": only with --config; "no_config": only without
+    when: Callable[[ProbeContext], bool] | None = None  # only for contexts where this holds
 
 
 class Findings:
@@ -126,15 +128,6 @@ def python_command(ctx: ProbeContext, name: str, args: Any = None) -> str:
     if args is not None:
         argv.append(json.dumps(args, sort_keys=True))
     return " ".join(shlex.quote(a) for a in argv)
-
-
-def shell_path(path: str) -> str:
-    """A path for the host's shell: `~/x` becomes "$HOME"/'x' (quoting stops tilde expansion)."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def last_line(text: str) -> str:
@@ -296,6 +289,25 @@ def judge_packages(res: CommandResult, inp: JudgeInput) -> Verdict:
     ok = ", ".join(f"{m} {versions[m]}" for m in versions)
     return f.verdict(f"all {len(PACKAGES)} importable: {ok}", expected=expected, actual="\n".join(lines),
                      data={"packages": {m: done.get(m) for m, _ in PACKAGES}})
+
+
+# ---------------------------------------------------------------------------------------------- router
+
+
+def router_command(ctx: ProbeContext) -> str:
+    code = "import importlib.metadata as m, sglang_router; print(m.version('sglang-router'))"
+    return f"{shlex.quote(ctx.router_python or ctx.python)} -c {shlex.quote(code)}"
+
+
+def judge_router(res: CommandResult, inp: JudgeInput) -> Verdict:
+    python = inp.ctx.router_python or inp.ctx.python
+    expected = f"{python} imports sglang_router (the multi-host run's router)"
+    if res.exit_status != 0:
+        return Verdict(Status.FAIL, shell_failure(res, f"{python} -c 'import sglang_router'"), expected,
+                       res.stderr.strip() or res.stdout.strip(),
+                       remedy=f"{python} -m pip install sglang-router (on the dispatch host)")
+    version = last_line(res.stdout)
+    return Verdict(Status.PASS, f"sglang-router {version}", expected, version, data={"version": version})
 
 
 # ---------------------------------------------------------------------------------------------- GPUs
@@ -867,6 +879,8 @@ def _catalog() -> list[Probe]:
         Probe("ports", "worker ports free", lambda c: python_command(c, "ports", {"host": c.bind_host,
                                                                                "ports": c.worker_ports}),
               judge_ports, needs=py, timeout_s=20, script="ports", config="config"),
+        Probe("router.package", "sglang-router for the multi-host router", router_command, judge_router,
+              needs=("connection",), timeout_s=60, config="config", when=lambda c: bool(c.router_python)),
         Probe("run_dir.resume", "run dir: new or resumable", lambda c: python_command(c, "resume", {"run_dir": c.run_dir}),
               judge_resume, needs=py, timeout_s=20, script="resume", config="config"),
     ]
@@ -884,7 +898,8 @@ def probes_for(ctx: ProbeContext, only: set[str] | None = None, catalog: list[Pr
     """The probes to run for this context: config-free ones without a config; `only` (ids or id prefixes
     such as `gpu`) plus what they need, in catalog order."""
     catalog = CATALOG if catalog is None else catalog
-    avail = [p for p in catalog if p.config == "any" or (p.config == "config") == ctx.has_config]
+    avail = [p for p in catalog if (p.config == "any" or (p.config == "config") == ctx.has_config)
+             and (p.when is None or p.when(ctx))]
     by_id = {p.id: p for p in avail}
     if not only:
         return avail

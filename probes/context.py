@@ -39,6 +39,7 @@ class ProbeContext:
     content_hash: str | None = None
     content_fields: dict[str, Any] = field(default_factory=dict)
     sample_rows: int = 1000  # rows per prompt file read by prompts.format / prompts.tokens
+    router_python: str | None = None  # multi-host dispatch host: the python that runs sglang-router
 
     @property
     def tokenizer_path(self) -> str | None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import time
 
 import pytest
 
-from engine.config import Host, Router
+from engine.config import Host, Router, dump_toml
 from tests.netns_hosts import netns_available, start_hosts
 from tests.sshd_fixtures import find_sshd, free_port
-from tests.test_engine_run import (expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
+from tests.test_engine_run import (REPO, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
                                    supervisors, wait_for)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(420)]
@@ -47,6 +49,11 @@ def multihost_config(tmp_path, tiny_model_dir, hosts, *, prompts: int, sim: tupl
     )
 
 
+def regen_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200"))
+
+
 def events(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
 
@@ -73,6 +80,15 @@ def test_three_hosts_every_sample_once_and_a_cut_host_rejoins(tmp_path, tiny_mod
     assert {h["name"]: h["state"] for h in st["hosts"]}["h2"] in ("lost", "connecting")
     assert not [m for m in st["router"]["members"] if m in {w["url"] for w in st["workers"] if w["host"] == "h2"}]
     done_during_cut = st["dispatch"]["done"]
+    # as `regen start` records it, so `regen status` runs this checkout's engine with this python
+    (run_dir / ".regen").mkdir(exist_ok=True)
+    (run_dir / ".regen" / "launch.json").write_text(json.dumps({"host_python": sys.executable,
+                                                                 "engine_path": str(REPO), "run_dir": str(run_dir)}))
+    shown = regen_cli("status", "local", "--run-dir", str(run_dir))
+    assert shown.returncode == 0, shown.stderr
+    h2_line = next(line for line in shown.stdout.splitlines() if line.strip("│┃ ").startswith("h2 "))
+    assert "lost" in h2_line or "connecting" in h2_line, shown.stdout
+    assert "h1.gpu0" in shown.stdout and "h3.gpu1" in shown.stdout and "(by host)" in shown.stdout
     wait_for(lambda: (status(run_dir) or {}).get("dispatch", {}).get("done", 0) > done_during_cut + 20, 120,
              "progress on the two remaining hosts", sup)
 
@@ -100,3 +116,35 @@ def test_three_hosts_every_sample_once_and_a_cut_host_rejoins(tmp_path, tiny_mod
     assert served_after > 0, "the rejoined host got no work"
     final = [e for e in events(run_dir) if e["type"] == "dispatch"][-1]
     assert final["failed"] == 0
+
+
+def test_probe_reports_every_host_and_names_the_one_not_reached(tmp_path, tiny_model_dir, sim_hosts):
+    cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=10)
+    (tmp_path / "run").mkdir(exist_ok=True)
+    run_toml = tmp_path / "multi.toml"
+    run_toml.write_text(dump_toml(cfg))
+    sim_hosts.cut("h3")
+    r = regen_cli("probe", "local", "--config", str(run_toml), "--json", timeout=240)
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "regen.probe-fleet/1"
+    by_name = {h["name"]: h for h in doc["hosts"]}
+    assert list(by_name) == ["dispatch", "h1", "h2", "h3"]
+    dispatch = {p["id"]: p for p in by_name["dispatch"]["report"]["probes"]}
+    assert dispatch["router.package"]["status"] == "PASS" and "sglang-router 0.3.2" in dispatch["router.package"]["summary"]
+    assert dispatch["prompts.paths"]["status"] == "PASS"
+    assert "ports" not in dispatch and "gpu.nvidia_smi" not in dispatch
+    for name in ("h1", "h2"):
+        probes = {p["id"]: p for p in by_name[name]["report"]["probes"]}
+        assert by_name[name]["reached"] and probes["connection"]["status"] == "PASS"
+        assert probes["ports"]["status"] == "PASS", probes["ports"]
+        assert probes["gpu.nvidia_smi"]["status"] == "FAIL"  # no GPU on these machines: said, not hidden
+        assert "router.package" not in probes and "prompts.paths" not in probes
+    h3 = {p["id"]: p for p in by_name["h3"]["report"]["probes"]}
+    assert not by_name["h3"]["reached"] and h3["connection"]["status"] == "ERROR"
+    assert sim_hosts.host("h3").address in h3["connection"]["summary"] or "10.231.3.2" in json.dumps(h3["connection"]) \
+        or "127.0.0.1" in json.dumps(h3["connection"])
+    assert r.returncode == 1, r.stderr
+
+    text = regen_cli("probe", "local", "--config", str(run_toml), "--only", "ports", timeout=240)
+    assert text.returncode == 1
+    assert "h1 (regen-h1)" in text.stdout and "h3 (regen-h3) not reached" in text.stdout

@@ -1,5 +1,10 @@
 """`regen probe HOST [--config run.toml] [--json] [--only ID,...]`: can this run start on that host, and if not, why.
 
+With a multi-host config ([[hosts]]) HOST is the dispatch host (run dir, prompts, tokenizer,
+sglang-router) and every [[hosts]] entry is probed too, concurrently, for what its servers need
+(python packages, GPUs, CUDA, model dir, shared memory, its work dir's disk, its ports); the
+report has one section per host.
+
 Exit status: 0 no FAIL/ERROR, 1 some FAIL/ERROR, 2 could not run at all (bad config, unknown
 probe id, host not reached: the report is still printed, with the connection probe saying why).
 """
@@ -30,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"as `gpu` selects gpu.*; ids: {', '.join(PROBE_IDS)}")
     p.add_argument("--accept-new", action="store_true", help="accept and record the host key of a host not yet in "
                    "known_hosts (a changed key is always refused)")
+    p.add_argument("--ssh-config", metavar="FILE", help="OpenSSH client config for HOST (and for [[hosts]] whose"
+                   " ssh_options carry no -F)")
     p.add_argument("--timeout", type=float, metavar="S", help="timeout of each probe's command (and of connecting), "
                    "instead of each probe's own")
 
@@ -69,6 +76,66 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
     return report, True
 
 
+DISPATCH_PROBES = {"prompts", "disk.run_dir", "run_dir.resume", "router.package", "model.dir"}
+GPU_HOST_PROBES = {"packages", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "ports"}
+
+
+def host_contexts(cfg: RunConfig) -> tuple[ProbeContext, dict[str, ProbeContext]]:
+    """The dispatch host's context and one per [[hosts]] entry (a local host's GPUs probed with the dispatch host)."""
+    import dataclasses
+
+    from engine.config import host_workers
+
+    base = context_from_config(cfg)
+    dispatch = dataclasses.replace(base, gpus=(), router_python=cfg.router.python or cfg.host_python)
+    per_host = {}
+    for h in cfg.hosts:
+        w = host_workers(cfg, h)
+        per_host[h.name] = dataclasses.replace(
+            base, python=h.host_python, run_dir=h.work_dir, prompts=(), gpus=tuple(w.gpus), tp_size=w.tp_size,
+            base_port=w.base_port, bind_host=w.host, shm_need_bytes=GIB * max(1, len(w.gpus)), router_python=None)
+    return dispatch, per_host
+
+
+def _ssh_config_of(options: tuple[str, ...], default: str | None) -> str | None:
+    for i, opt in enumerate(options[:-1]):
+        if opt == "-F":
+            return options[i + 1]
+    return default
+
+
+async def probe_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] | None
+                      ) -> list[tuple[str, str, ProbeReport, bool]]:
+    """(section name, address, report, reached) for the dispatch host, then each host, probed concurrently."""
+    dispatch_ctx, per_host = host_contexts(cfg)
+    jobs = [("dispatch", args.host, dispatch_ctx, only or DISPATCH_PROBES, args.ssh_config)]
+    for h in cfg.hosts:
+        address = args.host if h.is_local else h.address
+        jobs.append((h.name, address, per_host[h.name], only or GPU_HOST_PROBES,
+                     args.ssh_config if h.is_local else _ssh_config_of(h.ssh_options, args.ssh_config)))
+    results = await asyncio.gather(*(
+        probe_host(address, ctx, set(sel), accept_new=args.accept_new, timeout_s=args.timeout, ssh_config=ssh_cfg)
+        for _, address, ctx, sel, ssh_cfg in jobs))
+    return [(name, address, report, reached) for (name, address, *_), (report, reached) in zip(jobs, results)]
+
+
+def run_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] | None) -> int:
+    sections = asyncio.run(probe_fleet(args, cfg, only))
+    if args.json:
+        doc = {"schema": "regen.probe-fleet/1",
+               "hosts": [{"name": n, "address": a, "reached": r, "report": rep.to_dict()} for n, a, rep, r in sections]}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        console = Console()
+        for name, address, report, reached in sections:
+            console.rule(f"[bold]{name}[/] ({address})" + ("" if reached else " [red]not reached[/]"))
+            render_report(report, console)
+    if not sections[0][3]:
+        return 2  # the dispatch host itself was not reached
+    # a GPU host not reached is a failed preflight of that host (its connection probe says why)
+    return 1 if any(not reached or rep.exit_code() for _, _, rep, reached in sections) else 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.config:
         try:
@@ -86,7 +153,10 @@ def run(args: argparse.Namespace) -> int:
     except UnknownProbe as exc:
         print(f"regen probe: {exc}", file=sys.stderr)
         return 2
-    report, reached = asyncio.run(probe_host(args.host, ctx, only, accept_new=args.accept_new, timeout_s=args.timeout))
+    if args.config and cfg.hosts:
+        return run_fleet(args, cfg, only)
+    report, reached = asyncio.run(probe_host(args.host, ctx, only, accept_new=args.accept_new, timeout_s=args.timeout,
+                                             ssh_config=args.ssh_config))
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:

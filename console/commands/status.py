@@ -58,12 +58,15 @@ def render_status(s: dict) -> Group:
     head.append(f"state {s.get('state')}", style="bold green" if s.get("state") in ("running", "done") else "bold yellow")
     head.append(f"  pid {s.get('pid')}  up {time.time() - s.get('started_at', time.time()):.0f} s\n")
     head.append(progress_line(d) if d else "no dispatch yet")
-    workers = Table(title="workers", expand=False)
+    multi = any(w.get("host") for w in s.get("workers", []))
+    workers = Table(title="workers" + (" (by host)" if multi else ""), expand=False)
+    if multi:
+        workers.add_column("host")
     for col in ("name", "state", "gpus", "pid", "restarts", "in flight/cap", "running", "queued", "gen tok/s",
                 "KV usage", "error"):
         workers.add_column(col)
-    for w in s.get("workers", []):
-        workers.add_row(w["name"], w["state"], ",".join(map(str, w.get("gpus", []))), _na(w.get("pid")),
+    for w in sorted(s.get("workers", []), key=lambda w: (w.get("host") or "", w["name"])):
+        workers.add_row(*([w.get("host") or ""] if multi else []), w["name"], w["state"], ",".join(map(str, w.get("gpus", []))), _na(w.get("pid")),
                         str(w.get("restarts", 0)), f"{w.get('in_flight', 0)}/{w.get('capacity', 0)}",
                         _na(w.get("running_reqs"), "{:.0f}"), _na(w.get("queued_reqs"), "{:.0f}"),
                         _na(w.get("gen_throughput"), "{:.0f}"), _na(w.get("token_usage"), "{:.0%}"),
@@ -81,7 +84,10 @@ def render_status(s: dict) -> Group:
                             str(sh.get("empty", 0)), str(sh.get("truncated", 0)))
     if len(interesting) > 20:
         shard_table.add_row(f"... {len(interesting) - 20} more", "", "", "", "", "")
-    parts = [head, workers, shard_table]
+    parts = [head]
+    if s.get("hosts"):
+        parts.append(hosts_table(s))
+    parts += [workers, shard_table]
     gpus = s.get("gpus", [])
     if gpus:
         g = Table(title="GPUs")
@@ -108,3 +114,19 @@ def render_status(s: dict) -> Group:
             a.add_row(time.strftime("%H:%M:%S", time.localtime(al["ts"])), al["severity"], al["text"])
         parts.append(a)
     return Group(*parts)
+
+
+def hosts_table(s: dict) -> Table:
+    r = s.get("router") or {}
+    title = (f"hosts (router {r.get('url')} {r.get('policy')}, {'up' if r.get('up') else 'DOWN'},"
+             f" {len(r.get('members') or [])} servers in it" + (f", restarts {r['restarts']}" if r.get("restarts") else "")
+             + (f": {r['error']}" if r.get("error") else "") + ")")
+    t = Table(title=title)
+    for col in ("host", "address", "state", "servers", "joins", "lost", "error"):
+        t.add_column(col)
+    for h in s["hosts"]:
+        state = h.get("state", "")
+        t.add_row(h["name"], h.get("address", ""), Text(state, style="green" if state == "up" else "bold red"),
+                  str(len(h.get("workers") or [])), str(h.get("joins", "")), str(h.get("lost", "")),
+                  (h.get("error") or "")[:80])
+    return t

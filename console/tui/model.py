@@ -96,6 +96,8 @@ class WorkerView:
     capacity: int = 0
     error: str | None = None
     url: str = ""
+    host: str = ""  # multi-host runs: the [[hosts]] name
+    remote: bool = False  # GPUs on another host: no readings here
     tok_history: Series = field(default_factory=Series)
 
 
@@ -252,6 +254,7 @@ class RunModel:
         w.state, w.gpus, w.pid, w.restarts, w.url = ev.state, list(ev.gpus), ev.pid, ev.restarts, ev.url
         w.running, w.queued, w.tok_s, w.token_usage = ev.running_reqs, ev.queued_reqs, ev.gen_throughput, ev.token_usage
         w.in_flight, w.capacity, w.error = ev.in_flight, ev.capacity, ev.error
+        w.host, w.remote = getattr(ev, "host", ""), getattr(ev, "remote", False)
         w.tok_history.add(ev.ts, ev.gen_throughput if ev.gen_throughput is not None else
                           (0.0 if ev.state != "ready" else None))
         changed = {"workers"}
@@ -382,7 +385,7 @@ class RunModel:
 
     def worker_gpu(self, w: WorkerView) -> dict[str, float | None]:
         """VRAM used/total (sum), util (mean), temperature (max) over the worker's GPUs; None = N/A."""
-        gs = [self.gpus[i] for i in w.gpus if i in self.gpus]
+        gs = [] if w.remote else [self.gpus[i] for i in w.gpus if i in self.gpus]
 
         def agg(vals, how):
             vals = [v for v in vals if v is not None]

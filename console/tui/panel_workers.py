@@ -44,7 +44,7 @@ class WorkersPanel(Vertical):
 
     def refresh_from(self, m: RunModel) -> None:
         rows = []
-        for w in sorted(m.workers.values(), key=lambda w: w.name):
+        for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name)):
             g = m.worker_gpu(w)
             used, total = g["mem_used_mb"], g["mem_total_mb"]
             vram = "N/A" if used is None or total is None else f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
@@ -69,7 +69,7 @@ class WorkersPanel(Vertical):
 
     def _sparklines(self, m: RunModel) -> None:
         box = self.query_one("#sparklines", VerticalScroll)
-        for w in sorted(m.workers.values(), key=lambda w: w.name):
+        for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name)):
             row_id = f"spark-{w.name}"
             found = box.query(f"#{row_id}")
             values = w.tok_history.values()[-120:] or [0.0]

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.shard_store import DuplicateSample, PartInfo, ShardStore
+from engine.shard_store import DuplicateSample, PartInfo, ShardStore, compact_row
 from engine.telemetry_events import AlertEvent
 from engine.work import WorkItem, WorkPlan
 
@@ -81,7 +81,7 @@ class Committer:
         buf = self.buffers.get(item.shard_id)
         if buf is None:
             buf = self.buffers[item.shard_id] = _Buffer()
-        buf.entries.append((item, row, answer))
+        buf.entries.append((item, compact_row(row), answer))
         if len(buf.entries) >= self.max_rows or (self.plan.cfg.turns == "all" and not item.is_last_turn):
             self._wake.set()  # a chained turn waits on this commit: do not sit on it for max_age_s
 

@@ -497,6 +497,9 @@ def build_table(rows: list[dict]) -> pa.Table:
             arrays.append(_int32_lists([r["input_ids"] for r in rows]))  # int32 already: one copy
             continue
         values = [r[fld.name] for r in rows]
+        if fld.name == "loss_mask":  # the general path: a compacted row's mask written out again
+            values = [[0] * r["prompt_len"] + [1] * r["output_len"] if v is STANDARD_MASK else v
+                      for r, v in zip(rows, values)]
         try:
             arrays.append(pa.array(values, type=fld.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
@@ -526,6 +529,34 @@ def build_table(rows: list[dict]) -> pa.Table:
 _INT32_ARRAYS = array("i").itemsize == 4
 
 
+class _StandardMask:
+    """Stands for a loss_mask already checked to be [0] * prompt_len + [1] * output_len (compact_row)."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "STANDARD_MASK"
+
+
+STANDARD_MASK = _StandardMask()
+
+
+def compact_row(row: dict) -> dict:
+    """The same row, smaller while it waits in memory for its commit (in place): input_ids as an
+    int32 array, a standard loss_mask (checked here) as STANDARD_MASK. Neither is a container the
+    garbage collector scans: ~8000 fewer references per 4000-token answer each time it walks
+    the young generations. A value that does not convert is left as it is, so build_table names
+    it in its error exactly as before."""
+    ids = row.get("input_ids")
+    if _INT32_ARRAYS and type(ids) is list:
+        try:
+            row["input_ids"] = array("i", ids)
+        except (TypeError, OverflowError):
+            pass
+    if "loss_mask" in row and "prompt_len" in row and "output_len" in row and _standard_mask(row):
+        row["loss_mask"] = STANDARD_MASK
+    return row
+
+
 def _int32_lists(values: list[array]) -> pa.ListArray:
     offsets = np.zeros(len(values) + 1, dtype=np.int32)
     np.cumsum([len(v) for v in values], out=offsets[1:])
@@ -534,15 +565,17 @@ def _int32_lists(values: list[array]) -> pa.ListArray:
 
 
 def _standard_masks(rows: list[dict]) -> bool:
-    """True when every row's loss_mask is a list equal to [0] * prompt_len + [1] * output_len
-    (non-negative int lengths): exactly p zeros, o ones, the first 1 at position p."""
-    for r in rows:
-        mask, p, o = r["loss_mask"], r["prompt_len"], r["output_len"]
-        if type(mask) is not list or type(p) is not int or type(o) is not int or p < 0 or o < 0:
-            return False
-        if len(mask) != p + o or mask.count(0) != p or mask.count(1) != o or (o and mask.index(1) != p):
-            return False
-    return True
+    """True when every row's loss_mask is STANDARD_MASK or a list equal to [0] * prompt_len +
+    [1] * output_len (non-negative int lengths)."""
+    return all(r["loss_mask"] is STANDARD_MASK or _standard_mask(r) for r in rows)
+
+
+def _standard_mask(r: dict) -> bool:
+    """Exactly p zeros and o ones, the first 1 at position p (list.count / index run at C speed)."""
+    mask, p, o = r["loss_mask"], r["prompt_len"], r["output_len"]
+    if type(mask) is not list or type(p) is not int or type(o) is not int or p < 0 or o < 0:
+        return False
+    return len(mask) == p + o and mask.count(0) == p and mask.count(1) == o and (not o or mask.index(1) == p)
 
 
 def _masks_array(prompt_len: np.ndarray, output_len: np.ndarray) -> pa.ListArray:

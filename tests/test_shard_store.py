@@ -299,3 +299,51 @@ def test_committed_part_missing_on_disk_is_uncommitted_by_recover(store, tmp_pat
     assert not store.is_committed("b#turn0") and store.committed_count() == 1
     assert store.progress()[0].parts == 1 and store.progress()[0].done_samples == 1
     assert store.commit("s00000", [make_row("b")]).seq == 2
+
+
+# --- the committer's compact rows (compact_row) and the fast paths of build_table ----------------
+
+def _tables_equal_with_and_without(rows_factory):
+    from engine.shard_store import build_table, compact_row
+
+    plain = build_table(rows_factory())
+    compact = build_table([compact_row(r) for r in rows_factory()])
+    assert compact.equals(plain)
+    return plain
+
+
+def test_compacted_rows_give_the_same_table():
+    from array import array
+
+    from engine.shard_store import STANDARD_MASK, compact_row
+
+    table = _tables_equal_with_and_without(lambda: [make_row("a"), make_row("b", prompt_len=0, output_len=3),
+                                                    make_row("c", prompt_len=4, output_len=0)])
+    assert table.column("loss_mask").to_pylist() == [[0] * 5 + [1] * 4, [1] * 3, [0] * 4]
+    row = compact_row(make_row("d"))
+    assert type(row["input_ids"]) is array and row["loss_mask"] is STANDARD_MASK
+    odd = compact_row(make_row("e") | {"loss_mask": [0, 1] * 4 + [1]})
+    assert type(odd["loss_mask"]) is list  # not the standard shape: kept, build_table judges it
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.update(loss_mask=r["loss_mask"][:-1]), "len(input_ids)=9 != len(loss_mask)=8"),
+    (lambda r: r.update(output_len=3), "prompt_len 5 + output_len 3 != len(input_ids) 9"),
+    (lambda r: r.update(input_ids=r["input_ids"][:-1]), "len(input_ids)=8 != len(loss_mask)=9"),
+    (lambda r: r.update(loss_mask=[0] * 6 + [1] * 3), "sum(loss_mask)=3 != output_len=4"),
+    (lambda r: r.update(loss_mask=[0, 0, 0, 0, 1, 0, 1, 1, 1]), "loss_mask[4]=1: must be 0 on the prompt (first 5 tokens)"),
+    (lambda r: r.update(input_ids=[1, 2, 3, 4, 5, 6, 7, 8, 2**40]), "field input_ids is not list<item: int32>"),
+    (lambda r: r.update(turn="one"), "field turn is not int32"),
+])
+def test_compacted_rows_are_refused_with_the_same_messages(store, change, message):
+    from engine.shard_store import compact_row
+
+    for compact in (False, True):
+        bad = make_row("bad")
+        change(bad)
+        rows = [make_row("good"), bad]
+        if compact:
+            rows = [compact_row(r) for r in rows]
+        with pytest.raises(ValueError) as exc:
+            store.commit("s00000", rows)
+        assert "'bad#turn0'" in str(exc.value) and message in str(exc.value), (compact, str(exc.value))

@@ -1,0 +1,64 @@
+"""The faster per-answer helpers give exactly the results of the straightforward code they replace:
+the shard store's empty-answer check, Renderer.reasoning_tokens, the bytes-table decode."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.answer_shape import is_empty_answer
+from engine.render import Renderer
+from engine.shard_store import _is_empty
+
+
+def test_empty_check_matches_is_empty_answer():
+    rng = random.Random(7)
+    pieces = ["<think>", "</think>", "\n", " ", "\t", "\u00a0", "\u2003", "OK", ".", "a", "word", "<|im_end|>",
+              "<|endoftext|>", "!!", "x y z", "\x1c"]
+    texts = ["", "<think>\n\n</think>\n\nOK.<|im_end|>", "</think>", "<think></think>", "<think> </think> a b c d"]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(20000)]
+    for text in texts:
+        assert _is_empty(text) == is_empty_answer(text), repr(text)
+
+
+def reference_reasoning_tokens(r: Renderer, output_ids) -> int:
+    """The previous implementation (a copy of the ids, slices), kept as the reference."""
+    ids = r.strip_eos(output_ids)
+    if r.think_close_id is None and r.think_open_id is None:
+        return 0
+    start = None
+    if r.think_open_id is not None and r.think_open_id in ids:
+        start = ids.index(r.think_open_id) + 1
+    close = ids.index(r.think_close_id, start or 0) if r.think_close_id in ids[start or 0:] else None
+    if start is None:
+        if close is not None:
+            return close
+        return len(ids) if r.prompt_opens_think else 0
+    return (close if close is not None else len(ids)) - start
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    return Renderer(str(tiny_model_dir), enable_thinking=True)
+
+
+def test_reasoning_tokens_matches_the_reference(renderer):
+    rng = random.Random(3)
+    special = [renderer.think_open_id, renderer.think_close_id, *renderer.eos_ids]
+    for _ in range(5000):
+        ids = [rng.choice(special) if rng.random() < 0.15 else rng.randrange(10, 200) for _ in range(rng.randint(0, 30))]
+        for opens in (False, True):
+            renderer.prompt_opens_think = opens
+            assert renderer.reasoning_tokens(ids) == reference_reasoning_tokens(renderer, ids), (ids, opens)
+    renderer.prompt_opens_think = False
+
+
+def test_table_decode_edges(renderer, tiny_tokenizer):
+    renderer.decode([1, 2])  # builds the table
+    table = renderer._byte_table
+    assert table is not None
+    vocab = len(table._table)
+    for ids in ([], [5], [5, 6], [renderer.think_open_id], list(range(50))):
+        assert renderer.decode(ids) == tiny_tokenizer.decode(ids, skip_special_tokens=False)
+    assert table.decode([-1]) is None and table.decode([3, -2]) is None  # never wraps around the table
+    assert table.decode([vocab]) is None and table.decode([1, vocab + 5]) is None

@@ -55,6 +55,7 @@ class Dispatcher:
         self._slot_freed = {w.name: asyncio.Event() for w in workers}
         self._loops: list[asyncio.Task] = []
         self._dynamic_cap: dict[str, int] = {}
+        self._cap_base: dict[str, int] = {}
         self._cancelled_for_requeue: set[asyncio.Task] = set()
         self._mismatch_alerted: set[str] = set()
         self._started_at = time.time()
@@ -126,7 +127,7 @@ class Dispatcher:
         if fixed:
             return fixed
         base = w.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING
-        margin = max(2, base // 8)
+        margin = _margin(w, base)
         return self._dynamic_cap.get(w.name, base + margin)
 
     def adjust_capacity(self) -> None:
@@ -143,7 +144,11 @@ class Dispatcher:
                 w.in_flight = len(self.inflight[w.name])
                 continue
             base = w.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING
-            margin = max(2, base // 8)
+            margin = _margin(w, base)
+            if self._cap_base.get(w.name) != base:
+                # a router whose servers joined or left: start from its new size, not creep towards it
+                self._cap_base[w.name] = base
+                self._dynamic_cap.pop(w.name, None)
             cap = self._dynamic_cap.get(w.name, base + margin)
             queued, running = w.metrics.queued_reqs, w.metrics.running_reqs
             if queued is not None and running is not None:
@@ -330,6 +335,14 @@ class Dispatcher:
             self.plan.requeue(item)
 
         asyncio.get_running_loop().call_later(delay, later)
+
+
+def _margin(w, base: int) -> int:
+    """Requests kept queued beyond the server's running batch, so a finished slot is refilled at once.
+    A router target says its own (it spreads requests without seeing the slots: each server needs its own
+    queue); a server gets an eighth of its batch."""
+    own = getattr(w, "queue_margin", None)
+    return own if own else max(2, base // 8)
 
 
 def _error_message(body: bytes) -> str:

@@ -53,6 +53,7 @@ class Fleet:
             w.listeners.append(self._member_state)
         self._changes: set[asyncio.Task] = set()
         self._stopped = False
+        self.on_change: Callable[[], None] = lambda: None  # the router's membership changed
 
     async def start(self) -> None:
         try:
@@ -91,6 +92,7 @@ class Fleet:
             self.emit(AlertEvent(severity="error", text=f"router membership of {w.name} not updated",
                                  evidence=str(exc), key=f"router-sync:{w.name}"))
         self.endpoint.refresh()
+        self.on_change()
 
     def status(self) -> dict:
         hosts = [link.status() for link in self.links]

@@ -217,6 +217,12 @@ class RouterEndpoint:
     def headers(self) -> dict[str, str]:
         return self.router.headers
 
+    @property
+    def queue_margin(self) -> int:
+        """Half a batch queued per ready server: the router picks servers without seeing their free slots."""
+        ready = [m for m in self.members if m.state == WorkerState.READY and m.url in self.router.members]
+        return sum(max(2, (m.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING) // 2) for m in ready)
+
     def refresh(self) -> None:
         ready = [m for m in self.members if m.state == WorkerState.READY and m.url in self.router.members]
         self.capacity_info = ServerCapacity(

@@ -116,6 +116,7 @@ class Supervisor:
             self.committer = Committer(self.store, plan, self.emit, disk_ok=self._disk_ok_for_commit)
             if cfg.hosts:
                 self.fleet = Fleet(cfg, self.run_dir, self.session, self.emit)
+                self.fleet.on_change = self._resize
                 self.workers = self.fleet.workers
                 targets = [self.fleet.endpoint]
             else:
@@ -168,7 +169,13 @@ class Supervisor:
 
     def _on_target_state(self, w, state: str) -> None:
         """A dispatch target (a worker, or the router of a multi-host run) changed state."""
-        if state == WorkerState.READY and self.dispatcher is not None:
+        if state == WorkerState.READY:
+            self._resize()
+
+    def _resize(self) -> None:
+        """Size the in-flight caps and the plan's look-ahead to the ready capacity (also when servers
+        join or leave the router)."""
+        if self.dispatcher is not None and self.plan is not None:
             self.dispatcher.adjust_capacity()
             total = sum(self.dispatcher.capacity_for(x) for x in self.dispatcher.workers if x.state == WorkerState.READY)
             self.plan.low_water = max(32, 2 * total)

@@ -148,3 +148,31 @@ def test_probe_reports_every_host_and_names_the_one_not_reached(tmp_path, tiny_m
     text = regen_cli("probe", "local", "--config", str(run_toml), "--only", "ports", timeout=240)
     assert text.returncode == 1
     assert "h1 (regen-h1)" in text.stdout and "h3 (regen-h3) not reached" in text.stdout
+
+
+def test_regen_start_preflights_every_host_and_refuses_when_one_is_down(tmp_path, tiny_model_dir, sim_hosts):
+    cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=30, names=["h1", "h3"])
+    run_toml = tmp_path / "multi.toml"
+    run_toml.write_text(dump_toml(cfg))
+    sim_hosts.cut("h3")
+    refused = regen_cli("start", "local", "--config", str(run_toml), timeout=240)
+    assert refused.returncode == 1, refused.stderr
+    assert "preflight failed on h3; nothing was started" in refused.stderr
+    assert "h3 (regen-h3) not reached" in refused.stderr
+    assert not (tmp_path / "run" / "supervisor.pid").exists()
+
+    sim_hosts.rejoin("h3")
+    started = regen_cli("start", "local", "--config", str(run_toml), timeout=240)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "preflight passed on 3 hosts: dispatch, h1, h3" in started.stderr
+        done = wait_for(lambda: (lambda s: s if s and s["state"] in ("done", "failed") else None)(
+            status(tmp_path / "run")) or (not (tmp_path / "run" / "supervisor.pid").exists() and {"state": "exited"}),
+            180, "the started run to finish")
+        assert done["state"] in ("done", "exited")
+        log = (tmp_path / "run" / "supervisor.log").read_text()
+        assert "run done" in log and "host h1: up" in log and "host h3: up" in log
+        # the router picks the server; the row says it went through the router (SGLang's reply does not name it)
+        assert {r["worker"] for r in read_rows(tmp_path / "run")} == {"router"}
+    finally:
+        regen_cli("stop", "local", "--run-dir", str(tmp_path / "run"))

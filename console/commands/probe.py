@@ -104,14 +104,24 @@ def _ssh_config_of(options: tuple[str, ...], default: str | None) -> str | None:
     return default
 
 
-async def probe_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] | None
+async def probe_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] | None, *, per_role: bool = False
                       ) -> list[tuple[str, str, ProbeReport, bool]]:
-    """(section name, address, report, reached) for the dispatch host, then each host, probed concurrently."""
+    """(section name, address, report, reached) for the dispatch host, then each host, probed concurrently.
+    per_role: `only` is cut down to what each role runs (the dispatch host's, a GPU host's probes)."""
     dispatch_ctx, per_host = host_contexts(cfg)
-    jobs = [("dispatch", args.host, dispatch_ctx, only or DISPATCH_PROBES, args.ssh_config)]
+
+    def selection(role: set[str]) -> set[str]:
+        if not only:
+            return role
+        if not per_role:
+            return only
+        return {p for p in only if p == "connection" or p == "host.python"
+                or any(p == r or p.startswith(r + ".") or r.startswith(p + ".") for r in role)} or {"connection"}
+
+    jobs = [("dispatch", args.host, dispatch_ctx, selection(DISPATCH_PROBES), args.ssh_config)]
     for h in cfg.hosts:
         address = args.host if h.is_local else h.address
-        jobs.append((h.name, address, per_host[h.name], only or GPU_HOST_PROBES,
+        jobs.append((h.name, address, per_host[h.name], selection(GPU_HOST_PROBES),
                      args.ssh_config if h.is_local else _ssh_config_of(h.ssh_options, args.ssh_config)))
     results = await asyncio.gather(*(
         probe_host(address, ctx, set(sel), accept_new=args.accept_new, timeout_s=args.timeout, ssh_config=ssh_cfg)

@@ -176,3 +176,25 @@ def test_regen_start_preflights_every_host_and_refuses_when_one_is_down(tmp_path
         assert {r["worker"] for r in read_rows(tmp_path / "run")} == {"router"}
     finally:
         regen_cli("stop", "local", "--run-dir", str(tmp_path / "run"))
+
+
+async def test_tui_preflight_probes_every_host_under_its_name(tmp_path, tiny_model_dir, sim_hosts):
+    from console.transport import open_transport
+    from console.tui.source import HostSource
+
+    cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=10, names=["h1", "h2"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "run.toml").write_text(dump_toml(cfg))
+    transport = await open_transport("local")
+    source = HostSource("local", str(run_dir), host_python=sys.executable, transport=transport)
+    try:
+        await source.connect()
+        report = await source.probes()
+        ids = {r.id: r for r in report.results}
+        assert {"router.package", "prompts.paths", "h1:ports", "h2:ports", "h1:connection", "h2:gpu.nvml"} <= set(ids)
+        assert ids["h1:ports"].status.value == "PASS" and ids["h1:ports"].title.startswith("h1: ")
+        again = await source.probes({"h2:ports"})
+        assert [r.id for r in again.results if r.id.endswith("ports")] == ["h2:ports"]
+    finally:
+        await transport.close()

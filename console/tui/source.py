@@ -173,10 +173,50 @@ class HostSource:
 
         if self.transport is None:
             await self.connect()
-        ctx, live = await self._probe_context()
+        cfg, ctx, live = await self._probe_context()
         # a running supervisor's workers hold the worker ports: "ports busy" would be a false FAIL
         catalog = [p for p in CATALOG if not (live and p.id == "ports")]
-        return await run_probes(self.transport, self.host, ctx, only, catalog=catalog)
+        if cfg is None or not cfg.hosts:
+            return await run_probes(self.transport, self.host, ctx, only, catalog=catalog)
+        return await self._fleet_probes(cfg, only, catalog)
+
+    async def _fleet_probes(self, cfg, only: set[str] | None, catalog) -> ProbeReport:
+        """A multi-host run: the dispatch host's probes and each [[hosts]] entry's, in one report whose
+        ids are <host>:<probe> (the dispatch host's stay bare)."""
+        import asyncio
+        import time
+
+        from console.commands.probe import DISPATCH_PROBES, GPU_HOST_PROBES, _ssh_config_of, host_contexts, probe_host
+        from probes.runner import run_probes
+
+        dispatch_ctx, per_host = host_contexts(cfg)
+        wanted: dict[str, set[str] | None] = {"": None, **{h.name: None for h in cfg.hosts}}
+        if only:
+            wanted = {}
+            for pid in only:
+                host, _, probe = pid.rpartition(":")
+                wanted.setdefault(host, set()).add(probe)
+        started = time.time()
+
+        async def dispatch() -> ProbeReport:
+            return await run_probes(self.transport, self.host, dispatch_ctx, wanted[""] or DISPATCH_PROBES,
+                                    catalog=catalog)
+
+        async def one(h) -> ProbeReport:
+            report, _ = await probe_host(h.address, per_host[h.name], wanted[h.name] or GPU_HOST_PROBES,
+                                         ssh_config=_ssh_config_of(h.ssh_options, None))
+            return report
+
+        remote = [h for h in cfg.hosts if h.name in wanted and not h.is_local]
+        jobs = ([dispatch()] if "" in wanted else []) + [one(h) for h in remote]
+        reports = await asyncio.gather(*jobs)
+        results = list(reports[0].results) if "" in wanted else []
+        for h, report in zip(remote, reports[1:] if "" in wanted else reports):
+            for r in report.results:
+                r.id, r.title = f"{h.name}:{r.id}", f"{h.name}: {r.title}"
+                results.append(r)
+        return ProbeReport(host=f"{self.host} + {len(remote)} hosts", results=results, started_at=started,
+                           duration_s=time.time() - started)
 
     async def _probe_context(self):
         from console.commands.probe import context_from_config
@@ -185,11 +225,11 @@ class HostSource:
 
         python = self.client.host_python if self.client else self.host_python
         if self.client is None:
-            return ProbeContext(python=python), False
+            return None, ProbeContext(python=python), False
         path = f"{self.client.run_dir}/run.toml"
         res = await self._run(f"cat -- {shlex.quote(path)}", TAIL_TIMEOUT_S, "read run.toml")
         if res.exit_status != 0:
-            return ProbeContext(python=python), False
+            return None, ProbeContext(python=python), False
         try:
             cfg = config_from_dict(tomllib.loads(res.stdout), source_path=path)
         except (tomllib.TOMLDecodeError, ConfigError) as exc:
@@ -199,7 +239,7 @@ class HostSource:
             await self.status()
         except SourceError:
             live = False
-        return context_from_config(cfg), live
+        return cfg, context_from_config(cfg), live
 
     async def close(self) -> None:
         if self._owns_transport and self.transport is not None:

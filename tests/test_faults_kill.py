@@ -23,7 +23,7 @@ SEED = 20261202
 def test_sigkill_supervisor_20_times_loses_nothing(tmp_path, tiny_model_dir, supervisors, renderer_for):
     run_dir = tmp_path / "run"
     # a small batch (4 running) so generation lasts long enough for most kills to land mid-dispatch
-    cfg = make_config(run_dir, tiny_model_dir, prompts=200, gpus=1,
+    cfg = make_config(run_dir, tiny_model_dir, prompts=400, gpus=1,
                       sim=("--sim-output-mean", "100", "--sim-step-ms", "4", "--sim-tokens-per-step", "2",
                            "--max-running-requests", "4"))
     rng = random.Random(SEED)

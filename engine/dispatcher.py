@@ -245,6 +245,8 @@ class Dispatcher:
             self._handle_ok(w, item, body, latency)
         elif status == 400 and DUPLICATE_RID in (message := _error_message(body)):
             # SGLang refuses a rid it is still running: the sample itself is fine, so never reject it
+            if self.aborting:
+                return
             self.emit(AlertEvent(severity="error", text=f"{w.name} refused a duplicate request id; re-queued",
                                  evidence=f"{item.rid}: {message}", key=f"duplicate-rid:{w.name}"))
             item.last_error = f"{w.name}: HTTP 400: {message}"
@@ -267,7 +269,7 @@ class Dispatcher:
             output_ids = data["output_ids"]
             if not isinstance(output_ids, list):
                 raise TypeError(f"output_ids is {type(output_ids).__name__}, not a list")
-            array("i", output_ids)  # every id an int32, checked at C speed (TypeError / OverflowError)
+            ids32 = array("i", output_ids)  # every id an int32, checked at C speed (TypeError / OverflowError)
             meta = data.get("meta_info") or {}
             finish = meta.get("finish_reason") or {}
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
@@ -295,7 +297,7 @@ class Dispatcher:
             "turn": item.turn,
             "source": item.conv.source,
             "origin": item.conv.origin,
-            "input_ids": item.prompt_ids + output_ids,
+            "input_ids": array("i", item.prompt_ids) + ids32,  # int32 buffers: the store copies them, no conversion
             "loss_mask": [0] * prompt_len + [1] * len(output_ids),
             "prompt_len": prompt_len,
             "output_len": len(output_ids),

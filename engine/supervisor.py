@@ -90,6 +90,17 @@ class Supervisor:
 
     async def _run(self) -> int:
         cfg = self.cfg
+        early = False
+        if not cfg.hosts and not self._looks_finished():
+            # launch the servers first: they load (minutes for SGLang, ~1.5 s for the simulator)
+            # while the tokenizer loads and the prompts are counted, instead of after
+            early = True
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
+            self.workers = [Worker(spec=s, cfg=cfg, run_dir=self.run_dir, session=self.session, emit=self.emit)
+                            for s in worker_specs(cfg)]
+            for w in self.workers:
+                w.listeners.append(self._on_worker_state)
+                w.start()
         renderer = await asyncio.to_thread(
             Renderer, cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
         self.renderer = renderer
@@ -100,18 +111,21 @@ class Supervisor:
         self.plan = plan
         self._dirty_shards.update(plan.shards)
         if self._shutdown_task is not None:
-            log.info("stopped before any worker was launched")
+            log.info("stopped before dispatch began" if early else "stopped before any worker was launched")
             await self._shutdown_task
+            await self._close_early(early)
             return self.exit_code
         if plan.finished:
             log.info("every sample is already settled (%d done): nothing to generate", plan.done)
             self.mode = "done"
+            await self._close_early(early)
             self._tick_once(final=True)
             return EXIT_OK
         self.gpu = GpuSampler()
         if self.gpu.init_error:
             log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
+        if not early:
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
         try:
             self.committer = Committer(self.store, plan, self.emit, disk_ok=self._disk_ok_for_commit)
             if cfg.hosts:
@@ -120,16 +134,22 @@ class Supervisor:
                 self.workers = self.fleet.workers
                 targets = [self.fleet.endpoint]
             else:
-                self.workers = [Worker(spec=s, cfg=cfg, run_dir=self.run_dir, session=self.session, emit=self.emit)
-                                for s in worker_specs(cfg)]
+                if not early:
+                    self.workers = [Worker(spec=s, cfg=cfg, run_dir=self.run_dir, session=self.session,
+                                           emit=self.emit) for s in worker_specs(cfg)]
                 targets = self.workers
             self.dispatcher = Dispatcher(cfg, plan, targets, self.committer, renderer, self.session, self.emit)
             for w in targets:
                 w.listeners.append(self._on_target_state)
-            for w in self.workers:
-                w.listeners.append(self._on_worker_state)
+            if not early:
+                for w in self.workers:
+                    w.listeners.append(self._on_worker_state)
             if self.fleet is not None:
                 await self.fleet.start()
+            elif early:
+                for w in self.workers:
+                    if w.state == WorkerState.READY:  # became ready while the prompts were counted
+                        self._on_target_state(w, w.state)
             else:
                 for w in self.workers:
                     w.start()
@@ -152,6 +172,19 @@ class Supervisor:
             await asyncio.gather(*(w.stop() for w in self.workers if isinstance(w, Worker)), return_exceptions=True)
             self.gpu.close()
             plan.close()
+            await self.session.close()
+
+    def _looks_finished(self) -> bool:
+        """Every shard's committed samples reach its planned samples (from the last count): a start
+        with nothing to do launches no server before the count says so."""
+        progress = self.store.progress()
+        return bool(progress) and all(p.total_samples is not None and p.done_samples >= p.total_samples
+                                      for p in progress)
+
+    async def _close_early(self, early: bool) -> None:
+        """Servers launched before the count, when the run ends before dispatch: stopped."""
+        if early:
+            await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
             await self.session.close()
 
     async def _start_feed_when_ready(self) -> None:
@@ -304,7 +337,7 @@ class Supervisor:
                 final = "failed"
                 self.exit_code = EXIT_FAILED
             if self.committer is not None:
-                self.committer.flush_all()
+                await self.committer.drain()
                 if self.committer.pending:
                     log.error("%d finished rows could not be committed (disk?): they will be regenerated",
                               self.committer.pending)

@@ -15,6 +15,7 @@ COMMANDS = [
     ("pause", "pause", "pause shards of a run"),
     ("resume", "resume", "resume shards of a run"),
     ("stop", "stop", "stop a run (optionally draining in-flight requests)"),
+    ("drain-host", "drain_host", "multi-host: stop (or --undo: resume) sending new work to one host"),
     ("stats", "stats", "data-quality statistics of the shards"),
     ("tui", "tui", "the operations console"),
 ]

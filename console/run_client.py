@@ -93,6 +93,9 @@ class RunClient:
     async def drain(self) -> dict:
         return await self._ctl("drain")
 
+    async def drain_host(self, host: str, undo: bool = False) -> dict:
+        return await self._ctl("undrain-host" if undo else "drain-host", host)
+
     async def stop(self) -> dict:
         return await self._ctl("stop")
 

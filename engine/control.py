@@ -1,7 +1,7 @@
 """The control socket: run_dir/control.sock (0600), one JSON request per line, one JSON reply per line.
 
 Requests: {"op": "status"} | {"op": "pause", "shards": [...] | "all"} | {"op": "resume", ...} |
-{"op": "restart_worker", "worker": name} | {"op": "drain"} | {"op": "stop"}.
+{"op": "restart_worker", "worker": name} | {"op": "drain_host"|"undrain_host", "host": name} | {"op": "drain"} | {"op": "stop"}.
 Replies: {"ok": true, "result": {...}} or {"ok": false, "error": "text"}.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import orjson
 
 log = logging.getLogger("regen.control")
 
-OPS = ("status", "pause", "resume", "restart_worker", "drain", "stop")
+OPS = ("status", "pause", "resume", "restart_worker", "drain_host", "undrain_host", "drain", "stop")
 MAX_REQUEST_BYTES = 1 << 20
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the terminating NUL (Linux)
 

@@ -1,5 +1,5 @@
 """Host-side control CLI: `python -m engine.ctl --run-dir D status|pause S..|--all|resume ..|
-restart-worker W|drain|stop` prints the supervisor's JSON reply (exit 0 ok, 1 error reply,
+restart-worker W|drain-host H|undrain-host H|drain|stop` prints the supervisor's JSON reply (exit 0 ok, 1 error reply,
 2 no supervisor at that run dir); `... follow [--since TS]` prints telemetry.jsonl lines with
 ts >= since, then follows the file until the supervisor has exited and every line is printed.
 """
@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--all", action="store_true")
     p = sub.add_parser("restart-worker")
     p.add_argument("worker")
+    for name in ("drain-host", "undrain-host"):  # multi-host: stop / restart sending a host new work
+        p = sub.add_parser(name)
+        p.add_argument("host")
     sub.add_parser("drain")
     sub.add_parser("stop")
     p = sub.add_parser("follow")
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         payload = {"op": args.op, "shards": "all" if args.all else list(args.shards)}
     elif args.op == "restart-worker":
         payload = {"op": "restart_worker", "worker": args.worker}
+    elif args.op in ("drain-host", "undrain-host"):
+        payload = {"op": args.op.replace("-", "_"), "host": args.host}
     else:
         payload = {"op": args.op}
     sock = run_dir / "control.sock"

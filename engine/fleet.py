@@ -94,6 +94,18 @@ class Fleet:
         self.endpoint.refresh()
         self.on_change()
 
+    def set_drained(self, name: str, drained: bool) -> dict:
+        """Drain: the host's servers leave the router (requests already on them finish and are
+        committed); it stays out, also across a reconnect, until undrained."""
+        link = next((link for link in self.links if link.host.name == name), None)
+        if link is None:
+            raise KeyError(f"unknown remote host {name!r}; hosts: {', '.join(x.host.name for x in self.links)}")
+        link.set_drained(drained)
+        log.info("host %s %s", name, "drained" if drained else "undrained")
+        self.emit(AlertEvent(severity="info", text=f"host {name} {'drained: no new work' if drained else 'undrained'}",
+                             key=f"host-drain:{name}"))
+        return link.status()
+
     def status(self) -> dict:
         hosts = [link.status() for link in self.links]
         for h in self.cfg.hosts:

@@ -52,6 +52,7 @@ MAX_BACKOFF_S = 30.0
 class HostState:
     CONNECTING = "connecting"
     UP = "up"
+    DRAINED = "drained"  # up, but out of the router by the operator's choice
     LOST = "lost"
     STOPPED = "stopped"
 
@@ -169,6 +170,7 @@ class HostLink:
             for s in self.specs]
         self._tunnel: asyncio.subprocess.Process | None = None
         self._stopping = False
+        self.drained = False
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self.log_path = Path(cfg.run_dir) / "hosts" / host.name / "link.log"
@@ -196,6 +198,16 @@ class HostLink:
         self.state = HostState.STOPPED
         for m in self.members:
             m.set_state(WorkerState.STOPPED)
+
+    def set_drained(self, drained: bool) -> None:
+        self.drained = drained
+        if self.state in (HostState.UP, HostState.DRAINED):
+            self.state = HostState.DRAINED if drained else HostState.UP
+        for m in self.members:
+            if drained and m.state == WorkerState.READY:
+                m.set_state(HostState.DRAINED)  # leaves the router; its open requests still answer
+            elif not drained and m.state == HostState.DRAINED:
+                m.set_state(WorkerState.STARTING)  # the next health pass makes it ready: back in the router
 
     def status(self) -> dict:
         return {"name": self.host.name, "address": self.host.address, "state": self.state, "error": self.error,
@@ -323,7 +335,7 @@ class HostLink:
                 continue
             backoff = 1.0
             rejoined = self.state == HostState.LOST
-            self.state, self.error = HostState.UP, None
+            self.state, self.error = (HostState.DRAINED if self.drained else HostState.UP), None
             self.joins += 1
             if rejoined:
                 self.emit(AlertEvent(severity="info", text=f"host {self.host.name} rejoined; it gets work again",
@@ -381,7 +393,10 @@ class HostLink:
             for m, (ok, why) in zip(self.members, results):
                 if ok:
                     m.unhealthy_since = None
-                    if m.state != WorkerState.READY:
+                    if self.drained:
+                        if m.state != HostState.DRAINED:
+                            m.set_state(HostState.DRAINED)
+                    elif m.state != WorkerState.READY:
                         await self._read_capacity(m)
                         m.ready_this_join = True
                         m.set_state(WorkerState.READY)

@@ -252,6 +252,13 @@ class Supervisor:
                 raise ControlError(str(exc)) from exc
             log.info("restart of worker %s requested", name)
             return {"worker": name, "state": match[0].state}
+        if op in ("drain_host", "undrain_host"):
+            if self.fleet is None:
+                raise ControlError("drain_host: this run has no [[hosts]]")
+            try:
+                return self.fleet.set_drained(req.get("host"), op == "drain_host")
+            except KeyError as exc:
+                raise ControlError(exc.args[0]) from exc
         if op == "drain":
             self._begin_shutdown("drain")
             return {"state": self.state()}

@@ -198,3 +198,48 @@ async def test_tui_preflight_probes_every_host_under_its_name(tmp_path, tiny_mod
         assert [r.id for r in again.results if r.id.endswith("ports")] == ["h2:ports"]
     finally:
         await transport.close()
+
+
+def _generate_lines(host) -> int:
+    return sum(1 for log in host.work_dir.glob("workers/*/server.log")
+               for line in log.read_text(errors="replace").splitlines() if "POST /generate" in line)
+
+
+def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_dir, sim_hosts, supervisors,
+                                                          renderer_for):
+    from tests.test_engine_run import ctl
+
+    cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=400, names=["h1", "h2"], gpus=1,
+                           sim=("--sim-output-mean", "120", "--max-running-requests", "8", "--sim-step-ms", "60",
+                                "--sim-tokens-per-step", "4"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    wait_for(lambda: (lambda s: s if s and len((s.get("router") or {}).get("members") or []) == 2 else None)(
+        status(run_dir)), 120, "both servers in the router", sup)
+    wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 20, 120, "first samples", sup)
+
+    (run_dir / ".regen").mkdir(exist_ok=True)
+    (run_dir / ".regen" / "launch.json").write_text(json.dumps({"host_python": sys.executable,
+                                                                 "engine_path": str(REPO), "run_dir": str(run_dir)}))
+    r = ctl(run_dir, "drain-host", "h2")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["result"]["state"] == "drained"
+    wait_for(lambda: len((status(run_dir) or {}).get("router", {}).get("members") or [1, 1]) == 1, 30,
+             "h2 out of the router", sup)
+    time.sleep(5)  # requests already on h2 finish (and are committed)
+    served = _generate_lines(sim_hosts.host("h2"))
+    done_before = status(run_dir)["dispatch"]["done"]
+    wait_for(lambda: status(run_dir)["dispatch"]["done"] >= done_before + 30, 120, "progress on h1 alone", sup)
+    assert _generate_lines(sim_hosts.host("h2")) == served, "a drained host got new requests"
+    assert {h["name"]: h["state"] for h in status(run_dir)["hosts"]}["h2"] == "drained"
+    assert ctl(run_dir, "drain-host", "h9").returncode == 1
+
+    back = regen_cli("drain-host", "local", "h2", "--undo", "--run-dir", str(run_dir))
+    assert back.returncode == 0 and "host h2: up (gets work again)" in back.stdout, back.stdout + back.stderr
+    wait_for(lambda: _generate_lines(sim_hosts.host("h2")) > served, 60, "h2 serving again after undrain", sup)
+    assert sup.wait(300) == 0, sup.log_text()[-4000:]
+    rows = read_rows(run_dir)
+    expected, _ = expected_samples(cfg, renderer_for(cfg))
+    rejected = sum(1 for line in (run_dir / "rejects.jsonl").read_text().splitlines()
+                   if json.loads(line)["reason"].startswith("turn "))
+    assert len({r["sample_id"] for r in rows}) == len(rows) and len(rows) + rejected == len(expected)

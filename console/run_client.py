@@ -81,6 +81,10 @@ class RunClient:
     async def status(self) -> dict:
         return await self._ctl("status")
 
+    async def last_status(self) -> dict:
+        """What the run dir last recorded, without a supervisor (a finished or killed run)."""
+        return await self._ctl("last-status")
+
     async def pause(self, shards: list[str] | None) -> dict:
         return await self._ctl("pause", *(["--all"] if shards is None else shards))
 

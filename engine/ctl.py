@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=30.0)
     sub = parser.add_subparsers(dest="op", required=True)
     sub.add_parser("status")
+    sub.add_parser("last-status")  # no supervisor needed: the last state the run dir recorded
     for name in ("pause", "resume"):
         p = sub.add_parser(name)
         p.add_argument("shards", nargs="*")
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir).expanduser()
     if args.op == "follow":
         return follow(run_dir, args.since, args.poll)
+    if args.op == "last-status":
+        return last_status(run_dir)
     if args.op in ("pause", "resume"):
         if args.all == bool(args.shards):
             print(f"{args.op}: give shard ids or --all (not both)", file=sys.stderr)
@@ -71,6 +74,52 @@ def main(argv: list[str] | None = None) -> int:
     if not reply.get("ok"):
         print(reply.get("error", "error reply without text"), file=sys.stderr)
         return EXIT_ERROR_REPLY
+    return EXIT_OK
+
+
+def last_status(run_dir: Path) -> int:
+    """A status reply built from the run dir alone (state.sqlite, telemetry.jsonl, rejects.jsonl), for a
+    run whose supervisor has exited: what it last recorded, marked offline."""
+    from engine.rejects import RejectLog
+    from engine.shard_store import ShardStore
+
+    if not (run_dir / "state.sqlite").exists():
+        print(f"{run_dir} holds no state.sqlite: not a run dir, or the run never started", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    store = ShardStore(run_dir)
+    try:
+        progress = store.progress()
+    finally:
+        store.close()
+    dispatch, alerts, started = None, [], None
+    try:
+        with open(run_dir / "telemetry.jsonl", "rb") as f:
+            for line in f:
+                try:
+                    ev = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a line cut by a kill
+                started = started or ev.get("ts")
+                if ev.get("type") == "dispatch":
+                    dispatch = ev
+                elif ev.get("type") == "alert":
+                    alerts.append(ev)
+    except FileNotFoundError:
+        pass  # stopped before its first event
+    with RejectLog(run_dir) as rejects:
+        reject_info = {"total": rejects.count, "by_reason": rejects.counts_by_reason()}
+    shards = []
+    for p in progress:
+        done = p.total_samples is not None and p.done_samples >= p.total_samples
+        state = "done" if done else ("paused" if p.paused else ("running" if p.done_samples else "pending"))
+        shards.append({"id": p.shard_id, "state": state, "done": p.done_samples,
+                       "total": p.total_samples if p.total_samples is not None else p.done_samples,
+                       "output_tokens": p.output_tokens, "empty": p.empty, "truncated": p.truncated})
+    state = (dispatch or {}).get("state") or "unknown"
+    result = {"run_dir": str(run_dir.resolve()), "state": state, "offline": True, "pid": None,
+              "started_at": started, "host": os.uname().nodename, "dispatch": dispatch, "workers": [],
+              "shards": shards, "gpus": [], "disk": [], "alerts": alerts[-20:], "rejects": reject_info}
+    sys.stdout.write(orjson.dumps({"ok": True, "result": result}).decode() + "\n")
     return EXIT_OK
 
 

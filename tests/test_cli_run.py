@@ -84,8 +84,15 @@ def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_ru
     stop = regen("stop", "local", "--run-dir", str(run_dir), "--drain", home=tmp_path)
     assert stop.returncode == 0, stop.stderr
     wait_for(lambda: not (run_dir / "supervisor.pid").exists(), 60, "the supervisor to exit")
+    # the supervisor is gone: status says so and shows what the run dir last recorded
     gone = regen("status", "local", "--run-dir", str(run_dir), home=tmp_path)
-    assert gone.returncode == 2 and "control.sock does not exist" in gone.stderr
+    assert gone.returncode == 0, gone.stderr
+    assert "state stopped" in gone.stdout and "supervisor not running" in gone.stdout
+    last = json.loads(regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path).stdout)
+    assert last["offline"] and last["state"] == "stopped"
+    assert sum(sh["done"] for sh in last["shards"]) == last["dispatch"]["done"] == len(read_rows(run_dir))
+    nowhere = regen("status", "local", "--run-dir", str(tmp_path / "no-run"), home=tmp_path)
+    assert nowhere.returncode == 2, nowhere.stdout
     assert "stopped" in (run_dir / "supervisor.log").read_text()
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from console.deploy import EXIT_OK, add_host_args, run_with_client
+from console.run_client import RunClientError
 
 
 def add_arguments(parser) -> None:
@@ -18,7 +19,15 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     async def call(client) -> int:
-        status = await client.status()
+        try:
+            status = await client.status()
+        except RunClientError as exc:
+            if exc.kind != "unreachable" or "no supervisor" not in str(exc):
+                raise
+            try:
+                status = await client.last_status()  # finished or killed: what the run dir recorded
+            except RunClientError:
+                raise exc from None
         if args.json:
             print(json.dumps(status, indent=2))
         else:
@@ -56,7 +65,10 @@ def render_status(s: dict) -> Group:
     head = Text()
     head.append(f"{s.get('host')}:{s.get('run_dir')}  ", style="bold")
     head.append(f"state {s.get('state')}", style="bold green" if s.get("state") in ("running", "done") else "bold yellow")
-    head.append(f"  pid {s.get('pid')}  up {time.time() - s.get('started_at', time.time()):.0f} s\n")
+    if s.get("offline"):
+        head.append("  supervisor not running: the last state recorded in the run dir\n", style="yellow")
+    else:
+        head.append(f"  pid {s.get('pid')}  up {time.time() - s.get('started_at', time.time()):.0f} s\n")
     head.append(progress_line(d) if d else "no dispatch yet")
     multi = any(w.get("host") for w in s.get("workers", []))
     workers = Table(title="workers" + (" (by host)" if multi else ""), expand=False)

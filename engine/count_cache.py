@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from engine.ingest import StreamStart
+from engine.run_dir import write_atomic
 from engine.shard_store import shard_id_for
 
 CACHE_FILE = "count_cache.json"
@@ -105,17 +106,7 @@ def save(run_dir: Path, cfg, files_facts: list[dict], result: CountResult) -> Pa
     }
     doc = {"schema": SCHEMA, "key": key, "data": data, "sha256": _checksum(key, data)}
     path = Path(run_dir) / CACHE_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, json.dumps(doc, separators=(",", ":")))
     return path
 
 

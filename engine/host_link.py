@@ -34,9 +34,9 @@ from typing import Callable
 import aiohttp
 
 from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
-from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics, parse_server_info
+from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import WorkerSpec, WorkerState, die_with_parent
+from engine.workers import WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event
 from probes.shell import shell_path
 
 log = logging.getLogger("regen.hosts")
@@ -128,12 +128,7 @@ class RemoteWorker:
             listener(self, state)
 
     def snapshot(self) -> WorkerEvent:
-        m = self.metrics
-        return WorkerEvent(
-            name=self.name, state=self.state, url=self.url, gpus=list(self.spec.gpus), pid=self.pid,
-            restarts=self.restarts, running_reqs=m.running_reqs, queued_reqs=m.queued_reqs,
-            gen_throughput=m.gen_throughput, token_usage=m.token_usage, in_flight=self.in_flight,
-            capacity=self.capacity, error=self.error, host=self.host, remote=True)
+        return worker_event(self, host=self.host, remote=True)
 
 
 def _free_local_port(preferred: int) -> int:
@@ -261,7 +256,8 @@ class HostLink:
         # the braces keep `&` on the agent alone: a backgrounded `cd && ...` list would be a subshell
         # holding the ssh channel open until the agent exits
         command = (f"cd {wd} && {{ PYTHONPATH={wd}/{AGENT_DIR} setsid nohup {py} -m engine.host_agent --work-dir . "
-                   f"--host-name {name} >> agent.log 2>&1 < /dev/null & }} && sleep 0.5 && cat agent.pid 2>/dev/null;"
+                   f"--host-name {name} >> agent.log 2>&1 < /dev/null & }} && sleep 0.5"
+                   " && { [ -f agent.pid ] && cat agent.pid || echo 'agent.pid not written yet'; };"
                    f" tail -n 2 agent.log")
         return await self._checked("starting the host agent", command)
 
@@ -429,15 +425,9 @@ class HostLink:
             return False, f"/health: {type(exc).__name__}: {exc}"
 
     async def _read_capacity(self, m: RemoteWorker) -> None:
-        for path in ("/get_server_info", "/server_info"):
-            try:
-                async with self.session.get(m.url + path, headers=m.headers,
-                                            timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                    if resp.status == 200:
-                        m.capacity_info = parse_server_info(await resp.json(content_type=None))
-                        return
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                log.warning("worker %s: GET %s failed: %s", m.name, path, exc)
+        found = await read_server_info(self.session, m.url, m.headers, m.name)
+        if found is not None:
+            m.capacity_info = found
 
     async def _scrape(self, m: RemoteWorker) -> None:
         try:

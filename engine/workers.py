@@ -159,6 +159,34 @@ def log_tail(log_path: Path, start_offset: int, lines: int = 5) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
+async def read_server_info(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+                           name: str) -> ServerCapacity | None:
+    """The server's batch size and context length (/get_server_info, or /server_info in newer SGLang);
+    None, with the reason logged, if neither answers."""
+    for path in ("/get_server_info", "/server_info"):
+        try:
+            async with session.get(url + path, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status == 200:
+                    info = parse_server_info(await resp.json(content_type=None))
+                    log.info("worker %s: %s", name, info)
+                    return info
+                text = await resp.text()
+                log.warning("worker %s: GET %s -> %d %s", name, path, resp.status, text[:200])
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            log.warning("worker %s: GET %s failed: %s", name, path, exc)
+    return None
+
+
+def worker_event(w, *, host: str = "", remote: bool = False) -> WorkerEvent:
+    """The telemetry event of a server, launched here (Worker) or watched on another host (RemoteWorker)."""
+    m = w.metrics
+    return WorkerEvent(
+        name=w.name, state=w.state, url=w.url, gpus=list(w.spec.gpus), pid=w.pid, restarts=w.restarts,
+        running_reqs=m.running_reqs, queued_reqs=m.queued_reqs, gen_throughput=m.gen_throughput,
+        token_usage=m.token_usage, in_flight=w.in_flight, capacity=w.capacity, error=w.error, host=host,
+        remote=remote)
+
+
 @dataclass
 class Worker:
     spec: WorkerSpec
@@ -230,13 +258,7 @@ class Worker:
         self._set_state(WorkerState.STOPPED)
 
     def snapshot(self) -> WorkerEvent:
-        m = self.metrics
-        return WorkerEvent(
-            name=self.name, state=self.state, url=self.url, gpus=list(self.spec.gpus), pid=self.pid,
-            restarts=self.restarts, running_reqs=m.running_reqs, queued_reqs=m.queued_reqs,
-            gen_throughput=m.gen_throughput, token_usage=m.token_usage, in_flight=self.in_flight,
-            capacity=self.capacity, error=self.error, host=self.host_name,
-        )
+        return worker_event(self, host=self.host_name)
 
     # -- lifecycle --------------------------------------------------------------------------
     def _set_state(self, state: str) -> None:
@@ -405,18 +427,9 @@ class Worker:
             return False
 
     async def _read_capacity(self) -> None:
-        for path in ("/get_server_info", "/server_info"):
-            try:
-                async with self.session.get(self.url + path, headers=self.headers,
-                                            timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                    if resp.status == 200:
-                        self.capacity_info = parse_server_info(await resp.json(content_type=None))
-                        log.info("worker %s: %s", self.name, self.capacity_info)
-                        return
-                    text = await resp.text()
-                    log.warning("worker %s: GET %s -> %d %s", self.name, path, resp.status, text[:200])
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                log.warning("worker %s: GET %s failed: %s", self.name, path, exc)
+        found = await read_server_info(self.session, self.url, self.headers, self.name)
+        if found is not None:
+            self.capacity_info = found
 
     async def _scrape_metrics(self) -> None:
         try:

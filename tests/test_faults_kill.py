@@ -23,8 +23,10 @@ SEED = 20261202
 def test_sigkill_supervisor_20_times_loses_nothing(tmp_path, tiny_model_dir, supervisors, renderer_for):
     run_dir = tmp_path / "run"
     # a small batch (4 running) so generation lasts long enough for most kills to land mid-dispatch
-    cfg = make_config(run_dir, tiny_model_dir, prompts=400, gpus=1,
-                      sim=("--sim-output-mean", "100", "--sim-step-ms", "4", "--sim-tokens-per-step", "2",
+    # long enough that 20 rounds never finish it: servers now load while the prompts are counted, so
+    # each round dispatches for longer than it used to (~60 s of dispatch in all against ~105 s needed)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=600, gpus=1,
+                      sim=("--sim-output-mean", "100", "--sim-step-ms", "10", "--sim-tokens-per-step", "2",
                            "--max-running-requests", "4"))
     rng = random.Random(SEED)
     kills = unreadable_after_kill = 0

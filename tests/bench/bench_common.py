@@ -74,6 +74,13 @@ def free_port_block(n: int) -> int:
     return block(n)
 
 
+def write_result(name: str, result: dict) -> Path:
+    """tests/bench/results/<name>.json, indented, one trailing newline; returns the path."""
+    out = RESULTS_DIR / f"{name}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return out
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

@@ -235,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res))
         return 0
     res = run(args.samples, args.baseline_samples, args.repeats, args.gpus, args.threads, args.output_mean, args.keep)
-    out = bc.RESULTS_DIR / "ingest.json"
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out = bc.write_result("ingest", res)
     print(f"regen {res['regen']['tokens_per_s_median']:,.0f} tok/s, baseline "
           f"{res['baseline']['tokens_per_s_median']:,.0f} tok/s, ratio {res['ratio']:.1f}x; wrote {out}")
     return 0

@@ -169,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         scale = scaling(args.repeats, args.conversations, work)
     res = {"benchmark": "multihost", "repeats": args.repeats, "scaling": scale, "router_latency": latency,
            "machine": bc.machine()}
-    out = bc.RESULTS_DIR / "multihost.json"
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out = bc.write_result("multihost", res)
     m, r = scale["tokens_per_s_median"], scale["scaling_ratio_median"]
     print(f"multihost ({scale['mode']}): {m[1]:,.0f} / {m[2]:,.0f} / {m[3]:,.0f} tok/s on 1/2/3 hosts "
           f"(x{r[2]:.2f}, x{r[3]:.2f}); router adds {latency['added_median_ms']:.2f} ms per request "

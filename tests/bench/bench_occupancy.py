@@ -246,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(baseline_client(args.urls.split(","), args.prompts, args.requests, MAX_RUNNING)))
         return 0
     res = run(args.requests, args.gpus, args.repeats, args.step_ms, args.keep)
-    out = bc.RESULTS_DIR / "occupancy.json"
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out = bc.write_result("occupancy", res)
     m = res["median"]
     print(f"full-batch share (min over GPUs): regen {m['full_batch_share_min']['regen']:.1%}, round-robin "
           f"{m['full_batch_share_min']['baseline']:.1%}; wall {m['wall_s']['regen']:.1f} s vs "

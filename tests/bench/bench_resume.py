@@ -212,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, default=None, help="build into (or reuse) this dir and keep it")
     args = ap.parse_args(argv)
     res = run(args.conversations, args.repeats, args.keep)
-    out = bc.RESULTS_DIR / "resume.json"
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out = bc.write_result("resume", res)
     m = res["median"]
     print(f"resume {m['resume_s']:.2f} s ({m['resume_without_server_startup_s']:.2f} s without the server's "
           f"startup), peak RSS {m['peak_rss_mb']:.0f} MB; wrote {out}")

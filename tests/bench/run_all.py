@@ -36,7 +36,7 @@ def run_ingest(quick: bool) -> dict:
         res = bench_ingest.run(samples=2000, baseline_samples=500, repeats=1, gpus=2, threads=64, output_mean=4000)
     else:
         res = bench_ingest.run(samples=4000, baseline_samples=1200, repeats=3, gpus=2, threads=64, output_mean=4000)
-    (bc.RESULTS_DIR / "ingest.json").write_text(json.dumps(res, indent=2) + "\n")
+    bc.write_result("ingest", res)
     return res
 
 
@@ -44,7 +44,7 @@ def run_occupancy(quick: bool) -> dict:
     from tests.bench import bench_occupancy
 
     res = bench_occupancy.run(requests=640 if quick else 960, gpus=4, repeats=1 if quick else 3, step_ms=6.0)
-    (bc.RESULTS_DIR / "occupancy.json").write_text(json.dumps(res, indent=2) + "\n")
+    bc.write_result("occupancy", res)
     return res
 
 
@@ -52,7 +52,7 @@ def run_resume(quick: bool) -> dict:
     from tests.bench import bench_resume
 
     res = bench_resume.run(1_000_000, repeats=1 if quick else 3, keep=bc.CACHE / "resume-1000000")
-    (bc.RESULTS_DIR / "resume.json").write_text(json.dumps(res, indent=2) + "\n")
+    bc.write_result("resume", res)
     return res
 
 

@@ -60,6 +60,15 @@ class SimHost:
         except (FileNotFoundError, ValueError):
             return None
 
+    def kill_agent(self) -> None:
+        """SIGKILL the host agent's process group (its servers die with it: PDEATHSIG)."""
+        pid = self.agent_pid()
+        if pid:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # already gone, or gone with its namespace
+
 
 @dataclass
 class SimHosts:
@@ -86,12 +95,7 @@ class SimHosts:
             return
         if h.sshd is not None:
             stop_sshd(h.sshd)
-        pid = h.agent_pid()
-        if pid:
-            try:
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # already gone
+        h.kill_agent()
 
     def rejoin(self, name: str) -> None:
         h = self.host(name)
@@ -103,17 +107,11 @@ class SimHosts:
 
     def close(self) -> None:
         for h in self.hosts:
-            pid = h.agent_pid()
-            if pid:
-                try:
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass  # gone with its namespace or already stopped
+            h.kill_agent()
             if h.sshd is not None:
                 stop_sshd(h.sshd)
             if h.netns:
                 # processes left in the namespace (servers) die with their agent's group above
-                _ip("netns", "pids", h.netns, check=False)
                 r = _ip("netns", "pids", h.netns, check=False)
                 for pid_text in r.stdout.split():
                     try:

@@ -12,10 +12,13 @@ The filesystem is shared, so the engine copy, the tiny model and the work dirs a
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from tests.sshd_fixtures import SshdServer, start_sshd, stop_sshd
 
@@ -123,10 +126,32 @@ class SimHosts:
                 _ip("link", "del", h.veth_root, check=False)
 
 
+def reap_stale_namespaces() -> list[str]:
+    """Namespaces (and their veth ends) left by a test session that was killed before its clean-up:
+    their fixed 10.231.i.x addresses would clash with ours. Named rg<pid>h<i>; a live pid's are kept."""
+    listed = _ip("netns", "list", check=False).stdout.split()
+    reaped = []
+    for name in listed:
+        m = re.fullmatch(r"rg(\d+)(h\d+)", name)
+        if not m or psutil.pid_exists(int(m.group(1))):
+            continue
+        for pid in _ip("netns", "pids", name, check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        _ip("netns", "del", name, check=False)
+        _ip("link", "del", f"{name}a", check=False)
+        reaped.append(name)
+    return reaped
+
+
 def start_hosts(root: Path, count: int, *, force_loopback: bool = False) -> SimHosts:
     why = "forced" if force_loopback else netns_available()
     mode = "netns" if why is None else "loopback"
-    tag = os.getpid() % 10000
+    if mode == "netns":
+        reap_stale_namespaces()
+    tag = os.getpid()  # whole pid: reap_stale_namespaces() tells a dead session's names by it
     hosts: list[SimHost] = []
     sim = SimHosts(hosts=hosts, ssh_config=root / "ssh_config", mode=mode, why_not_netns=why, _root=root)
     try:

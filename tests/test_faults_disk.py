@@ -160,5 +160,9 @@ def test_sudden_enospc_mid_commit_keeps_rows_and_parts_whole(small_disk, tiny_mo
     assert bad_full == bad_end == 0
     assert acc["lost"] == acc["duplicated"] == 0, acc["lost_ids"]
     assert [e for e in evs if e["type"] == "dispatch"][-1]["state"] == "done"
+    # the full disk is on screen: a failed commit's alert, or the free-space guard's when it saw it first
+    disk_low = [e for e in evs if e["type"] == "alert" and e["key"] == "disk-low" and e["severity"] != "info"]
+    assert commit_alerts or disk_low, "the disk filled up and no alert said so"
     for alert in commit_alerts:
         assert "No space left on device" in alert["text"] and "rows kept in memory" in alert["evidence"]
+    assert not list((run_dir / "shards").rglob("*.tmp")), "a partial part file was left behind"

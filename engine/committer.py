@@ -84,6 +84,8 @@ class Committer:
         buf.entries.append((item, compact_row(row), answer))
         if len(buf.entries) >= self.max_rows or (self.plan.cfg.turns == "all" and not item.is_last_turn):
             self._wake.set()  # a chained turn waits on this commit: do not sit on it for max_age_s
+        elif self._holds_the_rest(item.shard_id, buf):
+            self._wake.set()  # the shard's last rows: nothing can join this part any more
 
     # -- async (the loop keeps running while the thread commits) --------------------------------
     async def run_forever(self) -> None:
@@ -173,11 +175,23 @@ class Committer:
             if not buf.entries:
                 continue
             age = now - buf.since
-            if len(buf.entries) >= self.max_rows or age >= self.max_age_s:
+            if len(buf.entries) >= self.max_rows or age >= self.max_age_s or self._holds_the_rest(shard_id, buf):
                 out.append(shard_id)
             elif chain_mode and age >= 0.2 and any(not it.is_last_turn for it, _, _ in buf.entries):
                 out.append(shard_id)
         return out
+
+    def _holds_the_rest(self, shard_id: str, buf: _Buffer) -> bool:
+        """Every sample of the shard not settled yet is in its buffer (or in the commit in flight):
+        no later row can join this part, so waiting for max_age_s would only delay the same part
+        (the tail of a shard, and the end of a run, by up to max_age_s)."""
+        shards = getattr(self.plan, "shards", None)
+        counts = shards.get(shard_id) if shards else None
+        if counts is None:
+            return False
+        job = self._job
+        inflight = len(job.entries) if job is not None and not job.settled and job.shard_id == shard_id else 0
+        return len(buf.entries) + inflight >= counts.total - counts.settled
 
     def _start(self, shard_id: str) -> _Job | None:
         """Take the shard's buffer and hand it to the commit thread (None: nothing to commit, or disk low)."""

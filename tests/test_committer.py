@@ -193,3 +193,26 @@ def test_a_duplicate_sample_is_dropped_with_an_alert_and_the_rest_committed(stor
     assert len(alerts) == 1 and "duplicate sample ids in a commit of s00000; dropped 1" in alerts[0].text
     assert sorted(committed_ids(store)) == ["x#turn0", "y#turn0", "z#turn0"]
     assert [sid for sid, _ in plan.committed] == ["y#turn0", "z#turn0"] and c.pending == 0
+
+
+def test_a_shard_whose_outstanding_samples_are_all_buffered_is_committed_without_waiting(store):
+    """The shard's last rows go at once: no later row can join that part, so max_age_s would only delay it."""
+    from engine.work import ShardCounts
+
+    plan = FakePlan()
+    plan.shards = {"s00000": ShardCounts(total=5, done=0, failed=1)}  # 4 samples left to settle
+
+    async def main():
+        c = Committer(store, plan, lambda e: None, max_rows=100, max_age_s=3600)
+        for conv in ("a", "b", "c"):
+            c.add(item(conv), make_row(conv), None)
+        assert c._due() == []  # one sample still out: wait for it (or for the age)
+        c.add(item("d"), make_row("d"), None)
+        assert c._due() == ["s00000"] and c._wake.is_set()
+        await c.commit_due_async()
+        c.close()
+        return c
+
+    c = asyncio.run(main())
+    assert [p.rows for p in store.parts()] == [4] and c.pending == 0
+    assert sorted(committed_ids(store)) == ["a#turn0", "b#turn0", "c#turn0", "d#turn0"]

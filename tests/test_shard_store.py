@@ -60,6 +60,11 @@ def test_commit_writes_a_zstd_part_with_the_shard_schema(store, tmp_path):
     assert table.to_pylist() == rows
     meta = pq.ParquetFile(tmp_path / info.path).metadata
     assert meta.row_group(0).column(0).compression == "ZSTD"
+    # token ids and masks are written PLAIN (no dictionary: hashing every value was ~40% of the write)
+    columns = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i) for i in range(meta.num_columns)}
+    assert not columns["input_ids.list.element"].has_dictionary_page
+    assert not columns["loss_mask.list.element"].has_dictionary_page
+    assert columns["sample_id"].has_dictionary_page and columns["text"].has_dictionary_page
     assert info.bytes == (tmp_path / info.path).stat().st_size
     assert store.is_committed("a#turn0") and store.is_committed("b#turn0") and not store.is_committed("c#turn0")
     assert store.committed_count() == 2

@@ -16,10 +16,13 @@ from typing import Callable
 
 import aiohttp
 import orjson
+from multidict import CIMultiDict
+from yarl import URL
 
 from engine.committer import Committer
 from engine.config import RunConfig
 from engine.render import Renderer
+from engine.shard_store import STANDARD_MASK
 from engine.telemetry_events import AlertEvent, DispatchEvent
 from engine.work import WorkItem, WorkPlan
 from engine.workers import Worker, WorkerState
@@ -59,6 +62,9 @@ class Dispatcher:
         self._cancelled_for_requeue: set[asyncio.Task] = set()
         self._mismatch_alerted: set[str] = set()
         self._started_at = time.time()
+        # per worker, (its url, the /generate URL, the request headers): built once, not per request
+        self._generate_target: dict[str, tuple[str, URL, CIMultiDict]] = {}
+        self._request_timeout = aiohttp.ClientTimeout(total=cfg.dispatch.request_timeout_s)
         for w in workers:
             w.listeners.append(self._on_worker_state)
 
@@ -221,17 +227,22 @@ class Dispatcher:
             log.warning("worker %s %s: re-queued %d in-flight requests", w.name, state, requeued)
 
     # -- one request ------------------------------------------------------------------------
+    def _target(self, w: Worker) -> tuple[str, URL, CIMultiDict]:
+        target = self._generate_target.get(w.name)
+        if target is None or target[0] != w.url:
+            target = (w.url, URL(w.url + "/generate"), CIMultiDict({**w.headers, "Content-Type": "application/json"}))
+            self._generate_target[w.name] = target
+        return target
+
     async def _send(self, w: Worker, item: WorkItem) -> None:
         params = self.cfg.sampling.as_sglang()
         params["max_new_tokens"] = item.max_new_tokens
         payload = {"rid": item.rid, "input_ids": item.prompt_ids, "sampling_params": params, "stream": False}
+        _, url, headers = self._target(w)
         started = time.monotonic()
         try:
-            async with self.session.post(
-                w.url + "/generate", data=orjson.dumps(payload),
-                headers={**w.headers, "Content-Type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=self.cfg.dispatch.request_timeout_s),
-            ) as resp:
+            async with self.session.post(url, data=orjson.dumps(payload), headers=headers,
+                                         timeout=self._request_timeout) as resp:
                 status = resp.status
                 body = await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -298,16 +309,16 @@ class Dispatcher:
             "source": item.conv.source,
             "origin": item.conv.origin,
             "input_ids": array("i", item.prompt_ids) + ids32,  # int32 buffers: the store copies them, no conversion
-            "loss_mask": [0] * prompt_len + [1] * len(output_ids),
+            "loss_mask": STANDARD_MASK,  # [0] * prompt_len + [1] * output_len, built by the store from the lengths
             "prompt_len": prompt_len,
             "output_len": len(output_ids),
-            "reasoning_tokens": self.renderer.reasoning_tokens(output_ids),
+            "reasoning_tokens": self.renderer.reasoning_tokens(output_ids, ids32=ids32),
             "finish_reason": finish_type or "unknown",
             "completion_tokens": int(completion) if isinstance(completion, int) else len(output_ids),
             "cached_tokens": int(meta.get("cached_tokens") or 0),
             "latency_s": float(latency),
             "worker": w.name,
-            "text": self.renderer.decode(output_ids),
+            "text": self.renderer.decode(output_ids, ids32=ids32),
         }
         answer = None
         if self.cfg.turns == "all" and not item.is_last_turn:

@@ -12,8 +12,11 @@ last user message, exactly as it does at inference time.
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from engine.ingest import Conversation
 
@@ -184,7 +187,8 @@ class Renderer:
         """The largest max_new_tokens <= the configured one that SGLang accepts (0: prompt too long)."""
         return max(0, min(max_new_tokens, self.context_length - len(prompt_ids) - 1))
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], *, ids32: array | None = None) -> str:
+        """`ids32`: the same ids as an int32 array('i') when the caller has one (a faster bounds check)."""
         if self._backend is None:
             return self.tokenizer.decode(list(ids), skip_special_tokens=False)
         if not self._byte_table_built:
@@ -193,7 +197,7 @@ class Renderer:
             self._byte_table = ByteTableDecoder.build(self._backend)
             self._byte_table_built = True
         ids = ids if isinstance(ids, list) else list(ids)
-        text = self._byte_table.decode(ids) if self._byte_table is not None else None
+        text = self._byte_table.decode(ids, ids32=ids32) if self._byte_table is not None else None
         return text if text is not None else self._backend.decode(ids, skip_special_tokens=False)
 
     def strip_eos(self, output_ids: Sequence[int]) -> list[int]:
@@ -205,8 +209,9 @@ class Renderer:
     def history_answer(self, output_ids: Sequence[int]) -> str:
         return self.decode(self.strip_eos(output_ids))
 
-    def reasoning_tokens(self, output_ids: Sequence[int]) -> int:
-        """Tokens inside <think>..</think> (to the end when unclosed; eos excluded)."""
+    def reasoning_tokens(self, output_ids: Sequence[int], *, ids32: array | None = None) -> int:
+        """Tokens inside <think>..</think> (to the end when unclosed; eos excluded). `ids32`: the same
+        ids as an int32 array('i') when the caller has one: the searches then run in numpy."""
         if self.think_close_id is None and self.think_open_id is None:
             return 0
         ids = output_ids  # no copy: trailing eos ids are cut off by the search bound n
@@ -214,23 +219,44 @@ class Renderer:
         eos = self._eos_set
         while n and ids[n - 1] in eos:
             n -= 1
+        if ids32 is not None and ids32.typecode == "i" and len(ids32) == len(ids):
+            find = _finder(np.frombuffer(ids32, dtype=np.intc))
+        else:
+            find = _list_finder(ids)
         start = None
         if self.think_open_id is not None:
-            try:
-                start = ids.index(self.think_open_id, 0, n) + 1
-            except ValueError:
-                start = None
+            start = find(self.think_open_id, 0, n)
+            if start is not None:
+                start += 1
         close = None
         if self.think_close_id is not None:
-            try:
-                close = ids.index(self.think_close_id, start or 0, n)
-            except ValueError:
-                close = None
+            close = find(self.think_close_id, start or 0, n)
         if start is None:
             if close is not None:
                 return close  # the prompt opened the block; the output only closes it
             return n if self.prompt_opens_think else 0
         return (close if close is not None else n) - start
+
+
+def _list_finder(ids: Sequence[int]):
+    """find(value, lo, hi): the first index of value in ids[lo:hi], or None (list.index)."""
+    def find(value: int, lo: int, hi: int) -> int | None:
+        try:
+            return ids.index(value, lo, hi)
+        except ValueError:
+            return None
+    return find
+
+
+def _finder(a: np.ndarray):
+    """The same search over an int32 numpy view."""
+    def find(value: int, lo: int, hi: int) -> int | None:
+        if hi <= lo:
+            return None
+        hits = a[lo:hi] == value
+        k = int(hits.argmax())
+        return lo + k if hits[k] else None
+    return find
 
 
 def _read_json(path: Path) -> dict | None:

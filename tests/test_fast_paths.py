@@ -3,6 +3,7 @@ the shard store's empty-answer check, Renderer.reasoning_tokens, the bytes-table
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 
@@ -49,7 +50,10 @@ def test_reasoning_tokens_matches_the_reference(renderer):
         ids = [rng.choice(special) if rng.random() < 0.15 else rng.randrange(10, 200) for _ in range(rng.randint(0, 30))]
         for opens in (False, True):
             renderer.prompt_opens_think = opens
-            assert renderer.reasoning_tokens(ids) == reference_reasoning_tokens(renderer, ids), (ids, opens)
+            expected = reference_reasoning_tokens(renderer, ids)
+            assert renderer.reasoning_tokens(ids) == expected, (ids, opens)
+            # the dispatcher's form: the same ids as an int32 array too, searched in numpy
+            assert renderer.reasoning_tokens(ids, ids32=array("i", ids)) == expected, (ids, opens)
     renderer.prompt_opens_think = False
 
 
@@ -62,3 +66,8 @@ def test_table_decode_edges(renderer, tiny_tokenizer):
         assert renderer.decode(ids) == tiny_tokenizer.decode(ids, skip_special_tokens=False)
     assert table.decode([-1]) is None and table.decode([3, -2]) is None  # never wraps around the table
     assert table.decode([vocab]) is None and table.decode([1, vocab + 5]) is None
+    # with the ids as an int32 array as well (the dispatcher's form): the same texts, the same refusals
+    for ids in ([], [5], [5, 6], [renderer.think_open_id], list(range(50)), [-1], [3, -2], [vocab], [1, vocab + 5]):
+        assert table.decode(ids, ids32=array("i", ids)) == table.decode(ids)
+        if min(ids, default=0) >= 0 and max(ids, default=0) < vocab:
+            assert renderer.decode(ids, ids32=array("i", ids)) == tiny_tokenizer.decode(ids, skip_special_tokens=False)

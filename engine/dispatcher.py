@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import time
 from array import array
 from typing import Callable
@@ -280,7 +281,7 @@ class Dispatcher:
             output_ids = data["output_ids"]
             if not isinstance(output_ids, list):
                 raise TypeError(f"output_ids is {type(output_ids).__name__}, not a list")
-            ids32 = array("i", output_ids)  # every id an int32, checked at C speed (TypeError / OverflowError)
+            ids32 = int32_array(output_ids)  # every id an int32, checked at C speed (TypeError / OverflowError)
             meta = data.get("meta_info") or {}
             finish = meta.get("finish_reason") or {}
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
@@ -348,6 +349,18 @@ class Dispatcher:
             self.plan.requeue(item)
 
         asyncio.get_running_loop().call_later(delay, later)
+
+
+def int32_array(values: list) -> array:
+    """array("i", values), about twice as fast: struct packs the list in one C loop, array() checks and
+    converts item by item. A value that is no int32 makes struct refuse it; array() then raises its own
+    TypeError / OverflowError, so a bad reply gets the same error text as before."""
+    out = array("i")
+    try:
+        out.frombytes(struct.pack(f"{len(values)}i", *values))
+    except struct.error:
+        return array("i", values)
+    return out
 
 
 def _margin(w, base: int) -> int:

@@ -71,3 +71,20 @@ def test_table_decode_edges(renderer, tiny_tokenizer):
         assert table.decode(ids, ids32=array("i", ids)) == table.decode(ids)
         if min(ids, default=0) >= 0 and max(ids, default=0) < vocab:
             assert renderer.decode(ids, ids32=array("i", ids)) == tiny_tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_int32_array_equals_array_and_refuses_the_same_values():
+    from engine.dispatcher import int32_array
+
+    rng = random.Random(5)
+    for n in (0, 1, 2, 17, 4000):
+        values = [rng.randrange(-2**31, 2**31) for _ in range(n)] + [0, 2**31 - 1, -2**31][: n]
+        out = int32_array(values)
+        assert type(out) is array and out.typecode == "i" and out == array("i", values)
+    assert int32_array([True, 2]) == array("i", [True, 2])
+    for bad in ([1, 2**31], [1, -2**31 - 1], [1.0], ["1"], [None], [1, [2]], [2**70]):
+        with pytest.raises((TypeError, OverflowError)) as fast:
+            int32_array(bad)
+        with pytest.raises((TypeError, OverflowError)) as slow:
+            array("i", bad)
+        assert (type(fast.value), str(fast.value)) == (type(slow.value), str(slow.value))

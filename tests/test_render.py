@@ -178,3 +178,33 @@ def test_decode_history_answer_and_reasoning_tokens(renderer, tiny_tokenizer):
 
 def test_sample_id():
     assert sample_id("conv-9", 2) == "conv-9#turn2"
+
+
+def test_prompt_ids_many_fast_encode_equals_the_tokenizer_call(tiny_model_dir, tiny_tokenizer):
+    """prompt_ids_many encodes through the Rust tokenizer directly (encode_batch_fast): the same ids as
+    tokenizer(apply_chat_template(...), add_special_tokens=False) over varied conversations, thinking on
+    and off; with truncation set on the backend it goes through the tokenizer call instead."""
+    import random
+
+    rng = random.Random(11)
+    words = ["two", "plus", "<think>", "</think>", "<|im_end|>", "émoji 🙂", "\n\n", "  spaced  ", "中文", "x" * 40, "?"]
+
+    def text():
+        return " ".join(rng.choice(words) for _ in range(rng.randint(0, 30)))
+
+    batch = []
+    for k in range(60):
+        msgs = [{"role": "system", "content": text()}] if k % 3 == 0 else []
+        for _ in range(rng.randint(1, 3)):
+            msgs.append({"role": "user", "content": text()})
+            msgs.append({"role": "assistant", "content": rng.choice(list(ANSWERS.values())) if k % 2 else text()})
+        msgs.append({"role": "user", "content": text()})
+        batch.append(msgs)
+    for thinking in (True, False):
+        r = Renderer(str(tiny_model_dir), enable_thinking=thinking)
+        assert r._backend_for_ids() is not None  # the fast path is the one tested here
+        expected = [reference_ids(tiny_tokenizer, m, enable_thinking=thinking)[0] for m in batch]
+        assert r.prompt_ids_many(batch) == expected
+        r.tokenizer.backend_tokenizer.enable_truncation(8)
+        assert r._backend_for_ids() is None
+        assert r.prompt_ids_many(batch) == expected  # the tokenizer call turns the truncation off again

@@ -62,6 +62,7 @@ class Dispatcher:
         self._cap_base: dict[str, int] = {}
         self._cancelled_for_requeue: set[asyncio.Task] = set()
         self._mismatch_alerted: set[str] = set()
+        self._text_alerted: set[str] = set()
         self._started_at = time.time()
         # per worker, (its url, the /generate URL, the request headers): built once, not per request
         self._generate_target: dict[str, tuple[str, URL, CIMultiDict]] = {}
@@ -319,8 +320,15 @@ class Dispatcher:
             "cached_tokens": int(meta.get("cached_tokens") or 0),
             "latency_s": float(latency),
             "worker": w.name,
-            "text": self.renderer.decode(output_ids, ids32=ids32),
+            "text": "",
         }
+        row["text"], refused = self.renderer.answer_text(output_ids, ids32, data.get("text"))
+        if refused and w.name not in self._text_alerted:
+            self._text_alerted.add(w.name)
+            self.emit(AlertEvent(
+                severity="warning", text=f"{w.name}: /generate text does not match output_ids; decoding them here",
+                evidence=f"{item.sample_id}: {len(output_ids)} ids, server text {len(data['text'])} chars",
+                key=f"text-mismatch:{w.name}"))
         answer = None
         if self.cfg.turns == "all" and not item.is_last_turn:
             answer = self.renderer.history_answer(output_ids)

@@ -168,7 +168,9 @@ class Renderer:
         """prompt_ids for several conversations at once (the Rust tokenizer encodes the batch in parallel)."""
         if not messages_list:
             return []
-        texts = [self.prompt_text(m) for m in messages_list]
+        # one batched apply_chat_template: the same per-conversation render, without its per-call overhead
+        texts = self.tokenizer.apply_chat_template(
+            list(messages_list), tokenize=False, add_generation_prompt=True, enable_thinking=self.enable_thinking)
         backend = self._backend_for_ids()
         if backend is not None:
             return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from engine.config import ConfigError, RunConfig, load_config
 from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
-from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, SHARD_SCHEMA
+from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 
 SCHEMA = "regen.plan/1"
 BOOTSTRAP_ROUNDS = 2000
@@ -234,7 +234,8 @@ def measure_bytes_per_token(renderer, rendered, outputs: Sequence[Sequence[int]]
     table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
     with tempfile.TemporaryDirectory(prefix="regen-plan-") as tmp:
         path = Path(tmp) / "part.parquet"
-        pq.write_table(table, path, compression=PART_COMPRESSION, use_dictionary=PART_DICTIONARY)
+        pq.write_table(table, path, compression=PART_COMPRESSION, use_dictionary=PART_DICTIONARY,
+                       write_statistics=PART_STATISTICS)
         size = path.stat().st_size
     tokens = sum(r["prompt_len"] + r["output_len"] for r in rows)
     what = "pilot outputs" if outputs else "sampled prompts"

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.answer_shape import THINK_CLOSE, THINK_OPEN, is_empty_answer
-from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, SHARD_SCHEMA
+from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 
 STATE_DB = "state.sqlite"
 SHARDS_DIR = "shards"
@@ -427,7 +427,8 @@ class ShardStore:
             _fsync_dir(self.shards_dir)
         try:
             with open(tmp, "xb") as f:
-                pq.write_table(table, f, compression=PART_COMPRESSION, use_dictionary=PART_DICTIONARY)
+                pq.write_table(table, f, compression=PART_COMPRESSION, use_dictionary=PART_DICTIONARY,
+                               write_statistics=PART_STATISTICS)
                 f.flush()
                 os.fsync(f.fileno())
                 return f.tell()

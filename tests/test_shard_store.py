@@ -65,6 +65,9 @@ def test_commit_writes_a_zstd_part_with_the_shard_schema(store, tmp_path):
     assert not columns["input_ids.list.element"].has_dictionary_page
     assert not columns["loss_mask.list.element"].has_dictionary_page
     assert columns["sample_id"].has_dictionary_page and columns["text"].has_dictionary_page
+    # min/max statistics for the scalar and id columns, none over the token ids, masks and text
+    assert not any(columns[c].is_stats_set for c in ("input_ids.list.element", "loss_mask.list.element", "text"))
+    assert columns["sample_id"].statistics.min == "a#turn0" and columns["output_len"].statistics.max == 7
     assert info.bytes == (tmp_path / info.path).stat().st_size
     assert store.is_committed("a#turn0") and store.is_committed("b#turn0") and not store.is_committed("c#turn0")
     assert store.committed_count() == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import struct
 import time
@@ -365,10 +366,16 @@ def int32_array(values: list) -> array:
     TypeError / OverflowError, so a bad reply gets the same error text as before."""
     out = array("i")
     try:
-        out.frombytes(struct.pack(f"{len(values)}i", *values))
+        out.frombytes(_int32_packer(len(values)).pack(*values))
     except struct.error:
         return array("i", values)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _int32_packer(n: int) -> struct.Struct:
+    # struct's own cache of compiled formats holds 100: answer lengths vary over thousands of values
+    return struct.Struct(f"{n}i")
 
 
 def _margin(w, base: int) -> int:

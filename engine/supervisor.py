@@ -585,7 +585,19 @@ def _load_and_run(run_dir: Path) -> int:
     except OSError as exc:
         log.error("cannot prepare run dir %s: %s", run_dir, exc)
         return EXIT_CONFIG
+    _single_cpu_tokenizer()
     return asyncio.run(Supervisor(cfg, run_dir).run())
+
+
+def _single_cpu_tokenizer() -> None:
+    """On one CPU the Rust tokenizer's thread pool only adds hand-offs (~10% of a prompt's encode):
+    turn it off there, unless the operator set TOKENIZERS_PARALLELISM."""
+    try:
+        one_cpu = len(os.sched_getaffinity(0)) == 1
+    except (AttributeError, OSError):
+        one_cpu = os.cpu_count() == 1
+    if one_cpu:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,3 +96,19 @@ def test_control_socket_replies_and_is_private(tmp_path):
     assert err == {"ok": False, "error": "unknown shard(s): s9"}
     assert unknown["ok"] is False and "unknown op 'explode'" in unknown["error"]
     assert not Path(sock).exists()
+
+
+def test_the_tokenizer_thread_pool_is_off_on_one_cpu_unless_the_operator_set_it(monkeypatch):
+    import gc
+
+    from engine import supervisor
+
+    for cpus, preset, expected in (({0}, None, "false"), ({0, 1}, None, None), ({3}, "true", "true")):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, cpus=cpus: cpus)
+        if preset is None:
+            monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+        else:
+            monkeypatch.setenv("TOKENIZERS_PARALLELISM", preset)
+        supervisor._single_cpu_tokenizer()
+        assert os.environ.get("TOKENIZERS_PARALLELISM") == expected, (cpus, preset)
+    assert supervisor.GC_THRESHOLDS[0] > gc.get_threshold()[0]  # young collections made rarer after the freeze

@@ -185,8 +185,7 @@ class Committer:
         """Every sample of the shard not settled yet is in its buffer (or in the commit in flight):
         no later row can join this part, so waiting for max_age_s would only delay the same part
         (the tail of a shard, and the end of a run, by up to max_age_s)."""
-        shards = getattr(self.plan, "shards", None)
-        counts = shards.get(shard_id) if shards else None
+        counts = self.plan.shards.get(shard_id)
         if counts is None:
             return False
         job = self._job

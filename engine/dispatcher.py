@@ -65,7 +65,9 @@ class Dispatcher:
         self._mismatch_alerted: set[str] = set()
         self._text_alerted: set[str] = set()
         self._started_at = time.time()
-        # per worker, (its url, the /generate URL, the request headers): built once, not per request
+        # per worker, (its url, the /generate URL, the request headers), built once in aiohttp's own types
+        # (yarl's URL, multidict's CIMultiDict, both aiohttp's dependencies): handed a str and a dict,
+        # aiohttp parses the URL and copies the headers again on every request
         self._generate_target: dict[str, tuple[str, URL, CIMultiDict]] = {}
         self._request_timeout = aiohttp.ClientTimeout(total=cfg.dispatch.request_timeout_s)
         for w in workers:
@@ -315,7 +317,7 @@ class Dispatcher:
             "loss_mask": STANDARD_MASK,  # [0] * prompt_len + [1] * output_len, built by the store from the lengths
             "prompt_len": prompt_len,
             "output_len": len(output_ids),
-            "reasoning_tokens": self.renderer.reasoning_tokens(output_ids, ids32=ids32),
+            "reasoning_tokens": self.renderer.reasoning_tokens(ids32),
             "finish_reason": finish_type or "unknown",
             "completion_tokens": int(completion) if isinstance(completion, int) else len(output_ids),
             "cached_tokens": int(meta.get("cached_tokens") or 0),
@@ -323,7 +325,7 @@ class Dispatcher:
             "worker": w.name,
             "text": "",
         }
-        row["text"], refused = self.renderer.answer_text(output_ids, ids32, data.get("text"))
+        row["text"], refused = self.renderer.answer_text(ids32, data.get("text"))
         if refused and w.name not in self._text_alerted:
             self._text_alerted.add(w.name)
             self.emit(AlertEvent(

@@ -206,17 +206,15 @@ class Renderer:
         """The largest max_new_tokens <= the configured one that SGLang accepts (0: prompt too long)."""
         return max(0, min(max_new_tokens, self.context_length - len(prompt_ids) - 1))
 
-    def decode(self, ids: Sequence[int], *, ids32: array | None = None) -> str:
-        """`ids32`: the same ids as an int32 array('i') when the caller has one (a faster bounds check)."""
+    def decode(self, ids: Sequence[int] | array) -> str:
+        """decode(ids, skip_special_tokens=False): a list of ids, or an int32 array('i') of them."""
         if self._backend is None:
             return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-        self._table()
-        ids = ids if isinstance(ids, list) else list(ids)
-        text = self._byte_table.decode(ids, ids32=ids32) if self._byte_table is not None else None
-        return text if text is not None else self._backend.decode(ids, skip_special_tokens=False)
+        text = self._table().decode(ids) if self._table() is not None else None
+        return text if text is not None else self._backend.decode(list(ids), skip_special_tokens=False)
 
-    def answer_text(self, output_ids: Sequence[int], ids32: array, server_text: object) -> tuple[str, bool]:
-        """The answer's text, decode(output_ids): SGLang's own `text` for these ids (it decodes every
+    def answer_text(self, ids32: array, server_text: object) -> tuple[str, bool]:
+        """The answer's text, decode(ids32) (the output ids as an int32 array('i')): SGLang's own `text` for these ids (it decodes every
         answer already; a second decode here was ~1/8 of the engine's CPU per answer) when its UTF-8
         byte count is the ids' (the count tells a text that is not theirs, e.g. one decoded with the
         special tokens skipped), else decoded here. Also whether a server text was there and was not
@@ -227,8 +225,8 @@ class Renderer:
             if text is not None:
                 return text, False
             refused = "\ufffd" not in server_text and self._byte_table.checkable(ids32)
-            return self.decode(output_ids, ids32=ids32), refused
-        return self.decode(output_ids, ids32=ids32), False
+            return self.decode(ids32), refused
+        return self.decode(ids32), False
 
     def _table(self):
         if not self._byte_table_built and self._backend is not None:
@@ -247,9 +245,9 @@ class Renderer:
     def history_answer(self, output_ids: Sequence[int]) -> str:
         return self.decode(self.strip_eos(output_ids))
 
-    def reasoning_tokens(self, output_ids: Sequence[int], *, ids32: array | None = None) -> int:
-        """Tokens inside <think>..</think> (to the end when unclosed; eos excluded). `ids32`: the same
-        ids as an int32 array('i') when the caller has one: the searches then run in numpy."""
+    def reasoning_tokens(self, output_ids: Sequence[int] | array) -> int:
+        """Tokens inside <think>..</think> (to the end when unclosed; eos excluded). An int32
+        array('i') of the ids is searched in numpy."""
         if self.think_close_id is None and self.think_open_id is None:
             return 0
         ids = output_ids  # no copy: trailing eos ids are cut off by the search bound n
@@ -257,8 +255,8 @@ class Renderer:
         eos = self._eos_set
         while n and ids[n - 1] in eos:
             n -= 1
-        if ids32 is not None and ids32.typecode == "i" and len(ids32) == len(ids):
-            find = _finder(np.frombuffer(ids32, dtype=np.intc))
+        if isinstance(ids, array) and ids.typecode == "i":
+            find = _finder(np.frombuffer(ids, dtype=np.intc))
         else:
             find = _list_finder(ids)
         start = None

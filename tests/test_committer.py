@@ -22,6 +22,7 @@ from tests.test_shard_store import make_row
 class FakePlan:
     def __init__(self, turns: str = "last"):
         self.cfg = SimpleNamespace(turns=turns)
+        self.shards: dict = {}  # no shard counts: every part waits for max_rows / max_age_s
         self.committed: list[tuple[str, int]] = []  # (sample id, thread id)
 
     def on_committed(self, item, answer) -> None:

@@ -53,7 +53,7 @@ def test_reasoning_tokens_matches_the_reference(renderer):
             expected = reference_reasoning_tokens(renderer, ids)
             assert renderer.reasoning_tokens(ids) == expected, (ids, opens)
             # the dispatcher's form: the same ids as an int32 array too, searched in numpy
-            assert renderer.reasoning_tokens(ids, ids32=array("i", ids)) == expected, (ids, opens)
+            assert renderer.reasoning_tokens(array("i", ids)) == expected, (ids, opens)
     renderer.prompt_opens_think = False
 
 
@@ -68,9 +68,9 @@ def test_table_decode_edges(renderer, tiny_tokenizer):
     assert table.decode([vocab]) is None and table.decode([1, vocab + 5]) is None
     # with the ids as an int32 array as well (the dispatcher's form): the same texts, the same refusals
     for ids in ([], [5], [5, 6], [renderer.think_open_id], list(range(50)), [-1], [3, -2], [vocab], [1, vocab + 5]):
-        assert table.decode(ids, ids32=array("i", ids)) == table.decode(ids)
+        assert table.decode(array("i", ids)) == table.decode(ids)
         if min(ids, default=0) >= 0 and max(ids, default=0) < vocab:
-            assert renderer.decode(ids, ids32=array("i", ids)) == tiny_tokenizer.decode(ids, skip_special_tokens=False)
+            assert renderer.decode(array("i", ids)) == tiny_tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def test_int32_array_equals_array_and_refuses_the_same_values():

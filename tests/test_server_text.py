@@ -33,23 +33,23 @@ def test_the_server_text_whole_or_without_its_stop_token_is_taken(renderer, tiny
     for answer in ANSWERS:
         ids = tiny_tokenizer(answer, add_special_tokens=False).input_ids
         want = decoded(tiny_tokenizer, ids)
-        assert renderer.answer_text(ids, array("i", ids), want) == (want, False)
+        assert renderer.answer_text(array("i", ids), want) == (want, False)
         if ids and ids[-1] in renderer.eos_ids:  # SGLang cuts the matched stop token from its text
             trimmed = decoded(tiny_tokenizer, ids[:-1])
-            assert renderer.answer_text(ids, array("i", ids), trimmed) == (want, False)
+            assert renderer.answer_text(array("i", ids), trimmed) == (want, False)
 
 
 def test_a_text_that_is_not_the_ids_is_decoded_here_and_reported(renderer, tiny_tokenizer):
     ids = tiny_tokenizer(ANSWERS[1], add_special_tokens=False).input_ids
     want = decoded(tiny_tokenizer, ids)
     for other in (want[:-1], want + "x", want.replace("<think>", ""), "", "Done.", want.replace("OK", "ok!")):
-        assert renderer.answer_text(ids, array("i", ids), other) == (want, True), other
+        assert renderer.answer_text(array("i", ids), other) == (want, True), other
     # a character split over ids: only a decode tells the text, so nothing to report either way
     split = tiny_tokenizer(ANSWERS[0], add_special_tokens=False).input_ids
-    assert renderer.answer_text(split, array("i", split), "something else") == (decoded(tiny_tokenizer, split), False)
+    assert renderer.answer_text(array("i", split), "something else") == (decoded(tiny_tokenizer, split), False)
     # a trimmed text is only taken when the last id is a stop token
     no_eos = ids[:-1]
-    assert renderer.answer_text(no_eos, array("i", no_eos), decoded(tiny_tokenizer, no_eos[:-1])) == (
+    assert renderer.answer_text(array("i", no_eos), decoded(tiny_tokenizer, no_eos[:-1])) == (
         decoded(tiny_tokenizer, no_eos), True)
 
 
@@ -57,18 +57,18 @@ def test_no_server_text_or_broken_utf8_is_decoded_here_without_a_report(renderer
     ids = tiny_tokenizer("中文🙂", add_special_tokens=False).input_ids
     for part in [ids[:k] for k in range(len(ids) + 1)] + [ids[k:] for k in range(len(ids))] + [ids[::-1]]:
         want = decoded(tiny_tokenizer, part)
-        text, refused = renderer.answer_text(part, array("i", part), want)
+        text, refused = renderer.answer_text(array("i", part), want)
         assert text == want and not refused
-        assert renderer.answer_text(part, array("i", part), None) == (want, False)
+        assert renderer.answer_text(array("i", part), None) == (want, False)
         if "\ufffd" in want:  # the server replaced broken bytes: how, only a decode here says
-            assert renderer.answer_text(part, array("i", part), want.replace("\ufffd", "?")) == (want, False)
+            assert renderer.answer_text(array("i", part), want.replace("\ufffd", "?")) == (want, False)
 
 
 def test_ids_outside_the_table_are_decoded_by_the_tokenizer(renderer, tiny_tokenizer):
     size = tiny_tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
     ids = [5, size + 10, 6]
     want = decoded(tiny_tokenizer, ids)
-    assert renderer.answer_text(ids, array("i", ids), want)[0] == want
+    assert renderer.answer_text(array("i", ids), want)[0] == want
     assert renderer._byte_table.adopt("x", array("i", [-1]), trimmed_last=True) is None
 
 
@@ -79,7 +79,7 @@ def test_random_answers_agree_with_the_tokenizer(renderer, tiny_tokenizer):
         ids = [rng.randrange(size) for _ in range(rng.randint(0, 300))] + [renderer.eos_ids[0]]
         want = decoded(tiny_tokenizer, ids)
         for server in (want, decoded(tiny_tokenizer, ids[:-1])):
-            assert renderer.answer_text(ids, array("i", ids), server)[0] == want
+            assert renderer.answer_text(array("i", ids), server)[0] == want
 
 
 # -- through the dispatcher: the row the committer gets, the alert the operator sees --------------------

@@ -325,7 +325,8 @@ class Dispatcher:
             "worker": w.name,
             "text": "",
         }
-        row["text"], refused = self.renderer.answer_text(ids32, data.get("text"))
+        matched = finish.get("matched") if isinstance(finish, dict) else None
+        row["text"], refused = self.renderer.answer_text(ids32, data.get("text"), matched)
         if refused and w.name not in self._text_alerted:
             self._text_alerted.add(w.name)
             self.emit(AlertEvent(

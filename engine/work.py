@@ -437,7 +437,10 @@ class WorkPlan:
                 self._defer(sid, conv.index)
                 continue
             turns = self.renderer.user_turns(conv, self.cfg.turns)
-            remaining = [t for t in turns if not self.store.is_committed(sample_id(conv.conversation_id, t))]
+            if self.shards[sid].done:
+                remaining = [t for t in turns if not self.store.is_committed(sample_id(conv.conversation_id, t))]
+            else:
+                remaining = turns  # nothing of this shard is committed yet: no sqlite lookup per sample
             if not remaining:
                 continue
             state = _ConvState(conv=conv, shard_id=sid, turns=remaining)

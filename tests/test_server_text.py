@@ -47,10 +47,12 @@ def test_a_text_that_is_not_the_ids_is_decoded_here_and_reported(renderer, tiny_
     # a character split over ids: only a decode tells the text, so nothing to report either way
     split = tiny_tokenizer(ANSWERS[0], add_special_tokens=False).input_ids
     assert renderer.answer_text(array("i", split), "something else") == (decoded(tiny_tokenizer, split), False)
-    # a trimmed text is only taken when the last id is a stop token
+    # a trimmed text is only taken when the last id is a stop token: an eos, or the one SGLang says it matched
     no_eos = ids[:-1]
     assert renderer.answer_text(array("i", no_eos), decoded(tiny_tokenizer, no_eos[:-1])) == (
         decoded(tiny_tokenizer, no_eos), True)
+    assert renderer.answer_text(array("i", no_eos), decoded(tiny_tokenizer, no_eos[:-1]), no_eos[-1]) == (
+        decoded(tiny_tokenizer, no_eos), False)
 
 
 def test_no_server_text_or_broken_utf8_is_decoded_here_without_a_report(renderer, tiny_tokenizer):

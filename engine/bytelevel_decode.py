@@ -7,6 +7,9 @@ same with one join: ~10x faster than the Rust call on 4000-token answers, which 
 core ingests ~10^6 tokens/s. Used only when the tokenizer's decoder is exactly ByteLevel and a
 check on sample sequences (every id once, special tokens, broken UTF-8) agrees with the real decode;
 otherwise `build()` returns None and the caller keeps the tokenizer's own decode.
+
+`adopt()` takes the server's own decoded text instead when the table's byte counts show it is the
+text of those ids (SGLang returns one with every answer): no decode at all for most answers.
 """
 from __future__ import annotations
 

@@ -210,15 +210,16 @@ class Renderer:
         """decode(ids, skip_special_tokens=False): a list of ids, or an int32 array('i') of them."""
         if self._backend is None:
             return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-        text = self._table().decode(ids) if self._table() is not None else None
+        table = self._table()
+        text = table.decode(ids) if table is not None else None
         return text if text is not None else self._backend.decode(list(ids), skip_special_tokens=False)
 
     def answer_text(self, ids32: array, server_text: object, matched_stop: object = None) -> tuple[str, bool]:
-        """The answer's text, decode(ids32) (the output ids as an int32 array('i')): SGLang's own `text` for these ids (it decodes every
-        answer already; a second decode here was ~1/8 of the engine's CPU per answer) when its UTF-8
-        byte count is the ids' (the count tells a text that is not theirs, e.g. one decoded with the
-        special tokens skipped), else decoded here. Also whether a server text was there and was not
-        taken where it could be judged (the caller alerts: a server whose text is not its ids' is news)."""
+        """The answer's text, decode(ids32) for the output ids as an int32 array('i'): SGLang's own
+        `text` for them (it decodes every answer already; a second decode here was ~1/8 of the
+        engine's CPU per answer) when its UTF-8 byte count is the ids' (the count tells a text that is
+        not theirs, e.g. one decoded with the special tokens skipped), else decoded here. Also whether
+        a server text was there and was not taken where it could be judged (the caller alerts)."""
         if isinstance(server_text, str) and self._table() is not None:
             # SGLang cuts the stop token it matched (finish_reason.matched, an id) from its text
             stop_last = bool(len(ids32)) and (ids32[-1] in self._eos_set or ids32[-1] == matched_stop)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -200,9 +201,21 @@ async def test_tui_preflight_probes_every_host_under_its_name(tmp_path, tiny_mod
         await transport.close()
 
 
+def _server_lines(host) -> list[str]:
+    return [line for log in host.work_dir.glob("workers/*/server.log")
+            for line in log.read_text(errors="replace").splitlines()]
+
+
 def _generate_lines(host) -> int:
-    return sum(1 for log in host.work_dir.glob("workers/*/server.log")
-               for line in log.read_text(errors="replace").splitlines() if "POST /generate" in line)
+    """Requests the host's servers answered (the access line is written when the answer is sent)."""
+    return sum(1 for line in _server_lines(host) if "POST /generate" in line)
+
+
+def _idle(host) -> bool:
+    """Every request the host's servers admitted (the scheduler's `#new-seq: N` lines) is answered,
+    so nothing runs or waits there: a request sent to it later can only be new."""
+    admitted = sum(int(m.group(1)) for line in _server_lines(host) if (m := re.search(r"#new-seq: (\d+)", line)))
+    return admitted == _generate_lines(host)
 
 
 def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_dir, sim_hosts, supervisors,
@@ -226,7 +239,8 @@ def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_di
     assert json.loads(r.stdout)["result"]["state"] == "drained"
     wait_for(lambda: len((status(run_dir) or {}).get("router", {}).get("members") or [1, 1]) == 1, 30,
              "h2 out of the router", sup)
-    time.sleep(5)  # requests already on h2 finish (and are committed)
+    # the requests already on h2 finish (the long tail of the output lengths can take several seconds)
+    wait_for(lambda: _idle(sim_hosts.host("h2")), 120, "h2's requests answered", sup)
     served = _generate_lines(sim_hosts.host("h2"))
     done_before = status(run_dir)["dispatch"]["done"]
     wait_for(lambda: status(run_dir)["dispatch"]["done"] >= done_before + 30, 120, "progress on h1 alone", sup)

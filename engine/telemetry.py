@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import psutil
 
@@ -36,6 +36,8 @@ class Telemetry:
         self.shards: dict[str, ShardEvent] = {}
         self.alerts: collections.deque[AlertEvent] = collections.deque(maxlen=50)
         self._active_conditions: set[str] = set()
+        # called with every event after it is recorded (e.g. the notifier); must not raise or block
+        self.listeners: list[Callable[[Event], None]] = []
 
     def emit(self, event: Event) -> None:
         if isinstance(event, DispatchEvent):
@@ -61,6 +63,8 @@ class Telemetry:
         except OSError as exc:
             # telemetry must not take the run down (a full disk is handled by the disk guard)
             log.error("cannot write %s: %s", self.path, exc)
+        for listener in self.listeners:
+            listener(event)
 
     def condition(self, key: str, active: bool, severity: str, text: str, evidence: str = "") -> None:
         """Alert once when a watched condition becomes true; re-arm when it clears."""

@@ -44,7 +44,7 @@ class GpuEvent(Event):
 class WorkerEvent(Event):
     type: ClassVar[str] = "worker"
     name: str = ""
-    state: str = "starting"  # starting | loading | ready | crashed | failed | stopped
+    state: str = "starting"  # starting | loading | ready | crashed | failed | stopped | refused
     url: str = ""
     gpus: list[int] = field(default_factory=list)
     pid: int | None = None
@@ -103,8 +103,31 @@ class AlertEvent(Event):
     key: str = ""  # stable key so the console can de-duplicate repeats
 
 
+@dataclass
+class FatalEvent(Event):
+    """The supervisor cannot go on: why, where and what to do. Also kept in the run dir (last state)."""
+    type: ClassVar[str] = "fatal"
+    exc_type: str = ""  # e.g. PromptFileError, RenderError, OSError
+    message: str = ""  # the exception's text, with the path it names
+    path: str | None = None  # the file or dir involved, when there is one
+    remedy: str = ""  # what the operator does about it
+    phase: str = ""  # start | run | shutdown
+
+
+@dataclass
+class RunEndEvent(Event):
+    """The supervisor's last word: how the run ended (emitted once, just before exit)."""
+    type: ClassVar[str] = "run_end"
+    state: str = "done"  # done | drained | stopped | failed
+    exit_code: int = 0
+    cause: str = ""  # for failed: the fatal message or the critical alert that ended it
+    done: int = 0
+    total: int = 0
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.type: cls for cls in (GpuEvent, WorkerEvent, DispatchEvent, DiskEvent, ShardEvent, AlertEvent)
+    cls.type: cls for cls in (GpuEvent, WorkerEvent, DispatchEvent, DiskEvent, ShardEvent, AlertEvent,
+                              FatalEvent, RunEndEvent)
 }
 
 

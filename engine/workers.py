@@ -47,6 +47,9 @@ class WorkerState:
     CRASHED = "crashed"
     FAILED = "failed"
     STOPPED = "stopped"
+    # the port is held by a process regen did not launch, or the server that answers cannot prove it is
+    # the one launched: nothing is sent to it; `error` names the holder and the remedy
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,12 @@
-"""regen status HOST --run-dir DIR [--json]: state, tok/s, done/total, ETA, workers, shards, alerts."""
+"""regen status HOST --run-dir DIR [--json]: state, tok/s, done/total, ETA, workers, shards, alerts.
+
+A run whose supervisor is gone is shown from what its run dir recorded, the cause first: a failed
+run's `failed: <type>: <message>` with the path, the remedy and the log; a stopped run's command to
+resume it; a supervisor that died without a word (killed) with the last lines of its log.
+"""
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -8,13 +14,32 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from console.cause import NOT_RUNNING_STATES, is_running, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
 from console.run_client import RunClientError
+
+# exit codes of `regen status` (1 and 2 are every run command's: an error reply, nothing reachable there)
+EXIT_RUN_FAILED = 3  # the supervisor is gone and recorded why (fatal.json): `failed: ...` is printed first
+EXIT_NOT_RUNNING = 4  # the supervisor is gone without a fault recorded: stopped, drained, or killed (dead)
+EXIT_CODES = """exit status:
+  0  a supervisor runs this run dir (any state), or the run is done
+  1  the host answered with an error
+  2  nothing to reach: host unreachable, or no run at that run dir
+  3  the run failed: its supervisor recorded the cause (shown first; --json: "fatal")
+  4  the run is not running and recorded no fault: stopped, drained, or killed (state "dead")"""
 
 
 def add_arguments(parser) -> None:
     add_host_args(parser)
-    parser.add_argument("--json", action="store_true", help="print the supervisor's status as JSON")
+    parser.add_argument("--json", action="store_true", help="print the status as JSON (with `running` and `fatal`)")
+    parser.epilog = EXIT_CODES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def exit_code_of(status: dict) -> int:
+    if is_running(status) or status.get("state") == "done":
+        return EXIT_OK
+    return EXIT_RUN_FAILED if status.get("fatal") else EXIT_NOT_RUNNING
 
 
 def run(args) -> int:
@@ -25,14 +50,16 @@ def run(args) -> int:
             if exc.kind != "unreachable" or "no supervisor" not in str(exc):
                 raise
             try:
-                status = await client.last_status()  # finished or killed: what the run dir recorded
+                status = await client.last_status()  # finished, failed or killed: what the run dir recorded
             except RunClientError:
                 raise exc from None
+        status.setdefault("running", is_running(status))  # an engine from before these fields
+        status.setdefault("fatal", None)
         if args.json:
             print(json.dumps(status, indent=2))
         else:
-            Console().print(render_status(status))
-        return EXIT_OK
+            Console().print(render_status(status, host=args.host, ssh_config=args.ssh_config))
+        return exit_code_of(status)
 
     return run_with_client(args, call)
 
@@ -52,24 +79,40 @@ def eta_text(done: int, total: int, tokens_per_s: float, output_tokens: int) -> 
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def progress_line(d: dict) -> str:
+def progress_line(d: dict, state: str | None = None, running: bool = True) -> str:
+    """Done/total and the rates; a run that is not running has no tok/s, in-flight count or ETA ("-")."""
     done, total = d.get("done", 0), d.get("total", 0)
     pct = 100.0 * done / total if total else 100.0
-    return (f"{d.get('state')}: {done}/{total} samples ({pct:.1f}%), {d.get('in_flight', 0)} in flight,"
-            f" {d.get('tokens_per_s', 0.0):.0f} tok/s, failed {d.get('failed', 0)}, rejected {d.get('rejected', 0)},"
-            f" retried {d.get('retried', 0)}, ETA {eta_text(done, total, d.get('tokens_per_s', 0.0), d.get('output_tokens', 0))}")
+    state = state or d.get("state")
+    moving = running and state not in NOT_RUNNING_STATES
+    rates = (f"{d.get('in_flight', 0)} in flight, {d.get('tokens_per_s', 0.0):.0f} tok/s" if moving
+             else "- in flight, - tok/s")
+    eta = eta_text(done, total, d.get("tokens_per_s", 0.0), d.get("output_tokens", 0)) if moving else "-"
+    return (f"{state}: {done}/{total} samples ({pct:.1f}%), {rates}, failed {d.get('failed', 0)},"
+            f" rejected {d.get('rejected', 0)}, retried {d.get('retried', 0)}, ETA {eta}")
 
 
-def render_status(s: dict) -> Group:
+def render_status(s: dict, host: str | None = None, ssh_config: str | None = None) -> Group:
     d = s.get("dispatch") or {}
+    running = is_running(s)
     head = Text()
+    if not running:
+        for line in not_running_lines(s, host or s.get("host") or "HOST", ssh_config=ssh_config):
+            head.append(line + "\n", style="bold red" if line.startswith("failed:") else
+                        ("bold yellow" if not line.startswith("  ") else ""))
     head.append(f"{s.get('host')}:{s.get('run_dir')}  ", style="bold")
-    head.append(f"state {s.get('state')}", style="bold green" if s.get("state") in ("running", "done") else "bold yellow")
-    if s.get("offline"):
-        head.append("  supervisor not running: the last state recorded in the run dir\n", style="yellow")
+    state = s.get("state")
+    head.append(f"state {state}", style="bold green" if state in ("running", "done") else
+                ("bold red" if state in ("failed", "dead") else "bold yellow"))
+    if not running:
+        last = s.get("last_state")
+        was = f" (its last recorded state: {last})" if last and last != state else ""
+        head.append(f"  supervisor not running: the last state recorded in the run dir{was}\n", style="yellow")
     else:
         head.append(f"  pid {s.get('pid')}  up {time.time() - s.get('started_at', time.time()):.0f} s\n")
-    head.append(progress_line(d) if d else "no dispatch yet")
+    head.append(progress_line(d, state, running) if d else "no dispatch yet")
+    for problem in s.get("write_errors") or []:
+        head.append(f"\ncannot write {problem}", style="bold red")
     multi = any(w.get("host") for w in s.get("workers", []))
     workers = Table(title="workers" + (" (by host)" if multi else ""), expand=False)
     if multi:

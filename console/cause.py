@@ -57,5 +57,4 @@ def not_running_lines(status: dict[str, Any], host: str, *, ssh_config: str | No
     if state == "done":
         return ["done: every sample is settled"]
     end = status.get("run_end") or {}
-    why = f" ({end['cause']})" if end.get("cause") else ""
-    return [f"{state}{why}; resume with: {hint}"]
+    return [f"{state}: {end['cause']}; resume with: {hint}" if end.get("cause") else f"{state}; resume with: {hint}"]

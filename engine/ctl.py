@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-LOG_TAIL_LINES = 5
+LOG_TAIL_LINES = 3
 ENDED_STATES = ("done", "stopped", "failed")  # a last dispatch state that was final (before run_end events)
 
 
@@ -148,7 +148,7 @@ def last_status(run_dir: Path) -> int:
         state = "dead"
     if dispatch is not None:
         dispatch = dict(dispatch, in_flight=0, tokens_per_s=0.0)  # nothing is in flight without a supervisor
-    result = {"run_dir": str(run_dir.resolve()), "state": state, "running": False, "offline": True,
+    result = {"run_dir": str(run_dir.resolve()), "state": state, "running": False, "offline": True, "checked_at": time.time(),
               "fatal": fatal.to_dict() if fatal is not None else None, "run_end": ended,
               "last_state": last_dispatch_state, "log": str(log_path), "pid": None,
               "log_tail": _log_tail(log_path) if state == "dead" else [],

@@ -87,7 +87,7 @@ def last_status(run_dir: Path) -> int:
     what, where, the remedy), done / drained / stopped (its `run_end` event), or dead (no cause recorded: killed;
     `log_tail` has the last lines of supervisor.log)."""
     from engine.fatal import read_fatal
-    from engine.rejects import RejectLog
+    from engine.rejects import RejectLog, RejectLogError
     from engine.shard_store import ShardStore
 
     fatal = read_fatal(run_dir)
@@ -96,13 +96,16 @@ def last_status(run_dir: Path) -> int:
     if not has_store and fatal is None and not log_path.exists():
         print(f"{run_dir} holds no state.sqlite: not a run dir, or the run never started", file=sys.stderr)
         return EXIT_UNREACHABLE
-    progress = []
+    progress, read_errors = [], []
     if has_store:
-        store = ShardStore(run_dir)
-        try:
-            progress = store.progress()
-        finally:
-            store.close()
+        try:  # a full disk (the reason the run died, perhaps) must not hide its recorded cause
+            store = ShardStore(run_dir)
+            try:
+                progress = store.progress()
+            finally:
+                store.close()
+        except OSError as exc:
+            read_errors.append(f"shard store: {exc}")
     dispatch, alerts, started, run_end, after_end = None, [], None, None, False
     try:
         with open(run_dir / "telemetry.jsonl", "rb") as f:
@@ -127,8 +130,11 @@ def last_status(run_dir: Path) -> int:
         pass  # stopped before its first event
     reject_info = {"total": 0, "by_reason": {}}
     if has_store:
-        with RejectLog(run_dir) as rejects:
-            reject_info = {"total": rejects.count, "by_reason": rejects.counts_by_reason()}
+        try:
+            with RejectLog(run_dir) as rejects:
+                reject_info = {"total": rejects.count, "by_reason": rejects.counts_by_reason()}
+        except (OSError, RejectLogError) as exc:
+            read_errors.append(f"reject log: {exc}")
     shards = []
     for p in progress:
         done = p.total_samples is not None and p.done_samples >= p.total_samples
@@ -153,7 +159,8 @@ def last_status(run_dir: Path) -> int:
               "last_state": last_dispatch_state, "log": str(log_path), "pid": None,
               "log_tail": _log_tail(log_path) if state == "dead" else [],
               "started_at": started, "host": os.uname().nodename, "dispatch": dispatch, "workers": [],
-              "shards": shards, "gpus": [], "disk": [], "alerts": alerts[-20:], "rejects": reject_info}
+              "shards": shards, "gpus": [], "disk": [], "alerts": alerts[-20:], "rejects": reject_info,
+              "read_errors": read_errors}
     sys.stdout.write(orjson.dumps({"ok": True, "result": result}).decode() + "\n")
     return EXIT_OK
 

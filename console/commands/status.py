@@ -113,6 +113,8 @@ def render_status(s: dict, host: str | None = None, ssh_config: str | None = Non
     head.append(progress_line(d, state, running) if d else "no dispatch yet")
     for problem in s.get("write_errors") or []:
         head.append(f"\ncannot write {problem}", style="bold red")
+    for problem in s.get("read_errors") or []:
+        head.append(f"\ncannot read the run dir's {problem}", style="bold red")
     multi = any(w.get("host") for w in s.get("workers", []))
     workers = Table(title="workers" + (" (by host)" if multi else ""), expand=False)
     if multi:

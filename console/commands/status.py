@@ -58,7 +58,9 @@ def run(args) -> int:
         if args.json:
             print(json.dumps(status, indent=2))
         else:
-            Console().print(render_status(status, host=args.host, ssh_config=args.ssh_config))
+            console = Console()
+            console.print(cause_block(status, host=args.host, ssh_config=args.ssh_config), soft_wrap=True)
+            console.print(render_status(status))
         return exit_code_of(status)
 
     return run_with_client(args, call)
@@ -92,14 +94,22 @@ def progress_line(d: dict, state: str | None = None, running: bool = True) -> st
             f" rejected {d.get('rejected', 0)}, retried {d.get('retried', 0)}, ETA {eta}")
 
 
-def render_status(s: dict, host: str | None = None, ssh_config: str | None = None) -> Group:
+def cause_block(s: dict, host: str, ssh_config: str | None = None) -> Text:
+    """For a run whose supervisor is gone: why (or that nothing was recorded), and how to start it again. Printed
+    first and unwrapped (soft_wrap), so paths and the command stay whole when copied."""
+    text = Text()
+    if is_running(s):
+        return text
+    for line in not_running_lines(s, host, ssh_config=ssh_config):
+        text.append(line + "\n", style="bold red" if line.startswith("failed:") else
+                    ("bold yellow" if not line.startswith("  ") else ""))
+    return text
+
+
+def render_status(s: dict) -> Group:
     d = s.get("dispatch") or {}
     running = is_running(s)
     head = Text()
-    if not running:
-        for line in not_running_lines(s, host or s.get("host") or "HOST", ssh_config=ssh_config):
-            head.append(line + "\n", style="bold red" if line.startswith("failed:") else
-                        ("bold yellow" if not line.startswith("  ") else ""))
     head.append(f"{s.get('host')}:{s.get('run_dir')}  ", style="bold")
     state = s.get("state")
     head.append(f"state {state}", style="bold green" if state in ("running", "done") else

@@ -151,7 +151,7 @@ def remedy_for(exc: BaseException, path: str | None, run_dir: Path) -> str:
 
 def record_for(exc: BaseException, *, run_dir: Path, phase: str, exit_code: int,
                default_path: str | None = None) -> FatalRecord:
-    path = path_of(exc) or default_path
+    path = path_of(exc) or default_path or (str(run_dir) if is_disk_full(exc) else None)  # a write names no file
     message = str(exc) or repr(exc)
     return FatalRecord(exc_type=type(exc).__name__, message=message, path=path,
                        remedy=remedy_for(exc, path, run_dir), phase=phase, exit_code=exit_code, pid=os.getpid(),

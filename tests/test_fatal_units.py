@@ -50,14 +50,14 @@ def test_record_names_type_message_path_and_remedy(tmp_path):
     (WorkersFailed("every worker failed: gpu0: exit code 1", "/r/workers"), "/r/workers", "server logs"),
     (PermissionError(errno.EACCES, "Permission denied", "/p/x"), "/p/x", "give user"),
     (OSError(errno.ENOSPC, "No space left on device", "/r/state.sqlite"), "/r/state.sqlite", "free space"),
-    (sqlite3.OperationalError("database or disk is full"), None, "free space"),
+    (sqlite3.OperationalError("database or disk is full"), "RUN_DIR", "free space"),  # names no file: the run dir
     (WorkersFailed("every worker failed: gpu0: cannot launch: [Errno 28] No space left on device", "/r/w"), "/r/w",
      "free space"),
     (KeyError("boom"), None, "internal error"),
 ])
 def test_remedy_table(tmp_path, exc, path, remedy):
     r = record_for(exc, run_dir=tmp_path, phase="run", exit_code=1)
-    assert r.path == path and remedy in r.remedy, r.remedy
+    assert r.path == (str(tmp_path) if path == "RUN_DIR" else path) and remedy in r.remedy, r.remedy
     assert r.exc_type == type(exc).__name__ and r.message
 
 

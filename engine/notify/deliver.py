@@ -71,7 +71,7 @@ async def post_webhook(session: aiohttp.ClientSession, url: str, fmt: str, heade
             raise DeliveryError(f"HTTP {resp.status} {resp.reason}: {body or '(empty body)'}{hint}",
                                 permanent=permanent)
     except asyncio.TimeoutError as exc:
-        raise DeliveryError(f"no answer within {timeout_s:g} s (notify.timeout_s)") from exc
+        raise DeliveryError(f"no answer within {timeout_s:.1f} s (notify.timeout_s)") from exc
     except aiohttp.ClientError as exc:
         raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -99,7 +99,7 @@ async def run_command(argv: list[str], n: Notification, timeout_s: float) -> str
             log.info("notify command %s (pid %d) exited as its timeout hit", argv[0], proc.pid)
         out, err = await proc.communicate()
         _log_output(argv, proc.returncode, out, err)
-        raise DeliveryError(f"{argv[0]} still running after {timeout_s:g} s (notify.timeout_s): killed") from exc
+        raise DeliveryError(f"{argv[0]} still running after {timeout_s:.1f} s (notify.timeout_s): killed") from exc
     _log_output(argv, proc.returncode, out, err)
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip()[-300:] or out.decode(errors="replace").strip()[-300:]

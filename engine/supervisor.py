@@ -99,10 +99,12 @@ class Supervisor:
             await self.control.close()
             exc = sys.exc_info()[1]
             state = self.mode if exc is None and self.mode in ("done", "stopped", "failed") else "failed"
-            cause = (f"{type(exc).__name__}: {exc}" if exc is not None else next(
-                (a.text for a in reversed(self.telemetry.alerts) if a.severity == "critical"), "")) if state == "failed" else ""
-            self.emit(RunEndEvent(state=state, exit_code=EXIT_FAILED if exc is not None else self.exit_code, cause=cause,
-                                  done=self.plan.done if self.plan else 0, total=self.plan.total if self.plan else 0))
+            critical = [a.text for a in self.telemetry.alerts if a.severity == "critical"]
+            cause = "" if state != "failed" else f"{type(exc).__name__}: {exc}" if exc is not None else (
+                critical[-1] if critical else "")
+            self.emit(RunEndEvent(state=state, exit_code=EXIT_FAILED if exc is not None else self.exit_code,
+                                  cause=cause, done=self.plan.done if self.plan else 0,
+                                  total=self.plan.total if self.plan else 0))
             if self.notifier is not None:
                 await self.notifier.aclose()  # bounded: notify.flush_timeout_s
             self.telemetry.close()

@@ -335,6 +335,17 @@ async def test_fatal_death_is_one_notification_with_the_cause(receiver):
     assert "remedy: fix prompts in run.toml" in body["text"] and "path: /data/chat.jsonl" in body["evidence"]
 
 
+def test_events_after_the_loop_ended_are_flushed_by_a_sync_close(receiver):
+    """A last word emitted outside any event loop (e.g. after asyncio.run returned) is still sent."""
+    r = receiver()
+    sink = Sink()
+    n = make_notifier(ncfg(url=r.url()), sink)
+    sink.emit(RunEndEvent(state="failed", exit_code=1, cause="every worker failed: the run stops", done=1, total=4))
+    n.close(5)
+    (body,) = r.bodies()
+    assert body["kind"] == "run_end" and body["text"].endswith("(exit code 1): every worker failed: the run stops")
+
+
 # -- the command destination -----------------------------------------------------------------------
 RECORDER = """
 import json, os, sys

@@ -18,6 +18,7 @@ SLACK_MAX = 3500  # Slack truncates a message's text around 4000 characters
 DISCORD_MAX = 2000  # Discord refuses content over 2000 characters (HTTP 400)
 NTFY_MAX_BYTES = 4096  # ntfy turns a longer body into an attachment
 EVIDENCE_MAX = 1500
+GENERIC_FIELDS = ("run_dir", "host", "kind", "severity", "title", "text", "evidence", "key", "ts")
 NTFY_PRIORITY = {"info": "low", "warning": "default", "error": "high", "critical": "urgent"}
 NTFY_TAGS = {"info": "white_check_mark", "warning": "warning", "error": "x", "critical": "rotating_light"}
 
@@ -68,7 +69,8 @@ def _header_value(text: str) -> str:
 def webhook_request(n: Notification, fmt: str, extra_headers: dict[str, str] | None = None) -> WebhookRequest:
     headers: dict[str, str] = {}
     if fmt == "generic":
-        req = WebhookRequest(json=n.to_dict())
+        d = n.to_dict()
+        req = WebhookRequest(json={k: d[k] for k in GENERIC_FIELDS})
     elif fmt == "slack":
         req = WebhookRequest(json={"text": _markdown(n, "*", SLACK_MAX)})
     elif fmt == "discord":

@@ -73,6 +73,5 @@ def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str
                     " config resumes it")
         severity = {"done": "info", "failed": "critical"}.get(event.state, "warning")
         return Notification(kind="run_end", severity=severity, key="run_end",
-                            title=_title(f"regen: run {event.state} ({counts})"), text=text,
-                            evidence=event.cause if event.state == "failed" else "", **where)
+                            title=_title(f"regen: run {event.state} ({counts})"), text=text, **where)
     return None

@@ -31,12 +31,13 @@ from engine.config import ConfigError, RunConfig, load_config
 from engine.control import ControlError, ControlServer
 from engine.dispatcher import Dispatcher
 from engine.gpu import GpuSampler
+from engine.notify import Notifier
 from engine.render import Renderer
 from engine.rejects import RejectLog
 from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.shard_store import ShardStore
 from engine.telemetry import Telemetry, ThroughputWatch, disk_events
-from engine.telemetry_events import AlertEvent, ShardEvent
+from engine.telemetry_events import AlertEvent, RunEndEvent, ShardEvent
 from engine.work import WorkPlan
 from engine.fleet import Fleet
 from engine.workers import Worker, WorkerState, worker_specs
@@ -64,6 +65,9 @@ class Supervisor:
         self.disk_full = False
         self.telemetry = Telemetry(run_dir)
         self.emit = self.telemetry.emit
+        self.notifier = Notifier(cfg.notify, run_dir, self.emit) if cfg.notify.enabled else None
+        if self.notifier is not None:
+            self.telemetry.listeners.append(self.notifier.on_event)
         self._exit = asyncio.Event()
         self._shutdown_task: asyncio.Task | None = None
         self._dirty_shards: set[str] = set()
@@ -80,6 +84,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        if self.notifier is not None:
+            self.notifier.start()
         self.store = ShardStore(self.run_dir)
         removed = self.store.recover()
         if removed:
@@ -91,6 +97,16 @@ class Supervisor:
             return await self._run()
         finally:
             await self.control.close()
+            exc = sys.exc_info()[1]
+            state = self.mode if exc is None and self.mode in ("done", "stopped", "failed") else "failed"
+            critical = [a.text for a in self.telemetry.alerts if a.severity == "critical"]
+            cause = "" if state != "failed" else f"{type(exc).__name__}: {exc}" if exc is not None else (
+                critical[-1] if critical else "")
+            self.emit(RunEndEvent(state=state, exit_code=EXIT_FAILED if exc is not None else self.exit_code,
+                                  cause=cause, done=self.plan.done if self.plan else 0,
+                                  total=self.plan.total if self.plan else 0))
+            if self.notifier is not None:
+                await self.notifier.aclose()  # bounded: notify.flush_timeout_s
             self.telemetry.close()
 
     async def _run(self) -> int:

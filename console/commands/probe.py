@@ -18,6 +18,7 @@ import time
 
 from rich.console import Console
 
+from console.ssh_options import add_ssh_options
 from engine.config import ConfigError, RunConfig, load_config
 from probes.catalog import PROBE_IDS, UnknownProbe, probes_for
 from probes.context import GIB, ProbeContext
@@ -33,10 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema regen.probe/1)")
     p.add_argument("--only", metavar="ID,...", help="run only these probes (and what they need); an id prefix such "
                    f"as `gpu` selects gpu.*; ids: {', '.join(PROBE_IDS)}")
-    p.add_argument("--accept-new", action="store_true", help="accept and record the host key of a host not yet in "
-                   "known_hosts (a changed key is always refused)")
-    p.add_argument("--ssh-config", metavar="FILE", help="OpenSSH client config for HOST (and for [[hosts]] whose"
-                   " ssh_options carry no -F)")
+    add_ssh_options(p)
     p.add_argument("--timeout", type=float, metavar="S", help="timeout of each probe's command (and of connecting), "
                    "instead of each probe's own")
 

@@ -216,8 +216,10 @@ def no_supervisor_text(args, run_dir: str, exc: NoSupervisor) -> str:
 
     local = args.host == "local"
     config = f"{run_dir}/run.toml" if local else "run.toml"
-    text = (f"no supervisor runs in {args.host}:{run_dir} (the run is stopped or finished; {exc.stderr or exc}); "
+    text = (f"no supervisor runs in {args.host}:{run_dir} (the run is stopped or finished); "
             f"to resume it:\n  {hint_from_args(args, 'start', '--config', config)}")
+    if "does not exist" not in exc.stderr:  # e.g. a socket left by a killed supervisor: what answered
+        text += f"\n  (the control socket: {exc.stderr or exc})"
     if not local:
         text += (f"\n  (run.toml: the config the run was started with; {args.host} keeps a copy at "
                  f"{run_dir}/run.toml)")

@@ -21,18 +21,18 @@ _NEXT_CHANGE = re.compile(r", (?=(?:model|tokenizer|prompts|prompt_format|turns|
                           r"|sampling\.\w+) )")
 
 
-def cause_first(text: str) -> list[str] | None:
-    """A refused config change as lines (None if `text` is not one): what happened, each changed field with its
-    old and new value, and the remedy."""
+def cause_first(text: str, where: str) -> list[str] | None:
+    """A refused config change as lines (None if `text` is not one): what happened to the run at `where`
+    (HOST:DIR), each changed field with its old and new value, and the remedy."""
     m = _CONFIG_CHANGED.search(text)
     if m is None:
         return None
     changes = _NEXT_CHANGE.split(m.group("changes"))
     remedy = m.group("remedy").strip()
-    return ([f"refused: the config changed since run dir {m.group('dir')} was started; its shards were generated "
-             f"with the old values (field old -> new):"]
+    return ([f"refused to resume {where}: the config changed since the run was started (its shards were "
+             f"generated with the old values):"]
             + [f"  changed: {c}" for c in changes]
-            + [f"remedy: {remedy[0].upper()}{remedy[1:]}" if remedy else "remedy: revert the changed fields"])
+            + [f"  remedy: {remedy or 'revert the changed fields'}"])
 
 
 def this_start(log_tail: str) -> list[str]:
@@ -46,14 +46,10 @@ def startup_failure_text(pid: int, where: str, log_path: str, log_tail: str) -> 
     """The supervisor (pid) exited during startup: its cause first when the log names one, then the last lines
     of this start's log. where: HOST:DIR."""
     lines = this_start(log_tail)
-    cause = next((c for line in reversed(lines) if (c := cause_first(line)) is not None), None)
+    cause = next((c for line in reversed(lines) if (c := cause_first(line, where)) is not None), None)
     shown = lines[-LOG_LINES_SHOWN:]
-    head = f"the supervisor (pid {pid}) exited during startup on {where}"
-    if cause is not None:
-        parts = [f"{head}: {cause[0]}", *cause[1:]]
-    else:
-        parts = [f"{head}; its log says why:"]
-    more = f" (the last {len(shown)} of this start's {len(lines)})" if len(lines) > len(shown) else ""
-    parts.append(f"{log_path}{more}:")
+    parts = cause or []
+    more = f"the last {len(shown)} of its {len(lines)} lines" if len(lines) > len(shown) else "its lines"
+    parts.append(f"the supervisor (pid {pid}) exited during startup on {where}; this start in {log_path} ({more}):")
     parts += [f"  {line}" for line in shown] or ["  (empty)"]
     return "\n".join(parts)

@@ -25,16 +25,6 @@ def hint_from_args(args: argparse.Namespace, cmd: str, *rest: str, accept_new: b
     return regen_command(cmd, args.host, *rest, ssh=SshOptions.from_args(args), accept_new=accept_new)
 
 
-def stats_command(host: str | None, run_dir: str, *rest: str, ssh: SshOptions = SshOptions()) -> str:
-    """`regen stats DIR` (here) or `regen stats HOST:DIR`."""
-    if host is None:
-        return shlex.join([PROG, "stats", run_dir, *rest])
-    argv = [PROG, "stats", f"{host}:{run_dir}", *rest]
-    if host != "local":
-        argv += ssh.hint_argv()
-    return shlex.join(argv)
-
-
 def typed_again(args: argparse.Namespace, *, accept_new: bool = False) -> str:
     """The command line the operator typed (cli.main keeps it in args.argv), shell-quoted, with --accept-new
     added if asked and not already there."""

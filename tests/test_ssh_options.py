@@ -157,3 +157,20 @@ async def test_tui_shows_the_refusal_and_the_command_and_stops_retrying(sshd, tm
         assert "is not in known_hosts" in alert.text and "--accept-new" in alert.text
         assert f"--ssh-config {shlex.quote(str(cfg))} --accept-new" in alert.text
         assert "[refused]" in str(app.query_one("#run-header").render())
+
+
+@pytest.mark.sshd
+def test_probe_refused_by_an_unknown_host_key_prints_the_command_that_records_it(sshd, tmp_path, capsys,
+                                                                                 monkeypatch):
+    import json
+
+    cfg, known = _config_with_empty_known_hosts(sshd, tmp_path)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    argv = ["probe", sshd.alias, "--only", "connection", "--json", "--ssh-config", str(cfg)]
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    conn = next(p for p in json.loads(out.out)["probes"] if p["id"] == "connection")
+    assert conn["status"] == "FAIL" and "is not in known_hosts" in conn["actual"]
+    retry = shlex.split(out.err.strip().splitlines()[-1])
+    assert retry == ["regen", *argv, "--accept-new"] and conn["data"]["accept_new_command"] == shlex.join(retry)
+    assert known.read_text() == ""

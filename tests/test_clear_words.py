@@ -137,3 +137,16 @@ def test_stats_over_ssh_on_a_wrong_run_dir_says_so(sshd, tmp_path):
     assert r.stderr.startswith(f"regen stats: {sshd.alias}:{not_a_run}: not a run dir started by `regen start` "
                                f"(checked {not_a_run}/.regen/engine: no engine deployed there)"), r.stderr
     assert "pass --python PY" in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_tui_source_on_a_missing_run_dir_says_so(tmp_path):
+    from console.transport import open_transport
+    from console.tui.source import HostSource, SourceError
+
+    missing = tmp_path / "mistyped"
+    source = HostSource("local", str(missing), transport=await open_transport("local"))
+    with pytest.raises(SourceError) as err:
+        await source.connect()
+    assert err.value.kind == "error"  # not retried as a lost connection, not "the run ended"
+    assert str(err.value).startswith(f"local:{missing}: no such run dir (FileNotFoundError); looked for {missing}")
+    await source.transport.close()

@@ -10,7 +10,9 @@ import asyncio
 import json
 import sys
 
-from console.deploy import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, DeployError, start_run
+from console.deploy import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunning, DeployError, start_run
+from console.hints import cannot_reach, hint_from_args
+from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport
 from engine.config import ConfigError, load_config
 
@@ -22,8 +24,7 @@ PREFLIGHT = ("connection", "host.python", "ports", "disk.run_dir", "router.packa
 def add_arguments(parser) -> None:
     parser.add_argument("host", help="ssh alias, user@host[:port], or `local`")
     parser.add_argument("--config", required=True, help="run.toml")
-    parser.add_argument("--accept-new", action="store_true", help="accept an unknown host key (first contact)")
-    parser.add_argument("--ssh-config", default=None)
+    add_ssh_options(parser)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--preflight", default=",".join(PREFLIGHT), metavar="ID,...",
                         help="multi-host: the probes that must pass on every host before the start")
@@ -45,12 +46,16 @@ def run(args) -> int:
 
     async def main() -> int:
         try:
-            transport = await open_transport(args.host, accept_new=args.accept_new, ssh_config=args.ssh_config)
+            transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
         except TransportError as exc:
-            print(f"cannot reach {args.host}: {exc}", file=sys.stderr)
+            print(cannot_reach(args.host, exc, args), file=sys.stderr)
             return EXIT_UNREACHABLE
         try:
             started = await start_run(transport, cfg, progress=lambda m: print(m, file=sys.stderr))
+        except AlreadyRunning as exc:
+            print(f"regen start: {exc}; watch it, or stop it, with:\n  {watch_hints(args, exc.run_dir)[0]}\n"
+                  f"  {hint_from_args(args, 'stop', '--run-dir', exc.run_dir)}", file=sys.stderr)
+            return EXIT_ERROR
         except DeployError as exc:
             print(f"regen start: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -60,10 +65,17 @@ def run(args) -> int:
             print(json.dumps({"run_dir": started.run_dir, "pid": started.pid, "status": started.status}, indent=2))
         else:
             print(f"started: supervisor pid {started.pid} on {args.host}:{started.run_dir} "
-                  f"(state {started.status.get('state')}); `regen status {args.host} --run-dir {started.run_dir}`")
+                  f"(state {started.status.get('state')}); watch it with:")
+            for hint in watch_hints(args, started.run_dir):
+                print(f"  {hint}")
         return EXIT_OK
 
     return asyncio.run(main())
+
+
+def watch_hints(args, run_dir: str) -> list[str]:
+    """`regen status ...` and `regen tui ...` for the run, shell-quoted, with the SSH options given."""
+    return [hint_from_args(args, "status", "--run-dir", run_dir), hint_from_args(args, "tui", "--run-dir", run_dir)]
 
 
 def preflight(args, cfg) -> int | None:

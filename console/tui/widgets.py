@@ -14,7 +14,7 @@ STATE_STYLE = {
     "loading": "yellow", "crashed": "bold red", "pending": "dim",
 }
 CONN_STYLE = {"connected": "green", "connecting": "yellow", "reconnecting": "bold yellow", "lost": "bold red",
-              "ended": "cyan"}
+              "ended": "cyan", "refused": "bold red"}
 
 
 def styled(text: str, style_key: str | None = None) -> Text:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from probes.context import GIB, ProbeContext
 from probes.host import script
+from probes.host.candidates import candidate_words, describe, search_from_dict
 from probes.shell import shell_path
 from probes.model import CommandResult, ProbeResult, Status
 
@@ -624,6 +625,40 @@ def prompts_args(ctx: ProbeContext, mode: str) -> dict:
     return args
 
 
+def legacy_candidates(missing: list[dict]) -> dict:
+    """The pre-finder `data.candidates` shape (files, searched, cut, ...), kept for readers of regen.probe/1."""
+    searches = [m["candidates"] for m in missing if m.get("candidates")]
+    files = [dict(c, similarity=c["closeness"], pattern=s["configured"]) for s in searches for c in s["candidates"]]
+    return {"files": files, "total_found": sum(s["total"] for s in searches),
+            "searched": list(dict.fromkeys(r for s in searches for r in s["roots"])),
+            "unreadable": [u for s in searches for u in s["unlisted"]],
+            "unreadable_count": sum(s["unlisted_count"] for s in searches),
+            "unreadable_files": [u for s in searches for u in s["unreadable"]],
+            "cut": next((s["cut"] for s in searches if s["cut"]), None)}
+
+
+def missing_words(m: dict) -> str:
+    """`work/chat.jsonl: cannot stat: [Errno 2] ...; best candidate: /x/work/data/prompts/chat.jsonl (...)`."""
+    text = f"{m['pattern']}: {m['why']}: {m['error']}".rstrip(": ")
+    search = m.get("candidates")
+    if not search:
+        return text
+    best = search["candidates"][:1]
+    if best:
+        return text + "; best candidate: " + candidate_words(search_from_dict(search).candidates[0])
+    return text + f"; no file named like {search['name']} found nearby"
+
+
+def missing_remedy(missing: list[dict], config: str | None) -> str:
+    where = f"`prompts` in {config}" if config else "`prompts` in the run config"
+    best = [(m["pattern"], m["candidates"]["candidates"][0]["path"]) for m in missing
+            if (m.get("candidates") or {}).get("candidates")]
+    if best:
+        return (f"set {where} to the best candidate (" + "; ".join(f"{p} -> {c}" for p, c in best)
+                + "), or copy the files to those paths on the host")
+    return f"fix {where} (the paths are read on the host), or copy the files to the host"
+
+
 def judge_prompt_paths(res: CommandResult, inp: JudgeInput) -> Verdict:
     try:
         info = script_json(res, "prompt paths")
@@ -637,20 +672,14 @@ def judge_prompt_paths(res: CommandResult, inp: JudgeInput) -> Verdict:
                        + ", ".join(f["path"] for f in files[:5]) + (" ..." if len(files) > 5 else ""),
                        expected, "\n".join(f"{f['path']} ({size_text(f.get('size'))})" for f in files),
                        data={"files": files})
-    cands = info.get("candidates") or {}
-    listed = cands.get("files") or []
-    cand_text = "\n".join(f"  {c['path']} ({size_text(c['size'])})" for c in listed) or "  (none found)"
-    searched = ", ".join(cands.get("searched") or [])
-    problems = [f"{m['pattern']}: {m['why']}: {m['error']}".rstrip(": ") for m in missing]
-    actual = "\n".join(problems) + f"\ncandidate prompt files (most similar names first; searched {searched}):\n" + cand_text
-    if cands.get("cut"):
-        actual += f"\n(search {cands['cut']})"
-    if cands.get("unreadable_count"):
-        actual += f"\n({cands['unreadable_count']} entries unreadable, e.g. {cands['unreadable'][0]})"
-    hint = f"; candidates: {', '.join(c['path'] for c in listed[:3])}" if listed else "; no candidate prompt files found nearby"
-    return Verdict(Status.FAIL, "; ".join(problems) + hint, expected, actual,
-                   remedy="fix `prompts` in the run config (one of the candidates above?) or copy the files to the host",
-                   data={"files": files, "missing": missing, "candidates": cands})
+    actual = []
+    for m in missing:
+        actual.append(f"{m['pattern']}: {m['why']}: {m['error']}".rstrip(": "))
+        if m.get("candidates"):
+            actual += ["  " + line for line in describe(m["candidates"])]
+    return Verdict(Status.FAIL, "; ".join(missing_words(m) for m in missing), expected, "\n".join(actual),
+                   remedy=missing_remedy(missing, inp.ctx.config_path),
+                   data={"files": files, "missing": missing, "candidates": legacy_candidates(missing)})
 
 
 def judge_prompt_format(res: CommandResult, inp: JudgeInput) -> Verdict:

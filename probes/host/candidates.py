@@ -16,7 +16,7 @@
 #   exact  the same name;
 #   stem   the same name before the prompt suffix (chat.jsonl.gz, chat.json, chat.parquet; case ignored);
 #   close  a prompt file whose name before the suffix is difflib-close (ratio >= CLOSE_CUTOFF), e.g. chat_v2.jsonl.
-# then fewer path hops from the configured path's directory, then closeness. A glob that matches nothing
+# then fewer path hops from the configured path's directory (then fewer of them upwards), then closeness. A glob that matches nothing
 # (e.g. work/prompts/*.jsonl) gets directories where its last component matches, as a pattern to use instead
 # (work/data/prompts/*.jsonl, 3 files). A match that cannot be read (permission, dangling symlink, a directory
 # named like the file) is listed apart with its error. The configured path itself is never a candidate.
@@ -49,6 +49,7 @@ class Candidate:
     path: str  # for a glob: the pattern to use instead (dir/<last component>)
     match: str  # exact | stem | close | glob
     hops: int  # directories between the configured path's directory and this one
+    up: int  # of those, how many above it (0: inside the configured directory)
     closeness: float  # difflib ratio of the names (for a glob: of the directory names)
     size: int | None = None
     files: int | None = None  # glob: how many files the pattern matches there
@@ -122,10 +123,12 @@ def search_roots(anchor, run_dir=None, data_roots=DATA_ROOTS):
     return out
 
 
-def hops(anchor, directory):
+def distance(anchor, directory):
+    """(hops, up): directories walked from `anchor` to `directory`, and how many of them upwards."""
     common = os.path.commonpath([anchor, directory])
     depth = lambda p: 0 if p == os.sep else p.rstrip(os.sep).count(os.sep)  # noqa: E731
-    return (depth(anchor) - depth(common)) + (depth(directory) - depth(common))
+    up = depth(anchor) - depth(common)
+    return up + depth(directory) - depth(common), up
 
 
 class Matcher:
@@ -250,17 +253,18 @@ def find_candidates(configured, run_dir=None, *, budget_s=BUDGET_S, depth=DEPTH,
         if is_glob:
             n = sum(1 for e in entries if matcher.kind(e.name) and is_file(e))
             if n:
-                found.append(Candidate(os.path.join(directory, name), "glob", hops(anchor, directory),
+                found.append(Candidate(os.path.join(directory, name), "glob", *distance(anchor, directory),
                                        dir_closeness(anchor, directory), files=n))
             continue
         for e in entries:
             kind = matcher.kind(e.name)
             if kind is None or e.path in own or os.path.realpath(e.path) in own:
                 continue
-            c = Candidate(e.path, kind[0], hops(anchor, directory), round(kind[1], 3))
+            c = Candidate(e.path, kind[0], *distance(anchor, directory), round(kind[1], 3))
             c.size, c.error = readable_size(e.path)
             (found if c.error is None else bad).append(c)
-    order = lambda c: (MATCH_RANK[c.match], c.hops, -c.closeness, c.path)  # noqa: E731
+    # equal hops: inside the configured directory before beside it
+    order = lambda c: (MATCH_RANK[c.match], c.hops, c.up, -c.closeness, c.path)  # noqa: E731
     search.total = len(found)
     search.candidates = sorted(found, key=order)[:limit]
     search.unreadable = sorted(bad, key=order)[:limit]

@@ -615,9 +615,8 @@ def judge_weights(res: CommandResult, inp: JudgeInput) -> Verdict:
     expected = f"weights in the model dir that fit the GPUs at tp_size {ctx.tp_size}"
     if "path" not in model or not model.get("is_dir"):
         # model.dir reports the path itself; a second FAIL for the same cause would be noise
-        return Verdict(Status.SKIP, f"no model dir to look in (model.dir: {path} "
-                       + ("is not a directory" if "path" in model else model.get("error", "not found")) + ")",
-                       expected, data={"model": model})
+        why = f"{path} is not a directory" if "path" in model else model.get("error") or f"{path} not found"
+        return Verdict(Status.SKIP, f"no model dir to look in (see model.dir: {why})", expected, data={"model": model})
     f = Findings()
     weights = model.get("weights_bytes") or 0
     index = model.get("index") or {}

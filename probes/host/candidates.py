@@ -15,7 +15,8 @@
 # What matches a plain path's file name (e.g. chat.jsonl), best first:
 #   exact  the same name;
 #   stem   the same name before the prompt suffix (chat.jsonl.gz, chat.json, chat.parquet; case ignored);
-#   close  a prompt file whose name before the suffix is difflib-close (ratio >= CLOSE_CUTOFF), e.g. chat_v2.jsonl.
+#   close  a prompt file whose name before the suffix is difflib-close (ratio >= CLOSE_CUTOFF) or the same plus
+#          a separated tail, e.g. chat_v2.jsonl, chat-old.jsonl.
 # then fewer path hops from the configured path's directory (then fewer of them upwards), then closeness. A glob that matches nothing
 # (e.g. work/prompts/*.jsonl) gets directories where its last component matches, as a pattern to use instead
 # (work/data/prompts/*.jsonl, 3 files). A match that cannot be read (permission, dangling symlink, a directory
@@ -159,7 +160,14 @@ class Matcher:
         if stem == self.stem:
             return "stem", difflib.SequenceMatcher(None, self.name.lower(), entry_name.lower()).ratio()
         r = self.ratio(stem)
-        return ("close", r) if r >= CLOSE_CUTOFF else None
+        if r < CLOSE_CUTOFF and not self.extends(stem):
+            return None
+        return "close", r or difflib.SequenceMatcher(None, self.seq.b, stem).ratio()
+
+    def extends(self, stem):
+        """One name is the other plus a tail (chat -> chat_v2, sharegpt_train_v2 -> sharegpt_train)."""
+        short, long = sorted((self.seq.b, stem), key=len)
+        return len(short) >= 3 and long.startswith(short) and not long[len(short)].isalnum()
 
 
 def open_check(path):

@@ -657,8 +657,6 @@ def judge_weights(res: CommandResult, inp: JudgeInput) -> Verdict:
 def prompts_args(ctx: ProbeContext, mode: str) -> dict:
     args: dict[str, Any] = {"mode": mode, "patterns": list(ctx.prompts), "format": ctx.prompt_format,
                             "sample": ctx.sample_rows}
-    if mode == "paths":
-        args["run_dir"] = ctx.run_dir
     if mode == "tokens":
         args["tokenizer"] = ctx.tokenizer_path
         args["enable_thinking"] = ctx.enable_thinking

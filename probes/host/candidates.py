@@ -8,7 +8,9 @@
 #
 # Where it looks, nearest first, each root searched breadth-first to DEPTH levels below it:
 #   1. the configured path's directory and its ancestors, up to MAX_ANCESTORS levels above it (never "/");
-#   2. DATA_ROOTS (~/data, /data, /datasets, /mnt, /workspace, $HOME) and the run dir's parent.
+#   2. DATA_ROOTS: ~/data, /data, /datasets, /mnt, /workspace, $HOME.
+# Nothing run-specific (such as the run dir), so the probe, `regen plan` and the supervisor, which only know the
+# path, list the same candidates.
 # Hidden directories and SKIP_DIRS are not entered; symlinked directories are not followed (no loops).
 # The search stops at BUDGET_S seconds or MAX_DIRS directories, and says so (`cut`).
 #
@@ -17,9 +19,9 @@
 #   stem   the same name before the prompt suffix (chat.jsonl.gz, chat.json, chat.parquet; case ignored);
 #   close  a prompt file whose name before the suffix is difflib-close (ratio >= CLOSE_CUTOFF) or the same plus
 #          a separated tail, e.g. chat_v2.jsonl, chat-old.jsonl.
-# then fewer path hops from the configured path's directory (then fewer of them upwards), then closeness. A glob that matches nothing
-# (e.g. work/prompts/*.jsonl) gets directories where its last component matches, as a pattern to use instead
-# (work/data/prompts/*.jsonl, 3 files). A match that cannot be read (permission, dangling symlink, a directory
+# then fewer path hops from the configured path's directory (then fewer of them upwards), then closeness.
+# A glob that matches nothing (e.g. work/prompt/*.jsonl) gets the directories where its last component matches,
+# as the pattern to use instead (work/data/prompts/*.jsonl, 3 files), nearest and closest-named first. A match that cannot be read (permission, dangling symlink, a directory
 # named like the file) is listed apart with its error. The configured path itself is never a candidate.
 import collections
 import difflib
@@ -101,7 +103,7 @@ def prompt_stem(name):
     return None
 
 
-def search_roots(anchor, run_dir=None, data_roots=DATA_ROOTS):
+def search_roots(anchor, data_roots=DATA_ROOTS):
     """Existing directories to search, nearest first: the anchor's ancestors, then the data roots."""
     roots = []
     d = anchor
@@ -111,8 +113,6 @@ def search_roots(anchor, run_dir=None, data_roots=DATA_ROOTS):
         roots.append(d)
         d = os.path.dirname(d)
     extra = [os.path.expanduser(r) for r in data_roots]
-    if run_dir:
-        extra.append(os.path.dirname(os.path.abspath(os.path.expanduser(run_dir)).rstrip(os.sep)))
     seen, out = set(), []
     for r in roots + extra:
         if r in ("", os.sep) or not os.path.isdir(r):
@@ -246,12 +246,12 @@ class Walk:
             return False
 
 
-def find_candidates(configured, run_dir=None, *, budget_s=BUDGET_S, depth=DEPTH, limit=LIMIT, max_dirs=MAX_DIRS,
+def find_candidates(configured, *, budget_s=BUDGET_S, depth=DEPTH, limit=LIMIT, max_dirs=MAX_DIRS,
                     data_roots=DATA_ROOTS, clock=time.monotonic):
     """Search for the file `configured` names (or files its glob would match); a Search, best candidates first."""
     started = clock()
     anchor, name, is_glob = split_target(configured)
-    search = Search(configured=configured, name=name, roots=search_roots(anchor, run_dir, data_roots), depth=depth,
+    search = Search(configured=configured, name=name, roots=search_roots(anchor, data_roots), depth=depth,
                     budget_s=budget_s)
     given = os.path.abspath(os.path.expanduser(configured))
     own = {given, os.path.realpath(given)}  # the configured path is never its own candidate

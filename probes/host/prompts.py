@@ -436,7 +436,7 @@ def main():
     if mode == "paths":
         for m in missing:
             if not m.get("is_dir"):  # a directory given as the path is not missing: its files are in it
-                m["candidates"] = find_candidates(m["pattern"], ARGS.get("run_dir")).to_dict()
+                m["candidates"] = find_candidates(m["pattern"]).to_dict()
         print(json.dumps({"files": files, "missing": missing}))
         return
     results, conversations = [], []

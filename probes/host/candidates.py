@@ -12,7 +12,8 @@
 # Nothing run-specific (such as the run dir), so the probe, `regen plan` and the supervisor, which only know the
 # path, list the same candidates.
 # Hidden directories and SKIP_DIRS are not entered; symlinked directories are not followed (no loops).
-# The search stops at BUDGET_S seconds or MAX_DIRS directories, and says so (`cut`).
+# The search stops at BUDGET_S seconds or MAX_DIRS directories, and says so (`cut`); the budget is checked
+# between directories, so one directory that takes long to list (a hung network mount) can overrun it.
 #
 # What matches a plain path's file name (e.g. chat.jsonl), best first:
 #   exact  the same name;
@@ -283,7 +284,7 @@ def find_candidates(configured, *, budget_s=BUDGET_S, depth=DEPTH, limit=LIMIT, 
 def is_file(entry):
     try:
         return entry.is_file()
-    except OSError:
+    except OSError:  # vanished or unreadable: not a file the glob would give the run
         return False
 
 

@@ -48,7 +48,7 @@ def context_from_config(cfg: RunConfig) -> ProbeContext:
         enable_thinking=cfg.enable_thinking, tp_size=cfg.workers.tp_size, gpus=gpus, base_port=cfg.workers.base_port,
         bind_host=cfg.workers.host, context_length=cfg.context_length, max_new_tokens=cfg.sampling.max_new_tokens,
         disk_floor_bytes=int(cfg.alerts.disk_free_min_gb * 10**9), shm_need_bytes=GIB * max(1, len(gpus)),
-        content_hash=cfg.content_hash(), content_fields=cfg.content_fields(),
+        content_hash=cfg.content_hash(), content_fields=cfg.content_fields(), launch=cfg.workers.launch,
     )
 
 
@@ -84,7 +84,7 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
 
 
 DISPATCH_PROBES = {"prompts", "disk.run_dir", "run_dir.resume", "router.package", "model.dir"}
-GPU_HOST_PROBES = {"packages", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "ports"}
+GPU_HOST_PROBES = {"packages", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "model.weights", "ports"}
 
 
 def host_contexts(cfg: RunConfig) -> tuple[ProbeContext, dict[str, ProbeContext]]:
@@ -100,7 +100,8 @@ def host_contexts(cfg: RunConfig) -> tuple[ProbeContext, dict[str, ProbeContext]
         w = host_workers(cfg, h)
         per_host[h.name] = dataclasses.replace(
             base, python=h.host_python, run_dir=h.work_dir, prompts=(), gpus=tuple(w.gpus), tp_size=w.tp_size,
-            base_port=w.base_port, bind_host=w.host, shm_need_bytes=GIB * max(1, len(w.gpus)), router_python=None)
+            base_port=w.base_port, bind_host=w.host, shm_need_bytes=GIB * max(1, len(w.gpus)), router_python=None,
+            launch=w.launch)
     return dispatch, per_host
 
 

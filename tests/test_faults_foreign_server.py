@@ -119,5 +119,5 @@ def test_a_server_already_on_the_port_is_refused_and_the_run_completes_once_it_i
     states = worker_states(run_dir, "gpu0")
     assert states.index("ready") > states.index("refused")
     cleared = alerts(run_dir, "worker:gpu0:refused")[-1]
-    assert cleared["severity"] == "info" and f"port {port} is free" in cleared["text"]
+    assert cleared["severity"] == "info" and f"port {port} on 127.0.0.1 is free again" in cleared["text"]
     assert {r["worker"] for r in read_rows(run_dir)} == {"gpu0"}

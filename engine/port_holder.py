@@ -99,8 +99,8 @@ def listening_pids(host: str, port: int) -> tuple[list[int | None], str]:
 
 def describe_pid(pid: int | None) -> PortHolder:
     if pid is None:
-        return PortHolder(pid=None, note="the socket belongs to another user's process; run regen as root or as "
-                                         "that user to see it")
+        return PortHolder(pid=None, note="its process is not visible to this user: another user's process (run "
+                                         "regen as root or as that user to see it), or one exiting right now")
     try:
         cmdline = shlex.join(psutil.Process(pid).cmdline())
     except psutil.NoSuchProcess:

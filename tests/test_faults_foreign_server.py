@@ -6,7 +6,10 @@ remedy; nothing is sent to the other server and nothing is committed while it ho
 it is stopped the worker launches its own server and the run completes, every sample once."""
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,8 +19,12 @@ from pathlib import Path
 import urllib.error
 import urllib.request
 
+import aiohttp
 import pytest
 
+from engine.config import SIMULATOR_LAUNCH, RunConfig
+from engine.telemetry_events import AlertEvent, WorkerEvent
+from engine.workers import Worker, WorkerState, worker_specs
 from tests.run_helpers import REPO, events, make_config, read_rows, sample_accounting, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
 
@@ -121,3 +128,130 @@ def test_a_server_already_on_the_port_is_refused_and_the_run_completes_once_it_i
     cleared = alerts(run_dir, "worker:gpu0:refused")[-1]
     assert cleared["severity"] == "info" and f"port {port} on 127.0.0.1 is free again" in cleared["text"]
     assert {r["worker"] for r in read_rows(run_dir)} == {"gpu0"}
+
+
+# -- the port taken after regen checked it was free ---------------------------------------------------
+GRABBER = REPO / "tests" / "port_grabber.py"
+
+
+def grabbing_config(run_dir: Path, model: Path, mode: str, state: Path, **workers) -> RunConfig:
+    """A one-GPU run whose launch command lets tests/port_grabber.py take the port first (see there)."""
+    state.mkdir(parents=True, exist_ok=True)
+    cfg = make_config(run_dir, model, prompts=40, gpus=1)
+    launch = f"{{python}} {shlex.quote(str(GRABBER))} {mode} {shlex.quote(str(state))} -- {SIMULATOR_LAUNCH}"
+    return dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, launch=launch, **workers))
+
+
+def holder_pid(state: Path) -> int:
+    return int(wait_for(lambda: (state / "holder.pid").exists() and (state / "holder.pid").read_text().strip(),
+                        60, "the grabber's holder.pid"))
+
+
+def kill_pid(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the holder leads its own session
+    except ProcessLookupError:
+        return  # already gone
+
+
+@pytest.fixture
+def grabbed():
+    states: list[Path] = []
+    yield states.append
+    for state in states:
+        if (state / "holder.pid").exists():
+            kill_pid(int((state / "holder.pid").read_text()))
+
+
+class WorkerRun:
+    """One Worker in this process (no supervisor), its telemetry collected."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.events: list[object] = []
+
+    async def __aenter__(self) -> "WorkerRun":
+        self.session = aiohttp.ClientSession()
+        self.worker = Worker(spec=worker_specs(self.cfg)[0], cfg=self.cfg, run_dir=Path(self.cfg.run_dir),
+                             session=self.session, emit=self.events.append)
+        self.worker.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.worker.stop()
+        await self.session.close()
+
+    async def wait(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; worker {self.worker.state}: {self.worker.error}")
+            await asyncio.sleep(0.1)
+
+    def alerts(self, key: str) -> list[AlertEvent]:
+        return [e for e in self.events if isinstance(e, AlertEvent) and e.key == f"worker:gpu0:{key}"]
+
+    def states(self) -> list[str]:
+        return [e.state for e in self.events if isinstance(e, WorkerEvent)]
+
+
+@pytest.mark.slow
+async def test_a_port_taken_between_the_check_and_the_bind_is_diagnosed_with_its_holder(
+        tmp_path, tiny_model_dir, grabbed):
+    state = tmp_path / "grab"
+    grabbed(state)
+    cfg = grabbing_config(tmp_path / "run", tiny_model_dir, "socket", state)
+    async with WorkerRun(cfg) as run:
+        await run.wait(lambda: run.worker.state == WorkerState.REFUSED, 90, "refused after the bind failure")
+        holder = holder_pid(state)
+        [alert] = run.alerts("refused")
+        assert alert.severity == "critical"
+        assert (f"worker gpu0 refused: port {cfg.workers.base_port} on 127.0.0.1 was taken before the server could "
+                f"bind it (") in alert.text and "[Errno 98]" in alert.text
+        assert f"it is held by pid {holder} (" in alert.text and "workers.base_port" in alert.text
+        assert run.alerts("crash") == [] and run.worker.restarts == 0, "a taken port is not a crash of the server"
+        kill_pid(holder)
+        await run.wait(lambda: run.worker.state == WorkerState.READY, 90, "ready once the holder is gone")
+        assert run.alerts("refused")[-1].severity == "info"
+        assert "ready" not in run.states()[:run.states().index("refused")]
+
+
+@pytest.mark.slow
+async def test_a_launch_that_drops_regens_served_name_is_never_ready(tmp_path, tiny_model_dir, grabbed):
+    cfg = grabbing_config(tmp_path / "run", tiny_model_dir, "drop-name", tmp_path / "grab", max_restarts=0)
+    async with WorkerRun(cfg) as run:
+        await run.wait(lambda: run.worker.state == WorkerState.FAILED, 90, "failed")
+        assert "ready" not in run.states()
+        [crash] = run.alerts("crash")
+        assert "crashed" in crash.text
+        error = next(e.error for e in run.events if isinstance(e, WorkerEvent) and e.state == "crashed")
+        assert f"serves port {cfg.workers.base_port} on 127.0.0.1 but answers as '{tiny_model_dir}'" in error
+        assert "the launch command (workers.launch) must pass regen's --served-model-name on to SGLang" in error
+
+
+@pytest.mark.slow
+def test_a_server_that_takes_the_port_after_the_check_is_refused_and_never_gets_work(
+        tmp_path, tiny_model_dir, supervisors, renderer_for, grabbed):
+    run_dir, state = tmp_path / "run", tmp_path / "grab"
+    grabbed(state)
+    cfg = grabbing_config(run_dir, tiny_model_dir, "http", state)
+    sup = supervisors(run_dir).start(cfg)
+    refused = wait_for(lambda: alerts(run_dir, "worker:gpu0:refused"), 90, "the refused alert", sup)
+    holder = holder_pid(state)
+    text = refused[0]["text"]
+    assert refused[0]["severity"] == "critical"
+    assert f"worker gpu0 refused: port {cfg.workers.base_port} on 127.0.0.1 is served by pid {holder} (" in text
+    assert "not by the server regen launched (pid " in text
+    assert "answers as 'grabbed-after-the-check', expected 'regen-run-gpu0-" in text
+    assert "stop that process, or set workers.base_port in run.toml to a free range" in text
+    assert f"holder pid: {holder}" in refused[0]["evidence"]
+    holder_log = state / "holder.log"
+    time_refused = time.monotonic()
+    wait_for(lambda: time.monotonic() - time_refused > 3, 10, "three seconds of refusal", sup)
+    assert "ready" not in worker_states(run_dir, "gpu0") and read_rows(run_dir) == []
+    assert regen_requests(holder_log) == 0
+    kill_pid(holder)
+    assert sup.wait(180) == 0, sup.log_text()[-3000:]
+    acc = sample_accounting(run_dir, cfg, renderer_for(cfg))
+    assert acc["lost"] == 0 and acc["duplicated"] == 0 and acc["committed"] > 0, acc
+    assert regen_requests(holder_log) == 0

@@ -24,7 +24,7 @@ import pytest
 
 from engine.config import SIMULATOR_LAUNCH, RunConfig
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import Worker, WorkerState, worker_specs
+from engine.workers import IdentityRecord, Worker, WorkerState, worker_specs
 from tests.run_helpers import REPO, events, make_config, read_rows, sample_accounting, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
 
@@ -214,6 +214,10 @@ async def test_a_port_taken_between_the_check_and_the_bind_is_diagnosed_with_its
         await run.wait(lambda: run.worker.state == WorkerState.READY, 90, "ready once the holder is gone")
         assert run.alerts("refused")[-1].severity == "info"
         assert "ready" not in run.states()[:run.states().index("refused")]
+        # what a multi-host dispatch host reads before admitting this server to its router
+        record = IdentityRecord.from_json((Path(cfg.run_dir) / "workers" / "gpu0" / "identity.json").read_text())
+        assert record.state == "ready" and record.pid == run.worker.pid
+        assert record.served_model_name.startswith("regen-run-gpu0-")
 
 
 @pytest.mark.slow

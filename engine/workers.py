@@ -173,7 +173,7 @@ def bind_failure(log_path: Path, start_offset: int, port: int) -> str | None:
     """The server's own "address already in use" line for `port` since this launch, if it logged one
     (a line about another port, e.g. a distributed-init port, is not the worker's port)."""
     for line in reversed(log_tail(log_path, start_offset, lines=40)):
-        if BIND_IN_USE.search(line) and str(port) in line:
+        if BIND_IN_USE.search(line) and re.search(rf"\b{port}\b", line):
             return line.strip()
     return None
 
@@ -375,6 +375,7 @@ class Worker:
         """Launch only on a free port: while another process holds it the worker stays refused and the
         port is checked again with backoff (not a crash). True when free, False when stopping."""
         delay, longest = REFUSED_RECHECK_S
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)  # identity.json records a refusal too
         while not self._stopping:
             pid_path = self.log_path.parent / "server.pid"
             reaped = await asyncio.to_thread(reap_orphan, pid_path, self.spec.port)
@@ -382,6 +383,8 @@ class Worker:
                 log.warning("worker %s: %s", self.name, reaped)
             check = await asyncio.to_thread(check_port, self.spec.host, self.spec.port)
             if not check.held:
+                if not check.free:  # not a holder (e.g. an address this host does not have): the launch says why
+                    log.warning("worker %s: %s; %s", self.name, check.bind_error, check.note)
                 if self.state == WorkerState.REFUSED:
                     self._clear_refusal()
                 return True

@@ -117,6 +117,8 @@ def test_a_server_already_on_the_port_is_refused_and_the_run_completes_once_it_i
     assert read_rows(run_dir) == []
     assert regen_requests(foreign_log) == 0
     assert len(alerts(run_dir, "worker:gpu0:refused")) == 1, "the refusal is alerted once, not on every re-check"
+    record = IdentityRecord.from_json((run_dir / "workers" / "gpu0" / "identity.json").read_text())
+    assert record.state == "refused" and record.pid is None and f"pid {foreign.pid}" in record.error
 
     stop(foreign)
     assert sup.wait(180) == 0, sup.log_text()[-3000:]

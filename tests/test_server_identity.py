@@ -17,7 +17,7 @@ from engine.server_identity import (
     Expected, ServedNames, SocketOwner, Verdict, check_identity, judge, operator_served_name, read_served_names,
     served_name,
 )
-from engine.workers import launch_argv, worker_specs
+from engine.workers import bind_failure, launch_argv, worker_specs
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 
 
@@ -190,3 +190,12 @@ async def test_no_answer_at_all_is_unreachable():
         started = time.monotonic()
         names = await read_served_names(session, f"http://127.0.0.1:{port}", {}, timeout_s=2)
     assert not names.reachable and "ClientConnectorError" in names.error and time.monotonic() - started < 10
+
+
+def test_the_bind_failure_is_the_worker_ports_own(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("[t] ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): "
+                   "address already in use\n")
+    assert bind_failure(log, 0, 30000).startswith("[t] ERROR:    [Errno 98]")
+    assert bind_failure(log, 0, 3000) is None  # another port's line (a distributed-init port) is not ours
+    assert bind_failure(log, log.stat().st_size, 30000) is None  # an earlier launch's line

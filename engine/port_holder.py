@@ -99,8 +99,8 @@ def listening_pids(host: str, port: int) -> tuple[list[int | None], str]:
 
 def describe_pid(pid: int | None) -> PortHolder:
     if pid is None:
-        return PortHolder(pid=None, note="its process is not visible to this user: another user's process (run "
-                                         "regen as root or as that user to see it), or one exiting right now")
+        return PortHolder(pid=None, note="another user's process, or one exiting right now; run regen as root or as "
+                                         "that user to see it")
     try:
         cmdline = shlex.join(psutil.Process(pid).cmdline())
     except psutil.NoSuchProcess:

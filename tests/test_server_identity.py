@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -69,6 +71,21 @@ def test_a_bound_but_not_listening_port_says_why_no_holder_is_named(listener):
     check = check_port("127.0.0.1", port)
     assert check.held and check.holders == ()
     assert "bound but not listening" in check.holder_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to drop to nobody")
+def test_another_users_holder_is_not_visible_and_the_check_says_why(listener):
+    port = listener()  # held by root (this process); looked up as nobody
+    code = (f"from engine.port_holder import check_port; c = check_port('127.0.0.1', {port}); "
+            "print(c.held, [h.pid for h in c.holders]); print(c.holder_text())")
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=60, env={"PYTHONPATH": os.environ.get("PYTHONPATH", "")
+                                                                          or str(Path(__file__).parents[1])})
+    assert out.returncode == 0, out.stderr
+    held, text = out.stdout.splitlines()
+    assert held == "True [None]"
+    assert text == ("a process whose pid is not visible (another user's process, or one exiting right now; run regen "
+                    "as root or as that user to see it)")
 
 
 def test_an_invisible_pid_says_why():

@@ -12,6 +12,7 @@ STATE_STYLE = {
     "running": "bold green", "done": "bold cyan", "paused": "bold yellow", "draining": "yellow", "starting": "yellow",
     "stopped": "dim", "failed": "bold red", "disk_full": "bold red", "unknown": "dim", "ready": "green",
     "loading": "yellow", "crashed": "bold red", "pending": "dim",
+    "refused": "bold red",  # a worker whose port another process's server holds: nothing is sent to it
 }
 CONN_STYLE = {"connected": "green", "connecting": "yellow", "reconnecting": "bold yellow", "lost": "bold red",
               "ended": "cyan", "refused": "bold red"}

@@ -6,7 +6,6 @@ Everything here reads the status shape (engine.ctl last-status / the supervisor'
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 NOT_RUNNING_STATES = ("done", "drained", "stopped", "failed", "dead")
@@ -33,28 +32,22 @@ def cause_lines(fatal: dict[str, Any]) -> list[str]:
     return lines
 
 
-def start_hint(host: str, run_dir: str, *, ssh_config: str | None = None) -> str:
-    """The command that starts (resumes) this run again, shell-quoted, with the SSH options given."""
-    argv = ["regen", "start", host, "--config", f"{run_dir.rstrip('/')}/run.toml"]
-    if ssh_config:
-        argv += ["--ssh-config", ssh_config]
-    return shlex.join(argv)
-
-
-def not_running_lines(status: dict[str, Any], host: str, *, ssh_config: str | None = None) -> list[str]:
-    """What an operator reads first about a run whose supervisor is gone: the cause, or that none was recorded."""
+def not_running_lines(status: dict[str, Any], start_hint: str, note: str = "") -> list[str]:
+    """What an operator reads first about a run whose supervisor is gone: the cause, or that none was recorded,
+    then how to start it again (start_hint: the `regen start ...` line, built by console.hints; note: a line
+    that explains it, e.g. where the config is)."""
     state = status.get("state")
-    run_dir = status.get("run_dir") or ""
     fatal = status.get("fatal")
-    hint = start_hint(host, run_dir, ssh_config=ssh_config)
+    extra = [f"  {note}"] if note else []
     if fatal:
-        return cause_lines(fatal) + [f"  after the fix, start again: {hint}"]
+        return cause_lines(fatal) + [f"  after the fix, start again: {start_hint}"] + extra
     if state == "dead":
         tail = status.get("log_tail") or []
         lines = [f"supervisor not running (killed? no cause recorded; last log lines of {status.get('log')}:)"]
         lines += [f"  | {line[:200]}" for line in tail] or ["  | (empty)"]
-        return lines + [f"  resume with: {hint}"]
+        return lines + [f"  resume with: {start_hint}"] + extra
     if state == "done":
         return ["done: every sample is settled"]
     end = status.get("run_end") or {}
-    return [f"{state}: {end['cause']}; resume with: {hint}" if end.get("cause") else f"{state}; resume with: {hint}"]
+    said = f"{state}: {end['cause']}" if end.get("cause") else f"{state}"
+    return [f"{said}; resume with: {start_hint}"] + extra

@@ -27,12 +27,16 @@ from typing import Callable
 import engine
 import probes
 from console.cause import cause_lines
-from console.run_client import RunClient, RunClientError, engine_command
+from console.run_client import NoSupervisor, RunClient, RunClientError, engine_command
+from console.run_dir_lookup import locate_run_dir
+from console.ssh_options import SshOptions, add_ssh_options
+from console.startup_failure import cause_first, startup_failure_text
 from console.transport import Transport, TransportError, quote_argv
 from engine.config import RunConfig, dump_toml
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0
+LOG_TAIL_LINES = 200  # enough to find this start's first line in supervisor.log; a few of them are shown
 LAUNCH_FILE = ".regen/launch.json"
 
 
@@ -53,6 +57,14 @@ class StartFailed(DeployError):
     def to_dict(self) -> dict:
         return {"started": False, "run_dir": self.run_dir, "pid": self.pid, "supervisor_alive": self.alive,
                 "error": str(self), "fatal": self.fatal, "failed_check": self.check, "log_tail": self.log_tail}
+
+
+class AlreadyRunning(DeployError):
+    """A supervisor already runs in the run dir (run_dir: absolute, on the host)."""
+
+    def __init__(self, message: str, run_dir: str):
+        super().__init__(message)
+        self.run_dir = run_dir
 
 
 @dataclass
@@ -105,10 +117,7 @@ def package_tree(dst: Path) -> Path:
 
 async def client_for(transport: Transport, run_dir: str) -> RunClient:
     """A RunClient using the python and engine recorded at start (fallback: python3, no PYTHONPATH)."""
-    try:
-        abs_dir = await resolve_run_dir(transport, run_dir, create=False)
-    except DeployError as exc:
-        raise RunClientError(str(exc), kind="unreachable") from exc
+    abs_dir = await locate_run_dir(transport, run_dir)  # NoSuchRunDir names the path it looked for
     try:
         result = await transport.run(f"cat -- {shlex.quote(abs_dir + '/' + LAUNCH_FILE)}", timeout=30)
     except TransportError as exc:
@@ -135,8 +144,8 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
     except RunClientError:
         status = None  # nothing answers there: the normal case for a start
     if status is not None:
-        raise DeployError(f"a supervisor (pid {status.get('pid')}) already runs on {transport.name}:{run_dir}"
-                          f" (state {status.get('state')}); use `regen status` / `regen stop`")
+        raise AlreadyRunning(f"a supervisor (pid {status.get('pid')}) already runs on {transport.name}:{run_dir}"
+                             f" (state {status.get('state')})", run_dir)
 
     progress(f"deploying the engine to {transport.name}:{engine_path}")
     await _run_checked(transport, f"rm -rf -- {shlex.quote(engine_path)} && mkdir -p -- {shlex.quote(engine_path)}",
@@ -230,24 +239,30 @@ async def _alive(transport: Transport, pid: int) -> bool:
 
 
 async def _died(transport: Transport, client: RunClient, pid: int) -> StartFailed:
-    """The supervisor exited during its start: its recorded cause (or the end of its log when it recorded none)."""
+    """The supervisor exited during its start: its recorded cause (a refused config change: each changed field
+    first), or, when it recorded none, the end of this start's log."""
     run_dir = client.run_dir
+    where = f"{transport.name}:{run_dir}"
     try:
         last = await client.last_status()
     except RunClientError as exc:
-        last = {"state": "dead", "log_tail": [f"(its run dir could not be read: {exc})"]}
+        last = {"state": "dead", "read_error": str(exc)}
     fatal = last.get("fatal")
     if fatal:
-        return StartFailed(f"the supervisor (pid {pid}) exited during its start:\n" + "\n".join(cause_lines(fatal)),
-                           pid=pid, run_dir=run_dir, fatal=fatal)
+        lines = cause_first(fatal.get("message") or "", where) if fatal.get("exc_type") == "ConfigChanged" else None
+        text = "\n".join(lines) if lines else "\n".join(cause_lines(fatal))
+        return StartFailed(f"the supervisor (pid {pid}) exited during its start:\n{text}", pid=pid, run_dir=run_dir,
+                           fatal=fatal)
     if last.get("state") in ("done", "stopped", "drained"):
         end = last.get("run_end") or {}
         return StartFailed(f"the supervisor (pid {pid}) ended during its start: {last['state']}"
                            + (f" ({end['cause']})" if end.get("cause") else ""), pid=pid, run_dir=run_dir)
-    tail = last.get("log_tail") or []
-    return StartFailed(f"the supervisor (pid {pid}) exited during its start and recorded no cause (killed?);"
-                       f" last lines of {run_dir}/supervisor.log:\n" + "\n".join(f"  | {ln}" for ln in tail),
-                       pid=pid, run_dir=run_dir, log_tail=tail)
+    log_path = f"{run_dir}/supervisor.log"
+    tail = await transport.run(f"tail -n {LOG_TAIL_LINES} -- {shlex.quote(log_path)}", timeout=15)
+    text = tail.stdout if tail.exit_status == 0 else tail.stderr
+    why = f" (its run dir's last state could not be read: {last['read_error']})" if last.get("read_error") else ""
+    return StartFailed(f"no cause recorded{why}:\n" + startup_failure_text(pid, where, log_path, text),
+                       pid=pid, run_dir=run_dir, log_tail=text.splitlines()[-8:])
 
 
 # -- shared by the run commands (status, pause, resume, stop) ---------------------------------
@@ -257,25 +272,28 @@ EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE = 0, 1, 2
 def add_host_args(parser, *, run_dir_required: bool = True) -> None:
     parser.add_argument("host", help="ssh alias, user@host[:port], or `local`")
     parser.add_argument("--run-dir", required=run_dir_required, help="the run dir on the host")
-    parser.add_argument("--accept-new", action="store_true", help="accept an unknown host key (first contact)")
-    parser.add_argument("--ssh-config", default=None, help="OpenSSH client config file")
+    add_ssh_options(parser)
 
 
 def run_with_client(args, op) -> int:
     """Open the transport, build the RunClient from the run dir, await op(client); map errors to exit codes."""
     import sys
 
+    from console.hints import cannot_reach
     from console.transport import open_transport
 
     async def main() -> int:
         try:
-            transport = await open_transport(args.host, accept_new=args.accept_new, ssh_config=args.ssh_config)
+            transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
         except TransportError as exc:
-            print(f"cannot reach {args.host}: {exc}", file=sys.stderr)
+            print(cannot_reach(args.host, exc, args), file=sys.stderr)
             return EXIT_UNREACHABLE
         try:
             client = await client_for(transport, args.run_dir)
             return await op(client)
+        except NoSupervisor as exc:
+            print(f"regen {args.command}: {no_supervisor_text(args, client.run_dir, exc)}", file=sys.stderr)
+            return EXIT_UNREACHABLE
         except RunClientError as exc:
             print(str(exc), file=sys.stderr)
             return EXIT_UNREACHABLE if exc.kind == "unreachable" else EXIT_ERROR
@@ -283,3 +301,19 @@ def run_with_client(args, op) -> int:
             await transport.close()
 
     return asyncio.run(main())
+
+
+def no_supervisor_text(args, run_dir: str, exc: NoSupervisor) -> str:
+    """A run whose supervisor is not running, and the `regen start` that resumes it (run_dir: absolute)."""
+    from console.hints import hint_from_args
+
+    local = args.host == "local"
+    config = f"{run_dir}/run.toml" if local else "run.toml"
+    text = (f"no supervisor runs in {args.host}:{run_dir} (the run is stopped or finished); "
+            f"to resume it:\n  {hint_from_args(args, 'start', '--config', config)}")
+    if "does not exist" not in exc.stderr:  # e.g. a socket left by a killed supervisor: what answered
+        text += f"\n  (the control socket: {exc.stderr or exc})"
+    if not local:
+        text += (f"\n  (run.toml: the config the run was started with; {args.host} keeps a copy at "
+                 f"{run_dir}/run.toml)")
+    return text

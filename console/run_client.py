@@ -26,6 +26,13 @@ class RunClientError(Exception):
         self.stderr = stderr
 
 
+class NoSupervisor(RunClientError):
+    """Nothing answers at the run dir's control socket: the run is stopped, finished, or its supervisor died."""
+
+    def __init__(self, message: str, stderr: str = ""):
+        super().__init__(message, kind="unreachable", stderr=stderr)
+
+
 def engine_command(host_python: str, engine_path: str | None, argv: list[str]) -> str:
     """A shell command running `host_python argv...` with the deployed engine on PYTHONPATH."""
     cmd = quote_argv([host_python, *argv])
@@ -58,8 +65,7 @@ class RunClient:
             raise RunClientError(f"`{command}` on {self.transport.name}: {why}; stderr: {stderr or '(empty)'}",
                                  kind="unreachable", stderr=stderr)
         if result.exit_status == EXIT_UNREACHABLE:
-            raise RunClientError(f"no supervisor at {where}: {stderr or '(no stderr)'}", kind="unreachable",
-                                 stderr=stderr)
+            raise NoSupervisor(f"no supervisor at {where}: {stderr or '(no stderr)'}", stderr=stderr)
         reply = None
         for line in reversed(result.stdout.splitlines()):
             if line.strip().startswith("{"):

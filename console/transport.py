@@ -18,9 +18,11 @@ from probes.model import CommandResult
 class TransportError(Exception):
     """Could not reach or use the host. `kind` tells unreachable from refused."""
 
-    def __init__(self, message: str, kind: str = "error"):
+    def __init__(self, message: str, kind: str = "error", *, unknown_host_key: bool = False):
         super().__init__(message)
         self.kind = kind  # unreachable | auth | host_key | timeout | closed | error
+        # kind host_key, the host is not in known_hosts (not a changed key): --accept-new is the remedy
+        self.unknown_host_key = unknown_host_key
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ async def open_transport(
     keepalive_s: float = 15.0,
     ssh_config: str | None = None,
 ) -> Transport:
-    """ssh_config: an OpenSSH client config file (default: $REGEN_SSH_CONFIG, else ~/.ssh/config)."""
+    """ssh_config: an OpenSSH client config file (default: $REGEN_SSH_CONFIG, else ~/.ssh/config).
+    Commands take both options from the command line through console/ssh_options.py."""
     spec = HostSpec.parse(host)
     if spec.is_local:
         from console.transport_local import LocalTransport

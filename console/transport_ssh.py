@@ -272,7 +272,7 @@ def _host_key_error(check: _HostKeyCheck, where: str, record_to: Path, exc: Exce
             f"host {pattern} is not in known_hosts ({record_to}); it presented {describe_key(check.presented)}. "
             f"Refusing to connect to an unknown host. If this fingerprint is right, run again with --accept-new "
             f"to record it, or add it with ssh-keyscan.",
-            kind="host_key",
+            kind="host_key", unknown_host_key=True,
         )
     # e.g. a revoked key, or no host key algorithm in common with the known keys
     return TransportError(f"host key of {where} could not be verified against {record_to}: {exc}", kind="host_key")

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,33 @@ class PlanAssumptions:
     sample_conversations: int = 2000  # conversations tokenized for the prompt-length figures
 
 
+NOTIFY_FORMATS = ("generic", "slack", "discord", "ntfy")
+SEVERITIES = ("info", "warning", "error", "critical")  # AlertEvent.severity, least to most severe
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """[notify]: failures and the run's end sent from the host to a webhook and/or a command.
+
+    Operational, not content: it may change between restarts (not in the content hash)."""
+    url: str | None = None  # webhook, POSTed to
+    format: str = "generic"  # body of the webhook: generic | slack | discord | ntfy
+    headers: dict[str, str] = field(default_factory=dict)  # extra HTTP headers, e.g. Authorization
+    command: tuple[str, ...] = ()  # argv run per notification: message JSON on stdin, REGEN_NOTIFY_* env
+    min_severity: str = "critical"  # alerts at or above it are sent
+    run_end: bool = True  # also the normal ends (done, drained, stopped); a failed end is always sent
+    retries: int = 3  # tries per notification and destination
+    retry_backoff_s: float = 2.0  # wait before the second try, doubled before each next one
+    timeout_s: float = 10.0  # one try: the HTTP request, or the command's run
+    max_per_minute: int = 6  # more in a minute are held and sent as one "N more alerts suppressed"
+    dedupe_s: float = 600.0  # the same alert key again within this is held the same way
+    flush_timeout_s: float = 10.0  # at exit, the longest the supervisor waits for the last notifications
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url or self.command)
+
+
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 ROUTER_LINKS = ("ssh", "lan")
 
@@ -174,6 +202,7 @@ class RunConfig:
     plan: PlanAssumptions = field(default_factory=PlanAssumptions)
     hosts: tuple[Host, ...] = ()  # empty: one host, the supervisor's own ([workers])
     router: Router = field(default_factory=Router)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
     source_path: str | None = None  # where it was loaded from (not part of the content)
 
     @property
@@ -243,6 +272,8 @@ def config_from_dict(data: dict[str, Any], source_path: str | None = None) -> Ru
             if not isinstance(data[name], dict):
                 raise ConfigError(f"[{name}] must be a table")
             data[name] = _build(cls, data[name], f"[{name}]")
+    if "notify" in data:
+        data["notify"] = notify_from_dict(data["notify"])
     if "hosts" in data:
         if not isinstance(data["hosts"], list) or not all(isinstance(h, dict) for h in data["hosts"]):
             raise ConfigError("hosts must be an array of tables ([[hosts]])")
@@ -267,6 +298,57 @@ def validate(cfg: RunConfig) -> None:
     cfg.workers.groups()
     if cfg.hosts:
         validate_hosts(cfg)
+
+
+def notify_from_dict(data: Any) -> NotifyConfig:
+    """[notify], checked field by field: each error names the key and how to fix it."""
+    if not isinstance(data, dict):
+        raise ConfigError("[notify] must be a table")
+    if "url" not in data and "command" not in data:
+        raise ConfigError('[notify] has neither url nor command: set notify.url = "https://..." (a webhook)'
+                          ' and/or notify.command = ["/path/to/program", "arg"], or remove [notify]')
+    n: NotifyConfig = _build(NotifyConfig, data, "[notify]")
+    if n.url is not None:
+        if not isinstance(n.url, str) or not n.url.strip():
+            raise ConfigError(f"notify.url = {n.url!r}: give the webhook URL (https://...) or remove the key")
+        parsed = urllib.parse.urlsplit(n.url)
+        if parsed.scheme not in ("http", "https"):
+            raise ConfigError(f"notify.url = {redact_url(n.url)!r}: the scheme must be http or https"
+                              f" (got {parsed.scheme or 'none'!r}), e.g. https://ntfy.sh/my-topic")
+        if not parsed.hostname:
+            raise ConfigError(f"notify.url = {redact_url(n.url)!r}: no host in the URL, e.g. https://ntfy.sh/my-topic")
+    if n.format not in NOTIFY_FORMATS:
+        raise ConfigError(f"notify.format = {n.format!r}: must be one of {', '.join(NOTIFY_FORMATS)}")
+    if not isinstance(n.headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in n.headers.items()):
+        raise ConfigError('notify.headers must be a table of strings, e.g. headers = {Authorization = "Bearer ..."}')
+    if "command" in data:
+        if isinstance(data["command"], str):
+            raise ConfigError(f"notify.command = {data['command']!r}: must be a list (argv, no shell), e.g."
+                              ' command = ["/usr/local/bin/page-oncall", "--team", "ml"]')
+        if not n.command or not all(isinstance(a, str) for a in n.command) or not n.command[0].strip():
+            raise ConfigError(f"notify.command = {list(n.command)!r}: give the program and its arguments as a"
+                              ' non-empty list of strings, e.g. command = ["/usr/local/bin/page-oncall", "--team", "ml"]')
+    if n.min_severity not in SEVERITIES:
+        raise ConfigError(f"notify.min_severity = {n.min_severity!r}: must be one of {', '.join(SEVERITIES)}")
+    if not isinstance(n.run_end, bool):
+        raise ConfigError(f"notify.run_end = {n.run_end!r}: must be true or false")
+    for key, low in (("retries", 1), ("max_per_minute", 1)):
+        value = getattr(n, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"notify.{key} = {value!r}: must be an integer >= {low}")
+    for key, positive in (("retry_backoff_s", False), ("timeout_s", True), ("dedupe_s", False),
+                          ("flush_timeout_s", True)):
+        value = getattr(n, key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (positive and value == 0):
+            raise ConfigError(f"notify.{key} = {value!r}: must be a number {'> 0' if positive else '>= 0'} (seconds)")
+    return n
+
+
+def redact_url(url: str) -> str:
+    """scheme://host/… : a webhook's path is often its secret (Slack, Discord, an ntfy topic)."""
+    parsed = urllib.parse.urlsplit(url)
+    tail = "/…" if parsed.path.strip("/") or parsed.query else ""
+    return f"{parsed.scheme}://{parsed.netloc.rpartition('@')[2]}{tail}" if parsed.netloc else url[:12] + "…"
 
 
 def validate_hosts(cfg: RunConfig) -> None:
@@ -317,6 +399,10 @@ def load_config(path: str | Path) -> RunConfig:
 def dump_toml(cfg: RunConfig) -> str:
     """Serialize a config back to TOML (the frozen copy kept in the run dir)."""
     d = cfg.to_dict()
+    if not cfg.notify.enabled:
+        d.pop("notify", None)  # an empty [notify] is refused at load
+    elif not cfg.notify.command:
+        d["notify"].pop("command")  # so is an empty command list
     lines: list[str] = []
     tables = {}
     hosts = d.pop("hosts", None) or []

@@ -59,7 +59,9 @@ async def run_agent(work_dir: Path, host_name: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with aiohttp.ClientSession() as session:
-        workers = [Worker(spec=s, cfg=cfg, run_dir=work_dir, session=session, emit=telemetry.emit)
+        # the same Worker as a one-host run: a busy port or a server that cannot prove it is this launch is
+        # refused here, and its identity.json tells the dispatch host (engine/host_link.py) not to admit it
+        workers = [Worker(spec=s, cfg=cfg, run_dir=work_dir, session=session, emit=telemetry.emit, host_name=host_name)
                    for s in named_specs(cfg.workers, host_name)]
         for w in workers:
             w.start()

@@ -11,6 +11,12 @@ of the dispatch host, plus `[[hosts]].ssh_options`). On every (re)join the link:
    127.0.0.1 port (SGLang stays bound to loopback on the host), unless router.link = "lan";
 4. watches each server through its forward (/health, /metrics, /get_server_info).
 
+A server joins the router only once its identity is proven twice: the host agent's Worker proved
+on the host that it is its own launch (free port, per-launch served-model-name, socket owned by the
+launched tree) and wrote so in workers/<name>/identity.json; and through the forward the server
+answers with that same name (so the forward reaches that server, not another one on the port). An
+agent's refusal shows here as a `refused` member with the agent's reason and a critical alert.
+
 A link that dies or servers unreachable for `router.host_lost_after_s` make the host *lost*: an
 alert, its servers leave the router (the fleet listens to their states), the forwards are killed
 so every request still open through them fails now and is re-dispatched, and the link retries
@@ -35,8 +41,11 @@ import aiohttp
 
 from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
 from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics
+from engine.server_identity import IdentityCheck, ServedNames, Verdict, read_served_names
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event
+from engine.workers import (
+    IDENTITY_FILE, IdentityRecord, WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event,
+)
 from probes.shell import shell_path
 
 log = logging.getLogger("regen.hosts")
@@ -47,6 +56,7 @@ METRICS_EVERY_S = 2.0
 SSH_TIMEOUT_S = 60.0
 FORWARD_READY_S = 20.0
 MAX_BACKOFF_S = 30.0
+IDENTITY_REFRESH_S = 2.0  # the agents' identity records are read over ssh at most this often
 
 
 class HostState:
@@ -109,6 +119,7 @@ class RemoteWorker:
     listeners: list[Callable[["RemoteWorker", str], None]] = field(default_factory=list)
     unhealthy_since: float | None = None
     ready_this_join: bool = False
+    served_model_name: str | None = None  # the proven name it was admitted with (None: not admitted)
 
     @property
     def name(self) -> str:
@@ -129,6 +140,40 @@ class RemoteWorker:
 
     def snapshot(self) -> WorkerEvent:
         return worker_event(self, host=self.host, remote=True)
+
+
+def admit_remote(record: IdentityRecord | None, answer: ServedNames, where: str) -> IdentityCheck:
+    """Whether a remote server may join the router: its host agent proved it is its own launch, and
+    the server reached at `where` answers with that launch's name."""
+    if record is None:
+        return IdentityCheck(Verdict.PENDING, f"the host agent has not recorded this server's identity yet ({IDENTITY_FILE})")
+    if record.state == WorkerState.REFUSED:
+        return IdentityCheck(Verdict.FOREIGN, f"the host agent refused it: {record.error}", names=answer.names)
+    if record.state != WorkerState.READY or not record.served_model_name:
+        return IdentityCheck(Verdict.PENDING, f"the host agent has not proven it yet (its state: {record.state})")
+    if record.served_model_name in answer.names:
+        return IdentityCheck(Verdict.PROVEN, f"{where} answers as {record.served_model_name!r}, the host agent's "
+                             f"proven launch (pid {record.pid})", names=answer.names)
+    if not answer.names:
+        return IdentityCheck(Verdict.PENDING, f"{where} does not say its name yet ({answer.error})")
+    return IdentityCheck(Verdict.FOREIGN, f"{where} answers as {', '.join(map(repr, answer.names))}, but the host "
+                         f"agent's launch on port {record.port} (pid {record.pid}) is {record.served_model_name!r}: "
+                         "another server answers there", names=answer.names)
+
+
+def parse_identity_records(text: str) -> tuple[dict[str, IdentityRecord], list[str]]:
+    """The records `cat workers/*/identity.json` printed, by worker name, and the lines that did not parse."""
+    records, bad = {}, []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = IdentityRecord.from_json(line)
+        except (ValueError, KeyError, TypeError) as exc:
+            bad.append(f"{line[:120]!r}: {exc}")
+            continue
+        records[rec.name] = rec
+    return records, bad
 
 
 def _free_local_port(preferred: int) -> int:
@@ -169,6 +214,9 @@ class HostLink:
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self.log_path = Path(cfg.run_dir) / "hosts" / host.name / "link.log"
+        self._records: dict[str, IdentityRecord] = {}
+        self._records_at = float("-inf")
+        self._records_error = ""
 
     # -- public -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -392,7 +440,7 @@ class HostLink:
                     if self.drained:
                         if m.state != HostState.DRAINED:
                             m.set_state(HostState.DRAINED)
-                    elif m.state != WorkerState.READY:
+                    elif m.state != WorkerState.READY and await self._admit(m):
                         await self._read_capacity(m)
                         m.ready_this_join = True
                         m.set_state(WorkerState.READY)
@@ -401,6 +449,8 @@ class HostLink:
                         m.unhealthy_since = now
                     if m.state == WorkerState.READY:
                         m.set_state(WorkerState.LOADING, why)  # out of the router until healthy again
+                    elif m.state == WorkerState.REFUSED:
+                        await self._recheck_refused(m)
                     else:
                         m.error = why
             # servers still loading (minutes for a 27B model) are not a lost host; ready ones that all
@@ -411,9 +461,82 @@ class HostLink:
                     f"{m.name}: {m.error}" for m in self.members)
             if now >= next_metrics:
                 next_metrics = now + METRICS_EVERY_S
-                await asyncio.gather(*(self._scrape(m) for m in self.members if m.state == WorkerState.READY))
+                ready = [m for m in self.members if m.state == WorkerState.READY]
+                await asyncio.gather(*(self._scrape(m) for m in ready), *(self._still_admitted(m) for m in ready))
             await asyncio.sleep(POLL_S)
         return "stopping"
+
+    # -- identity -----------------------------------------------------------------------------
+    async def _identity_records(self, fresh: bool = False) -> dict[str, IdentityRecord]:
+        """The host agent's workers/*/identity.json, read over ssh at most every IDENTITY_REFRESH_S
+        unless `fresh`."""
+        if not fresh and time.monotonic() - self._records_at < IDENTITY_REFRESH_S:
+            return self._records
+        self._records_at = time.monotonic()
+        command = (f"cd {shell_path(self.host.work_dir)} && for f in workers/*/{IDENTITY_FILE}; do"
+                   ' [ -e "$f" ] || continue; cat "$f"; echo; done')
+        try:
+            rc, out, err = await self.ssh(command, timeout=20)
+        except HostError as exc:
+            self._records_error = f"cannot read the host agent's identity records: {exc}"
+            return self._records
+        if rc != 0:
+            self._records_error = f"reading the host agent's identity records failed (exit {rc}): {err.strip()}"
+            return self._records
+        self._records, bad = parse_identity_records(out)
+        self._records_error = ""
+        for line in bad:
+            log.warning("host %s: unreadable identity record %s", self.host.name, line)
+        return self._records
+
+    async def _admit(self, m: RemoteWorker) -> bool:
+        """A healthy server that is not ready yet: True when it may join the router. A server the agent
+        refused, or another server answering its port, is refused here too, with a critical alert."""
+        answer = await read_served_names(self.session, m.url, m.headers)
+        record = (await self._identity_records()).get(m.name)
+        where = f"{m.name} ({m.url})"
+        check = admit_remote(record, answer, where)
+        if check.verdict == Verdict.FOREIGN and m.state != WorkerState.REFUSED:
+            # before alerting: the cached record may predate the agent's latest launch
+            record = (await self._identity_records(fresh=True)).get(m.name)
+            check = admit_remote(record, answer, where)
+        if check.verdict == Verdict.PROVEN:
+            if m.state == WorkerState.REFUSED:
+                self.emit(AlertEvent(severity="info", text=f"worker {m.name}: its own server answers again; it rejoins",
+                                     evidence=f"refused before: {m.error}", key=f"worker:{m.name}:refused"))
+            m.served_model_name = record.served_model_name
+            log.info("worker %s: %s", m.name, check.reason)
+            return True
+        if check.verdict == Verdict.FOREIGN:
+            self._refuse(m, check.reason, record)
+        elif m.state != WorkerState.REFUSED:
+            m.error = check.reason + (f" ({self._records_error})" if self._records_error else "")
+        return False
+
+    def _refuse(self, m: RemoteWorker, reason: str, record: IdentityRecord | None) -> None:
+        first = m.state != WorkerState.REFUSED
+        m.served_model_name = None
+        m.set_state(WorkerState.REFUSED, reason)
+        if first:
+            evidence = f"host: {self.host.name} ({self.host.address})\nserver: {m.url}\n" + (
+                f"agent record: {record.to_json()}" if record else "agent record: none")
+            self.emit(AlertEvent(severity="critical", text=f"worker {m.name} refused on host {self.host.name}: {reason}",
+                                 evidence=evidence, key=f"worker:{m.name}:refused"))
+
+    async def _recheck_refused(self, m: RemoteWorker) -> None:
+        """A refused server that stopped answering: once the agent no longer refuses it (the port was
+        freed, its own server is loading), it is starting again, and admitted when it answers."""
+        record = (await self._identity_records()).get(m.name)
+        if record is not None and record.state != WorkerState.REFUSED:
+            m.set_state(WorkerState.STARTING, f"the host agent's server: {record.state}")
+
+    async def _still_admitted(self, m: RemoteWorker) -> None:
+        """A ready server must keep answering with the name it was admitted with (a restart by the agent
+        makes a new launch, to be proven again; another server on the port must not stay in the router)."""
+        answer = await read_served_names(self.session, m.url, m.headers)
+        if answer.names and m.served_model_name not in answer.names:
+            m.set_state(WorkerState.LOADING, f"answers as {', '.join(map(repr, answer.names))}, admitted as "
+                        f"{m.served_model_name!r}: its identity is checked again")
 
     async def _health(self, m: RemoteWorker) -> tuple[bool, str]:
         try:

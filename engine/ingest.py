@@ -29,6 +29,8 @@ from typing import Any
 
 import orjson
 
+from probes.host.candidates import Search, describe, find_candidates
+
 EXCERPT_CHARS = 200
 ID_FIELDS = ("id", "conversation_id", "uuid", "sample_id")
 ROLE_ALIASES = {
@@ -99,18 +101,28 @@ class Conversation:
 
 
 class PromptFileError(Exception):
-    """A prompt path that cannot be read: names the path and carries the OS error text."""
+    """A prompt path that cannot be read: names the path and carries the OS error text; for a path that is
+    not there, where it looked for the file and what it found (the same finder as `regen probe`'s)."""
 
-    def __init__(self, path: str, os_error: str | None, detail: str = ""):
+    def __init__(self, path: str, os_error: str | None, detail: str = "", candidates: Search | None = None):
         self.path = str(path)
         self.os_error = os_error
         self.detail = detail
+        self.candidates = candidates
         parts = [f"prompt file {self.path}"]
         if detail:
             parts.append(detail)
         if os_error:
             parts.append(os_error)
-        super().__init__(": ".join(parts))
+        lines = [": ".join(parts)]
+        if candidates is not None:
+            lines += ["  " + line for line in describe(candidates)]
+        super().__init__("\n".join(lines))
+
+    @classmethod
+    def not_found(cls, pattern: str, os_error: str | None, detail: str = "") -> PromptFileError:
+        """For a path or glob that names no file: searches for candidates (bounded: 2 s)."""
+        return cls(pattern, os_error, detail, candidates=find_candidates(pattern))
 
 
 class _RowError(Exception):
@@ -136,12 +148,12 @@ def resolve_prompt_files(patterns: Sequence[str]) -> list[Path]:
         if _GLOB_CHARS.search(pattern):
             matches = [m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)]
             if not matches:
-                raise PromptFileError(pattern, _glob_miss_text(pattern), "glob matched no files")
+                raise PromptFileError.not_found(pattern, _glob_miss_text(pattern), "glob matched no files")
         else:
             try:
                 st = os.stat(pattern)
             except OSError as exc:
-                raise PromptFileError(pattern, str(exc)) from exc
+                raise PromptFileError.not_found(pattern, str(exc)) from exc
             if os.path.isdir(pattern):
                 err = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), pattern)
                 raise PromptFileError(pattern, str(err), f"is a directory (use a glob such as {pattern}/*.jsonl)")

@@ -348,11 +348,20 @@ class _PilotServers:
         self.logs: list[Path] = []
 
     def start(self) -> None:
+        from engine.port_holder import check_port
+        from engine.server_identity import Expected, launch_token, operator_served_name, served_name
         from engine.workers import launch_argv, worker_specs  # the supervisor's own command line per group
 
         w = self.cfg.workers
+        self.expected: list[Expected] = []
         for spec in worker_specs(self.cfg):
-            argv = launch_argv(self.cfg, spec, self.python)
+            port = check_port(spec.host, spec.port)
+            if port.held:  # measuring another process's server would be a wrong figure
+                raise PlanError(f"pilot: port {spec.port} on {spec.host} is already in use by {port.holder_text()}; "
+                                "stop that process, or set workers.base_port in run.toml to a free range")
+            ours = served_name(self.cfg.run_dir, spec.name, "pilot-" + launch_token())
+            argv = launch_argv(self.cfg, spec, self.python, served_model_name=ours)
+            name = operator_served_name(argv) or ours
             log = self.log_dir / f"{spec.name}.log"
             env = dict(os.environ, **w.env, CUDA_VISIBLE_DEVICES=",".join(str(g) for g in spec.gpus))
             with open(log, "ab") as out:
@@ -361,6 +370,8 @@ class _PilotServers:
                 except OSError as exc:
                     raise PlanError(f"pilot: cannot start `{shlex.join(argv)}`: {exc}") from exc
             self.procs.append(proc)
+            self.expected.append(Expected(served_model_name=name, token_is_ours=name == ours, pid=proc.pid,
+                                          host=spec.host, port=spec.port))
             self.urls.append(spec.url)
             self.names.append(spec.name)
             self.logs.append(log)
@@ -379,9 +390,10 @@ class _PilotServers:
                                     f"last log lines ({self.logs[i]}):\n{_tail(self.logs[i])}")
                 try:
                     async with session.get(self.urls[i] + "/health", timeout=_timeout(5)) as resp:
-                        if resp.status == 200:
-                            pending.discard(i)
+                        healthy = resp.status == 200
                         last_error[i] = f"/health answered HTTP {resp.status}"
+                    if healthy and await self._proven(session, i, last_error):
+                        pending.discard(i)
                 except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
                     last_error[i] = f"{type(exc).__name__}: {exc}"  # not listening yet: retried until the timeout
             if pending and time.monotonic() > deadline:
@@ -390,6 +402,19 @@ class _PilotServers:
                                 f"(workers.ready_timeout_s): {waiting}; logs in {self.log_dir}")
             if pending:
                 await asyncio.sleep(READY_POLL_S)
+
+    async def _proven(self, session, i: int, last_error: dict[int, str]) -> bool:
+        """The server answering is the one launched (engine/server_identity.py), else PlanError."""
+        from engine.server_identity import Verdict, check_identity
+
+        check = await check_identity(session, self.urls[i], {}, self.expected[i])
+        if check.verdict == Verdict.FOREIGN:
+            raise PlanError(f"pilot: {check.reason}; stop that process, or set workers.base_port in run.toml to a "
+                            "free range")
+        if check.verdict == Verdict.OWN_MISMATCH:
+            raise PlanError(f"pilot: {check.reason}")
+        last_error[i] = check.reason
+        return check.verdict == Verdict.PROVEN
 
     def stop(self) -> list[str]:
         problems = []

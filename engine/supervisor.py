@@ -46,6 +46,7 @@ from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceRese
                           fallback_path, is_disk_full, record_for, write_fatal)
 from engine.gpu import GpuSampler
 from engine.ingest import PromptFileError
+from engine.notify import Notifier
 from engine.render import Renderer, RenderError
 from engine.rejects import RejectLog
 from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
@@ -74,7 +75,8 @@ GC_THRESHOLDS = (20_000, 20, 10)
 
 
 class Supervisor:
-    def __init__(self, cfg: RunConfig, run_dir: Path, telemetry: Telemetry, startup: StartupChecks | None = None):
+    def __init__(self, cfg: RunConfig, run_dir: Path, telemetry: Telemetry, startup: StartupChecks | None = None,
+                 notifier: Notifier | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.started_at = time.time()
@@ -89,6 +91,7 @@ class Supervisor:
         self.startup = startup or StartupChecks()
         self.telemetry = telemetry
         self.emit = self.telemetry.emit
+        self.notifier = notifier  # started and closed by _load_and_run: it must outlive the fatal / run_end events
         self._exit = asyncio.Event()
         self._shutdown_task: asyncio.Task | None = None
         self._dirty_shards: set[str] = set()
@@ -705,6 +708,7 @@ async def _load_and_run(run_dir: Path) -> int:
     reserve = SpaceReserve(run_dir)
     startup = StartupChecks()
     telemetry: Telemetry | None = None
+    notifier: Notifier | None = None
     sup: Supervisor | None = None
     failure: tuple[BaseException, str] | None = None
     code = EXIT_FAILED
@@ -719,11 +723,15 @@ async def _load_and_run(run_dir: Path) -> int:
         telemetry = Telemetry(run_dir)
         cfg = load_config(run_dir / "run.toml")
         startup.ok("config", str(run_dir / "run.toml"))
+        if cfg.notify.enabled:  # from here on a death or the run's end reaches an operator who is not looking
+            notifier = Notifier(cfg.notify, run_dir, telemetry.emit)
+            telemetry.listeners.append(notifier.on_event)
+            notifier.start()
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
         prepare_run_dir(cfg)
         startup.ok("run_dir", str(run_dir))
         _single_cpu_tokenizer()
-        sup = Supervisor(cfg, run_dir, telemetry, startup)
+        sup = Supervisor(cfg, run_dir, telemetry, startup, notifier)
         code = await sup.run()
         if sup.fatal_exc is not None:
             failure = (sup.fatal_exc, sup.fatal_phase)
@@ -753,6 +761,8 @@ async def _load_and_run(run_dir: Path) -> int:
             cause = sup.end_cause if sup is not None else ""
         telemetry.emit(RunEndEvent(state=state, exit_code=code, cause=cause, done=plan.done if plan else 0,
                                    total=plan.total if plan else 0))
+        if notifier is not None:
+            await notifier.aclose()  # bounded: notify.flush_timeout_s
         telemetry.close()
     return code
 

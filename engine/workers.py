@@ -4,10 +4,16 @@ State machine: starting -> loading -> ready -> crashed -> (backoff) starting ...
 `workers.max_restarts` crashes inside RESTART_WINDOW_S. stdout+stderr of each server are appended
 to workers/<name>/server.log; the server runs in its own process group so a kill takes its whole
 tree (SGLang forks scheduler and detokenizer processes).
+
+A worker is only ever the server it launched: the port must be free before each launch, and the
+server that answers must prove it is this launch (engine/server_identity.py) before the worker is
+ready. Otherwise it is `refused` (not a crash): one critical alert naming the holder and the
+remedy, the port re-checked with backoff, and the launch made once the port is free again.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -15,7 +21,7 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +29,11 @@ import aiohttp
 
 from engine.config import RunConfig
 from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics, parse_server_info
+from engine.port_holder import PortCheck, check_port
+from engine.server_identity import (
+    SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, launch_token, operator_served_name,
+    served_name,
+)
 from engine.telemetry_events import AlertEvent, WorkerEvent
 
 log = logging.getLogger("regen.workers")
@@ -33,6 +44,10 @@ ERROR_PATTERN = re.compile(
     r"|SIGQUIT received|Watchdog timeout|is dead|Initialization failed"
 )
 LOADING_HINTS = ("server_args=", "Load weight begin", "Init torch distributed", "Loading")
+# uvicorn's line when the port was taken between regen's check and the server's bind
+BIND_IN_USE = re.compile(r"\[Errno 98\]|address already in use", re.IGNORECASE)
+REFUSED_RECHECK_S = (1.0, 30.0)  # first and longest wait between checks of a refused worker's port
+IDENTITY_FILE = "identity.json"
 RESTART_WINDOW_S = 600.0
 HEALTH_INTERVAL_S = 5.0
 METRICS_INTERVAL_S = 2.0
@@ -73,8 +88,9 @@ def worker_specs(cfg: RunConfig) -> list[WorkerSpec]:
     return specs
 
 
-def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str) -> list[str]:
-    """The template is split first and each word formatted, so paths with spaces stay one argument."""
+def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name: str | None = None) -> list[str]:
+    """The template is split first and each word formatted, so paths with spaces stay one argument.
+    `served_model_name` (the per-launch identity) is added unless the operator's line sets its own."""
     fields = {
         "python": python,
         "model": cfg.model,
@@ -85,6 +101,8 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str) -> list[str]:
     }
     argv = [word.format(**fields) for word in shlex.split(cfg.workers.launch)]
     argv += list(cfg.workers.extra_args)
+    if served_model_name and operator_served_name(argv) is None:
+        argv += [SERVED_NAME_FLAG, served_model_name]
     if cfg.workers.api_key and "--api-key" not in argv:
         argv += ["--api-key", cfg.workers.api_key]
     return argv
@@ -149,6 +167,43 @@ def error_lines(log_path: Path, start_offset: int, limit: int = MAX_ERROR_LINES)
         return [f"(cannot read {log_path}: {exc})"]
     hits = [line.strip() for line in text.splitlines() if ERROR_PATTERN.search(line)]
     return hits[-limit:]
+
+
+def bind_failure(log_path: Path, start_offset: int, port: int) -> str | None:
+    """The server's own "address already in use" line for `port` since this launch, if it logged one
+    (a line about another port, e.g. a distributed-init port, is not the worker's port)."""
+    for line in reversed(log_tail(log_path, start_offset, lines=40)):
+        if BIND_IN_USE.search(line) and re.search(rf"\b{port}\b", line):
+            return line.strip()
+    return None
+
+
+@dataclass(frozen=True)
+class IdentityRecord:
+    """workers/<name>/identity.json: the server this worker launched and whether it proved its
+    identity. A multi-host run's dispatch host reads it (over ssh) before a remote server may join
+    the router: the name the server must answer with, and the host agent's verdict."""
+    name: str
+    state: str
+    served_model_name: str | None
+    pid: int | None
+    port: int
+    error: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "IdentityRecord":
+        data = json.loads(text)
+        return cls(name=str(data["name"]), state=str(data["state"]), served_model_name=data.get("served_model_name"),
+                   pid=data.get("pid"), port=int(data["port"]), error=data.get("error"))
+
+
+def write_identity(path: Path, record: IdentityRecord) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(record.to_json() + "\n")
+    os.replace(tmp, path)
 
 
 def log_tail(log_path: Path, start_offset: int, lines: int = 5) -> list[str]:
@@ -218,6 +273,8 @@ class Worker:
         self._manual_restart = asyncio.Event()
         self._ready_event = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._expected: Expected | None = None  # the identity of the current launch
+        self._proxy_warned = False
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -276,10 +333,76 @@ class Worker:
         for listener in list(self.listeners):
             listener(self, state)
         self.emit(self.snapshot())
+        self._record_identity()
+
+    def _record_identity(self) -> None:
+        expected = self._expected
+        record = IdentityRecord(name=self.name, state=self.state, pid=self.pid, port=self.spec.port, error=self.error,
+                                served_model_name=expected.served_model_name if expected else None)
+        try:
+            write_identity(self.log_path.parent / IDENTITY_FILE, record)
+        except OSError as exc:
+            log.warning("worker %s: cannot write %s: %s", self.name, IDENTITY_FILE, exc)
+
+    @property
+    def port_remedy(self) -> str:
+        where = "[[hosts]] base_port (or workers.base_port)" if self.host_name else "workers.base_port"
+        return f"stop that process, or set {where} in run.toml to a free range"
+
+    def _refuse(self, reason: str, evidence: str) -> None:
+        """Another process's server holds or answers the port: refused, alerted once per refusal."""
+        first = self.state != WorkerState.REFUSED
+        error = f"{reason}; {self.port_remedy}"
+        changed = error != self.error
+        self.error = error
+        self.pid = None  # no server of ours runs: the pid shown must never be the other process's
+        if first:
+            self._set_state(WorkerState.REFUSED)
+            self._alert("critical", f"worker {self.name} refused: {error}", evidence, "refused")
+        elif changed:  # another holder now: show it, without a second alert
+            log.warning("worker %s: still refused: %s", self.name, error)
+            self.emit(self.snapshot())
+            self._record_identity()
+
+    def _clear_refusal(self) -> None:
+        where = f"port {self.spec.port} on {self.spec.host}"
+        log.info("worker %s: %s is free again; launching its server", self.name, where)
+        self._alert("info", f"worker {self.name}: {where} is free again; launching its server",
+                    f"refused before: {self.error}", "refused")
+        self.error = None
+
+    async def _wait_for_port(self) -> bool:
+        """Launch only on a free port: while another process holds it the worker stays refused and the
+        port is checked again with backoff (not a crash). True when free, False when stopping."""
+        delay, longest = REFUSED_RECHECK_S
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)  # identity.json records a refusal too
+        while not self._stopping:
+            pid_path = self.log_path.parent / "server.pid"
+            reaped = await asyncio.to_thread(reap_orphan, pid_path, self.spec.port)
+            if reaped:
+                log.warning("worker %s: %s", self.name, reaped)
+            check = await asyncio.to_thread(check_port, self.spec.host, self.spec.port)
+            if not check.held:
+                if not check.free:  # not a holder (e.g. an address this host does not have): the launch says why
+                    log.warning("worker %s: %s; %s", self.name, check.bind_error, check.note)
+                if self.state == WorkerState.REFUSED:
+                    self._clear_refusal()
+                return True
+            self._refuse(f"port {check.port} on {check.host} is already in use by {check.holder_text()}",
+                         check.evidence())
+            try:
+                await asyncio.wait_for(self._manual_restart.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass  # check again
+            self._manual_restart.clear()
+            delay = min(longest, delay * 2)
+        return False
 
     async def _lifecycle(self) -> None:
         while not self._stopping:
             self._manual_restart.clear()
+            if not await self._wait_for_port():
+                break
             try:
                 await self._launch()
             except OSError as exc:
@@ -294,6 +417,9 @@ class Worker:
                     await self._kill(STOP_GRACE_S)
                     self.restarts += 1
                     self.error = None
+                    continue
+                if outcome == "refused":  # not a crash of ours: wait for the port, then launch again
+                    await self._kill(STOP_GRACE_S)
                     continue
             # crashed (or hung / never ready, already killed)
             now = time.time()
@@ -320,10 +446,9 @@ class Worker:
     async def _launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         pid_path = self.log_path.parent / "server.pid"
-        reaped = await asyncio.to_thread(reap_orphan, pid_path, self.spec.port)
-        if reaped:
-            log.warning("worker %s: %s", self.name, reaped)
-        argv = launch_argv(self.cfg, self.spec, self.python)
+        ours = served_name(self.cfg.run_dir, self.name, launch_token())
+        argv = launch_argv(self.cfg, self.spec, self.python, served_model_name=ours)
+        name = operator_served_name(argv) or ours
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)
         env.update(self.cfg.workers.env)
@@ -340,13 +465,15 @@ class Worker:
             )
         self.pid = self._proc.pid
         pid_path.write_text(f"{self.pid}\n")
+        self._expected = Expected(served_model_name=name, token_is_ours=name == ours, pid=self.pid,
+                                  host=self.spec.host, port=self.spec.port)
         self.error = None
         self.metrics = ServerMetrics()
         log.info("worker %s: launched pid %d: %s (log %s)", self.name, self.pid, shown, self.log_path)
         self._set_state(WorkerState.STARTING)
 
     async def _monitor(self) -> str:
-        """Returns "crashed" or "manual". Kills the process itself when hung or never ready."""
+        """Returns "crashed", "refused" or "manual". Kills the process itself when hung or never ready."""
         proc = self._proc
         assert proc is not None
         launched = time.monotonic()
@@ -354,11 +481,12 @@ class Worker:
         next_health = 0.0
         next_metrics = 0.0
         health_failures = 0
+        unproven = ""
         while True:
             if self._manual_restart.is_set():
                 return "manual"
             if proc.returncode is not None:
-                return self._crashed(proc.returncode)
+                return await self._exited(proc.returncode)
             now = time.monotonic()
             if self.state in (WorkerState.STARTING, WorkerState.LOADING):
                 text, seen = self._read_log(seen)
@@ -369,11 +497,23 @@ class Worker:
                 if not ready and now >= next_health:
                     next_health = now + 1.0
                     ready = await self._health_ok(timeout=2.0)
-                if ready:
-                    await self._read_capacity()
-                    self._set_state(WorkerState.READY)
-                elif now - launched > self.cfg.workers.ready_timeout_s:
+                if ready:  # by its log line or /health: either way, only once it proves it is this launch
+                    check = await self._prove_identity()
+                    if check.verdict == Verdict.PROVEN:
+                        await self._read_capacity()
+                        self._set_state(WorkerState.READY)
+                    elif check.verdict == Verdict.FOREIGN:
+                        self._refuse(check.reason, self._identity_evidence(check))
+                        return "refused"
+                    elif check.verdict == Verdict.OWN_MISMATCH:
+                        await self._kill(STOP_GRACE_S)
+                        return self._crashed(proc.returncode, reason=check.reason)
+                    else:
+                        unproven = check.reason
+                if self.state != WorkerState.READY and now - launched > self.cfg.workers.ready_timeout_s:
                     self.error = f"not ready after {self.cfg.workers.ready_timeout_s:.0f} s (workers.ready_timeout_s)"
+                    if unproven:
+                        self.error += f"; it answered, but its identity was not proven: {unproven}"
                     await self._kill(STOP_GRACE_S)
                     return self._crashed(proc.returncode, reason=self.error)
             else:
@@ -396,6 +536,40 @@ class Worker:
                 await asyncio.wait_for(self._manual_restart.wait(), timeout=0.25)
             except asyncio.TimeoutError:
                 pass  # poll tick
+
+    async def _prove_identity(self) -> IdentityCheck:
+        assert self._expected is not None
+        check = await check_identity(self.session, self.url, self.headers, self._expected)
+        log.info("worker %s: identity %s: %s", self.name, check.verdict, check.reason)
+        if check.warning and not self._proxy_warned:
+            self._proxy_warned = True
+            self._alert("warning", f"worker {self.name}: {check.warning}", self._identity_evidence(check), "proxy")
+        return check
+
+    def _identity_evidence(self, check: IdentityCheck) -> str:
+        expected = self._expected
+        lines = [f"port: {self.spec.port} on {self.spec.host}",
+                 f"launched: pid {expected.pid if expected else None}, served-model-name "
+                 f"{expected.served_model_name if expected else None!r}",
+                 f"answered: served-model-name {', '.join(map(repr, check.names)) or '(none)'}"]
+        for h in check.holders:
+            lines.append(f"holder pid: {h.pid if h.pid is not None else 'not visible'}")
+            lines.append(f"holder command: {h.cmdline or h.note}")
+        return "\n".join(lines)
+
+    async def _exited(self, returncode: int) -> str:
+        """The launched server exited. When it could not bind its port because another process took it
+        after the check, that is a refusal naming the holder; if the holder has gone since, a crash that
+        says why."""
+        line = bind_failure(self.log_path, self._log_offset, self.spec.port)
+        if line is None:
+            return self._crashed(returncode)
+        check: PortCheck = await asyncio.to_thread(check_port, self.spec.host, self.spec.port)
+        taken = f"port {self.spec.port} on {self.spec.host} was taken before the server could bind it ({line})"
+        if check.held:
+            self._refuse(f"{taken}; it is held by {check.holder_text()}", check.evidence() + f"\nserver log: {line}")
+            return "refused"
+        return self._crashed(returncode, reason=f"{taken}; the holder has gone since")
 
     def _crashed(self, returncode: int | None, reason: str | None = None) -> str:
         lines = error_lines(self.log_path, self._log_offset)

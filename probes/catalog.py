@@ -7,6 +7,8 @@ the scripts print JSON and keep every error's text. stderr is never discarded.
 
 `needs`: probes that must PASS or WARN first (otherwise this one is SKIP, naming them).
 `uses`: probes whose data this one reads when available (it waits for them, never skips).
+`real_gpus`: in a rehearsal (the run config launches the SGLang simulator, `ProbeContext.rehearsal`)
+the probe is SKIP with "rehearsal: simulated GPUs"; `packages` then does not import sglang.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from probes.context import GIB, ProbeContext
+from probes.context import GIB, REHEARSAL, ProbeContext
 from probes.host import script
+from probes.host.candidates import candidate_words, describe, search_from_dict
 from probes.shell import shell_path
 from probes.model import CommandResult, ProbeResult, Status
 
@@ -80,6 +83,7 @@ class Probe:
     on_timeout: Callable[[CommandResult], str | None] | None = None
     config: str = "any"  # "any": always; "config": only with --config; "no_config": only without
     when: Callable[[ProbeContext], bool] | None = None  # only for contexts where this holds
+    real_gpus: bool = False  # checks what only real SGLang servers need (GPUs, CUDA, weights): SKIP in a rehearsal
 
 
 class Findings:
@@ -247,6 +251,11 @@ def judge_python(res: CommandResult, inp: JudgeInput) -> Verdict:
     return Verdict(Status.PASS, f"Python {vtext} at {where}", expected, f"Python {vtext}", data=data)
 
 
+def packages_for(ctx: ProbeContext) -> tuple[tuple[str, str], ...]:
+    """(module, distribution) the host env needs: a rehearsal runs the simulator, not sglang."""
+    return tuple(p for p in PACKAGES if not (ctx.rehearsal and p[0] == "sglang"))
+
+
 def packages_in_flight(res: CommandResult) -> str | None:
     records = json_lines(res.stdout)
     done = {r["module"] for r in records if "module" in r}
@@ -259,7 +268,8 @@ def judge_packages(res: CommandResult, inp: JudgeInput) -> Verdict:
     done = {r["module"]: r for r in records if "module" in r}
     started = [r["start"] for r in records if "start" in r]
     finished = any(r.get("done") for r in records)
-    expected = "importable in " + inp.ctx.python + ": " + ", ".join(m for m, _ in PACKAGES)
+    wanted = packages_for(inp.ctx)
+    expected = "importable in " + inp.ctx.python + ": " + ", ".join(m for m, _ in wanted)
     f = Findings()
     if not finished:
         crashed = next((m for m in started if m not in done), None)
@@ -271,7 +281,7 @@ def judge_packages(res: CommandResult, inp: JudgeInput) -> Verdict:
             return Verdict(Status.ERROR, f"the package script printed no result ({how}): {last_line(res.stderr)}",
                            expected, res.stderr.strip())
     lines, versions, broken = [], {}, []
-    for module, dist in PACKAGES:
+    for module, dist in wanted:
         r = done.get(module)
         if r is None:
             lines.append(f"{module}: not checked")
@@ -284,11 +294,14 @@ def judge_packages(res: CommandResult, inp: JudgeInput) -> Verdict:
             broken.append(dist)
             f.fail(f"{module}: {r['error']}")
     if broken:
-        f.fail(f"{len(broken)} of {len(PACKAGES)} not importable", f"install into the host env: {inp.ctx.python} -m pip "
+        f.fail(f"{len(broken)} of {len(wanted)} not importable", f"install into the host env: {inp.ctx.python} -m pip "
                "install " + " ".join(broken) + " (sglang pins torch and the rest; `pip install 'sglang[all]'`)")
+    if len(wanted) < len(PACKAGES):
+        lines.append(f"sglang: not needed ({REHEARSAL})")
     ok = ", ".join(f"{m} {versions[m]}" for m in versions)
-    return f.verdict(f"all {len(PACKAGES)} importable: {ok}", expected=expected, actual="\n".join(lines),
-                     data={"packages": {m: done.get(m) for m, _ in PACKAGES}})
+    return f.verdict(f"all {len(wanted)} importable: {ok}" + ("; sglang not needed (rehearsal)" if inp.ctx.rehearsal
+                                                              else ""),
+                     expected=expected, actual="\n".join(lines), data={"packages": {m: done.get(m) for m, _ in wanted}})
 
 
 # ---------------------------------------------------------------------------------------------- router
@@ -530,22 +543,31 @@ def disk_judge(kind: str) -> Callable[[CommandResult, JudgeInput], Verdict]:
 # ---------------------------------------------------------------------------------------------- model
 
 
+def model_info(res: CommandResult) -> dict:
+    return script_json(res, "model dir")
+
+
+def missing_model_verdict(model: dict, expected: str, data: dict) -> Verdict:
+    searched = model.get("hub_cache_searched")
+    extra = f"; not in the Hugging Face cache either ({', '.join(searched)})" if searched else ""
+    return Verdict(Status.FAIL, f"model dir {model.get('given')}: {model.get('error')}{extra}", expected,
+                   model.get("error", ""), remedy="set model in the run config to the model directory on the host",
+                   data=data)
+
+
 def judge_model(res: CommandResult, inp: JudgeInput) -> Verdict:
+    """config.json, tokenizer files and the chat template: what rendering prompts needs (weights: model.weights)."""
     try:
-        info = script_json(res, "model dir")
+        info = model_info(res)
     except ScriptOutputError as exc:
         return script_error_verdict(exc, inp.ctx)
     ctx = inp.ctx
     model, tok = info.get("model", {}), info.get("tokenizer", {})
     path = model.get("path") or model.get("given")
-    expected = "config.json, tokenizer files, a chat template, and weights that fit the GPUs at tp_size " + str(ctx.tp_size)
+    expected = "config.json, tokenizer files and a chat template"
     data: dict[str, Any] = {"model": model, "tokenizer": tok}
     if "path" not in model:
-        searched = model.get("hub_cache_searched")
-        extra = f"; not in the Hugging Face cache either ({', '.join(searched)})" if searched else ""
-        return Verdict(Status.FAIL, f"model dir {model.get('given')}: {model.get('error')}{extra}", expected,
-                       model.get("error", ""), remedy="set model in the run config to the model directory on the host",
-                       data=data)
+        return missing_model_verdict(model, expected, data)
     f = Findings()
     if not model.get("is_dir"):
         f.fail(f"model path {path} is not a directory")
@@ -569,6 +591,33 @@ def judge_model(res: CommandResult, inp: JudgeInput) -> Verdict:
     supports_thinking = bool(thinking.get("enable_thinking") or thinking.get("think_tag"))
     if tok.get("chat_template") and ctx.enable_thinking and not supports_thinking:
         f.warn("enable_thinking is on but the chat template never mentions enable_thinking or <think>")
+    context = ctx.context_length or cfg.get("max_position_embeddings")
+    if ctx.context_length and cfg.get("max_position_embeddings") and ctx.context_length > cfg["max_position_embeddings"]:
+        f.warn(f"context_length {ctx.context_length} is above the model's max_position_embeddings "
+               f"{cfg['max_position_embeddings']}")
+    data.update(architecture=arch, context_length=context, supports_thinking=supports_thinking,
+                chat_template_source=tok.get("chat_template_source"), path=path, tokenizer_path=tok.get("path"))
+    summary = (f"{arch} at {path}: context {context}; tokenizer {tok.get('tokenizer_class') or '?'}; chat template "
+               f"from {tok.get('chat_template_source')}, thinking {'yes' if supports_thinking else 'no'}")
+    actual = (f"architecture {arch}; tokenizer files {tok.get('files')}; chat template {tok.get('chat_template_source')}")
+    return f.verdict(summary, expected=expected, actual=actual, data=data)
+
+
+def judge_weights(res: CommandResult, inp: JudgeInput) -> Verdict:
+    """Weights present (every shard the index names) and their fit on the GPUs at tp_size."""
+    try:
+        info = model_info(res)
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, inp.ctx)
+    ctx = inp.ctx
+    model = info.get("model", {})
+    path = model.get("path") or model.get("given")
+    expected = f"weights in the model dir that fit the GPUs at tp_size {ctx.tp_size}"
+    if "path" not in model or not model.get("is_dir"):
+        # model.dir reports the path itself; a second FAIL for the same cause would be noise
+        why = f"{path} is not a directory" if "path" in model else model.get("error") or f"{path} not found"
+        return Verdict(Status.SKIP, f"no model dir to look in (see model.dir: {why})", expected, data={"model": model})
+    f = Findings()
     weights = model.get("weights_bytes") or 0
     index = model.get("index") or {}
     if index.get("missing_shards"):
@@ -595,19 +644,11 @@ def judge_model(res: CommandResult, inp: JudgeInput) -> Verdict:
         why = ", ".join(f"{d} {inp.deps[d].status.value}" if d in inp.deps else f"{d} not run"
                         for d in ("gpu.nvidia_smi", "gpu.nvml"))
         f.warn(f"cannot check the fit on the GPUs: no GPU memory known ({why})")
-    context = ctx.context_length or cfg.get("max_position_embeddings")
-    if ctx.context_length and cfg.get("max_position_embeddings") and ctx.context_length > cfg["max_position_embeddings"]:
-        f.warn(f"context_length {ctx.context_length} is above the model's max_position_embeddings "
-               f"{cfg['max_position_embeddings']}")
-    data.update(architecture=arch, weights_bytes=weights, fit=fit, context_length=context,
-                supports_thinking=supports_thinking, chat_template_source=tok.get("chat_template_source"),
-                path=path, tokenizer_path=tok.get("path"))
+    files = model.get("weights") or []
     fit_text = f"{gib(per_gpu)}/GPU at tp {ctx.tp_size} of {gib(fit['gpu_memory'])}" if fit else "fit unknown"
-    summary = (f"{arch} at {path}: weights {gib(weights)} ({fit_text}); context {context}; chat template from "
-               f"{tok.get('chat_template_source')}, thinking {'yes' if supports_thinking else 'no'}")
-    actual = (f"architecture {arch}; weights {size_text(weights)} in {len(model.get('weights') or [])} file(s); "
-              f"tokenizer files {tok.get('files')}; chat template {tok.get('chat_template_source')}")
-    return f.verdict(summary, expected=expected, actual=actual, data=data)
+    return f.verdict(f"weights {gib(weights)} in {len(files)} file(s) at {path} ({fit_text})", expected=expected,
+                     actual=f"weights {size_text(weights)} in {len(files)} file(s)",
+                     data={"path": path, "weights": files, "weights_bytes": weights, "index": index, "fit": fit})
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -616,12 +657,44 @@ def judge_model(res: CommandResult, inp: JudgeInput) -> Verdict:
 def prompts_args(ctx: ProbeContext, mode: str) -> dict:
     args: dict[str, Any] = {"mode": mode, "patterns": list(ctx.prompts), "format": ctx.prompt_format,
                             "sample": ctx.sample_rows}
-    if mode == "paths":
-        args["run_dir"] = ctx.run_dir
     if mode == "tokens":
         args["tokenizer"] = ctx.tokenizer_path
         args["enable_thinking"] = ctx.enable_thinking
     return args
+
+
+def legacy_candidates(missing: list[dict]) -> dict:
+    """The pre-finder `data.candidates` shape (files, searched, cut, ...), kept for readers of regen.probe/1."""
+    searches = [m["candidates"] for m in missing if m.get("candidates")]
+    files = [dict(c, similarity=c["closeness"], pattern=s["configured"]) for s in searches for c in s["candidates"]]
+    return {"files": files, "total_found": sum(s["total"] for s in searches),
+            "searched": list(dict.fromkeys(r for s in searches for r in s["roots"])),
+            "unreadable": [u for s in searches for u in s["unlisted"]],
+            "unreadable_count": sum(s["unlisted_count"] for s in searches),
+            "unreadable_files": [u for s in searches for u in s["unreadable"]],
+            "cut": next((s["cut"] for s in searches if s["cut"]), None)}
+
+
+def missing_words(m: dict) -> str:
+    """`work/chat.jsonl: cannot stat: [Errno 2] ...; best candidate: /x/work/data/prompts/chat.jsonl (...)`."""
+    text = f"{m['pattern']}: {m['why']}: {m['error']}".rstrip(": ")
+    search = m.get("candidates")
+    if not search:
+        return text
+    best = search["candidates"][:1]
+    if best:
+        return text + "; best candidate: " + candidate_words(search_from_dict(search).candidates[0])
+    return text + f"; no file named like {search['name']} found nearby"
+
+
+def missing_remedy(missing: list[dict], config: str | None) -> str:
+    where = f"`prompts` in {config}" if config else "`prompts` in the run config"
+    best = [(m["pattern"], m["candidates"]["candidates"][0]["path"]) for m in missing
+            if (m.get("candidates") or {}).get("candidates")]
+    if best:
+        return (f"set {where} to the best candidate (" + "; ".join(f"{p} -> {c}" for p, c in best)
+                + "), or copy the files to those paths on the host")
+    return f"fix {where} (the paths are read on the host), or copy the files to the host"
 
 
 def judge_prompt_paths(res: CommandResult, inp: JudgeInput) -> Verdict:
@@ -637,20 +710,14 @@ def judge_prompt_paths(res: CommandResult, inp: JudgeInput) -> Verdict:
                        + ", ".join(f["path"] for f in files[:5]) + (" ..." if len(files) > 5 else ""),
                        expected, "\n".join(f"{f['path']} ({size_text(f.get('size'))})" for f in files),
                        data={"files": files})
-    cands = info.get("candidates") or {}
-    listed = cands.get("files") or []
-    cand_text = "\n".join(f"  {c['path']} ({size_text(c['size'])})" for c in listed) or "  (none found)"
-    searched = ", ".join(cands.get("searched") or [])
-    problems = [f"{m['pattern']}: {m['why']}: {m['error']}".rstrip(": ") for m in missing]
-    actual = "\n".join(problems) + f"\ncandidate prompt files (most similar names first; searched {searched}):\n" + cand_text
-    if cands.get("cut"):
-        actual += f"\n(search {cands['cut']})"
-    if cands.get("unreadable_count"):
-        actual += f"\n({cands['unreadable_count']} entries unreadable, e.g. {cands['unreadable'][0]})"
-    hint = f"; candidates: {', '.join(c['path'] for c in listed[:3])}" if listed else "; no candidate prompt files found nearby"
-    return Verdict(Status.FAIL, "; ".join(problems) + hint, expected, actual,
-                   remedy="fix `prompts` in the run config (one of the candidates above?) or copy the files to the host",
-                   data={"files": files, "missing": missing, "candidates": cands})
+    actual = []
+    for m in missing:
+        actual.append(f"{m['pattern']}: {m['why']}: {m['error']}".rstrip(": "))
+        if m.get("candidates"):
+            actual += ["  " + line for line in describe(m["candidates"])]
+    return Verdict(Status.FAIL, "; ".join(missing_words(m) for m in missing), expected, "\n".join(actual),
+                   remedy=missing_remedy(missing, inp.ctx.config_path),
+                   data={"files": files, "missing": missing, "candidates": legacy_candidates(missing)})
 
 
 def judge_prompt_format(res: CommandResult, inp: JudgeInput) -> Verdict:
@@ -843,6 +910,10 @@ def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
 # ---------------------------------------------------------------------------------------------- the catalog
 
 
+def model_dir_command(ctx: ProbeContext) -> str:
+    return python_command(ctx, "model_dir", {"model": ctx.model, "tokenizer": ctx.tokenizer_path})
+
+
 def _catalog() -> list[Probe]:
     py = ("host.python",)
     return [
@@ -851,23 +922,26 @@ def _catalog() -> list[Probe]:
         Probe("host.python", "host Python interpreter", lambda c: python_command(c, "pyinfo"), judge_python,
               needs=("connection",), timeout_s=20, script="pyinfo"),
         Probe("packages", "Python packages of the host env",
-              lambda c: python_command(c, "packages", {"packages": [list(p) for p in PACKAGES]}), judge_packages,
+              lambda c: python_command(c, "packages", {"packages": [list(p) for p in packages_for(c)]}), judge_packages,
               needs=py, timeout_s=180, script="packages", on_timeout=packages_in_flight),
         Probe("gpu.nvidia_smi", "GPUs (nvidia-smi)", nvidia_smi_command, judge_nvidia_smi, needs=("connection",),
-              timeout_s=30),
+              timeout_s=30, real_gpus=True),
         Probe("gpu.nvml", "GPUs through NVML (pynvml)", lambda c: python_command(c, "nvml"), judge_nvml, needs=py,
-              uses=("gpu.nvidia_smi",), timeout_s=30, script="nvml"),
+              uses=("gpu.nvidia_smi",), timeout_s=30, script="nvml", real_gpus=True),
         Probe("cuda.torch", "torch CUDA build vs the driver; nvcc", lambda c: python_command(c, "torch_cuda", {"nvcc_candidates": list(NVCC_FALLBACKS)}),
-              judge_torch, needs=py, uses=("gpu.nvidia_smi", "gpu.nvml"), timeout_s=120, script="torch_cuda"),
+              judge_torch, needs=py, uses=("gpu.nvidia_smi", "gpu.nvml"), timeout_s=120, script="torch_cuda",
+              real_gpus=True),
         Probe("disk.home", "disk free in $HOME (no run dir configured)", lambda c: df_command("~"), disk_judge("home"),
               needs=("connection",), timeout_s=15, config="no_config"),
         Probe("disk.run_dir", "disk free for the run dir", lambda c: df_command(c.run_dir or "~"), disk_judge("run_dir"),
               needs=("connection",), uses=("prompts.format", "prompts.tokens"), timeout_s=15, config="config"),
         Probe("disk.shm", "shared memory (/dev/shm)", lambda c: df_command("/dev/shm"), disk_judge("shm"),
               needs=("connection",), timeout_s=15),
-        Probe("model.dir", "model directory (config, tokenizer, chat template, weights, fit)",
-              lambda c: python_command(c, "model_dir", {"model": c.model, "tokenizer": c.tokenizer_path}), judge_model,
-              needs=py, uses=("gpu.nvidia_smi", "gpu.nvml"), timeout_s=30, script="model_dir", config="config"),
+        Probe("model.dir", "model directory (config, tokenizer, chat template)", model_dir_command, judge_model,
+              needs=py, timeout_s=30, script="model_dir", config="config"),
+        Probe("model.weights", "model weights and their fit on the GPUs", model_dir_command, judge_weights,
+              needs=py, uses=("gpu.nvidia_smi", "gpu.nvml"), timeout_s=30, script="model_dir", config="config",
+              real_gpus=True),
         Probe("prompts.paths", "prompt files exist", lambda c: python_command(c, "prompts", prompts_args(c, "paths")),
               judge_prompt_paths, needs=py, timeout_s=60, script="prompts", config="config"),
         Probe("prompts.format", "prompt rows (sample): shape, sources, malformed rows",

@@ -6,10 +6,20 @@ only the config-free probes run.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 GIB = 1 << 30
+REHEARSAL = "rehearsal: simulated GPUs"  # the summary of every probe a rehearsal does not need
+# `-m engine.simulator` in workers.launch (engine.config.SIMULATOR_LAUNCH; `regen demo` uses it)
+_SIMULATOR_LAUNCH = re.compile(r"(?:^|\s)-m\s*engine\.simulator(?:\s|$)")
+
+
+def is_rehearsal(launch: str | None) -> bool:
+    """Whether a run config's `workers.launch` starts the SGLang simulator instead of SGLang: a rehearsal,
+    which needs no GPU, CUDA, sglang or weights. The one place that decides it (probes, preflight, reports)."""
+    return bool(launch) and _SIMULATOR_LAUNCH.search(launch) is not None
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,11 @@ class ProbeContext:
     content_fields: dict[str, Any] = field(default_factory=dict)
     sample_rows: int = 1000  # rows per prompt file read by prompts.format / prompts.tokens
     router_python: str | None = None  # multi-host dispatch host: the python that runs sglang-router
+    launch: str = ""  # workers.launch of the run config ("" without a config)
+
+    @property
+    def rehearsal(self) -> bool:
+        return is_rehearsal(self.launch)
 
     @property
     def tokenizer_path(self) -> str | None:

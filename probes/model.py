@@ -66,6 +66,7 @@ class ProbeReport:
     started_at: float
     duration_s: float
     schema: str = SCHEMA
+    rehearsal: bool = False  # the run config launches the SGLang simulator: GPU/CUDA/sglang/weights probes SKIP
 
     def summary(self) -> dict[str, int]:
         counts = {s.value: 0 for s in Status}
@@ -85,5 +86,6 @@ class ProbeReport:
             "started_at": self.started_at,
             "duration_s": self.duration_s,
             "summary": self.summary(),
+            "rehearsal": self.rehearsal,
             "probes": [r.to_dict() for r in self.results],
         }

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probes.host import script as host_script
+from probes.context import REHEARSAL
 from probes.model import ProbeReport, ProbeResult, Status
 
 STYLE = {
@@ -19,6 +20,8 @@ STYLE = {
     Status.SKIP: "dim",
 }
 MAX_OUTPUT_LINES = 40
+REHEARSAL_HEADER = ("rehearsal: workers.launch runs the SGLang simulator (-m engine.simulator); the GPU, CUDA, "
+                    "sglang and weights probes are SKIP (simulated GPUs)")
 
 
 def display_command(r: ProbeResult) -> str:
@@ -63,8 +66,15 @@ def detail(r: ProbeResult) -> Panel:
     return Panel(Group(*parts), title=title, title_align="left", border_style=STYLE[r.status].replace("bold ", ""))
 
 
+def is_rehearsal_skip(r: ProbeResult) -> bool:
+    return r.status is Status.SKIP and r.summary == REHEARSAL
+
+
 def render_report(report: ProbeReport, console: Console) -> None:
-    table = Table(title=f"regen probe {report.host}", title_justify="left", show_lines=False)
+    if report.rehearsal:
+        console.print(Text(REHEARSAL_HEADER, style="bold cyan"))
+    title = f"regen probe {report.host}" + (" (rehearsal)" if report.rehearsal else "")
+    table = Table(title=title, title_justify="left", show_lines=False)
     table.add_column("status", no_wrap=True)
     table.add_column("probe", no_wrap=True)
     table.add_column("summary", overflow="fold")
@@ -73,7 +83,7 @@ def render_report(report: ProbeReport, console: Console) -> None:
         table.add_row(Text(r.status.value, style=STYLE[r.status]), r.id, Text(r.summary), f"{r.duration_s:.1f}s")
     console.print(table)
     for r in report.results:
-        if r.status is not Status.PASS:
+        if r.status is not Status.PASS and not is_rehearsal_skip(r):  # the header says why those are skipped
             console.print(detail(r))
     counts = report.summary()
     line = Text("  ".join(f"{k} {v}" for k, v in counts.items() if v), style="bold")

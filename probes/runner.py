@@ -1,7 +1,8 @@
 """Run the probes concurrently over one CommandRunner; every outcome becomes a ProbeResult.
 
 A probe whose command hangs is ERROR ("timed out after N s") while the others report; a
-probe whose `needs` did not PASS/WARN is SKIP naming them; a judge that raises is ERROR
+probe whose `needs` did not PASS/WARN is SKIP naming them; in a rehearsal a `real_gpus` probe is
+SKIP "rehearsal: simulated GPUs"; a judge that raises is ERROR
 with the exception's text. Nothing here ever turns a failure into a PASS.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import traceback
 from dataclasses import dataclass
 
 from probes.catalog import JudgeInput, Probe, Verdict, probes_for
-from probes.context import ProbeContext
+from probes.context import REHEARSAL, ProbeContext
 from probes.model import CommandResult, CommandRunner, ProbeReport, ProbeResult, Status
 
 # The transport enforces each command's timeout itself; this is a backstop for a runner that does not return.
@@ -57,6 +58,13 @@ def connect_failure_result(probe: Probe, failure: ConnectFailure) -> ProbeResult
         remedy=REMEDY_BY_KIND.get(failure.kind, REMEDY_BY_KIND["error"]),
         data={"kind": failure.kind, "reachable": failure.kind not in ("unreachable", "timeout")},
     )
+
+
+def rehearsal_result(probe: Probe) -> ProbeResult:
+    return ProbeResult(probe.id, probe.title, Status.SKIP, REHEARSAL,
+                       expected="not needed: workers.launch runs the SGLang simulator (-m engine.simulator), which "
+                                "needs no GPU, CUDA, sglang or weights",
+                       script=probe.script or "", data={"rehearsal": True})
 
 
 def _from_command(probe: Probe, res: CommandResult, verdict: Verdict) -> ProbeResult:
@@ -143,6 +151,8 @@ async def run_probes(
     async def guarded(probe: Probe) -> ProbeResult:
         if probe.id == "connection" and (connect_failure is not None or runner is None):
             return connect_failure_result(probe, connect_failure or ConnectFailure("error", "no transport"))
+        if probe.real_gpus and cfg_context.rehearsal:
+            return rehearsal_result(probe)
         deps: dict[str, ProbeResult] = {}
         blocked = []
         for dep in probe.needs:
@@ -162,4 +172,5 @@ async def run_probes(
 
     await asyncio.gather(*(task(p) for p in probes))
     results = [futures[p.id].result() for p in probes]
-    return ProbeReport(host=host, results=results, started_at=started_at, duration_s=time.monotonic() - t0)
+    return ProbeReport(host=host, results=results, started_at=started_at, duration_s=time.monotonic() - t0,
+                       rehearsal=cfg_context.rehearsal)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from console.cause import not_running_lines, start_hint
+from console.cause import not_running_lines
 from console.commands.status import EXIT_NOT_RUNNING, EXIT_RUN_FAILED, exit_code_of, progress_line
 from console.tui.model import RunModel
 from engine.config import ConfigError
@@ -255,24 +255,25 @@ FATAL = {"exc_type": "PromptFileError", "message": "prompt file /d/c.jsonl: [Err
 
 
 def test_status_words_and_exit_codes_for_runs_that_are_not_running():
+    hint = "regen start gpu-box --config run.toml --ssh-config '/home/o/ssh config'"
     failed = {"state": "failed", "running": False, "fatal": FATAL, "run_dir": "/r dir; x"}
-    lines = not_running_lines(failed, "gpu-box", ssh_config="/home/o/ssh config")
+    lines = not_running_lines(failed, hint, "(run.toml: the config the run was started with)")
     assert lines[0] == "failed: PromptFileError: prompt file /d/c.jsonl: [Errno 2] No such file or directory"
     assert lines[1].split() == ["path:", "/d/c.jsonl"] and "fix `prompts`" in lines[2]
-    assert lines[-1].endswith("regen start gpu-box --config '/r dir; x/run.toml' --ssh-config '/home/o/ssh config'")
+    assert lines[-2] == f"  after the fix, start again: {hint}" and lines[-1].startswith("  (run.toml:")
     assert exit_code_of(failed) == EXIT_RUN_FAILED
     stopped = {"state": "stopped", "running": False, "fatal": None, "run_dir": "/r",
                "run_end": {"state": "stopped", "cause": "SIGTERM received"}}
-    assert not_running_lines(stopped, "h") == ["stopped: SIGTERM received; resume with: regen start h --config /r/run.toml"]
+    assert not_running_lines(stopped, "regen start h --config /r/run.toml") == [
+        "stopped: SIGTERM received; resume with: regen start h --config /r/run.toml"]
     assert exit_code_of(stopped) == EXIT_NOT_RUNNING
     dead = {"state": "dead", "running": False, "fatal": None, "run_dir": "/r", "log": "/r/supervisor.log",
             "log_tail": ["line a", "line b"]}
-    text = "\n".join(not_running_lines(dead, "h"))
+    text = "\n".join(not_running_lines(dead, "regen start h --config /r/run.toml"))
     assert "supervisor not running (killed? no cause recorded; last log lines of /r/supervisor.log" in text
     assert "| line b" in text and exit_code_of(dead) == EXIT_NOT_RUNNING
     assert exit_code_of({"state": "done", "running": False}) == 0
     assert exit_code_of({"state": "running", "running": True}) == 0
-    assert start_hint("h", "/a b/") == "regen start h --config '/a b/run.toml'"
 
 
 def test_progress_line_has_no_rates_for_a_run_that_is_not_running():

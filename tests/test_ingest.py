@@ -222,7 +222,10 @@ def test_missing_file_names_path_and_os_error(tmp_path):
         resolve_prompt_files([str(missing)])
     assert exc.value.path == str(missing)
     assert exc.value.os_error == f"[Errno 2] No such file or directory: '{missing}'"
-    assert str(exc.value) == f"prompt file {missing}: [Errno 2] No such file or directory: '{missing}'"
+    first, *search = str(exc.value).splitlines()
+    assert first == f"prompt file {missing}: [Errno 2] No such file or directory: '{missing}'"
+    assert search[0].startswith(f"  looked for nope.jsonl and similar names under {tmp_path}, ")  # where it looked
+    assert exc.value.candidates is not None and exc.value.candidates.configured == str(missing)
     with pytest.raises(PromptFileError):  # iter_prompts raises at the first next()
         next(iter_prompts([str(missing)]))
 

@@ -3,18 +3,22 @@ membership-derived capacity, and how status and the TUI show hosts."""
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
+import aiohttp
 import pytest
 from rich.console import Console
 
 from console.commands.status import render_status
 from console.tui.model import RunModel
 from engine.config import ConfigError, Host, config_from_dict, dump_toml, host_workers
-from engine.host_link import RemoteWorker, host_specs
+from engine.host_link import HostLink, RemoteWorker, admit_remote, host_specs, parse_identity_records
 from engine.metrics_client import ServerCapacity, ServerMetrics
 from engine.router import RouterEndpoint, router_argv
-from engine.telemetry_events import GpuEvent, WorkerEvent
-from engine.workers import WorkerSpec, WorkerState
+from engine.server_identity import ServedNames, Verdict
+from engine.telemetry_events import AlertEvent, GpuEvent, WorkerEvent
+from engine.workers import IdentityRecord, WorkerSpec, WorkerState
+from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 
 BASE = {"run_dir": "/r", "model": "/m", "prompts": ["p.jsonl"]}
 
@@ -136,3 +140,65 @@ def test_status_shows_hosts_router_and_workers_by_host():
     h2 = next(line for line in text.splitlines() if line.strip("│┃ ").startswith("h2 ") and "gpu-b" in line)
     assert "lost" in h2 and "the SSH port forwards exited (255)" in h2
     assert text.index("h1.gpu0") < text.index("h2.gpu0") and "workers (by host)" in text
+
+
+# -- identity: a remote server joins the router only as the host agent's proven launch ----------------------
+def _record(state: str, name: str | None = "regen-run-h1.gpu0-aa", error: str | None = None) -> IdentityRecord:
+    return IdentityRecord(name="h1.gpu0", state=state, served_model_name=name, pid=77, port=30000, error=error)
+
+
+@pytest.mark.parametrize("record, names, verdict, words", [
+    (None, ("regen-run-h1.gpu0-aa",), Verdict.PENDING, "has not recorded"),
+    (_record("loading"), ("regen-run-h1.gpu0-aa",), Verdict.PENDING, "has not proven it yet (its state: loading)"),
+    (_record("refused", None, "port 30000 on 127.0.0.1 is already in use by pid 9 (sglang)"), ("Qwen3",),
+     Verdict.FOREIGN, "the host agent refused it: port 30000 on 127.0.0.1 is already in use by pid 9 (sglang)"),
+    (_record("ready"), ("regen-run-h1.gpu0-aa",), Verdict.PROVEN, "the host agent's proven launch (pid 77)"),
+    (_record("ready"), ("Qwen3",), Verdict.FOREIGN, "answers as 'Qwen3', but the host agent's launch on port 30000"),
+    (_record("ready"), (), Verdict.PENDING, "does not say its name yet"),
+])
+def test_admit_remote(record, names, verdict, words):
+    check = admit_remote(record, ServedNames(names=names, error="GET /v1/models -> HTTP 503"), "h1.gpu0 (url)")
+    assert check.verdict == verdict and words in check.reason, check.reason
+
+
+def test_identity_records_parse_and_name_bad_lines():
+    text = _record("ready").to_json() + "\n\n{not json\n"
+    records, bad = parse_identity_records(text)
+    assert records == {"h1.gpu0": _record("ready")} and len(bad) == 1 and "{not json" in bad[0]
+
+
+async def test_a_remote_server_joins_only_as_the_agents_proven_launch(start_sim):
+    cfg = cfg_with([{"name": "h1", "address": "x"}])
+    sim = await start_sim(served_model_name="regen-run-h1.gpu0-aa")
+    emitted: list = []
+    agent = {"record": _record("refused", None, "port 30000 on 127.0.0.1 is already in use by pid 9 (sglang)")}
+
+    async def fake_ssh(command, stdin=None, timeout=60.0):
+        assert "identity.json" in command
+        return 0, agent["record"].to_json() + "\n", ""
+
+    async with aiohttp.ClientSession() as session:
+        link = HostLink(cfg, cfg.hosts[0], engine_root=Path("."), session=session, emit=emitted.append,
+                        forward_base=45000)
+        link.ssh = fake_ssh
+        [m] = link.members
+        m.url = sim.url
+        assert not await link._admit(m)  # the agent refused its port's holder: so does the dispatch host
+        assert m.state == WorkerState.REFUSED and "is already in use by pid 9" in m.error
+        [alert] = [e for e in emitted if isinstance(e, AlertEvent)]
+        assert alert.severity == "critical" and alert.key == "worker:h1.gpu0:refused"
+        assert alert.text.startswith("worker h1.gpu0 refused on host h1: the host agent refused it")
+
+        agent["record"] = _record("ready", "regen-run-h1.gpu0-other")  # proven there, but another server answers here
+        link._records_at = float("-inf")
+        assert not await link._admit(m) and m.state == WorkerState.REFUSED
+        assert "answers as 'regen-run-h1.gpu0-aa', but the host agent's launch" in m.error
+
+        agent["record"] = _record("ready")
+        link._records_at = float("-inf")
+        assert await link._admit(m) and m.served_model_name == "regen-run-h1.gpu0-aa"
+        assert emitted[-1].severity == "info" and emitted[-1].key == "worker:h1.gpu0:refused"
+        m.set_state(WorkerState.READY)
+        m.served_model_name = "regen-run-h1.gpu0-old"  # the agent restarted it since: a new launch
+        await link._still_admitted(m)
+        assert m.state == WorkerState.LOADING and "its identity is checked again" in m.error

@@ -148,3 +148,18 @@ def test_plan_over_real_ssh_runs_the_engine_on_the_host(tmp_path, tiny_model_dir
     d = json.loads(out.out)
     assert d["shard_plan"]["samples"] == 55 and d["projection"]["output_tokens_per_sample"]["basis"] == "assumed"
     assert not list(Path("/tmp").glob("regen-plan-*.toml"))  # the copied config is removed on the host
+
+
+def test_pilot_refuses_a_port_another_process_holds(tmp_path, tiny_model_dir, capsys):
+    import os
+    import tomllib
+
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path))
+    port = tomllib.loads(cfg.read_text())["workers"]["base_port"]
+    with socket.socket() as holder:  # measuring someone else's server would give a wrong figure
+        holder.bind(("127.0.0.1", port))
+        holder.listen(1)
+        assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "10"]) != 0
+    err = capsys.readouterr().err
+    assert f"pilot: port {port} on 127.0.0.1 is already in use by pid {os.getpid()} (" in err
+    assert "stop that process, or set workers.base_port in run.toml to a free range" in err

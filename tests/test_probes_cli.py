@@ -47,11 +47,13 @@ def test_cli_local_on_this_machine_fails_with_reasons(run_toml):
     assert report["schema"] == "regen.probe/1"
     st = statuses(report)
     assert list(st) == ["connection", "host.python", "packages", "gpu.nvidia_smi", "gpu.nvml", "cuda.torch",
-                        "disk.run_dir", "disk.shm", "model.dir", "prompts.paths", "prompts.format", "prompts.tokens",
-                        "ports", "run_dir.resume"]
+                        "disk.run_dir", "disk.shm", "model.dir", "model.weights", "prompts.paths", "prompts.format",
+                        "prompts.tokens", "ports", "run_dir.resume"]
     assert st["connection"] == st["host.python"] == st["prompts.paths"] == st["ports"] == "PASS"
     assert st["packages"] == st["gpu.nvidia_smi"] == st["gpu.nvml"] == st["cuda.torch"] == "FAIL"
-    assert st["model.dir"] == "WARN"  # fit unknown without GPUs
+    assert st["model.dir"] == "PASS"
+    assert st["model.weights"] == "WARN"  # fit unknown without GPUs
+    assert report["rehearsal"] is False
     by_id = {p["id"]: p for p in report["probes"]}
     assert "sglang: ModuleNotFoundError: No module named 'sglang'" in by_id["packages"]["summary"]
     assert by_id["gpu.nvidia_smi"]["exit_status"] == 127

@@ -19,33 +19,41 @@ from tests.test_probes_fakes import (add_weights, config_context, gpu_env, opena
 
 def test_model_without_weights_fails_with_path(tiny_model_dir, tmp_path):
     ctx = config_context(tmp_path, tiny_model_dir, [])
-    r = run_local(ctx, {"model.dir"})["model.dir"]
+    res = run_local(ctx, {"model.dir", "model.weights"})
+    r = res["model.weights"]
     assert r.status is Status.FAIL
-    assert f"no weights in {tiny_model_dir} (no *.safetensors or *.bin files)" in r.summary
-    assert r.data["architecture"] == "Qwen3ForCausalLM"
-    assert r.data["supports_thinking"] is True
+    assert r.summary == f"no weights in {tiny_model_dir} (no *.safetensors or *.bin files)"
+    assert r.remedy.startswith("download the weights into the model dir")
+    m = res["model.dir"]  # config, tokenizer and template are fine: that probe passes
+    assert m.status is Status.PASS, m.summary
+    assert m.data["architecture"] == "Qwen3ForCausalLM"
+    assert m.data["supports_thinking"] is True
 
 
 def test_model_pass_with_weights_on_fake_gpus(model_copy, tmp_path, monkeypatch):
     gpu_env(monkeypatch, tmp_path)
     add_weights(model_copy, 64 << 30)  # 64 GiB: 32 GiB per GPU at tp 2 on 140 GiB H200s
     ctx = config_context(tmp_path, model_copy, [], tp_size=2)
-    r = run_local(ctx, {"model.dir", "gpu.nvidia_smi"})["model.dir"]
+    res = run_local(ctx, {"model.dir", "model.weights", "gpu.nvidia_smi"})
+    r = res["model.weights"]
     assert r.status is Status.PASS, r.summary
-    assert r.summary.startswith(f"Qwen3ForCausalLM at {model_copy}: weights 64.0 GiB (32.0 GiB/GPU at tp 2 of 140.4 GiB)")
-    assert "chat template from tokenizer_config.json, thinking yes" in r.summary or \
-        "chat template from chat_template.jinja, thinking yes" in r.summary
+    assert r.summary == f"weights 64.0 GiB in 1 file(s) at {model_copy} (32.0 GiB/GPU at tp 2 of 140.4 GiB)"
     assert r.data["fit"]["source"] == "gpu.nvidia_smi"
+    m = res["model.dir"]
+    assert m.status is Status.PASS, m.summary
+    assert m.summary.startswith(f"Qwen3ForCausalLM at {model_copy}: context ")
+    assert "chat template from tokenizer_config.json, thinking yes" in m.summary or \
+        "chat template from chat_template.jinja, thinking yes" in m.summary
 
 
 def test_model_too_big_for_tp_fails_and_unknown_gpu_warns(model_copy, tmp_path, monkeypatch):
     add_weights(model_copy, 300 << 30)
     ctx = config_context(tmp_path, model_copy, [], tp_size=1, gpus=(0,))
-    r = run_local(ctx, {"model.dir"})["model.dir"]  # this machine: no GPU facts
+    r = run_local(ctx, {"model.weights"})["model.weights"]  # this machine: no GPU facts
     assert r.status is Status.WARN
     assert "cannot check the fit on the GPUs" in r.summary
     gpu_env(monkeypatch, tmp_path)
-    r = run_local(ctx, {"model.dir", "gpu.nvidia_smi"})["model.dir"]
+    r = run_local(ctx, {"model.weights", "gpu.nvidia_smi"})["model.weights"]
     assert r.status is Status.FAIL
     assert "weights 300.0 GiB / tp 1 = 300.0 GiB per GPU exceed the GPU memory 140.4 GiB" in r.summary
     assert r.remedy == "raise workers.tp_size"
@@ -53,9 +61,13 @@ def test_model_too_big_for_tp_fails_and_unknown_gpu_warns(model_copy, tmp_path, 
 
 def test_model_missing_dir_and_missing_template_and_shards(model_copy, tmp_path):
     missing = tmp_path / "nope" / "Qwen3-32B"
-    r = run_local(config_context(tmp_path, missing, []), {"model.dir"})["model.dir"]
+    res = run_local(config_context(tmp_path, missing, []), {"model.dir", "model.weights"})
+    r = res["model.dir"]
     assert r.status is Status.FAIL
     assert r.summary == f"model dir {missing}: [Errno 2] No such file or directory: '{missing}'"
+    w = res["model.weights"]  # one cause, one FAIL: the weights probe points at model.dir
+    assert w.status is Status.SKIP
+    assert w.summary == f"no model dir to look in (see model.dir: [Errno 2] No such file or directory: '{missing}')"
 
     tok_cfg = json.loads((model_copy / "tokenizer_config.json").read_text())
     tok_cfg.pop("chat_template", None)
@@ -66,10 +78,11 @@ def test_model_missing_dir_and_missing_template_and_shards(model_copy, tmp_path)
     (model_copy / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": 1000}, "weight_map": {"a": "model-00001-of-00002.safetensors",
                                                           "b": "model-00002-of-00002.safetensors"}}))
-    r = run_local(config_context(tmp_path, model_copy, []), {"model.dir"})["model.dir"]
-    assert r.status is Status.FAIL
-    assert "no chat template in" in r.summary
-    assert "names 2 missing shard file(s)" in r.summary
+    res = run_local(config_context(tmp_path, model_copy, []), {"model.dir", "model.weights"})
+    assert res["model.dir"].status is Status.FAIL
+    assert "no chat template in" in res["model.dir"].summary
+    assert res["model.weights"].status is Status.FAIL
+    assert "names 2 missing shard file(s)" in res["model.weights"].summary
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -104,7 +117,7 @@ def test_missing_prompts_file_names_path_error_and_candidates(tiny_model_dir, tm
     assert cands[0]["size"] > 0
     assert all(not c["path"].endswith(".txt") for c in cands)
     assert str(data) in r.data["candidates"]["searched"]
-    assert "candidate prompt files (most similar names first" in r.actual
+    assert "candidates, best first:" in r.actual
     assert res["prompts.format"].status is Status.SKIP
     assert res["prompts.format"].summary == "needs prompts.paths, which is FAIL"
 
@@ -200,10 +213,21 @@ def test_prompt_tokens_through_the_chat_template(model_copy, tmp_path, tiny_toke
     assert r.data["context_length"]
 
 
-def test_prompt_tokens_skip_when_model_fails(tiny_model_dir, tmp_path):
-    f = write_jsonl(tmp_path / "p.jsonl", [sharegpt(0)])
-    res = run_local(config_context(tmp_path, tiny_model_dir, [str(f)]), {"prompts.tokens"})
-    assert res["model.dir"].status is Status.FAIL  # no weights
+def test_prompt_tokens_run_without_weights_and_skip_without_tokenizer(tiny_model_dir, model_copy, tmp_path):
+    # weights still downloading: the tokenizer and template are what prompt lengths depend on (issue 13, case 7)
+    f = write_jsonl(tmp_path / "p.jsonl", [sharegpt(i) for i in range(4)])
+    res = run_local(config_context(tmp_path, tiny_model_dir, [str(f)]), {"prompts.tokens", "model.weights"})
+    assert res["model.weights"].status is Status.FAIL  # the tiny model has no weights
+    assert res["model.dir"].status is Status.PASS
+    r = res["prompts.tokens"]
+    assert r.status is Status.PASS, r.summary
+    assert r.summary.startswith("prompt tokens p50 ") and "over 4 rows" in r.summary
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+        if (model_copy / name).exists():
+            (model_copy / name).unlink()
+    res = run_local(config_context(tmp_path, model_copy, [str(f)]), {"prompts.tokens"})
+    assert res["model.dir"].status is Status.FAIL
+    assert f"no tokenizer files in {model_copy}" in res["model.dir"].summary
     assert res["prompts.tokens"].status is Status.SKIP
     assert res["prompts.tokens"].summary == "needs model.dir, which is FAIL"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from console.commands.status import progress_line
 from console.deploy import EXIT_ERROR, EXIT_OK, DeployError, start_run
+from console.hints import regen_command
 from console.transport import TransportError, open_transport
 from engine.config import SIMULATOR_LAUNCH, RunConfig, Sampling, Workers, Alerts, Dispatch
 from engine.telemetry_events import AlertEvent, DispatchEvent
@@ -144,7 +145,7 @@ async def _demo(args, cfg: RunConfig, run_tui) -> int:
             result = await result
         return int(result or 0)
     if args.headless and not args.until_done:
-        print(f"watch it: regen status local --run-dir {started.run_dir}")
+        print(f"watch it with:\n  {regen_command('status', 'local', '--run-dir', started.run_dir)}")
         await transport.close()
         return EXIT_OK
     try:

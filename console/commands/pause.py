@@ -5,6 +5,7 @@ import argparse
 import json
 
 from console.deploy import EXIT_ERROR, EXIT_OK, run_with_client
+from console.ssh_options import add_ssh_options
 
 OP = "pause"
 
@@ -31,8 +32,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("targets", nargs="+", metavar="HOST [SHARD ...]",
                         help="ssh alias, user@host[:port] or `local`, then shard ids (e.g. s00003)")
     parser.add_argument("--run-dir", required=True, help="the run dir on the host")
-    parser.add_argument("--accept-new", action="store_true", help="accept an unknown host key (first contact)")
-    parser.add_argument("--ssh-config", default=None, help="OpenSSH client config file")
+    add_ssh_options(parser)
     parser.add_argument("--all", action="store_true", help="every shard")
     parser.add_argument("--json", action="store_true")
 

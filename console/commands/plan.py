@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from console.hints import cannot_reach
+from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport, quote_argv
 
 EXIT_OK, EXIT_FAILED = 0, 2
@@ -36,8 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pilot", type=int, default=0, metavar="N", help="measure on N prompts with live workers first")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="conversations tokenized (default [plan])")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema regen.plan/1)")
-    p.add_argument("--ssh-config", default=None)
-    p.add_argument("--accept-new", action="store_true")
+    add_ssh_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,9 +76,9 @@ class RemotePlanError(Exception):
 
 async def _remote_plan(args: argparse.Namespace, cfg) -> dict[str, Any]:
     try:
-        transport = await open_transport(args.host, accept_new=args.accept_new, ssh_config=args.ssh_config)
+        transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
     except TransportError as exc:
-        raise RemotePlanError(f"cannot reach {args.host} ({exc.kind}): {exc}") from exc
+        raise RemotePlanError(cannot_reach(args.host, exc, args)) from exc
     remote_cfg = f"/tmp/regen-plan-{uuid.uuid4().hex[:12]}.toml"
     try:
         try:

@@ -18,6 +18,8 @@ import time
 
 from rich.console import Console
 
+from console.hints import typed_again
+from console.ssh_options import add_ssh_options
 from engine.config import ConfigError, RunConfig, load_config
 from probes.catalog import PROBE_IDS, UnknownProbe, probes_for
 from probes.context import GIB, ProbeContext
@@ -33,10 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema regen.probe/1)")
     p.add_argument("--only", metavar="ID,...", help="run only these probes (and what they need); an id prefix such "
                    f"as `gpu` selects gpu.*; ids: {', '.join(PROBE_IDS)}")
-    p.add_argument("--accept-new", action="store_true", help="accept and record the host key of a host not yet in "
-                   "known_hosts (a changed key is always refused)")
-    p.add_argument("--ssh-config", metavar="FILE", help="OpenSSH client config for HOST (and for [[hosts]] whose"
-                   " ssh_options carry no -F)")
+    add_ssh_options(p)
     p.add_argument("--timeout", type=float, metavar="S", help="timeout of each probe's command (and of connecting), "
                    "instead of each probe's own")
 
@@ -49,13 +48,15 @@ def context_from_config(cfg: RunConfig) -> ProbeContext:
         enable_thinking=cfg.enable_thinking, tp_size=cfg.workers.tp_size, gpus=gpus, base_port=cfg.workers.base_port,
         bind_host=cfg.workers.host, context_length=cfg.context_length, max_new_tokens=cfg.sampling.max_new_tokens,
         disk_floor_bytes=int(cfg.alerts.disk_free_min_gb * 10**9), shm_need_bytes=GIB * max(1, len(gpus)),
-        content_hash=cfg.content_hash(), content_fields=cfg.content_fields(),
+        content_hash=cfg.content_hash(), content_fields=cfg.content_fields(), launch=cfg.workers.launch,
     )
 
 
 async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, accept_new: bool = False,
-                     timeout_s: float | None = None, ssh_config: str | None = None) -> tuple[ProbeReport, bool]:
-    """The report, and whether the host was reached."""
+                     timeout_s: float | None = None, ssh_config: str | None = None,
+                     accept_new_command: str | None = None) -> tuple[ProbeReport, bool]:
+    """The report, and whether the host was reached. accept_new_command: the remedy shown for a host not yet
+    in known_hosts (the operator's command line again, with --accept-new)."""
     from console.transport import TransportError, open_transport
 
     t0 = time.monotonic()
@@ -64,7 +65,13 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
                                          ssh_config=ssh_config)
     except TransportError as exc:
         failure = ConnectFailure(exc.kind, str(exc), time.monotonic() - t0)
-        return await run_probes(None, host, ctx, only, connect_failure=failure, timeout_s=timeout_s), False
+        report = await run_probes(None, host, ctx, only, connect_failure=failure, timeout_s=timeout_s)
+        if exc.unknown_host_key and accept_new_command:
+            for r in report.results:
+                if r.id == "connection":
+                    r.remedy = f"if that fingerprint is {host}'s, record it and go on with: {accept_new_command}"
+                    r.data["accept_new_command"] = accept_new_command
+        return report, False
     connect_s = time.monotonic() - t0
     try:
         report = await run_probes(transport, host, ctx, only, timeout_s=timeout_s)
@@ -77,7 +84,7 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
 
 
 DISPATCH_PROBES = {"prompts", "disk.run_dir", "run_dir.resume", "router.package", "model.dir"}
-GPU_HOST_PROBES = {"packages", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "ports"}
+GPU_HOST_PROBES = {"packages", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "model.weights", "ports"}
 
 
 def host_contexts(cfg: RunConfig) -> tuple[ProbeContext, dict[str, ProbeContext]]:
@@ -93,7 +100,8 @@ def host_contexts(cfg: RunConfig) -> tuple[ProbeContext, dict[str, ProbeContext]
         w = host_workers(cfg, h)
         per_host[h.name] = dataclasses.replace(
             base, python=h.host_python, run_dir=h.work_dir, prompts=(), gpus=tuple(w.gpus), tp_size=w.tp_size,
-            base_port=w.base_port, bind_host=w.host, shm_need_bytes=GIB * max(1, len(w.gpus)), router_python=None)
+            base_port=w.base_port, bind_host=w.host, shm_need_bytes=GIB * max(1, len(w.gpus)), router_python=None,
+            launch=w.launch)
     return dispatch, per_host
 
 
@@ -166,11 +174,15 @@ def run(args: argparse.Namespace) -> int:
     if args.config and cfg.hosts:
         return run_fleet(args, cfg, only)
     report, reached = asyncio.run(probe_host(args.host, ctx, only, accept_new=args.accept_new, timeout_s=args.timeout,
-                                             ssh_config=args.ssh_config))
+                                             ssh_config=args.ssh_config,
+                                             accept_new_command=typed_again(args, accept_new=True)))
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
         render_report(report, Console())
     if not reached:
+        retry = next((r.data.get("accept_new_command") for r in report.results if r.id == "connection"), None)
+        if retry:  # unwrapped, to paste (the report's panel may wrap it)
+            print(f"if that fingerprint is {args.host}'s, record it and go on with:\n  {retry}", file=sys.stderr)
         return 2
     return report.exit_code()

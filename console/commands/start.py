@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import sys
 
-from console.deploy import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, DeployError, StartFailed, start_run
+from console.deploy import (EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunning, DeployError, StartFailed,
+                            start_run)
+from console.hints import cannot_reach, hint_from_args, typed_again
+from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport
 from engine.config import ConfigError, load_config
 
@@ -35,8 +37,7 @@ PREFLIGHT = ("connection", "host.python", "ports", "disk.run_dir", "router.packa
 def add_arguments(parser) -> None:
     parser.add_argument("host", help="ssh alias, user@host[:port], or `local`")
     parser.add_argument("--config", required=True, help="run.toml")
-    parser.add_argument("--accept-new", action="store_true", help="accept an unknown host key (first contact)")
-    parser.add_argument("--ssh-config", default=None)
+    add_ssh_options(parser)
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON (a refused preflight: the"
                         " probe report)")
     parser.add_argument("--preflight", default=None, metavar="ID,...",
@@ -56,8 +57,8 @@ def run(args) -> int:
         return EXIT_ERROR
 
     if args.no_preflight:
-        print("regen start: --no-preflight: the host is not probed before the start (`regen probe "
-              f"{args.host} --config {args.config}` runs the same checks)", file=sys.stderr)
+        print(f"regen start: --no-preflight: the host is not probed before the start (`"
+              f"{hint_from_args(args, 'probe', '--config', args.config)}` runs the same checks)", file=sys.stderr)
     else:
         refused = preflight(args, cfg) if cfg.hosts else preflight_host(args, cfg)
         if refused is not None:
@@ -68,20 +69,23 @@ def run(args) -> int:
 
     async def main() -> int:
         try:
-            transport = await open_transport(args.host, accept_new=args.accept_new, ssh_config=args.ssh_config)
+            transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
         except TransportError as exc:
-            print(f"cannot reach {args.host}: {exc}", file=sys.stderr)
+            print(cannot_reach(args.host, exc, args), file=sys.stderr)
             return EXIT_UNREACHABLE
         try:
             started = await start_run(transport, cfg, progress=progress)
+        except AlreadyRunning as exc:
+            print(f"regen start: {exc}; watch it, or stop it, with:\n  {watch_hints(args, exc.run_dir)[0]}\n"
+                  f"  {hint_from_args(args, 'stop', '--run-dir', exc.run_dir)}", file=sys.stderr)
+            return EXIT_ERROR
         except StartFailed as exc:
             if args.json:
                 print(json.dumps(exc.to_dict(), indent=2))
             print(f"regen start: {exc}", file=sys.stderr)
             if exc.fatal:
-                again = shlex.join(["regen", "start", args.host, "--config", args.config]
-                                   + (["--ssh-config", args.ssh_config] if args.ssh_config else []))
-                print(f"  after the fix, start again: {again}", file=sys.stderr)
+                print(f"  after the fix, start again: {hint_from_args(args, 'start', '--config', args.config)}",
+                      file=sys.stderr)
             return EXIT_ERROR
         except DeployError as exc:
             print(f"regen start: {exc}", file=sys.stderr)
@@ -93,10 +97,17 @@ def run(args) -> int:
                               "status": started.status}, indent=2))
         else:
             print(f"started: supervisor pid {started.pid} on {args.host}:{started.run_dir} "
-                  f"(state {started.status.get('state')}); `regen status {args.host} --run-dir {started.run_dir}`")
+                  f"(state {started.status.get('state')}); watch it with:")
+            for hint in watch_hints(args, started.run_dir):
+                print(f"  {hint}")
         return EXIT_OK
 
     return asyncio.run(main())
+
+
+def watch_hints(args, run_dir: str) -> list[str]:
+    """`regen status ...` and `regen tui ...` for the run, shell-quoted, with the SSH options given."""
+    return [hint_from_args(args, "status", "--run-dir", run_dir), hint_from_args(args, "tui", "--run-dir", run_dir)]
 
 
 def preflight_host(args, cfg) -> int | None:
@@ -109,8 +120,9 @@ def preflight_host(args, cfg) -> int | None:
     from probes.render import render_report
 
     only = {p.strip() for p in args.preflight.split(",") if p.strip()} if args.preflight else None
-    report, reached = asyncio.run(probe_host(args.host, context_from_config(cfg), only, accept_new=args.accept_new,
-                                             timeout_s=args.timeout, ssh_config=args.ssh_config))
+    report, reached = asyncio.run(probe_host(args.host, context_from_config(cfg), only, timeout_s=args.timeout,
+                                             accept_new_command=typed_again(args, accept_new=True),
+                                             **SshOptions.from_args(args).connect_kwargs()))
     bad = [r.id for r in report.results if r.status in (Status.FAIL, Status.ERROR)]
     if reached and not bad:
         counts = ", ".join(f"{k} {v}" for k, v in report.summary().items() if v)

@@ -19,6 +19,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from console.hints import cannot_reach
+from console.run_client import RunClientError
+from console.run_dir_lookup import locate_run_dir
+from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport, quote_argv
 
 EXIT_OK, EXIT_FLAGGED, EXIT_UNREADABLE = 0, 1, 2
@@ -44,8 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which parts have their loss_mask checked against prompt_len/output_len (default auto: "
                         "all up to 100k samples, else a spread sample of the parts)")
     p.add_argument("--python", default=None, help="python on the host (default: the one `regen start` recorded, else python3)")
-    p.add_argument("--ssh-config", default=None, help="OpenSSH client config file")
-    p.add_argument("--accept-new", action="store_true", help="accept an unknown host key (first connection)")
+    add_ssh_options(p)
 
 
 def split_target(target: str) -> tuple[str | None, str]:
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     if host is None:
         from engine.stats import StatsReadError, compute_stats
 
+        missing = missing_local_dir(run_dir)
+        if missing:
+            print(f"regen stats: {missing}", file=sys.stderr)
+            return EXIT_UNREADABLE
         try:
             stats = compute_stats(Path(run_dir), train_max_length=args.train_max_length,
                                   empty_threshold=args.empty_threshold, truncated_threshold=args.truncated_threshold,
@@ -88,12 +95,31 @@ class RemoteStatsError(Exception):
     pass
 
 
+def missing_local_dir(run_dir: str) -> str | None:
+    """Why `run_dir` (on this machine) is not there, with the path looked for; None if it is a directory."""
+    path = Path(run_dir).expanduser()
+    try:
+        if path.is_dir():
+            return None
+        path.stat()
+        return f"{run_dir}: not a run dir (NotADirectoryError: it is a file); looked at {path.absolute()} on this machine"
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            return None  # e.g. a permission error: compute_stats says it with the path
+        return (f"{run_dir}: no such run dir ({type(exc).__name__}: {exc.strerror}); looked for {path.absolute()} on "
+                f"this machine. For a run on a host give HOST:DIR (e.g. `regen stats gpu1:{run_dir}`)")
+
+
 async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
-        transport = await open_transport(host, accept_new=args.accept_new, ssh_config=args.ssh_config)
+        transport = await open_transport(host, **SshOptions.from_args(args).connect_kwargs())
     except TransportError as exc:
-        raise RemoteStatsError(f"cannot reach {host} ({exc.kind}): {exc}") from exc
+        raise RemoteStatsError(cannot_reach(host, exc, args)) from exc
     try:
+        try:
+            run_dir = await locate_run_dir(transport, run_dir)  # absolute; NoSuchRunDir names what it looked for
+        except RunClientError as exc:
+            raise RemoteStatsError(str(exc)) from exc
         python = args.python or await _recorded_python(transport, run_dir) or "python3"
         engine = f"{run_dir.rstrip('/')}/.regen/engine"
         argv = [python, "-m", "engine.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
@@ -113,6 +139,11 @@ async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> di
         data = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
     except json.JSONDecodeError:
         data = None
+    if not isinstance(data, dict) and "No module named 'engine'" in result.stderr:
+        raise RemoteStatsError(
+            f"{where}: not a run dir started by `regen start` (checked {engine}: no engine deployed there) and "
+            f"{python} on {host} cannot import engine (ModuleNotFoundError). Check the run dir (`regen start` printed "
+            f"it: started: ... on HOST:DIR), or pass --python PY, a python on {host} with regen installed")
     if not isinstance(data, dict):
         raise RemoteStatsError(f"{where}: `{command}` exited {result.exit_status} without a JSON report; "
                                f"stderr: {result.stderr.strip() or '(empty)'}; stdout: {result.stdout.strip()[:500] or '(empty)'}")

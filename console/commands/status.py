@@ -16,6 +16,7 @@ from rich.text import Text
 
 from console.cause import NOT_RUNNING_STATES, is_running, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
+from console.hints import hint_from_args
 from console.run_client import RunClientError
 
 # exit codes of `regen status` (1 and 2 are every run command's: an error reply, nothing reachable there)
@@ -59,7 +60,7 @@ def run(args) -> int:
             print(json.dumps(status, indent=2))
         else:
             console = Console()
-            console.print(cause_block(status, host=args.host, ssh_config=args.ssh_config), soft_wrap=True)
+            console.print(cause_block(status, args), soft_wrap=True)
             console.print(render_status(status))
         return exit_code_of(status)
 
@@ -94,13 +95,23 @@ def progress_line(d: dict, state: str | None = None, running: bool = True) -> st
             f" rejected {d.get('rejected', 0)}, retried {d.get('retried', 0)}, ETA {eta}")
 
 
-def cause_block(s: dict, host: str, ssh_config: str | None = None) -> Text:
+def start_again(args, run_dir: str) -> tuple[str, str]:
+    """The `regen start` that resumes the run (shell-quoted, with the SSH options given), and a note: --config is
+    read where regen runs, so for another host it names the copy the host keeps."""
+    local = args.host == "local"
+    hint = hint_from_args(args, "start", "--config", f"{run_dir}/run.toml" if local else "run.toml")
+    note = "" if local else (f"(run.toml: the config the run was started with; {args.host} keeps a copy at "
+                             f"{run_dir}/run.toml)")
+    return hint, note
+
+
+def cause_block(s: dict, args) -> Text:
     """For a run whose supervisor is gone: why (or that nothing was recorded), and how to start it again. Printed
     first and unwrapped (soft_wrap), so paths and the command stay whole when copied."""
     text = Text()
     if is_running(s):
         return text
-    for line in not_running_lines(s, host, ssh_config=ssh_config):
+    for line in not_running_lines(s, *start_again(args, s.get("run_dir") or args.run_dir)):
         text.append(line + "\n", style="bold red" if line.startswith("failed:") else
                     ("bold yellow" if not line.startswith("  ") else ""))
     return text

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from console.ssh_options import SshOptions, add_ssh_options
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("host", metavar="HOST", help="ssh alias, user@host[:port], or `local`")
@@ -11,6 +13,7 @@ def add_arguments(parser) -> None:
                         help="python on the host, used when the run dir has no .regen/launch.json")
     parser.add_argument("--replay", metavar="TELEMETRY_JSONL", default=None,
                         help="show a recorded telemetry.jsonl instead of a live run (read-only)")
+    add_ssh_options(parser)
 
 
 def run(args) -> int:
@@ -29,4 +32,7 @@ def run(args) -> int:
         return int(app.return_code or 0)
     from console.tui.app import run_tui
 
-    return int(run_tui(args.host, args.run_dir, host_python=args.host_python) or 0)
+    from console.hints import typed_again
+
+    return int(run_tui(args.host, args.run_dir, host_python=args.host_python, ssh=SshOptions.from_args(args),
+                       accept_new_command=typed_again(args, accept_new=True)) or 0)

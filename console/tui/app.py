@@ -28,6 +28,7 @@ from console.tui.panel_quality import QualityPanel
 from console.tui.panel_shards import ShardsPanel
 from console.tui.panel_workers import WorkersPanel
 from console.tui.screens import ConfirmScreen, HelpScreen
+from console.ssh_options import SshOptions
 from console.tui.source import DataSource, HostSource, SourceError
 from console.tui.widgets import RunHeader
 
@@ -38,6 +39,7 @@ LOG_EVERY_S = 5.0
 BACKFILL_S = 3600.0  # on first attach: the last hour of telemetry
 BACKOFF_MAX_S = 60.0
 LOST_AFTER = 5  # failed attempts before "reconnecting" becomes "lost"
+REFUSED_TOAST_S = 600.0  # the host refused us (host key, auth): the remedy stays on screen
 ENDED_CHECK_S = 15.0
 NOTIFY_MAX_AGE_S = 120.0  # backfilled alerts older than this go to the list, not to a toast
 
@@ -172,8 +174,9 @@ class RegenApp(App):
 
     # -- telemetry ---------------------------------------------------------------------------
     @work(exclusive=True, group="follow", exit_on_error=False)
-    async def follow_telemetry(self) -> None:
-        failures = 0
+    async def follow_telemetry(self, again: bool = False) -> None:
+        """again: after a refusal, start over through source.reconnect() (which forgets the refusal)."""
+        failures = 1 if again else 0
         while True:
             try:
                 if failures:
@@ -206,8 +209,9 @@ class RegenApp(App):
                 if not self.live:
                     return
             except SourceError as exc:
-                if exc.kind != "connection":
-                    self.post_message(ConnectionChanged("ended", error=str(exc)))
+                if exc.kind != "connection":  # refused (host key, auth) or an error: retrying cannot help
+                    self.post_message(ConnectionChanged("refused" if exc.kind == "refused" else "ended",
+                                                        error=str(exc)))
                     return
                 failures += 1
                 delay = min(BACKOFF_MAX_S, 2.0 ** (failures - 1))
@@ -296,6 +300,9 @@ class RegenApp(App):
             self.model.add_alert(AlertView(now, "info", "connection regained; history backfilled",
                                            key=f"console.conn.ok.{now}", origin="console"))
             self.notify("connection regained; history backfilled", title="connection")
+        elif msg.state == "refused" and before != "refused":
+            self.model.add_alert(AlertView(now, "critical", msg.error, key=f"console.refused.{now}", origin="console"))
+            self.notify(msg.error, title="connection refused", severity="error", timeout=REFUSED_TOAST_S)
         elif msg.state == "ended" and before != "ended" and msg.error:
             self.model.add_alert(AlertView(now, "info", msg.error, key=f"console.ended.{msg.error}", origin="console"))
         self._mark({"alerts", "header"})
@@ -315,6 +322,8 @@ class RegenApp(App):
         self.post_message(StatusReceived(status))
 
     def action_reconnect(self) -> None:
+        if self.model.connection.state == "refused":  # the follow worker stopped: start it again
+            self.follow_telemetry(again=True)
         self._wake_follow.set()
         self.poll_status()
 
@@ -466,8 +475,10 @@ class RegenApp(App):
         self.push_screen(HelpScreen())
 
 
-async def run_tui_async(host: str, run_dir: str | None, *, host_python: str = "python3", transport=None) -> int:
-    source = HostSource(host, run_dir, host_python=host_python, transport=transport)
+async def run_tui_async(host: str, run_dir: str | None, *, host_python: str = "python3", transport=None,
+                        ssh: SshOptions = SshOptions(), accept_new_command: str | None = None) -> int:
+    source = HostSource(host, run_dir, host_python=host_python, transport=transport, ssh=ssh,
+                        accept_new_command=accept_new_command)
     app = RegenApp(source)
     try:
         await app.run_async()
@@ -476,10 +487,14 @@ async def run_tui_async(host: str, run_dir: str | None, *, host_python: str = "p
     return int(app.return_code or 0)
 
 
-def run_tui(host: str, run_dir: str | None, *, host_python: str = "python3", transport=None):
+def run_tui(host: str, run_dir: str | None, *, host_python: str = "python3", transport=None,
+            ssh: SshOptions = SshOptions(), accept_new_command: str | None = None):
     """Run the console until the operator quits (the run is never stopped by it). Returns the exit code;
-    called from inside a running event loop (e.g. `regen demo`), it returns the coroutine to await instead."""
-    coro = run_tui_async(host, run_dir, host_python=host_python, transport=transport)
+    called from inside a running event loop (e.g. `regen demo`), it returns the coroutine to await instead.
+    ssh: the SSH options of every connection it opens; accept_new_command: what to run for a host whose key is
+    not yet known (default: built from host, run dir and ssh)."""
+    coro = run_tui_async(host, run_dir, host_python=host_python, transport=transport, ssh=ssh,
+                         accept_new_command=accept_new_command)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -24,7 +24,7 @@ class StatusReceived(Message):
 
 @dataclass
 class ConnectionChanged(Message):
-    state: str  # connecting | connected | reconnecting | lost | ended
+    state: str  # connecting | connected | reconnecting | lost | ended | refused
     retry_in_s: float | None = None
     error: str = ""
 

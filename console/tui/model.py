@@ -182,7 +182,7 @@ class AlertView:
 
 @dataclass
 class Connection:
-    state: str = "connecting"  # connecting | connected | reconnecting | lost | ended
+    state: str = "connecting"  # connecting | connected | reconnecting | lost | ended | refused
     retry_at: float | None = None  # monotonic time of the next attempt
     error: str = ""
     since: float = field(default_factory=time.monotonic)

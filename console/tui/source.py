@@ -2,10 +2,13 @@
 
 The app only sees the DataSource protocol; every failure is a SourceError whose `kind` tells the
 app what to do: "connection" (reconnect with backoff), "no_supervisor" (the run is not running:
-show history, keep checking), "error" (an operation was refused: show the text).
+show history, keep checking), "refused" (the host refused us: unknown or changed host key, or
+authentication; retrying cannot help, the text says what the operator must do), "error" (an
+operation was refused: show the text).
 """
 from __future__ import annotations
 
+import asyncio
 import shlex
 import time
 import tomllib
@@ -14,7 +17,9 @@ from typing import Any, AsyncIterator, Protocol
 
 import orjson
 
+from console.hints import regen_command
 from console.run_client import RunClient, RunClientError, engine_command
+from console.ssh_options import SshOptions
 from console.transport import Transport, TransportError, open_transport
 from engine.telemetry_events import Event, parse_event
 from probes.model import ProbeReport
@@ -27,7 +32,7 @@ TAIL_TIMEOUT_S = 20.0
 class SourceError(Exception):
     def __init__(self, message: str, kind: str = "error"):
         super().__init__(message)
-        self.kind = kind  # connection | no_supervisor | error
+        self.kind = kind  # connection | no_supervisor | refused | error
 
 
 class DataSource(Protocol):
@@ -59,31 +64,57 @@ def _classify(exc: RunClientError) -> SourceError:
 
 
 class HostSource:
-    """A run on a host. `transport` may be given (tests, `regen demo`); otherwise it is opened from `host`."""
+    """A run on a host. `transport` may be given (tests, `regen demo`); otherwise it is opened from `host` with
+    the SSH options `ssh`. accept_new_command: the command shown for a host not yet in known_hosts (default:
+    `regen tui HOST --run-dir DIR ... --accept-new`)."""
 
     def __init__(self, host: str, run_dir: str | None, *, host_python: str = "python3",
-                 transport: Transport | None = None, ssh_config: str | None = None):
+                 transport: Transport | None = None, ssh: SshOptions = SshOptions(),
+                 accept_new_command: str | None = None):
         self.host = host
         self.run_dir = run_dir
         self.host_python = host_python
         self.transport = transport
-        self.ssh_config = ssh_config
+        self.ssh = ssh
+        self.accept_new_command = accept_new_command or regen_command(
+            "tui", host, *(["--run-dir", run_dir] if run_dir else []),
+            *(["--host-python", host_python] if host_python != "python3" else []), ssh=ssh, accept_new=True)
         self.client: RunClient | None = None
         self._owns_transport = transport is None
+        self._connecting = asyncio.Lock()  # the telemetry and probe workers both connect at start
+        self.refused: SourceError | None = None  # kept until reconnect(): the host refused us, retrying cannot help
         self.close_error = ""
 
+    def _refusal(self, exc: TransportError) -> SourceError:
+        text = f"{self.host} refused the connection: {exc}"
+        if exc.unknown_host_key:
+            text += f" To record the key and connect, quit and run: {self.accept_new_command}"
+        return SourceError(text, "refused")
+
     async def connect(self) -> None:
+        async with self._connecting:
+            await self._connect()
+
+    async def _connect(self) -> None:
+        if self.refused is not None:
+            raise self.refused
         if self.transport is None:
             try:
-                self.transport = await open_transport(self.host, ssh_config=self.ssh_config)
+                self.transport = await open_transport(self.host, **self.ssh.connect_kwargs())
             except TransportError as exc:
+                if exc.kind in ("host_key", "auth"):  # not transient: the operator must act
+                    self.refused = self._refusal(exc)
+                    raise self.refused from exc
                 raise SourceError(f"cannot connect to {self.host}: {exc}", "connection") from exc
         if self.run_dir is None or self.client is not None:
             return
         from console.deploy import client_for  # reads .regen/launch.json: the python and engine the run uses
+        from console.run_dir_lookup import NoSuchRunDir
 
         try:
             self.client = await client_for(self.transport, self.run_dir)
+        except NoSuchRunDir as exc:
+            raise SourceError(str(exc), "error") from exc
         except RunClientError as exc:
             if isinstance(exc.__cause__, TransportError):
                 raise SourceError(str(exc), "connection") from exc
@@ -91,6 +122,7 @@ class HostSource:
             self.client = RunClient(self.transport, self.run_dir, host_python=self.host_python)
 
     async def reconnect(self) -> None:
+        self.refused = None  # the operator asked again (ctrl+r): maybe the cause was fixed
         if self._owns_transport and self.transport is not None:
             old, self.transport = self.transport, None
             try:
@@ -209,7 +241,8 @@ class HostSource:
 
         async def one(h) -> ProbeReport:
             report, _ = await probe_host(h.address, per_host[h.name], wanted[h.name] or GPU_HOST_PROBES,
-                                         ssh_config=_ssh_config_of(h.ssh_options, None))
+                                         ssh_config=_ssh_config_of(h.ssh_options, self.ssh.ssh_config),
+                                         accept_new=self.ssh.accept_new)
             return report
 
         remote = [h for h in cfg.hosts if h.name in wanted and not h.is_local]

@@ -12,9 +12,10 @@ STATE_STYLE = {
     "running": "bold green", "done": "bold cyan", "paused": "bold yellow", "draining": "yellow", "starting": "yellow",
     "stopped": "dim", "failed": "bold red", "dead": "bold red", "drained": "dim", "disk_full": "bold red", "unknown": "dim", "ready": "green",
     "loading": "yellow", "crashed": "bold red", "pending": "dim",
+    "refused": "bold red",  # a worker whose port another process's server holds: nothing is sent to it
 }
 CONN_STYLE = {"connected": "green", "connecting": "yellow", "reconnecting": "bold yellow", "lost": "bold red",
-              "ended": "cyan"}
+              "ended": "cyan", "refused": "bold red"}
 
 
 def styled(text: str, style_key: str | None = None) -> Text:

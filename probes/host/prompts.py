@@ -3,7 +3,6 @@
 # Row shapes and reasons follow engine/ingest.py (the reader the run uses); this copy is standalone
 # because it runs in the host's interpreter, where regen is not installed.
 import codecs
-import difflib
 import errno
 import glob
 import gzip
@@ -12,11 +11,11 @@ import os
 import re
 import stat
 import sys
-import time
+
+# the candidate finder (find_candidates, describe), shared with engine/ingest.py:
+# @include candidates
 
 ARGS = json.loads(sys.argv[1])
-GLOB_CHARS = re.compile(r"[*?\[]")
-PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet", ".ndjson", ".pq", ".jsonl.gz", ".json.gz")
 ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "bot": "assistant",
                 "model": "assistant", "chatgpt": "assistant", "system": "system"}
 FORMAT_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
@@ -50,7 +49,7 @@ def resolve(patterns):
             continue
         if stat.S_ISDIR(st.st_mode):
             e = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), pattern)
-            missing.append({"pattern": given, "expanded": pattern, "error": str(e), "near": pattern,
+            missing.append({"pattern": given, "expanded": pattern, "error": str(e), "near": pattern, "is_dir": True,
                             "why": "is a directory (use a glob such as %s/*.jsonl)" % pattern.rstrip("/")})
             continue
         if not stat.S_ISREG(st.st_mode):
@@ -102,78 +101,6 @@ def near_path(pattern):
             break
         literal.append(part)
     return os.sep.join(literal) or "."
-
-
-# JSON files that are never prompts (model dirs, tooling): kept out of the candidate list
-NOT_PROMPTS = re.compile(r"^(config|generation_config|tokenizer(_config)?|special_tokens_map|added_tokens|vocab|"
-                         r"preprocessor_config|chat_template|package(-lock)?|tsconfig|composer|manifest|"
-                         r"adapter_config|trainer_state|container_info)\.json$|\.index\.json$")
-
-
-def is_prompt_file(name):
-    lower = name.lower()
-    return lower.endswith(PROMPT_SUFFIXES) and not NOT_PROMPTS.search(lower)
-
-
-def candidates(missing, run_dir, budget_s=8.0, max_entries=50000, limit=25):
-    """Prompt-like files near the missing paths and in the usual data places, most similar names first."""
-    roots = []  # (dir, depth)
-    for m in missing:
-        d = m["near"]
-        # the parents up the tree that exist: shallow, because one of them is "/"
-        while True:
-            d = os.path.dirname(d.rstrip("/")) if d not in ("/", "") else ""
-            if d == "":
-                break
-            if os.path.isdir(d):
-                roots.append((d, 1))
-            if d == "/":
-                break
-    extra = [run_dir] if run_dir else []
-    extra += [os.path.expanduser("~"), "/data", "/datasets", "/mnt", "/workspace"]
-    roots += [(os.path.expanduser(d), 3) for d in extra if d and os.path.isdir(os.path.expanduser(d))]
-    searched, unreadable, found = [], [], {}
-    deadline = time.monotonic() + budget_s
-    visited = 0
-    cut = None
-    for root, depth in roots:
-        if root in searched:
-            continue
-        searched.append(root)
-        stack = [(root, 0)]
-        while stack:
-            d, level = stack.pop()
-            if time.monotonic() > deadline or visited > max_entries:
-                cut = "stopped after %d entries / %.0f s" % (visited, budget_s)
-                break
-            try:
-                with os.scandir(d) as it:
-                    entries = list(it)
-            except OSError as exc:
-                unreadable.append(str(exc))
-                continue
-            for e in entries:
-                visited += 1
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        if level + 1 <= depth and not e.name.startswith(".") and e.name not in ("proc", "sys", "dev"):
-                            stack.append((e.path, level + 1))
-                    elif is_prompt_file(e.name) and e.is_file():
-                        found[e.path] = e.stat().st_size
-                except OSError as exc:
-                    unreadable.append(str(exc))
-        if cut:
-            break
-    names = [os.path.basename(m["expanded"]) for m in missing]
-
-    def similarity(path):
-        base = os.path.basename(path)
-        return max(difflib.SequenceMatcher(None, n.lower(), base.lower()).ratio() for n in names) if names else 0
-
-    ranked = sorted(found.items(), key=lambda kv: (-similarity(kv[0]), kv[0]))
-    return {"files": [{"path": p, "size": s, "similarity": round(similarity(p), 3)} for p, s in ranked[:limit]],
-            "total_found": len(found), "searched": searched, "unreadable": unreadable[:10],
-            "unreadable_count": len(unreadable), "cut": cut}
 
 
 # ----------------------------------------------------------------------------------------- rows
@@ -507,10 +434,10 @@ def main():
     mode = ARGS["mode"]
     files, missing = resolve(ARGS["patterns"])
     if mode == "paths":
-        out = {"files": files, "missing": missing}
-        if missing:
-            out["candidates"] = candidates(missing, ARGS.get("run_dir"))
-        print(json.dumps(out))
+        for m in missing:
+            if not m.get("is_dir"):  # a directory given as the path is not missing: its files are in it
+                m["candidates"] = find_candidates(m["pattern"]).to_dict()
+        print(json.dumps({"files": files, "missing": missing}))
         return
     results, conversations = [], []
     for f in files:

@@ -1,0 +1,152 @@
+"""Clear words, as the operator reads them: a stopped run points to the `regen start` that resumes it, a
+refused config change names the changed fields first, a missing run dir says so and where regen looked
+(`status`, `stop`, `stats`, over the local transport and over the real OpenSSH sshd)."""
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+
+import pytest
+
+from console.startup_failure import cause_first, startup_failure_text
+from engine.config import dump_toml
+from engine.run_dir import ConfigChanged
+from tests.run_helpers import make_config, wait_for
+from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
+
+
+def test_cause_first_lists_every_changed_field_and_the_remedy(tmp_path):
+    exc = ConfigChanged(tmp_path / "run, with comma", [
+        ("prompts", ["/d/a.jsonl", "/d/b.jsonl"], ["/d/a.jsonl"]),
+        ("sampling.temperature", 0.6, 0.7),
+        ("model", "/m/old, v1", "/m/new"),
+    ])
+    lines = cause_first(f"2026-01-01 ERROR regen.supervisor: refusing to resume: {exc}", "gpu1:/r")
+    assert lines[0].startswith("refused to resume gpu1:/r: the config changed since the run was started")
+    assert lines[1:4] == ['  changed: prompts ["/d/a.jsonl", "/d/b.jsonl"] -> ["/d/a.jsonl"]',
+                          "  changed: sampling.temperature 0.6 -> 0.7",
+                          '  changed: model "/m/old, v1" -> "/m/new"']
+    assert lines[4].startswith("  remedy: either set run_dir to a new directory for a new run, or revert these fields")
+    assert cause_first("2026-01-01 ERROR regen.supervisor: something else", "gpu1:/r") is None
+
+
+def test_startup_failure_shows_only_this_starts_log_after_the_cause():
+    old_start = [f"2026-01-01 INFO regen.supervisor: old line {i}" for i in range(40)]
+    this = ["2026-01-02 INFO regen.supervisor: supervisor pid 77 starting on /r (python p)",
+            "2026-01-02 ERROR regen.supervisor: refusing to resume: "
+            + str(ConfigChanged(Path("/r"), [("shard_size", 50, 60)])),
+            "2026-01-02 INFO regen.supervisor: supervisor exits with 3"]
+    text = startup_failure_text(77, "local:/r", "/r/supervisor.log",
+                                "\n".join(["2026-01-01 INFO regen.supervisor: supervisor pid 5 starting on /r", *old_start,
+                                           *this]))
+    lines = text.splitlines()
+    assert lines[0] == "refused to resume local:/r: the config changed since the run was started (its shards were " \
+                       "generated with the old values):"
+    assert lines[1] == "  changed: shard_size 50 -> 60"
+    assert lines[2].startswith("  remedy: ")
+    assert lines[3] == "the supervisor (pid 77) exited during startup on local:/r; this start in /r/supervisor.log " \
+                       "(its lines):"
+    assert lines[4:] == [f"  {line}" for line in this]
+    assert "old line" not in text
+
+
+def _write(cfg, path: Path) -> Path:
+    path.write_text(dump_toml(cfg))
+    return path
+
+
+def _no_supervisor(run_dir: Path) -> None:
+    wait_for(lambda: not (run_dir / "supervisor.pid").exists(), 60, "the supervisor to exit")
+
+
+def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first(tmp_path, tiny_model_dir,
+                                                                                   cleanup_runs):
+    run_dir = tmp_path / "run 'q'; echo x"
+    cleanup_runs.append(run_dir)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "10"))
+    config = _write(cfg, tmp_path / "run.toml")
+    started = regen("start", "local", "--config", str(config), home=tmp_path)
+    assert started.returncode == 0, started.stderr
+    stop = regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path)
+    assert stop.returncode == 0, stop.stderr
+    _no_supervisor(run_dir)
+
+    for op in (["resume", "--all"], ["pause", "s00000"], ["stop"]):
+        r = regen(op[0], "local", *op[1:], "--run-dir", str(run_dir), home=tmp_path)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert lines[0] == (f"regen {op[0]}: no supervisor runs in local:{run_dir} (the run is stopped or finished);"
+                            " to resume it:"), r.stderr
+        assert shlex.split(lines[1]) == ["regen", "start", "local", "--config", f"{run_dir}/run.toml"]
+        assert "Traceback" not in r.stderr
+
+    # the hint, pasted (the `regen` of the hint is this checkout's console.cli): the run resumes
+    resumed = regen(*shlex.split(lines[1])[1:], home=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "started: supervisor pid" in resumed.stdout
+    assert regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path).returncode == 0
+    _no_supervisor(run_dir)
+
+    changed = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, temperature=0.7), shard_size=60)
+    refused = regen("start", "local", "--config", str(_write(changed, tmp_path / "changed.toml")), home=tmp_path)
+    assert refused.returncode == 1
+    out = refused.stderr[refused.stderr.index("regen start: "):].splitlines()
+    assert out[0] == (f"regen start: refused to resume local:{run_dir}: the config changed since the run was started"
+                      " (its shards were generated with the old values):")
+    assert sorted(out[1:3]) == ["  changed: sampling.temperature 0.6 -> 0.7", "  changed: shard_size 50 -> 60"]
+    assert out[3].startswith("  remedy: either set run_dir to a new directory for a new run, or revert these fields")
+    assert out[4].startswith("the supervisor (pid ") and "this start in" in out[4]
+    log_lines = out[5:]
+    assert 1 <= len(log_lines) <= 8 and "supervisor exits with 3" in log_lines[-1]
+    assert sum("starting on" in line for line in log_lines) <= 1  # the old starts' log is not dumped
+
+
+def test_missing_run_dir_says_so_and_where_it_looked(tmp_path):
+    missing = tmp_path / "runs" / "mistyped run"
+    for op in (["status"], ["resume", "--all"], ["stop"]):
+        r = regen(op[0], "local", *op[1:], "--run-dir", str(missing), home=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith(f"local:{missing}: no such run dir (FileNotFoundError); looked for {missing} on "
+                                   f"local."), r.stderr
+    relative = regen("status", "local", "--run-dir", "runs/nope", home=tmp_path)
+    assert f"looked for runs/nope under {tmp_path} on local" in relative.stderr, relative.stderr
+
+    here = regen("stats", str(missing), home=tmp_path)
+    assert here.returncode == 2
+    assert here.stderr.startswith(f"regen stats: {missing}: no such run dir (FileNotFoundError: No such file or "
+                                  f"directory); looked for {missing} on this machine."), here.stderr
+    via_local = regen("stats", f"local:{missing}", home=tmp_path)
+    assert via_local.returncode == 2
+    assert via_local.stderr.startswith(f"regen stats: local:{missing}: no such run dir (FileNotFoundError)")
+    assert "ModuleNotFoundError" not in here.stderr + via_local.stderr
+
+
+@pytest.mark.sshd
+def test_stats_over_ssh_on_a_wrong_run_dir_says_so(sshd, tmp_path):
+    ssh = ["--ssh-config", str(sshd.ssh_config_path)]
+    missing = tmp_path / "mistyped"
+    r = regen("stats", f"{sshd.alias}:{missing}", *ssh, home=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"regen stats: {sshd.alias}:{missing}: no such run dir (FileNotFoundError); looked "
+                               f"for {missing} on {sshd.alias}."), r.stderr
+    not_a_run = tmp_path / "not a run"
+    not_a_run.mkdir()
+    r = regen("stats", f"{sshd.alias}:{not_a_run}", *ssh, home=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"regen stats: {sshd.alias}:{not_a_run}: not a run dir started by `regen start` "
+                               f"(checked {not_a_run}/.regen/engine: no engine deployed there)"), r.stderr
+    assert "pass --python PY" in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_tui_source_on_a_missing_run_dir_says_so(tmp_path):
+    from console.transport import open_transport
+    from console.tui.source import HostSource, SourceError
+
+    missing = tmp_path / "mistyped"
+    source = HostSource("local", str(missing), transport=await open_transport("local"))
+    with pytest.raises(SourceError) as err:
+        await source.connect()
+    assert err.value.kind == "error"  # not retried as a lost connection, not "the run ended"
+    assert str(err.value).startswith(f"local:{missing}: no such run dir (FileNotFoundError); looked for {missing}")
+    await source.transport.close()

@@ -132,6 +132,11 @@ def render_status(s: dict) -> Group:
     else:
         head.append(f"  pid {s.get('pid')}  up {time.time() - s.get('started_at', time.time()):.0f} s\n")
     head.append(progress_line(d, state, running) if d else "no dispatch yet")
+    pending = [c for c in s.get("startup") or [] if c.get("state") != "ok"]
+    if running and pending:  # still starting (or a start check failed): which ones, and why
+        head.append("\nstart checks not passed: " + "; ".join(
+            f"{c.get('title') or c.get('check')} {c.get('state')}" + (f" ({c['detail']})" if c.get("detail") else "")
+            for c in pending), style="bold red" if any(c.get("state") == "failed" for c in pending) else "yellow")
     for problem in s.get("write_errors") or []:
         head.append(f"\ncannot write {problem}", style="bold red")
     for problem in s.get("read_errors") or []:

@@ -152,8 +152,14 @@ def last_status(run_dir: Path) -> int:
         state = last_dispatch_state  # a run from before run_end events
     else:
         state = "dead"
-    if dispatch is not None:
-        dispatch = dict(dispatch, in_flight=0, tokens_per_s=0.0)  # nothing is in flight without a supervisor
+    if dispatch is not None or shards:
+        # nothing is in flight without a supervisor; done is what is committed (the last dispatch event may be
+        # older: a full disk drops telemetry lines, a kill cuts the last ones)
+        committed = sum(sh["done"] for sh in shards)
+        dispatch = dict(dispatch or {"state": state}, in_flight=0, tokens_per_s=0.0)
+        if shards:
+            dispatch["done"] = committed
+            dispatch["total"] = max(int(dispatch.get("total") or 0), sum(sh["total"] for sh in shards))
     result = {"run_dir": str(run_dir.resolve()), "state": state, "running": False, "offline": True, "checked_at": time.time(),
               "fatal": fatal.to_dict() if fatal is not None else None, "run_end": ended,
               "last_state": last_dispatch_state, "log": str(log_path), "pid": None,

@@ -55,7 +55,9 @@ def bytes_text(n: float | None) -> str:
 
 
 def cause_text(fatal: dict[str, Any]) -> str:
-    return f"{fatal.get('exc_type') or 'Error'}: {fatal.get('message') or '(no message)'}"
+    """One line: the message's first (a missing file's message goes on with the candidates found)."""
+    first = (fatal.get("message") or "(no message)").splitlines()[0]
+    return f"{fatal.get('exc_type') or 'Error'}: {first}"
 
 
 def event_from(cls: type[Event], data: dict[str, Any]) -> Event:
@@ -283,7 +285,8 @@ class RunModel:
 
     def _fatal_alert(self, fatal: dict[str, Any]) -> None:
         ts = fatal.get("ts") or time.time()
-        evidence = "\n".join(f"{k}: {fatal[k]}" for k in ("path", "remedy", "log", "phase") if fatal.get(k))
+        more = (fatal.get("message") or "").splitlines()[1:]  # e.g. the candidates for a missing prompts file
+        evidence = "\n".join(more + [f"{k}: {fatal[k]}" for k in ("path", "remedy", "log", "phase") if fatal.get(k)])
         self.add_alert(AlertView(ts, "critical", f"supervisor failed: {cause_text(fatal)}", evidence,
                                  f"fatal:{fatal.get('exc_type')}:{fatal.get('message')}", "host"))
 

@@ -286,7 +286,7 @@ class RunModel:
     def _fatal_alert(self, fatal: dict[str, Any]) -> None:
         ts = fatal.get("ts") or time.time()
         more = (fatal.get("message") or "").splitlines()[1:]  # e.g. the candidates for a missing prompts file
-        evidence = "\n".join(more + [f"{k}: {fatal[k]}" for k in ("path", "remedy", "log", "phase") if fatal.get(k)])
+        evidence = "\n".join([f"{k}: {fatal[k]}" for k in ("path", "remedy", "log", "phase") if fatal.get(k)] + more)
         self.add_alert(AlertView(ts, "critical", f"supervisor failed: {cause_text(fatal)}", evidence,
                                  f"fatal:{fatal.get('exc_type')}:{fatal.get('message')}", "host"))
 

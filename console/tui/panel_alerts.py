@@ -28,7 +28,7 @@ def row_key(a: AlertView) -> str:
 class AlertsPanel(Vertical):
     DEFAULT_CSS = """
     AlertsPanel #alerts-table { height: 1fr; }
-    AlertsPanel #alert-detail { height: auto; max-height: 8; padding: 0 1; border-top: solid $primary; }
+    AlertsPanel #alert-detail { height: auto; max-height: 12; padding: 0 1; border-top: solid $primary; }
     """
 
     def compose(self) -> ComposeResult:

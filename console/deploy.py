@@ -36,6 +36,7 @@ from engine.config import RunConfig, dump_toml
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0
+WORKERS_FAILED_GRACE_S = 10.0  # a failed workers check: time for the supervisor to exit with its recorded cause
 LOG_TAIL_LINES = 200  # enough to find this start's first line in supervisor.log; a few of them are shown
 LAUNCH_FILE = ".regen/launch.json"
 
@@ -187,7 +188,7 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
     run_dir = client.run_dir
     deadline = time.monotonic() + wait_s
     shown: dict[str, str] = {}
-    last_error, status = "", None
+    last_error, status, failed_at = "", None, 0.0
     while time.monotonic() < deadline:
         try:
             status = await client.status()
@@ -203,7 +204,10 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
                     progress(f"supervisor: {c.get('title') or c['check']}" + (f": {c['detail']}" if c.get("detail") else ""))
             failed = [c for c in checks if c.get("state") == "failed"]
             if failed and failed[0]["check"] == "workers":
-                # the supervisor lives on (a refused port waits for the operator); the start did not happen
+                failed_at = failed_at or time.monotonic()
+            if failed and failed[0]["check"] == "workers" and time.monotonic() - failed_at > WORKERS_FAILED_GRACE_S:
+                # it lives on (a refused port waits for the operator, the other workers run); the start did not
+                # happen as configured. (If every worker failed it exits within the grace, with its cause.)
                 c = failed[0]
                 raise StartFailed(f"the supervisor (pid {pid}) could not launch its workers: {c.get('detail')}; it is"
                                   f" still running on {transport.name}:{run_dir} (`regen stop` ends it)",

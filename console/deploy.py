@@ -4,6 +4,12 @@ The engine package (engine/ and probes/, .py files only) is copied to <run_dir>/
 (SFTP over SSH, a plain copy locally), run.toml is written into the run dir, and the supervisor
 is started with setsid + nohup so it survives the SSH session. `.regen/launch.json` records the
 host python and engine path so later commands (status, pause, ...) run the same engine.
+
+A run is reported started only once it is: start_run() waits (bounded) until the supervisor has
+passed its start checks (its status reply's `startup`: config, run dir, prompt files open,
+tokenizer loaded, count started, workers launched), printing each as it passes, or until it died;
+a supervisor that died during its start raises StartFailed with its recorded cause (fatal.json),
+not a log dump.
 """
 from __future__ import annotations
 
@@ -20,21 +26,38 @@ from typing import Callable
 
 import engine
 import probes
+from console.cause import cause_lines
 from console.run_client import NoSupervisor, RunClient, RunClientError, engine_command
 from console.run_dir_lookup import locate_run_dir
 from console.ssh_options import SshOptions, add_ssh_options
-from console.startup_failure import startup_failure_text
+from console.startup_failure import cause_first, startup_failure_text
 from console.transport import Transport, TransportError, quote_argv
 from engine.config import RunConfig, dump_toml
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0
+WORKERS_FAILED_GRACE_S = 10.0  # a failed workers check: time for the supervisor to exit with its recorded cause
 LOG_TAIL_LINES = 200  # enough to find this start's first line in supervisor.log; a few of them are shown
 LAUNCH_FILE = ".regen/launch.json"
 
 
 class DeployError(Exception):
     """The run could not be started; the message says which step and what the host said."""
+
+
+class StartFailed(DeployError):
+    """The supervisor was launched but the run did not start: it died (`fatal` is its recorded cause, or None when
+    it recorded none: `log_tail`), or a start check failed while it lives (`check`)."""
+
+    def __init__(self, message: str, *, pid: int, run_dir: str, fatal: dict | None = None,
+                 log_tail: list[str] | None = None, check: dict | None = None, alive: bool = False):
+        super().__init__(message)
+        self.pid, self.run_dir, self.fatal, self.check, self.alive = pid, run_dir, fatal, check, alive
+        self.log_tail = log_tail or []
+
+    def to_dict(self) -> dict:
+        return {"started": False, "run_dir": self.run_dir, "pid": self.pid, "supervisor_alive": self.alive,
+                "error": str(self), "fatal": self.fatal, "failed_check": self.check, "log_tail": self.log_tail}
 
 
 class AlreadyRunning(DeployError):
@@ -154,22 +177,96 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
         raise DeployError(f"starting the supervisor printed no pid: stdout {out!r}") from exc
 
     client = RunClient(transport, run_dir, host_python=python, engine_path=engine_path)
+    status = await wait_started(transport, client, pid, wait_s, progress)
+    return StartedRun(run_dir=run_dir, pid=pid, host_python=python, engine_path=engine_path, status=status)
+
+
+async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s: float,
+                       progress: Callable[[str], None]) -> dict:
+    """Poll the supervisor until its start checks pass (returns its status), it died (StartFailed with the cause),
+    a check failed while it lives (StartFailed), or wait_s passed (DeployError naming the checks still pending)."""
+    run_dir = client.run_dir
     deadline = time.monotonic() + wait_s
-    last_error = ""
+    shown: dict[str, str] = {}
+    last_error, status, failed_at = "", None, 0.0
     while time.monotonic() < deadline:
         try:
             status = await client.status()
-            return StartedRun(run_dir=run_dir, pid=pid, host_python=python, engine_path=engine_path, status=status)
         except RunClientError as exc:
-            last_error = str(exc)
-        alive = await transport.run(f"kill -0 {pid}", timeout=15)
-        if alive.exit_status != 0:
-            log_path = f"{run_dir}/supervisor.log"
-            tail = await transport.run(f"tail -n {LOG_TAIL_LINES} -- {shlex.quote(log_path)}", timeout=15)
-            raise DeployError(startup_failure_text(pid, f"{transport.name}:{run_dir}", log_path,
-                                                   tail.stdout if tail.exit_status == 0 else tail.stderr))
+            last_error, status = str(exc), None
+        if status is not None:
+            checks = status.get("startup")
+            if checks is None:
+                return status  # an engine that does not publish start checks: answering is all it says
+            for c in checks:
+                if c.get("state") == "ok" and shown.get(c["check"]) != c.get("detail"):
+                    shown[c["check"]] = c.get("detail")
+                    progress(f"supervisor: {c.get('title') or c['check']}" + (f": {c['detail']}" if c.get("detail") else ""))
+            failed = [c for c in checks if c.get("state") == "failed"]
+            if failed and failed[0]["check"] == "workers":
+                failed_at = failed_at or time.monotonic()
+            if failed and failed[0]["check"] == "workers" and time.monotonic() - failed_at > WORKERS_FAILED_GRACE_S:
+                # it lives on (a refused port waits for the operator, the other workers run); the start did not
+                # happen as configured. (If every worker failed it exits within the grace, with its cause.)
+                c = failed[0]
+                raise StartFailed(f"the supervisor (pid {pid}) could not launch its workers: {c.get('detail')}; it is"
+                                  f" still running on {transport.name}:{run_dir} (`regen stop` ends it)",
+                                  pid=pid, run_dir=run_dir, check=c, alive=True)
+            if all(c.get("state") == "ok" for c in checks):
+                return status
+            # a failed input check: the supervisor is about to exit with the cause; wait for its record
+        elif not await _alive(transport, pid):
+            raise await _died(transport, client, pid)
         await asyncio.sleep(0.5)
-    raise DeployError(f"the supervisor (pid {pid}) did not answer status within {wait_s:.0f} s: {last_error}")
+    pending = [f"{c['check']} ({c.get('detail') or c.get('state')})" for c in (status or {}).get("startup") or []
+               if c.get("state") != "ok"]
+    raise DeployError(f"the supervisor (pid {pid}) did not pass its start checks within {wait_s:.0f} s"
+                      + (f"; not passed: {', '.join(pending)}" if pending else f": {last_error}")
+                      + f"; it may still be running: `regen status` / `regen stop` on {transport.name}:{run_dir}")
+
+
+async def _alive(transport: Transport, pid: int) -> bool:
+    """A zombie is not alive: a container whose init does not reap would otherwise keep `kill -0` true forever."""
+    pid = int(pid)
+    command = f"if [ -r /proc/self/stat ]; then cat /proc/{pid}/stat; else kill -0 {pid} && echo alive; fi"
+    try:
+        result = await transport.run(command, timeout=15)
+    except TransportError as exc:
+        raise DeployError(f"cannot check whether the supervisor (pid {pid}) lives: {exc}") from exc
+    if result.exit_status != 0:
+        return False
+    out = result.stdout.strip()
+    if ")" in out:  # /proc/PID/stat: "pid (comm) STATE ..."
+        fields = out.rsplit(")", 1)[1].split()
+        return bool(fields) and fields[0] not in ("Z", "X")
+    return True
+
+
+async def _died(transport: Transport, client: RunClient, pid: int) -> StartFailed:
+    """The supervisor exited during its start: its recorded cause (a refused config change: each changed field
+    first), or, when it recorded none, the end of this start's log."""
+    run_dir = client.run_dir
+    where = f"{transport.name}:{run_dir}"
+    try:
+        last = await client.last_status()
+    except RunClientError as exc:
+        last = {"state": "dead", "read_error": str(exc)}
+    fatal = last.get("fatal")
+    if fatal:
+        lines = cause_first(fatal.get("message") or "", where) if fatal.get("exc_type") == "ConfigChanged" else None
+        text = "\n".join(lines) if lines else "\n".join(cause_lines(fatal))
+        return StartFailed(f"the supervisor (pid {pid}) exited during its start:\n{text}", pid=pid, run_dir=run_dir,
+                           fatal=fatal)
+    if last.get("state") in ("done", "stopped", "drained"):
+        end = last.get("run_end") or {}
+        return StartFailed(f"the supervisor (pid {pid}) ended during its start: {last['state']}"
+                           + (f" ({end['cause']})" if end.get("cause") else ""), pid=pid, run_dir=run_dir)
+    log_path = f"{run_dir}/supervisor.log"
+    tail = await transport.run(f"tail -n {LOG_TAIL_LINES} -- {shlex.quote(log_path)}", timeout=15)
+    text = tail.stdout if tail.exit_status == 0 else tail.stderr
+    why = f" (its run dir's last state could not be read: {last['read_error']})" if last.get("read_error") else ""
+    return StartFailed(f"no cause recorded{why}:\n" + startup_failure_text(pid, where, log_path, text),
+                       pid=pid, run_dir=run_dir, log_tail=text.splitlines()[-8:])
 
 
 # -- shared by the run commands (status, pause, resume, stop) ---------------------------------

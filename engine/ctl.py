@@ -77,37 +77,64 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+LOG_TAIL_LINES = 3
+ENDED_STATES = ("done", "stopped", "failed")  # a last dispatch state that was final (before run_end events)
+
+
 def last_status(run_dir: Path) -> int:
-    """A status reply built from the run dir alone (state.sqlite, telemetry.jsonl, rejects.jsonl), for a
-    run whose supervisor has exited: what it last recorded, marked offline."""
-    from engine.rejects import RejectLog
+    """A status reply built from the run dir alone (fatal.json, state.sqlite, telemetry.jsonl, rejects.jsonl) for
+    a run whose supervisor has exited, marked `running: false`. `state` is how it ended: failed (with `fatal`:
+    what, where, the remedy), done / drained / stopped (its `run_end` event), or dead (no cause recorded: killed;
+    `log_tail` has the last lines of supervisor.log)."""
+    from engine.fatal import read_fatal
+    from engine.rejects import RejectLog, RejectLogError
     from engine.shard_store import ShardStore
 
-    if not (run_dir / "state.sqlite").exists():
+    fatal = read_fatal(run_dir)
+    has_store = (run_dir / "state.sqlite").exists()
+    log_path = run_dir / "supervisor.log"
+    if not has_store and fatal is None and not log_path.exists():
         print(f"{run_dir} holds no state.sqlite: not a run dir, or the run never started", file=sys.stderr)
         return EXIT_UNREACHABLE
-    store = ShardStore(run_dir)
-    try:
-        progress = store.progress()
-    finally:
-        store.close()
-    dispatch, alerts, started = None, [], None
+    progress, read_errors = [], []
+    if has_store:
+        try:  # a full disk (the reason the run died, perhaps) must not hide its recorded cause
+            store = ShardStore(run_dir)
+            try:
+                progress = store.progress()
+            finally:
+                store.close()
+        except OSError as exc:
+            read_errors.append(f"shard store: {exc}")
+    dispatch, alerts, started, run_end, after_end = None, [], None, None, False
     try:
         with open(run_dir / "telemetry.jsonl", "rb") as f:
             for line in f:
                 try:
                     ev = orjson.loads(line)
                 except orjson.JSONDecodeError:
-                    continue  # a line cut by a kill
+                    continue  # a line cut by a kill or a full disk
+                if not isinstance(ev, dict):
+                    continue
                 started = started or ev.get("ts")
-                if ev.get("type") == "dispatch":
+                kind = ev.get("type")
+                if kind == "run_end":
+                    run_end, after_end = ev, False
+                    continue
+                after_end = after_end or run_end is not None  # a later supervisor wrote after that end
+                if kind == "dispatch":
                     dispatch = ev
-                elif ev.get("type") == "alert":
+                elif kind == "alert":
                     alerts.append(ev)
     except FileNotFoundError:
         pass  # stopped before its first event
-    with RejectLog(run_dir) as rejects:
-        reject_info = {"total": rejects.count, "by_reason": rejects.counts_by_reason()}
+    reject_info = {"total": 0, "by_reason": {}}
+    if has_store:
+        try:
+            with RejectLog(run_dir) as rejects:
+                reject_info = {"total": rejects.count, "by_reason": rejects.counts_by_reason()}
+        except (OSError, RejectLogError) as exc:
+            read_errors.append(f"reject log: {exc}")
     shards = []
     for p in progress:
         done = p.total_samples is not None and p.done_samples >= p.total_samples
@@ -115,12 +142,43 @@ def last_status(run_dir: Path) -> int:
         shards.append({"id": p.shard_id, "state": state, "done": p.done_samples,
                        "total": p.total_samples if p.total_samples is not None else p.done_samples,
                        "output_tokens": p.output_tokens, "empty": p.empty, "truncated": p.truncated})
-    state = (dispatch or {}).get("state") or "unknown"
-    result = {"run_dir": str(run_dir.resolve()), "state": state, "offline": True, "pid": None,
+    last_dispatch_state = (dispatch or {}).get("state")
+    ended = run_end if run_end is not None and not after_end else None
+    if fatal is not None:
+        state = "failed"
+    elif ended is not None:
+        state = ended.get("state") or "stopped"
+    elif last_dispatch_state in ENDED_STATES and fatal is None:
+        state = last_dispatch_state  # a run from before run_end events
+    else:
+        state = "dead"
+    if dispatch is not None or shards:
+        # nothing is in flight without a supervisor; done is what is committed (the last dispatch event may be
+        # older: a full disk drops telemetry lines, a kill cuts the last ones)
+        committed = sum(sh["done"] for sh in shards)
+        dispatch = dict(dispatch or {"state": state}, in_flight=0, tokens_per_s=0.0)
+        if shards:
+            dispatch["done"] = committed
+            dispatch["total"] = max(int(dispatch.get("total") or 0), sum(sh["total"] for sh in shards))
+    result = {"run_dir": str(run_dir.resolve()), "state": state, "running": False, "offline": True, "checked_at": time.time(),
+              "fatal": fatal.to_dict() if fatal is not None else None, "run_end": ended,
+              "last_state": last_dispatch_state, "log": str(log_path), "pid": None,
+              "log_tail": _log_tail(log_path) if state == "dead" else [],
               "started_at": started, "host": os.uname().nodename, "dispatch": dispatch, "workers": [],
-              "shards": shards, "gpus": [], "disk": [], "alerts": alerts[-20:], "rejects": reject_info}
+              "shards": shards, "gpus": [], "disk": [], "alerts": alerts[-20:], "rejects": reject_info,
+              "read_errors": read_errors}
     sys.stdout.write(orjson.dumps({"ok": True, "result": result}).decode() + "\n")
     return EXIT_OK
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return [f"(cannot read {path}: {exc})"]
+    return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
 def supervisor_alive(run_dir: Path) -> bool:

@@ -25,7 +25,11 @@ _HUGE = 10**9  # transformers' "no limit" model_max_length is ~1e30
 
 
 class RenderError(Exception):
-    """The tokenizer / model dir cannot be used; the message names the path and the problem."""
+    """The tokenizer / model dir cannot be used; the message names the path and the problem, `path` is it."""
+
+    def __init__(self, message: str, path: str | Path | None = None):
+        super().__init__(message)
+        self.path = None if path is None else str(path)
 
 
 def sample_id(conversation_id: str, turn: int) -> str:
@@ -43,14 +47,14 @@ class Renderer:
                 problem = "is not a directory (expected a local model dir with tokenizer files)"
             except OSError as exc:
                 problem = str(exc)
-            raise RenderError(f"tokenizer path {path}: {problem}")
+            raise RenderError(f"tokenizer path {path}: {problem}", path)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as exc:
-            raise RenderError(f"tokenizer path {path}: cannot load the tokenizer: {exc}") from exc
+            raise RenderError(f"tokenizer path {path}: cannot load the tokenizer: {exc}", path) from exc
         if not getattr(self.tokenizer, "chat_template", None):
             raise RenderError(f"tokenizer path {path}: the tokenizer has no chat template "
-                              "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
+                              "(tokenizer_config.json 'chat_template' or chat_template.jinja)", path)
         self.path = path
         self.enable_thinking = enable_thinking
         # transformers' decode walks every id in Python (to_py_obj) before the Rust decode: on a
@@ -85,7 +89,7 @@ class Renderer:
         if isinstance(value, int) and 0 < value < _HUGE:
             return value
         raise RenderError(f"{self.path}: no context length: config.json has no max_position_embeddings and the "
-                          "tokenizer no model_max_length; set context_length in run.toml")
+                          "tokenizer no model_max_length; set context_length in run.toml", self.path)
 
     def _eos_ids(self) -> list[int]:
         value = (self.generation_config or {}).get("eos_token_id")
@@ -94,7 +98,8 @@ class Renderer:
         if value is None:
             value = self.tokenizer.eos_token_id
         if value is None:
-            raise RenderError(f"{self.path}: no eos token id in generation_config.json, config.json or the tokenizer")
+            raise RenderError(f"{self.path}: no eos token id in generation_config.json, config.json or the tokenizer",
+                              self.path)
         ids = [value] if isinstance(value, int) else list(value)
         return list(dict.fromkeys(int(i) for i in ids))
 
@@ -303,11 +308,11 @@ def _read_json(path: Path) -> dict | None:
     except FileNotFoundError:
         return None  # optional files: callers fall back to the tokenizer's own values
     except OSError as exc:
-        raise RenderError(f"cannot read {path}: {exc}") from exc
+        raise RenderError(f"cannot read {path}: {exc}", path) from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RenderError(f"{path}: not valid JSON: {exc}") from exc
+        raise RenderError(f"{path}: not valid JSON: {exc}", path) from exc
     if not isinstance(data, dict):
-        raise RenderError(f"{path}: expected a JSON object")
+        raise RenderError(f"{path}: expected a JSON object", path)
     return data

@@ -1,12 +1,23 @@
 """The supervisor process on the training host: `python -m engine.supervisor --run-dir D`.
 
-It reads D/run.toml, verifies the run dir (a changed content hash is refused, exit 3), recovers
-the shard store, takes the pid file, serves the control socket, launches one SGLang server per
-GPU group, dispatches the work plan and commits shards until every sample is settled (exit 0),
-or until drain / stop / SIGTERM.
+It reads D/run.toml, verifies the run dir (a changed content hash is refused), recovers the shard
+store, takes the pid file, serves the control socket, launches one SGLang server per GPU group,
+dispatches the work plan and commits shards until every sample is settled, or until drain / stop /
+SIGTERM. Its start checks (engine.startup) are in its status reply until they pass.
 
-Exit codes: 0 done, drained or stopped; 1 the run failed (every worker failed, internal error);
-2 unusable run config; 3 content config changed; 4 another supervisor holds the run dir.
+It never dies without saying why: a fatal error is written to D/fatal.json (engine.fatal: type,
+message, path, remedy) and emitted as a `fatal` telemetry event, and every exit ends with one
+`run_end` event (done | drained | stopped | failed). A full disk degrades logging and telemetry
+(engine.safe_log, engine.telemetry) instead of ending the run, and a reserve file is given up to
+make room for the last words.
+
+Exit codes:
+  0  done, drained or stopped
+  1  the run failed: every worker failed, an OS error (a full disk), an internal error (fatal.json)
+  2  unusable run config or run dir (ConfigError, RunDirError)
+  3  the content config changed: refused to resume (ConfigChanged)
+  4  another supervisor holds the run dir (nothing written: the run dir is that supervisor's)
+  5  the run's input cannot be read: prompt files (PromptFileError) or tokenizer / model dir (RenderError)
 """
 from __future__ import annotations
 
@@ -26,16 +37,21 @@ from typing import Any
 import aiohttp
 import psutil
 
+from engine import safe_log
 from engine.committer import Committer
 from engine.config import ConfigError, RunConfig, load_config
 from engine.control import ControlError, ControlServer
 from engine.dispatcher import Dispatcher
+from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous,
+                          fallback_path, is_disk_full, record_for, write_fatal)
 from engine.gpu import GpuSampler
+from engine.ingest import PromptFileError
 from engine.notify import Notifier
-from engine.render import Renderer
+from engine.render import Renderer, RenderError
 from engine.rejects import RejectLog
 from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.shard_store import ShardStore
+from engine.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry, ThroughputWatch, disk_events
 from engine.telemetry_events import AlertEvent, RunEndEvent, ShardEvent
 from engine.work import WorkPlan
@@ -44,7 +60,10 @@ from engine.workers import Worker, WorkerState, worker_specs
 
 log = logging.getLogger("regen.supervisor")
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_CHANGED, EXIT_LOCKED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_CHANGED, EXIT_LOCKED, EXIT_INPUT = 0, 1, 2, 3, 4, 5
+# the exit code of a fatal exception (first match in its MRO); anything else is EXIT_FAILED
+EXIT_FOR = ((ConfigChanged, EXIT_CHANGED), (ConfigError, EXIT_CONFIG), (RunDirError, EXIT_CONFIG),
+            (PromptFileError, EXIT_INPUT), (RenderError, EXIT_INPUT))
 TICK_S = 2.0
 PROGRESS_EVERY_S = 10.0
 GPU_ERROR_EVERY_S = 60.0
@@ -56,18 +75,23 @@ GC_THRESHOLDS = (20_000, 20, 10)
 
 
 class Supervisor:
-    def __init__(self, cfg: RunConfig, run_dir: Path):
+    def __init__(self, cfg: RunConfig, run_dir: Path, telemetry: Telemetry, startup: StartupChecks | None = None,
+                 notifier: Notifier | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.started_at = time.time()
         self.mode = "starting"  # starting | running | draining | stopping | done | stopped | failed
+        self.phase = "start"  # start | run | shutdown: where a fatal error happened
         self.exit_code = EXIT_OK
+        self.fatal_exc: BaseException | None = None  # why the run failed, when it did
+        self.fatal_phase = "start"
+        self.end_how = ""  # drain | stop | done | failed: how the run ended
+        self.end_cause = ""  # who ended it (an operator's stop, a signal, every sample settled, the failure)
         self.disk_full = False
-        self.telemetry = Telemetry(run_dir)
+        self.startup = startup or StartupChecks()
+        self.telemetry = telemetry
         self.emit = self.telemetry.emit
-        self.notifier = Notifier(cfg.notify, run_dir, self.emit) if cfg.notify.enabled else None
-        if self.notifier is not None:
-            self.telemetry.listeners.append(self.notifier.on_event)
+        self.notifier = notifier  # started and closed by _load_and_run: it must outlive the fatal / run_end events
         self._exit = asyncio.Event()
         self._shutdown_task: asyncio.Task | None = None
         self._dirty_shards: set[str] = set()
@@ -84,8 +108,6 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        if self.notifier is not None:
-            self.notifier.start()
         self.store = ShardStore(self.run_dir)
         removed = self.store.recover()
         if removed:
@@ -97,17 +119,6 @@ class Supervisor:
             return await self._run()
         finally:
             await self.control.close()
-            exc = sys.exc_info()[1]
-            state = self.mode if exc is None and self.mode in ("done", "stopped", "failed") else "failed"
-            critical = [a.text for a in self.telemetry.alerts if a.severity == "critical"]
-            cause = "" if state != "failed" else f"{type(exc).__name__}: {exc}" if exc is not None else (
-                critical[-1] if critical else "")
-            self.emit(RunEndEvent(state=state, exit_code=EXIT_FAILED if exc is not None else self.exit_code,
-                                  cause=cause, done=self.plan.done if self.plan else 0,
-                                  total=self.plan.total if self.plan else 0))
-            if self.notifier is not None:
-                await self.notifier.aclose()  # bounded: notify.flush_timeout_s
-            self.telemetry.close()
 
     async def _run(self) -> int:
         cfg = self.cfg
@@ -122,13 +133,12 @@ class Supervisor:
             for w in self.workers:
                 w.listeners.append(self._on_worker_state)
                 w.start()
-        renderer = await asyncio.to_thread(
-            Renderer, cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
+        try:
+            renderer, plan = await self._open_inputs()
+        except BaseException:
+            await self._close_early(early)  # the servers launched first must not outlive a failed start
+            raise
         self.renderer = renderer
-        plan = WorkPlan(cfg, renderer, self.store, self.rejects)
-        plan.changed = self._dirty_shards.add
-        bad = await asyncio.to_thread(plan.count_stream)
-        plan.finish_count(bad)
         self.plan = plan
         self._dirty_shards.update(plan.shards)
         if self._shutdown_task is not None:
@@ -138,7 +148,9 @@ class Supervisor:
             return self.exit_code
         if plan.finished:
             log.info("every sample is already settled (%d done): nothing to generate", plan.done)
+            self.startup.ok("workers", "none launched: every sample is already settled")
             self.mode = "done"
+            self.end_how, self.end_cause = "done", "every sample was already settled"
             await self._close_early(early)
             self._tick_once(final=True)
             return EXIT_OK
@@ -167,6 +179,7 @@ class Supervisor:
                     w.listeners.append(self._on_worker_state)
             if self.fleet is not None:
                 await self.fleet.start()
+                self.startup.ok("workers", f"router up; {len(self.workers)} servers on {len(cfg.hosts)} hosts launching")
             elif early:
                 for w in self.workers:
                     if w.state == WorkerState.READY:  # became ready while the prompts were counted
@@ -186,6 +199,9 @@ class Supervisor:
                 asyncio.create_task(self._monitor(), name="monitor"),
                 asyncio.create_task(self._start_feed_when_ready(), name="feed"),
             ]
+            for task in self._tasks:
+                task.add_done_callback(self._task_ended)
+            self.phase = "run"
             await self._exit.wait()
             return self.exit_code
         finally:
@@ -200,6 +216,54 @@ class Supervisor:
             self.gpu.close()
             plan.close()
             await self.session.close()
+
+    async def _open_inputs(self) -> tuple[Renderer, WorkPlan]:
+        """Prompt files open, tokenizer loaded, prompts counted: each a start check; the first error is fatal."""
+        cfg = self.cfg
+        self.startup.ok("prompts", await asyncio.to_thread(open_prompt_files, cfg.prompts))
+        renderer = await asyncio.to_thread(
+            Renderer, cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
+        self.startup.ok("tokenizer", f"{cfg.tokenizer_path} (context {renderer.context_length})")
+        plan = WorkPlan(cfg, renderer, self.store, self.rejects)
+        plan.changed = self._dirty_shards.add
+        self.startup.ok("count", "counting the prompts")
+        bad = await asyncio.to_thread(plan.count_stream)
+        plan.finish_count(bad)
+        self.startup.ok("count", f"{plan.total} samples in {len(plan.shards)} shards ({plan.done} already done)")
+        return renderer, plan
+
+    def _update_workers_check(self) -> None:
+        """`workers launched`: every server launched (a pid, its port was free); refused or failed ones fail it."""
+        ws = [w for w in self.workers if isinstance(w, Worker)]
+        if not ws:
+            return
+        bad = [w for w in ws if w.state in (WorkerState.REFUSED, WorkerState.FAILED)]
+        if bad:
+            self.startup.failed("workers", "; ".join(f"{w.name} {w.state}: {w.error or 'no error text'}" for w in bad))
+            return
+        if self.startup.checks["workers"].state == "ok":
+            return  # passed: later crashes and restarts are the run's, shown as worker states and alerts
+        live = (WorkerState.STARTING, WorkerState.LOADING, WorkerState.READY)
+        if all(w.pid is not None and w.state in live for w in ws):
+            self.startup.ok("workers", ", ".join(f"{w.name} pid {w.pid} on {w.spec.host}:{w.spec.port} ({w.state})"
+                                                 for w in ws))
+        else:
+            self.startup.set("workers", "pending", "; ".join(
+                f"{w.name} {w.state}" + (f": {w.error}" if w.error else "") for w in ws
+                if w.pid is None or w.state not in live))
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        """A supervisor task must not die unnoticed: its exception fails the run, with that cause."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("task %s failed: the run stops", task.get_name(), exc_info=exc)
+        self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.fatal_exc is None:
+            self.fatal_exc, self.fatal_phase = exc, self.phase
+        self._begin_shutdown("failed")
 
     def _looks_finished(self) -> bool:
         """Every shard's committed samples reach its planned samples (from the last count): a start
@@ -242,13 +306,16 @@ class Supervisor:
             self.plan.max_active = max(256, 4 * total)
 
     def _on_worker_state(self, w: Worker, state: str) -> None:
+        self._update_workers_check()
         if state == WorkerState.FAILED and all(x.state == WorkerState.FAILED for x in self.workers):
+            evidence = "; ".join(f"{x.name}: {x.error}" for x in self.workers)
             self.emit(AlertEvent(severity="critical", text="every worker failed: the run stops",
-                                 evidence="; ".join(f"{x.name}: {x.error}" for x in self.workers), key="all-failed"))
-            self._begin_shutdown("failed")
+                                 evidence=evidence, key="all-failed"))
+            self._fail(WorkersFailed(f"every worker failed: {evidence}", str(self.run_dir / "workers")))
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("%s received: stopping", sig.name)
+        self.end_cause = self.end_cause or f"{sig.name} received"
         self._begin_shutdown("stop")
 
     # -- control ops ------------------------------------------------------------------------
@@ -287,9 +354,11 @@ class Supervisor:
             except KeyError as exc:
                 raise ControlError(exc.args[0]) from exc
         if op == "drain":
+            self.end_cause = self.end_cause or "drain requested over the control socket (regen stop --drain)"
             self._begin_shutdown("drain")
             return {"state": self.state()}
         if op == "stop":
+            self.end_cause = self.end_cause or "stop requested over the control socket (regen stop)"
             self._begin_shutdown("stop")
             return {"state": self.state()}
         raise ControlError(f"unknown op {op!r}")
@@ -308,11 +377,19 @@ class Supervisor:
 
     def status(self) -> dict[str, Any]:
         t = self.telemetry
+        self._update_workers_check()
         dispatch = (self.dispatcher.snapshot(self.dispatch_state()).to_dict() if self.dispatcher is not None
                     else (t.dispatch.to_dict() if t.dispatch else None))
+        write_errors = safe_log.failures() + ([f"{t.path}: {t.write_error} ({t.dropped} events not written)"]
+                                              if t.write_error else [])
         return {
             "run_dir": str(self.run_dir),
             "state": self.state(),
+            "running": True,  # a supervisor answers (engine.ctl last-status says False)
+            "fatal": None,
+            "phase": self.phase,
+            "startup": self.startup.to_list(),
+            "write_errors": write_errors,
             "pid": os.getpid(),
             "started_at": self.started_at,
             "config_hash": self.cfg.content_hash(),
@@ -341,6 +418,10 @@ class Supervisor:
         self._shutdown_task = asyncio.get_running_loop().create_task(self._shutdown(how), name=f"shutdown-{how}")
 
     async def _shutdown(self, how: str) -> None:
+        self.phase = "shutdown"
+        self.end_how = how
+        if how == "done":
+            self.end_cause = "every sample settled"
         try:
             d = self.dispatcher
             if how == "drain":
@@ -515,15 +596,17 @@ def _size(nbytes: int) -> str:
 
 # -- process setup --------------------------------------------------------------------------
 def setup_logging(run_dir: Path) -> None:
+    """INFO to stderr and supervisor.log (one handler when the starter made stderr that file); both degrade on a
+    full disk instead of printing a `--- Logging error ---` block per record (engine.safe_log)."""
     log_path = run_dir / "supervisor.log"
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    stderr_handler = logging.StreamHandler(sys.stderr)
+    stderr_handler = safe_log.ResilientHandler(2, str(log_path) if _stderr_is(log_path) else "stderr")
     stderr_handler.setFormatter(fmt)
     root.addHandler(stderr_handler)
     if not _stderr_is(log_path):
-        file_handler = logging.FileHandler(log_path)
+        file_handler = safe_log.ResilientHandler(safe_log.open_log_fd(str(log_path)), str(log_path))
         file_handler.setFormatter(fmt)
         root.addHandler(file_handler)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
@@ -583,26 +666,105 @@ def _live_supervisor(pid_text: str) -> str | None:
     return joined if "engine.supervisor" in joined else None
 
 
-def _load_and_run(run_dir: Path) -> int:
-    try:
-        cfg = load_config(run_dir / "run.toml")
-    except ConfigError as exc:
-        log.error("%s", exc)
-        return EXIT_CONFIG
-    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-    try:
-        prepare_run_dir(cfg)
-    except ConfigChanged as exc:
+def _exit_code_for(exc: BaseException) -> int:
+    for cls, code in EXIT_FOR:
+        if isinstance(exc, cls):
+            return code
+    return EXIT_FAILED
+
+
+def _log_failure(exc: BaseException) -> None:
+    """Known causes in one line (their text says what and where); anything else with its traceback."""
+    if isinstance(exc, ConfigChanged):
         log.error("refusing to resume: %s", exc)
-        return EXIT_CHANGED
-    except RunDirError as exc:
-        log.error("%s", exc)
-        return EXIT_CONFIG
-    except OSError as exc:
-        log.error("cannot prepare run dir %s: %s", run_dir, exc)
-        return EXIT_CONFIG
-    _single_cpu_tokenizer()
-    return asyncio.run(Supervisor(cfg, run_dir).run())
+    elif isinstance(exc, (ConfigError, RunDirError, PromptFileError, RenderError, WorkersFailed, OSError)) \
+            or is_disk_full(exc):
+        log.error("%s: %s", type(exc).__name__, exc)
+    else:
+        log.error("supervisor failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+
+
+def say_fatal(record: FatalRecord, run_dir: Path, reserve: SpaceReserve | None,
+              telemetry: Telemetry | None) -> None:
+    """The last words: fatal.json (room made by giving up the reserve), the `fatal` event, a log line on stderr."""
+    if reserve is not None:
+        why = reserve.release()
+        if why:
+            log.error("%s", why)
+    try:
+        where = str(write_fatal(run_dir, record))
+    except FatalWriteError as exc:
+        where = f"nowhere: {exc}"
+    log.error("FATAL (%s, exit %d): %s\n  path: %s\n  remedy: %s\n  recorded in %s", record.phase,
+              record.exit_code, record.headline, record.path or "-", record.remedy, where)
+    if telemetry is not None:
+        telemetry.emit(record.event())
+
+
+async def _load_and_run(run_dir: Path) -> int:
+    """Everything after the pid file, inside the event loop (listeners of the `fatal` and `run_end` events, such as
+    a notifier, may still use it): load the config, prepare the run dir, supervise; a fatal error is recorded,
+    and one `run_end` event emitted, before the return."""
+    reserve = SpaceReserve(run_dir)
+    startup = StartupChecks()
+    telemetry: Telemetry | None = None
+    notifier: Notifier | None = None
+    sup: Supervisor | None = None
+    failure: tuple[BaseException, str] | None = None
+    code = EXIT_FAILED
+    try:
+        previous = archive_previous(run_dir)
+        if previous is not None:
+            log.info("the previous supervisor on this run dir ended with %s (kept in %s)", previous.headline,
+                     PREVIOUS_FILE)
+        why = reserve.take()
+        if why:
+            log.warning("%s; a fatal record would go to %s", why, fallback_path(run_dir))
+        telemetry = Telemetry(run_dir)
+        cfg = load_config(run_dir / "run.toml")
+        startup.ok("config", str(run_dir / "run.toml"))
+        if cfg.notify.enabled:  # from here on a death or the run's end reaches an operator who is not looking
+            notifier = Notifier(cfg.notify, run_dir, telemetry.emit)
+            telemetry.listeners.append(notifier.on_event)
+            notifier.start()
+        cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+        prepare_run_dir(cfg)
+        startup.ok("run_dir", str(run_dir))
+        _single_cpu_tokenizer()
+        sup = Supervisor(cfg, run_dir, telemetry, startup, notifier)
+        code = await sup.run()
+        if sup.fatal_exc is not None:
+            failure = (sup.fatal_exc, sup.fatal_phase)
+            code = code or EXIT_FAILED
+    except Exception as exc:  # every fatal error ends here, recorded below: never a silent exit
+        failure = (exc, sup.phase if sup is not None else "start")
+        code = _exit_code_for(exc)
+        _log_failure(exc)
+    record = None
+    if failure is not None:
+        exc, phase = failure
+        startup.fail_pending(f"{type(exc).__name__}: {exc}")
+        record = record_for(exc, run_dir=run_dir, phase=phase, exit_code=code,
+                            default_path=str(run_dir / "run.toml") if isinstance(exc, ConfigError) else None)
+        say_fatal(record, run_dir, reserve, telemetry)
+    else:
+        why = reserve.release()
+        if why:
+            log.error("%s", why)
+    if telemetry is not None:
+        plan = sup.plan if sup is not None else None
+        if record is not None:
+            state, cause = "failed", record.headline
+        else:
+            how = sup.end_how if sup is not None else ""
+            state = "drained" if how == "drain" else (sup.mode if sup is not None else "failed")
+            cause = sup.end_cause if sup is not None else ""
+        telemetry.emit(RunEndEvent(state=state, exit_code=code, cause=cause, done=plan.done if plan else 0,
+                                   total=plan.total if plan else 0))
+        if notifier is not None:
+            await notifier.aclose()  # bounded: notify.flush_timeout_s
+        telemetry.close()
+    return code
 
 
 def _single_cpu_tokenizer() -> None:
@@ -617,7 +779,9 @@ def _single_cpu_tokenizer() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.supervisor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.supervisor", description=__doc__.splitlines()[0],
+                                     epilog=__doc__[__doc__.index("Exit codes:"):],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir).expanduser().resolve()
@@ -627,18 +791,24 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(run_dir)
     log.info("supervisor pid %d starting on %s (python %s)", os.getpid(), run_dir, sys.executable)
     pidfile = PidFile(run_dir / "supervisor.pid")
-    refusal = pidfile.acquire()
+    try:
+        refusal = pidfile.acquire()
+    except OSError as exc:  # e.g. a full disk: no live supervisor holds the run dir (checked first), so say why here
+        _log_failure(exc)
+        say_fatal(record_for(exc, run_dir=run_dir, phase="start", exit_code=EXIT_FAILED), run_dir, None, None)
+        return EXIT_FAILED
     if refusal:
         log.error("refusing to start: %s", refusal)
-        return EXIT_LOCKED
+        return EXIT_LOCKED  # the run dir, its fatal record and telemetry are the live supervisor's: nothing written
     try:
-        code = _load_and_run(run_dir)
-    except Exception:
-        log.exception("supervisor failed")
+        code = asyncio.run(_load_and_run(run_dir))
+    except Exception as exc:  # a failure of the recording itself: still said, on stderr and in the log
+        log.error("supervisor failed while recording its end: %s: %s", type(exc).__name__, exc, exc_info=exc)
         code = EXIT_FAILED
     finally:
         pidfile.release()
     log.info("supervisor exits with %d", code)
+    logging.shutdown()  # the resilient handlers write what they kept, if they can
     return code
 
 

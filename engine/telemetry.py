@@ -3,6 +3,11 @@
 Lines are appended and flushed per event (a reader never sees half a line for long) and fsynced
 every few seconds. Alerts carry a stable `key`; rules that watch a state (quality shares, disk)
 fire once when the state is entered and again only after it was left.
+
+When the file cannot be written (a full disk) telemetry degrades instead of taking the run down:
+the failure is logged once, the latest state stays in memory (the `status` op keeps answering),
+alerts and the fatal / run_end events are kept (bounded) and written first when writing works
+again, other events are counted as dropped; a line a failing write cut is ended before the next.
 """
 from __future__ import annotations
 
@@ -15,13 +20,17 @@ from typing import Callable, Iterable
 
 import psutil
 
-from engine.telemetry_events import AlertEvent, DiskEvent, DispatchEvent, Event, GpuEvent, ShardEvent, WorkerEvent
+from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
+                                     ShardEvent, WorkerEvent)
 
 log = logging.getLogger("regen.telemetry")
 
 FSYNC_INTERVAL_S = 5.0
 QUALITY_MIN_SAMPLES = 50
 THROUGHPUT_DROP_RATIO = 0.3
+WRITE_RETRY_S = 2.0
+KEPT_WHILE_FAILING = 500  # alerts / fatal / run_end lines held while the file cannot be written
+KEPT_TYPES = (AlertEvent, FatalEvent, RunEndEvent)
 
 
 class Telemetry:
@@ -36,6 +45,12 @@ class Telemetry:
         self.shards: dict[str, ShardEvent] = {}
         self.alerts: collections.deque[AlertEvent] = collections.deque(maxlen=50)
         self._active_conditions: set[str] = set()
+        self.write_error: str | None = None  # why telemetry.jsonl cannot be written now
+        self.write_error_since: float | None = None
+        self.dropped = 0  # events not written during the current failure
+        self._kept: collections.deque[bytes] = collections.deque(maxlen=KEPT_WHILE_FAILING)
+        self._torn = False  # a failing write left a partial line: end it before the next one
+        self._next_try = 0.0
         # called with every event after it is recorded (e.g. the notifier); must not raise or block
         self.listeners: list[Callable[[Event], None]] = []
 
@@ -54,17 +69,76 @@ class Telemetry:
             self.alerts.append(event)
             log.log(logging.ERROR if event.severity in ("error", "critical") else logging.WARNING,
                     "ALERT %s: %s%s", event.severity, event.text, f"\n{event.evidence}" if event.evidence else "")
+        self._record(event)
+        for listener in self.listeners:
+            listener(event)
+
+    def _record(self, event: Event) -> None:
+        line = event.to_json() + b"\n"
+        if self.write_error is not None:
+            if isinstance(event, KEPT_TYPES):
+                if len(self._kept) == self._kept.maxlen:
+                    self.dropped += 1
+                self._kept.append(line)
+            else:
+                self.dropped += 1
+            if time.monotonic() >= self._next_try:
+                self._retry()
+            return
         try:
-            self._f.write(event.to_json() + b"\n")
+            self._write(line)
             now = time.monotonic()
             if now - self._last_fsync > FSYNC_INTERVAL_S:
                 os.fsync(self._f.fileno())
                 self._last_fsync = now
         except OSError as exc:
-            # telemetry must not take the run down (a full disk is handled by the disk guard)
-            log.error("cannot write %s: %s", self.path, exc)
-        for listener in self.listeners:
-            listener(event)
+            self._fail(exc, line if isinstance(event, KEPT_TYPES) else None)
+
+    def _write(self, line: bytes) -> None:
+        data = (b"\n" + line) if self._torn else line
+        written = 0
+        try:
+            while written < len(data):
+                n = self._f.write(data[written:])
+                if not n:
+                    raise OSError(f"write to {self.path} wrote nothing")
+                written += n
+        except OSError:
+            if written:
+                self._torn = True  # the file ends in a partial line now
+            raise
+        self._torn = False
+
+    def _fail(self, exc: OSError, keep: bytes | None) -> None:
+        self.write_error = f"{type(exc).__name__}: {exc}"
+        self.write_error_since = time.time()
+        self._next_try = time.monotonic() + WRITE_RETRY_S
+        if keep is not None:
+            self._kept.append(keep)
+        else:
+            self.dropped += 1
+        # once per failure, not per event: the run goes on, the status op still has the latest state
+        log.error("cannot write %s: %s; alerts are kept in memory and written when it works again, other"
+                  " events are dropped meanwhile", self.path, exc)
+
+    def _retry(self) -> None:
+        try:
+            while self._kept:
+                self._write(self._kept[0])
+                self._kept.popleft()
+        except OSError as exc:
+            self.write_error = f"{type(exc).__name__}: {exc}"
+            self._next_try = time.monotonic() + WRITE_RETRY_S
+            return
+        log.warning("%s can be written again after %.0f s (%s): %d events were not written", self.path,
+                    time.time() - (self.write_error_since or time.time()), self.write_error, self.dropped)
+        self.write_error, self.write_error_since, self.dropped = None, None, 0
+
+    def flush_kept(self) -> bool:
+        """Write what is kept now (before exit, e.g. once the fatal reserve freed room); True if nothing is left."""
+        if self.write_error is not None:
+            self._retry()
+        return self.write_error is None
 
     def condition(self, key: str, active: bool, severity: str, text: str, evidence: str = "") -> None:
         """Alert once when a watched condition becomes true; re-arm when it clears."""
@@ -76,8 +150,11 @@ class Telemetry:
             self.emit(AlertEvent(severity="info", text=f"cleared: {text.split(':')[0]}", key=key))
 
     def close(self) -> None:
+        self.flush_kept()
         try:
             os.fsync(self._f.fileno())
+        except OSError as exc:
+            log.error("cannot fsync %s at exit: %s", self.path, exc)
         finally:
             self._f.close()
 

@@ -89,17 +89,24 @@ def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first
     _no_supervisor(run_dir)
 
     changed = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, temperature=0.7), shard_size=60)
-    refused = regen("start", "local", "--config", str(_write(changed, tmp_path / "changed.toml")), home=tmp_path)
+    changed_toml = str(_write(changed, tmp_path / "changed.toml"))
+    # the preflight sees it first (run_dir.resume names the fields) and starts nothing
+    probed = regen("start", "local", "--config", changed_toml, home=tmp_path, env={"COLUMNS": "400"})
+    assert probed.returncode == 1
+    assert "FAIL run_dir.resume" in probed.stderr
+    assert "changed: sampling.temperature 0.6 -> 0.7, shard_size 50 -> 60" in probed.stderr
+    assert "regen start: preflight on local failed: run_dir.resume; nothing was started" in probed.stderr
+    # without it, the supervisor refuses: its recorded cause, each changed field first, no log dump
+    refused = regen("start", "local", "--config", changed_toml, "--no-preflight", home=tmp_path)
     assert refused.returncode == 1
-    out = refused.stderr[refused.stderr.index("regen start: "):].splitlines()
-    assert out[0] == (f"regen start: refused to resume local:{run_dir}: the config changed since the run was started"
+    out = refused.stderr[refused.stderr.index("regen start: the supervisor"):].splitlines()
+    assert out[0].startswith("regen start: the supervisor (pid ") and out[0].endswith(" exited during its start:")
+    assert out[1] == (f"refused to resume local:{run_dir}: the config changed since the run was started"
                       " (its shards were generated with the old values):")
-    assert sorted(out[1:3]) == ["  changed: sampling.temperature 0.6 -> 0.7", "  changed: shard_size 50 -> 60"]
-    assert out[3].startswith("  remedy: either set run_dir to a new directory for a new run, or revert these fields")
-    assert out[4].startswith("the supervisor (pid ") and "this start in" in out[4]
-    log_lines = out[5:]
-    assert 1 <= len(log_lines) <= 8 and "supervisor exits with 3" in log_lines[-1]
-    assert sum("starting on" in line for line in log_lines) <= 1  # the old starts' log is not dumped
+    assert sorted(out[2:4]) == ["  changed: sampling.temperature 0.6 -> 0.7", "  changed: shard_size 50 -> 60"]
+    assert out[4].startswith("  remedy: either set run_dir to a new directory for a new run, or revert these fields")
+    assert out[5] == f"  after the fix, start again: regen start local --config {changed_toml}"
+    assert len(out) == 6 and "starting on" not in refused.stderr  # the old starts' log is not dumped
 
 
 def test_missing_run_dir_says_so_and_where_it_looked(tmp_path):

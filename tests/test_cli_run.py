@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +18,12 @@ from engine.render import Renderer
 from tests.test_engine_run import REPO, SupervisorProc, check_rows, make_config, read_rows, status, wait_for
 
 
-def regen(*args: str, home: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HOME=str(home), PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(home))
+def regen(*args: str, home: Path, timeout: float = 240, env: dict | None = None,
+          wrap: list[str] | tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`regen ARGS` as the operator runs it; `wrap`: a command prefix (e.g. setpriv), `env`: extra variables."""
+    full_env = dict(os.environ, HOME=str(home), PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([*wrap, sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=str(home))
 
 
 @pytest.fixture
@@ -58,15 +61,17 @@ def test_demo_headless_until_done(tmp_path, cleanup_runs):
 def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "run; with 'quotes'"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "10"))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "30"))
     config_path = tmp_path / "run.toml"
     from engine.config import dump_toml
 
     config_path.write_text(dump_toml(cfg))
-    r = regen("start", "local", "--config", str(config_path), home=tmp_path)
+    # the preflight of a single-host start is tests/test_faults_fatal.py's: here, the run's operations
+    r = regen("start", "local", "--config", str(config_path), "--no-preflight", home=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "started: supervisor pid" in r.stdout
-    again = regen("start", "local", "--config", str(config_path), home=tmp_path)
+    assert "supervisor: tokenizer loaded" in r.stderr and "supervisor: workers launched" in r.stderr
+    again = regen("start", "local", "--config", str(config_path), "--no-preflight", home=tmp_path)
     assert again.returncode == 1 and "already runs" in again.stderr
     st = regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path)
     assert st.returncode == 0, st.stderr
@@ -86,10 +91,14 @@ def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_ru
     wait_for(lambda: not (run_dir / "supervisor.pid").exists(), 60, "the supervisor to exit")
     # the supervisor is gone: status says so and shows what the run dir last recorded
     gone = regen("status", "local", "--run-dir", str(run_dir), home=tmp_path)
-    assert gone.returncode == 0, gone.stderr
-    assert "state stopped" in gone.stdout and "supervisor not running" in gone.stdout
+    assert gone.returncode == 4, gone.stderr  # not running, no fault recorded
+    assert "state drained" in gone.stdout and "supervisor not running" in gone.stdout
+    said = " ".join(gone.stdout.split())
+    assert said.startswith("drained: drain requested over the control socket (regen stop --drain); resume with: "
+                           f"regen start local --config {shlex.quote(str(run_dir) + '/run.toml')}"), said
+    assert "- tok/s" in said and "ETA -" in said
     last = json.loads(regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path).stdout)
-    assert last["offline"] and last["state"] == "stopped"
+    assert last["offline"] and last["state"] == "drained" and last["running"] is False and last["fatal"] is None
     assert sum(sh["done"] for sh in last["shards"]) == last["dispatch"]["done"] == len(read_rows(run_dir))
     nowhere = regen("status", "local", "--run-dir", str(tmp_path / "no-run"), home=tmp_path)
     assert nowhere.returncode == 2, nowhere.stdout

@@ -64,7 +64,7 @@ def test_bad_rows_are_rejected_with_reasons_good_rows_produced_counts_shown(tmp_
     config_path = tmp_path / "run.toml"
     config_path.write_text(dump_toml(cfg))
     cleanup_runs.append(run_dir)
-    started = regen("start", "local", "--config", str(config_path), home=tmp_path)
+    started = regen("start", "local", "--config", str(config_path), "--no-preflight", home=tmp_path)
     assert started.returncode == 0, started.stdout + started.stderr
     wait_for(lambda: quick_state(run_dir) in ("running", "done"), 90, "running")
     paused = ctl(run_dir, "pause", "--all")  # hold the run so its status can be read while it lives

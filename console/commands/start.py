@@ -1,22 +1,35 @@
-"""regen start HOST --config run.toml: deploy the engine into the run dir and start the supervisor.
+"""regen start HOST --config run.toml: preflight the host, deploy the engine into the run dir, start the
+supervisor, and report the run started only once it is.
 
-A multi-host config ([[hosts]]) is preflighted first: the dispatch host and every GPU host are
-probed (PREFLIGHT, or --preflight IDS); any FAIL or ERROR, or a host not reached, refuses the start
-with the report. The supervisor then brings up each host's agent, SSH forwards and the router.
+Every run is preflighted first (--no-preflight skips it, and says so): on one host, the probes
+`regen probe HOST --config run.toml` runs (prompts, tokenizer and template, model dir, run dir
+and disk, ports, packages, GPUs; those that do not apply to the configured launch are SKIP); with
+[[hosts]], the dispatch host and every GPU host are probed for PREFLIGHT. Any FAIL or ERROR, or a
+host not reached, starts nothing: the report is printed (--json: the regen.probe/1 report, or
+regen.probe-fleet/1 for [[hosts]]) and the exit status is 1.
+
+Then the supervisor is started and watched through its start checks (config, run dir, prompt
+files open, tokenizer loaded, count started, workers launched), one progress line each; a
+supervisor that dies during its start makes `start` exit 1 with its recorded cause and remedy.
+
+Exit status: 0 started; 1 not started (preflight refused, bad config, the supervisor failed its
+start: the cause is printed); 2 the host could not be reached.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
 
-from console.deploy import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunning, DeployError, start_run
-from console.hints import cannot_reach, hint_from_args
+from console.deploy import (EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunning, DeployError, StartFailed,
+                            start_run)
+from console.hints import cannot_reach, hint_from_args, typed_again
 from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport
 from engine.config import ConfigError, load_config
 
-# what must hold on every host for its servers to start (GPU and package probes are `regen probe`'s)
+# what must hold on every host of a multi-host run for its servers to start
 PREFLIGHT = ("connection", "host.python", "ports", "disk.run_dir", "router.package", "prompts.paths",
              "run_dir.resume")
 
@@ -25,11 +38,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("host", help="ssh alias, user@host[:port], or `local`")
     parser.add_argument("--config", required=True, help="run.toml")
     add_ssh_options(parser)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--preflight", default=",".join(PREFLIGHT), metavar="ID,...",
-                        help="multi-host: the probes that must pass on every host before the start")
-    parser.add_argument("--no-preflight", action="store_true", help="multi-host: start without probing the hosts")
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON (a refused preflight: the"
+                        " probe report)")
+    parser.add_argument("--preflight", default=None, metavar="ID,...",
+                        help="the probes that must pass before the start (default: every probe of `regen probe"
+                             f" HOST --config`; with [[hosts]]: {','.join(PREFLIGHT)} on every host)")
+    parser.add_argument("--no-preflight", action="store_true", help="start without probing the host(s) first")
     parser.add_argument("--timeout", type=float, default=None, help="preflight: each probe's timeout")
+    parser.epilog = "exit status: 0 started; 1 not started (the cause is printed); 2 host not reached"
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def run(args) -> int:
@@ -39,10 +56,16 @@ def run(args) -> int:
         print(f"regen start: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
-    if cfg.hosts and not args.no_preflight:
-        refused = preflight(args, cfg)
+    if args.no_preflight:
+        print(f"regen start: --no-preflight: the host is not probed before the start (`"
+              f"{hint_from_args(args, 'probe', '--config', args.config)}` runs the same checks)", file=sys.stderr)
+    else:
+        refused = preflight(args, cfg) if cfg.hosts else preflight_host(args, cfg)
         if refused is not None:
             return refused
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
 
     async def main() -> int:
         try:
@@ -51,10 +74,18 @@ def run(args) -> int:
             print(cannot_reach(args.host, exc, args), file=sys.stderr)
             return EXIT_UNREACHABLE
         try:
-            started = await start_run(transport, cfg, progress=lambda m: print(m, file=sys.stderr))
+            started = await start_run(transport, cfg, progress=progress)
         except AlreadyRunning as exc:
             print(f"regen start: {exc}; watch it, or stop it, with:\n  {watch_hints(args, exc.run_dir)[0]}\n"
                   f"  {hint_from_args(args, 'stop', '--run-dir', exc.run_dir)}", file=sys.stderr)
+            return EXIT_ERROR
+        except StartFailed as exc:
+            if args.json:
+                print(json.dumps(exc.to_dict(), indent=2))
+            print(f"regen start: {exc}", file=sys.stderr)
+            if exc.fatal:
+                print(f"  after the fix, start again: {hint_from_args(args, 'start', '--config', args.config)}",
+                      file=sys.stderr)
             return EXIT_ERROR
         except DeployError as exc:
             print(f"regen start: {exc}", file=sys.stderr)
@@ -62,7 +93,8 @@ def run(args) -> int:
         finally:
             await transport.close()
         if args.json:
-            print(json.dumps({"run_dir": started.run_dir, "pid": started.pid, "status": started.status}, indent=2))
+            print(json.dumps({"started": True, "run_dir": started.run_dir, "pid": started.pid,
+                              "status": started.status}, indent=2))
         else:
             print(f"started: supervisor pid {started.pid} on {args.host}:{started.run_dir} "
                   f"(state {started.status.get('state')}); watch it with:")
@@ -78,6 +110,34 @@ def watch_hints(args, run_dir: str) -> list[str]:
     return [hint_from_args(args, "status", "--run-dir", run_dir), hint_from_args(args, "tui", "--run-dir", run_dir)]
 
 
+def preflight_host(args, cfg) -> int | None:
+    """Probe the one host as `regen probe HOST --config` does; None if nothing FAILed or ERRORed (SKIP and WARN
+    pass), else the exit code, with the report printed."""
+    from rich.console import Console
+
+    from console.commands.probe import context_from_config, probe_host
+    from probes.model import Status
+    from probes.render import render_report
+
+    only = {p.strip() for p in args.preflight.split(",") if p.strip()} if args.preflight else None
+    report, reached = asyncio.run(probe_host(args.host, context_from_config(cfg), only, timeout_s=args.timeout,
+                                             accept_new_command=typed_again(args, accept_new=True),
+                                             **SshOptions.from_args(args).connect_kwargs()))
+    bad = [r.id for r in report.results if r.status in (Status.FAIL, Status.ERROR)]
+    if reached and not bad:
+        counts = ", ".join(f"{k} {v}" for k, v in report.summary().items() if v)
+        print(f"preflight passed on {args.host} ({counts})", file=sys.stderr)
+        return None
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_report(report, Console(stderr=True))
+    what = "not reached" if not reached else "failed: " + ", ".join(bad)
+    print(f"regen start: preflight on {args.host} {what}; nothing was started (fix it and start again, or"
+          f" --no-preflight)", file=sys.stderr)
+    return EXIT_ERROR
+
+
 def preflight(args, cfg) -> int | None:
     """Probe every host of a multi-host run; None if all passed, else the exit code (report printed)."""
     from rich.console import Console
@@ -85,17 +145,22 @@ def preflight(args, cfg) -> int | None:
     from console.commands.probe import probe_fleet
     from probes.render import render_report
 
-    wanted = {p.strip() for p in args.preflight.split(",") if p.strip()}
+    wanted = {p.strip() for p in (args.preflight or ",".join(PREFLIGHT)).split(",") if p.strip()}
     sections = asyncio.run(probe_fleet(args, cfg, wanted, per_role=True))
     bad = [(name, address, report, reached) for name, address, report, reached in sections
            if not reached or report.exit_code()]
     if not bad:
         print(f"preflight passed on {len(sections)} hosts: " + ", ".join(n for n, *_ in sections), file=sys.stderr)
         return None
-    console = Console(stderr=True)
-    for name, address, report, reached in bad:
-        console.rule(f"[bold]{name}[/] ({address})" + ("" if reached else " [red]not reached[/]"))
-        render_report(report, console)
+    if args.json:
+        print(json.dumps({"schema": "regen.probe-fleet/1",
+                          "hosts": [{"name": n, "address": a, "reached": r, "report": rep.to_dict()}
+                                    for n, a, rep, r in sections]}, indent=2))
+    else:
+        console = Console(stderr=True)
+        for name, address, report, reached in bad:
+            console.rule(f"[bold]{name}[/] ({address})" + ("" if reached else " [red]not reached[/]"))
+            render_report(report, console)
     print(f"regen start: preflight failed on {', '.join(n for n, *_ in bad)}; nothing was started"
           " (fix it, drop the host from [[hosts]], or --no-preflight)", file=sys.stderr)
     return EXIT_ERROR

@@ -1,6 +1,12 @@
-"""regen status HOST --run-dir DIR [--json]: state, tok/s, done/total, ETA, workers, shards, alerts."""
+"""regen status HOST --run-dir DIR [--json]: state, tok/s, done/total, ETA, workers, shards, alerts.
+
+A run whose supervisor is gone is shown from what its run dir recorded, the cause first: a failed
+run's `failed: <type>: <message>` with the path, the remedy and the log; a stopped run's command to
+resume it; a supervisor that died without a word (killed) with the last lines of its log.
+"""
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -8,13 +14,33 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from console.cause import NOT_RUNNING_STATES, is_running, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
+from console.hints import hint_from_args
 from console.run_client import RunClientError
+
+# exit codes of `regen status` (1 and 2 are every run command's: an error reply, nothing reachable there)
+EXIT_RUN_FAILED = 3  # the supervisor is gone and recorded why (fatal.json): `failed: ...` is printed first
+EXIT_NOT_RUNNING = 4  # the supervisor is gone without a fault recorded: stopped, drained, or killed (dead)
+EXIT_CODES = """exit status:
+  0  a supervisor runs this run dir (any state), or the run is done
+  1  the host answered with an error
+  2  nothing to reach: host unreachable, or no run at that run dir
+  3  the run failed: its supervisor recorded the cause (shown first; --json: "fatal")
+  4  the run is not running and recorded no fault: stopped, drained, or killed (state "dead")"""
 
 
 def add_arguments(parser) -> None:
     add_host_args(parser)
-    parser.add_argument("--json", action="store_true", help="print the supervisor's status as JSON")
+    parser.add_argument("--json", action="store_true", help="print the status as JSON (with `running` and `fatal`)")
+    parser.epilog = EXIT_CODES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def exit_code_of(status: dict) -> int:
+    if is_running(status) or status.get("state") == "done":
+        return EXIT_OK
+    return EXIT_RUN_FAILED if status.get("fatal") else EXIT_NOT_RUNNING
 
 
 def run(args) -> int:
@@ -25,14 +51,18 @@ def run(args) -> int:
             if exc.kind != "unreachable" or "no supervisor" not in str(exc):
                 raise
             try:
-                status = await client.last_status()  # finished or killed: what the run dir recorded
+                status = await client.last_status()  # finished, failed or killed: what the run dir recorded
             except RunClientError:
                 raise exc from None
+        status.setdefault("running", is_running(status))  # an engine from before these fields
+        status.setdefault("fatal", None)
         if args.json:
             print(json.dumps(status, indent=2))
         else:
-            Console().print(render_status(status))
-        return EXIT_OK
+            console = Console()
+            console.print(cause_block(status, args), soft_wrap=True)
+            console.print(render_status(status))
+        return exit_code_of(status)
 
     return run_with_client(args, call)
 
@@ -52,24 +82,65 @@ def eta_text(done: int, total: int, tokens_per_s: float, output_tokens: int) -> 
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def progress_line(d: dict) -> str:
+def progress_line(d: dict, state: str | None = None, running: bool = True) -> str:
+    """Done/total and the rates; a run that is not running has no tok/s, in-flight count or ETA ("-")."""
     done, total = d.get("done", 0), d.get("total", 0)
     pct = 100.0 * done / total if total else 100.0
-    return (f"{d.get('state')}: {done}/{total} samples ({pct:.1f}%), {d.get('in_flight', 0)} in flight,"
-            f" {d.get('tokens_per_s', 0.0):.0f} tok/s, failed {d.get('failed', 0)}, rejected {d.get('rejected', 0)},"
-            f" retried {d.get('retried', 0)}, ETA {eta_text(done, total, d.get('tokens_per_s', 0.0), d.get('output_tokens', 0))}")
+    state = state or d.get("state")
+    moving = running and state not in NOT_RUNNING_STATES
+    rates = (f"{d.get('in_flight', 0)} in flight, {d.get('tokens_per_s', 0.0):.0f} tok/s" if moving
+             else "- in flight, - tok/s")
+    eta = eta_text(done, total, d.get("tokens_per_s", 0.0), d.get("output_tokens", 0)) if moving else "-"
+    return (f"{state}: {done}/{total} samples ({pct:.1f}%), {rates}, failed {d.get('failed', 0)},"
+            f" rejected {d.get('rejected', 0)}, retried {d.get('retried', 0)}, ETA {eta}")
+
+
+def start_again(args, run_dir: str) -> tuple[str, str]:
+    """The `regen start` that resumes the run (shell-quoted, with the SSH options given), and a note: --config is
+    read where regen runs, so for another host it names the copy the host keeps."""
+    local = args.host == "local"
+    hint = hint_from_args(args, "start", "--config", f"{run_dir}/run.toml" if local else "run.toml")
+    note = "" if local else (f"(run.toml: the config the run was started with; {args.host} keeps a copy at "
+                             f"{run_dir}/run.toml)")
+    return hint, note
+
+
+def cause_block(s: dict, args) -> Text:
+    """For a run whose supervisor is gone: why (or that nothing was recorded), and how to start it again. Printed
+    first and unwrapped (soft_wrap), so paths and the command stay whole when copied."""
+    text = Text()
+    if is_running(s):
+        return text
+    for line in not_running_lines(s, *start_again(args, s.get("run_dir") or args.run_dir)):
+        text.append(line + "\n", style="bold red" if line.startswith("failed:") else
+                    ("bold yellow" if not line.startswith("  ") else ""))
+    return text
 
 
 def render_status(s: dict) -> Group:
     d = s.get("dispatch") or {}
+    running = is_running(s)
     head = Text()
     head.append(f"{s.get('host')}:{s.get('run_dir')}  ", style="bold")
-    head.append(f"state {s.get('state')}", style="bold green" if s.get("state") in ("running", "done") else "bold yellow")
-    if s.get("offline"):
-        head.append("  supervisor not running: the last state recorded in the run dir\n", style="yellow")
+    state = s.get("state")
+    head.append(f"state {state}", style="bold green" if state in ("running", "done") else
+                ("bold red" if state in ("failed", "dead") else "bold yellow"))
+    if not running:
+        last = s.get("last_state")
+        was = f" (its last recorded state: {last})" if last and last != state else ""
+        head.append(f"  supervisor not running: the last state recorded in the run dir{was}\n", style="yellow")
     else:
         head.append(f"  pid {s.get('pid')}  up {time.time() - s.get('started_at', time.time()):.0f} s\n")
-    head.append(progress_line(d) if d else "no dispatch yet")
+    head.append(progress_line(d, state, running) if d else "no dispatch yet")
+    pending = [c for c in s.get("startup") or [] if c.get("state") != "ok"]
+    if running and pending:  # still starting (or a start check failed): which ones, and why
+        head.append("\nstart checks not passed: " + "; ".join(
+            f"{c.get('title') or c.get('check')} {c.get('state')}" + (f" ({c['detail']})" if c.get("detail") else "")
+            for c in pending), style="bold red" if any(c.get("state") == "failed" for c in pending) else "yellow")
+    for problem in s.get("write_errors") or []:
+        head.append(f"\ncannot write {problem}", style="bold red")
+    for problem in s.get("read_errors") or []:
+        head.append(f"\ncannot read the run dir's {problem}", style="bold red")
     multi = any(w.get("host") for w in s.get("workers", []))
     workers = Table(title="workers" + (" (by host)" if multi else ""), expand=False)
     if multi:

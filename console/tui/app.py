@@ -192,6 +192,7 @@ class RegenApp(App):
                         raise
                     running = False
                     self.post_message(ConnectionChanged("ended", error=str(exc)))
+                    await self._fetch_last_status()
                 if running:
                     if failures:
                         self.post_message(ConnectionChanged("connected", error="regained"))
@@ -217,6 +218,16 @@ class RegenApp(App):
                 self.post_message(ConnectionChanged("reconnecting" if failures <= LOST_AFTER else "lost", delay, str(exc)))
                 self._wake_follow.clear()
                 await self._sleep_or_wake(delay)
+
+    async def _fetch_last_status(self) -> None:
+        """The supervisor is gone: what its run dir recorded (how it ended, its fatal cause) is the state to show."""
+        try:
+            status = await self.source.last_status()
+        except SourceError as exc:
+            if exc.kind != "no_supervisor":  # a recording without a status has nothing more to say; else: say it
+                self.post_message(ControlDone("last_status", False, f"the run dir's last state could not be read: {exc}"))
+            return
+        self.post_message(StatusReceived(status))
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         try:
@@ -306,6 +317,7 @@ class RegenApp(App):
         except SourceError as exc:
             if exc.kind == "no_supervisor":
                 self.post_message(ConnectionChanged("ended", error=str(exc)))
+                await self._fetch_last_status()
             return  # a connection failure shows through the telemetry stream's reconnect
         self.post_message(StatusReceived(status))
 

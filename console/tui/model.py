@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, GpuEvent, ShardEvent,
-                                     WorkerEvent)
+from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
+                                     ShardEvent, WorkerEvent)
 
 HISTORY_POINTS = 1800  # one point per supervisor tick (2 s): an hour of history per series
 ALERTS_KEPT = 500
@@ -21,6 +21,8 @@ DISK_RATE_WINDOW_S = 600.0  # free-space slope over the last ten minutes
 THROUGHPUT_DROP_SHARE = 0.5  # console-side alert: tok/s under half of the recent median while work runs
 EMPTY_SHARE_ALERT = 0.05
 DISK_LOW_SHARE = 0.05
+ENDED_STATES = ("done", "drained", "stopped", "failed", "dead")  # no tok/s, no ETA: nothing runs
+LIVE_STATES = ("starting", "running", "paused", "draining", "stopping", "disk_full")
 
 Point = tuple[float, float]
 
@@ -50,6 +52,12 @@ def bytes_text(n: float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+def cause_text(fatal: dict[str, Any]) -> str:
+    """One line: the message's first (a missing file's message goes on with the candidates found)."""
+    first = (fatal.get("message") or "(no message)").splitlines()[0]
+    return f"{fatal.get('exc_type') or 'Error'}: {first}"
 
 
 def event_from(cls: type[Event], data: dict[str, Any]) -> Event:
@@ -215,6 +223,12 @@ class RunModel:
         self.stats_at: float | None = None
         self.new_alerts: list[AlertView] = []  # raised since the UI last took them (for notifications)
         self._console_conditions: set[str] = set()
+        self.running: bool | None = None  # a supervisor answers / its events flow; False: it is gone; None: unknown
+        self.fatal: dict[str, Any] | None = None  # the supervisor's recorded cause (engine.fatal.FatalRecord fields)
+        self.run_end: RunEndEvent | None = None
+        # when the supervisor was last known gone (its run_end / fatal ts, or a last-status reply's checked_at):
+        # history before it (a backfill) folds into the figures but does not change the state
+        self.gone_since: float | None = None
 
     # -- folding -----------------------------------------------------------------------------
     def apply_all(self, events: Iterable[Event]) -> set[str]:
@@ -246,7 +260,46 @@ class RunModel:
         if isinstance(ev, AlertEvent):
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
             return {"alerts"}
+        if isinstance(ev, FatalEvent):
+            if self._before_known_end(ev.ts):
+                self._fatal_alert(ev.to_dict())  # history of an earlier supervisor: listed, not the state
+                return {"alerts"}
+            return self._fatal(ev.to_dict(), ev.ts)
+        if isinstance(ev, RunEndEvent):
+            if self._before_known_end(ev.ts):
+                return set()
+            self.run_end, self.running, self.gone_since = ev, False, ev.ts
+            self.state = "failed" if self.fatal is not None else ev.state
+            return {"header", "workers"}
         return set()
+
+    def _before_known_end(self, ts: float) -> bool:
+        return self.gone_since is not None and ts < self.gone_since
+
+    def _fatal(self, fatal: dict[str, Any], gone_since: float) -> set[str]:
+        """The supervisor's last word: the header says `failed: <cause>`, the alerts list has it with its evidence."""
+        self.fatal, self.running, self.state = fatal, False, "failed"
+        self.gone_since = max(self.gone_since or 0.0, gone_since)
+        self._fatal_alert(fatal)
+        return {"header", "alerts"}
+
+    def _fatal_alert(self, fatal: dict[str, Any]) -> None:
+        ts = fatal.get("ts") or time.time()
+        more = (fatal.get("message") or "").splitlines()[1:]  # e.g. the candidates for a missing prompts file
+        evidence = "\n".join([f"{k}: {fatal[k]}" for k in ("path", "remedy", "log", "phase") if fatal.get(k)] + more)
+        self.add_alert(AlertView(ts, "critical", f"supervisor failed: {cause_text(fatal)}", evidence,
+                                 f"fatal:{fatal.get('exc_type')}:{fatal.get('message')}", "host"))
+
+    def cause_text(self) -> str:
+        return cause_text(self.fatal or {})
+
+    @property
+    def is_running(self) -> bool:
+        """False once the run ended or its supervisor is gone: no tok/s, no ETA then."""
+        return self.running is not False and self.state not in ENDED_STATES
+
+    def state_text(self) -> str:
+        return f"failed: {self.cause_text()}" if self.fatal is not None else self.state
 
     def _worker(self, ev: WorkerEvent) -> set[str]:
         w = self.workers.get(ev.name) or self.workers.setdefault(ev.name, WorkerView(ev.name))
@@ -265,8 +318,13 @@ class RunModel:
         return changed
 
     def _dispatch(self, ev: DispatchEvent) -> set[str]:
+        if self.gone_since is not None:
+            if ev.ts > self.gone_since and ev.state in LIVE_STATES:  # a new supervisor took the run dir
+                self.run_end, self.fatal, self.running, self.gone_since = None, None, True, None
+                self.state = ev.state
+        else:
+            self.state = ev.state
         self.dispatch = ev
-        self.state = ev.state
         self.throughput.add(ev.ts, ev.tokens_per_s)
         changed = {"header", "workers"}
         # console-side throughput drop: under half the median of the last ~5 minutes while work is running
@@ -327,7 +385,16 @@ class RunModel:
         return out
 
     def apply_status(self, status: dict[str, Any]) -> set[str]:
-        """A `status` reply: the authoritative snapshot (shard list, paused state, rejects)."""
+        """A `status` reply: the authoritative snapshot (shard list, paused state, rejects); engine.ctl last-status's
+        for a run whose supervisor is gone (`running` false, `fatal` its recorded cause)."""
+        running = bool(status.get("running", not status.get("offline")))
+        self.running = running
+        if running:
+            self.fatal, self.run_end, self.gone_since = None, None, None
+        else:
+            self.gone_since = max(self.gone_since or 0.0, status.get("checked_at") or time.time())
+            if status.get("fatal"):
+                self._fatal(status["fatal"], self.gone_since)
         self.state = status.get("state") or self.state
         self.pid = status.get("pid")
         if status.get("started_at") is not None:

@@ -1,15 +1,17 @@
-"""Alerts tab: every alert the host raised or the console saw (latest last; the cursor follows new ones)."""
+"""Alerts tab: every alert the host raised or the console saw (latest last; the cursor follows new ones), and
+under the list the evidence of the highlighted one (for a dead supervisor: the path, the remedy, the log)."""
 from __future__ import annotations
 
 import time
 
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
-from console.tui.model import RunModel
-from console.tui.widgets import sync_table
+from console.tui.model import AlertView, RunModel
+from console.tui.widgets import selected_row_key, sync_table
 
 COLUMNS = ["time", "severity", "from", "alert", "seen"]
 SEVERITY_STYLE = {"info": "dim", "warning": "yellow", "error": "bold red", "critical": "bold white on red"}
@@ -19,18 +21,45 @@ def clock_text(ts: float) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.gmtime(ts))
 
 
+def row_key(a: AlertView) -> str:
+    return f"{a.key}|{id(a)}"
+
+
 class AlertsPanel(Vertical):
+    DEFAULT_CSS = """
+    AlertsPanel #alerts-table { height: 1fr; }
+    AlertsPanel #alert-detail { height: auto; max-height: 12; padding: 0 1; border-top: solid $primary; }
+    """
+
     def compose(self) -> ComposeResult:
         table = DataTable(id="alerts-table", cursor_type="row")
         for c in COLUMNS:
             table.add_column(c, key=c)
         yield table
+        yield Static("", id="alert-detail")
 
     def refresh_from(self, m: RunModel) -> None:
-        rows = [(f"{a.key}|{id(a)}", (clock_text(a.ts), Text(a.severity, style=SEVERITY_STYLE.get(a.severity, "")),
-                                      a.origin, a.text[:160], f"x{a.count}")) for a in m.alerts]
+        self._by_key = {row_key(a): a for a in m.alerts}
+        rows = [(row_key(a), (clock_text(a.ts), Text(a.severity, style=SEVERITY_STYLE.get(a.severity, "")),
+                              a.origin, a.text[:160], f"x{a.count}")) for a in m.alerts]
         table = self.query_one("#alerts-table", DataTable)
         at_end = table.cursor_row >= table.row_count - 1
         sync_table(table, rows, COLUMNS)
         if at_end and table.row_count:
             table.move_cursor(row=table.row_count - 1)  # follow new alerts unless the operator scrolled up
+        self._show_detail(selected_row_key(table))
+
+    @on(DataTable.RowHighlighted, "#alerts-table")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_detail(event.row_key.value)
+
+    def _show_detail(self, key: str | None) -> None:
+        a = getattr(self, "_by_key", {}).get(key) if key is not None else None
+        detail = self.query_one("#alert-detail", Static)
+        if a is None:
+            detail.update("")
+            return
+        text = Text(a.text, style="bold")
+        if a.evidence:
+            text.append("\n" + a.evidence)
+        detail.update(text)

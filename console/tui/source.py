@@ -42,6 +42,7 @@ class DataSource(Protocol):
     async def connect(self) -> None: ...
     async def reconnect(self) -> None: ...
     async def status(self) -> dict[str, Any]: ...
+    async def last_status(self) -> dict[str, Any]: ...
     async def pause(self, shards: list[str] | None) -> dict[str, Any]: ...
     async def resume(self, shards: list[str] | None) -> dict[str, Any]: ...
     async def restart_worker(self, name: str) -> dict[str, Any]: ...
@@ -150,6 +151,10 @@ class HostSource:
 
     async def status(self) -> dict[str, Any]:
         return await self._call("status")
+
+    async def last_status(self) -> dict[str, Any]:
+        """What the run dir recorded (engine.ctl last-status): for a run whose supervisor is gone."""
+        return await self._call("last_status")
 
     async def pause(self, shards: list[str] | None) -> dict[str, Any]:
         return await self._call("pause", shards)
@@ -305,9 +310,15 @@ class ReplaySource:
         await self.connect()
 
     async def status(self) -> dict[str, Any]:
-        if self._status is None:
+        if self._status is None or not self._status.get("running", not self._status.get("offline")):
             raise SourceError("replay: no supervisor (a recorded run)", "no_supervisor")
         return self._status
+
+    async def last_status(self) -> dict[str, Any]:
+        """A recording with an offline status (running false) has one; otherwise there is nothing more to read."""
+        if self._status is not None and not self._status.get("running", not self._status.get("offline")):
+            return self._status
+        raise SourceError("replay: no last status recorded", "no_supervisor")
 
     def _refuse(self, op: str, arg: Any) -> dict[str, Any]:
         self.requests.append((op, arg))

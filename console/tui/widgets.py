@@ -10,7 +10,7 @@ from console.tui.model import RunModel, duration_text
 
 STATE_STYLE = {
     "running": "bold green", "done": "bold cyan", "paused": "bold yellow", "draining": "yellow", "starting": "yellow",
-    "stopped": "dim", "failed": "bold red", "disk_full": "bold red", "unknown": "dim", "ready": "green",
+    "stopped": "dim", "failed": "bold red", "dead": "bold red", "drained": "dim", "disk_full": "bold red", "unknown": "dim", "ready": "green",
     "loading": "yellow", "crashed": "bold red", "pending": "dim",
     "refused": "bold red",  # a worker whose port another process's server holds: nothing is sent to it
 }
@@ -31,13 +31,17 @@ class RunHeader(Static):
         t.append(f" [{conn.text(now_mono)}] ", style=CONN_STYLE.get(conn.state, ""))  # first: never cut off
         t.append(f"{m.host}", style="bold")
         t.append(f":{m.run_dir or '(no run dir)'}  ")
-        t.append(m.state, style=STATE_STYLE.get(m.state, ""))
+        running = m.is_running
+        if m.fatal is not None:
+            t.append(m.state_text()[:90], style="bold white on red")
+        else:
+            t.append(m.state, style=STATE_STYLE.get(m.state, ""))
         tok = m.tokens_per_s
-        t.append(f"  {'N/A' if tok is None else f'{tok:,.0f}'} tok/s")
+        t.append(f"  {'-' if not running else ('N/A' if tok is None else f'{tok:,.0f}')} tok/s")
         total = m.total
         pct = f" ({100.0 * m.done / total:.1f}%)" if total else ""
         t.append(f"  {m.done:,}/{total:,}{pct}")
-        t.append(f"  ETA {duration_text(m.eta_s()) if m.state != 'done' else '-'}")
+        t.append(f"  ETA {duration_text(m.eta_s()) if running else '-'}")
         t.append(f"  up {duration_text(m.elapsed_s(now))}")
         rej = (m.rejects or {}).get("total", 0)
         if rej:

@@ -138,7 +138,10 @@ def test_probe_reports_every_host_and_names_the_one_not_reached(tmp_path, tiny_m
         probes = {p["id"]: p for p in by_name[name]["report"]["probes"]}
         assert by_name[name]["reached"] and probes["connection"]["status"] == "PASS"
         assert probes["ports"]["status"] == "PASS", probes["ports"]
-        assert probes["gpu.nvidia_smi"]["status"] == "FAIL"  # no GPU on these machines: said, not hidden
+        # the hosts run the simulator launch: a rehearsal, said as such (not a FAIL, not hidden)
+        assert probes["gpu.nvidia_smi"]["status"] == "SKIP", probes["gpu.nvidia_smi"]
+        assert probes["gpu.nvidia_smi"]["summary"] == "rehearsal: simulated GPUs"
+        assert by_name[name]["report"].get("rehearsal") is True
         assert "router.package" not in probes and "prompts.paths" not in probes
     h3 = {p["id"]: p for p in by_name["h3"]["report"]["probes"]}
     assert not by_name["h3"]["reached"] and h3["connection"]["status"] == "ERROR"

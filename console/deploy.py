@@ -1,8 +1,9 @@
 """`regen start`: deploy the engine into the run dir and start the supervisor detached.
 
 The engine package (engine/ and probes/, .py files only) is copied to <run_dir>/.regen/engine
-(SFTP over SSH, a plain copy locally), run.toml is written into the run dir, and the supervisor
-is started with setsid + nohup so it survives the SSH session. `.regen/launch.json` records the
+(SFTP over SSH, a plain copy locally), the config is staged in .regen/ (the supervisor writes run.toml
+once the run dir accepts it), and the supervisor is started with setsid + nohup so it survives the SSH
+session. `.regen/launch.json` records the
 host python and engine path so later commands (status, pause, ...) run the same engine.
 
 A run is reported started only once it is: start_run() waits (bounded) until the supervisor has
@@ -39,6 +40,9 @@ START_WAIT_S = 180.0
 WORKERS_FAILED_GRACE_S = 10.0  # a failed workers check: time for the supervisor to exit with its recorded cause
 LOG_TAIL_LINES = 200  # enough to find this start's first line in supervisor.log; a few of them are shown
 LAUNCH_FILE = ".regen/launch.json"
+# the config this start brings: the supervisor (--config) writes it to run.toml only once the run dir accepts
+# it, so a refused config change leaves the run's own run.toml (the one the resume hints name) as it was
+NEXT_CONFIG = ".regen/run.next.toml"
 
 
 class DeployError(Exception):
@@ -158,7 +162,7 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
                 await transport.put(tree / pkg, f"{engine_path}/{pkg}")
             frozen = dataclasses.replace(cfg, run_dir=run_dir)
             (Path(tmp) / "run.toml").write_text(dump_toml(frozen))
-            await transport.put(Path(tmp) / "run.toml", f"{run_dir}/run.toml")
+            await transport.put(Path(tmp) / "run.toml", f"{run_dir}/{NEXT_CONFIG}")
             (Path(tmp) / "launch.json").write_text(json.dumps({"host_python": python, "engine_path": engine_path,
                                                                "run_dir": run_dir}))
             await transport.put(Path(tmp) / "launch.json", f"{run_dir}/{LAUNCH_FILE}")
@@ -166,7 +170,8 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
             raise DeployError(f"copying to {transport.name}:{run_dir} failed: {exc}") from exc
 
     rd = shlex.quote(run_dir)
-    supervisor = engine_command(python, engine_path, ["-m", "engine.supervisor", "--run-dir", run_dir])
+    supervisor = engine_command(python, engine_path, ["-m", "engine.supervisor", "--run-dir", run_dir,
+                                                      "--config", f"{run_dir}/{NEXT_CONFIG}"])
     supervisor = supervisor.replace(f"{quote_argv([python])} ", f"setsid nohup {quote_argv([python])} ", 1)
     command = f"cd -- {rd} && {{ {supervisor} >> supervisor.log 2>&1 < /dev/null & }} && echo $!"
     progress(f"starting the supervisor: {command}")

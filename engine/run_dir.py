@@ -20,6 +20,7 @@ from engine.ingest import fingerprint
 from engine.shard_store import SHARDS_DIR, STATE_DB, WRITER_LOCK, ShardStore
 
 META_CONTENT_HASH = "content_hash"
+DEPLOY_DIR = ".regen"  # `regen start` deploys the engine (and stages the config) here before the run dir is prepared
 META_CONTENT_FIELDS = "content_fields"
 META_CREATED_AT = "created_at"
 META_PROMPT_FILES = "prompt_files"
@@ -93,7 +94,8 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     if not fresh:
         if not root.is_dir():
             raise RunDirError(f"run dir {root} exists and is not a directory")
-        if not paths.state_db.exists() and not paths.run_toml.exists() and any(root.iterdir()):
+        deployed = (root / DEPLOY_DIR).is_dir()  # `regen start` copied the engine here; run.toml comes on acceptance
+        if not paths.state_db.exists() and not paths.run_toml.exists() and not deployed and any(root.iterdir()):
             entries = sorted(p.name for p in root.iterdir())[:8]
             raise RunDirError(f"run dir {root} is not empty and is not a regen run dir (no {STATE_DB} or run.toml; it has "
                               f"{', '.join(entries)}); choose an empty or new directory")

@@ -701,7 +701,7 @@ def say_fatal(record: FatalRecord, run_dir: Path, reserve: SpaceReserve | None,
         telemetry.emit(record.event())
 
 
-async def _load_and_run(run_dir: Path) -> int:
+async def _load_and_run(run_dir: Path, config_path: Path) -> int:
     """Everything after the pid file, inside the event loop (listeners of the `fatal` and `run_end` events, such as
     a notifier, may still use it): load the config, prepare the run dir, supervise; a fatal error is recorded,
     and one `run_end` event emitted, before the return."""
@@ -721,8 +721,8 @@ async def _load_and_run(run_dir: Path) -> int:
         if why:
             log.warning("%s; a fatal record would go to %s", why, fallback_path(run_dir))
         telemetry = Telemetry(run_dir)
-        cfg = load_config(run_dir / "run.toml")
-        startup.ok("config", str(run_dir / "run.toml"))
+        cfg = load_config(config_path)
+        startup.ok("config", str(config_path))
         if cfg.notify.enabled:  # from here on a death or the run's end reaches an operator who is not looking
             notifier = Notifier(cfg.notify, run_dir, telemetry.emit)
             telemetry.listeners.append(notifier.on_event)
@@ -745,7 +745,7 @@ async def _load_and_run(run_dir: Path) -> int:
         exc, phase = failure
         startup.fail_pending(f"{type(exc).__name__}: {exc}")
         record = record_for(exc, run_dir=run_dir, phase=phase, exit_code=code,
-                            default_path=str(run_dir / "run.toml") if isinstance(exc, ConfigError) else None)
+                            default_path=str(config_path) if isinstance(exc, ConfigError) else None)
         say_fatal(record, run_dir, reserve, telemetry)
     else:
         why = reserve.release()
@@ -783,8 +783,12 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog=__doc__[__doc__.index("Exit codes:"):],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--config", default=None,
+                        help="the config to run with (default: RUN_DIR/run.toml); written to RUN_DIR/run.toml once the "
+                             "run dir accepts it (`regen start` passes RUN_DIR/.regen/run.next.toml)")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir).expanduser().resolve()
+    config_path = Path(args.config).expanduser().resolve() if args.config else run_dir / "run.toml"
     if not run_dir.is_dir():
         print(f"regen supervisor: run dir {run_dir} does not exist (FileNotFoundError)", file=sys.stderr)
         return EXIT_CONFIG
@@ -801,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("refusing to start: %s", refusal)
         return EXIT_LOCKED  # the run dir, its fatal record and telemetry are the live supervisor's: nothing written
     try:
-        code = asyncio.run(_load_and_run(run_dir))
+        code = asyncio.run(_load_and_run(run_dir, config_path))
     except Exception as exc:  # a failure of the recording itself: still said, on stderr and in the log
         log.error("supervisor failed while recording its end: %s: %s", type(exc).__name__, exc, exc_info=exc)
         code = EXIT_FAILED

@@ -886,7 +886,7 @@ def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
     stored = info.get("content_hash")
     mode = "new"
     if not info.get("state_db") and not info.get("run_toml"):
-        if info.get("entry_count"):
+        if info.get("entry_count") and not info.get("deployed"):
             f.fail(f"{rd} is not empty and is not a regen run dir (no state.sqlite or run.toml; it has "
                    f"{', '.join(info.get('entries', [])[:8])})", "choose an empty or new directory")
         summary = f"new run: {rd} exists and is empty"

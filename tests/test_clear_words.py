@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from console.startup_failure import cause_first, startup_failure_text
-from engine.config import dump_toml
+from engine.config import dump_toml, load_config
 from engine.run_dir import ConfigChanged
 from tests.run_helpers import make_config, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
@@ -107,6 +107,12 @@ def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first
     assert out[4].startswith("  remedy: either set run_dir to a new directory for a new run, or revert these fields")
     assert out[5] == f"  after the fix, start again: regen start local --config {changed_toml}"
     assert len(out) == 6 and "starting on" not in refused.stderr  # the old starts' log is not dumped
+    # the refused config never replaced the run's own: the resume hint still names the accepted one
+    assert load_config(run_dir / "run.toml").content_hash() == dataclasses.replace(cfg, run_dir=str(run_dir)).content_hash()
+    resumed = regen(*shlex.split(lines[1])[1:], home=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path).returncode == 0
+    _no_supervisor(run_dir)
 
 
 def test_missing_run_dir_says_so_and_where_it_looked(tmp_path):

@@ -31,6 +31,8 @@ if out["is_dir"]:
     out["entry_count"] = len(entries)
     out["writable"] = os.access(run_dir, os.W_OK)
     out["run_toml"] = os.path.isfile(os.path.join(run_dir, "run.toml"))
+    # `regen start` deploys into .regen/ before the supervisor accepts the config and writes run.toml
+    out["deployed"] = os.path.isdir(os.path.join(run_dir, ".regen"))
     db = os.path.join(run_dir, "state.sqlite")
     out["state_db"] = os.path.isfile(db)
     if out["state_db"]:

@@ -519,3 +519,20 @@ def test_unreachable_webhook_is_alerted_in_telemetry_and_exit_is_bounded(tmp_pat
     assert failed[0]["text"].startswith("notification not delivered: regen: run done")
     assert "3 tries: ClientConnectorError" in failed[0]["text"]
     assert "notification not delivered to webhook http://127.0.0.1:" in sup.log_text()
+
+
+def test_supervisor_death_is_one_notification_with_its_cause(tmp_path, tiny_model_dir, supervisors, receiver):
+    r = receiver()
+    run_dir = tmp_path / "run"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=10, gpus=1)
+    missing = tmp_path / "moved" / "chat.jsonl"  # the prompts are not where the config says
+    cfg = dataclasses.replace(cfg, prompts=(str(missing),), notify=notify_table(r.url()))
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(120) == 5, sup.log_text()[-3000:]  # 5: prompts or tokenizer unreadable
+    bodies = r.bodies()
+    assert [b["kind"] for b in bodies] == ["fatal"], bodies  # the failed run end that follows is not sent again
+    (body,) = bodies
+    assert body["severity"] == "critical" and body["run_dir"] == str(run_dir)
+    assert body["title"].startswith(f"regen: supervisor died: PromptFileError: prompt file {missing}")
+    assert "No such file or directory" in body["text"] and "remedy: " in body["text"]
+    assert f"path: {missing}" in body["evidence"] and "phase: start" in body["evidence"]

@@ -79,6 +79,10 @@ async def follow_status(args) -> int:
 
 
 def run_follow(args) -> int:
+    if args.json:
+        print("regen status: --follow prints one progress line per update and has no JSON form; for the status as"
+              " JSON, run it without --follow", file=sys.stderr)
+        return EXIT_ERROR
     try:
         return asyncio.run(follow_status(args))
     except KeyboardInterrupt:

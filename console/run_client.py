@@ -1,19 +1,15 @@
 """Console side of the control socket: runs `<host_python> -m engine.ctl --run-dir D ...` on the host
-through a Transport and parses its JSON; follow() streams telemetry events."""
+through a Transport and parses its JSON; follow() streams telemetry events (one stream: the loop that reconnects
+and backfills is console/follow.py)."""
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
 from console.transport import Transport, TransportError, quote_argv
 from engine.telemetry_events import Event, parse_event
 
 CTL_TIMEOUT_S = 60.0
-RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.5, 30.0
-# a lost channel or connection: worth reconnecting; "error" (the remote command failed) and "auth"
-# / "host_key" (the operator must act) are not
-RECONNECTABLE = ("closed", "unreachable", "timeout")
 EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 1, 2
 
 
@@ -118,64 +114,3 @@ class RunClient:
                 yield parse_event(line)
             except ValueError:
                 continue  # an event type newer than this console: skipped, the rest still shows
-
-    async def follow_forever(
-        self, since: float | None = None, on_state: Callable[[str, str], None] | None = None, *,
-        reconnect: Callable[[], Awaitable[Transport]] | None = None,
-        first_backoff_s: float = RECONNECT_FIRST_S, max_backoff_s: float = RECONNECT_MAX_S,
-        max_attempts: int | None = None,
-    ) -> AsyncIterator[Event]:
-        """follow() that survives a cut connection: on a TransportError of kind closed / unreachable /
-        timeout it reports ("disconnected", why), reconnects with exponential backoff through
-        `reconnect()` (a fresh Transport; without it the same transport is retried) and backfills
-        from the last event's ts, so no event is lost and none is delivered twice.
-
-        Only the read-only `follow` is ever re-issued; control operations are never replayed.
-        on_state(state, detail) gets: "connected", "disconnected", "reconnecting", "reconnected", "gave_up".
-        Ends when the supervisor has exited and its telemetry is drained (as follow())."""
-        notify = on_state or (lambda state, detail: None)
-        last_ts = since
-        seen_at_last: set[bytes] = set()  # events already delivered with ts == last_ts
-        attempt = 0
-        notify("connected", self.transport.name)
-        while True:
-            try:
-                async for ev in self.follow(last_ts):
-                    key = ev.to_json()
-                    if last_ts is not None and ev.ts == last_ts and key in seen_at_last:
-                        continue  # the backfill starts at last_ts inclusive
-                    if last_ts is None or ev.ts > last_ts:
-                        last_ts, seen_at_last = ev.ts, set()
-                    seen_at_last.add(key)
-                    attempt = 0
-                    yield ev
-                return
-            except TransportError as exc:
-                if exc.kind not in RECONNECTABLE:
-                    raise
-                notify("disconnected", f"{exc.kind}: {exc}")
-            while True:
-                attempt += 1
-                if max_attempts is not None and attempt > max_attempts:
-                    notify("gave_up", f"{attempt - 1} reconnect attempts failed")
-                    raise RunClientError(f"lost {self.transport.name} and {attempt - 1} reconnects failed",
-                                         kind="unreachable")
-                delay = min(max_backoff_s, first_backoff_s * 2 ** (attempt - 1))
-                notify("reconnecting", f"attempt {attempt} in {delay:.1f} s")
-                await asyncio.sleep(delay)
-                if reconnect is None:
-                    break
-                try:
-                    fresh = await reconnect()
-                except TransportError as exc:
-                    if exc.kind not in RECONNECTABLE:
-                        raise
-                    notify("disconnected", f"{exc.kind}: {exc}")
-                    continue
-                old, self.transport = self.transport, fresh
-                try:
-                    await old.close()
-                except TransportError as exc:
-                    notify("disconnected", f"closing the lost connection: {exc}")
-                break
-            notify("reconnected", f"{self.transport.name}, backfilling from ts {last_ts}")

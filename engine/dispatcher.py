@@ -50,11 +50,7 @@ class Dispatcher:
         self.aborting = False
         self.inflight: dict[str, dict[asyncio.Task, WorkItem]] = {w.name: {} for w in workers}
         self.dispatched: collections.Counter[str] = collections.Counter()  # per shard, this run
-        self.delayed = 0  # retries waiting for their backoff
-        self.done = 0
-        self.failed = 0
         self.retried = 0
-        self.rejected = 0
         self.output_tokens = 0
         self._window: collections.deque[tuple[float, int]] = collections.deque()
         self._slot_freed = {w.name: asyncio.Event() for w in workers}
@@ -268,7 +264,6 @@ class Dispatcher:
             item.last_error = f"{w.name}: HTTP 400: {message}"
             self._retry_or_fail(item)
         elif status == 400:
-            self.rejected += 1
             self.plan.on_failed(item, f"rejected by SGLang (HTTP 400): {message}", kind="rejected",
                                 excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}")
         else:
@@ -343,7 +338,6 @@ class Dispatcher:
     def _retry_or_fail(self, item: WorkItem, immediate: bool = False) -> None:
         item.attempt += 1
         if item.attempt > self.cfg.dispatch.max_retries:
-            self.failed += 1
             log.warning("%s failed after %d attempts: %s", item.sample_id, item.attempt, item.last_error)
             self.plan.on_failed(item, f"generation failed after {item.attempt} attempts", kind="failed",
                                 excerpt=item.last_error)
@@ -354,13 +348,7 @@ class Dispatcher:
             self.plan.requeue(item)
             return
         delay = min(60.0, self.cfg.dispatch.retry_backoff_s * 2 ** (item.attempt - 1))
-        self.delayed += 1
-
-        def later() -> None:
-            self.delayed -= 1
-            self.plan.requeue(item)
-
-        asyncio.get_running_loop().call_later(delay, later)
+        asyncio.get_running_loop().call_later(delay, self.plan.requeue, item)
 
 
 def int32_array(values: list) -> array:

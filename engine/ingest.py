@@ -165,18 +165,6 @@ def resolve_prompt_files(patterns: Sequence[str]) -> list[Path]:
     return sorted(found.values(), key=str)
 
 
-def fingerprint(files: Sequence[Path]) -> list[dict]:
-    """Path, size and mtime of each prompt file: what the conversation indices depend on."""
-    out = []
-    for p in files:
-        try:
-            st = os.stat(p)
-        except OSError as exc:
-            raise PromptFileError(str(p), str(exc)) from exc
-        out.append({"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    return out
-
-
 def _glob_miss_text(pattern: str) -> str:
     """The OS error for the deepest literal directory of a glob, or ENOENT for the pattern itself."""
     literal = []

@@ -20,10 +20,7 @@ import json
 import math
 import os
 import random
-import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +38,6 @@ from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTI
 
 SCHEMA = "regen.plan/1"
 BOOTSTRAP_ROUNDS = 2000
-READY_POLL_S = 0.5
 
 
 class PlanError(Exception):
@@ -340,98 +336,65 @@ def saturated_throughput(reqs: Sequence[_Request], batch: int) -> tuple[float, f
 
 
 class _PilotServers:
-    def __init__(self, cfg: RunConfig, log_dir: Path, python: str):
-        self.cfg, self.log_dir, self.python = cfg, log_dir, python
-        self.procs: list[subprocess.Popen] = []
-        self.urls: list[str] = []
-        self.names: list[str] = []
-        self.logs: list[Path] = []
+    """The pilot's servers, launched by engine/workers.py's Worker (the supervisor's launch path: port check, identity
+    proof, server log, readiness) in a scratch run dir. A worker refused, crashed or failed ends the pilot with its
+    cause instead of being restarted: a pilot measures servers that work, or says why there are none."""
 
-    def start(self) -> None:
-        from engine.port_holder import check_port
-        from engine.server_identity import Expected, launch_token, operator_served_name, served_name
-        from engine.workers import launch_argv, worker_specs  # the supervisor's own command line per group
+    def __init__(self, cfg: RunConfig, scratch_dir: Path, python: str, session):
+        from engine.workers import Worker, worker_specs
 
-        w = self.cfg.workers
-        self.expected: list[Expected] = []
-        for spec in worker_specs(self.cfg):
-            port = check_port(spec.host, spec.port)
-            if port.held:  # measuring another process's server would be a wrong figure
-                raise PlanError(f"pilot: port {spec.port} on {spec.host} is already in use by {port.holder_text()}; "
-                                "stop that process, or set workers.base_port in run.toml to a free range")
-            ours = served_name(self.cfg.run_dir, spec.name, "pilot-" + launch_token())
-            argv = launch_argv(self.cfg, spec, self.python, served_model_name=ours)
-            name = operator_served_name(argv) or ours
-            log = self.log_dir / f"{spec.name}.log"
-            env = dict(os.environ, **w.env, CUDA_VISIBLE_DEVICES=",".join(str(g) for g in spec.gpus))
-            with open(log, "ab") as out:
-                try:
-                    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                except OSError as exc:
-                    raise PlanError(f"pilot: cannot start `{shlex.join(argv)}`: {exc}") from exc
-            self.procs.append(proc)
-            self.expected.append(Expected(served_model_name=name, token_is_ours=name == ours, pid=proc.pid,
-                                          host=spec.host, port=spec.port))
-            self.urls.append(spec.url)
-            self.names.append(spec.name)
-            self.logs.append(log)
+        self.alerts: list[str] = []
+        self.cause: str | None = None
+        self._ended = asyncio.Event()
+        self.workers = [Worker(spec, cfg, scratch_dir, session, self._emit, python=python)
+                        for spec in worker_specs(cfg)]
+        for w in self.workers:
+            w.listeners.append(self._on_state)
 
-    async def wait_ready(self, session) -> None:
-        import aiohttp
+    def _emit(self, event) -> None:
+        from engine.telemetry_events import AlertEvent
 
-        deadline = time.monotonic() + self.cfg.workers.ready_timeout_s
-        pending = set(range(len(self.procs)))
-        last_error = {i: "no answer yet" for i in pending}
-        while pending:
-            for i in sorted(pending):
-                code = self.procs[i].poll()
-                if code is not None:
-                    raise PlanError(f"pilot: server {self.urls[i]} exited with status {code} before it was ready; "
-                                    f"last log lines ({self.logs[i]}):\n{_tail(self.logs[i])}")
-                try:
-                    async with session.get(self.urls[i] + "/health", timeout=_timeout(5)) as resp:
-                        healthy = resp.status == 200
-                        last_error[i] = f"/health answered HTTP {resp.status}"
-                    if healthy and await self._proven(session, i, last_error):
-                        pending.discard(i)
-                except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
-                    last_error[i] = f"{type(exc).__name__}: {exc}"  # not listening yet: retried until the timeout
-            if pending and time.monotonic() > deadline:
-                waiting = "; ".join(f"{self.urls[i]} ({last_error[i]})" for i in sorted(pending))
-                raise PlanError(f"pilot: server(s) not ready after {self.cfg.workers.ready_timeout_s:.0f} s "
-                                f"(workers.ready_timeout_s): {waiting}; logs in {self.log_dir}")
-            if pending:
-                await asyncio.sleep(READY_POLL_S)
+        if isinstance(event, AlertEvent) and event.severity != "info":
+            self.alerts.append(f"{event.text}" + (f" ({event.evidence.splitlines()[0]})" if event.evidence else ""))
 
-    async def _proven(self, session, i: int, last_error: dict[int, str]) -> bool:
-        """The server answering is the one launched (engine/server_identity.py), else PlanError."""
-        from engine.server_identity import Verdict, check_identity
+    def _on_state(self, w, state: str) -> None:
+        from engine.workers import WorkerState
 
-        check = await check_identity(session, self.urls[i], {}, self.expected[i])
-        if check.verdict == Verdict.FOREIGN:
-            raise PlanError(f"pilot: {check.reason}; stop that process, or set workers.base_port in run.toml to a "
-                            "free range")
-        if check.verdict == Verdict.OWN_MISMATCH:
-            raise PlanError(f"pilot: {check.reason}")
-        last_error[i] = check.reason
-        return check.verdict == Verdict.PROVEN
+        if state in (WorkerState.REFUSED, WorkerState.CRASHED, WorkerState.FAILED) and self.cause is None:
+            # measuring another process's server, or one that restarts, would be a wrong figure
+            if state == WorkerState.REFUSED:  # its error names the port, the holder and the remedy
+                self.cause = f"pilot: {w.error}"
+            else:
+                self.cause = (f"pilot: worker {w.name} ({w.url}) {state}: {w.error or 'no error text'}; "
+                              f"last log lines ({w.log_path}):\n{_tail(w.log_path)}")
+            self._ended.set()
 
-    def stop(self) -> list[str]:
-        problems = []
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        for proc, url in zip(self.procs, self.urls):
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=15)
-                problems.append(f"pilot server {url} did not stop on SIGTERM within 15 s: killed")
-        return problems
+    @property
+    def urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+    @property
+    def names(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+    async def start_and_wait_ready(self) -> None:
+        for w in self.workers:
+            w.start()
+        ready = asyncio.ensure_future(asyncio.gather(*(w.wait_ready() for w in self.workers)))
+        ended = asyncio.ensure_future(self._ended.wait())
+        try:  # each worker gives up by itself after workers.ready_timeout_s (crashed: "not ready after ...")
+            await asyncio.wait({ready, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            ended.cancel()
+            await asyncio.gather(ready, ended, return_exceptions=True)  # collected: no "never retrieved" noise
+        if self.cause is not None:
+            raise PlanError(self.cause)
+
+    async def stop(self) -> list[str]:
+        """Stop every server; what went wrong on the way (alerts other than the cause already raised)."""
+        await asyncio.gather(*(w.stop() for w in self.workers))
+        return [a for a in self.alerts if self.cause is None or a not in self.cause]
 
 
 def _timeout(seconds: float):
@@ -466,7 +429,6 @@ async def run_pilot(cfg: RunConfig, renderer, rendered, n: int, python: str | No
     if not chosen:
         raise PlanError("pilot: no prompts to generate (no conversation with a user turn)")
     log_dir = Path(tempfile.mkdtemp(prefix="regen-pilot-"))
-    servers = _PilotServers(cfg, log_dir, python or sys.executable)
     headers = {"Authorization": f"Bearer {cfg.workers.api_key}"} if cfg.workers.api_key else {}
     n_workers = len(cfg.workers.groups())
     per_worker = [chosen[i::n_workers] for i in range(n_workers)]
@@ -475,10 +437,10 @@ async def run_pilot(cfg: RunConfig, renderer, rendered, n: int, python: str | No
     reqs: list[_Request] = []
     problems: list[str] = []
     started = time.monotonic()
-    try:
-        servers.start()
-        async with aiohttp.ClientSession(headers=headers) as session:
-            await servers.wait_ready(session)
+    async with aiohttp.ClientSession(headers=headers) as session:
+        servers = _PilotServers(cfg, log_dir, python or sys.executable, session)
+        try:
+            await servers.start_and_wait_ready()
             started = time.monotonic()
 
             async def one(w: int, prompt: list[int]) -> None:
@@ -508,10 +470,11 @@ async def run_pilot(cfg: RunConfig, renderer, rendered, n: int, python: str | No
                 await asyncio.gather(*(lane() for _ in range(batches[w])))
 
             await asyncio.gather(*(worker_loop(w) for w in range(n_workers)))
-    except aiohttp.ClientError as exc:
-        raise PlanError(f"pilot: request failed: {exc}; server logs in {log_dir}") from exc
-    finally:
-        problems += servers.stop()
+        except aiohttp.ClientError as exc:
+            raise PlanError(f"pilot: request failed: {exc}{'; ' + servers.cause if servers.cause else ''};"
+                            f" server logs in {log_dir}") from exc
+        finally:
+            problems += await servers.stop()
     wall = time.monotonic() - started
     workers = []
     for w in range(n_workers):

@@ -195,18 +195,6 @@ class Renderer:
             return None
         return backend
 
-    def fits(self, prompt_ids: Sequence[int], max_new_tokens: int) -> str | None:
-        """None if SGLang would accept the request, else its rejection text (TokenizerManager)."""
-        n, ctx = len(prompt_ids), self.context_length
-        if n >= ctx:
-            return f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."
-        if n + max_new_tokens >= ctx:
-            return (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-                    f"You requested a total of {n + max_new_tokens} tokens: {n} tokens from the input messages "
-                    f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in "
-                    "the input messages or the completion to fit within the limit.")
-        return None
-
     def max_new_tokens_for(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
         """The largest max_new_tokens <= the configured one that SGLang accepts (0: prompt too long)."""
         return max(0, min(max_new_tokens, self.context_length - len(prompt_ids) - 1))

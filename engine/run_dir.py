@@ -16,14 +16,12 @@ from pathlib import Path
 
 from engine.config import RunConfig, changed_content_fields, dump_toml
 from engine.rejects import REJECTS_FILE
-from engine.ingest import fingerprint
 from engine.shard_store import SHARDS_DIR, STATE_DB, WRITER_LOCK, ShardStore
 
 META_CONTENT_HASH = "content_hash"
 DEPLOY_DIR = ".regen"  # `regen start` deploys the engine (and stages the config) here before the run dir is prepared
 META_CONTENT_FIELDS = "content_fields"
 META_CREATED_AT = "created_at"
-META_PROMPT_FILES = "prompt_files"
 
 
 @dataclass(frozen=True)
@@ -56,9 +54,6 @@ class RunPaths:
             control_sock=root / "control.sock",
             writer_lock=root / WRITER_LOCK,
         )
-
-    def worker_dir(self, name: str) -> Path:
-        return self.workers / name
 
     def server_log(self, name: str) -> Path:
         return self.workers / name / "server.log"
@@ -121,30 +116,6 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
             store.set_meta(META_CREATED_AT, repr(time.time()))
             store.set_meta(META_CONTENT_HASH, new_hash)  # last: its presence means the meta is complete
     return root
-
-
-def check_prompt_files(run_dir: str | os.PathLike, files: list[Path]) -> list[str]:
-    """Record the resolved prompt files (path, size, mtime) on the first start; on later starts return
-    one line per difference (conversation indices, hence shard membership, depend on these files).
-    An empty list means unchanged. The caller decides whether a difference is an alert or a refusal."""
-    now = fingerprint(files)
-    with ShardStore(Path(run_dir)) as store:
-        old_text = store.get_meta(META_PROMPT_FILES)
-        if old_text is None:
-            store.set_meta(META_PROMPT_FILES, json.dumps(now))
-            return []
-    old = {f["path"]: f for f in json.loads(old_text)}
-    new = {f["path"]: f for f in now}
-    lines = [f"prompt file {p} is gone (it was {old[p]['size']} bytes)" for p in sorted(set(old) - set(new))]
-    lines += [f"prompt file {p} is new ({new[p]['size']} bytes)" for p in sorted(set(new) - set(old))]
-    for p in sorted(set(old) & set(new)):
-        a, b = old[p], new[p]
-        if a["size"] != b["size"]:
-            lines.append(f"prompt file {p} changed size: {a['size']} -> {b['size']} bytes")
-        elif a["mtime_ns"] != b["mtime_ns"]:
-            lines.append(f"prompt file {p} was modified (same size, mtime "
-                         f"{a['mtime_ns'] / 1e9:.0f} -> {b['mtime_ns'] / 1e9:.0f})")
-    return lines
 
 
 def _changes(old: dict, new: dict) -> list[tuple[str, object, object]]:

@@ -31,6 +31,7 @@ import re
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -664,3 +665,38 @@ def _ranges(ids: list[str]) -> str:
     if not ids:
         return "none"
     return ids[0] if len(ids) == 1 else f"{ids[0]} .. {ids[-1]} ({len(ids)} shards)"
+
+
+# --- read-only view, for readers beside a running writer (stats) --------------------------------
+
+
+@dataclass(frozen=True)
+class CommittedParts:
+    """What state.sqlite records as committed: the only parts a reader may count."""
+
+    parts: list[tuple[str, str, int]]  # (path relative to the run dir, shard_id, rows), by shard then path
+    recorded: dict[str, tuple[int, int, int]]  # part path -> (samples, empty, truncated) recorded at commit
+    shards: dict[str, tuple[int | None, bool]]  # shard_id -> (total conversations, paused)
+
+
+def read_committed(run_dir: Path) -> CommittedParts:
+    """Read state.sqlite opened read-only, without the writer lock, so a running supervisor keeps writing it.
+    A store from an older regen may lack the samples figures or the shards table: those come back empty.
+    Raises sqlite3.Error (the caller names the file)."""
+    uri = "file:" + urllib.parse.quote(str((Path(run_dir) / STATE_DB).resolve())) + "?mode=ro"
+    db = sqlite3.connect(uri, uri=True, timeout=10.0)
+    try:
+        db.execute("PRAGMA busy_timeout=10000")
+        parts = [(r[0], r[1], int(r[2])) for r in
+                 db.execute("SELECT path, shard_id, rows FROM parts ORDER BY shard_id, path")]
+        recorded = {}
+        if {r[1] for r in db.execute("PRAGMA table_info(samples)")} >= {"part_path", "empty", "finish_reason"}:
+            recorded = {r[0]: (int(r[1]), int(r[2] or 0), int(r[3] or 0)) for r in db.execute(
+                "SELECT part_path, count(*), sum(empty), sum(finish_reason='length') FROM samples GROUP BY part_path")}
+        shards: dict[str, tuple[int | None, bool]] = {}
+        if {r[1] for r in db.execute("PRAGMA table_info(shards)")}:
+            for sid, total, paused in db.execute("SELECT shard_id, total, paused FROM shards"):
+                shards[sid] = (int(total) if total is not None else None, bool(paused))
+    finally:
+        db.close()
+    return CommittedParts(parts, recorded, shards)

@@ -33,7 +33,6 @@ import os
 import sqlite3
 import sys
 import time
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,11 +44,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.answer_shape import EMPTY_MAX_VISIBLE_TOKENS, THINK_CLOSE, THINK_OPEN
+from engine.shard_store import SHARDS_DIR, STATE_DB, read_committed
 from engine.telemetry_events import AlertEvent
 
 SCHEMA = "regen.stats/1"
-STATE_DB = "state.sqlite"
-SHARDS_DIR = "shards"
 DEFAULT_TRAIN_MAX_LENGTH = 4096
 DEFAULT_EMPTY_THRESHOLD = 0.05
 DEFAULT_TRUNCATED_THRESHOLD = 0.10
@@ -424,26 +422,11 @@ def _list_parts(run_dir: Path) -> _Listing:
         return _Listing("glob", [(p, shard_of[p], None) for p in on_disk], {}, 0,
                         [f"no {STATE_DB} in {run_dir}: read every part file found under {SHARDS_DIR}/ "
                          "(committed or not: an interrupted write could be counted)"])
-    uri = "file:" + urllib.parse.quote(str(db_path.resolve())) + "?mode=ro"
     try:
-        db = sqlite3.connect(uri, uri=True, timeout=10.0)
-        try:
-            db.execute("PRAGMA busy_timeout=10000")
-            parts = [(r[0], r[1], int(r[2])) for r in
-                     db.execute("SELECT path, shard_id, rows FROM parts ORDER BY shard_id, path")]
-            recorded = {}
-            if {r[1] for r in db.execute("PRAGMA table_info(samples)")} >= {"part_path", "empty", "finish_reason"}:
-                recorded = {r[0]: (int(r[1]), int(r[2] or 0), int(r[3] or 0)) for r in db.execute(
-                    "SELECT part_path, count(*), sum(empty), sum(finish_reason='length') FROM samples GROUP BY part_path")}
-            shard_cols = {r[1] for r in db.execute("PRAGMA table_info(shards)")}
-            shards: dict[str, tuple[int | None, bool | None]] = {}
-            if shard_cols:
-                for sid, total, paused in db.execute("SELECT shard_id, total, paused FROM shards"):
-                    shards[sid] = (int(total) if total is not None else None, bool(paused))
-        finally:
-            db.close()
+        committed_parts = read_committed(run_dir)
     except sqlite3.Error as exc:
         raise StatsReadError(f"cannot read {db_path} (opened read-only): {exc}") from exc
+    parts, recorded, shards = committed_parts.parts, committed_parts.recorded, committed_parts.shards
     committed = {p for p, _, _ in parts}
     uncommitted = sum(1 for p in on_disk if p not in committed)
     notes = []

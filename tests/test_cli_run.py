@@ -105,6 +105,28 @@ def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_ru
     assert "stopped" in (run_dir / "supervisor.log").read_text()
 
 
+def test_status_follow_prints_progress_until_the_run_ends(tmp_path, tiny_model_dir, cleanup_runs):
+    run_dir = tmp_path / "follow run"
+    cleanup_runs.append(run_dir)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=40, sim=("--sim-output-mean", "120", "--sim-step-ms", "10"))
+    config_path = tmp_path / "run.toml"
+    from engine.config import dump_toml
+
+    config_path.write_text(dump_toml(cfg))
+    r = regen("start", "local", "--config", str(config_path), "--no-preflight", home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    followed = regen("status", "local", "--run-dir", str(run_dir), "--follow", home=tmp_path, timeout=180)
+    assert followed.returncode == 0, followed.stdout[-2000:] + followed.stderr[-2000:]
+    lines = followed.stdout.splitlines()
+    progress = [ln for ln in lines if "samples (" in ln]
+    assert len(progress) >= 2, followed.stdout  # the status at attach, then one per change
+    assert len(progress) == len(set(progress)), "a line repeated without a change"
+    done = len(read_rows(run_dir))
+    assert progress[-1].split(" ", 1)[1].startswith(f"done: {done}/"), progress[-1]
+    assert "ETA -" in progress[-1] and "- tok/s" in progress[-1]
+    assert not (run_dir / "supervisor.pid").exists()  # it returned because the run ended
+
+
 @pytest.mark.sshd
 def test_start_and_status_over_ssh(sshd, tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "ssh run"

@@ -1,6 +1,7 @@
 """SSH connection cut while a console follows a run (real sshd, its session process SIGKILLed):
-the detached supervisor goes on, the client says "closed", reconnects with backoff, backfills the
-telemetry from the last ts with no gap and no repeat, and never re-sends `start`."""
+the detached supervisor goes on, the one follow loop the TUI and `regen status --follow` run
+(console/follow.py) says the stream closed, reconnects with backoff, backfills the telemetry from the
+last ts with no gap and no repeat, and never re-sends `start`."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,10 @@ import psutil
 import pytest
 
 from console.deploy import start_run
+from console.follow import Backoff, RunFollower
+from console.ssh_options import SshOptions
 from console.transport import open_transport
+from console.tui.source import HostSource
 from engine.telemetry_events import parse_event
 from tests.run_helpers import make_config, record_figures, sample_accounting
 from tests.run_helpers import renderer_for  # noqa: F401  (fixture)
@@ -29,35 +33,40 @@ def test_cut_ssh_connection_reconnects_and_backfills_without_gap(sshd, tmp_path,
     cfg = make_config(run_dir, tiny_model_dir, prompts=60, gpus=1,
                       sim=("--sim-output-mean", "120", "--sim-step-ms", "8", "--max-running-requests", "8"))
 
-    def connect():
-        return open_transport(sshd.alias, ssh_config=str(sshd.ssh_config_path))
-
     async def go():
-        transport = await connect()
-        started = await start_run(transport, cfg, host_python=sys.executable)
-        client = started.client(transport)
+        transport = await open_transport(sshd.alias, ssh_config=str(sshd.ssh_config_path))
+        try:
+            started = await start_run(transport, cfg, host_python=sys.executable)
+        finally:
+            await transport.close()
+        # the console's own connection, as `regen tui` and `regen status --follow` open it
+        source = HostSource(sshd.alias, str(run_dir), ssh=SshOptions(ssh_config=str(sshd.ssh_config_path)))
         states: list[tuple[float, str, str]] = []
+        follower = RunFollower(source, since=0, backoff=Backoff(first_s=0.3), watch_ended=False,
+                               on_state=lambda st: states.append((time.time(), st.state, st.error)))
         delivered = []
         cut = {}
         try:
-            async for ev in client.follow_forever(since=0, reconnect=connect, first_backoff_s=0.3,
-                                                  on_state=lambda s, d: states.append((time.time(), s, d))):
+            async for ev in follower.events():
                 delivered.append(ev)
                 if not cut and ev.type == "dispatch" and ev.state == "running" and ev.done > 0:
-                    port = client.transport.connection.get_extra_info("sockname")[1]
+                    port = source.transport.connection.get_extra_info("sockname")[1]
                     cut["at"] = time.time()
                     cut["killed"] = kill_sshd_connection(sshd, port)
                     cut["supervisor_alive"] = psutil.pid_exists(started.pid)
         finally:
-            await client.transport.close()
+            await source.close()
+        assert follower.stopped_by is None, follower.stopped_by
         return started, states, delivered, cut
 
     started, states, delivered, cut = asyncio.run(go())
     assert cut, "the run ended before the connection could be cut"
     kinds = [s for _, s, _ in states]
-    disconnected = [(t, d) for t, s, d in states if s == "disconnected"]
-    reconnected = [t for t, s, _ in states if s == "reconnected"]
-    assert disconnected and disconnected[0][1].startswith("closed: "), states
+    disconnected = [(t, d) for t, s, d in states if s == "reconnecting"]
+    # back in: the run still going ("connected", regained), or already finished, which only a reconnected
+    # control call can tell ("ended": no supervisor at the run dir)
+    reconnected = [t for t, s, d in states if t >= cut["at"] and ((s == "connected" and d == "regained") or s == "ended")]
+    assert disconnected and "(closed)" in disconnected[0][1], states
     assert reconnected, states
     assert cut["supervisor_alive"]
     # no gap, no repeat: exactly the lines of telemetry.jsonl, in order

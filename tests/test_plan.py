@@ -163,3 +163,13 @@ def test_pilot_refuses_a_port_another_process_holds(tmp_path, tiny_model_dir, ca
     err = capsys.readouterr().err
     assert f"pilot: port {port} on 127.0.0.1 is already in use by pid {os.getpid()} (" in err
     assert "stop that process, or set workers.base_port in run.toml to a free range" in err
+
+
+def test_pilot_server_that_exits_ends_the_pilot_with_its_log(tmp_path, tiny_model_dir, capsys):
+    # the pilot launches through engine/workers.py's Worker: a crash is reported with the server's own words,
+    # never restarted into a figure
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=["--sim-step-ms", "not-a-number"])
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "10"]) != 0
+    err = capsys.readouterr().err
+    assert "pilot: worker gpu0 (http://127.0.0.1:" in err and ") crashed: exit code 2" in err, err
+    assert "/workers/gpu0/server.log):" in err and "not-a-number" in err, err

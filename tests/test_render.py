@@ -151,13 +151,8 @@ def test_enable_thinking_false_closes_the_think_block(tiny_model_dir, tiny_token
     assert r.decode(ids) == text
 
 
-def test_fits_matches_sglang_texts(tiny_model_dir):
+def test_max_new_tokens_for_stays_inside_the_context(tiny_model_dir):
     r = Renderer(str(tiny_model_dir), enable_thinking=True, context_length=100)
-    assert r.fits([1] * 10, 50) is None
-    assert r.fits([1] * 100, 10) == "The input (100 tokens) is longer than the model's context length (100 tokens)."
-    msg = r.fits([1] * 60, 40)
-    assert msg.startswith("Requested token count exceeds the model's maximum context length of 100 tokens. "
-                          "You requested a total of 100 tokens: 60 tokens from the input messages and 40 tokens")
     assert r.max_new_tokens_for([1] * 60, 40) == 39
     assert r.max_new_tokens_for([1] * 10, 40) == 40
     assert r.max_new_tokens_for([1] * 120, 40) == 0

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from engine.config import config_from_dict, load_config
-from engine.run_dir import ConfigChanged, RunDirError, RunPaths, check_prompt_files, prepare_run_dir
+from engine.run_dir import ConfigChanged, RunDirError, RunPaths, prepare_run_dir
 from engine.shard_store import ShardStore
 
 
@@ -84,33 +84,3 @@ def test_run_paths(tmp_path):
     assert p.supervisor_pid == tmp_path / "supervisor.pid" and p.supervisor_log == tmp_path / "supervisor.log"
     assert p.shard_dir("s00003") == tmp_path / "shards" / "s00003"
     assert p.writer_lock == tmp_path / "state.sqlite.writer.lock"
-
-
-def test_check_prompt_files_reports_changes_after_the_first_start(tmp_path):
-    import os
-
-    from engine.ingest import resolve_prompt_files
-
-    run = tmp_path / "run"
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "a.jsonl").write_text('{"prompt": "a"}\n')
-    (data / "b.jsonl").write_text('{"prompt": "b"}\n')
-    prepare_run_dir(cfg_for(run, prompts=[str(data / "*.jsonl")]))
-    pattern = [str(data / "*.jsonl")]
-    assert check_prompt_files(run, resolve_prompt_files(pattern)) == []
-    assert check_prompt_files(run, resolve_prompt_files(pattern)) == []
-    (data / "a.jsonl").write_text('{"prompt": "a"}\n{"prompt": "more"}\n')
-    os.utime(data / "b.jsonl", ns=(1, 1))
-    (data / "c.jsonl").write_text('{"prompt": "c"}\n')
-    lines = check_prompt_files(run, resolve_prompt_files(pattern))
-    assert lines[:2] == [f"prompt file {data / 'c.jsonl'} is new (16 bytes)",
-                         f"prompt file {data / 'a.jsonl'} changed size: 16 -> 35 bytes"]
-    assert lines[2].startswith(f"prompt file {data / 'b.jsonl'} was modified (same size, mtime ")
-    assert len(lines) == 3
-    (data / "c.jsonl").unlink()
-    assert f"prompt file {data / 'c.jsonl'} is gone" not in " ".join(
-        check_prompt_files(run, resolve_prompt_files(pattern)))  # c was never recorded
-    (data / "b.jsonl").unlink()
-    assert f"prompt file {data / 'b.jsonl'} is gone (it was 16 bytes)" in check_prompt_files(
-        run, resolve_prompt_files(pattern))

@@ -27,12 +27,16 @@ EXIT_CODES = """exit status:
   1  the host answered with an error
   2  nothing to reach: host unreachable, or no run at that run dir
   3  the run failed: its supervisor recorded the cause (shown first; --json: "fatal")
-  4  the run is not running and recorded no fault: stopped, drained, or killed (state "dead")"""
+  4  the run is not running and recorded no fault: stopped, drained, or killed (state "dead")
+  130  --follow interrupted by Ctrl-C (the run goes on)"""
 
 
 def add_arguments(parser) -> None:
     add_host_args(parser)
     parser.add_argument("--json", action="store_true", help="print the status as JSON (with `running` and `fatal`)")
+    parser.add_argument("--follow", action="store_true",
+                        help="print a progress line per update until the run ends (Ctrl-C stops following, not the"
+                             " run); reconnects and backfills when the connection is lost")
     parser.epilog = EXIT_CODES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
@@ -44,6 +48,11 @@ def exit_code_of(status: dict) -> int:
 
 
 def run(args) -> int:
+    if args.follow:
+        from console.commands.status_follow import run_follow
+
+        return run_follow(args)
+
     async def call(client) -> int:
         try:
             status = await client.status()

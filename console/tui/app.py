@@ -17,6 +17,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, TabbedContent, TabPane
 
+from console.follow import Backoff, RunFollower
 from console.tui.messages import (ConnectionChanged, ControlDone, LogTail, ProbeReportReady, StatsReceived,
                                   StatusReceived, TelemetryBatch)
 from console.tui.model import AlertView, RunModel
@@ -92,6 +93,7 @@ class RegenApp(App):
         self.model = RunModel(source.host, source.run_dir or "")
         self._stale: set[str] = set(TABS)
         self._wake_follow = asyncio.Event()
+        self._follower: RunFollower | None = None
         self._log_worker: str | None = None
         self.events_applied = 0
         self.last_event_on_screen: tuple[float, float] | None = None  # (event ts, wall time it was drawn)
@@ -175,49 +177,17 @@ class RegenApp(App):
     # -- telemetry ---------------------------------------------------------------------------
     @work(exclusive=True, group="follow", exit_on_error=False)
     async def follow_telemetry(self, again: bool = False) -> None:
-        """again: after a refusal, start over through source.reconnect() (which forgets the refusal)."""
-        failures = 1 if again else 0
-        while True:
-            try:
-                if failures:
-                    await self.source.reconnect()
-                else:
-                    await self.source.connect()
-                running = True
-                try:
-                    status = await self.source.status()
-                    self.post_message(StatusReceived(status))
-                except SourceError as exc:
-                    if exc.kind != "no_supervisor":
-                        raise
-                    running = False
-                    self.post_message(ConnectionChanged("ended", error=str(exc)))
-                    await self._fetch_last_status()
-                if running:
-                    if failures:
-                        self.post_message(ConnectionChanged("connected", error="regained"))
-                    else:
-                        self.post_message(ConnectionChanged("connected"))
-                failures = 0
-                if self.source.run_dir is not None:
-                    since = self.model.last_ts if self.model.last_ts is not None else self.clock() - BACKFILL_S
-                    await self._pump(self.source.follow(since))
-                if running:
-                    continue  # the stream ended: the supervisor exited (or restarted); ask again
-                self._wake_follow.clear()
-                await self._sleep_or_wake(ENDED_CHECK_S)
-                if not self.live:
-                    return
-            except SourceError as exc:
-                if exc.kind != "connection":  # refused (host key, auth) or an error: retrying cannot help
-                    self.post_message(ConnectionChanged("refused" if exc.kind == "refused" else "ended",
-                                                        error=str(exc)))
-                    return
-                failures += 1
-                delay = min(BACKOFF_MAX_S, 2.0 ** (failures - 1))
-                self.post_message(ConnectionChanged("reconnecting" if failures <= LOST_AFTER else "lost", delay, str(exc)))
-                self._wake_follow.clear()
-                await self._sleep_or_wake(delay)
+        """The one follow loop (console/follow.py) feeding the model. again: after a refusal, start over through
+        source.reconnect() (which forgets the refusal)."""
+        if self._follower is None:
+            self._follower = RunFollower(
+                self.source, since=self.model.last_ts if self.model.last_ts is not None else self.clock() - BACKFILL_S,
+                on_state=lambda st: self.post_message(ConnectionChanged(st.state, st.retry_in_s, st.error)),
+                on_status=lambda status: self.post_message(StatusReceived(status)),
+                on_warning=lambda text: self.post_message(ControlDone("last_status", False, text)),
+                backoff=Backoff(first_s=1.0, max_s=BACKOFF_MAX_S, lost_after=LOST_AFTER),
+                ended_check_s=ENDED_CHECK_S, watch_ended=self.live, wake=self._wake_follow)
+        await self._pump(self._follower.events(again))
 
     async def _fetch_last_status(self) -> None:
         """The supervisor is gone: what its run dir recorded (how it ended, its fatal cause) is the state to show."""
@@ -228,12 +198,6 @@ class RegenApp(App):
                 self.post_message(ControlDone("last_status", False, f"the run dir's last state could not be read: {exc}"))
             return
         self.post_message(StatusReceived(status))
-
-    async def _sleep_or_wake(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._wake_follow.wait(), seconds)
-        except asyncio.TimeoutError:
-            return
 
     async def _pump(self, events) -> None:
         """Read events as they come; post them in batches, at most one batch per BATCH_INTERVAL_S."""

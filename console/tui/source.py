@@ -1,7 +1,7 @@
 """Where the console's data comes from: a host (RunClient + the transport) or a recorded telemetry file.
 
-The app only sees the DataSource protocol; every failure is a SourceError whose `kind` tells the
-app what to do: "connection" (reconnect with backoff), "no_supervisor" (the run is not running:
+The app only sees the DataSource protocol; every failure is a SourceError (console/follow.py) whose `kind`
+tells the app what to do: "connection" (reconnect with backoff), "no_supervisor" (the run is not running:
 show history, keep checking), "refused" (the host refused us: unknown or changed host key, or
 authentication; retrying cannot help, the text says what the operator must do), "error" (an
 operation was refused: show the text).
@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Protocol
 
 import orjson
 
+from console.follow import FollowSource, SourceError
 from console.hints import regen_command
 from console.run_client import RunClient, RunClientError, engine_command
 from console.ssh_options import SshOptions
@@ -29,24 +30,10 @@ STATS_TIMEOUT_S = 300.0
 TAIL_TIMEOUT_S = 20.0
 
 
-class SourceError(Exception):
-    def __init__(self, message: str, kind: str = "error"):
-        super().__init__(message)
-        self.kind = kind  # connection | no_supervisor | refused | error
-
-
-class DataSource(Protocol):
-    host: str
-    run_dir: str | None
-
-    async def connect(self) -> None: ...
-    async def reconnect(self) -> None: ...
-    async def status(self) -> dict[str, Any]: ...
-    async def last_status(self) -> dict[str, Any]: ...
+class DataSource(FollowSource, Protocol):
     async def pause(self, shards: list[str] | None) -> dict[str, Any]: ...
     async def resume(self, shards: list[str] | None) -> dict[str, Any]: ...
     async def restart_worker(self, name: str) -> dict[str, Any]: ...
-    def follow(self, since: float | None) -> AsyncIterator[Event]: ...
     async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str: ...
     async def stats(self) -> dict[str, Any]: ...
     async def probes(self, only: set[str] | None = None) -> ProbeReport: ...
@@ -171,7 +158,7 @@ class HostSource:
             async for ev in client.follow(since):
                 yield ev
         except TransportError as exc:
-            raise SourceError(f"telemetry stream from {self.host} ended: {exc}", "connection") from exc
+            raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}", "connection") from exc
 
     async def _run(self, command: str, timeout: float, what: str):
         assert self.transport is not None

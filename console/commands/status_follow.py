@@ -1,0 +1,90 @@
+"""`regen status HOST --run-dir DIR --follow`: a progress line per update until the run ends (or Ctrl-C), through
+the one follow loop (console/follow.py) that the TUI uses: it reconnects with backoff and backfills, and stops on a
+refusal (host key, authentication) or an error reply."""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from console.cause import is_running
+from console.commands.status import cause_block, exit_code_of, progress_line
+from console.deploy import EXIT_ERROR, EXIT_UNREACHABLE
+from console.follow import FollowState, RunFollower, SourceError
+from console.hints import hint_from_args
+from console.run_client import RunClientError
+from console.ssh_options import SshOptions
+from engine.telemetry_events import DispatchEvent
+
+EXIT_INTERRUPTED = 130  # Ctrl-C: the run goes on, only the following stopped
+
+
+def _stamp(line: str) -> str:
+    return f"{time.strftime('%H:%M:%S')} {line}"
+
+
+def _exit_of_error(exc: SourceError) -> int:
+    if exc.kind == "refused":
+        return EXIT_UNREACHABLE
+    cause = exc.__cause__
+    if isinstance(cause, RunClientError) and cause.kind == "unreachable":  # e.g. no run at that run dir
+        return EXIT_UNREACHABLE
+    return EXIT_ERROR
+
+
+async def follow_status(args) -> int:
+    from console.tui.source import HostSource
+
+    source = HostSource(args.host, args.run_dir, ssh=SshOptions.from_args(args),
+                        accept_new_command=hint_from_args(args, "status", "--run-dir", args.run_dir, "--follow",
+                                                          accept_new=True))
+    last: dict[str, Any] = {}
+    printed = [""]
+
+    def show(line: str) -> None:
+        if line != printed[0]:  # one line per change, not per event
+            printed[0] = line
+            print(_stamp(line), flush=True)
+
+    def on_status(status: dict[str, Any]) -> None:
+        last.clear()
+        last.update(status)
+        if not is_running(status):
+            cause = cause_block(status, args).plain.rstrip()
+            if cause:
+                print(cause, flush=True)
+        show(progress_line(status.get("dispatch") or {}, status.get("state"), is_running(status)))
+
+    def on_state(st: FollowState) -> None:
+        if st.state in ("reconnecting", "lost"):
+            print(_stamp(f"connection {st.state}: {st.error}; next try in {st.retry_in_s:.0f} s"), file=sys.stderr,
+                  flush=True)
+        elif st.state == "connected" and st.error == "regained":
+            print(_stamp("connection regained; telemetry backfilled"), file=sys.stderr, flush=True)
+
+    follower = RunFollower(source, since=time.time(), on_state=on_state, on_status=on_status,
+                           on_warning=lambda text: print(text, file=sys.stderr, flush=True), watch_ended=False)
+    try:
+        async for ev in follower.events():
+            if isinstance(ev, DispatchEvent):
+                show(progress_line(asdict(ev), ev.state, running=True))
+    finally:
+        await source.close()
+    if follower.stopped_by is not None:
+        print(f"regen status --follow: {follower.stopped_by}", file=sys.stderr)
+        return _exit_of_error(follower.stopped_by)
+    return exit_code_of(last) if last else EXIT_UNREACHABLE
+
+
+def run_follow(args) -> int:
+    if args.json:
+        print("regen status: --follow prints one progress line per update and has no JSON form; for the status as"
+              " JSON, run it without --follow", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        return asyncio.run(follow_status(args))
+    except KeyboardInterrupt:
+        print("regen status --follow: interrupted; the run goes on", file=sys.stderr)
+        return EXIT_INTERRUPTED

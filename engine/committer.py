@@ -15,7 +15,6 @@ front of its buffer).
 
     run_forever()   the periodic task (commits what is due, off the loop)
     await drain()   commit everything buffered, off the loop (waits for the commit in flight)
-    flush_all()     the same, synchronously (blocks the caller: for shutdown paths that cannot await)
 """
 from __future__ import annotations
 
@@ -126,41 +125,13 @@ class Committer:
         if job is None or job.settled:
             return
         try:
-            # shielded: a cancelled caller leaves the job to flush_all/drain, which settle it
+            # shielded: a cancelled caller leaves the job to drain, which settles it
             await asyncio.shield(asyncio.wrap_future(job.future))
         except asyncio.CancelledError:
             raise
         except BaseException:  # noqa: BLE001  # the job's own exception: _settle reads and handles it
             pass
         self._settle(job)
-
-    # -- sync (shutdown paths) -------------------------------------------------------------------
-    def commit_due(self) -> None:
-        for shard_id in self._due():
-            self._commit_sync(shard_id)
-
-    def flush_all(self) -> None:
-        """Commit everything now, blocking the caller (the event loop, at shutdown) until done."""
-        job = self._job
-        if job is not None and not job.settled:
-            concurrent.futures.wait([job.future])
-            self._settle(job)
-        while True:
-            before = self.pending
-            for shard_id in [sid for sid, b in self.buffers.items() if b.entries]:
-                self._commit_sync(shard_id)
-            if not self.pending or self.pending >= before:
-                return
-
-    def _commit_sync(self, shard_id: str) -> None:
-        job = self._job
-        if job is not None and not job.settled:
-            concurrent.futures.wait([job.future])
-            self._settle(job)
-        job = self._start(shard_id)
-        if job is not None:
-            concurrent.futures.wait([job.future])
-            self._settle(job)
 
     def close(self) -> None:
         """Wait for the commit in flight (it finishes: never cut a part in half) and stop the thread."""

@@ -1,6 +1,6 @@
 """The committer commits in its own thread: the event loop keeps running during a slow commit,
 rows count as committed (plan.on_committed, on the loop thread) only after ShardStore.commit
-returned, failed commits keep their rows in order, and flush_all / drain wait for the commit in
+returned, failed commits keep their rows in order, and drain waits for the commit in
 flight. A real ShardStore underneath; its commit slowed down where the test needs a slow disk."""
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_a_failed_commit_keeps_its_rows_first_and_is_retried(store):
     assert [sid for sid, _ in plan.committed] == ["a#turn0", "b#turn0", "c#turn0"] and c.pending == 0
 
 
-def test_flush_all_waits_for_the_commit_in_flight_then_commits_the_rest(store):
+def test_drain_waits_for_the_commit_in_flight_then_commits_the_rest(store):
     store.delay = 0.3
     plan = FakePlan()
 
@@ -134,7 +134,7 @@ def test_flush_all_waits_for_the_commit_in_flight_then_commits_the_rest(store):
             await asyncio.sleep(0.01)
         c.add(item("c"), make_row("c"), None)
         assert c.pending == 3
-        c.flush_all()  # the sync form (shutdown): blocks until all is committed
+        await c.drain()
         assert c.pending == 0 and not c.committing
         await asyncio.sleep(0.3)  # run_forever wakes up: the job is settled already, not counted twice
         task.cancel()

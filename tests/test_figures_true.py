@@ -126,3 +126,29 @@ def test_three_sigkill_restarts_keep_every_figure_equal_to_the_parquet_sums(tmp_
     assert {sh["state"] for sh in offline["shards"]} <= {"done", "stopped", "pending"}
     last_shard_events = {ev["id"]: ev for ev in events(run_dir) if ev["type"] == "shard"}
     assert not [ev for ev in last_shard_events.values() if ev["state"] == "running"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_demo_ends_at_done_equal_total_with_every_shard_done_and_its_last_event_the_parquet_sums(tmp_path):
+    """The demo's too-long prompt is rejected at dispatch time (it does not fit the context): it settles its shard,
+    counts apart as a rejected sample, and is one of the rows of rejects.jsonl (with the three bad input rows)."""
+    run_dir = tmp_path / "demo"
+    r = regen("demo", "--headless", "--until-done", "--gpus", "2", "--prompts", "120", "--run-dir", str(run_dir),
+              "--sim-arg=--sim-step-ms", "--sim-arg=2", home=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = status_cli(run_dir, tmp_path, "--json")
+    st = json.loads(out.stdout)
+    d = st["dispatch"]
+    assert st["state"] == "done" and d["done"] == d["total"] > 0, d
+    assert d["rejected"] == 1 and d["planned"] == d["total"] + d["rejected"] + d["failed"]
+    assert {sh["state"] for sh in st["shards"]} == {"done"}
+    assert [sh["rejected"] for sh in st["shards"] if sh["rejected"]] == [1]
+    assert st["rejects"]["total"] == 4 and st["rejects"]["by_reason"].get("context_overflow") == 1
+    sums = parquet_sums(run_dir)
+    check_against_parquet(st, sums)
+    last = {ev["id"]: ev for ev in events(run_dir) if ev["type"] == "shard"}
+    assert {sid: (ev["state"], ev["done"], ev["output_tokens"], ev["truncated"]) for sid, ev in last.items()} == {
+        sid: ("done", s["done"], s["output_tokens"], s["truncated"]) for sid, s in sums.items()}
+    human = " ".join(status_cli(run_dir, tmp_path).stdout.split())
+    assert f"done: {d['done']}/{d['total']} samples (100.0%)" in human and "rejected samples 1" in human, human

@@ -311,14 +311,20 @@ class ShardStore:
         alone counts it and a restart does not generate a rejected one again."""
         if outcome not in ("rejected", "failed"):
             raise ValueError(f"outcome {outcome!r}: a sample without a row is 'rejected' or 'failed'")
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO outcomes(sample_id, shard_id, outcome, reason, settled_at)"
-                             " VALUES(?,?,?,?,?)", (sample_id, shard_id, outcome, reason, time.time()))
+        try:
+            with self._lock:
+                self._db.execute("INSERT OR REPLACE INTO outcomes(sample_id, shard_id, outcome, reason, settled_at)"
+                                 " VALUES(?,?,?,?,?)", (sample_id, shard_id, outcome, reason, time.time()))
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot record {sample_id} as {outcome} in {self.db_path}: {exc}") from exc
 
     def forget_failed(self) -> int:
         """At a start: samples that failed in an earlier run are generated again (their retries were that run's)."""
-        with self._lock:
-            return self._db.execute("DELETE FROM outcomes WHERE outcome='failed'").rowcount
+        try:
+            with self._lock:
+                return self._db.execute("DELETE FROM outcomes WHERE outcome='failed'").rowcount
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot clear the failed samples of an earlier run in {self.db_path}: {exc}") from exc
 
     def history(self, conversation_id: str) -> dict[int, str]:
         with self._lock:

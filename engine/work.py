@@ -219,7 +219,11 @@ class WorkPlan:
                 log.warning("count cache: cannot save it in %s (%s): the next start counts again", self.cfg.run_dir, exc)
         self.store.ensure_shards({sid: c.conversations for sid, c in self.shards.items()},
                                  {sid: c.total for sid, c in self.shards.items()})
-        forgotten = self.store.forget_failed()
+        try:
+            forgotten = self.store.forget_failed()
+        except OSError as exc:
+            forgotten = 0
+            log.error("%s: they stay failed in this run", exc)
         if forgotten:
             log.info("plan: %d samples that failed in an earlier run are generated again", forgotten)
         for progress in self.store.progress():
@@ -570,7 +574,12 @@ class WorkPlan:
         self._reject(reject)
 
     def _count(self, shard_id: str, kind: str, sample: str, reason: str) -> None:
-        self.store.settle(shard_id, sample, "rejected" if kind == "rejected" else "failed", reason)
+        try:
+            self.store.settle(shard_id, sample, "rejected" if kind == "rejected" else "failed", reason)
+        except OSError as exc:
+            # a full disk: the run goes on with the outcome counted here (and in rejects.jsonl when it can be
+            # written); only a status read from the run dir alone, or the next start, does not see it
+            log.error("%s; it counts as %s in this run", exc, kind)
         counts = self.shards[shard_id]
         if kind == "rejected":
             counts.rejected += 1

@@ -9,13 +9,12 @@ The commit itself (Arrow table, Parquet write, fsyncs, the sqlite transaction) r
 dedicated thread, one commit at a time, so it never blocks the event loop that dispatches
 requests: with a commit on the loop the servers' queues ran dry for 0.1-0.4 s every ~2 s. Rows
 count as committed only when ShardStore.commit has returned (after its sqlite transaction);
-then, back on the loop, plan.on_committed runs for each of them. Commits of a shard stay in the
+then, back on the loop, plan.on_part_committed settles them (the part's sums and each row). Commits of a shard stay in the
 order their rows were buffered (one commit in flight at a time, a failed one goes back to the
 front of its buffer).
 
     run_forever()   the periodic task (commits what is due, off the loop)
     await drain()   commit everything buffered, off the loop (waits for the commit in flight)
-    flush_all()     the same, synchronously (blocks the caller: for shutdown paths that cannot await)
 """
 from __future__ import annotations
 
@@ -82,7 +81,7 @@ class Committer:
         if buf is None:
             buf = self.buffers[item.shard_id] = _Buffer()
         buf.entries.append((item, compact_row(row), answer))
-        if len(buf.entries) >= self.max_rows or (self.plan.cfg.turns == "all" and not item.is_last_turn):
+        if len(buf.entries) >= self.max_rows or self.plan.chains_on(item):
             self._wake.set()  # a chained turn waits on this commit: do not sit on it for max_age_s
         elif self._holds_the_rest(item.shard_id, buf):
             self._wake.set()  # the shard's last rows: nothing can join this part any more
@@ -126,41 +125,13 @@ class Committer:
         if job is None or job.settled:
             return
         try:
-            # shielded: a cancelled caller leaves the job to flush_all/drain, which settle it
+            # shielded: a cancelled caller leaves the job to drain, which settles it
             await asyncio.shield(asyncio.wrap_future(job.future))
         except asyncio.CancelledError:
             raise
         except BaseException:  # noqa: BLE001  # the job's own exception: _settle reads and handles it
             pass
         self._settle(job)
-
-    # -- sync (shutdown paths) -------------------------------------------------------------------
-    def commit_due(self) -> None:
-        for shard_id in self._due():
-            self._commit_sync(shard_id)
-
-    def flush_all(self) -> None:
-        """Commit everything now, blocking the caller (the event loop, at shutdown) until done."""
-        job = self._job
-        if job is not None and not job.settled:
-            concurrent.futures.wait([job.future])
-            self._settle(job)
-        while True:
-            before = self.pending
-            for shard_id in [sid for sid, b in self.buffers.items() if b.entries]:
-                self._commit_sync(shard_id)
-            if not self.pending or self.pending >= before:
-                return
-
-    def _commit_sync(self, shard_id: str) -> None:
-        job = self._job
-        if job is not None and not job.settled:
-            concurrent.futures.wait([job.future])
-            self._settle(job)
-        job = self._start(shard_id)
-        if job is not None:
-            concurrent.futures.wait([job.future])
-            self._settle(job)
 
     def close(self) -> None:
         """Wait for the commit in flight (it finishes: never cut a part in half) and stop the thread."""
@@ -169,7 +140,6 @@ class Committer:
     # -- internals -------------------------------------------------------------------------------
     def _due(self) -> list[str]:
         now = time.monotonic()
-        chain_mode = self.plan.cfg.turns == "all"
         out = []
         for shard_id, buf in self.buffers.items():
             if not buf.entries:
@@ -177,7 +147,7 @@ class Committer:
             age = now - buf.since
             if len(buf.entries) >= self.max_rows or age >= self.max_age_s or self._holds_the_rest(shard_id, buf):
                 out.append(shard_id)
-            elif chain_mode and age >= 0.2 and any(not it.is_last_turn for it, _, _ in buf.entries):
+            elif age >= 0.2 and any(self.plan.chains_on(it) for it, _, _ in buf.entries):
                 out.append(shard_id)
         return out
 
@@ -185,12 +155,12 @@ class Committer:
         """Every sample of the shard not settled yet is in its buffer (or in the commit in flight):
         no later row can join this part, so waiting for max_age_s would only delay the same part
         (the tail of a shard, and the end of a run, by up to max_age_s)."""
-        counts = self.plan.shards.get(shard_id)
-        if counts is None:
+        unsettled = self.plan.unsettled(shard_id)
+        if unsettled is None:
             return False
         job = self._job
         inflight = len(job.entries) if job is not None and not job.settled and job.shard_id == shard_id else 0
-        return len(buf.entries) + inflight >= counts.total - counts.settled
+        return len(buf.entries) + inflight >= unsettled
 
     def _start(self, shard_id: str) -> _Job | None:
         """Take the shard's buffer and hand it to the commit thread (None: nothing to commit, or disk low)."""
@@ -259,6 +229,4 @@ class Committer:
         self.committed_rows += len(entries)
         self.parts += 1
         log.debug("committed %s: %d rows", part.path, part.rows)
-        on_committed = self.plan.on_committed
-        for item, _, answer in entries:
-            on_committed(item, answer)
+        self.plan.on_part_committed(part, [(item, answer) for item, _, answer in entries])

@@ -87,6 +87,8 @@ def last_status(run_dir: Path) -> int:
     what, where, the remedy), done / drained / stopped (its `run_end` event), or dead (no cause recorded: killed;
     `log_tail` has the last lines of supervisor.log)."""
     from engine.fatal import read_fatal
+    from engine.ledger import counts_from_store
+    from engine.run_status import dispatch_figures, shard_statuses
     from engine.rejects import RejectLog, RejectLogError
     from engine.shard_store import ShardStore
 
@@ -135,13 +137,6 @@ def last_status(run_dir: Path) -> int:
                 reject_info = {"total": rejects.count, "by_reason": rejects.counts_by_reason()}
         except (OSError, RejectLogError) as exc:
             read_errors.append(f"reject log: {exc}")
-    shards = []
-    for p in progress:
-        done = p.total_samples is not None and p.done_samples >= p.total_samples
-        state = "done" if done else ("paused" if p.paused else ("running" if p.done_samples else "pending"))
-        shards.append({"id": p.shard_id, "state": state, "done": p.done_samples,
-                       "total": p.total_samples if p.total_samples is not None else p.done_samples,
-                       "output_tokens": p.output_tokens, "empty": p.empty, "truncated": p.truncated})
     last_dispatch_state = (dispatch or {}).get("state")
     ended = run_end if run_end is not None and not after_end else None
     if fatal is not None:
@@ -152,14 +147,14 @@ def last_status(run_dir: Path) -> int:
         state = last_dispatch_state  # a run from before run_end events
     else:
         state = "dead"
+    counts = counts_from_store(progress)
+    shards = [sh.to_dict() for sh in shard_statuses(counts, (p.shard_id for p in progress if p.paused), state)]
     if dispatch is not None or shards:
-        # nothing is in flight without a supervisor; done is what is committed (the last dispatch event may be
-        # older: a full disk drops telemetry lines, a kill cuts the last ones)
-        committed = sum(sh["done"] for sh in shards)
-        dispatch = dict(dispatch or {"state": state}, in_flight=0, tokens_per_s=0.0)
-        if shards:
-            dispatch["done"] = committed
-            dispatch["total"] = max(int(dispatch.get("total") or 0), sum(sh["total"] for sh in shards))
+        # the figures are the committed state's (the last dispatch event may be older: a full disk drops telemetry
+        # lines, a kill cuts the last ones); nothing is in flight without a supervisor, so no rate and no ETA
+        figures = dispatch_figures(counts, state).to_dict()
+        dispatch = dict(figures, retried=int((dispatch or {}).get("retried") or 0),
+                        ts=(dispatch or {}).get("ts", figures["ts"]))
     result = {"run_dir": str(run_dir.resolve()), "state": state, "running": False, "offline": True, "checked_at": time.time(),
               "fatal": fatal.to_dict() if fatal is not None else None, "run_end": ended,
               "last_state": last_dispatch_state, "log": str(log_path), "pid": None,

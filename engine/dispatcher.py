@@ -25,14 +25,13 @@ from engine.committer import Committer
 from engine.config import RunConfig
 from engine.render import Renderer
 from engine.shard_store import STANDARD_MASK
-from engine.telemetry_events import AlertEvent, DispatchEvent
+from engine.telemetry_events import AlertEvent
 from engine.work import WorkItem, WorkPlan
 from engine.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.dispatch")
 
 DEFAULT_MAX_RUNNING = 64  # when the server does not say
-RATE_WINDOW_S = 30.0
 DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is already running
 
 
@@ -50,9 +49,7 @@ class Dispatcher:
         self.aborting = False
         self.inflight: dict[str, dict[asyncio.Task, WorkItem]] = {w.name: {} for w in workers}
         self.dispatched: collections.Counter[str] = collections.Counter()  # per shard, this run
-        self.retried = 0
-        self.output_tokens = 0
-        self._window: collections.deque[tuple[float, int]] = collections.deque()
+        self.retried = 0  # attempts re-queued (the ledger settles outcomes; this is no outcome)
         self._slot_freed = {w.name: asyncio.Event() for w in workers}
         self._loops: list[asyncio.Task] = []
         self._dynamic_cap: dict[str, int] = {}
@@ -60,7 +57,6 @@ class Dispatcher:
         self._cancelled_for_requeue: set[asyncio.Task] = set()
         self._mismatch_alerted: set[str] = set()
         self._text_alerted: set[str] = set()
-        self._started_at = time.time()
         # per worker, (its url, the /generate URL, the request headers), built once in aiohttp's own types
         # (yarl's URL, multidict's CIMultiDict, both aiohttp's dependencies): handed a str and a dict,
         # aiohttp parses the URL and copies the headers again on every request
@@ -112,23 +108,7 @@ class Dispatcher:
             for task in list(tasks):
                 task.cancel()
 
-    # -- numbers ----------------------------------------------------------------------------
-    def tokens_per_s(self) -> float:
-        now = time.time()
-        while self._window and now - self._window[0][0] > RATE_WINDOW_S:
-            self._window.popleft()
-        if not self._window:
-            return 0.0
-        span = max(1.0, min(RATE_WINDOW_S, now - self._started_at))
-        return sum(n for _, n in self._window) / span
-
-    def snapshot(self, state: str) -> DispatchEvent:
-        return DispatchEvent(
-            in_flight=self.in_flight, done=self.plan.done, failed=self.plan.failed, retried=self.retried,
-            rejected=self.plan.rejected, total=self.plan.total, output_tokens=self.output_tokens,
-            tokens_per_s=round(self.tokens_per_s(), 1), state=state,
-        )
-
+    # -- capacity ---------------------------------------------------------------------------
     def capacity_for(self, w: Worker) -> int:
         fixed = self.cfg.dispatch.max_in_flight_per_worker
         if fixed:
@@ -331,8 +311,6 @@ class Dispatcher:
         answer = None
         if self.cfg.turns == "all" and not item.is_last_turn:
             answer = self.renderer.history_answer(output_ids)
-        self.output_tokens += len(output_ids)
-        self._window.append((time.time(), len(output_ids)))
         self.committer.add(item, row, answer)
 
     def _retry_or_fail(self, item: WorkItem, immediate: bool = False) -> None:

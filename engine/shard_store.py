@@ -9,6 +9,8 @@ run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
     shards(shard_id TEXT PRIMARY KEY, total, paused, total_samples NULL,
            done_samples, output_tokens, empty, truncated, parts,   -- counters kept in the commit txn
            next_seq)                                               -- part numbers are never reused
+    outcomes(sample_id TEXT PRIMARY KEY, shard_id, outcome, reason, settled_at)
+                                                           -- samples settled without a row: rejected | failed
     meta(key TEXT PRIMARY KEY, value)
 
 A commit is: validate rows -> refuse duplicates -> write part-N.parquet.tmp, fsync -> rename to
@@ -24,6 +26,7 @@ pause flags) needs no lock.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 from array import array
@@ -33,7 +36,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +69,10 @@ CREATE TABLE IF NOT EXISTS shards(
     shard_id TEXT PRIMARY KEY, total INT NOT NULL, paused INT NOT NULL DEFAULT 0, total_samples INT,
     done_samples INT NOT NULL DEFAULT 0, output_tokens INT NOT NULL DEFAULT 0, empty INT NOT NULL DEFAULT 0,
     truncated INT NOT NULL DEFAULT 0, parts INT NOT NULL DEFAULT 0, next_seq INT NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS outcomes(
+    sample_id TEXT PRIMARY KEY, shard_id TEXT NOT NULL, outcome TEXT NOT NULL, reason TEXT NOT NULL,
+    settled_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS outcomes_shard ON outcomes(shard_id, outcome);
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
 """
 
@@ -85,6 +92,8 @@ class ShardProgress:
     paused: bool
     parts: int
     total_samples: int | None = None  # when the planner knows the number of turns
+    rejected: int = 0  # samples settled without a row, never generated: their input cannot be (outcomes table)
+    failed: int = 0  # samples whose retries were spent in the last run (generated again by the next start)
 
 
 @dataclass
@@ -95,6 +104,10 @@ class PartInfo:
     committed_at: float
     seq: int = 0
     bytes: int = 0
+    # sums over the part's rows, set by commit() (parts() leaves them 0: the shards table keeps the totals)
+    output_tokens: int = field(default=0, compare=False)
+    empty: int = field(default=0, compare=False)
+    truncated: int = field(default=0, compare=False)
 
 
 class DuplicateSample(Exception):
@@ -272,24 +285,12 @@ class ShardStore:
             rows = self._db.execute(
                 "SELECT shard_id, total, done_samples, output_tokens, empty, truncated, paused, parts, total_samples"
                 " FROM shards ORDER BY shard_id").fetchall()
-        return [ShardProgress(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
-
-    def recount(self) -> list[ShardProgress]:
-        """Recompute the per-shard counters from the samples table (a full scan; for checks/repair)."""
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.execute(
-                    "UPDATE shards SET (done_samples, output_tokens, empty, truncated) = (SELECT count(*),"
-                    " coalesce(sum(output_len),0), coalesce(sum(empty),0), coalesce(sum(finish_reason='length'),0)"
-                    " FROM samples WHERE samples.shard_id=shards.shard_id),"
-                    " parts = (SELECT count(*) FROM parts WHERE parts.shard_id=shards.shard_id)")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        return self.progress()
+            settled: dict[tuple[str, str], int] = {
+                (r[0], r[1]): r[2] for r in self._db.execute(
+                    "SELECT shard_id, outcome, count(*) FROM outcomes GROUP BY shard_id, outcome")}
+        return [ShardProgress(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8],
+                              rejected=settled.get((r[0], "rejected"), 0), failed=settled.get((r[0], "failed"), 0))
+                for r in rows]
 
     # --- samples -----------------------------------------------------------------------------
 
@@ -297,18 +298,34 @@ class ShardStore:
         with self._lock:
             return self._db.execute("SELECT 1 FROM samples WHERE sample_id=?", (sample_id,)).fetchone() is not None
 
-    def committed_count(self) -> int:
+    def is_settled(self, sample_id: str) -> bool:
+        """Committed, or settled without a row (rejected; failed in this run): not to be generated again."""
         with self._lock:
-            return int(self._db.execute("SELECT coalesce(sum(done_samples),0) FROM shards").fetchone()[0])
+            return self._db.execute(
+                "SELECT 1 FROM samples WHERE sample_id=? UNION ALL SELECT 1 FROM outcomes WHERE sample_id=? LIMIT 1",
+                (sample_id, sample_id)).fetchone() is not None
 
-    def committed_sample_ids(self, shard_id: str | None = None) -> set[str]:
-        """All committed sample ids (of one shard): for skipping done work at start without a query per sample."""
-        with self._lock:
-            if shard_id is None:
-                cur = self._db.execute("SELECT sample_id FROM samples")
-            else:
-                cur = self._db.execute("SELECT sample_id FROM samples WHERE shard_id=?", (shard_id,))
-            return {r[0] for r in cur}
+    # --- outcomes of samples that get no row ---------------------------------------------------
+
+    def settle(self, shard_id: str, sample_id: str, outcome: str, reason: str) -> None:
+        """Record a sample settled without a row (outcome rejected | failed), so a status read from the run dir
+        alone counts it and a restart does not generate a rejected one again."""
+        if outcome not in ("rejected", "failed"):
+            raise ValueError(f"outcome {outcome!r}: a sample without a row is 'rejected' or 'failed'")
+        try:
+            with self._lock:
+                self._db.execute("INSERT OR REPLACE INTO outcomes(sample_id, shard_id, outcome, reason, settled_at)"
+                                 " VALUES(?,?,?,?,?)", (sample_id, shard_id, outcome, reason, time.time()))
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot record {sample_id} as {outcome} in {self.db_path}: {exc}") from exc
+
+    def forget_failed(self) -> int:
+        """At a start: samples that failed in an earlier run are generated again (their retries were that run's)."""
+        try:
+            with self._lock:
+                return self._db.execute("DELETE FROM outcomes WHERE outcome='failed'").rowcount
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot clear the failed samples of an earlier run in {self.db_path}: {exc}") from exc
 
     def history(self, conversation_id: str) -> dict[int, str]:
         with self._lock:
@@ -369,7 +386,7 @@ class ShardStore:
             info = PartInfo(shard_id, rel, len(ids), time.time(), seq, nbytes)
             try:
                 try:
-                    self._record(info, table, history)  # takes _lock for its transaction only
+                    info = self._record(info, table, history)  # takes _lock for its transaction only
                 except sqlite3.Error as exc:
                     raise StoreError(f"commit of {rel} ({len(ids)} samples) failed in {self.db_path}: {exc}; "
                                      "nothing was committed") from exc
@@ -442,7 +459,7 @@ class ShardStore:
         os.replace(tmp, final)
         _fsync_dir(final.parent)
 
-    def _record(self, info: PartInfo, table: pa.Table, history: Mapping[str, str]) -> None:
+    def _record(self, info: PartInfo, table: pa.Table, history: Mapping[str, str]) -> PartInfo:
         """The one sqlite transaction that makes the part (and every sample in it) committed."""
         cols = {name: table.column(name).to_pylist() for name in
                 ("sample_id", "conversation_id", "turn", "output_len", "finish_reason", "prompt_len",
@@ -474,6 +491,7 @@ class ShardStore:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+        return dataclasses.replace(info, output_tokens=tokens, empty=sum(empty), truncated=truncated)
 
 
 def build_table(rows: list[dict]) -> pa.Table:

@@ -53,7 +53,8 @@ from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.shard_store import ShardStore
 from engine.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry, ThroughputWatch, disk_events
-from engine.telemetry_events import AlertEvent, RunEndEvent, ShardEvent
+from engine.run_status import ShardStatus, dispatch_figures, shard_statuses
+from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent
 from engine.work import WorkPlan
 from engine.fleet import Fleet
 from engine.workers import Worker, WorkerState, worker_specs
@@ -95,7 +96,7 @@ class Supervisor:
         self._exit = asyncio.Event()
         self._shutdown_task: asyncio.Task | None = None
         self._dirty_shards: set[str] = set()
-        self._progress: dict[str, Any] = {}
+        self._shard_states: dict[str, str] = {}  # the state each shard's last event said
         self._tasks: list[asyncio.Task] = []
         self.workers: list[Worker] = []
         self.plan: WorkPlan | None = None
@@ -269,7 +270,7 @@ class Supervisor:
         """Every shard's committed samples reach its planned samples (from the last count): a start
         with nothing to do launches no server before the count says so."""
         progress = self.store.progress()
-        return bool(progress) and all(p.total_samples is not None and p.done_samples >= p.total_samples
+        return bool(progress) and all(p.total_samples is not None and p.done_samples + p.rejected >= p.total_samples
                                       for p in progress)
 
     async def _close_early(self, early: bool) -> None:
@@ -288,6 +289,7 @@ class Supervisor:
             self.plan.context_length = min(known)
         if self.mode == "starting":
             self.mode = "running"
+            self.plan.rate.start()
             self.dispatcher.accepting = not self.disk_full
         await self.plan.feed_forever()
 
@@ -378,7 +380,7 @@ class Supervisor:
     def status(self) -> dict[str, Any]:
         t = self.telemetry
         self._update_workers_check()
-        dispatch = (self.dispatcher.snapshot(self.dispatch_state()).to_dict() if self.dispatcher is not None
+        dispatch = (self._figures().to_dict() if self.plan is not None
                     else (t.dispatch.to_dict() if t.dispatch else None))
         write_errors = safe_log.failures() + ([f"{t.path}: {t.write_error} ({t.dropped} events not written)"]
                                               if t.write_error else [])
@@ -397,7 +399,7 @@ class Supervisor:
             "dispatch": dispatch,
             "workers": [w.snapshot().to_dict() for w in self.workers],
             **(self.fleet.status() if self.fleet is not None else {}),
-            "shards": [self._shard_status(sid) for sid in sorted(self.plan.shards)] if self.plan else [],
+            "shards": [sh.to_dict() for sh in self._shard_statuses()],
             "gpus": [g.to_dict() for g in t.gpus.values()],
             "disk": [d.to_dict() for d in t.disk.values()],
             "alerts": [a.to_dict() for a in t.alerts],
@@ -508,49 +510,37 @@ class Supervisor:
         if self.plan is not None:
             if final or now - getattr(self, "_last_progress", 0.0) >= PROGRESS_EVERY_S:
                 self._last_progress = now
-                self._progress = {p.shard_id: p for p in self.store.progress()}
                 self._quality_alerts()
-            for sid in sorted(self._dirty_shards):
-                self.emit(self._shard_event(sid))
-            self._dirty_shards.clear()
+            dirty, self._dirty_shards = self._dirty_shards, set()
+            for sh in self._shard_statuses():
+                if sh.id in dirty or self._shard_states.get(sh.id) != sh.state:
+                    self._shard_states[sh.id] = sh.state
+                    self.emit(sh.event())
         if d is not None:
-            ev = d.snapshot(self.dispatch_state())
+            ev = self._figures()
             self.emit(ev)
             # only while work is waiting: the tail of a run (input running dry) is not a drop
             busy = self.state() == "running" and ev.in_flight > 0 and bool(self.plan.ready)
             dropped, why = self._throughput.dropped(ev.tokens_per_s, busy) if hasattr(self, "_throughput") else (False, "")
             self.telemetry.condition("throughput-drop", dropped, "warning", f"throughput dropped: {why}", why)
         elif self.plan is not None:
-            from engine.telemetry_events import DispatchEvent
+            self.emit(self._figures())
 
-            self.emit(DispatchEvent(done=self.plan.done, total=self.plan.total, state=self.dispatch_state()))
+    def _figures(self) -> DispatchEvent:
+        d = self.dispatcher
+        return dispatch_figures(self.plan.shards, self.dispatch_state(), rate=self.plan.rate,
+                                in_flight=d.in_flight if d is not None else 0, retried=d.retried if d is not None else 0)
 
-    def _shard_status(self, sid: str) -> dict[str, Any]:
-        d = self._shard_event(sid).to_dict()
-        c = self.plan.shards[sid]
-        d.update(failed=c.failed, rejected=c.rejected,
-                 dispatched=self.dispatcher.dispatched[sid] if self.dispatcher is not None else 0)
-        return d
-
-    def _shard_event(self, sid: str) -> ShardEvent:
-        c = self.plan.shards[sid]
-        p = self._progress.get(sid)
-        if c.complete:
-            state = "done"
-        elif sid in self.plan.paused:
-            state = "paused"
-        elif c.done or (self.dispatcher is not None and self.dispatcher.dispatched[sid]):
-            state = "running"
-        else:
-            state = "pending"
-        return ShardEvent(id=sid, state=state, done=c.done, total=c.total,
-                          output_tokens=p.output_tokens if p else 0, empty=p.empty if p else 0,
-                          truncated=p.truncated if p else 0)
+    def _shard_statuses(self) -> list[ShardStatus]:
+        if self.plan is None:
+            return []
+        return shard_statuses(self.plan.shards, self.plan.paused, self.dispatch_state(),
+                              self.dispatcher.dispatched if self.dispatcher is not None else None)
 
     def _quality_alerts(self) -> None:
         a = self.cfg.alerts
-        for sid, p in self._progress.items():
-            n = p.done_samples
+        for sid, p in self.plan.shards.items():
+            n = p.done
             if n < 50:
                 continue
             empty_share, trunc_share = p.empty / n, p.truncated / n
@@ -760,7 +750,7 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
             state = "drained" if how == "drain" else (sup.mode if sup is not None else "failed")
             cause = sup.end_cause if sup is not None else ""
         telemetry.emit(RunEndEvent(state=state, exit_code=code, cause=cause, done=plan.done if plan else 0,
-                                   total=plan.total if plan else 0))
+                                   total=plan.to_generate if plan else 0))
         if notifier is not None:
             await notifier.aclose()  # bounded: notify.flush_timeout_s
         telemetry.close()

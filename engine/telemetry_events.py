@@ -68,10 +68,12 @@ class DispatchEvent(Event):
     failed: int = 0
     retried: int = 0
     rejected: int = 0
-    total: int = 0
-    output_tokens: int = 0
-    tokens_per_s: float = 0.0
+    total: int = 0  # samples to generate: planned less rejected and failed (field meanings: engine.run_status)
+    output_tokens: int = 0  # over the committed samples
+    tokens_per_s: float = 0.0  # output tokens committed per second (last minute of this start); 0 when not running
     state: str = "running"  # running | paused | draining | done | stopped | disk_full
+    planned: int = 0
+    eta_s: float | None = None  # None until measurable and whenever the run is not running
 
 
 @dataclass
@@ -86,12 +88,15 @@ class DiskEvent(Event):
 class ShardEvent(Event):
     type: ClassVar[str] = "shard"
     id: str = ""
-    state: str = "pending"  # pending | running | paused | done
+    state: str = "pending"  # pending | running | paused | draining | stopped | done (engine.run_status.shard_state)
     done: int = 0
-    total: int = 0
+    total: int = 0  # to generate: planned less rejected and failed
     output_tokens: int = 0
     empty: int = 0
     truncated: int = 0
+    failed: int = 0
+    rejected: int = 0
+    planned: int = 0
 
 
 @dataclass

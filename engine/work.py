@@ -30,10 +30,11 @@ from pathlib import Path
 
 from engine import count_cache
 from engine.config import RunConfig
+from engine.ledger import CommitRate, ShardCounts
 from engine.ingest import Conversation, Reject, StreamStart, iter_prompts, resolve_prompt_files
 from engine.render import Renderer, sample_id
 from engine.rejects import RejectLog
-from engine.shard_store import ShardStore, shard_id_for
+from engine.shard_store import PartInfo, ShardStore, shard_id_for
 
 log = logging.getLogger("regen.work")
 
@@ -55,25 +56,6 @@ class WorkItem:
     @property
     def rid(self) -> str:
         return self.sample_id if self.attempt == 0 else f"{self.sample_id}@{self.attempt}"
-
-
-@dataclass
-class ShardCounts:
-    total: int = 0  # samples planned (generated turns)
-    conversations: int = 0
-    done: int = 0  # committed
-    failed: int = 0
-    rejected: int = 0
-    first_index: int = 0
-    end_index: int = 0  # one past the last conversation index
-
-    @property
-    def settled(self) -> int:
-        return self.done + self.failed + self.rejected
-
-    @property
-    def complete(self) -> bool:
-        return self.settled >= self.total
 
 
 @dataclass
@@ -117,6 +99,7 @@ class WorkPlan:
         self.on_reject = on_reject
         self.context_length = renderer.context_length
         self.shards: dict[str, ShardCounts] = {}
+        self.rate = CommitRate()  # output tokens committed per second in this start (started with dispatch)
         self.paused: set[str] = set()
         self.ready: collections.deque[WorkItem] = collections.deque()
         self.held: dict[str, collections.deque[WorkItem]] = collections.defaultdict(collections.deque)
@@ -236,9 +219,16 @@ class WorkPlan:
                 log.warning("count cache: cannot save it in %s (%s): the next start counts again", self.cfg.run_dir, exc)
         self.store.ensure_shards({sid: c.conversations for sid, c in self.shards.items()},
                                  {sid: c.total for sid, c in self.shards.items()})
+        try:
+            forgotten = self.store.forget_failed()
+        except OSError as exc:
+            forgotten = 0
+            log.error("%s: they stay failed in this run", exc)
+        if forgotten:
+            log.info("plan: %d samples that failed in an earlier run are generated again", forgotten)
         for progress in self.store.progress():
             if progress.shard_id in self.shards:
-                self.shards[progress.shard_id].done = progress.done_samples
+                self.shards[progress.shard_id].load(progress)
         self.paused = set(self.store.paused()) & set(self.shards)
         log.info("plan: %d samples in %d shards (%d already committed), %d bad input rows, counted in %.1f s%s",
                  self.total, len(self.shards), self.done, self.input_rejects, getattr(self, "_count_s", 0.0),
@@ -282,6 +272,15 @@ class WorkPlan:
     @property
     def done(self) -> int:
         return sum(c.done for c in self.shards.values())
+
+    @property
+    def to_generate(self) -> int:
+        """Samples the run will hold: planned less those settled without a row (rejected, failed)."""
+        return sum(c.to_generate for c in self.shards.values())
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(c.output_tokens for c in self.shards.values())
 
     @property
     def failed(self) -> int:
@@ -437,10 +436,10 @@ class WorkPlan:
                 self._defer(sid, conv.index)
                 continue
             turns = self.renderer.user_turns(conv, self.cfg.turns)
-            if self.shards[sid].done:
-                remaining = [t for t in turns if not self.store.is_committed(sample_id(conv.conversation_id, t))]
+            if self.shards[sid].settled:
+                remaining = [t for t in turns if not self.store.is_settled(sample_id(conv.conversation_id, t))]
             else:
-                remaining = turns  # nothing of this shard is committed yet: no sqlite lookup per sample
+                remaining = turns  # nothing of this shard is settled yet: no sqlite lookup per sample
             if not remaining:
                 continue
             state = _ConvState(conv=conv, shard_id=sid, turns=remaining)
@@ -518,11 +517,25 @@ class WorkPlan:
         self._maybe_retire(state)
 
     # -- settle -----------------------------------------------------------------------------
-    def on_committed(self, item: WorkItem, answer: str | None) -> None:
+    def chains_on(self, item: WorkItem) -> bool:
+        """A later turn of the conversation waits for this item's commit (turns = "all")."""
+        return self.cfg.turns == "all" and not item.is_last_turn
+
+    def unsettled(self, shard_id: str) -> int | None:
+        """Samples of the shard not settled yet (None: not a shard of this plan)."""
+        counts = self.shards.get(shard_id)
+        return None if counts is None else counts.total - counts.settled
+
+    def on_part_committed(self, part: PartInfo, committed: list[tuple[WorkItem, str | None]]) -> None:
+        """A part is committed (ShardStore.commit returned): its sums move the shard's counts in the same step."""
+        self.shards[part.shard_id].add_part(part)
+        self.rate.add(part.output_tokens)
+        self.changed(part.shard_id)
+        for item, answer in committed:
+            self._committed(item, answer)
+
+    def _committed(self, item: WorkItem, answer: str | None) -> None:
         state = self.active.get(item.conv.conversation_id)
-        counts = self.shards[item.shard_id]
-        counts.done += 1
-        self.changed(item.shard_id)
         if state is None:
             return
         state.outstanding -= 1
@@ -542,7 +555,7 @@ class WorkPlan:
         reject = reject_for(item.conv, f"turn {item.turn}: {reason}", excerpt=excerpt,
                             kind=category or ("generation_failed" if kind == "failed" else "sglang_rejected"))
         if state is None:
-            self._count(item.shard_id, kind)
+            self._count(item.shard_id, kind, item.sample_id, reject.kind)
             self._reject(reject)
             return
         state.outstanding -= 1
@@ -557,10 +570,16 @@ class WorkPlan:
     def _settle(self, state: _ConvState, turn: int, kind: str, reject: Reject) -> None:
         if turn in state.turns:
             state.turns.remove(turn)
-        self._count(state.shard_id, kind)
+        self._count(state.shard_id, kind, sample_id(state.conv.conversation_id, turn), reject.kind)
         self._reject(reject)
 
-    def _count(self, shard_id: str, kind: str) -> None:
+    def _count(self, shard_id: str, kind: str, sample: str, reason: str) -> None:
+        try:
+            self.store.settle(shard_id, sample, "rejected" if kind == "rejected" else "failed", reason)
+        except OSError as exc:
+            # a full disk: the run goes on with the outcome counted here (and in rejects.jsonl when it can be
+            # written); only a status read from the run dir alone, or the next start, does not see it
+            log.error("%s; it counts as %s in this run", exc, kind)
         counts = self.shards[shard_id]
         if kind == "rejected":
             counts.rejected += 1

@@ -1,6 +1,6 @@
 """The committer commits in its own thread: the event loop keeps running during a slow commit,
-rows count as committed (plan.on_committed, on the loop thread) only after ShardStore.commit
-returned, failed commits keep their rows in order, and flush_all / drain wait for the commit in
+rows count as committed (plan.on_part_committed, on the loop thread) only after ShardStore.commit
+returned, failed commits keep their rows in order, and drain waits for the commit in
 flight. A real ShardStore underneath; its commit slowed down where the test needs a slow disk."""
 from __future__ import annotations
 
@@ -25,8 +25,15 @@ class FakePlan:
         self.shards: dict = {}  # no shard counts: every part waits for max_rows / max_age_s
         self.committed: list[tuple[str, int]] = []  # (sample id, thread id)
 
-    def on_committed(self, item, answer) -> None:
-        self.committed.append((item.sample_id, threading.get_ident()))
+    def chains_on(self, item) -> bool:
+        return self.cfg.turns == "all" and not item.is_last_turn
+
+    def unsettled(self, shard_id: str) -> int | None:
+        counts = self.shards.get(shard_id)
+        return None if counts is None else counts.total - counts.settled
+
+    def on_part_committed(self, part, committed) -> None:
+        self.committed += [(item.sample_id, threading.get_ident()) for item, _ in committed]
 
 
 def item(conv: str) -> WorkItem:
@@ -95,7 +102,7 @@ def test_a_slow_commit_does_not_block_the_loop(store):
     loop_thread = threading.get_ident()
     assert store.threads and all(t != loop_thread for t in store.threads)  # committed in the thread
     assert [sid for sid, _ in plan.committed] == [f"a{i}#turn0" for i in range(4)]
-    assert all(t == loop_thread for _, t in plan.committed)  # on_committed ran on the loop
+    assert all(t == loop_thread for _, t in plan.committed)  # on_part_committed ran on the loop
     assert c.committed_rows == 4 and c.parts == 1 and alerts == []
 
 
@@ -121,7 +128,7 @@ def test_a_failed_commit_keeps_its_rows_first_and_is_retried(store):
     assert [sid for sid, _ in plan.committed] == ["a#turn0", "b#turn0", "c#turn0"] and c.pending == 0
 
 
-def test_flush_all_waits_for_the_commit_in_flight_then_commits_the_rest(store):
+def test_drain_waits_for_the_commit_in_flight_then_commits_the_rest(store):
     store.delay = 0.3
     plan = FakePlan()
 
@@ -134,7 +141,7 @@ def test_flush_all_waits_for_the_commit_in_flight_then_commits_the_rest(store):
             await asyncio.sleep(0.01)
         c.add(item("c"), make_row("c"), None)
         assert c.pending == 3
-        c.flush_all()  # the sync form (shutdown): blocks until all is committed
+        await c.drain()
         assert c.pending == 0 and not c.committing
         await asyncio.sleep(0.3)  # run_forever wakes up: the job is settled already, not counted twice
         task.cancel()
@@ -198,7 +205,7 @@ def test_a_duplicate_sample_is_dropped_with_an_alert_and_the_rest_committed(stor
 
 def test_a_shard_whose_outstanding_samples_are_all_buffered_is_committed_without_waiting(store):
     """The shard's last rows go at once: no later row can join that part, so max_age_s would only delay it."""
-    from engine.work import ShardCounts
+    from engine.ledger import ShardCounts
 
     plan = FakePlan()
     plan.shards = {"s00000": ShardCounts(total=5, done=0, failed=1)}  # 4 samples left to settle

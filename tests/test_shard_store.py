@@ -70,11 +70,11 @@ def test_commit_writes_a_zstd_part_with_the_shard_schema(store, tmp_path):
     assert columns["sample_id"].statistics.min == "a#turn0" and columns["output_len"].statistics.max == 7
     assert info.bytes == (tmp_path / info.path).stat().st_size
     assert store.is_committed("a#turn0") and store.is_committed("b#turn0") and not store.is_committed("c#turn0")
-    assert store.committed_count() == 2
+    assert committed_count(store) == 2
     assert store.history("a") == {0: "answer a"}
     assert store.history("b") == {}
     assert store.parts() == [info]
-    assert store.committed_sample_ids() == {"a#turn0", "b#turn0"}
+    assert committed_sample_ids(store) == {"a#turn0", "b#turn0"}
 
 
 def test_sqlite_is_wal_and_tables_are_readable_by_others(store, tmp_path):
@@ -106,7 +106,7 @@ def test_invalid_rows_are_refused_naming_the_sample(store, tmp_path, change, mes
     with pytest.raises(ValueError) as exc:
         store.commit("s00000", [make_row("good"), bad])
     assert "'bad#turn0'" in str(exc.value) and message in str(exc.value)
-    assert part_files(tmp_path) == [] and store.committed_count() == 0
+    assert part_files(tmp_path) == [] and committed_count(store) == 0
 
 
 def test_duplicate_sample_is_refused_before_writing(store, tmp_path):
@@ -119,7 +119,7 @@ def test_duplicate_sample_is_refused_before_writing(store, tmp_path):
         store.commit("s00001", [make_row("d"), make_row("d")])
     assert "repeated in one commit: d#turn0" in str(exc.value)
     assert part_files(tmp_path) == ["shards/s00000/part-000000.parquet"]
-    assert not store.is_committed("c#turn0") and store.committed_count() == 2
+    assert not store.is_committed("c#turn0") and committed_count(store) == 2
 
 
 def test_unknown_shard_and_empty_commit_are_refused(store):
@@ -176,7 +176,7 @@ def test_crash_before_the_sqlite_txn_leaves_an_orphan_that_recover_removes(tmp_p
     assert store.recover() == [left_behind]
     assert part_files(tmp_path) == ["shards/s00000/part-000000.parquet"]
     assert store.is_committed("kept#turn0") and not store.is_committed("lost#turn0")
-    assert store.committed_count() == 1
+    assert committed_count(store) == 1
     info = store.commit("s00000", [make_row("lost")])
     assert info.seq == 2  # recover() remembered the removed orphan's number: never reused
     assert pq.read_table(tmp_path / info.path).column("sample_id").to_pylist() == ["lost#turn0"]
@@ -231,14 +231,14 @@ def test_sigkilled_writer_then_reopen_every_committed_sample_once(tmp_path):
         assert table.num_rows == p.rows == 5
         seen += table.column("sample_id").to_pylist()
     assert len(seen) == len(set(seen))  # each sample in exactly one part
-    assert set(seen) == store.committed_sample_ids()
-    assert store.committed_count() == len(seen) == 5 * len(parts)
+    assert set(seen) == committed_sample_ids(store)
+    assert committed_count(store) == len(seen) == 5 * len(parts)
     progress = {p.shard_id: p for p in store.progress()}
     for shard_id, prog in progress.items():
         n_parts = sum(1 for p in parts if p.shard_id == shard_id)
         assert (prog.parts, prog.done_samples, prog.empty, prog.truncated) == (n_parts, 5 * n_parts, n_parts, n_parts)
         assert prog.output_tokens == n_parts * sum(200 + i for i in range(5))
-    assert store.recount() == store.progress()
+    assert sums_from_samples(store) == sums_kept(store)
     # writing resumes where it stopped
     info = store.commit("s00000", [make_row("after-crash")])
     assert info.seq > max(p.seq for p in parts if p.shard_id == "s00000")
@@ -275,7 +275,7 @@ def test_progress_counts(store):
             p0.parts, p0.paused) == (10, 14, 3, 19, 1, 1, 2, False)
     assert (p1.total_conversations, p1.total_samples, p1.done_samples, p1.output_tokens, p1.empty, p1.parts) == (
         10, None, 1, 2, 1, 1)
-    assert store.recount() == store.progress()
+    assert sums_from_samples(store) == sums_kept(store)
 
 
 def test_meta_roundtrip(store, tmp_path):
@@ -304,7 +304,7 @@ def test_committed_part_missing_on_disk_is_uncommitted_by_recover(store, tmp_pat
     removed = store.recover()
     assert removed == [f"{gone.path} (committed part missing on disk: 2 samples un-committed, to be regenerated)"]
     assert store.parts() == [keep]
-    assert not store.is_committed("b#turn0") and store.committed_count() == 1
+    assert not store.is_committed("b#turn0") and committed_count(store) == 1
     assert store.progress()[0].parts == 1 and store.progress()[0].done_samples == 1
     assert store.commit("s00000", [make_row("b")]).seq == 2
 
@@ -355,3 +355,43 @@ def test_compacted_rows_are_refused_with_the_same_messages(store, change, messag
         with pytest.raises(ValueError) as exc:
             store.commit("s00000", rows)
         assert "'bad#turn0'" in str(exc.value) and message in str(exc.value), (compact, str(exc.value))
+
+
+def committed_count(store: ShardStore) -> int:
+    return sum(p.done_samples for p in store.progress())
+
+
+def committed_sample_ids(store: ShardStore) -> set[str]:
+    with sqlite3.connect(store.db_path) as db:
+        return {r[0] for r in db.execute("SELECT sample_id FROM samples")}
+
+
+def sums_kept(store: ShardStore) -> dict[str, tuple]:
+    return {p.shard_id: (p.done_samples, p.output_tokens, p.empty, p.truncated, p.parts) for p in store.progress()}
+
+
+def sums_from_samples(store: ShardStore) -> dict[str, tuple]:
+    """The counters kept in the commit transaction, recomputed from the samples and parts tables (a full scan)."""
+    with sqlite3.connect(store.db_path) as db:
+        return {sid: db.execute(
+            "SELECT count(*), coalesce(sum(output_len),0), coalesce(sum(empty),0),"
+            " coalesce(sum(finish_reason='length'),0), (SELECT count(*) FROM parts WHERE shard_id=?)"
+            " FROM samples WHERE shard_id=?", (sid, sid)).fetchone()
+            for sid in sums_kept(store)}
+
+
+def test_a_commit_returns_its_sums_and_outcomes_settle_samples_without_rows(store):
+    store.ensure_shards({"s00000": 4}, {"s00000": 4})
+    info = store.commit("s00000", [make_row("a", output_len=9, finish_reason="length", text="<think>\nnever ends"),
+                                   make_row("b", output_len=2, text="OK.<|im_end|>")])
+    assert (info.rows, info.output_tokens, info.empty, info.truncated) == (2, 11, 1, 1)
+    store.settle("s00000", "c#turn0", "rejected", "context_overflow")
+    store.settle("s00000", "d#turn0", "failed", "generation_failed")
+    p = {p.shard_id: p for p in store.progress()}["s00000"]
+    assert (p.done_samples, p.rejected, p.failed) == (2, 1, 1)
+    assert store.is_settled("a#turn0") and store.is_settled("c#turn0") and not store.is_settled("e#turn0")
+    assert store.forget_failed() == 1  # a new start generates the failed one again; a rejected one stays settled
+    p = {p.shard_id: p for p in store.progress()}["s00000"]
+    assert (p.rejected, p.failed) == (1, 0) and not store.is_settled("d#turn0")
+    with pytest.raises(ValueError, match="'rejected' or 'failed'"):
+        store.settle("s00000", "e#turn0", "committed", "")

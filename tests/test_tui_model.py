@@ -48,7 +48,10 @@ def test_dispatch_header_eta_and_follow_position():
     m = RunModel()
     m.apply(DispatchEvent(ts=10, done=100, total=400, output_tokens=20000, tokens_per_s=1000.0, in_flight=5))
     assert (m.done, m.total, m.state) == (100, 400, "running")
-    assert m.eta_s() == 300 * 200 / 1000.0  # samples left x tokens per sample / tok/s
+    assert m.eta_s() is None  # not measurable yet: the engine says when it is
+    m.apply(DispatchEvent(ts=10, done=100, total=400, output_tokens=20000, tokens_per_s=1000.0, in_flight=5,
+                          eta_s=60.0))
+    assert m.eta_s() == 60.0
     assert m.last_ts == 10
     m.apply_status({"state": "paused", "pid": 7, "started_at": 0.0, "dispatch": None,
                     "shards": [{"id": "s00000", "state": "paused", "done": 3, "total": 50, "ts": 99}]})

@@ -80,13 +80,11 @@ def _na(value, fmt="{}") -> str:
     return "N/A" if value is None else fmt.format(value)
 
 
-def eta_text(done: int, total: int, tokens_per_s: float, output_tokens: int) -> str:
-    left = total - done
-    if left <= 0:
+def eta_text(eta_s: float | None) -> str:
+    """The engine's ETA (engine.run_status: null until measurable and when the run is not running) or "-"."""
+    if eta_s is None or eta_s <= 0:
         return "-"
-    if done <= 0 or tokens_per_s <= 0:
-        return "unknown"
-    seconds = left * (output_tokens / done) / tokens_per_s
+    seconds = eta_s
     h, rem = divmod(int(seconds), 3600)
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
@@ -99,9 +97,9 @@ def progress_line(d: dict, state: str | None = None, running: bool = True) -> st
     moving = running and state not in NOT_RUNNING_STATES
     rates = (f"{d.get('in_flight', 0)} in flight, {d.get('tokens_per_s', 0.0):.0f} tok/s" if moving
              else "- in flight, - tok/s")
-    eta = eta_text(done, total, d.get("tokens_per_s", 0.0), d.get("output_tokens", 0)) if moving else "-"
+    eta = eta_text(d.get("eta_s")) if moving else "-"
     return (f"{state}: {done}/{total} samples ({pct:.1f}%), {rates}, failed {d.get('failed', 0)},"
-            f" rejected {d.get('rejected', 0)}, retried {d.get('retried', 0)}, ETA {eta}")
+            f" rejected samples {d.get('rejected', 0)}, retried {d.get('retried', 0)}, ETA {eta}")
 
 
 def start_again(args, run_dir: str) -> tuple[str, str]:
@@ -195,8 +193,10 @@ def render_status(s: dict) -> Group:
         parts.append(Text(f"disk {disk['path']}: {disk['free_bytes'] / 2**30:.1f} GiB free of "
                           f"{disk['total_bytes'] / 2**30:.1f} GiB"))
     rejects = s.get("rejects") or {}
-    parts.append(Text(f"rejects: {rejects.get('total', 0)} "
-                      + ", ".join(f"{k} {v}" for k, v in sorted((rejects.get('by_reason') or {}).items()))))
+    # every row of rejects.jsonl: input rows refused when read, and samples rejected or failed (by its reason)
+    parts.append(Text(f"rejects: {rejects.get('total', 0)} (rejects.jsonl rows, by reason: "
+                      + (", ".join(f"{k} {v}" for k, v in sorted((rejects.get('by_reason') or {}).items())) or "none")
+                      + ")"))
     alerts = s.get("alerts", [])
     if alerts:
         a = Table(title="alerts (latest last)")

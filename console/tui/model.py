@@ -438,12 +438,10 @@ class RunModel:
         return self.dispatch.tokens_per_s if self.dispatch else None
 
     def eta_s(self) -> float | None:
-        """Seconds left at the current rate: samples left x output tokens per sample / tok/s."""
+        """The engine's ETA (engine.run_status: committed samples and rate); None until measurable, and when the
+        run is not running."""
         d = self.dispatch
-        if d is None or d.done <= 0 or d.tokens_per_s <= 0 or d.output_tokens <= 0:
-            return None
-        left = d.total - d.done
-        return 0.0 if left <= 0 else left * (d.output_tokens / d.done) / d.tokens_per_s
+        return d.eta_s if d is not None and self.is_running else None
 
     def elapsed_s(self, now: float | None = None) -> float | None:
         if self.started_at is None:

@@ -41,7 +41,8 @@ class RunHeader(Static):
         total = m.total
         pct = f" ({100.0 * m.done / total:.1f}%)" if total else ""
         t.append(f"  {m.done:,}/{total:,}{pct}")
-        t.append(f"  ETA {duration_text(m.eta_s()) if running else '-'}")
+        eta = m.eta_s() if running else None
+        t.append(f"  ETA {'-' if eta is None else duration_text(eta)}")
         t.append(f"  up {duration_text(m.elapsed_s(now))}")
         rej = (m.rejects or {}).get("total", 0)
         if rej:

@@ -99,7 +99,7 @@ def build_run(base: Path, n: int, model: Path) -> tuple[Path, float]:
             history = {r["sample_id"]: "an earlier regenerated answer" for i, r in zip(range(shard_start, end), rows)
                        if i >= n - TWO_TURN}
             store.commit(shard_id_for(shard_start, SHARD_SIZE), rows, history)
-    count = store.committed_count()
+    count = sum(p.done_samples for p in store.progress())
     store.close()
     if count != n:
         raise RuntimeError(f"built {count} committed samples, expected {n}")

@@ -1,0 +1,109 @@
+"""The ledger's figures: per-shard counts of settled samples and the committed output, and the commit rate.
+
+Committed state is the truth (state.sqlite): the counts are loaded from the store at a start
+(`counts_from_store`) and moved only when a part is committed (`ShardCounts.add_part`) or a sample is
+settled without a row (rejected, failed; also recorded in the store's outcomes table). So every figure
+derived from them (done, tokens, empty, truncated, per shard and in total) is the same after a restart
+as before it, and no figure lags a commit.
+
+Outcomes of a planned sample:
+  committed  its row is in a committed part (`done`)
+  rejected   never generated: its input cannot be (template error, prompt longer than the context, SGLang
+             HTTP 400, or an earlier turn of its conversation rejected); stays settled across restarts
+  failed     its retries were spent in this run (`dispatch.max_retries`); the next start generates it again
+  retried    not an outcome: an attempt that failed and went back to the queue (counted by the dispatcher)
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+from engine.shard_store import PartInfo, ShardProgress
+
+RATE_WINDOW_S = 60.0
+RATE_MIN_SPAN_S = 10.0  # a rate over less time than this is noise (one commit of many rows)
+RATE_MIN_COMMITS = 3
+
+
+@dataclass
+class ShardCounts:
+    total: int = 0  # samples planned (generated turns of the shard's good conversations)
+    conversations: int = 0
+    done: int = 0  # committed
+    failed: int = 0
+    rejected: int = 0
+    output_tokens: int = 0  # over the committed samples
+    empty: int = 0
+    truncated: int = 0
+    first_index: int = 0
+    end_index: int = 0  # one past the last conversation index
+
+    @property
+    def settled(self) -> int:
+        return self.done + self.failed + self.rejected
+
+    @property
+    def complete(self) -> bool:
+        return self.settled >= self.total
+
+    @property
+    def to_generate(self) -> int:
+        """The samples this shard will hold: planned less those settled without a row."""
+        return max(0, self.total - self.failed - self.rejected)
+
+    def add_part(self, part: PartInfo) -> None:
+        self.done += part.rows
+        self.output_tokens += part.output_tokens
+        self.empty += part.empty
+        self.truncated += part.truncated
+
+    def load(self, p: ShardProgress) -> None:
+        self.done, self.output_tokens, self.empty, self.truncated = p.done_samples, p.output_tokens, p.empty, p.truncated
+        self.rejected, self.failed = p.rejected, p.failed
+
+
+def counts_from_store(progress: list[ShardProgress]) -> dict[str, ShardCounts]:
+    """The ledger's counts of a run whose supervisor is gone, from the store alone (engine.ctl last-status)."""
+    out = {}
+    for p in progress:
+        c = out[p.shard_id] = ShardCounts(total=p.total_samples if p.total_samples is not None else p.done_samples,
+                                          conversations=p.total_conversations)
+        c.load(p)
+    return out
+
+
+@dataclass
+class CommitRate:
+    """Output tokens committed per second over the last RATE_WINDOW_S, never before `since` (this start's
+    dispatch): None until it is measurable (RATE_MIN_COMMITS commits and RATE_MIN_SPAN_S of window)."""
+    since: float | None = None  # time.monotonic() when dispatch began; None: not yet
+    commits: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
+
+    def start(self, now: float | None = None) -> None:
+        if self.since is None:
+            self.since = time.monotonic() if now is None else now
+
+    def add(self, tokens: int, now: float | None = None) -> None:
+        self.commits.append((time.monotonic() if now is None else now, tokens))
+
+    def tokens_per_s(self, now: float | None = None) -> float | None:
+        if self.since is None:
+            return None
+        now = time.monotonic() if now is None else now
+        start = max(self.since, now - RATE_WINDOW_S)
+        while self.commits and self.commits[0][0] < start:
+            self.commits.popleft()
+        span = now - start
+        if span < RATE_MIN_SPAN_S or len(self.commits) < RATE_MIN_COMMITS:
+            return None
+        return sum(n for _, n in self.commits) / span
+
+
+def eta_s(left: int, done: int, output_tokens: int, tokens_per_s: float | None) -> float | None:
+    """Seconds until `left` more samples are committed: left x committed tokens per sample / committed tok/s."""
+    if left <= 0:
+        return 0.0
+    if tokens_per_s is None or tokens_per_s <= 0 or done <= 0 or output_tokens <= 0:
+        return None
+    return left * (output_tokens / done) / tokens_per_s

@@ -12,7 +12,8 @@ Field meanings (the figures in `dispatch` and in each shard):
   retried        attempts that failed and went back to the queue (not an outcome)
   in_flight      requests sent and not answered; while draining, what is left to drain
   output_tokens, empty, truncated   sums over the committed samples
-  tokens_per_s   output tokens committed per second over the last minute of this start; 0 when not running
+  tokens_per_s   output tokens committed per second over the last minute of this start; null until measurable
+                 and when not running
   eta_s          seconds left at that rate (remaining samples x committed tokens per sample); null until
                  measurable and whenever the run is not running
 """
@@ -91,5 +92,5 @@ def dispatch_figures(shards: Mapping[str, ShardCounts], state: str, *, rate: Com
     return DispatchEvent(in_flight=in_flight, done=done, failed=sum(c.failed for c in shards.values()),
                          retried=retried, rejected=sum(c.rejected for c in shards.values()), total=total,
                          planned=sum(c.total for c in shards.values()), output_tokens=tokens,
-                         tokens_per_s=round(tok_s, 1) if tok_s is not None else 0.0,
+                         tokens_per_s=round(tok_s, 1) if tok_s is not None else None,
                          eta_s=eta_s(total - done, done, tokens, tok_s) if state == "running" else None, state=state)

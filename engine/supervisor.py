@@ -520,8 +520,9 @@ class Supervisor:
             ev = self._figures()
             self.emit(ev)
             # only while work is waiting: the tail of a run (input running dry) is not a drop
-            busy = self.state() == "running" and ev.in_flight > 0 and bool(self.plan.ready)
-            dropped, why = self._throughput.dropped(ev.tokens_per_s, busy) if hasattr(self, "_throughput") else (False, "")
+            busy = (self.state() == "running" and ev.in_flight > 0 and bool(self.plan.ready)
+                    and ev.tokens_per_s is not None)
+            dropped, why = self._throughput.dropped(ev.tokens_per_s or 0.0, busy) if hasattr(self, "_throughput") else (False, "")
             self.telemetry.condition("throughput-drop", dropped, "warning", f"throughput dropped: {why}", why)
         elif self.plan is not None:
             self.emit(self._figures())

@@ -70,7 +70,9 @@ class DispatchEvent(Event):
     rejected: int = 0
     total: int = 0  # samples to generate: planned less rejected and failed (field meanings: engine.run_status)
     output_tokens: int = 0  # over the committed samples
-    tokens_per_s: float = 0.0  # output tokens committed per second (last minute of this start); 0 when not running
+    # output tokens committed per second over the last minute of this start; None while not measurable yet
+    # (a few commits over ~10 s) and whenever the run is not running: shown as "-", never as a false 0
+    tokens_per_s: float | None = None
     state: str = "running"  # running | paused | draining | done | stopped | disk_full
     planned: int = 0
     eta_s: float | None = None  # None until measurable and whenever the run is not running

@@ -259,7 +259,7 @@ def test_disk_full_mid_run_kills_nothing_silently(small_disk, tiny_model_dir, tm
     human, data = assert_failed_status(run_dir, tmp_path, "WorkersFailed", "No space left on device",
                                        str(run_dir / "workers"))
     assert "- in flight, - tok/s" in human.stdout and "ETA -" in human.stdout
-    assert data["dispatch"]["in_flight"] == 0 and data["dispatch"]["tokens_per_s"] == 0.0
+    assert data["dispatch"]["in_flight"] == 0 and data["dispatch"]["tokens_per_s"] is None
 
 
 def _alive(pid: int) -> bool:

@@ -108,7 +108,7 @@ def test_three_sigkill_restarts_keep_every_figure_equal_to_the_parquet_sums(tmp_
         offline = json.loads(out.stdout)
         sums = parquet_sums(run_dir)
         check_against_parquet(offline, sums)
-        assert offline["dispatch"]["eta_s"] is None and offline["dispatch"]["tokens_per_s"] == 0
+        assert offline["dispatch"]["eta_s"] is None and offline["dispatch"]["tokens_per_s"] is None
         assert not [sh for sh in offline["shards"] if sh["state"] == "running"]
         done_before = offline["dispatch"]["done"]
     # the last round: the rate becomes measurable and an ETA appears, then stop: no rate, no ETA, nothing running

@@ -60,5 +60,5 @@ def test_dispatch_figures_sum_the_counts_and_give_no_rate_or_eta_unless_running(
     rate.start(now=0.0)
     stopped = dispatch_figures(shards, "stopped", rate=rate, in_flight=0)
     assert (stopped.done, stopped.total, stopped.planned, stopped.rejected, stopped.output_tokens) == (4, 7, 8, 1, 120)
-    assert stopped.tokens_per_s == 0.0 and stopped.eta_s is None
+    assert stopped.tokens_per_s is None and stopped.eta_s is None
     assert [s.state for s in shard_statuses(shards, [], "stopped")] == ["done", "stopped"]

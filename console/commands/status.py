@@ -95,7 +95,8 @@ def progress_line(d: dict, state: str | None = None, running: bool = True) -> st
     pct = 100.0 * done / total if total else 100.0
     state = state or d.get("state")
     moving = running and state not in NOT_RUNNING_STATES
-    rates = (f"{d.get('in_flight', 0)} in flight, {d.get('tokens_per_s', 0.0):.0f} tok/s" if moving
+    tok_s = d.get("tokens_per_s")
+    rates = (f"{d.get('in_flight', 0)} in flight, {'-' if tok_s is None else f'{tok_s:.0f}'} tok/s" if moving
              else "- in flight, - tok/s")
     eta = eta_text(d.get("eta_s")) if moving else "-"
     return (f"{state}: {done}/{total} samples ({pct:.1f}%), {rates}, failed {d.get('failed', 0)},"

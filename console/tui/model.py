@@ -325,11 +325,12 @@ class RunModel:
         else:
             self.state = ev.state
         self.dispatch = ev
-        self.throughput.add(ev.ts, ev.tokens_per_s)
+        if ev.tokens_per_s is not None:  # None: not measured yet (or not running), no point on the chart
+            self.throughput.add(ev.ts, ev.tokens_per_s)
         changed = {"header", "workers"}
         # console-side throughput drop: under half the median of the last ~5 minutes while work is running
         recent = [v for t, v in self.throughput.points if t >= ev.ts - 300]
-        if ev.state == "running" and ev.in_flight > 0 and len(recent) >= 30:
+        if ev.state == "running" and ev.in_flight > 0 and ev.tokens_per_s is not None and len(recent) >= 30:
             median = sorted(recent)[len(recent) // 2]
             dropped = median > 0 and ev.tokens_per_s < THROUGHPUT_DROP_SHARE * median
             if self._condition("throughput", dropped, ev.ts, "warning",

@@ -37,7 +37,7 @@ class RunHeader(Static):
         else:
             t.append(m.state, style=STATE_STYLE.get(m.state, ""))
         tok = m.tokens_per_s
-        t.append(f"  {'-' if not running else ('N/A' if tok is None else f'{tok:,.0f}')} tok/s")
+        t.append(f"  {'-' if not running or tok is None else f'{tok:,.0f}'} tok/s")
         total = m.total
         pct = f" ({100.0 * m.done / total:.1f}%)" if total else ""
         t.append(f"  {m.done:,}/{total:,}{pct}")

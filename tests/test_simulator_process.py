@@ -12,6 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.waiting import await_until
+
 pytestmark = pytest.mark.timeout(90)
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,12 +45,8 @@ class SimProcess:
         return f"http://127.0.0.1:{self.port}"
 
     async def wait_for_line(self, needle: str, timeout: float = 30) -> None:
-        async def poll():
-            while not any(needle in line for line in self.lines):
-                if self._reader.done():
-                    raise AssertionError(f"process ended without printing {needle!r}:\n{self.log}")
-                await asyncio.sleep(0.05)
-        await asyncio.wait_for(poll(), timeout)
+        await await_until(lambda: any(needle in line for line in self.lines), timeout, f"the line {needle!r}",
+                          stop=lambda: self._reader.done() and "the process ended", describe=lambda: self.log)
 
     async def wait_exit(self, timeout: float = 30) -> int:
         rc = await asyncio.wait_for(self.proc.wait(), timeout)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-import time
 
 import psutil
 import pytest
 
 from console.transport import TransportError, open_transport, quote_argv
 from console.transport_local import LocalTransport
+from tests.waiting import poll_until
 
 
 def processes_with_arg(arg: str) -> list[psutil.Process]:
@@ -23,10 +23,7 @@ def processes_with_arg(arg: str) -> list[psutil.Process]:
 
 def wait_gone(arg: str, within_s: float = 5.0) -> list[psutil.Process]:
     """Poll until no process has `arg` on its command line; returns the survivors (empty = gone)."""
-    deadline = time.monotonic() + within_s
-    while (alive := processes_with_arg(arg)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
+    return [] if poll_until(lambda: not processes_with_arg(arg), within_s) else processes_with_arg(arg)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from engine.ingest import Conversation
 from engine.shard_store import ShardStore, StoreError
 from engine.work import WorkItem
 from tests.test_shard_store import make_row
+from tests.waiting import await_until
 
 
 class FakePlan:
@@ -42,7 +43,7 @@ class SlowStore(ShardStore):
 
     def commit(self, shard_id, rows, history={}):  # noqa: B006
         self.threads.append(threading.get_ident())
-        time.sleep(self.delay)
+        time.sleep(self.delay)  # kept: the slow disk this store simulates
         if self.fail_next:
             self.fail_next -= 1
             raise StoreError("No space left on device (simulated)")
@@ -78,7 +79,7 @@ def test_a_slow_commit_does_not_block_the_loop(store):
         gaps, last = [], time.monotonic()
         deadline = last + 1.5
         while time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # kept: the probe of the loop's responsiveness (it measures the gaps)
             now = time.monotonic()
             gaps.append(now - last)
             last = now
@@ -130,13 +131,13 @@ def test_flush_all_waits_for_the_commit_in_flight_then_commits_the_rest(store):
         task = asyncio.create_task(c.run_forever())
         c.add(item("a"), make_row("a"), None)
         c.add(item("b"), make_row("b"), None)
-        while not c.committing:
-            await asyncio.sleep(0.01)
+        await await_until(lambda: c.committing, 10, "the first commit in its thread")
         c.add(item("c"), make_row("c"), None)
         assert c.pending == 3
         c.flush_all()  # the sync form (shutdown): blocks until all is committed
         assert c.pending == 0 and not c.committing
-        await asyncio.sleep(0.3)  # run_forever wakes up: the job is settled already, not counted twice
+        # run_forever, which waited on that commit, wakes up and finds the job settled already (not counted twice)
+        await await_until(lambda: not c._job_lock.locked(), 10, "run_forever done with the settled job")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         c.close()
@@ -160,7 +161,7 @@ def test_drain_commits_everything_off_the_loop(store):
         async def ticker():
             nonlocal ticks
             while True:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # kept: a ticker that shows the loop runs (it measures, it does not wait)
                 ticks += 1
 
         t = asyncio.create_task(ticker())

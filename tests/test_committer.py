@@ -67,7 +67,7 @@ def committed_ids(store: ShardStore) -> list[str]:
 
 
 def test_a_slow_commit_does_not_block_the_loop(store):
-    store.delay = 0.5
+    store.delay = 1.0
     plan = FakePlan()
     alerts = []
 
@@ -77,7 +77,7 @@ def test_a_slow_commit_does_not_block_the_loop(store):
         for i in range(4):
             c.add(item(f"a{i}"), make_row(f"a{i}"), None)
         gaps, last = [], time.monotonic()
-        deadline = last + 1.5
+        deadline = last + 30  # for the commit to be counted; the gaps measured until then
         while time.monotonic() < deadline:
             await asyncio.sleep(0.01)  # kept: the probe of the loop's responsiveness (it measures the gaps)
             now = time.monotonic()
@@ -92,7 +92,8 @@ def test_a_slow_commit_does_not_block_the_loop(store):
         return max(gaps), c
 
     worst, c = asyncio.run(main())
-    assert worst < 0.2, f"the loop stalled {worst:.2f} s during a 0.5 s commit"
+    # a commit on the loop would stall it for the whole second; a loaded machine delays a wake-up a little
+    assert worst < 0.5, f"the loop stalled {worst:.2f} s during a 1 s commit"
     loop_thread = threading.get_ident()
     assert store.threads and all(t != loop_thread for t in store.threads)  # committed in the thread
     assert [sid for sid, _ in plan.committed] == [f"a{i}#turn0" for i in range(4)]

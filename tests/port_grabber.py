@@ -20,13 +20,17 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+try:
+    from waiting import poll_until  # run as a script: tests/ is sys.path[0]
+except ImportError:
+    from tests.waiting import poll_until
 
 SOCKET_HOLDER = ("import socket, sys, time\n"
                  "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
                  "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8)\n"
-                 "while True: time.sleep(60)\n")
+                 "while True: time.sleep(60)\n")  # kept: the holder only has to stay alive
 
 
 def arg_after(argv: list[str], flag: str) -> str:
@@ -50,14 +54,14 @@ def detached(argv: list[str], log: Path) -> int:
     return pid
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_listening(port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise SystemExit(f"port_grabber: nothing listens on {port} after {timeout:.0f} s")
+    if not poll_until(lambda: _listening(port), timeout, interval=0.1):
+        raise SystemExit(f"port_grabber: nothing listens on {port} after {timeout:.0f} s")
 
 
 def take_port(mode: str, state: Path, launch: list[str]) -> None:

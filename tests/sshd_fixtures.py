@@ -22,6 +22,8 @@ import asyncssh
 import psutil
 import pytest
 
+from tests.waiting import poll_until
+
 __all__ = [
     "SshdServer", "AsyncSshServer", "sshd", "asyncssh_server", "start_sshd", "stop_sshd", "find_sshd",
     "kill_sshd_connection", "start_asyncssh_server", "stop_asyncssh_server", "write_keypair",
@@ -108,19 +110,22 @@ def write_client_config(path: Path, *, alias: str, port: int, user: str, key: Pa
 
 def _wait_for_port(port: int, proc: subprocess.Popen | None, log: Path | None, timeout: float,
                    host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout
-    last_error: OSError | None = None
-    while time.monotonic() < deadline:
+    last_error: list[OSError] = []
+
+    def accepts() -> bool:
         if proc is not None and proc.poll() is not None:
             log_text = log.read_text(errors="replace") if log and log.exists() else "(no log)"
             raise RuntimeError(f"sshd exited with status {proc.returncode} before listening; its log:\n{log_text}")
         try:
             with socket.create_connection((host, port), timeout=0.5):
-                return
+                return True
         except OSError as exc:
-            last_error = exc
-            time.sleep(0.05)
-    raise RuntimeError(f"sshd did not accept connections on {host}:{port} within {timeout:g} s: {last_error}")
+            last_error[:] = [exc]
+            return False
+
+    if not poll_until(accepts, timeout):
+        raise RuntimeError(f"sshd did not accept connections on {host}:{port} within {timeout:g} s: "
+                           f"{last_error[0] if last_error else None}")
 
 
 def start_sshd(workdir: Path, *, alias: str = SSHD_ALIAS, sshd_path: str | None = None, listen: str = "127.0.0.1",
@@ -356,7 +361,7 @@ async def _run_command(state: AsyncSshServer, process: asyncssh.SSHServerProcess
                 conn.set_extra_info(sent_bytes=sent)
                 if sent >= state.drop_after_bytes:
                     dst.write(chunk[: max(0, len(chunk) - (sent - state.drop_after_bytes))])
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # kept: the simulated drop lets the partial chunk out first
                     conn.abort()
                     return
             dst.write(chunk)

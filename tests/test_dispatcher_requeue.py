@@ -18,6 +18,7 @@ from engine.dispatcher import Dispatcher
 from engine.ingest import Conversation
 from engine.work import WorkItem
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
+from tests.waiting import await_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,13 +66,13 @@ async def test_a_finished_task_whose_callback_has_not_run_is_not_requeued_again(
 
     done_task = asyncio.create_task(settles_itself())
     live_task = asyncio.create_task(waits_for_answer())
-    await asyncio.sleep(0)  # done_task ran to completion; no done-callback registered, as if still pending
+    await asyncio.wait([done_task], timeout=5)  # ran to completion; no dispatcher done-callback: as if pending
     assert done_task.done() and not live_task.done()
     d.inflight["gpu0"] = {done_task: settled, live_task: pending}
 
     d._on_worker_state(w, "crashed")
     d._on_worker_state(w, "starting")  # the relaunch notifies again: nothing is handed back twice
-    await asyncio.sleep(0)
+    await asyncio.wait([live_task], timeout=5)  # its cancellation delivered (or the assert below says not)
 
     assert plan.requeued == ["a#turn0", "b#turn0@1"]
     assert live_task.cancelled()
@@ -84,13 +85,10 @@ async def test_a_duplicate_rid_400_is_retried_with_an_alert_never_rejected(start
     async with aiohttp.ClientSession() as session:
         first = asyncio.create_task(session.post(sim.url + "/generate", json={
             "rid": "c#turn0", "input_ids": ids, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
-        for _ in range(200):
-            if "c#turn0" in sim.server.in_flight_rids:
-                break
-            await asyncio.sleep(0.01)
+        await await_until(lambda: "c#turn0" in sim.server.in_flight_rids, 10, "the first c#turn0 in flight")
         d, w, plan, events = make_dispatcher(session, sim.url, backoff=0.01)
         await d._send(w, make_item("c#turn0", ids))
-        await asyncio.sleep(0.1)  # the retry's backoff
+        await await_until(lambda: plan.requeued, 10, "the retry re-queued after its backoff")
         (await first).release()
 
     assert plan.failed == [], "a sample must not be rejected because the dispatcher sent its rid twice"

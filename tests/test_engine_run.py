@@ -19,6 +19,7 @@ from engine.config import RunConfig, dump_toml
 from engine.ingest import Conversation, iter_prompts
 from engine.render import Renderer, sample_id
 from engine.shard_store import ShardStore
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_SIM = ("--sim-step-ms", "2", "--sim-step-ms-per-req", "0.02", "--sim-tokens-per-step", "8",
@@ -98,15 +99,12 @@ def status(run_dir: Path) -> dict | None:
 
 
 def wait_for(predicate, timeout: float, what: str, sup: SupervisorProc | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if sup is not None and sup.proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}" + (f"; supervisor log:\n{sup.log_text()[-3000:]}" if sup else ""))
+    """`wait_until` for a run: gives up at once when the supervisor has exited, and shows its log."""
+    if sup is None:
+        return wait_until(predicate, timeout, what, interval=0.1)
+    return wait_until(predicate, timeout, what, interval=0.1,
+                      stop=lambda: sup.proc.poll() is not None and f"the supervisor exited ({sup.proc.returncode})",
+                      describe=lambda: f"supervisor log:\n{sup.log_text()[-3000:]}")
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -207,7 +205,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_m
         sup = supervisors(run_dir).start(cfg if round_no == 0 else None)
         wait_for(lambda: (status(run_dir) or {}).get("state") in ("running", "done") or sup.proc.poll() is not None,
                  60, "a running supervisor", sup)
-        time.sleep(rng.uniform(0.3, 2.5))
+        time.sleep(rng.uniform(0.3, 2.5))  # kept: the SIGKILL lands at a random moment (what is tested)
         sup.kill()
         for f in (run_dir / "shards").rglob("*.parquet"):
             pq.read_metadata(f)  # every file left on disk is a whole Parquet file
@@ -235,9 +233,15 @@ def test_pause_stops_dispatch_and_survives_restart(tmp_path, tiny_model_dir, sup
     r = ctl(run_dir, "pause", "s00002")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["result"]["paused"] == ["s00002"]
-    time.sleep(1.0)  # the pause takes effect at pull time; give in-flight pulls a moment
-    before = {s["id"]: s for s in status(run_dir)["shards"]}["s00002"]["dispatched"]
-    time.sleep(2.0)
+    # the pause takes effect at pull time, and a pull dispatches in the same loop turn: once the reply is
+    # here, no sample of s00002 is sent; shown over the next 20 samples dispatched for the other shards
+    def others(st: dict) -> int:
+        return sum(s["dispatched"] for s in st["shards"] if s["id"] != "s00002")
+
+    st = status(run_dir)
+    before, others_before = {s["id"]: s for s in st["shards"]}["s00002"]["dispatched"], others(st)
+    wait_for(lambda: (lambda st: st and (others(st) >= others_before + 20 or st["state"] == "paused"))(status(run_dir)),
+             60, "20 more samples dispatched for the other shards", sup)
     now = {s["id"]: s for s in status(run_dir)["shards"]}
     assert now["s00002"]["dispatched"] == before
     assert now["s00002"]["state"] == "paused"

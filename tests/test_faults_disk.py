@@ -1,5 +1,11 @@
 """Disk full on the run dir (a small tmpfs): dispatch pauses with an alert before a partial write,
-nothing committed is damaged, and the run resumes and completes when space returns."""
+nothing committed is damaged, and the run resumes and completes when space returns.
+
+Each case holds the run back while the fault is put in place: its last shard is paused as soon as the
+run is running, so however fast the machine, the run cannot end before the disk is full (a run with
+paused work left waits, state "paused"); the shard is resumed once space has returned. No case waits a
+fixed time: "the supervisor lives on a full disk" is the supervisor answering, with its disk guard's
+reading of the full disk, for FULL_DISK_S of its own ticks."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +24,7 @@ from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures
 
 MOUNT_MB = 24
 MIN_FREE_MB = 8  # alerts.disk_free_min_gb, in MiB: dispatch pauses under it
+FULL_DISK_S = 5.0  # how long the supervisor must keep going on a full disk
 
 
 @pytest.fixture
@@ -65,6 +72,40 @@ def _status(run_dir: Path) -> dict:
         return {}
 
 
+def _hold_last_shard(run_dir: Path, sup) -> str:
+    """Pause the last shard as soon as the run is running: the run cannot end while it is paused."""
+    wait_for(lambda: quick_state(run_dir) == "running", 90, "a running supervisor", sup)
+    shards = _status(run_dir).get("shards") or []
+    assert shards, "a running supervisor with no shards"
+    held = shards[-1]["id"]
+    reply = request(run_dir / "control.sock", {"op": "pause", "shards": [held]}, timeout=10)
+    assert reply.get("ok"), reply
+    shard = {s["id"]: s for s in _status(run_dir)["shards"]}[held]
+    assert shard["state"] == "paused" and shard["done"] < shard["total"], shard
+    return held
+
+
+def _release(run_dir: Path, held: str) -> None:
+    reply = request(run_dir / "control.sock", {"op": "resume", "shards": [held]}, timeout=10)
+    assert reply.get("ok"), reply
+
+
+def _run_disk(st: dict, run_dir: Path) -> dict | None:
+    """The disk guard's last reading of the run dir's filesystem, from a status reply."""
+    return next((d for d in st.get("disk") or [] if os.path.realpath(d.get("path", "")) == os.path.realpath(run_dir)),
+                None)
+
+
+def _lived_on_full_disk(run_dir: Path, sup, since: float, what: str) -> dict:
+    """Wait until the supervisor has answered with its guard reading the full disk for FULL_DISK_S."""
+    def seen():
+        st = _status(run_dir)
+        disk = _run_disk(st, run_dir)
+        return st if (disk and disk["free_bytes"] < 2**20 and disk["ts"] >= since + FULL_DISK_S
+                      and (st.get("dispatch") or {}).get("in_flight", 1) == 0) else None
+    return wait_for(seen, 60 + FULL_DISK_S, what, sup)
+
+
 def _parts_readable(run_dir: Path) -> tuple[int, int]:
     ok = bad = 0
     for f in (run_dir / "shards").rglob("*.parquet"):
@@ -86,8 +127,9 @@ def test_disk_full_pauses_dispatch_keeps_parts_whole_and_resumes(small_disk, tin
                       sim=("--sim-output-mean", "80", "--sim-step-ms", "6", "--max-running-requests", "8"))
     cfg = dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, disk_free_min_gb=MIN_FREE_MB / 1024))
     sup = supervisors(run_dir).start(cfg)
-    wait_for(lambda: quick_state(run_dir) == "running" and (_status(run_dir).get("dispatch") or {}).get("done", 0) > 5,
-             90, "a running supervisor with commits", sup)
+    held = _hold_last_shard(run_dir, sup)
+    wait_for(lambda: (_status(run_dir).get("dispatch") or {}).get("done", 0) > 5, 90,
+             "commits on the shards not held", sup)
 
     # 1. below the threshold: dispatch pauses with a critical alert
     filler = small_disk / "filler.bin"
@@ -101,16 +143,17 @@ def test_disk_full_pauses_dispatch_keeps_parts_whole_and_resumes(small_disk, tin
     wait_for(lambda: _status(run_dir).get("dispatch", {}).get("in_flight", 1) == 0, 60, "in-flight drained", sup)
 
     # 2. completely full (ENOSPC for any write): the supervisor lives on, nothing committed is damaged
+    full_at = time.time()
     _fill(small_disk / "filler2.bin", leave_bytes=0)
-    time.sleep(5)
+    still = _lived_on_full_disk(run_dir, sup, full_at, f"{FULL_DISK_S:g} s of the supervisor on a full disk")
+    assert still.get("state") == "paused", still.get("state")  # held: not ended, not failed
     assert sup.proc.poll() is None, sup.log_text()[-3000:] if _free(small_disk) else "supervisor died on a full disk"
     ok_full, bad_full = _parts_readable(run_dir)
-    still = _status(run_dir)
-    assert still.get("state") == "paused", still.get("state")
 
     # 3. space returns: dispatch resumes and the run completes
     (small_disk / "filler2.bin").unlink()
     filler.unlink()
+    _release(run_dir, held)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]
     evs = events(run_dir)
     low = [e for e in evs if e["type"] == "alert" and e["key"] == "disk-low"]
@@ -138,16 +181,21 @@ def test_sudden_enospc_mid_commit_keeps_rows_and_parts_whole(small_disk, tiny_mo
                       sim=("--sim-output-mean", "80", "--sim-step-ms", "6", "--max-running-requests", "8"))
     cfg = dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, disk_free_min_gb=MIN_FREE_MB / 1024))
     sup = supervisors(run_dir).start(cfg)
-    wait_for(lambda: quick_state(run_dir) == "running" and (_status(run_dir).get("dispatch") or {}).get("done", 0) > 5,
-             90, "a running supervisor with commits", sup)
+    held = _hold_last_shard(run_dir, sup)
+    wait_for(lambda: (_status(run_dir).get("dispatch") or {}).get("done", 0) > 5, 90,
+             "commits on the shards not held", sup)
     filler = small_disk / "filler.bin"
+    full_at = time.time()
     _fill(filler, leave_bytes=0)
-    time.sleep(6)
+    # the held shard keeps the run from ending; the answers in flight when the disk filled have come back
+    still = _lived_on_full_disk(run_dir, sup, full_at, f"{FULL_DISK_S:g} s of the supervisor on a full disk")
     alive = sup.proc.poll() is None
     ok_full, bad_full = _parts_readable(run_dir)
     leftovers = [str(p) for p in (run_dir / "shards").rglob("*.tmp")]
     filler.unlink()
     assert alive, "the supervisor died when the disk filled up"
+    assert still.get("state") == "paused", still.get("state")  # held: not ended, not failed
+    _release(run_dir, held)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]
     evs = events(run_dir)
     commit_alerts = [e for e in evs if e["type"] == "alert" and e["key"].startswith("commit:")]

@@ -9,7 +9,6 @@ the preflight and the start (or an operator skip it): the supervisor itself must
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
@@ -20,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from console.transport_local import LocalTransport
@@ -30,6 +30,7 @@ from tests.run_helpers import events, make_config, quick_state, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 from tests.test_faults_disk import _fill, _status, small_disk  # noqa: F401  (fixture)
 from tests.test_tui_app import header, text_of, wait_until
+from tests.waiting import await_until
 
 FROZEN_NOW = 1_800_000_000.0
 
@@ -133,6 +134,7 @@ async def test_missing_prompts_start_exits_with_the_cause_status_and_tui_show_it
     assert "worker gpu0: starting -> stopped" in log or "-> stopped" in log
     assert "Logging error" not in log
 
+    children_before = {c.pid for c in psutil.Process().children()}
     source = HostSource("local", str(run_dir), host_python=sys.executable, transport=LocalTransport())
     app = RegenApp(source, clock=lambda: FROZEN_NOW, monotonic=lambda: 1000.0, run_probes_on_start=False,
                    live=False, export_dir=tmp_path)
@@ -146,7 +148,10 @@ async def test_missing_prompts_start_exits_with_the_cause_status_and_tui_show_it
             shown += "\n" + text_of(app.query_one("#alert-detail"))
     finally:
         await source.close()
-        await asyncio.sleep(0.5)  # let the killed commands' transports see their exit while the loop runs
+        # the killed commands' transports see their exit while the loop runs: every child the TUI started is reaped
+        await await_until(lambda: not [c for c in psutil.Process().children() if c.pid not in children_before], 10,
+                          "the TUI's commands reaped",
+                          describe=lambda: f"children left: {psutil.Process().children()}")
     assert "[ended]" in shown and "failed: PromptFileError: prompt file" in shown
     assert "- tok/s" in shown and "ETA -" in shown
     assert "supervisor failed: PromptFileError" in shown and f"path: {missing}" in shown

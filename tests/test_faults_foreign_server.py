@@ -6,7 +6,6 @@ remedy; nothing is sent to the other server and nothing is committed while it ho
 it is stopped the worker launches its own server and the run completes, every sample once."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import shlex
@@ -27,6 +26,7 @@ from engine.telemetry_events import AlertEvent, WorkerEvent
 from engine.workers import IdentityRecord, Worker, WorkerState, worker_specs
 from tests.run_helpers import REPO, events, make_config, read_rows, sample_accounting, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
+from tests.waiting import await_until
 
 FOREIGN_NAME = "someone-elses-model"
 FOREIGN_SIM = ("--sim-step-ms", "2", "--sim-output-mean", "24", "--enable-metrics")
@@ -184,11 +184,8 @@ class WorkerRun:
         await self.session.close()
 
     async def wait(self, predicate, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; worker {self.worker.state}: {self.worker.error}")
-            await asyncio.sleep(0.1)
+        await await_until(predicate, timeout, what, interval=0.1,
+                          describe=lambda: f"worker {self.worker.state}: {self.worker.error}")
 
     def alerts(self, key: str) -> list[AlertEvent]:
         return [e for e in self.events if isinstance(e, AlertEvent) and e.key == f"worker:gpu0:{key}"]

@@ -7,7 +7,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from engine.config import dump_toml
 from tests.run_helpers import REPO, make_config
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
+from tests.waiting import wait_until
 
 SESSION = f"regen-hint-test-{os.getpid()}"
 # `$((6*7))` makes an injected echo print INJECTED42, a text that appears nowhere else
@@ -32,14 +32,13 @@ def screen() -> str:
 
 
 def wait_screen(predicate, what: str, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        text = screen()
-        if predicate(text):
-            return text
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; the screen was:\n{text}")
+    seen = {"text": ""}
+
+    def shown() -> str | None:
+        seen["text"] = screen()
+        return seen["text"] if predicate(seen["text"]) else None
+
+    return wait_until(shown, timeout, what, interval=0.2, describe=lambda: f"the screen was:\n{seen['text']}")
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from engine.telemetry_events import AlertEvent, DispatchEvent, FatalEvent, RunEn
 from tests.run_helpers import ctl, events, make_config, wait_for
 from tests.run_helpers import supervisors  # noqa: F401  (fixture)
 from tests.test_engine_run import SupervisorProc
+from tests.waiting import await_until
 
 
 # -- a webhook receiver: an aiohttp server on 127.0.0.1, in a thread so sync and async tests share it --
@@ -156,13 +157,7 @@ def make_notifier(cfg: NotifyConfig, sink: Sink) -> Notifier:
 
 
 async def until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return await await_until(predicate, timeout, what, interval=0.02)
 
 
 # -- bodies -------------------------------------------------------------------------------------------

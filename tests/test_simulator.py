@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.simulator import SimConfig, parse_args, throughput
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
+from tests.waiting import await_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,10 +196,7 @@ async def test_http_400s_context_sampling_duplicate(start_sim, tiny_tokenizer):
 
     first = asyncio.create_task(post(sim.url + "/generate", {"rid": "dup", "text": "hi",
                                                              "sampling_params": {"max_new_tokens": 200}}))
-    for _ in range(200):
-        if "dup" in sim.server.in_flight_rids:
-            break
-        await asyncio.sleep(0.01)
+    await await_until(lambda: "dup" in sim.server.in_flight_rids, 10, "the first 'dup' request in flight")
     status, body = await post(sim.url + "/generate", {"rid": "dup", "text": "hi"})
     assert status == 400 and body["error"]["message"].startswith("Duplicate request ID(s) detected")
     status, body = await first
@@ -228,7 +226,7 @@ async def test_batching_queues_beyond_max_running_and_matches_formula(start_sim)
         samples = metric_samples(text)
         queue_seen = max(queue_seen, samples["sglang:num_queue_reqs"])
         running_seen = max(running_seen, samples["sglang:num_running_reqs"])
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # kept: the sampling rate of the /metrics probe (it watches, it does not wait)
     results = [await t for t in tasks]
     assert all(status == 200 for status, _ in results)
     assert queue_seen > 0 and running_seen <= batch
@@ -270,8 +268,7 @@ async def test_prefix_cache_counts_shared_prompt_prefix_and_flush(start_sim):
     assert samples["sglang:cached_tokens_total"] == b["meta_info"]["cached_tokens"]
 
     slow = asyncio.create_task(post(sim.url + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 300}}))
-    while sim.server.scheduler.num_running == 0:
-        await asyncio.sleep(0.01)
+    await await_until(lambda: sim.server.scheduler.num_running, 10, "the slow request running")
     async with aiohttp.ClientSession() as session:
         async with session.post(sim.url + "/flush_cache") as resp:
             assert resp.status == 400 and (await resp.text()).startswith("Cache flushed.")
@@ -287,9 +284,9 @@ async def test_abort_request_prefix_running_and_waiting(start_sim):
                                                                "sampling_params": {"max_new_tokens": 6000}}))
     queued = asyncio.create_task(post(sim.url + "/generate", {"rid": "job-b", "text": "two",
                                                               "sampling_params": {"max_new_tokens": 6000}}))
-    while not (sim.server.scheduler.num_running == 1 and sim.server.scheduler.num_waiting == 1):
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)
+    sch = sim.server.scheduler
+    await await_until(lambda: sch.num_running == 1 and sch.num_waiting == 1, 10, "one request running, one waiting")
+    await await_until(lambda: any(sch.generated(r) > 0 for r in sch.running), 10, "tokens from the running request")
     status, _ = await post(sim.url + "/abort_request", {"rid": "job", "abort_all": False})
     assert status == 200
     _, a = await running
@@ -309,24 +306,23 @@ async def test_client_disconnect_aborts_the_request(start_sim):
         with pytest.raises(asyncio.TimeoutError):
             await session.post(sim.url + "/generate", json={"rid": "gone", "text": "x",
                                                             "sampling_params": {"max_new_tokens": 6000}})
-    for _ in range(200):
-        if sim.server.scheduler.num_running == 0 and "gone" not in sim.server.in_flight_rids:
-            break
-        await asyncio.sleep(0.01)
-    assert sim.server.scheduler.num_running == 0 and "gone" not in sim.server.in_flight_rids
+    await await_until(lambda: sim.server.scheduler.num_running == 0 and "gone" not in sim.server.in_flight_rids, 10,
+                      "the disconnected request aborted",
+                      describe=lambda: f"running {sim.server.scheduler.num_running}, rids {sim.server.in_flight_rids}")
 
 
 async def test_pause_aborts_in_flight_and_holds_new_until_continue(start_sim):
     sim = await start_sim(sim_output_mean=3000, sim_output_sigma=0.0, sim_step_ms=5.0)
     first = asyncio.create_task(post(sim.url + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4000}}))
-    while sim.server.scheduler.num_running == 0:
-        await asyncio.sleep(0.01)
+    await await_until(lambda: sim.server.scheduler.num_running, 10, "the first request running")
     status, body = await post(sim.url + "/pause_generation", {})
     assert (status, body) == (200, {"message": "Generation paused successfully.", "status": "ok"})
     _, aborted = await first
     assert aborted["meta_info"]["finish_reason"]["type"] == "abort"
     held = asyncio.create_task(post(sim.url + "/generate", {"text": "y", "sampling_params": {"max_new_tokens": 3}}))
-    await asyncio.sleep(0.3)
+    # the new request has reached the server and waits there for /continue_generation
+    await await_until(lambda: len(getattr(sim.server._continue, "_waiters", None) or ()) == 1, 10,
+                      "the new request held by the pause")
     assert not held.done()
     status, body = await post(sim.url + "/continue_generation", {})
     assert body == {"message": "Generation continued successfully.", "status": "ok"}

@@ -12,6 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.waiting import await_until
+
 pytestmark = pytest.mark.timeout(90)
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,12 +45,8 @@ class SimProcess:
         return f"http://127.0.0.1:{self.port}"
 
     async def wait_for_line(self, needle: str, timeout: float = 30) -> None:
-        async def poll():
-            while not any(needle in line for line in self.lines):
-                if self._reader.done():
-                    raise AssertionError(f"process ended without printing {needle!r}:\n{self.log}")
-                await asyncio.sleep(0.05)
-        await asyncio.wait_for(poll(), timeout)
+        await await_until(lambda: any(needle in line for line in self.lines), timeout, f"the line {needle!r}",
+                          stop=lambda: self._reader.done() and "the process ended", describe=lambda: self.log)
 
     async def wait_exit(self, timeout: float = 30) -> int:
         rc = await asyncio.wait_for(self.proc.wait(), timeout)
@@ -78,6 +76,13 @@ async def launch(tiny_model_dir):
         sim._reader.cancel()
 
 
+async def running_requests(url: str) -> float:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url + "/metrics") as resp:
+            text = await resp.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("sglang:num_running_reqs"))
+
+
 async def generate(url: str, payload: dict, headers: dict | None = None) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as session:
         async with session.post(url + "/generate", json=payload, headers=headers) as resp:
@@ -96,7 +101,7 @@ async def test_cli_ready_line_serves_and_drains_on_sigterm(launch):
     slow = asyncio.create_task(generate(sim.url, {"text": "slow", "sampling_params": {
         "max_new_tokens": 100, "ignore_eos": True}}))
     await sim.wait_for_line("#new-token")
-    await asyncio.sleep(0.05)
+    await await_until(lambda: running_requests(sim.url), 10, "the slow request running (its /metrics say so)")
     sim.proc.send_signal(signal.SIGTERM)
     status, out = await slow  # in flight at SIGTERM: still answered
     assert status == 200 and out["meta_info"]["finish_reason"] == {"type": "length", "length": 100}

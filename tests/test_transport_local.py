@@ -4,13 +4,14 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from console.transport import TransportError, open_transport, quote_argv
 from console.transport_local import LocalTransport
+from tests.waiting import await_until, poll_until
 
 
 def processes_with_arg(arg: str) -> list[psutil.Process]:
@@ -21,12 +22,23 @@ def processes_with_arg(arg: str) -> list[psutil.Process]:
     return found
 
 
+def blocked_writing_a_pipe(arg: str) -> bool:
+    """A process with `arg` on its command line sleeps in a write to a pipe nobody empties."""
+    for p in processes_with_arg(arg):
+        try:
+            wchan = Path(f"/proc/{p.pid}/wchan").read_text().strip()
+            if "pipe_write" in wchan:
+                return True
+            if wchan in ("", "0") and p.status() == psutil.STATUS_SLEEPING and p.io_counters().write_chars >= 65536:
+                return True  # the kernel hides wchan: asleep after writing at least a pipe's worth
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
 def wait_gone(arg: str, within_s: float = 5.0) -> list[psutil.Process]:
     """Poll until no process has `arg` on its command line; returns the survivors (empty = gone)."""
-    deadline = time.monotonic() + within_s
-    while (alive := processes_with_arg(arg)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
+    return [] if poll_until(lambda: not processes_with_arg(arg), within_s) else processes_with_arg(arg)
 
 
 @pytest.fixture
@@ -161,6 +173,6 @@ async def test_closing_a_stream_with_unread_output_does_not_hang(local):
     # the pipe is full and nobody reads it: closing must still kill and reap the command
     stream = local.stream_lines("seq 1 987605000")
     assert await stream.__anext__() == "1"
-    await asyncio.sleep(0.2)
+    await await_until(lambda: blocked_writing_a_pipe("987605000"), 10, "seq blocked on its full pipe")
     await stream.aclose()
     assert wait_gone("987605000") == []

@@ -5,7 +5,6 @@ import asyncio
 import os
 import socket
 import stat
-import time
 
 import asyncssh
 import psutil
@@ -14,6 +13,7 @@ import pytest
 from console.transport import TransportError, open_transport, quote_argv
 from console.transport_ssh import SshTransport
 from tests.sshd_fixtures import free_port, kill_sshd_connection, known_hosts_line, write_keypair
+from tests.waiting import apoll_until
 
 pytestmark = pytest.mark.sshd
 
@@ -24,10 +24,7 @@ def processes_with_arg(arg: str) -> list[psutil.Process]:
 
 async def wait_gone(arg: str, within_s: float = 5.0) -> list[psutil.Process]:
     """Poll until no process has `arg` on its command line; returns the survivors (empty = gone)."""
-    deadline = time.monotonic() + within_s
-    while (alive := processes_with_arg(arg)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    return alive
+    return [] if await apoll_until(lambda: not processes_with_arg(arg), within_s) else processes_with_arg(arg)
 
 
 def fingerprint(pub_line: str) -> str:

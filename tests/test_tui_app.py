@@ -23,6 +23,7 @@ from console.tui.app import RegenApp
 from console.tui.screens import ConfirmScreen, HelpScreen
 from console.tui.source import HostSource
 from textual.widgets import DataTable, Log, Static
+from tests.waiting import poll_until
 
 # slow enough that the run is still going while the tests act on it (a few minutes of work on 2 workers)
 SLOW_SIM = ["--sim-step-ms", "60", "--sim-tokens-per-step", "1", "--sim-output-mean", "200"]
@@ -51,11 +52,7 @@ def live_run(tmp_path_factory, tiny_model_dir):
         return  # it already exited
     try:
         os.killpg(pgid, signal.SIGTERM)
-        for _ in range(100):
-            if not psutil.pid_exists(pgid):
-                break
-            time.sleep(0.1)
-        else:
+        if not poll_until(lambda: not psutil.pid_exists(pgid), 10, interval=0.1):
             os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         return  # exited between the read and the kill

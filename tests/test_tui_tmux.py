@@ -8,10 +8,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION = f"regen-tui-test-{os.getpid()}"
@@ -28,14 +29,13 @@ def screen() -> str:
 
 
 def wait_screen(predicate, what: str, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        text = screen()
-        if predicate(text):
-            return text
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; the screen was:\n{text}")
+    seen = {"text": ""}
+
+    def shown() -> str | None:
+        seen["text"] = screen()
+        return seen["text"] if predicate(seen["text"]) else None
+
+    return wait_until(shown, timeout, what, interval=0.3, describe=lambda: f"the screen was:\n{seen['text']}")
 
 
 def ctl_status(run_dir: Path) -> dict:

@@ -29,6 +29,10 @@ class TimeChart(PlotWidget):
 
     def draw(self, series: Sequence[tuple[str, Series, float]], now: float | None = None) -> None:
         """series: (label, points, scale) with values multiplied by scale; now: the x origin (default newest ts)."""
+        if not self.query("#legend"):
+            # a telemetry batch can arrive before PlotWidget has composed its legend (seen on a loaded
+            # machine: NoMatches '#legend'); the next batch or tab switch draws it
+            return
         self.clear()
         ends = [s.points[-1][0] for _, s, _ in series if len(s)]
         if not ends:

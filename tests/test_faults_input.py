@@ -71,7 +71,10 @@ def test_bad_rows_are_rejected_with_reasons_good_rows_produced_counts_shown(tmp_
     st_json = regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path)
     st_text = regen("status", "local", "--run-dir", str(run_dir), home=tmp_path)
     if paused.returncode == 0:
-        assert ctl(run_dir, "resume", "--all").returncode == 0
+        resumed = ctl(run_dir, "resume", "--all")
+        # on a loaded machine the run can settle its last sample before the pause holds it: it then ends on
+        # its own (a paused run with nothing left is done), and there is nothing to resume
+        assert resumed.returncode == 0 or not (run_dir / "supervisor.pid").exists(), resumed.stderr
     wait_for(lambda: not (run_dir / "supervisor.pid").exists(), 120, "the supervisor to exit")
     assert "run done" in (run_dir / "supervisor.log").read_text()
 

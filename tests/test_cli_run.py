@@ -13,7 +13,7 @@ import pytest
 
 from console.deploy import start_run
 from console.transport import open_transport
-from engine.config import RunConfig, load_config
+from engine.config import RunConfig, dump_toml, load_config
 from engine.render import Renderer
 from tests.test_engine_run import REPO, SupervisorProc, check_rows, make_config, read_rows, status, wait_for
 
@@ -58,20 +58,24 @@ def test_demo_headless_until_done(tmp_path, cleanup_runs):
     assert {"malformed_json", "unknown_role", "no_conversation", "context_overflow"} <= kinds
 
 
+def start_local(cfg: RunConfig, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`regen start local` of cfg (written to tmp_path/run.toml), asserted started. The preflight of a
+    single-host start is tests/test_faults_fatal.py's: here, the run's operations."""
+    config_path = tmp_path / "run.toml"
+    config_path.write_text(dump_toml(cfg))
+    r = regen("start", "local", "--config", str(config_path), "--no-preflight", home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
 def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "run; with 'quotes'"
     cleanup_runs.append(run_dir)
     cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "30"))
-    config_path = tmp_path / "run.toml"
-    from engine.config import dump_toml
-
-    config_path.write_text(dump_toml(cfg))
-    # the preflight of a single-host start is tests/test_faults_fatal.py's: here, the run's operations
-    r = regen("start", "local", "--config", str(config_path), "--no-preflight", home=tmp_path)
-    assert r.returncode == 0, r.stderr
+    r = start_local(cfg, tmp_path)
     assert "started: supervisor pid" in r.stdout
     assert "supervisor: tokenizer loaded" in r.stderr and "supervisor: workers launched" in r.stderr
-    again = regen("start", "local", "--config", str(config_path), "--no-preflight", home=tmp_path)
+    again = regen("start", "local", "--config", str(tmp_path / "run.toml"), "--no-preflight", home=tmp_path)
     assert again.returncode == 1 and "already runs" in again.stderr
     st = regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path)
     assert st.returncode == 0, st.stderr
@@ -109,12 +113,7 @@ def test_status_follow_prints_progress_until_the_run_ends(tmp_path, tiny_model_d
     run_dir = tmp_path / "follow run"
     cleanup_runs.append(run_dir)
     cfg = make_config(run_dir, tiny_model_dir, prompts=40, sim=("--sim-output-mean", "120", "--sim-step-ms", "10"))
-    config_path = tmp_path / "run.toml"
-    from engine.config import dump_toml
-
-    config_path.write_text(dump_toml(cfg))
-    r = regen("start", "local", "--config", str(config_path), "--no-preflight", home=tmp_path)
-    assert r.returncode == 0, r.stderr
+    r = start_local(cfg, tmp_path)
     followed = regen("status", "local", "--run-dir", str(run_dir), "--follow", home=tmp_path, timeout=180)
     assert followed.returncode == 0, followed.stdout[-2000:] + followed.stderr[-2000:]
     lines = followed.stdout.splitlines()

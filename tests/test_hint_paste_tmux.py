@@ -14,7 +14,8 @@ import pytest
 from engine.config import dump_toml
 from tests.run_helpers import REPO, make_config
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
-from tests.waiting import wait_until
+from tests.tmux_screen import capture, tmux
+from tests.tmux_screen import wait_screen as wait_for_screen
 
 SESSION = f"regen-hint-test-{os.getpid()}"
 # `$((6*7))` makes an injected echo print INJECTED42, a text that appears nowhere else
@@ -23,22 +24,12 @@ NASTY = "run dir 'sq' \"dq\"; echo INJECTED$((6*7))"
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 
-def tmux(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=20, check=True)
-
-
 def screen() -> str:
-    return tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", SESSION).stdout
+    return capture(SESSION, history=200)
 
 
 def wait_screen(predicate, what: str, timeout: float = 60.0) -> str:
-    seen = {"text": ""}
-
-    def shown() -> str | None:
-        seen["text"] = screen()
-        return seen["text"] if predicate(seen["text"]) else None
-
-    return wait_until(shown, timeout, what, interval=0.2, describe=lambda: f"the screen was:\n{seen['text']}")
+    return wait_for_screen(SESSION, predicate, what, timeout, history=200)
 
 
 @pytest.fixture

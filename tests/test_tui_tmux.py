@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import wait_until
+from tests.tmux_screen import capture, tmux
+from tests.tmux_screen import wait_screen as wait_for_screen
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION = f"regen-tui-test-{os.getpid()}"
@@ -20,22 +21,12 @@ SESSION = f"regen-tui-test-{os.getpid()}"
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 
-def tmux(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=20, check=check)
-
-
 def screen() -> str:
-    return tmux("capture-pane", "-p", "-t", SESSION).stdout
+    return capture(SESSION)
 
 
 def wait_screen(predicate, what: str, timeout: float = 60.0) -> str:
-    seen = {"text": ""}
-
-    def shown() -> str | None:
-        seen["text"] = screen()
-        return seen["text"] if predicate(seen["text"]) else None
-
-    return wait_until(shown, timeout, what, interval=0.3, describe=lambda: f"the screen was:\n{seen['text']}")
+    return wait_for_screen(SESSION, predicate, what, timeout)
 
 
 def ctl_status(run_dir: Path) -> dict:

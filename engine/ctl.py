@@ -87,8 +87,8 @@ def last_status(run_dir: Path) -> int:
     what, where, the remedy), done / drained / stopped (its `run_end` event), or dead (no cause recorded: killed;
     `log_tail` has the last lines of supervisor.log)."""
     from engine.fatal import read_fatal
-    from engine.ledger import counts_from_store
-    from engine.run_status import dispatch_figures, shard_statuses
+    from engine.run.counts import counts_from_store
+    from engine.run.status import dispatch_figures, shard_statuses
     from engine.rejects import RejectLog, RejectLogError
     from engine.shard_store import ShardStore
 

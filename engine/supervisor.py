@@ -53,7 +53,7 @@ from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.shard_store import ShardStore
 from engine.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry, ThroughputWatch, disk_events
-from engine.run_status import ShardStatus, dispatch_figures, shard_statuses
+from engine.run.status import ShardStatus, dispatch_figures, shard_statuses
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent
 from engine.work import WorkPlan
 from engine.fleet import Fleet

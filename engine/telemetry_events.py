@@ -68,7 +68,7 @@ class DispatchEvent(Event):
     failed: int = 0
     retried: int = 0
     rejected: int = 0
-    total: int = 0  # samples to generate: planned less rejected and failed (field meanings: engine.run_status)
+    total: int = 0  # samples to generate: planned less rejected and failed (field meanings: engine.run.status)
     output_tokens: int = 0  # over the committed samples
     # output tokens committed per second over the last minute of this start; None while not measurable yet
     # (a few commits over ~10 s) and whenever the run is not running: shown as "-", never as a false 0
@@ -90,7 +90,7 @@ class DiskEvent(Event):
 class ShardEvent(Event):
     type: ClassVar[str] = "shard"
     id: str = ""
-    state: str = "pending"  # pending | running | paused | draining | stopped | done (engine.run_status.shard_state)
+    state: str = "pending"  # pending | running | paused | draining | stopped | done (engine.run.status.shard_state)
     done: int = 0
     total: int = 0  # to generate: planned less rejected and failed
     output_tokens: int = 0

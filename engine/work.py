@@ -30,7 +30,7 @@ from pathlib import Path
 
 from engine import count_cache
 from engine.config import RunConfig
-from engine.ledger import CommitRate, ShardCounts
+from engine.run.counts import CommitRate, ShardCounts
 from engine.ingest import Conversation, Reject, StreamStart, iter_prompts, resolve_prompt_files
 from engine.render import Renderer, sample_id
 from engine.rejects import RejectLog

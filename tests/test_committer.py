@@ -207,7 +207,7 @@ def test_a_duplicate_sample_is_dropped_with_an_alert_and_the_rest_committed(stor
 
 def test_a_shard_whose_outstanding_samples_are_all_buffered_is_committed_without_waiting(store):
     """The shard's last rows go at once: no later row can join that part, so max_age_s would only delay it."""
-    from engine.ledger import ShardCounts
+    from engine.run.counts import ShardCounts
 
     plan = FakePlan()
     plan.shards = {"s00000": ShardCounts(total=5, done=0, failed=1)}  # 4 samples left to settle

@@ -1,8 +1,8 @@
-"""The ledger's figures (engine.ledger) and the one shard-state rule (engine.run_status)."""
+"""The ledger's figures (engine.run.counts) and the one shard-state rule (engine.run.status)."""
 from __future__ import annotations
 
-from engine.ledger import RATE_MIN_SPAN_S, RATE_WINDOW_S, CommitRate, ShardCounts, counts_from_store, eta_s
-from engine.run_status import dispatch_figures, shard_state, shard_statuses
+from engine.run.counts import RATE_MIN_SPAN_S, RATE_WINDOW_S, CommitRate, ShardCounts, counts_from_store, eta_s
+from engine.run.status import dispatch_figures, shard_state, shard_statuses
 from engine.shard_store import PartInfo, ShardProgress
 
 

@@ -81,7 +81,7 @@ def _na(value, fmt="{}") -> str:
 
 
 def eta_text(eta_s: float | None) -> str:
-    """The engine's ETA (engine.run_status: null until measurable and when the run is not running) or "-"."""
+    """The engine's ETA (engine.run.status: null until measurable and when the run is not running) or "-"."""
     if eta_s is None or eta_s <= 0:
         return "-"
     seconds = eta_s

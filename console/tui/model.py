@@ -439,7 +439,7 @@ class RunModel:
         return self.dispatch.tokens_per_s if self.dispatch else None
 
     def eta_s(self) -> float | None:
-        """The engine's ETA (engine.run_status: committed samples and rate); None until measurable, and when the
+        """The engine's ETA (engine.run.status: committed samples and rate); None until measurable, and when the
         run is not running."""
         d = self.dispatch
         return d.eta_s if d is not None and self.is_running else None

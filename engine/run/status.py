@@ -1,12 +1,12 @@
 """One status shape, built in one place: the supervisor's `status` reply, engine.ctl last-status (a run whose
 supervisor is gone), `regen status [--json]` and the TUI all read what these functions build from the
-ledger's counts (engine.ledger.ShardCounts: loaded from state.sqlite, moved by each commit).
+ledger's counts (engine.run.counts.ShardCounts: loaded from state.sqlite, moved by each commit).
 
 Field meanings (the figures in `dispatch` and in each shard):
   done           samples committed (rows in committed parts)
   total          samples to generate: planned less rejected and failed (so a finished run is done == total)
   planned        samples the input plans (generated turns of the good conversations)
-  rejected       samples never generated because their input cannot be (engine.ledger); input rows refused
+  rejected       samples never generated because their input cannot be (engine.run.counts); input rows refused
                  when read are not samples: they are in `rejects` (rejects.jsonl, by reason) with the rest
   failed         samples whose retries were spent in this run (the next start generates them again)
   retried        attempts that failed and went back to the queue (not an outcome)
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from engine.ledger import CommitRate, ShardCounts, eta_s
+from engine.run.counts import CommitRate, ShardCounts, eta_s
 from engine.telemetry_events import DispatchEvent, ShardEvent
 
 DISPATCHING = ("running", "paused", "disk_full")  # run states in which shards with work left are being worked on

@@ -241,7 +241,7 @@ def display_names(files: Sequence[Path]) -> dict[Path, str]:
 @dataclass(frozen=True)
 class StreamStart:
     """Where a stream over the same files can start without reading what comes before: the
-    position of one good conversation (saved by a full pass, see engine.work's count cache)."""
+    position of one good conversation (saved by a full pass, see engine.run.feed's count cache)."""
     file_no: int  # index into the sorted resolved files
     position: int  # JSONL: byte offset of the line; JSON array / Parquet: row number
     line: int | None  # JSONL: that line's number (1-based); None for row-based files

@@ -1,9 +1,9 @@
 """The supervisor process on the training host: `python -m engine.supervisor --run-dir D`.
 
 It reads D/run.toml, verifies the run dir (a changed content hash is refused), recovers the shard
-store, takes the pid file, serves the control socket, launches one SGLang server per GPU group,
-dispatches the work plan and commits shards until every sample is settled, or until drain / stop /
-SIGTERM. Its start checks (engine.startup) are in its status reply until they pass.
+store, takes the pid file, serves the control socket, launches one SGLang server per GPU group
+(or, with [[hosts]], a fleet behind one router), and composes the run wing (engine.run: feed → ledger →
+dispatcher → committer → ledger) until every sample is settled, or until drain / stop / SIGTERM. Its start checks (engine.startup) are in its status reply until they pass.
 
 It never dies without saying why: a fatal error is written to D/fatal.json (engine.fatal: type,
 message, path, remedy) and emitted as a `fatal` telemetry event, and every exit ends with one
@@ -38,10 +38,8 @@ import aiohttp
 import psutil
 
 from engine import safe_log
-from engine.committer import Committer
 from engine.config import ConfigError, RunConfig, load_config
 from engine.control import ControlError, ControlServer
-from engine.dispatcher import Dispatcher
 from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous,
                           fallback_path, is_disk_full, record_for, write_fatal)
 from engine.gpu import GpuSampler
@@ -52,10 +50,15 @@ from engine.rejects import RejectLog
 from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.shard_store import ShardStore
 from engine.startup import StartupChecks, open_prompt_files
-from engine.telemetry import Telemetry, ThroughputWatch, disk_events
+from engine.telemetry import Telemetry
+from engine.run.committer import Committer
+from engine.run.dispatcher import Dispatcher
+from engine.run.feed import Feed
+from engine.run.items import Generated, Outcome
+from engine.run.ledger import Ledger
 from engine.run.status import ShardStatus, dispatch_figures, shard_statuses
+from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent
-from engine.work import WorkPlan
 from engine.fleet import Fleet
 from engine.workers import Worker, WorkerState, worker_specs
 
@@ -66,7 +69,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_CHANGED, EXIT_LOCKED, EXIT_INPUT = 0, 1,
 EXIT_FOR = ((ConfigChanged, EXIT_CHANGED), (ConfigError, EXIT_CONFIG), (RunDirError, EXIT_CONFIG),
             (PromptFileError, EXIT_INPUT), (RenderError, EXIT_INPUT))
 TICK_S = 2.0
-PROGRESS_EVERY_S = 10.0
+QUALITY_EVERY_S = 10.0
 GPU_ERROR_EVERY_S = 60.0
 STOP_ABORT_WAIT_S = 15.0
 # young-generation collections after startup: each answer allocates a few dozen short-lived containers
@@ -88,7 +91,6 @@ class Supervisor:
         self.fatal_phase = "start"
         self.end_how = ""  # drain | stop | done | failed: how the run ended
         self.end_cause = ""  # who ended it (an operator's stop, a signal, every sample settled, the failure)
-        self.disk_full = False
         self.startup = startup or StartupChecks()
         self.telemetry = telemetry
         self.emit = self.telemetry.emit
@@ -98,8 +100,12 @@ class Supervisor:
         self._dirty_shards: set[str] = set()
         self._shard_states: dict[str, str] = {}  # the state each shard's last event said
         self._tasks: list[asyncio.Task] = []
+        self._last_quality = 0.0  # monotonic time of the last data-quality check
+        self._last_gpu = -1e9  # ... and of the last GPU reading (NVML missing: once a minute, to say why)
         self.workers: list[Worker] = []
-        self.plan: WorkPlan | None = None
+        self.watch = RunWatch(cfg, run_dir, telemetry)
+        self.feed: Feed | None = None
+        self.ledger: Ledger | None = None
         self.dispatcher: Dispatcher | None = None
         self.committer: Committer | None = None
         self.fleet: Fleet | None = None
@@ -122,33 +128,19 @@ class Supervisor:
             await self.control.close()
 
     async def _run(self) -> int:
-        cfg = self.cfg
-        early = False
-        if not cfg.hosts and not self._looks_finished():
-            # launch the servers first: they load (minutes for SGLang, ~1.5 s for the simulator)
-            # while the tokenizer loads and the prompts are counted, instead of after
-            early = True
-            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
-            self.workers = [Worker(spec=s, cfg=cfg, run_dir=self.run_dir, session=self.session, emit=self.emit)
-                            for s in worker_specs(cfg)]
-            for w in self.workers:
-                w.listeners.append(self._on_worker_state)
-                w.start()
+        early = self._launch_early()
         try:
-            renderer, plan = await self._open_inputs()
+            await self._open_inputs()
         except BaseException:
             await self._close_early(early)  # the servers launched first must not outlive a failed start
             raise
-        self.renderer = renderer
-        self.plan = plan
-        self._dirty_shards.update(plan.shards)
         if self._shutdown_task is not None:
             log.info("stopped before dispatch began" if early else "stopped before any worker was launched")
             await self._shutdown_task
             await self._close_early(early)
             return self.exit_code
-        if plan.finished:
-            log.info("every sample is already settled (%d done): nothing to generate", plan.done)
+        if self.ledger.finished:
+            log.info("every sample is already settled (%d done): nothing to generate", self.ledger.done)
             self.startup.ok("workers", "none launched: every sample is already settled")
             self.mode = "done"
             self.end_how, self.end_cause = "done", "every sample was already settled"
@@ -159,35 +151,15 @@ class Supervisor:
         if self.gpu.init_error:
             log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
         if not early:
-            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
+            self.session = _client_session()
         try:
-            self.committer = Committer(self.store, plan, self.emit, disk_ok=self._disk_ok_for_commit)
-            if cfg.hosts:
-                self.fleet = Fleet(cfg, self.run_dir, self.session, self.emit)
-                self.fleet.on_change = self._resize
-                self.workers = self.fleet.workers
-                targets = [self.fleet.endpoint]
-            else:
-                if not early:
-                    self.workers = [Worker(spec=s, cfg=cfg, run_dir=self.run_dir, session=self.session,
-                                           emit=self.emit) for s in worker_specs(cfg)]
-                targets = self.workers
-            self.dispatcher = Dispatcher(cfg, plan, targets, self.committer, renderer, self.session, self.emit)
+            self.committer = Committer(self.store, self.ledger, self.emit, disk_ok=self.watch.disk_ok_for_commit)
+            targets = self._fleet_targets() if self.cfg.hosts else self._local_targets(early)
+            self.dispatcher = Dispatcher(self.cfg, self.ledger, targets, self._deliver, self.renderer, self.session,
+                                         self.emit)
             for w in targets:
                 w.listeners.append(self._on_target_state)
-            if not early:
-                for w in self.workers:
-                    w.listeners.append(self._on_worker_state)
-            if self.fleet is not None:
-                await self.fleet.start()
-                self.startup.ok("workers", f"router up; {len(self.workers)} servers on {len(cfg.hosts)} hosts launching")
-            elif early:
-                for w in self.workers:
-                    if w.state == WorkerState.READY:  # became ready while the prompts were counted
-                        self._on_target_state(w, w.state)
-            else:
-                for w in self.workers:
-                    w.start()
+            await self._launch(early)
             # the startup heap (transformers, the tokenizer, every module) lives as long as the process:
             # keep it out of the full collections the per-answer garbage triggers (each walked ~10^6
             # objects, ~30 ms, a few times per 10^7 tokens)
@@ -215,23 +187,83 @@ class Supervisor:
                 await self.fleet.stop()
             await asyncio.gather(*(w.stop() for w in self.workers if isinstance(w, Worker)), return_exceptions=True)
             self.gpu.close()
-            plan.close()
+            self.feed.close()
             await self.session.close()
 
-    async def _open_inputs(self) -> tuple[Renderer, WorkPlan]:
-        """Prompt files open, tokenizer loaded, prompts counted: each a start check; the first error is fatal."""
+    # -- topologies: local workers (one server per GPU group) or a fleet of hosts behind a router ---------
+    def _launch_early(self) -> bool:
+        """Local servers are launched before the inputs are opened: they load (minutes for SGLang, ~1.5 s for
+        the simulator) while the tokenizer loads and the prompts are counted, instead of after. Not when the
+        store says every sample is settled (a start with nothing to do launches nothing)."""
+        if self.cfg.hosts or self._looks_finished():
+            return False
+        self.session = _client_session()
+        self.workers = self._make_workers()
+        for w in self.workers:
+            w.start()
+        return True
+
+    def _make_workers(self) -> list[Worker]:
+        workers = [Worker(spec=s, cfg=self.cfg, run_dir=self.run_dir, session=self.session, emit=self.emit)
+                   for s in worker_specs(self.cfg)]
+        for w in workers:
+            w.listeners.append(self._on_worker_state)
+        return workers
+
+    def _local_targets(self, early: bool) -> list[Worker]:
+        if not early:
+            self.workers = self._make_workers()
+        return self.workers
+
+    def _fleet_targets(self) -> list:
+        self.fleet = Fleet(self.cfg, self.run_dir, self.session, self.emit)
+        self.fleet.on_change = self._resize
+        self.workers = self.fleet.workers
+        return [self.fleet.endpoint]
+
+    async def _launch(self, early: bool) -> None:
+        if self.fleet is not None:
+            await self.fleet.start()
+            self.startup.ok("workers", f"router up; {len(self.workers)} servers on {len(self.cfg.hosts)} hosts"
+                                       " launching")
+        elif early:
+            for w in self.workers:
+                if w.state == WorkerState.READY:  # became ready while the prompts were counted
+                    self._on_target_state(w, w.state)
+        else:
+            for w in self.workers:
+                w.start()
+
+    async def _open_inputs(self) -> None:
+        """Prompt files open, tokenizer loaded, prompts counted, the ledger opened on the store: each a start
+        check; the first error is fatal."""
         cfg = self.cfg
         self.startup.ok("prompts", await asyncio.to_thread(open_prompt_files, cfg.prompts))
-        renderer = await asyncio.to_thread(
+        self.renderer = await asyncio.to_thread(
             Renderer, cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
-        self.startup.ok("tokenizer", f"{cfg.tokenizer_path} (context {renderer.context_length})")
-        plan = WorkPlan(cfg, renderer, self.store, self.rejects)
-        plan.changed = self._dirty_shards.add
+        self.startup.ok("tokenizer", f"{cfg.tokenizer_path} (context {self.renderer.context_length})")
+        self.feed = feed = Feed(cfg, self.renderer, self.rejects)
         self.startup.ok("count", "counting the prompts")
-        bad = await asyncio.to_thread(plan.count_stream)
-        plan.finish_count(bad)
-        self.startup.ok("count", f"{plan.total} samples in {len(plan.shards)} shards ({plan.done} already done)")
-        return renderer, plan
+        bad = await asyncio.to_thread(feed.count_stream)
+        feed.finish_count(bad)
+        self.ledger = ledger = Ledger(cfg, feed.planned, self.store, self.rejects)
+        ledger.open()
+        feed.attach(ledger)
+        ledger.build_turn = feed.build_turn
+        ledger.on_resume = feed.rescan
+        ledger.want_more = feed.wake
+        ledger.changed = self._dirty_shards.add
+        self._dirty_shards.update(ledger.shards)
+        log.info("plan: %d samples in %d shards (%d already committed), %d bad input rows, %s", ledger.total,
+                 len(ledger.shards), ledger.done, feed.input_rejects, feed.counted())
+        self.startup.ok("count", f"{ledger.total} samples in {len(ledger.shards)} shards ({ledger.done} already done)")
+
+    def _deliver(self, outcome: Outcome) -> None:
+        """The dispatcher's outcomes: an answer to the committer, every other outcome to the ledger."""
+        if isinstance(outcome, Generated):
+            self.committer.add(outcome)
+        else:
+            self.ledger.settle(outcome)
 
     def _update_workers_check(self) -> None:
         """`workers launched`: every server launched (a pid, its port was free); refused or failed ones fail it."""
@@ -275,6 +307,8 @@ class Supervisor:
 
     async def _close_early(self, early: bool) -> None:
         """Servers launched before the count, when the run ends before dispatch: stopped."""
+        if self.feed is not None:
+            self.feed.close()
         if early:
             await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
             await self.session.close()
@@ -283,15 +317,15 @@ class Supervisor:
         while not any(w.state == WorkerState.READY for w in self.workers):
             await asyncio.sleep(0.2)
         known = [w.capacity_info.context_length for w in self.workers if w.capacity_info.context_length]
-        if known and min(known) < self.plan.context_length:
+        if known and min(known) < self.feed.context_length:
             log.info("the servers' context length %d is below the tokenizer's %d: using it", min(known),
-                     self.plan.context_length)
-            self.plan.context_length = min(known)
+                     self.feed.context_length)
+            self.feed.use_context_length(min(known))
         if self.mode == "starting":
             self.mode = "running"
-            self.plan.rate.start()
-            self.dispatcher.accepting = not self.disk_full
-        await self.plan.feed_forever()
+            self.ledger.dispatch_began()
+            self.dispatcher.hold(self.watch.disk_full)
+        await self.feed.feed_forever()
 
     def _on_target_state(self, w, state: str) -> None:
         """A dispatch target (a worker, or the router of a multi-host run) changed state."""
@@ -299,13 +333,12 @@ class Supervisor:
             self._resize()
 
     def _resize(self) -> None:
-        """Size the in-flight caps and the plan's look-ahead to the ready capacity (also when servers
+        """Size the in-flight caps and the ledger's look-ahead to the ready capacity (also when servers
         join or leave the router)."""
-        if self.dispatcher is not None and self.plan is not None:
+        if self.dispatcher is not None and self.ledger is not None:
             self.dispatcher.adjust_capacity()
-            total = sum(self.dispatcher.capacity_for(x) for x in self.dispatcher.workers if x.state == WorkerState.READY)
-            self.plan.low_water = max(32, 2 * total)
-            self.plan.max_active = max(256, 4 * total)
+            self.ledger.size_for(sum(self.dispatcher.capacity_for(x) for x in self.dispatcher.workers
+                                     if x.state == WorkerState.READY))
 
     def _on_worker_state(self, w: Worker, state: str) -> None:
         self._update_workers_check()
@@ -325,18 +358,18 @@ class Supervisor:
         op = req["op"]
         if op == "status":
             return self.status()
-        if self.plan is None and op in ("pause", "resume", "restart_worker"):
+        if self.ledger is None and op in ("pause", "resume", "restart_worker"):
             raise ControlError("the supervisor is still starting (counting prompts); try again in a moment")
         if op in ("pause", "resume"):
             shards = req.get("shards", "all")
             if shards != "all" and not (isinstance(shards, list) and all(isinstance(s, str) for s in shards)):
                 raise ControlError('"shards" must be a list of shard ids or "all"')
             try:
-                changed = self.plan.set_paused(None if shards == "all" else shards, op == "pause")
+                changed = self.ledger.set_paused(None if shards == "all" else shards, op == "pause")
             except KeyError as exc:
                 raise ControlError(exc.args[0]) from exc
             log.info("%s %s", op, shards)
-            return {"op": op, "shards": sorted(changed), "paused": sorted(self.plan.paused), "state": self.state()}
+            return {"op": op, "shards": sorted(changed), "paused": sorted(self.ledger.paused), "state": self.state()}
         if op == "restart_worker":
             name = req.get("worker")
             match = [w for w in self.workers if w.name == name]
@@ -368,19 +401,17 @@ class Supervisor:
     def state(self) -> str:
         if self.mode in ("done", "stopped", "failed", "draining", "stopping", "starting"):
             return self.mode
-        plan = self.plan
-        if self.disk_full or (plan is not None and plan.blocked_by_pause) or (
-                plan is not None and plan.paused and plan.paused >= {s for s, c in plan.shards.items() if not c.complete}):
+        if self.watch.disk_full or (self.ledger is not None and self.ledger.all_paused):
             return "paused"
         return "running"
 
     def dispatch_state(self) -> str:
-        return "disk_full" if self.disk_full and self.mode == "running" else self.state()
+        return "disk_full" if self.watch.disk_full and self.mode == "running" else self.state()
 
     def status(self) -> dict[str, Any]:
         t = self.telemetry
         self._update_workers_check()
-        dispatch = (self._figures().to_dict() if self.plan is not None
+        dispatch = (self._figures().to_dict() if self.ledger is not None
                     else (t.dispatch.to_dict() if t.dispatch else None))
         write_errors = safe_log.failures() + ([f"{t.path}: {t.write_error} ({t.dropped} events not written)"]
                                               if t.write_error else [])
@@ -416,7 +447,7 @@ class Supervisor:
         if how in ("drain", "stop") and self.mode not in ("done", "stopped", "failed"):
             self.mode = "draining" if how == "drain" else "stopping"
             if self.dispatcher is not None:
-                self.dispatcher.accepting = False
+                self.dispatcher.hold(True)
         self._shutdown_task = asyncio.get_running_loop().create_task(self._shutdown(how), name=f"shutdown-{how}")
 
     async def _shutdown(self, how: str) -> None:
@@ -429,7 +460,7 @@ class Supervisor:
             if how == "drain":
                 self.mode = "draining"
                 if d is not None:
-                    d.accepting = False
+                    d.hold(True)
                     log.info("draining: waiting for %d in-flight requests", d.in_flight)
                     await d.wait_idle()
                 final = "stopped"
@@ -448,8 +479,7 @@ class Supervisor:
                 final = "done"
             else:
                 if d is not None:
-                    d.accepting = False
-                    d.aborting = True
+                    d.stop_retrying()
                     d.cancel_all()
                 final = "failed"
                 self.exit_code = EXIT_FAILED
@@ -460,15 +490,15 @@ class Supervisor:
                               self.committer.pending)
             log.info("stopping workers")
             if d is not None:
-                d.aborting = True  # worker stops must not re-queue anything
+                d.stop_retrying()  # worker stops must not re-queue anything
             if self.fleet is not None:
                 await self.fleet.stop()
             else:
                 await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
             self.mode = final
             self._tick_once(final=True)
-            log.info("run %s: %d/%d samples done", final, self.plan.done if self.plan else 0,
-                     self.plan.total if self.plan else 0)
+            log.info("run %s: %d/%d samples done", final, self.ledger.done if self.ledger else 0,
+                     self.ledger.to_generate if self.ledger else 0)
         except asyncio.CancelledError:
             self._shutdown_task = None
             if how == "drain":
@@ -478,15 +508,12 @@ class Supervisor:
 
     # -- periodic telemetry and rules -------------------------------------------------------
     async def _monitor(self) -> None:
-        self._last_progress = 0.0
-        self._last_gpu = -1e9
-        self._throughput = ThroughputWatch()
         while True:
             try:
                 self._tick_once()
-                if (self.mode == "running" and self.plan.finished and self.dispatcher.in_flight == 0
+                if (self.mode == "running" and self.ledger.finished and self.dispatcher.in_flight == 0
                         and self.committer.pending == 0):
-                    log.info("all %d samples settled", self.plan.total)
+                    log.info("all %d samples settled", self.ledger.total)
                     self._begin_shutdown("done")
             except Exception:  # one bad tick must not end monitoring; the traceback goes to supervisor.log
                 log.exception("monitor tick failed")
@@ -506,83 +533,36 @@ class Supervisor:
                 self._last_gpu = now
                 for ev in self.gpu.sample():
                     self.emit(ev)
-        self._check_disk()
-        if self.plan is not None:
-            if final or now - getattr(self, "_last_progress", 0.0) >= PROGRESS_EVERY_S:
-                self._last_progress = now
-                self._quality_alerts()
+        if self.watch.check_disk() and self.dispatcher is not None and self.mode == "running":
+            self.dispatcher.hold(self.watch.disk_full)
+        if self.ledger is not None:
+            if final or now - self._last_quality >= QUALITY_EVERY_S:
+                self._last_quality = now
+                self.watch.quality(self.ledger.shards)
             dirty, self._dirty_shards = self._dirty_shards, set()
             for sh in self._shard_statuses():
                 if sh.id in dirty or self._shard_states.get(sh.id) != sh.state:
                     self._shard_states[sh.id] = sh.state
                     self.emit(sh.event())
-        if d is not None:
-            ev = self._figures()
-            self.emit(ev)
-            # only while work is waiting: the tail of a run (input running dry) is not a drop
-            busy = (self.state() == "running" and ev.in_flight > 0 and bool(self.plan.ready)
-                    and ev.tokens_per_s is not None)
-            dropped, why = self._throughput.dropped(ev.tokens_per_s or 0.0, busy) if hasattr(self, "_throughput") else (False, "")
-            self.telemetry.condition("throughput-drop", dropped, "warning", f"throughput dropped: {why}", why)
-        elif self.plan is not None:
-            self.emit(self._figures())
+            figures = self._figures()
+            self.emit(figures)
+            if d is not None:
+                self.watch.throughput(figures, self.ledger.work_waiting)
 
     def _figures(self) -> DispatchEvent:
         d = self.dispatcher
-        return dispatch_figures(self.plan.shards, self.dispatch_state(), rate=self.plan.rate,
+        return dispatch_figures(self.ledger.shards, self.dispatch_state(), rate=self.ledger.rate,
                                 in_flight=d.in_flight if d is not None else 0, retried=d.retried if d is not None else 0)
 
     def _shard_statuses(self) -> list[ShardStatus]:
-        if self.plan is None:
+        if self.ledger is None:
             return []
-        return shard_statuses(self.plan.shards, self.plan.paused, self.dispatch_state(),
+        return shard_statuses(self.ledger.shards, self.ledger.paused, self.dispatch_state(),
                               self.dispatcher.dispatched if self.dispatcher is not None else None)
 
-    def _quality_alerts(self) -> None:
-        a = self.cfg.alerts
-        for sid, p in self.plan.shards.items():
-            n = p.done
-            if n < 50:
-                continue
-            empty_share, trunc_share = p.empty / n, p.truncated / n
-            self.telemetry.condition(
-                f"empty:{sid}", empty_share > a.empty_share, "error",
-                f"shard {sid}: {empty_share:.0%} empty answers (threshold alerts.empty_share {a.empty_share:.0%})",
-                f"{p.empty} of {n} samples are empty answers (e.g. <think>\\n\\n</think>\\n\\nOK.<|im_end|>)")
-            self.telemetry.condition(
-                f"truncated:{sid}", trunc_share > a.truncated_share, "warning",
-                f"shard {sid}: {trunc_share:.0%} truncated answers (threshold alerts.truncated_share"
-                f" {a.truncated_share:.0%})",
-                f"{p.truncated} of {n} samples hit max_new_tokens (finish_reason length)")
 
-    def _check_disk(self) -> None:
-        events = disk_events([self.run_dir, Path("/dev/shm")])
-        for ev in events:
-            self.emit(ev)
-        run_disk = events[0] if events and events[0].path == str(self.run_dir) else None
-        if run_disk is None:
-            return
-        min_bytes = self.cfg.alerts.disk_free_min_gb * 2**30
-        self._run_free = run_disk.free_bytes
-        low = run_disk.free_bytes < min_bytes
-        if low != self.disk_full:
-            self.disk_full = low
-            if self.dispatcher is not None and self.mode == "running":
-                self.dispatcher.accepting = not low
-        self.telemetry.condition(
-            "disk-low", low, "critical",
-            f"disk low: {_size(run_disk.free_bytes)} free under {self.run_dir}: dispatch paused",
-            f"alerts.disk_free_min_gb = {self.cfg.alerts.disk_free_min_gb}; dispatch resumes when space is freed")
-
-    def _disk_ok_for_commit(self) -> bool:
-        # dispatch stops at the threshold; commits continue until a tenth of it is left
-        free = getattr(self, "_run_free", None)
-        return free is None or free > self.cfg.alerts.disk_free_min_gb * 2**30 * 0.1
-
-
-def _size(nbytes: int) -> str:
-    """GiB, or MiB under one GiB (a nearly full disk must not read "0.0 GiB")."""
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+def _client_session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
 
 
 # -- process setup --------------------------------------------------------------------------
@@ -743,15 +723,15 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
         if why:
             log.error("%s", why)
     if telemetry is not None:
-        plan = sup.plan if sup is not None else None
+        ledger = sup.ledger if sup is not None else None
         if record is not None:
             state, cause = "failed", record.headline
         else:
             how = sup.end_how if sup is not None else ""
             state = "drained" if how == "drain" else (sup.mode if sup is not None else "failed")
             cause = sup.end_cause if sup is not None else ""
-        telemetry.emit(RunEndEvent(state=state, exit_code=code, cause=cause, done=plan.done if plan else 0,
-                                   total=plan.to_generate if plan else 0))
+        telemetry.emit(RunEndEvent(state=state, exit_code=code, cause=cause, done=ledger.done if ledger else 0,
+                                   total=ledger.to_generate if ledger else 0))
         if notifier is not None:
             await notifier.aclose()  # bounded: notify.flush_timeout_s
         telemetry.close()

@@ -1,5 +1,5 @@
 """The committer commits in its own thread: the event loop keeps running during a slow commit,
-rows count as committed (plan.on_part_committed, on the loop thread) only after ShardStore.commit
+rows count as committed (one `Committed` outcome settled by the ledger, on the loop thread) only after ShardStore.commit
 returned, failed commits keep their rows in order, and drain waits for the commit in
 flight. A real ShardStore underneath; its commit slowed down where the test needs a slow disk."""
 from __future__ import annotations
@@ -7,40 +7,47 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from types import SimpleNamespace
+from array import array
 
 import pyarrow.parquet as pq
 import pytest
 
-from engine.committer import Committer
 from engine.ingest import Conversation
+from engine.run.committer import Committer
+from engine.run.items import Committed, Generated, SampleRow, WorkItem
 from engine.shard_store import ShardStore, StoreError
-from engine.work import WorkItem
 from tests.test_shard_store import make_row
 from tests.waiting import await_until
 
 
-class FakePlan:
+class FakeLedger:
+    """The committer's side of the ledger: its two questions, and the outcomes it is told."""
     def __init__(self, turns: str = "last"):
-        self.cfg = SimpleNamespace(turns=turns)
+        self.turns = turns
         self.shards: dict = {}  # no shard counts: every part waits for max_rows / max_age_s
         self.committed: list[tuple[str, int]] = []  # (sample id, thread id)
 
     def chains_on(self, item) -> bool:
-        return self.cfg.turns == "all" and not item.is_last_turn
+        return self.turns == "all" and not item.is_last_turn
 
     def unsettled(self, shard_id: str) -> int | None:
         counts = self.shards.get(shard_id)
         return None if counts is None else counts.total - counts.settled
 
-    def on_part_committed(self, part, committed) -> None:
-        self.committed += [(item.sample_id, threading.get_ident()) for item, _ in committed]
+    def settle(self, outcome: Committed) -> None:
+        self.committed += [(item.sample_id, threading.get_ident()) for item, _ in outcome.samples]
 
 
-def item(conv: str) -> WorkItem:
+def generated(conv: str, prompt_len: int = 5, output_len: int = 4) -> Generated:
+    """An answer as the dispatcher hands it over (the ids those of tests.test_shard_store.make_row)."""
     c = Conversation(conv, "p.jsonl", "p.jsonl:1", 0, ({"role": "user", "content": "q"},))
-    return WorkItem(sample_id=f"{conv}#turn0", conv=c, turn=0, shard_id="s00000", prompt_ids=[1, 2, 3],
-                    max_new_tokens=8, is_last_turn=True)
+    it = WorkItem(sample_id=f"{conv}#turn0", conv=c, turn=0, shard_id="s00000",
+                  prompt_ids=list(range(100, 100 + prompt_len)), max_new_tokens=8, is_last_turn=True)
+    row = SampleRow(sample_id=it.sample_id, conversation_id=conv, turn=0, source="p.jsonl", origin="p.jsonl:1",
+                    prompt_ids=it.prompt_ids, output_ids=array("i", range(100 + prompt_len, 100 + prompt_len + output_len)),
+                    reasoning_tokens=1, finish_reason="stop", completion_tokens=output_len, cached_tokens=2,
+                    latency_s=0.5, worker="gpu0", text="<think>\nhmm\n</think>\n\nThe answer is four.")
+    return Generated(it, row)
 
 
 class SlowStore(ShardStore):
@@ -75,14 +82,14 @@ def committed_ids(store: ShardStore) -> list[str]:
 
 def test_a_slow_commit_does_not_block_the_loop(store):
     store.delay = 1.0
-    plan = FakePlan()
+    ledger = FakeLedger()
     alerts = []
 
     async def main():
-        c = Committer(store, plan, alerts.append, max_rows=4, max_age_s=10)
+        c = Committer(store, ledger, alerts.append, max_rows=4, max_age_s=10)
         task = asyncio.create_task(c.run_forever())
         for i in range(4):
-            c.add(item(f"a{i}"), make_row(f"a{i}"), None)
+            c.add(generated(f"a{i}"))
         gaps, last = [], time.monotonic()
         deadline = last + 30  # for the commit to be counted; the gaps measured until then
         while time.monotonic() < deadline:
@@ -90,9 +97,9 @@ def test_a_slow_commit_does_not_block_the_loop(store):
             now = time.monotonic()
             gaps.append(now - last)
             last = now
-            if plan.committed:
+            if ledger.committed:
                 break
-        assert c.pending == 0 or plan.committed
+        assert c.pending == 0 or ledger.committed
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         c.close()
@@ -103,23 +110,23 @@ def test_a_slow_commit_does_not_block_the_loop(store):
     assert worst < 0.5, f"the loop stalled {worst:.2f} s during a 1 s commit"
     loop_thread = threading.get_ident()
     assert store.threads and all(t != loop_thread for t in store.threads)  # committed in the thread
-    assert [sid for sid, _ in plan.committed] == [f"a{i}#turn0" for i in range(4)]
-    assert all(t == loop_thread for _, t in plan.committed)  # on_part_committed ran on the loop
-    assert c.committed_rows == 4 and c.parts == 1 and alerts == []
+    assert [sid for sid, _ in ledger.committed] == [f"a{i}#turn0" for i in range(4)]
+    assert all(t == loop_thread for _, t in ledger.committed)  # the ledger heard it on the loop
+    assert [p.rows for p in store.parts()] == [4] and alerts == []
 
 
 def test_a_failed_commit_keeps_its_rows_first_and_is_retried(store):
     store.fail_next = 1
-    plan = FakePlan()
+    ledger = FakeLedger()
     alerts = []
 
     async def main():
-        c = Committer(store, plan, alerts.append, max_rows=2, max_age_s=10)
-        c.add(item("a"), make_row("a"), None)
-        c.add(item("b"), make_row("b"), None)
+        c = Committer(store, ledger, alerts.append, max_rows=2, max_age_s=10)
+        c.add(generated("a"))
+        c.add(generated("b"))
         await c.commit_due_async()
-        assert plan.committed == [] and c.pending == 2  # nothing counted, nothing lost
-        c.add(item("c"), make_row("c"), None)
+        assert ledger.committed == [] and c.pending == 2  # nothing counted, nothing lost
+        c.add(generated("c"))
         await c.drain()
         c.close()
         return c
@@ -127,20 +134,20 @@ def test_a_failed_commit_keeps_its_rows_first_and_is_retried(store):
     c = asyncio.run(main())
     assert len(alerts) == 1 and "cannot write a part file of s00000" in alerts[0].text
     assert committed_ids(store) == ["a#turn0", "b#turn0", "c#turn0"]  # the kept rows first, in order
-    assert [sid for sid, _ in plan.committed] == ["a#turn0", "b#turn0", "c#turn0"] and c.pending == 0
+    assert [sid for sid, _ in ledger.committed] == ["a#turn0", "b#turn0", "c#turn0"] and c.pending == 0
 
 
 def test_drain_waits_for_the_commit_in_flight_then_commits_the_rest(store):
     store.delay = 0.3
-    plan = FakePlan()
+    ledger = FakeLedger()
 
     async def main():
-        c = Committer(store, plan, lambda e: None, max_rows=2, max_age_s=10)
+        c = Committer(store, ledger, lambda e: None, max_rows=2, max_age_s=10)
         task = asyncio.create_task(c.run_forever())
-        c.add(item("a"), make_row("a"), None)
-        c.add(item("b"), make_row("b"), None)
+        c.add(generated("a"))
+        c.add(generated("b"))
         await await_until(lambda: c.committing, 10, "the first commit in its thread")
-        c.add(item("c"), make_row("c"), None)
+        c.add(generated("c"))
         assert c.pending == 3
         await c.drain()
         assert c.pending == 0 and not c.committing
@@ -152,18 +159,18 @@ def test_drain_waits_for_the_commit_in_flight_then_commits_the_rest(store):
 
     asyncio.run(main())
     assert sorted(committed_ids(store)) == ["a#turn0", "b#turn0", "c#turn0"]
-    assert sorted(sid for sid, _ in plan.committed) == ["a#turn0", "b#turn0", "c#turn0"]
+    assert sorted(sid for sid, _ in ledger.committed) == ["a#turn0", "b#turn0", "c#turn0"]
 
 
 def test_drain_commits_everything_off_the_loop(store):
     store.delay = 0.2
-    plan = FakePlan()
+    ledger = FakeLedger()
 
     async def main():
-        c = Committer(store, plan, lambda e: None, max_rows=100, max_age_s=10)
+        c = Committer(store, ledger, lambda e: None, max_rows=100, max_age_s=10)
         task = asyncio.create_task(c.run_forever())
         for i in range(5):
-            c.add(item(f"d{i}"), make_row(f"d{i}"), None)
+            c.add(generated(f"d{i}"))
         ticks = 0
 
         async def ticker():
@@ -187,13 +194,13 @@ def test_drain_commits_everything_off_the_loop(store):
 
 def test_a_duplicate_sample_is_dropped_with_an_alert_and_the_rest_committed(store):
     store.commit("s00000", [make_row("x")])
-    plan = FakePlan()
+    ledger = FakeLedger()
     alerts = []
 
     async def main():
-        c = Committer(store, plan, alerts.append, max_rows=100, max_age_s=10)
+        c = Committer(store, ledger, alerts.append, max_rows=100, max_age_s=10)
         for conv in ("y", "x", "z"):
-            c.add(item(conv), make_row(conv), None)
+            c.add(generated(conv))
         await c.drain()
         await c.drain()  # the fresh rows go back to the buffer and are committed with the next part
         c.close()
@@ -202,22 +209,22 @@ def test_a_duplicate_sample_is_dropped_with_an_alert_and_the_rest_committed(stor
     c = asyncio.run(main())
     assert len(alerts) == 1 and "duplicate sample ids in a commit of s00000; dropped 1" in alerts[0].text
     assert sorted(committed_ids(store)) == ["x#turn0", "y#turn0", "z#turn0"]
-    assert [sid for sid, _ in plan.committed] == ["y#turn0", "z#turn0"] and c.pending == 0
+    assert [sid for sid, _ in ledger.committed] == ["y#turn0", "z#turn0"] and c.pending == 0
 
 
 def test_a_shard_whose_outstanding_samples_are_all_buffered_is_committed_without_waiting(store):
     """The shard's last rows go at once: no later row can join that part, so max_age_s would only delay it."""
     from engine.run.counts import ShardCounts
 
-    plan = FakePlan()
-    plan.shards = {"s00000": ShardCounts(total=5, done=0, failed=1)}  # 4 samples left to settle
+    ledger = FakeLedger()
+    ledger.shards = {"s00000": ShardCounts(total=5, done=0, failed=1)}  # 4 samples left to settle
 
     async def main():
-        c = Committer(store, plan, lambda e: None, max_rows=100, max_age_s=3600)
+        c = Committer(store, ledger, lambda e: None, max_rows=100, max_age_s=3600)
         for conv in ("a", "b", "c"):
-            c.add(item(conv), make_row(conv), None)
+            c.add(generated(conv))
         assert c._due() == []  # one sample still out: wait for it (or for the age)
-        c.add(item("d"), make_row("d"), None)
+        c.add(generated("d"))
         assert c._due() == ["s00000"] and c._wake.is_set()
         await c.commit_due_async()
         c.close()

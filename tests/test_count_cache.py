@@ -25,7 +25,8 @@ from engine.ingest import Conversation, iter_prompts
 from engine.rejects import RejectLog
 from engine.render import Renderer
 from engine.shard_store import ShardStore
-from engine.work import WorkPlan
+from engine.run.feed import Feed
+from engine.run.ledger import Ledger
 
 
 def conv_row(i: int, turns: int = 1) -> dict:
@@ -92,20 +93,24 @@ def make_cfg(run_dir: Path, prompts: list[Path], model: Path, **kw) -> RunConfig
 
 
 class Plan:
-    """A WorkPlan over a run dir, as the supervisor makes one at a start."""
+    """The feed's counting pass over a run dir and the ledger opened on it, as the supervisor makes them at a start."""
 
     def __init__(self, cfg: RunConfig, renderer: Renderer):
+        self.cfg = cfg
         self.store = ShardStore(Path(cfg.run_dir))
         self.rejects = RejectLog(Path(cfg.run_dir))
-        self.plan = WorkPlan(cfg, renderer, self.store, self.rejects)
+        self.feed = Feed(cfg, renderer, self.rejects)
 
-    def count(self) -> tuple[WorkPlan, list]:
-        bad = self.plan.count_stream()
-        self.plan.finish_count(bad)
-        return self.plan, bad
+    def count(self) -> tuple[Feed, list]:
+        bad = self.feed.count_stream()
+        self.feed.finish_count(bad)
+        ledger = Ledger(self.cfg, self.feed.planned, self.store, self.rejects)
+        ledger.open()
+        self.feed.attach(ledger)
+        return self.feed, bad
 
     def close(self) -> None:
-        self.plan.close()
+        self.feed.close()
         self.rejects.close()
         self.store.close()
 
@@ -114,7 +119,7 @@ def count(cfg, renderer):
     p = Plan(cfg, renderer)
     try:
         plan, bad = p.count()
-        shards = {sid: (c.total, c.conversations, c.first_index, c.end_index) for sid, c in plan.shards.items()}
+        shards = {sid: (c.total, c.conversations, c.first_index, c.end_index) for sid, c in plan.planned.items()}
         return plan, bad, shards
     finally:
         p.close()
@@ -126,7 +131,7 @@ def reject_lines(run_dir: Path) -> list[str]:
 
 def test_count_is_cached_and_reused_without_duplicate_rejects(tmp_path, tiny_model_dir, renderer, caplog):
     cfg = make_cfg(tmp_path / "run", [write_jsonl(tmp_path / "p.jsonl", 60)], tiny_model_dir)
-    caplog.set_level(logging.INFO, logger="regen.work")
+    caplog.set_level(logging.INFO, logger="regen.feed")
     plan1, bad1, shards1 = count(cfg, renderer)
     assert bad1 and plan1.input_rejects == len(bad1)
     assert "count cache: not used: no count cache yet" in caplog.text
@@ -138,7 +143,7 @@ def test_count_is_cached_and_reused_without_duplicate_rejects(tmp_path, tiny_mod
     plan2, bad2, shards2 = count(cfg, renderer)
     assert bad2 == []  # already in rejects.jsonl: not handed out again
     assert shards2 == shards1 and plan2.input_rejects == plan1.input_rejects
-    assert "count cache: 15 shards" in caplog.text and "(count cache)" in caplog.text
+    assert "count cache: 15 shards" in caplog.text and "(count cache)" in plan2.counted()
     assert reject_lines(tmp_path / "run") == logged
 
 
@@ -161,8 +166,8 @@ def test_a_stream_from_a_saved_start_is_the_full_stream_from_there(tmp_path, tin
         try:
             plan, _ = p.count()
             assert plan._count_from_cache is cached
-            assert plan._seekable and len(plan._starts) == len(plan.shards) > 3
-            for sid, counts in plan.shards.items():
+            assert plan._seekable and len(plan._starts) == len(plan.planned) > 3
+            for sid, counts in plan.planned.items():
                 got = []
                 for conv in plan._stream_from(counts.first_index):
                     got.append(conv)
@@ -178,13 +183,13 @@ def test_a_stream_from_a_saved_start_is_the_full_stream_from_there(tmp_path, tin
 def test_the_feed_starts_at_the_first_incomplete_shard(tmp_path, tiny_model_dir, renderer, caplog):
     cfg = make_cfg(tmp_path / "run", [write_jsonl(tmp_path / "p.jsonl", 40)], tiny_model_dir)
     count(cfg, renderer)
-    caplog.set_level(logging.INFO, logger="regen.work")
+    caplog.set_level(logging.INFO, logger="regen.feed")
     p = Plan(cfg, renderer)
     try:
         plan, _ = p.count()
-        for sid in sorted(plan.shards)[:6]:
-            plan.shards[sid].done = plan.shards[sid].total  # as if committed
-        first = plan.shards[sorted(plan.shards)[6]].first_index
+        for sid in sorted(plan.planned)[:6]:
+            plan.planned[sid].done = plan.planned[sid].total  # as if committed
+        first = plan.planned[sorted(plan.planned)[6]].first_index
         source = plan._next_source()
         conv = next(source)
         assert conv.index == first
@@ -197,7 +202,7 @@ def test_a_changed_prompt_file_is_counted_again_with_the_reason(tmp_path, tiny_m
     path = write_jsonl(tmp_path / "p.jsonl", 40)
     cfg = make_cfg(tmp_path / "run", [path], tiny_model_dir)
     _, _, before = count(cfg, renderer)
-    caplog.set_level(logging.INFO, logger="regen.work")
+    caplog.set_level(logging.INFO, logger="regen.feed")
 
     with open(path, "ab") as f:  # grows: size changes
         f.write(json.dumps(conv_row(1000, turns=2)).encode() + b"\n")
@@ -223,7 +228,7 @@ def test_a_counting_config_change_is_counted_again(tmp_path, tiny_model_dir, ren
     path = write_jsonl(tmp_path / "p.jsonl", 40)
     cfg = make_cfg(tmp_path / "run", [path], tiny_model_dir)
     _, _, all_turns = count(cfg, renderer)
-    caplog.set_level(logging.INFO, logger="regen.work")
+    caplog.set_level(logging.INFO, logger="regen.feed")
     _, _, last_turn = count(dataclasses.replace(cfg, turns="last"), renderer)
     assert "count cache: not used: config changed since the count: turns 'all' -> 'last'" in caplog.text
     assert sum(v[0] for v in last_turn.values()) < sum(v[0] for v in all_turns.values())
@@ -246,7 +251,7 @@ def test_a_damaged_cache_is_ignored_loudly_and_replaced(tmp_path, tiny_model_dir
         doc["data"]["shards"][1][3] += 1
         doc["sha256"] = count_cache._checksum(doc["key"], doc["data"])
         cache.write_text(json.dumps(doc))
-    caplog.set_level(logging.INFO, logger="regen.work")
+    caplog.set_level(logging.INFO, logger="regen.feed")
     plan, bad, shards = count(cfg, renderer)
     assert not plan._count_from_cache and shards == good and bad
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "count cache: IGNORED" in r.message]
@@ -260,7 +265,7 @@ def test_a_lost_reject_log_is_counted_again(tmp_path, tiny_model_dir, renderer, 
     cfg = make_cfg(tmp_path / "run", [write_jsonl(tmp_path / "p.jsonl", 40)], tiny_model_dir)
     _, bad, _ = count(cfg, renderer)
     (tmp_path / "run" / "rejects.jsonl").unlink()
-    caplog.set_level(logging.INFO, logger="regen.work")
+    caplog.set_level(logging.INFO, logger="regen.feed")
     plan, bad2, _ = count(cfg, renderer)
     assert not plan._count_from_cache and len(bad2) == len(bad)
     assert "fewer than the" in caplog.text
@@ -275,12 +280,12 @@ def test_a_wrong_saved_start_falls_back_to_the_full_stream(tmp_path, tiny_model_
     doc["data"]["shards"][5][6] = doc["data"]["shards"][4][6]  # shard 5 "starts" where shard 4 does
     doc["sha256"] = count_cache._checksum(doc["key"], doc["data"])
     cache.write_text(json.dumps(doc))
-    caplog.set_level(logging.INFO, logger="regen.work")
+    caplog.set_level(logging.INFO, logger="regen.feed")
     p = Plan(cfg, renderer)
     try:
         plan, _ = p.count()
         assert plan._count_from_cache
-        first = plan.shards["s00005"].first_index
+        first = plan.planned["s00005"].first_index
         got = [c.index for c, _ in zip(plan._stream_from(first), range(first + 4))]
         assert got == list(range(first + 4))  # the full stream, from index 0
         assert "count cache: shard s00005 should start with conversation" in caplog.text

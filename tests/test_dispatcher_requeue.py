@@ -7,32 +7,32 @@ restarted server twice and SGLang refuses the second one with 400 "Duplicate req
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from types import SimpleNamespace
 
 import aiohttp
 import pytest
 
 from engine.config import Dispatch, RunConfig
-from engine.dispatcher import Dispatcher
 from engine.ingest import Conversation
-from engine.work import WorkItem
+from engine.run.dispatcher import Dispatcher
+from engine.run.items import Failed, Rejected, Retry, WorkItem
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 from tests.waiting import await_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class RecordingPlan:
+class RecordingOutcomes:
+    """The dispatcher's outcomes, as the ledger would receive them."""
     def __init__(self):
         self.requeued: list[str] = []
         self.failed: list[tuple[str, str, str]] = []
 
-    def requeue(self, item: WorkItem) -> None:
-        self.requeued.append(item.rid)
-
-    def on_failed(self, item: WorkItem, reason: str, kind: str = "failed", **_) -> None:
-        self.failed.append((item.sample_id, kind, reason))
+    def __call__(self, outcome) -> None:
+        if isinstance(outcome, Retry):
+            self.requeued.append(outcome.item.rid)
+        elif isinstance(outcome, (Failed, Rejected)):
+            self.failed.append((outcome.item.sample_id, type(outcome).__name__, outcome.reason))
 
 
 def make_item(sample_id: str, prompt_ids: list[int]) -> WorkItem:
@@ -47,8 +47,8 @@ def make_dispatcher(session=None, url: str = "", backoff: float = 2.0):
                     dispatch=Dispatch(retry_backoff_s=backoff))
     worker = SimpleNamespace(name="gpu0", url=url, headers={}, listeners=[])
     events: list[object] = []
-    plan = RecordingPlan()
-    d = Dispatcher(cfg, plan, [worker], committer=None, renderer=None, session=session, emit=events.append)
+    plan = RecordingOutcomes()
+    d = Dispatcher(cfg, queue=None, workers=[worker], deliver=plan, renderer=None, session=session, emit=events.append)
     return d, worker, plan, events
 
 
@@ -59,7 +59,7 @@ async def test_a_finished_task_whose_callback_has_not_run_is_not_requeued_again(
     never = asyncio.get_running_loop().create_future()
 
     async def settles_itself():
-        d.plan.requeue(settled)  # what _send does on a connection reset
+        d.deliver(Retry(settled))  # what _send does on a connection reset
 
     async def waits_for_answer():
         await never
@@ -88,7 +88,7 @@ async def test_a_duplicate_rid_400_is_retried_with_an_alert_never_rejected(start
         await await_until(lambda: "c#turn0" in sim.server.in_flight_rids, 10, "the first c#turn0 in flight")
         d, w, plan, events = make_dispatcher(session, sim.url, backoff=0.01)
         await d._send(w, make_item("c#turn0", ids))
-        await await_until(lambda: plan.requeued, 10, "the retry re-queued after its backoff")
+        await await_until(lambda: plan.requeued, 10, "the retry handed back")
         (await first).release()
 
     assert plan.failed == [], "a sample must not be rejected because the dispatcher sent its rid twice"

@@ -11,9 +11,10 @@ import orjson
 import pytest
 
 from engine.config import RunConfig
-from engine.dispatcher import Dispatcher
 from engine.render import Renderer
-from tests.test_dispatcher_requeue import RecordingPlan, make_item
+from engine.run.dispatcher import Dispatcher
+from engine.run.items import Generated
+from tests.test_dispatcher_requeue import make_item
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +95,15 @@ def reply(ids: list[int], text: str | None) -> bytes:
 
 
 def make(renderer):
-    rows: list[dict] = []
-    committer = SimpleNamespace(add=lambda item, row, answer: rows.append(row))
+    rows: list[dict] = []  # the rows the store would get
+
+    def deliver(outcome):
+        assert isinstance(outcome, Generated), outcome
+        rows.append(outcome.row.store_row())
+
     cfg = RunConfig(run_dir="/nonexistent", model="/nonexistent", prompts=("/nonexistent",))
     events: list[object] = []
-    d = Dispatcher(cfg, RecordingPlan(), [], committer=committer, renderer=renderer, session=None, emit=events.append)
+    d = Dispatcher(cfg, queue=None, workers=[], deliver=deliver, renderer=renderer, session=None, emit=events.append)
     return d, rows, events
 
 

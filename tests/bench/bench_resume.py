@@ -16,7 +16,7 @@ committed samples and prompt rows, not on the answers' lengths.
 
 The run dir has been started once before, as any resumed run has: its count cache
 (run_dir/count_cache.json, engine.count_cache) is written by the product's own counting pass
-(WorkPlan.count_stream + finish_count) when the run dir is built; that pass's time is reported
+(Feed.count_stream + finish_count) when the run dir is built; that pass's time is reported
 as `count_pass_uncached_s` (what a start after the prompt files changed pays).
 
 Measured per repeat, on a copy of the run dir: the real supervisor pinned to the engine core,
@@ -113,19 +113,19 @@ def prime_count_cache(run_dir: Path) -> float:
     from engine.config import load_config
     from engine.rejects import RejectLog
     from engine.render import Renderer
-    from engine.work import WorkPlan
+    from engine.run.feed import Feed
 
     cfg = dataclasses.replace(load_config(run_dir / "run.toml"), run_dir=str(run_dir))
     renderer = Renderer(cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
     store = ShardStore(run_dir)
     rejects = RejectLog(run_dir)
     try:
-        plan = WorkPlan(cfg, renderer, store, rejects)
+        feed = Feed(cfg, renderer, rejects)
         t0 = time.perf_counter()
-        bad = plan.count_stream()
-        plan.finish_count(bad)
+        bad = feed.count_stream()
+        feed.finish_count(bad)
         took = time.perf_counter() - t0
-        plan.close()
+        feed.close()
     finally:
         rejects.close()
         store.close()
@@ -152,7 +152,7 @@ def one_resume(template: Path, work: Path, n: int) -> dict:
     db.close()
     if done != n + TWO_TURN:
         raise RuntimeError(f"after the resumed run {done} samples are committed, expected {n + TWO_TURN}")
-    plan_t = bc.first_line_time(res.lines, "regen.work: plan:")
+    plan_t = bc.first_line_time(res.lines, "regen.supervisor: plan:")
     launch_t = bc.first_line_time(res.lines, ": launched pid")
     ready_t = bc.first_line_time(res.lines, "-> ready")
     sim_log = run_dir / "workers" / "gpu0" / "server.log"

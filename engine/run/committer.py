@@ -9,7 +9,7 @@ The commit itself (Arrow table, Parquet write, fsyncs, the sqlite transaction) r
 dedicated thread, one commit at a time, so it never blocks the event loop that dispatches
 requests: with a commit on the loop the servers' queues ran dry for 0.1-0.4 s every ~2 s. Rows
 count as committed only when ShardStore.commit has returned (after its sqlite transaction);
-then, back on the loop, plan.on_part_committed settles them (the part's sums and each row). Commits of a shard stay in the
+then, back on the loop, the ledger settles them (one `Committed` outcome: the part's sums and each row). Commits of a shard stay in the
 order their rows were buffered (one commit in flight at a time, a failed one goes back to the
 front of its buffer).
 
@@ -23,44 +23,47 @@ import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
-from engine.shard_store import DuplicateSample, PartInfo, ShardStore, compact_row
+from engine.run.items import Committed, Generated, WorkItem
+from engine.shard_store import DuplicateSample, PartInfo, ShardStore
 from engine.telemetry_events import AlertEvent
-from engine.work import WorkItem, WorkPlan
 
 log = logging.getLogger("regen.committer")
 
-Entry = tuple[WorkItem, dict, "str | None"]
+
+class CommitLedger(Protocol):
+    """What the committer asks of the ledger, and what it tells it."""
+    def unsettled(self, shard_id: str) -> int | None: ...
+    def chains_on(self, item: WorkItem) -> bool: ...
+    def settle(self, outcome: Committed) -> None: ...
 
 
 @dataclass
 class _Buffer:
     since: float = field(default_factory=time.monotonic)
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[Generated] = field(default_factory=list)
 
 
 @dataclass
 class _Job:
     """One commit handed to the commit thread; settled exactly once, on the loop thread."""
     shard_id: str
-    entries: list[Entry]
+    entries: list[Generated]
     future: concurrent.futures.Future
     settled: bool = False
 
 
 class Committer:
-    def __init__(self, store: ShardStore, plan: WorkPlan, emit: Callable[[object], None], *,
+    def __init__(self, store: ShardStore, ledger: CommitLedger, emit: Callable[[object], None], *,
                  max_rows: int = 256, max_age_s: float = 2.0, disk_ok: Callable[[], bool] = lambda: True):
         self.store = store
-        self.plan = plan
+        self.ledger = ledger
         self.emit = emit
         self.max_rows = max_rows
         self.max_age_s = max_age_s
         self.disk_ok = disk_ok
         self.buffers: dict[str, _Buffer] = {}
-        self.committed_rows = 0
-        self.parts = 0
         self._wake = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="regen-commit")
         self._job: _Job | None = None  # the commit in the thread, until settled
@@ -76,12 +79,13 @@ class Committer:
     def committing(self) -> bool:
         return self._job is not None and not self._job.settled
 
-    def add(self, item: WorkItem, row: dict, answer: str | None) -> None:
+    def add(self, generated: Generated) -> None:
+        item = generated.item
         buf = self.buffers.get(item.shard_id)
         if buf is None:
             buf = self.buffers[item.shard_id] = _Buffer()
-        buf.entries.append((item, compact_row(row), answer))
-        if len(buf.entries) >= self.max_rows or self.plan.chains_on(item):
+        buf.entries.append(generated)
+        if len(buf.entries) >= self.max_rows or self.ledger.chains_on(item):
             self._wake.set()  # a chained turn waits on this commit: do not sit on it for max_age_s
         elif self._holds_the_rest(item.shard_id, buf):
             self._wake.set()  # the shard's last rows: nothing can join this part any more
@@ -147,7 +151,7 @@ class Committer:
             age = now - buf.since
             if len(buf.entries) >= self.max_rows or age >= self.max_age_s or self._holds_the_rest(shard_id, buf):
                 out.append(shard_id)
-            elif age >= 0.2 and any(self.plan.chains_on(it) for it, _, _ in buf.entries):
+            elif age >= 0.2 and any(self.ledger.chains_on(g.item) for g in buf.entries):
                 out.append(shard_id)
         return out
 
@@ -155,7 +159,7 @@ class Committer:
         """Every sample of the shard not settled yet is in its buffer (or in the commit in flight):
         no later row can join this part, so waiting for max_age_s would only delay the same part
         (the tail of a shard, and the end of a run, by up to max_age_s)."""
-        unsettled = self.plan.unsettled(shard_id)
+        unsettled = self.ledger.unsettled(shard_id)
         if unsettled is None:
             return False
         job = self._job
@@ -172,9 +176,7 @@ class Committer:
             return None
         entries = buf.entries
         self.buffers[shard_id] = _Buffer()
-        rows = [row for _, row, _ in entries]
-        history = {item.sample_id: answer for item, _, answer in entries if answer is not None}
-        job = _Job(shard_id, entries, self._executor.submit(self.store.commit, shard_id, rows, history))
+        job = _Job(shard_id, entries, self._executor.submit(_commit, self.store, shard_id, entries))
         self._job = job
         return job
 
@@ -198,10 +200,10 @@ class Committer:
         if isinstance(exc, DuplicateSample):
             # must not happen (ids are checked before dispatch); keep the store consistent and say so
             fresh, seen = [], set()
-            for it, row, ans in entries:
-                if it.sample_id not in seen and not self.store.is_committed(it.sample_id):
-                    seen.add(it.sample_id)
-                    fresh.append((it, row, ans))
+            for g in entries:
+                if g.item.sample_id not in seen and not self.store.is_committed(g.item.sample_id):
+                    seen.add(g.item.sample_id)
+                    fresh.append(g)
             self.emit(AlertEvent(severity="error", text=f"duplicate sample ids in a commit of {shard_id}; dropped"
                                  f" {len(entries) - len(fresh)} duplicate rows", evidence=str(exc),
                                  key=f"duplicate:{shard_id}"))
@@ -219,14 +221,19 @@ class Committer:
         self.emit(AlertEvent(severity="error", text=f"commit of {shard_id} failed: {exc!r}",
                              evidence=f"{len(entries)} rows kept in memory", key=f"commit-bug:{shard_id}"))
 
-    def _requeue(self, shard_id: str, entries: list[Entry]) -> None:
+    def _requeue(self, shard_id: str, entries: list[Generated]) -> None:
         buf = self.buffers.get(shard_id)
         if buf is None:
             buf = self.buffers[shard_id] = _Buffer()
         buf.entries[:0] = entries
 
-    def _committed(self, part: PartInfo, entries: list[Entry]) -> None:
-        self.committed_rows += len(entries)
-        self.parts += 1
+    def _committed(self, part: PartInfo, entries: list[Generated]) -> None:
         log.debug("committed %s: %d rows", part.path, part.rows)
-        self.plan.on_part_committed(part, [(item, answer) for item, _, answer in entries])
+        self.ledger.settle(Committed(part, tuple((g.item, g.answer) for g in entries)))
+
+
+def _commit(store: ShardStore, shard_id: str, entries: list[Generated]) -> PartInfo:
+    """In the commit thread: the rows in the store's format, and the history answers later turns are built on."""
+    rows = [g.row.store_row() for g in entries]
+    history = {g.item.sample_id: g.answer for g in entries if g.answer is not None}
+    return store.commit(shard_id, rows, history)

@@ -1,7 +1,9 @@
 """Sends work items to the SGLang workers: native POST /generate, non-streaming, pull model.
 
-Each ready worker runs its own loop that pulls an item from the shared ready queue only when it
-has a free slot, so a slow worker never holds the others back. A worker's slot count is
+Each ready worker runs its own loop that pulls an item from the ledger's ready queue only when it
+has a free slot, so a slow worker never holds the others back. Every item sent comes back as one
+outcome (engine.run.items), handed to `deliver`: the run routes `Generated` to the committer and
+the rest to the ledger; the dispatcher settles nothing itself. A worker's slot count is
 `dispatch.max_in_flight_per_worker`, or the server's max_running_requests plus a small queue
 margin, trimmed by the server's own sglang:num_queue_reqs so its queue stays short but non-empty.
 """
@@ -14,19 +16,17 @@ import logging
 import struct
 import time
 from array import array
-from typing import Callable
+from typing import Callable, Protocol
 
 import aiohttp
 import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
-from engine.committer import Committer
 from engine.config import RunConfig
 from engine.render import Renderer
-from engine.shard_store import STANDARD_MASK
+from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
 from engine.telemetry_events import AlertEvent
-from engine.work import WorkItem, WorkPlan
 from engine.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.dispatch")
@@ -35,21 +35,27 @@ DEFAULT_MAX_RUNNING = 64  # when the server does not say
 DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is already running
 
 
+class WorkQueue(Protocol):
+    """Where the dispatcher pulls work from (the ledger's ready queue)."""
+    def next_item(self) -> WorkItem | None: ...
+    async def wait_item(self, timeout: float) -> None: ...
+
+
 class Dispatcher:
-    def __init__(self, cfg: RunConfig, plan: WorkPlan, workers: list[Worker], committer: Committer,
+    def __init__(self, cfg: RunConfig, queue: WorkQueue, workers: list[Worker], deliver: Callable[[Outcome], None],
                  renderer: Renderer, session: aiohttp.ClientSession, emit: Callable[[object], None]):
         self.cfg = cfg
-        self.plan = plan
+        self.queue = queue
         self.workers = workers
-        self.committer = committer
+        self.deliver = deliver
         self.renderer = renderer
         self.session = session
         self.emit = emit
-        self.accepting = True  # False: paused by disk guard, draining, stopping
-        self.aborting = False
+        self._accepting = True  # False: held by the disk guard, draining, stopping
+        self._aborting = False  # stopping: answers that come back aborted or failed are not retried
         self.inflight: dict[str, dict[asyncio.Task, WorkItem]] = {w.name: {} for w in workers}
         self.dispatched: collections.Counter[str] = collections.Counter()  # per shard, this run
-        self.retried = 0  # attempts re-queued (the ledger settles outcomes; this is no outcome)
+        self.retried = 0  # attempts re-queued (no outcome of a sample: the ledger never sees it)
         self._slot_freed = {w.name: asyncio.Event() for w in workers}
         self._loops: list[asyncio.Task] = []
         self._dynamic_cap: dict[str, int] = {}
@@ -75,6 +81,10 @@ class Dispatcher:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
 
+    def hold(self, held: bool) -> None:
+        """Stop (or start again) sending new requests; those in flight go on."""
+        self._accepting = not held
+
     @property
     def in_flight(self) -> int:
         return sum(len(m) for m in self.inflight.values())
@@ -89,8 +99,8 @@ class Dispatcher:
 
     async def abort_all(self) -> None:
         """POST /abort_request abort_all on every live worker; their in-flight requests come back as aborts."""
-        self.aborting = True
-        self.accepting = False
+        self._aborting = True
+        self._accepting = False
         for w in self.workers:
             if w.state != WorkerState.READY or not self.inflight[w.name]:
                 continue
@@ -102,6 +112,11 @@ class Dispatcher:
                         log.warning("abort on %s: HTTP %d %s", w.name, resp.status, text[:200])
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 log.warning("abort on %s failed: %s", w.name, exc)
+
+    def stop_retrying(self) -> None:
+        """From now on nothing comes back as a retry: the run ends (a failed run, or its workers stopping)."""
+        self._accepting = False
+        self._aborting = True
 
     def cancel_all(self) -> None:
         for tasks in self.inflight.values():
@@ -152,7 +167,7 @@ class Dispatcher:
     async def _worker_loop(self, w: Worker) -> None:
         slot = self._slot_freed[w.name]
         while True:
-            if not self.accepting or w.state != WorkerState.READY:
+            if not self._accepting or w.state != WorkerState.READY:
                 await asyncio.sleep(0.1)
                 continue
             cap = self.capacity_for(w)
@@ -164,9 +179,9 @@ class Dispatcher:
                 except asyncio.TimeoutError:
                     pass  # re-check capacity and state
                 continue
-            item = self.plan.next_item()
+            item = self.queue.next_item()
             if item is None:
-                await self.plan.wait_item(0.25)
+                await self.queue.wait_item(0.25)
                 continue
             task = asyncio.create_task(self._send(w, item), name=f"gen-{item.rid}")
             self.inflight[w.name][task] = item
@@ -199,7 +214,7 @@ class Dispatcher:
             # committed, failed or re-queued; re-queueing it again would send the same rid twice
             if task.done() or not task.cancel():
                 continue
-            if self.aborting:
+            if self._aborting:
                 continue  # stopping: uncommitted samples are regenerated by the next run
             item.last_error = f"worker {w.name} {state}"
             self._retry_or_fail(item, immediate=True)
@@ -227,7 +242,7 @@ class Dispatcher:
                 status = resp.status
                 body = await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            if self.aborting:
+            if self._aborting:
                 return
             item.last_error = f"{w.name}: {type(exc).__name__}: {exc}" if str(exc) else f"{w.name}: {type(exc).__name__}"
             self._retry_or_fail(item)
@@ -237,17 +252,17 @@ class Dispatcher:
             self._handle_ok(w, item, body, latency)
         elif status == 400 and DUPLICATE_RID in (message := _error_message(body)):
             # SGLang refuses a rid it is still running: the sample itself is fine, so never reject it
-            if self.aborting:
+            if self._aborting:
                 return
             self.emit(AlertEvent(severity="error", text=f"{w.name} refused a duplicate request id; re-queued",
                                  evidence=f"{item.rid}: {message}", key=f"duplicate-rid:{w.name}"))
             item.last_error = f"{w.name}: HTTP 400: {message}"
             self._retry_or_fail(item)
         elif status == 400:
-            self.plan.on_failed(item, f"rejected by SGLang (HTTP 400): {message}", kind="rejected",
-                                excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}")
+            self.deliver(Rejected(item, f"rejected by SGLang (HTTP 400): {message}",
+                                  excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}"))
         else:
-            if self.aborting:
+            if self._aborting:
                 return
             item.last_error = f"{w.name}: HTTP {status}: {_error_message(body)}"
             self._retry_or_fail(item)
@@ -269,7 +284,7 @@ class Dispatcher:
             return
         finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
         if finish_type == "abort":
-            if self.aborting:
+            if self._aborting:
                 return
             item.last_error = f"{w.name}: aborted: {finish.get('message', '')}"
             self._retry_or_fail(item)
@@ -281,52 +296,35 @@ class Dispatcher:
                 severity="warning", text=f"{w.name}: meta_info.completion_tokens != len(output_ids)",
                 evidence=f"{item.sample_id}: completion_tokens={completion}, len(output_ids)={len(output_ids)}",
                 key=f"completion-mismatch:{w.name}"))
-        prompt_len = len(item.prompt_ids)
-        row = {
-            "sample_id": item.sample_id,
-            "conversation_id": item.conv.conversation_id,
-            "turn": item.turn,
-            "source": item.conv.source,
-            "origin": item.conv.origin,
-            "input_ids": array("i", item.prompt_ids) + ids32,  # int32 buffers: the store copies them, no conversion
-            "loss_mask": STANDARD_MASK,  # [0] * prompt_len + [1] * output_len, built by the store from the lengths
-            "prompt_len": prompt_len,
-            "output_len": len(output_ids),
-            "reasoning_tokens": self.renderer.reasoning_tokens(ids32),
-            "finish_reason": finish_type or "unknown",
-            "completion_tokens": int(completion) if isinstance(completion, int) else len(output_ids),
-            "cached_tokens": int(meta.get("cached_tokens") or 0),
-            "latency_s": float(latency),
-            "worker": w.name,
-            "text": "",
-        }
         matched = finish.get("matched") if isinstance(finish, dict) else None
-        row["text"], refused = self.renderer.answer_text(ids32, data.get("text"), matched)
+        text, refused = self.renderer.answer_text(ids32, data.get("text"), matched)
         if refused and w.name not in self._text_alerted:
             self._text_alerted.add(w.name)
             self.emit(AlertEvent(
                 severity="warning", text=f"{w.name}: /generate text does not match output_ids; decoding them here",
                 evidence=f"{item.sample_id}: {len(output_ids)} ids, server text {len(data['text'])} chars",
                 key=f"text-mismatch:{w.name}"))
+        row = SampleRow(
+            sample_id=item.sample_id, conversation_id=item.conv.conversation_id, turn=item.turn,
+            source=item.conv.source, origin=item.conv.origin, prompt_ids=item.prompt_ids, output_ids=ids32,
+            reasoning_tokens=self.renderer.reasoning_tokens(ids32), finish_reason=finish_type or "unknown",
+            completion_tokens=int(completion) if isinstance(completion, int) else len(output_ids),
+            cached_tokens=int(meta.get("cached_tokens") or 0), latency_s=float(latency), worker=w.name, text=text)
         answer = None
         if self.cfg.turns == "all" and not item.is_last_turn:
             answer = self.renderer.history_answer(output_ids)
-        self.committer.add(item, row, answer)
+        self.deliver(Generated(item, row, answer))
 
     def _retry_or_fail(self, item: WorkItem, immediate: bool = False) -> None:
         item.attempt += 1
         if item.attempt > self.cfg.dispatch.max_retries:
             log.warning("%s failed after %d attempts: %s", item.sample_id, item.attempt, item.last_error)
-            self.plan.on_failed(item, f"generation failed after {item.attempt} attempts", kind="failed",
-                                excerpt=item.last_error)
+            self.deliver(Failed(item, f"generation failed after {item.attempt} attempts", excerpt=item.last_error))
             return
         self.retried += 1
         log.info("retry %d of %s: %s", item.attempt, item.sample_id, item.last_error)
-        if immediate:
-            self.plan.requeue(item)
-            return
-        delay = min(60.0, self.cfg.dispatch.retry_backoff_s * 2 ** (item.attempt - 1))
-        asyncio.get_running_loop().call_later(delay, self.plan.requeue, item)
+        delay = 0.0 if immediate else min(60.0, self.cfg.dispatch.retry_backoff_s * 2 ** (item.attempt - 1))
+        self.deliver(Retry(item, delay))
 
 
 def int32_array(values: list) -> array:

@@ -1,0 +1,405 @@
+"""The feed: turns the prompt files into work items for the ledger, streamed, never materialized.
+
+One counting pass at startup gives per-shard totals (the ledger's planned figures), then the feed
+pass turns conversations into ready work items with a bounded look-ahead (the ledger says when it
+needs more). A sample is identified by its sample id (`<conversation_id>#turn<k>`); resume skips
+settled ids.
+
+Counting once: the counting pass's result is cached in the run dir (engine.count_cache), keyed by
+the prompt files and the config fields that change it; with it the pass is a file read, and the
+feed starts reading at the first incomplete shard's first conversation instead of re-parsing
+every committed conversation before it.
+
+Paused shards: conversations of a paused shard met by the feed are not kept in memory; the index
+range is remembered and streamed again (a rescan) when the ledger says the shard is resumed.
+
+Rendering: the first turns of a batch of conversations are rendered with one tokenizer call, off
+the loop; with turns = "all" a later turn is rendered when the ledger asks (`build_turn`), from
+the committed answer of the turn before it.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+from engine import count_cache
+from engine.config import RunConfig
+from engine.ingest import Conversation, Reject, StreamStart, iter_prompts, resolve_prompt_files
+from engine.render import Renderer, sample_id
+from engine.rejects import RejectLog
+from engine.run.counts import ShardCounts
+from engine.run.items import WorkItem
+from engine.run.ledger import ConvProgress, Ledger, Unfit, reject_for
+from engine.shard_store import shard_id_for
+
+log = logging.getLogger("regen.feed")
+
+FEED_BATCH = 64
+
+
+class Feed:
+    def __init__(self, cfg: RunConfig, renderer: Renderer, rejects: RejectLog):
+        self.cfg = cfg
+        self.renderer = renderer
+        self.rejects = rejects
+        self.context_length = renderer.context_length
+        self.planned: dict[str, ShardCounts] = {}  # the counting pass's result: the ledger's shards once it opens
+        self.input_rejects = 0
+        self.ledger: Ledger | None = None  # the ledger fed (attach), opened on the counted shards
+        self._deferred: dict[str, list[list[int]]] = collections.defaultdict(list)  # shard -> [[start, end)]
+        self._rescans: collections.deque[_Rescan] = collections.deque()
+        self._main_done = False
+        self._main_iter: Iterator | None = None
+        self._shard_order: list[str] | None = None  # shards in index order (set after the count)
+        self._incomplete_from = 0  # every shard before this position in _shard_order is complete
+        self._files: list[Path] | None = None  # the resolved prompt files (set by the count)
+        self._starts: dict[str, tuple[StreamStart, str]] = {}  # shard -> its first conversation (pos, id)
+        self._skip: dict[int, set[int]] = {}  # file number -> positions the full stream rejects
+        self._seekable = False
+        self._count_from_cache = False
+        self._count_s = 0.0
+        self._cache_to_save: tuple[list[dict], count_cache.CountResult] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="regen-render")
+        self._wake = asyncio.Event()
+
+    # -- startup ----------------------------------------------------------------------------
+    def count_stream(self) -> list[Reject]:
+        """The counting pass (safe in a thread: touches no sqlite): per-shard totals and bad input
+        rows, from the run dir's count cache when the prompt files and config are unchanged."""
+        started = time.monotonic()
+        self._files = files = resolve_prompt_files(self.cfg.prompts)
+        facts = None
+        try:
+            facts = count_cache.file_facts(files)
+        except OSError as exc:
+            log.warning("count cache: cannot fingerprint the prompt files (%s): not used", exc)
+        if facts is not None and self._use_cache(facts, started):
+            return []
+        bad: list[Reject] = []
+        file_no_of = {str(p): i for i, p in enumerate(files)}
+        skip: dict[int, set[int]] = {}
+        seekable = True
+        for entry in iter_prompts(self.cfg.prompts, self.cfg.prompt_format, files=files):
+            if isinstance(entry, Reject):
+                bad.append(entry)
+                fno = file_no_of.get(entry.file)
+                pos = entry.line if entry.line is not None else entry.row
+                if fno is None or pos is None:
+                    seekable = False  # a reject without a position: partial streams could shift indices
+                else:
+                    skip.setdefault(fno, set()).add(pos)
+                continue
+            sid = shard_id_for(entry.index, self.cfg.shard_size)
+            counts = self.planned.get(sid)
+            if counts is None:
+                counts = self.planned[sid] = ShardCounts(first_index=entry.index)
+                pos = entry.offset if entry.line is not None else entry.row
+                if pos is None:
+                    seekable = False
+                else:
+                    self._starts[sid] = (StreamStart(file_no_of[entry.file], pos, entry.line, entry.index),
+                                         entry.conversation_id)
+            counts.conversations += 1
+            counts.total += len(self.renderer.user_turns(entry, self.cfg.turns))
+            counts.end_index = entry.index + 1
+        self.input_rejects = len(bad)
+        self._skip = skip
+        self._seekable = seekable
+        self._count_s = time.monotonic() - started
+        if facts is not None:
+            result = count_cache.CountResult(
+                [count_cache.ShardStart(sid, c.conversations, c.total, c.first_index, c.end_index,
+                                        self._starts[sid][0] if sid in self._starts else None,
+                                        self._starts[sid][1] if sid in self._starts else "")
+                 for sid, c in self.planned.items()], skip, len(bad), self._count_s, seekable)
+            self._cache_to_save = (facts, result)  # saved by finish_count, once the rejects are logged
+        return bad
+
+    def _use_cache(self, facts: list[dict], started: float) -> bool:
+        run_dir = Path(self.cfg.run_dir)
+        try:
+            cached = count_cache.load(run_dir, self.cfg, facts)
+            if cached.input_rejects > self.rejects.count:
+                raise count_cache.CacheUnusable(
+                    f"{self.rejects.path} holds {self.rejects.count} rejects, fewer than the {cached.input_rejects}"
+                    " bad input rows of the cached count", stale=True)
+        except count_cache.CacheUnusable as exc:
+            if exc.stale:
+                log.info("count cache: not used: %s; counting the prompt files", exc)
+            else:
+                log.warning("count cache: IGNORED: %s; counting the prompt files again", exc)
+            return False
+        for sh in cached.shards:
+            self.planned[sh.shard_id] = ShardCounts(total=sh.total, conversations=sh.conversations,
+                                                   first_index=sh.first_index, end_index=sh.end_index)
+            if sh.start is not None:
+                self._starts[sh.shard_id] = (sh.start, sh.first_id)
+        self._skip = cached.skip
+        self._seekable = cached.seekable
+        self.input_rejects = cached.input_rejects
+        self._count_from_cache = True
+        self._count_s = time.monotonic() - started
+        log.info("count cache: %d shards, %d bad input rows from %s (prompt files unchanged; the full count "
+                 "took %.1f s)", len(cached.shards), cached.input_rejects, run_dir / count_cache.CACHE_FILE,
+                 cached.count_s)
+        return True
+
+    def finish_count(self, bad: list[Reject]) -> None:
+        """The counting pass's own writes (on the loop thread): its bad input rows logged, the count cache saved."""
+        self.rejects.add_many(bad)  # one fsync for the lot
+        if self._cache_to_save is not None:
+            facts, result = self._cache_to_save
+            self._cache_to_save = None
+            try:
+                path = count_cache.save(Path(self.cfg.run_dir), self.cfg, facts, result)
+                log.info("count cache: saved %s (%d shards)", path, len(result.shards))
+            except OSError as exc:
+                log.warning("count cache: cannot save it in %s (%s): the next start counts again", self.cfg.run_dir, exc)
+
+    def counted(self) -> str:
+        """How the count was made, for the log."""
+        return f"counted in {self._count_s:.1f} s" + (" (count cache)" if self._count_from_cache else "")
+
+    # -- streams ----------------------------------------------------------------------------
+    def _stream_from(self, first_index: int) -> Iterator[Conversation]:
+        """Good conversations from index `first_index` on (earlier ones may come too: callers skip
+        them), starting at the saved position of the shard holding it when there is one."""
+        full = lambda: _good(iter_prompts(self.cfg.prompts, self.cfg.prompt_format, files=self._files))  # noqa: E731
+        sid = shard_id_for(first_index, self.cfg.shard_size)
+        entry = self._starts.get(sid) if self._seekable else None
+        if entry is None or entry[0].index == 0:
+            return full()
+        start, first_id = entry
+        stream = iter_prompts(self.cfg.prompts, self.cfg.prompt_format, files=self._files, start=start,
+                              skip=self._skip)
+        return self._checked(stream, sid, start, first_id, full)
+
+    @staticmethod
+    def _checked(stream, sid: str, start: StreamStart, first_id: str, full) -> Iterator[Conversation]:
+        first = True
+        for entry in stream:
+            if not isinstance(entry, Conversation):
+                continue
+            if first:
+                first = False
+                if entry.conversation_id != first_id or entry.index != start.index:
+                    log.error("count cache: shard %s should start with conversation %r (index %d) at file %d"
+                              " position %d, found %r (index %d): reading the prompt files from the start instead",
+                              sid, first_id, start.index, start.file_no, start.position, entry.conversation_id,
+                              entry.index)
+                    yield from full()
+                    return
+            yield entry
+
+    # -- feeding the ledger -------------------------------------------------------------------
+    def use_context_length(self, n: int) -> None:
+        """The servers' context is shorter than the tokenizer's: items made from now on fit it."""
+        self.context_length = n
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def rescan(self, shard_id: str) -> None:
+        """A resumed shard: its conversations the feed passed while it was paused are streamed again."""
+        for start, end in self._deferred.pop(shard_id, []):
+            self._rescans.append(_Rescan(self._stream_from(start), start, end))
+        self._wake.set()
+
+    def attach(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    async def feed_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._needs_more():
+                source = self._next_source()
+                if source is not None:
+                    batch = await loop.run_in_executor(self._executor, _take, source, FEED_BATCH)
+                    if not batch:
+                        self._source_exhausted(source)
+                    else:
+                        await self._admit(batch)
+                    continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                continue  # periodic re-check
+
+    def _needs_more(self) -> bool:
+        if not self.ledger.needs_work():
+            return False
+        if not self._rescans and self._main_done:
+            return False
+        if not self._rescans and self._only_paused_left():
+            return False  # everything left is paused: do not walk the file
+        return True
+
+    def _only_paused_left(self) -> bool:
+        # called once per feed batch: scanning every shard each time is quadratic on a resumed run
+        # with many complete shards; completion is final within a run, so skip those for good
+        shards = self.ledger.shards
+        order = self._ordered_shards()
+        i = self._incomplete_from
+        while i < len(order) and shards[order[i]].complete:
+            i += 1
+        self._incomplete_from = i
+        return all(self.ledger.is_paused(order[k]) for k in range(i, len(order)) if not shards[order[k]].complete)
+
+    def _next_source(self):
+        if self._rescans:
+            return self._rescans[0]
+        if self._main_done:
+            return None
+        if self._main_iter is None:
+            shards = self.ledger.shards
+            first = next((shards[sid].first_index for sid in self._ordered_shards() if not shards[sid].complete), 0)
+            self._main_iter = self._stream_from(first)
+            if first:
+                log.info("feed starts at conversation %d (shard %s): every shard before it is complete",
+                         first, shard_id_for(first, self.cfg.shard_size))
+        return self._main_iter
+
+    def _ordered_shards(self) -> list[str]:
+        if self._shard_order is None:
+            shards = self.ledger.shards
+            self._shard_order = sorted(shards, key=lambda sid: shards[sid].first_index)
+        return self._shard_order
+
+    def _source_exhausted(self, source) -> None:
+        if source is self._main_iter:
+            self._main_done = True
+            self._main_iter = None
+            log.info("prompt stream fully read")
+        else:
+            self._rescans.popleft()
+
+    async def _admit(self, batch: list[Conversation]) -> None:
+        loop = asyncio.get_running_loop()
+        ledger = self.ledger
+        store = ledger.store
+        pending: list[ConvProgress] = []
+        for conv in batch:
+            sid = shard_id_for(conv.index, self.cfg.shard_size)
+            counts = ledger.shards.get(sid)
+            if counts is None or ledger.is_active(conv.conversation_id):
+                continue
+            if counts.complete:
+                continue  # every sample settled (on resume: committed): no per-sample lookups
+            if ledger.is_paused(sid):
+                self._defer(sid, conv.index)
+                continue
+            turns = self.renderer.user_turns(conv, self.cfg.turns)
+            if counts.settled:
+                remaining = [t for t in turns if not store.is_settled(sample_id(conv.conversation_id, t))]
+            else:
+                remaining = turns  # nothing of this shard is settled yet: no sqlite lookup per sample
+            if not remaining:
+                continue
+            progress = ConvProgress(conv=conv, shard_id=sid, turns=remaining)
+            if self.cfg.turns == "all" and remaining[0] != turns[0]:
+                progress.answers = dict(store.history(conv.conversation_id))
+            pending.append(progress)
+        if not pending:
+            return
+        ledger.begin(pending)
+        built = await loop.run_in_executor(self._executor, self._build_first, pending)
+        for progress, items in zip(pending, built):
+            ledger.admit(progress, items)
+
+    def _defer(self, sid: str, index: int) -> None:
+        ranges = self._deferred[sid]
+        if ranges and ranges[-1][1] == index:
+            ranges[-1][1] = index + 1
+        else:
+            ranges.append([index, index + 1])
+
+    # -- rendering ------------------------------------------------------------------------------
+    def _build_first(self, pending: list[ConvProgress]) -> list[list[WorkItem | Unfit]]:
+        """The first items of each conversation, rendered with ONE batched tokenizer call (the
+        per-call overhead of transformers' tokenizer is ~2/3 of rendering a short prompt); a batch
+        that fails is rendered again one by one, so only the rows that fail are rejected."""
+        first_turns = (lambda p: p.turns[:1]) if self.cfg.turns == "all" else (lambda p: p.turns)
+        wanted = [(p, t) for p in pending for t in first_turns(p)]
+        try:
+            messages = [self.renderer.build_messages(p.conv, t, p.answers, self.cfg.turns) for p, t in wanted]
+            all_ids = self.renderer.prompt_ids_many(messages)
+        except Exception:  # noqa: BLE001  # some row cannot render: build_turn names it, one by one
+            all_ids = None
+        built = iter([self.build_turn(p, t) for p, t in wanted] if all_ids is None else
+                     [self._item(p, t, ids) for (p, t), ids in zip(wanted, all_ids)])
+        return [[next(built) for _ in first_turns(p)] for p in pending]
+
+    def build_turn(self, progress: ConvProgress, turn: int) -> WorkItem | Unfit:
+        """One turn of a conversation as a work item (its history: the committed answers of earlier turns)."""
+        conv = progress.conv
+        try:
+            messages = self.renderer.build_messages(conv, turn, progress.answers, self.cfg.turns)
+            prompt_ids = self.renderer.prompt_ids(messages)
+        except Exception as exc:  # a template that cannot render this row: the row is rejected, loudly
+            return Unfit(turn, reject_for(conv, f"turn {turn}: chat template failed: {type(exc).__name__}: {exc}",
+                                          kind="template_error"))
+        return self._item(progress, turn, prompt_ids)
+
+    def _item(self, progress: ConvProgress, turn: int, prompt_ids: list[int]) -> WorkItem | Unfit:
+        conv = progress.conv
+        sid = sample_id(conv.conversation_id, turn)
+        room = self.context_length - len(prompt_ids) - 1
+        if room < 1:
+            return Unfit(turn, reject_for(
+                conv, f"turn {turn}: prompt does not fit the context: {len(prompt_ids)} tokens,"
+                      f" context_length {self.context_length}", excerpt=sid, kind="context_overflow"))
+        return WorkItem(sample_id=sid, conv=conv, turn=turn, shard_id=progress.shard_id, prompt_ids=prompt_ids,
+                        max_new_tokens=min(self.cfg.sampling.max_new_tokens, room),
+                        is_last_turn=turn == progress.turns[-1])
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _good(entries) -> Iterator[Conversation]:
+    for entry in entries:
+        if isinstance(entry, Conversation):
+            yield entry
+
+
+class _Rescan:
+    """Conversations with index in [start, end), streamed again (a shard resumed after the feed passed it)."""
+
+    def __init__(self, stream: Iterator[Conversation], start: int, end: int):
+        self.start, self.end = start, end
+        self._iter = stream
+        self.exhausted = False
+
+    def take(self, n: int) -> list[Conversation]:
+        out: list[Conversation] = []
+        if self.exhausted:
+            return out
+        for conv in self._iter:
+            if conv.index < self.start:
+                continue
+            if conv.index >= self.end:
+                self.exhausted = True
+                break
+            out.append(conv)
+            if len(out) >= n:
+                return out
+        else:
+            self.exhausted = True
+        return out
+
+
+def _take(source, n: int) -> list[Conversation]:
+    if isinstance(source, _Rescan):
+        return source.take(n)
+    out = []
+    for conv in source:
+        out.append(conv)
+        if len(out) >= n:
+            break
+    return out

@@ -1,0 +1,340 @@
+"""The ledger: the one owner of sample state in a run — per-shard counts, pauses, the ready queue, the items
+held back by a pause, the conversations in progress — and the one place an outcome is settled.
+
+Committed state is the truth: the counts are loaded from state.sqlite at a start and move only when a
+part is committed or a sample is settled without a row (recorded in the store's outcomes table), so
+every figure derived from them holds across restarts (engine.run.counts).
+
+Paused shards: items already queued are held back at pull time (a pause stops dispatch at once);
+conversations of a paused shard that the feed meets are the feed's to remember and stream again
+(`on_resume`) when the shard is resumed.
+
+turns = "all": turn k+1 is built from the committed answer of turn k, so it is asked of the feed
+(`build_turn`) when turn k's part is committed.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from engine.config import RunConfig
+from engine.ingest import Conversation, Reject
+from engine.rejects import RejectLog
+from engine.render import sample_id
+from engine.run.counts import CommitRate, ShardCounts
+from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
+from engine.shard_store import ShardStore
+
+log = logging.getLogger("regen.ledger")
+
+MIN_LOOKAHEAD = 32  # ready items kept queued, at least
+MIN_ACTIVE = 256  # conversations in progress, at least
+
+
+@dataclass
+class ConvProgress:
+    """A conversation with turns still to settle (made by the feed, owned by the ledger once admitted)."""
+    conv: Conversation
+    shard_id: str
+    turns: list[int]  # turns still to settle, in order
+    answers: dict[int, str] = field(default_factory=dict)  # committed answers (history of later turns)
+    outstanding: int = 0  # items made and not yet settled
+
+
+@dataclass(frozen=True)
+class Unfit:
+    """A turn that cannot be made into a work item (it does not render, or does not fit the context)."""
+    turn: int
+    reject: Reject
+
+
+class TurnBuilder(Protocol):
+    def __call__(self, progress: ConvProgress, turn: int) -> WorkItem | Unfit: ...
+
+
+def reject_for(conv: Conversation, reason: str, excerpt: str = "", kind: str = "") -> Reject:
+    """A sample-level reject located at the conversation's input row."""
+    file, _, where = conv.origin.rpartition(":")
+    line = row = None
+    if where.startswith("row") and where[3:].isdigit():
+        row = int(where[3:])
+    elif where.isdigit():
+        line = int(where)
+    else:
+        file = conv.origin
+    if file and conv.source.endswith("/" + file):
+        file = conv.source  # origin names the file by its base name; rejects.jsonl gives the full path as ingest does
+    return Reject(file=file or conv.source, line=line, row=row, reason=reason, excerpt=excerpt[:300],
+                  conversation_id=conv.conversation_id, kind=kind)
+
+
+class Ledger:
+    def __init__(self, cfg: RunConfig, shards: dict[str, ShardCounts], store: ShardStore, rejects: RejectLog):
+        self.turns = cfg.turns
+        self.store = store
+        self.rejects = rejects
+        self._shards = shards
+        self.rate = CommitRate()  # output tokens committed per second in this start (started with dispatch)
+        self._paused: set[str] = set()
+        self._ready: collections.deque[WorkItem] = collections.deque()
+        self._held: dict[str, collections.deque[WorkItem]] = collections.defaultdict(collections.deque)
+        self._active: dict[str, ConvProgress] = {}
+        self._low_water = MIN_LOOKAHEAD
+        self._max_active = MIN_ACTIVE
+        self._item_ready = asyncio.Event()
+        # wired by the run's composer (engine.supervisor): the feed builds later turns, streams resumed shards
+        # again and is woken when the queue runs low; telemetry hears which shard's figures moved
+        self.build_turn: TurnBuilder | None = None
+        self.on_resume: Callable[[str], None] = lambda shard_id: None
+        self.want_more: Callable[[], None] = lambda: None
+        self.changed: Callable[[str], None] = lambda shard_id: None
+        self.on_reject: Callable[[Reject], None] | None = None
+
+    def open(self) -> None:
+        """The store's side of a start: planned totals recorded, earlier failures forgotten (generated again),
+        the committed counts and the paused set loaded."""
+        self.store.ensure_shards({sid: c.conversations for sid, c in self._shards.items()},
+                                 {sid: c.total for sid, c in self._shards.items()})
+        try:
+            forgotten = self.store.forget_failed()
+        except OSError as exc:
+            forgotten = 0
+            log.error("%s: they stay failed in this run", exc)
+        if forgotten:
+            log.info("ledger: %d samples that failed in an earlier run are generated again", forgotten)
+        for progress in self.store.progress():
+            if progress.shard_id in self._shards:
+                self._shards[progress.shard_id].load(progress)
+        self._paused = set(self.store.paused()) & set(self._shards)
+
+    # -- figures (read by the status, the watch, the feed) ------------------------------------------
+    @property
+    def shards(self) -> dict[str, ShardCounts]:
+        """Per-shard counts, to read (only the ledger moves them)."""
+        return self._shards
+
+    @property
+    def paused(self) -> frozenset[str]:
+        return frozenset(self._paused)
+
+    def is_paused(self, shard_id: str) -> bool:
+        return shard_id in self._paused
+
+    @property
+    def total(self) -> int:
+        return sum(c.total for c in self._shards.values())
+
+    @property
+    def done(self) -> int:
+        return sum(c.done for c in self._shards.values())
+
+    @property
+    def to_generate(self) -> int:
+        """Samples the run will hold: planned less those settled without a row (rejected, failed)."""
+        return sum(c.to_generate for c in self._shards.values())
+
+    @property
+    def finished(self) -> bool:
+        return all(c.complete for c in self._shards.values())
+
+    @property
+    def work_waiting(self) -> bool:
+        """Items are queued for dispatch."""
+        return bool(self._ready)
+
+    @property
+    def all_paused(self) -> bool:
+        """Nothing dispatchable: every shard with work left is paused (or nothing is left but paused work)."""
+        if self.finished:
+            return False
+        if self._paused and self._paused >= {s for s, c in self._shards.items() if not c.complete}:
+            return True
+        return (not self._ready and not self._active
+                and all(c.complete or sid in self._paused for sid, c in self._shards.items()))
+
+    def unsettled(self, shard_id: str) -> int | None:
+        """Samples of the shard not settled yet (None: not a shard of this run)."""
+        counts = self._shards.get(shard_id)
+        return None if counts is None else counts.total - counts.settled
+
+    def chains_on(self, item: WorkItem) -> bool:
+        """A later turn of the conversation waits for this item's commit (turns = "all")."""
+        return self.turns == "all" and not item.is_last_turn
+
+    # -- sizing and the feed's questions ------------------------------------------------------------
+    def size_for(self, capacity: int) -> None:
+        """Look-ahead sized to the ready dispatch capacity (requests the servers take at once)."""
+        self._low_water = max(MIN_LOOKAHEAD, 2 * capacity)
+        self._max_active = max(MIN_ACTIVE, 4 * capacity)
+
+    def needs_work(self) -> bool:
+        return len(self._ready) < self._low_water and len(self._active) < self._max_active
+
+    def is_active(self, conversation_id: str) -> bool:
+        return conversation_id in self._active
+
+    def dispatch_began(self) -> None:
+        self.rate.start()
+
+    # -- the ready queue --------------------------------------------------------------------------
+    def next_item(self) -> WorkItem | None:
+        while self._ready:
+            item = self._ready.popleft()
+            if item.shard_id in self._paused:
+                self._held[item.shard_id].append(item)
+                continue
+            if len(self._ready) < self._low_water:
+                self.want_more()
+            return item
+        self._item_ready.clear()
+        self.want_more()
+        return None
+
+    async def wait_item(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._item_ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            return  # the caller polls again (pause state, stop flags)
+
+    def _push(self, items: list[WorkItem], front: bool = False) -> None:
+        if front:
+            self._ready.extendleft(reversed(items))
+        else:
+            self._ready.extend(items)
+        if items:
+            self._item_ready.set()
+
+    def _requeue(self, item: WorkItem) -> None:
+        """Retries and crash re-queues go to the front: they are the oldest work."""
+        self._push([item], front=True)
+
+    # -- pause ------------------------------------------------------------------------------------
+    def set_paused(self, shard_ids: list[str] | None, paused: bool) -> list[str]:
+        """Pause or resume shards (None: all); the store records it. Returns the shards whose state changed."""
+        targets = list(self._shards) if shard_ids is None else shard_ids
+        unknown = [s for s in targets if s not in self._shards]
+        if unknown:
+            raise KeyError(f"unknown shard(s): {', '.join(unknown)}; known: {self._shard_range()}")
+        changed = self.store.set_paused(targets if shard_ids is not None else None, paused)
+        for sid in targets:
+            if paused:
+                self._paused.add(sid)
+            elif sid in self._paused:
+                self._paused.discard(sid)
+                held = self._held.pop(sid, None)
+                if held:
+                    self._push(list(held), front=True)
+                self.on_resume(sid)
+                self.want_more()
+            self.changed(sid)
+        return changed if changed is not None else targets
+
+    def _shard_range(self) -> str:
+        ids = sorted(self._shards)
+        return f"{ids[0]} .. {ids[-1]}" if ids else "(none)"
+
+    # -- admission (from the feed) ----------------------------------------------------------------
+    def begin(self, progress: list[ConvProgress]) -> None:
+        """Conversations the feed is rendering: in progress from now on (the feed will not admit them twice)."""
+        for p in progress:
+            self._active[p.conv.conversation_id] = p
+
+    def admit(self, progress: ConvProgress, built: list[WorkItem | Unfit], front: bool = False) -> None:
+        """The feed's rendered turns of a conversation: items queued, unfit turns settled as rejected."""
+        items = []
+        for entry in built:
+            if isinstance(entry, Unfit):
+                self._settle_turn(progress, entry.turn, "rejected", entry.reject)
+                if self.turns == "all":
+                    for later in list(progress.turns):
+                        self._settle_turn(progress, later, "rejected", reject_for(
+                            progress.conv, f"turn {later}: not generated: turn {entry.turn} rejected",
+                            kind="earlier_turn_rejected"))
+            else:
+                progress.outstanding += 1
+                items.append(entry)
+        self._push(items, front=front)
+        self._maybe_retire(progress)
+
+    # -- settling ---------------------------------------------------------------------------------
+    def settle(self, outcome: Outcome) -> None:
+        """Every outcome but `Generated` (the committer's) ends here."""
+        if isinstance(outcome, Committed):
+            self._committed(outcome)
+        elif isinstance(outcome, Retry):
+            if outcome.delay_s > 0:
+                asyncio.get_running_loop().call_later(outcome.delay_s, self._requeue, outcome.item)
+            else:
+                self._requeue(outcome.item)
+        elif isinstance(outcome, Failed):
+            self._not_generated(outcome.item, "failed", outcome.reason, outcome.excerpt)
+        elif isinstance(outcome, Rejected):
+            self._not_generated(outcome.item, "rejected", outcome.reason, outcome.excerpt)
+        else:
+            raise TypeError(f"the ledger does not settle {type(outcome).__name__}")
+
+    def _committed(self, outcome: Committed) -> None:
+        part = outcome.part
+        self._shards[part.shard_id].add_part(part)
+        self.rate.add(part.output_tokens)
+        self.changed(part.shard_id)
+        for item, answer in outcome.samples:
+            progress = self._active.get(item.conv.conversation_id)
+            if progress is None:
+                continue
+            progress.outstanding -= 1
+            if item.turn in progress.turns:
+                progress.turns.remove(item.turn)
+            if self.turns == "all" and progress.turns:
+                progress.answers[item.turn] = answer or ""
+                self.admit(progress, [self.build_turn(progress, progress.turns[0])], front=True)
+                continue
+            self._maybe_retire(progress)
+
+    def _not_generated(self, item: WorkItem, kind: str, reason: str, excerpt: str) -> None:
+        """A sample that will not be generated in this run: failed (retries spent) or rejected (HTTP 400)."""
+        progress = self._active.get(item.conv.conversation_id)
+        reject = reject_for(item.conv, f"turn {item.turn}: {reason}", excerpt=excerpt,
+                            kind="generation_failed" if kind == "failed" else "sglang_rejected")
+        if progress is None:
+            self._count(item.shard_id, kind, item.sample_id, reject)
+            return
+        progress.outstanding -= 1
+        self._settle_turn(progress, item.turn, kind, reject)
+        if self.turns == "all":
+            # later turns chain on this answer: they cannot be generated either
+            for later in list(progress.turns):
+                self._settle_turn(progress, later, kind, reject_for(
+                    item.conv, f"turn {later}: not generated: turn {item.turn} {kind}", kind=f"earlier_turn_{kind}"))
+        self._maybe_retire(progress)
+
+    def _settle_turn(self, progress: ConvProgress, turn: int, kind: str, reject: Reject) -> None:
+        if turn in progress.turns:
+            progress.turns.remove(turn)
+        self._count(progress.shard_id, kind, sample_id(progress.conv.conversation_id, turn), reject)
+
+    def _count(self, shard_id: str, kind: str, sample: str, reject: Reject) -> None:
+        try:
+            self.store.settle(shard_id, sample, kind, reject.kind)
+        except OSError as exc:
+            # a full disk: the run goes on with the outcome counted here (and in rejects.jsonl when it can be
+            # written); only a status read from the run dir alone, or the next start, does not see it
+            log.error("%s; it counts as %s in this run", exc, kind)
+        counts = self._shards[shard_id]
+        if kind == "rejected":
+            counts.rejected += 1
+        else:
+            counts.failed += 1
+        self.changed(shard_id)
+        self.rejects.add(reject)
+        if self.on_reject is not None:
+            self.on_reject(reject)
+
+    def _maybe_retire(self, progress: ConvProgress) -> None:
+        if progress.outstanding <= 0 and not progress.turns:
+            self._active.pop(progress.conv.conversation_id, None)
+            self.want_more()
+

@@ -233,7 +233,7 @@ class RunStatus:
         fatal = data.get("fatal")
         hosts = data.get("hosts")
         router = data.get("router")
-        given = {k: v for k, v in data.items() if k in _SCALARS}
+        given = {k: v for k, v in data.items() if k in _SCALARS and v is not None}
         return cls(
             **{"run_dir": "", "state": "", **given},
             running=bool(data.get("running", not data.get("offline"))),

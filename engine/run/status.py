@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.fatal import FatalRecord
 from engine.startup import StartCheck
-from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, GpuEvent, RunEndEvent, ShardEvent,
+from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,
                                      WorkerEvent)
 
 if TYPE_CHECKING:  # the console reads this module: the ledger's (pyarrow via the shard store) stays out of its imports

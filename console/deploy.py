@@ -34,6 +34,7 @@ from console.ssh_options import SshOptions, add_ssh_options
 from console.startup_failure import cause_first, startup_failure_text
 from console.transport import Transport, TransportError, quote_argv
 from engine.config import RunConfig, dump_toml
+from engine.run.status import RunStatus
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0
@@ -252,24 +253,25 @@ async def _died(transport: Transport, client: RunClient, pid: int) -> StartFaile
     first), or, when it recorded none, the end of this start's log."""
     run_dir = client.run_dir
     where = f"{transport.name}:{run_dir}"
+    read_error = ""
     try:
-        last = await client.last_status()
+        last = RunStatus.from_dict(await client.last_status())
     except RunClientError as exc:
-        last = {"state": "dead", "read_error": str(exc)}
-    fatal = last.get("fatal")
+        last, read_error = RunStatus(run_dir=run_dir, state="dead", running=False, offline=True), str(exc)
+    fatal = last.fatal
     if fatal:
-        lines = cause_first(fatal.get("message") or "", where) if fatal.get("exc_type") == "ConfigChanged" else None
+        lines = cause_first(fatal.message, where) if fatal.exc_type == "ConfigChanged" else None
         text = "\n".join(lines) if lines else "\n".join(cause_lines(fatal))
         return StartFailed(f"the supervisor (pid {pid}) exited during its start:\n{text}", pid=pid, run_dir=run_dir,
-                           fatal=fatal)
-    if last.get("state") in ("done", "stopped", "drained"):
-        end = last.get("run_end") or {}
-        return StartFailed(f"the supervisor (pid {pid}) ended during its start: {last['state']}"
-                           + (f" ({end['cause']})" if end.get("cause") else ""), pid=pid, run_dir=run_dir)
+                           fatal=fatal.to_dict())
+    if last.state in ("done", "stopped", "drained"):
+        cause = last.run_end.cause if last.run_end is not None else ""
+        return StartFailed(f"the supervisor (pid {pid}) ended during its start: {last.state}"
+                           + (f" ({cause})" if cause else ""), pid=pid, run_dir=run_dir)
     log_path = f"{run_dir}/supervisor.log"
     tail = await transport.run(f"tail -n {LOG_TAIL_LINES} -- {shlex.quote(log_path)}", timeout=15)
     text = tail.stdout if tail.exit_status == 0 else tail.stderr
-    why = f" (its run dir's last state could not be read: {last['read_error']})" if last.get("read_error") else ""
+    why = f" (its run dir's last state could not be read: {read_error})" if read_error else ""
     return StartFailed(f"no cause recorded{why}:\n" + startup_failure_text(pid, where, log_path, text),
                        pid=pid, run_dir=run_dir, log_tail=text.splitlines()[-8:])
 

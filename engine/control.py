@@ -1,7 +1,6 @@
 """The control socket: run_dir/control.sock (0600), one JSON request per line, one JSON reply per line.
 
-Requests: {"op": "status"} | {"op": "pause", "shards": [...] | "all"} | {"op": "resume", ...} |
-{"op": "restart_worker", "worker": name} | {"op": "drain_host"|"undrain_host", "host": name} | {"op": "drain"} | {"op": "stop"}.
+Requests: the ops of engine.run.control_ops (parsed there; the handler gets the typed op).
 Replies: {"ok": true, "result": {...}} or {"ok": false, "error": "text"}.
 """
 from __future__ import annotations
@@ -16,9 +15,12 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
+from engine.run.control_ops import ControlError, Op, parse_op
+
+__all__ = ["ControlError", "ControlServer", "request", "socket_address"]
+
 log = logging.getLogger("regen.control")
 
-OPS = ("status", "pause", "resume", "restart_worker", "drain_host", "undrain_host", "drain", "stop")
 MAX_REQUEST_BYTES = 1 << 20
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the terminating NUL (Linux)
 
@@ -37,11 +39,7 @@ def socket_address(path: Path):
         os.close(fd)
 
 
-class ControlError(Exception):
-    """A request that cannot be served; its text is the reply's `error`."""
-
-
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Handler = Callable[[Op], Awaitable[dict[str, Any]]]
 
 
 class ControlServer:
@@ -103,16 +101,17 @@ class ControlServer:
             request = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             return _reply_error(f"request is not JSON: {exc}")
-        if not isinstance(request, dict) or request.get("op") not in OPS:
-            op = request.get("op") if isinstance(request, dict) else None
-            return _reply_error(f"unknown op {op!r}; known: {', '.join(OPS)}")
         try:
-            result = await self.handler(request)
+            op = parse_op(request)
+        except ControlError as exc:
+            return _reply_error(str(exc))
+        try:
+            result = await self.handler(op)
         except ControlError as exc:
             return _reply_error(str(exc))
         except Exception as exc:  # a bug in an op must reach the operator, not kill the supervisor
-            log.exception("control op %s failed", request.get("op"))
-            return _reply_error(f"{request.get('op')} failed: {type(exc).__name__}: {exc}")
+            log.exception("control op %s failed", op.op)
+            return _reply_error(f"{op.op} failed: {type(exc).__name__}: {exc}")
         return orjson.dumps({"ok": True, "result": result}) + b"\n"
 
 

@@ -19,6 +19,7 @@ import engine
 from engine.config import RunConfig, host_workers
 from engine.host_link import HostLink, named_specs
 from engine.router import RouterEndpoint, RouterError, RouterProcess
+from engine.run.status import HostStatus, RouterStatus
 from engine.telemetry_events import AlertEvent
 from engine.workers import Worker, WorkerState
 
@@ -94,7 +95,7 @@ class Fleet:
         self.endpoint.refresh()
         self.on_change()
 
-    def set_drained(self, name: str, drained: bool) -> dict:
+    def set_drained(self, name: str, drained: bool) -> HostStatus:
         """Drain: the host's servers leave the router (requests already on them finish and are
         committed); it stays out, also across a reconnect, until undrained."""
         link = next((link for link in self.links if link.host.name == name), None)
@@ -106,12 +107,14 @@ class Fleet:
                              key=f"host-drain:{name}"))
         return link.status()
 
-    def status(self) -> dict:
+    def host_statuses(self) -> list[HostStatus]:
         hosts = [link.status() for link in self.links]
         for h in self.cfg.hosts:
             if h.is_local:
-                hosts.insert(0, {"name": h.name, "address": "local", "state": "up", "error": None,
-                                 "workers": [w.name for w in self.local_workers], "work_dir": self.cfg.run_dir})
-        return {"hosts": hosts, "router": {"url": self.router.url, "up": self.router.up, "policy": self.cfg.router.policy,
-                                           "members": sorted(self.router.members), "restarts": self.router.restarts,
-                                           "error": self.router.error}}
+                hosts.insert(0, HostStatus(name=h.name, address="local", state="up", error=None,
+                                           workers=[w.name for w in self.local_workers], work_dir=self.cfg.run_dir))
+        return hosts
+
+    def router_status(self) -> RouterStatus:
+        return RouterStatus(url=self.router.url, up=self.router.up, policy=self.cfg.router.policy,
+                            members=sorted(self.router.members), restarts=self.router.restarts, error=self.router.error)

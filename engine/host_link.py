@@ -41,6 +41,7 @@ import aiohttp
 
 from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
 from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics
+from engine.run.status import HostStatus
 from engine.server_identity import IdentityCheck, ServedNames, Verdict, read_served_names
 from engine.telemetry_events import AlertEvent, WorkerEvent
 from engine.workers import (
@@ -252,10 +253,10 @@ class HostLink:
             elif not drained and m.state == HostState.DRAINED:
                 m.set_state(WorkerState.STARTING)  # the next health pass makes it ready: back in the router
 
-    def status(self) -> dict:
-        return {"name": self.host.name, "address": self.host.address, "state": self.state, "error": self.error,
-                "joins": self.joins, "lost": self.lost_count, "workers": [m.name for m in self.members],
-                "work_dir": self.host.work_dir}
+    def status(self) -> HostStatus:
+        return HostStatus(name=self.host.name, address=self.host.address, state=self.state, error=self.error,
+                          workers=[m.name for m in self.members], work_dir=self.host.work_dir, joins=self.joins,
+                          lost=self.lost_count)
 
     # -- ssh --------------------------------------------------------------------------------
     def ssh_argv(self, *extra: str) -> list[str]:

@@ -65,8 +65,8 @@ class StartupChecks:
     def passed(self) -> bool:
         return all(c.state == OK for c in self.checks.values())
 
-    def to_list(self) -> list[dict[str, Any]]:
-        return [c.to_dict() for c in self.checks.values()]
+    def in_order(self) -> list[StartCheck]:
+        return list(self.checks.values())
 
 
 def open_prompt_files(patterns: Sequence[str]) -> str:

@@ -52,11 +52,12 @@ from engine.shard_store import ShardStore
 from engine.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry
 from engine.run.committer import Committer
+from engine.run.control_ops import Drain, DrainHost, Op, Pause, RestartWorker, Resume, Status, Stop, UndrainHost
 from engine.run.dispatcher import Dispatcher
 from engine.run.feed import Feed
 from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
-from engine.run.status import ShardStatus, dispatch_figures, shard_statuses
+from engine.run.status import Rejects, RunStatus, ShardStatus, build_run_status, dispatch_figures, shard_statuses
 from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent
 from engine.fleet import Fleet
@@ -354,49 +355,61 @@ class Supervisor:
         self._begin_shutdown("stop")
 
     # -- control ops ------------------------------------------------------------------------
-    async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
-        op = req["op"]
-        if op == "status":
-            return self.status()
-        if self.ledger is None and op in ("pause", "resume", "restart_worker"):
-            raise ControlError("the supervisor is still starting (counting prompts); try again in a moment")
-        if op in ("pause", "resume"):
-            shards = req.get("shards", "all")
-            if shards != "all" and not (isinstance(shards, list) and all(isinstance(s, str) for s in shards)):
-                raise ControlError('"shards" must be a list of shard ids or "all"')
-            try:
-                changed = self.ledger.set_paused(None if shards == "all" else shards, op == "pause")
-            except KeyError as exc:
-                raise ControlError(exc.args[0]) from exc
-            log.info("%s %s", op, shards)
-            return {"op": op, "shards": sorted(changed), "paused": sorted(self.ledger.paused), "state": self.state()}
-        if op == "restart_worker":
-            name = req.get("worker")
-            match = [w for w in self.workers if w.name == name]
-            if not match:
-                raise ControlError(f"unknown worker {name!r}; workers: {', '.join(w.name for w in self.workers)}")
-            try:
-                match[0].restart()
-            except NotImplementedError as exc:
-                raise ControlError(str(exc)) from exc
-            log.info("restart of worker %s requested", name)
-            return {"worker": name, "state": match[0].state}
-        if op in ("drain_host", "undrain_host"):
-            if self.fleet is None:
-                raise ControlError("drain_host: this run has no [[hosts]]")
-            try:
-                return self.fleet.set_drained(req.get("host"), op == "drain_host")
-            except KeyError as exc:
-                raise ControlError(exc.args[0]) from exc
-        if op == "drain":
-            self.end_cause = self.end_cause or "drain requested over the control socket (regen stop --drain)"
-            self._begin_shutdown("drain")
-            return {"state": self.state()}
-        if op == "stop":
-            self.end_cause = self.end_cause or "stop requested over the control socket (regen stop)"
-            self._begin_shutdown("stop")
-            return {"state": self.state()}
+    async def handle(self, op: Op) -> dict[str, Any]:
+        """One control op (engine.run.control_ops), one method each; ControlError's text is the reply's error."""
+        match op:
+            case Status():
+                return self.status().to_dict()
+            case Pause() | Resume():
+                return self._set_paused(op)
+            case RestartWorker():
+                return self._restart_worker(op)
+            case DrainHost() | UndrainHost():
+                return self._set_host_drained(op)
+            case Drain() | Stop():
+                return self._end_on_request(op)
         raise ControlError(f"unknown op {op!r}")
+
+    def _needs_ledger(self) -> None:
+        if self.ledger is None:
+            raise ControlError("the supervisor is still starting (counting prompts); try again in a moment")
+
+    def _set_paused(self, op: Pause | Resume) -> dict[str, Any]:
+        self._needs_ledger()
+        try:
+            changed = self.ledger.set_paused(None if op.shards is None else list(op.shards), isinstance(op, Pause))
+        except KeyError as exc:
+            raise ControlError(exc.args[0]) from exc
+        log.info("%s %s", op.op, "all" if op.shards is None else list(op.shards))
+        return {"op": op.op, "shards": sorted(changed), "paused": sorted(self.ledger.paused), "state": self.state()}
+
+    def _restart_worker(self, op: RestartWorker) -> dict[str, Any]:
+        self._needs_ledger()
+        found = [w for w in self.workers if w.name == op.worker]
+        if not found:
+            raise ControlError(f"unknown worker {op.worker!r}; workers: {', '.join(w.name for w in self.workers)}")
+        try:
+            found[0].restart()
+        except NotImplementedError as exc:
+            raise ControlError(str(exc)) from exc
+        log.info("restart of worker %s requested", op.worker)
+        return {"worker": op.worker, "state": found[0].state}
+
+    def _set_host_drained(self, op: DrainHost | UndrainHost) -> dict[str, Any]:
+        if self.fleet is None:
+            raise ControlError("drain_host: this run has no [[hosts]]")
+        try:
+            return self.fleet.set_drained(op.host, isinstance(op, DrainHost)).to_dict()
+        except KeyError as exc:
+            raise ControlError(exc.args[0]) from exc
+
+    def _end_on_request(self, op: Drain | Stop) -> dict[str, Any]:
+        if isinstance(op, Drain):
+            self.end_cause = self.end_cause or "drain requested over the control socket (regen stop --drain)"
+        else:
+            self.end_cause = self.end_cause or "stop requested over the control socket (regen stop)"
+        self._begin_shutdown(op.op)
+        return {"state": self.state()}
 
     def state(self) -> str:
         if self.mode in ("done", "stopped", "failed", "draining", "stopping", "starting"):
@@ -408,34 +421,25 @@ class Supervisor:
     def dispatch_state(self) -> str:
         return "disk_full" if self.watch.disk_full and self.mode == "running" else self.state()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> RunStatus:
         t = self.telemetry
         self._update_workers_check()
-        dispatch = (self._figures().to_dict() if self.ledger is not None
-                    else (t.dispatch.to_dict() if t.dispatch else None))
+        ledger, d = self.ledger, self.dispatcher
         write_errors = safe_log.failures() + ([f"{t.path}: {t.write_error} ({t.dropped} events not written)"]
                                               if t.write_error else [])
-        return {
-            "run_dir": str(self.run_dir),
-            "state": self.state(),
-            "running": True,  # a supervisor answers (engine.ctl last-status says False)
-            "fatal": None,
-            "phase": self.phase,
-            "startup": self.startup.to_list(),
-            "write_errors": write_errors,
-            "pid": os.getpid(),
-            "started_at": self.started_at,
-            "config_hash": self.cfg.content_hash(),
-            "host": socket.gethostname(),
-            "dispatch": dispatch,
-            "workers": [w.snapshot().to_dict() for w in self.workers],
-            **(self.fleet.status() if self.fleet is not None else {}),
-            "shards": [sh.to_dict() for sh in self._shard_statuses()],
-            "gpus": [g.to_dict() for g in t.gpus.values()],
-            "disk": [d.to_dict() for d in t.disk.values()],
-            "alerts": [a.to_dict() for a in t.alerts],
-            "rejects": {"total": self.rejects.count, "by_reason": self.rejects.counts_by_reason()},
-        }
+        fleet = self.fleet
+        return build_run_status(
+            run_dir=str(self.run_dir), state=self.state(), dispatch_state=self.dispatch_state(),
+            shards=ledger.shards if ledger is not None else None, paused=ledger.paused if ledger is not None else (),
+            rate=ledger.rate if ledger is not None else None, in_flight=d.in_flight if d is not None else 0,
+            retried=d.retried if d is not None else 0, dispatched=d.dispatched if d is not None else None,
+            last_dispatch=t.dispatch, rejects=Rejects(self.rejects.count, self.rejects.counts_by_reason()),
+            running=True, phase=self.phase, startup=self.startup.in_order(), write_errors=write_errors,
+            pid=os.getpid(), started_at=self.started_at, config_hash=self.cfg.content_hash(),
+            host=socket.gethostname(), log=str(self.run_dir / "supervisor.log"),
+            workers=[w.snapshot() for w in self.workers], gpus=list(t.gpus.values()), disk=list(t.disk.values()),
+            alerts=list(t.alerts), hosts=fleet.host_statuses() if fleet is not None else None,
+            router=fleet.router_status() if fleet is not None else None)
 
     # -- shutdown ---------------------------------------------------------------------------
     def _begin_shutdown(self, how: str) -> None:

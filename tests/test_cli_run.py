@@ -103,6 +103,7 @@ def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_ru
     assert "- tok/s" in said and "ETA -" in said
     last = json.loads(regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path).stdout)
     assert last["offline"] and last["state"] == "drained" and last["running"] is False and last["fatal"] is None
+    assert set(last) == set(data)  # one shape, live and offline
     assert sum(sh["done"] for sh in last["shards"]) == last["dispatch"]["done"] == len(read_rows(run_dir))
     nowhere = regen("status", "local", "--run-dir", str(tmp_path / "no-run"), home=tmp_path)
     assert nowhere.returncode == 2, nowhere.stdout

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.config import RunConfig, Workers
 from engine.control import ControlError, ControlServer, request
+from engine.run.control_ops import Pause
 from engine.metrics_client import parse_metrics, parse_server_info
 from engine.workers import WorkerSpec, error_lines, launch_argv, redact, worker_specs
 
@@ -73,10 +74,10 @@ def test_error_lines_quote_sglang_fatal_lines(tmp_path):
 def test_control_socket_replies_and_is_private(tmp_path):
     sock = tmp_path / "control.sock"
 
-    async def handler(req):
-        if req["op"] == "pause":
-            raise ControlError("unknown shard(s): s9")
-        return {"echo": req["op"]}
+    async def handler(op):
+        if isinstance(op, Pause):
+            raise ControlError(f"unknown shard(s): {', '.join(op.shards)}")
+        return {"echo": op.op}
 
     async def main():
         server = ControlServer(sock, handler)

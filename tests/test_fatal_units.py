@@ -21,6 +21,7 @@ from engine.fatal import (FATAL_FILE, PREVIOUS_FILE, FatalRecord, SpaceReserve, 
 from engine.ingest import PromptFileError
 from engine.render import RenderError
 from engine.run_dir import ConfigChanged
+from engine.run.status import RunStatus
 from engine.safe_log import ResilientHandler
 from engine.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry
@@ -233,7 +234,7 @@ def test_start_checks_fail_at_the_first_pending(tmp_path):
     s.ok("config", "run.toml")
     s.ok("run_dir")
     s.fail_pending("PromptFileError: x")
-    states = {c["check"]: c["state"] for c in s.to_list()}
+    states = {c.check: c.state for c in s.in_order()}
     assert states["prompts"] == "failed" and states["tokenizer"] == "pending" and not s.passed
     for name in ("prompts", "tokenizer", "count", "workers"):
         s.ok(name)
@@ -256,28 +257,28 @@ FATAL = {"exc_type": "PromptFileError", "message": "prompt file /d/c.jsonl: [Err
 
 def test_status_words_and_exit_codes_for_runs_that_are_not_running():
     hint = "regen start gpu-box --config run.toml --ssh-config '/home/o/ssh config'"
-    failed = {"state": "failed", "running": False, "fatal": FATAL, "run_dir": "/r dir; x"}
+    failed = RunStatus.from_dict({"state": "failed", "running": False, "fatal": FATAL, "run_dir": "/r dir; x"})
     lines = not_running_lines(failed, hint, "(run.toml: the config the run was started with)")
     assert lines[0] == "failed: PromptFileError: prompt file /d/c.jsonl: [Errno 2] No such file or directory"
     assert lines[1].split() == ["path:", "/d/c.jsonl"] and "fix `prompts`" in lines[2]
     assert lines[-2] == f"  after the fix, start again: {hint}" and lines[-1].startswith("  (run.toml:")
     assert exit_code_of(failed) == EXIT_RUN_FAILED
-    stopped = {"state": "stopped", "running": False, "fatal": None, "run_dir": "/r",
-               "run_end": {"state": "stopped", "cause": "SIGTERM received"}}
+    stopped = RunStatus.from_dict({"state": "stopped", "running": False, "fatal": None, "run_dir": "/r",
+                                   "run_end": {"state": "stopped", "cause": "SIGTERM received"}})
     assert not_running_lines(stopped, "regen start h --config /r/run.toml") == [
         "stopped: SIGTERM received; resume with: regen start h --config /r/run.toml"]
     assert exit_code_of(stopped) == EXIT_NOT_RUNNING
-    dead = {"state": "dead", "running": False, "fatal": None, "run_dir": "/r", "log": "/r/supervisor.log",
-            "log_tail": ["line a", "line b"]}
+    dead = RunStatus.from_dict({"state": "dead", "running": False, "fatal": None, "run_dir": "/r",
+                                "log": "/r/supervisor.log", "log_tail": ["line a", "line b"]})
     text = "\n".join(not_running_lines(dead, "regen start h --config /r/run.toml"))
     assert "supervisor not running (killed? no cause recorded; last log lines of /r/supervisor.log" in text
     assert "| line b" in text and exit_code_of(dead) == EXIT_NOT_RUNNING
-    assert exit_code_of({"state": "done", "running": False}) == 0
-    assert exit_code_of({"state": "running", "running": True}) == 0
+    assert exit_code_of(RunStatus(run_dir="/r", state="done", running=False, offline=True)) == 0
+    assert exit_code_of(RunStatus(run_dir="/r", state="running")) == 0
 
 
 def test_progress_line_has_no_rates_for_a_run_that_is_not_running():
-    d = {"state": "disk_full", "done": 10, "total": 20, "in_flight": 5, "tokens_per_s": 7904.0, "output_tokens": 100}
+    d = DispatchEvent(state="disk_full", done=10, total=20, in_flight=5, tokens_per_s=7904.0, output_tokens=100)
     live = progress_line(d, "disk_full", running=True)
     assert "5 in flight, 7904 tok/s" in live and "ETA unknown" not in live
     dead = progress_line(d, "dead", running=False)

@@ -15,6 +15,7 @@ from engine.config import ConfigError, Host, config_from_dict, dump_toml, host_w
 from engine.host_link import HostLink, RemoteWorker, admit_remote, host_specs, parse_identity_records
 from engine.metrics_client import ServerCapacity, ServerMetrics
 from engine.router import RouterEndpoint, router_argv
+from engine.run.status import RunStatus
 from engine.server_identity import ServedNames, Verdict
 from engine.telemetry_events import AlertEvent, GpuEvent, WorkerEvent
 from engine.workers import IdentityRecord, WorkerSpec, WorkerState
@@ -134,7 +135,7 @@ def test_status_shows_hosts_router_and_workers_by_host():
         "router": {"url": "http://127.0.0.1:30500", "up": True, "policy": "cache_aware", "members": ["x"]},
     }
     console = Console(width=200, record=True)
-    console.print(render_status(status))
+    console.print(render_status(RunStatus.from_dict(status)))
     text = console.export_text()
     assert "router http://127.0.0.1:30500 cache_aware, up, 1 servers in it" in text
     h2 = next(line for line in text.splitlines() if line.strip("│┃ ").startswith("h2 ") and "gpu-b" in line)

@@ -119,5 +119,5 @@ def test_status_reply_with_event_dicts_folds():
     w = WorkerEvent(ts=5, name="gpu0", state="ready").to_dict()
     a = AlertEvent(ts=5, severity="warning", text="t", key="k").to_dict()
     m.apply_status({"state": "running", "dispatch": d, "workers": [w], "alerts": [a], "rejects": {"total": 2}})
-    assert (m.done, m.total, m.workers["gpu0"].state, m.rejects["total"]) == (3, 9, "ready", 2)
+    assert (m.done, m.total, m.workers["gpu0"].state, m.rejects.total) == (3, 9, "ready", 2)
     assert [x.text for x in m.alerts] == ["t"]

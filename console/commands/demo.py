@@ -163,7 +163,7 @@ async def follow_until_done(client, run_dir: str) -> int:
             last = event
             if time.monotonic() - last_print >= 2.0 or event.state in ("done", "stopped", "failed"):
                 last_print = time.monotonic()
-                print(f"[{time.monotonic() - started:6.1f}s] {progress_line(event.to_dict())}", flush=True)
+                print(f"[{time.monotonic() - started:6.1f}s] {progress_line(event)}", flush=True)
         elif isinstance(event, AlertEvent) and event.severity != "info":
             print(f"ALERT {event.severity}: {event.text}", flush=True)
     wall = time.monotonic() - started

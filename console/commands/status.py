@@ -14,10 +14,12 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from console.cause import NOT_RUNNING_STATES, is_running, not_running_lines
+from console.cause import NOT_RUNNING_STATES, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
 from console.hints import hint_from_args
 from console.run_client import RunClientError
+from engine.run.status import RunStatus
+from engine.telemetry_events import DispatchEvent
 
 # exit codes of `regen status` (1 and 2 are every run command's: an error reply, nothing reachable there)
 EXIT_RUN_FAILED = 3  # the supervisor is gone and recorded why (fatal.json): `failed: ...` is printed first
@@ -41,10 +43,10 @@ def add_arguments(parser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
-def exit_code_of(status: dict) -> int:
-    if is_running(status) or status.get("state") == "done":
+def exit_code_of(status: RunStatus) -> int:
+    if status.running or status.state == "done":
         return EXIT_OK
-    return EXIT_RUN_FAILED if status.get("fatal") else EXIT_NOT_RUNNING
+    return EXIT_RUN_FAILED if status.fatal else EXIT_NOT_RUNNING
 
 
 def run(args) -> int:
@@ -55,18 +57,17 @@ def run(args) -> int:
 
     async def call(client) -> int:
         try:
-            status = await client.status()
+            reply = await client.status()
         except RunClientError as exc:
             if exc.kind != "unreachable" or "no supervisor" not in str(exc):
                 raise
             try:
-                status = await client.last_status()  # finished, failed or killed: what the run dir recorded
+                reply = await client.last_status()  # finished, failed or killed: what the run dir recorded
             except RunClientError:
                 raise exc from None
-        status.setdefault("running", is_running(status))  # an engine from before these fields
-        status.setdefault("fatal", None)
+        status = RunStatus.from_dict(reply)  # an engine from before some fields: they take their defaults
         if args.json:
-            print(json.dumps(status, indent=2))
+            print(json.dumps(status.to_dict(), indent=2))
         else:
             console = Console()
             console.print(cause_block(status, args), soft_wrap=True)
@@ -89,18 +90,17 @@ def eta_text(eta_s: float | None) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def progress_line(d: dict, state: str | None = None, running: bool = True) -> str:
+def progress_line(d: DispatchEvent, state: str | None = None, running: bool = True) -> str:
     """Done/total and the rates; a run that is not running has no tok/s, in-flight count or ETA ("-")."""
-    done, total = d.get("done", 0), d.get("total", 0)
-    pct = 100.0 * done / total if total else 100.0
-    state = state or d.get("state")
+    pct = 100.0 * d.done / d.total if d.total else 100.0
+    state = state or d.state
     moving = running and state not in NOT_RUNNING_STATES
-    tok_s = d.get("tokens_per_s")
-    rates = (f"{d.get('in_flight', 0)} in flight, {'-' if tok_s is None else f'{tok_s:.0f}'} tok/s" if moving
+    tok_s = d.tokens_per_s
+    rates = (f"{d.in_flight} in flight, {'-' if tok_s is None else f'{tok_s:.0f}'} tok/s" if moving
              else "- in flight, - tok/s")
-    eta = eta_text(d.get("eta_s")) if moving else "-"
-    return (f"{state}: {done}/{total} samples ({pct:.1f}%), {rates}, failed {d.get('failed', 0)},"
-            f" rejected samples {d.get('rejected', 0)}, retried {d.get('retried', 0)}, ETA {eta}")
+    eta = eta_text(d.eta_s) if moving else "-"
+    return (f"{state}: {d.done}/{d.total} samples ({pct:.1f}%), {rates}, failed {d.failed},"
+            f" rejected samples {d.rejected}, retried {d.retried}, ETA {eta}")
 
 
 def start_again(args, run_dir: str) -> tuple[str, str]:
@@ -113,113 +113,105 @@ def start_again(args, run_dir: str) -> tuple[str, str]:
     return hint, note
 
 
-def cause_block(s: dict, args) -> Text:
+def cause_block(s: RunStatus, args) -> Text:
     """For a run whose supervisor is gone: why (or that nothing was recorded), and how to start it again. Printed
     first and unwrapped (soft_wrap), so paths and the command stay whole when copied."""
     text = Text()
-    if is_running(s):
+    if s.running:
         return text
-    for line in not_running_lines(s, *start_again(args, s.get("run_dir") or args.run_dir)):
+    for line in not_running_lines(s, *start_again(args, s.run_dir or args.run_dir)):
         text.append(line + "\n", style="bold red" if line.startswith("failed:") else
                     ("bold yellow" if not line.startswith("  ") else ""))
     return text
 
 
-def render_status(s: dict) -> Group:
-    d = s.get("dispatch") or {}
-    running = is_running(s)
+def render_status(s: RunStatus) -> Group:
+    d = s.dispatch
     head = Text()
-    head.append(f"{s.get('host')}:{s.get('run_dir')}  ", style="bold")
-    state = s.get("state")
+    head.append(f"{s.host}:{s.run_dir}  ", style="bold")
+    state = s.state
     head.append(f"state {state}", style="bold green" if state in ("running", "done") else
                 ("bold red" if state in ("failed", "dead") else "bold yellow"))
-    if not running:
-        last = s.get("last_state")
-        was = f" (its last recorded state: {last})" if last and last != state else ""
+    if not s.running:
+        was = f" (its last recorded state: {s.last_state})" if s.last_state and s.last_state != state else ""
         head.append(f"  supervisor not running: the last state recorded in the run dir{was}\n", style="yellow")
     else:
-        head.append(f"  pid {s.get('pid')}  up {time.time() - s.get('started_at', time.time()):.0f} s\n")
-    head.append(progress_line(d, state, running) if d else "no dispatch yet")
-    pending = [c for c in s.get("startup") or [] if c.get("state") != "ok"]
-    if running and pending:  # still starting (or a start check failed): which ones, and why
+        up = time.time() - (s.started_at if s.started_at is not None else time.time())
+        head.append(f"  pid {s.pid}  up {up:.0f} s\n")
+    head.append(progress_line(d, state, s.running) if d is not None else "no dispatch yet")
+    pending = [c for c in s.startup if c.state != "ok"]
+    if s.running and pending:  # still starting (or a start check failed): which ones, and why
         head.append("\nstart checks not passed: " + "; ".join(
-            f"{c.get('title') or c.get('check')} {c.get('state')}" + (f" ({c['detail']})" if c.get("detail") else "")
-            for c in pending), style="bold red" if any(c.get("state") == "failed" for c in pending) else "yellow")
-    for problem in s.get("write_errors") or []:
+            f"{c.title or c.check} {c.state}" + (f" ({c.detail})" if c.detail else "") for c in pending),
+            style="bold red" if any(c.state == "failed" for c in pending) else "yellow")
+    for problem in s.write_errors:
         head.append(f"\ncannot write {problem}", style="bold red")
-    for problem in s.get("read_errors") or []:
+    for problem in s.read_errors:
         head.append(f"\ncannot read the run dir's {problem}", style="bold red")
-    multi = any(w.get("host") for w in s.get("workers", []))
+    multi = any(w.host for w in s.workers)
     workers = Table(title="workers" + (" (by host)" if multi else ""), expand=False)
     if multi:
         workers.add_column("host")
     for col in ("name", "state", "gpus", "pid", "restarts", "in flight/cap", "running", "queued", "gen tok/s",
                 "KV usage", "error"):
         workers.add_column(col)
-    for w in sorted(s.get("workers", []), key=lambda w: (w.get("host") or "", w["name"])):
-        workers.add_row(*([w.get("host") or ""] if multi else []), w["name"], w["state"], ",".join(map(str, w.get("gpus", []))), _na(w.get("pid")),
-                        str(w.get("restarts", 0)), f"{w.get('in_flight', 0)}/{w.get('capacity', 0)}",
-                        _na(w.get("running_reqs"), "{:.0f}"), _na(w.get("queued_reqs"), "{:.0f}"),
-                        _na(w.get("gen_throughput"), "{:.0f}"), _na(w.get("token_usage"), "{:.0%}"),
-                        (w.get("error") or "")[:60])
-    shards = s.get("shards", [])
+    for w in sorted(s.workers, key=lambda w: (w.host or "", w.name)):
+        workers.add_row(*([w.host or ""] if multi else []), w.name, w.state, ",".join(map(str, w.gpus)), _na(w.pid),
+                        str(w.restarts), f"{w.in_flight}/{w.capacity}",
+                        _na(w.running_reqs, "{:.0f}"), _na(w.queued_reqs, "{:.0f}"),
+                        _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"), (w.error or "")[:60])
     by_state: dict[str, int] = {}
-    for sh in shards:
-        by_state[sh["state"]] = by_state.get(sh["state"], 0) + 1
+    for sh in s.shards:
+        by_state[sh.state] = by_state.get(sh.state, 0) + 1
     shard_table = Table(title=f"shards ({', '.join(f'{n} {k}' for k, n in sorted(by_state.items())) or 'none'})")
     for col in ("shard", "state", "done/total", "output tokens", "empty", "truncated"):
         shard_table.add_column(col)
-    interesting = [sh for sh in shards if sh["state"] in ("running", "paused")] or shards
+    interesting = [sh for sh in s.shards if sh.state in ("running", "paused")] or s.shards
     for sh in interesting[:20]:
-        shard_table.add_row(sh["id"], sh["state"], f"{sh['done']}/{sh['total']}", str(sh.get("output_tokens", 0)),
-                            str(sh.get("empty", 0)), str(sh.get("truncated", 0)))
+        shard_table.add_row(sh.id, sh.state, f"{sh.done}/{sh.total}", str(sh.output_tokens), str(sh.empty),
+                            str(sh.truncated))
     if len(interesting) > 20:
         shard_table.add_row(f"... {len(interesting) - 20} more", "", "", "", "", "")
     parts = [head]
-    if s.get("hosts"):
+    if s.hosts:
         parts.append(hosts_table(s))
     parts += [workers, shard_table]
-    gpus = s.get("gpus", [])
-    if gpus:
+    if s.gpus:
         g = Table(title="GPUs")
         for col in ("gpu", "name", "mem used/total MiB", "util", "temp", "power", "error"):
             g.add_column(col)
-        for ev in gpus:
-            mem = (f"{ev['mem_used_mb']:.0f}/{ev['mem_total_mb']:.0f}" if ev.get("mem_used_mb") is not None
-                   and ev.get("mem_total_mb") is not None else "N/A")
-            g.add_row(str(ev["index"]), ev.get("name") or "N/A", mem, _na(ev.get("util_pct"), "{:.0f}%"),
-                      _na(ev.get("temp_c"), "{:.0f}C"), _na(ev.get("power_w"), "{:.0f}W"), ev.get("error") or "")
+        for ev in s.gpus:
+            mem = (f"{ev.mem_used_mb:.0f}/{ev.mem_total_mb:.0f}" if ev.mem_used_mb is not None
+                   and ev.mem_total_mb is not None else "N/A")
+            g.add_row(str(ev.index), ev.name or "N/A", mem, _na(ev.util_pct, "{:.0f}%"), _na(ev.temp_c, "{:.0f}C"),
+                      _na(ev.power_w, "{:.0f}W"), ev.error or "")
         parts.append(g)
-    for disk in s.get("disk", []):
-        parts.append(Text(f"disk {disk['path']}: {disk['free_bytes'] / 2**30:.1f} GiB free of "
-                          f"{disk['total_bytes'] / 2**30:.1f} GiB"))
-    rejects = s.get("rejects") or {}
+    for disk in s.disk:
+        parts.append(Text(f"disk {disk.path}: {disk.free_bytes / 2**30:.1f} GiB free of "
+                          f"{disk.total_bytes / 2**30:.1f} GiB"))
     # every row of rejects.jsonl: input rows refused when read, and samples rejected or failed (by its reason)
-    parts.append(Text(f"rejects: {rejects.get('total', 0)} (rejects.jsonl rows, by reason: "
-                      + (", ".join(f"{k} {v}" for k, v in sorted((rejects.get('by_reason') or {}).items())) or "none")
-                      + ")"))
-    alerts = s.get("alerts", [])
-    if alerts:
+    parts.append(Text(f"rejects: {s.rejects.total} (rejects.jsonl rows, by reason: "
+                      + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none") + ")"))
+    if s.alerts:
         a = Table(title="alerts (latest last)")
         for col in ("time", "severity", "text"):
             a.add_column(col)
-        for al in alerts[-10:]:
-            a.add_row(time.strftime("%H:%M:%S", time.localtime(al["ts"])), al["severity"], al["text"])
+        for al in s.alerts[-10:]:
+            a.add_row(time.strftime("%H:%M:%S", time.localtime(al.ts)), al.severity, al.text)
         parts.append(a)
     return Group(*parts)
 
 
-def hosts_table(s: dict) -> Table:
-    r = s.get("router") or {}
-    title = (f"hosts (router {r.get('url')} {r.get('policy')}, {'up' if r.get('up') else 'DOWN'},"
-             f" {len(r.get('members') or [])} servers in it" + (f", restarts {r['restarts']}" if r.get("restarts") else "")
-             + (f": {r['error']}" if r.get("error") else "") + ")")
+def hosts_table(s: RunStatus) -> Table:
+    r = s.router
+    title = ("hosts (no router)" if r is None else
+             f"hosts (router {r.url} {r.policy}, {'up' if r.up else 'DOWN'}, {len(r.members)} servers in it"
+             + (f", restarts {r.restarts}" if r.restarts else "") + (f": {r.error}" if r.error else "") + ")")
     t = Table(title=title)
     for col in ("host", "address", "state", "servers", "joins", "lost", "error"):
         t.add_column(col)
-    for h in s["hosts"]:
-        state = h.get("state", "")
-        t.add_row(h["name"], h.get("address", ""), Text(state, style="green" if state == "up" else "bold red"),
-                  str(len(h.get("workers") or [])), str(h.get("joins", "")), str(h.get("lost", "")),
-                  (h.get("error") or "")[:80])
+    for h in s.hosts or []:
+        t.add_row(h.name, h.address, Text(h.state, style="green" if h.state == "up" else "bold red"),
+                  str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
+                  (h.error or "")[:80])
     return t

@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import asdict
 from typing import Any
 
-from console.cause import is_running
 from console.commands.status import cause_block, exit_code_of, progress_line
 from console.deploy import EXIT_ERROR, EXIT_UNREACHABLE
 from console.follow import FollowState, RunFollower, SourceError
 from console.hints import hint_from_args
 from console.run_client import RunClientError
 from console.ssh_options import SshOptions
+from engine.run.status import RunStatus
 from engine.telemetry_events import DispatchEvent
 
 EXIT_INTERRUPTED = 130  # Ctrl-C: the run goes on, only the following stopped
@@ -40,7 +39,7 @@ async def follow_status(args) -> int:
     source = HostSource(args.host, args.run_dir, ssh=SshOptions.from_args(args),
                         accept_new_command=hint_from_args(args, "status", "--run-dir", args.run_dir, "--follow",
                                                           accept_new=True))
-    last: dict[str, Any] = {}
+    last: RunStatus | None = None  # the latest status reply
     printed = [""]
 
     def show(line: str) -> None:
@@ -48,14 +47,14 @@ async def follow_status(args) -> int:
             printed[0] = line
             print(_stamp(line), flush=True)
 
-    def on_status(status: dict[str, Any]) -> None:
-        last.clear()
-        last.update(status)
-        if not is_running(status):
+    def on_status(reply: dict[str, Any]) -> None:
+        nonlocal last
+        status = last = RunStatus.from_dict(reply)
+        if not status.running:
             cause = cause_block(status, args).plain.rstrip()
             if cause:
                 print(cause, flush=True)
-        show(progress_line(status.get("dispatch") or {}, status.get("state"), is_running(status)))
+        show(progress_line(status.dispatch or DispatchEvent(), status.state, status.running))
 
     def on_state(st: FollowState) -> None:
         if st.state in ("reconnecting", "lost"):
@@ -69,13 +68,13 @@ async def follow_status(args) -> int:
     try:
         async for ev in follower.events():
             if isinstance(ev, DispatchEvent):
-                show(progress_line(asdict(ev), ev.state, running=True))
+                show(progress_line(ev, ev.state, running=True))
     finally:
         await source.close()
     if follower.stopped_by is not None:
         print(f"regen status --follow: {follower.stopped_by}", file=sys.stderr)
         return _exit_of_error(follower.stopped_by)
-    return exit_code_of(last) if last else EXIT_UNREACHABLE
+    return exit_code_of(last) if last is not None else EXIT_UNREACHABLE
 
 
 def run_follow(args) -> int:

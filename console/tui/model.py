@@ -6,12 +6,12 @@ kept as None and shown as N/A; nothing here raises on a partial event.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from engine.run.status import Rejects, RunStatus
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                      ShardEvent, WorkerEvent)
 
@@ -58,12 +58,6 @@ def cause_text(fatal: dict[str, Any]) -> str:
     """One line: the message's first (a missing file's message goes on with the candidates found)."""
     first = (fatal.get("message") or "(no message)").splitlines()[0]
     return f"{fatal.get('exc_type') or 'Error'}: {first}"
-
-
-def event_from(cls: type[Event], data: dict[str, Any]) -> Event:
-    """An event from a status dict (fields this console does not know are dropped)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
 
 
 class Series:
@@ -214,7 +208,7 @@ class RunModel:
         self.disks: dict[str, DiskView] = {}
         self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
         self._alert_by_key: dict[str, AlertView] = {}
-        self.rejects: dict[str, Any] = {"total": 0, "by_reason": {}}
+        self.rejects = Rejects()
         self.throughput = Series()
         self.last_ts: float | None = None
         self.connection = Connection()
@@ -385,37 +379,33 @@ class RunModel:
         out, self.new_alerts = self.new_alerts, []
         return out
 
-    def apply_status(self, status: dict[str, Any]) -> set[str]:
-        """A `status` reply: the authoritative snapshot (shard list, paused state, rejects); engine.ctl last-status's
-        for a run whose supervisor is gone (`running` false, `fatal` its recorded cause)."""
-        running = bool(status.get("running", not status.get("offline")))
-        self.running = running
-        if running:
+    def apply_status(self, reply: dict[str, Any]) -> set[str]:
+        """A `status` reply (engine.run.status.RunStatus as JSON): the authoritative snapshot (shard list, paused
+        state, rejects); engine.ctl last-status's for a run whose supervisor is gone (`running` false, `fatal` its
+        recorded cause)."""
+        status = RunStatus.from_dict(reply)
+        self.running = status.running
+        if status.running:
             self.fatal, self.run_end, self.gone_since = None, None, None
         else:
-            self.gone_since = max(self.gone_since or 0.0, status.get("checked_at") or time.time())
-            if status.get("fatal"):
-                self._fatal(status["fatal"], self.gone_since)
-        self.state = status.get("state") or self.state
-        self.pid = status.get("pid")
-        if status.get("started_at") is not None:
-            self.started_at = status["started_at"]
-        self.run_dir = status.get("run_dir") or self.run_dir
+            self.gone_since = max(self.gone_since or 0.0, status.checked_at)
+            if status.fatal is not None:
+                self._fatal(status.fatal.to_dict(), self.gone_since)
+        self.state = status.state or self.state
+        self.pid = status.pid
+        if status.started_at is not None:
+            self.started_at = status.started_at
+        self.run_dir = status.run_dir or self.run_dir
         changed = {"header"}
-        d = status.get("dispatch")
-        if d:
-            ev = event_from(DispatchEvent, d)
-            if self.dispatch is None or ev.ts >= self.dispatch.ts:
-                self.dispatch = ev
-        for key, cls in (("workers", WorkerEvent), ("gpus", GpuEvent), ("shards", ShardEvent), ("disk", DiskEvent)):
-            for item in status.get(key) or []:
-                changed |= self._snapshot(event_from(cls, item))
-        for item in status.get("alerts") or []:
-            ev = event_from(AlertEvent, item)
+        if status.dispatch is not None and (self.dispatch is None or status.dispatch.ts >= self.dispatch.ts):
+            self.dispatch = status.dispatch
+        for ev in [*status.workers, *status.gpus, *(sh.event() for sh in status.shards), *status.disk]:
+            changed |= self._snapshot(ev)
+        for ev in status.alerts:
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
             changed.add("alerts")
-        if status.get("rejects") is not None:
-            self.rejects = status["rejects"]
+        if reply.get("rejects") is not None:
+            self.rejects = status.rejects
         return changed
 
     def _snapshot(self, ev: Event) -> set[str]:

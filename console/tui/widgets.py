@@ -44,7 +44,7 @@ class RunHeader(Static):
         eta = m.eta_s() if running else None
         t.append(f"  ETA {'-' if eta is None else duration_text(eta)}")
         t.append(f"  up {duration_text(m.elapsed_s(now))}")
-        rej = (m.rejects or {}).get("total", 0)
+        rej = m.rejects.total
         if rej:
             t.append(f"  rejects {rej}", style="yellow")
         self.update(t)

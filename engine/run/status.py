@@ -1,8 +1,34 @@
-"""One status shape, built in one place: the supervisor's `status` reply, engine.ctl last-status (a run whose
-supervisor is gone), `regen status [--json]` and the TUI all read what these functions build from the
-ledger's counts (engine.run.counts.ShardCounts: loaded from state.sqlite, moved by each commit).
+"""One status shape, built in one place: RunStatus, the reply of the supervisor's `status` op and of engine.ctl
+last-status (a run whose supervisor is gone), read by `regen status [--json]` and the TUI. build_run_status assembles
+both from the ledger's counts (engine.run.counts.ShardCounts: loaded from state.sqlite, moved by each commit) and the
+process-side parts; shard_state is the one shard-state rule.
 
-Field meanings (the figures in `dispatch` and in each shard):
+RunStatus fields (the JSON keys of the reply):
+  run_dir        the run dir (absolute, on the host)
+  state          the run's: starting | running | paused | draining | stopping | done | stopped | failed; offline also
+                 drained and dead (the supervisor is gone and recorded no cause: killed)
+  running        a supervisor answers (false: read from the run dir alone; then `offline` is true)
+  fatal          why the run failed (engine.fatal.FatalRecord: type, message, path, remedy, log), or null
+  phase          live: where a fatal error would be (start | run | shutdown); offline: null
+  startup        live: the start checks (engine.startup.StartCheck) until they pass; offline: []
+  write_errors   live: files the supervisor cannot write (logs, telemetry.jsonl); offline: []
+  pid, started_at, config_hash, host   the supervisor's (offline: pid and config_hash null; started_at the first
+                 telemetry event's time)
+  dispatch       the run's figures (DispatchEvent, below), or null before the ledger is loaded and nothing recorded
+  workers, gpus, disk, alerts   the latest telemetry snapshots (offline: no workers, GPUs or disk; the last 20
+                 alerts telemetry.jsonl recorded)
+  shards         one ShardStatus per shard (figures below, and `state` by shard_state)
+  rejects        Rejects: every row of rejects.jsonl (input rows refused when read, and samples rejected or failed),
+                 total and by reason
+  run_end        offline: the supervisor's last word (RunEndEvent: how it ended, why), or null
+  last_state     offline: the state of the last dispatch event recorded (live: null)
+  log            the supervisor's log (run_dir/supervisor.log)
+  log_tail       offline, for a dead supervisor: the last lines of that log; otherwise []
+  checked_at     when this status was taken
+  read_errors    offline: run-dir files that could not be read (so figures may be missing); live: []
+  hosts, router  multi-host runs only (keys absent otherwise): each host (HostStatus) and the router (RouterStatus)
+
+Figure meanings (in `dispatch` and in each shard), the same names everywhere:
   done           samples committed (rows in committed parts)
   total          samples to generate: planned less rejected and failed (so a finished run is done == total)
   planned        samples the input plans (generated turns of the good conversations)
@@ -16,14 +42,25 @@ Field meanings (the figures in `dispatch` and in each shard):
                  and when not running
   eta_s          seconds left at that rate (remaining samples x committed tokens per sample); null until
                  measurable and whenever the run is not running
+  dispatched     (per shard) requests sent for it by this supervisor (offline: 0)
+  state          (dispatch) the run state the figures were taken in: as `state`, but disk_full while commits wait
+                 for space; (per shard) shard_state's
 """
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.run.counts import CommitRate, ShardCounts, eta_s
-from engine.telemetry_events import DispatchEvent, ShardEvent
+from engine.fatal import FatalRecord
+from engine.startup import StartCheck
+from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,
+                                     WorkerEvent)
+
+if TYPE_CHECKING:  # the console reads this module: the ledger's (pyarrow via the shard store) stays out of its imports
+    from engine.run.counts import CommitRate, ShardCounts
 
 DISPATCHING = ("running", "paused", "disk_full")  # run states in which shards with work left are being worked on
 STOPPING = ("draining", "stopping")
@@ -85,6 +122,8 @@ def shard_statuses(shards: Mapping[str, ShardCounts], paused: Iterable[str], run
 def dispatch_figures(shards: Mapping[str, ShardCounts], state: str, *, rate: CommitRate | None = None,
                      in_flight: int = 0, retried: int = 0) -> DispatchEvent:
     """The run's figures, summed over the ledger's counts; a rate and an ETA only while it runs."""
+    from engine.run.counts import eta_s
+
     done = sum(c.done for c in shards.values())
     total = sum(c.to_generate for c in shards.values())
     tokens = sum(c.output_tokens for c in shards.values())
@@ -94,3 +133,157 @@ def dispatch_figures(shards: Mapping[str, ShardCounts], state: str, *, rate: Com
                          planned=sum(c.total for c in shards.values()), output_tokens=tokens,
                          tokens_per_s=round(tok_s, 1) if tok_s is not None else None,
                          eta_s=eta_s(total - done, done, tokens, tok_s) if state == "running" else None, state=state)
+
+
+@dataclass
+class Rejects:
+    """rejects.jsonl: every row (input rows refused when read, and samples rejected or failed), by reason."""
+    total: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class HostStatus:
+    """One [[hosts]] entry of a multi-host run."""
+    name: str
+    address: str  # "local" for the dispatch host itself
+    state: str  # up | connecting | lost | drained | ... (engine.host_link); the local host is always up
+    error: str | None = None
+    workers: list[str] = field(default_factory=list)
+    work_dir: str = ""
+    joins: int | None = None  # remote hosts only: connections made, and connections lost
+    lost: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.joins is None and self.lost is None:  # the local host has no link to count
+            del d["joins"], d["lost"]
+        return d
+
+
+@dataclass
+class RouterStatus:
+    """The router in front of a multi-host run's servers."""
+    url: str
+    up: bool
+    policy: str
+    members: list[str] = field(default_factory=list)  # server URLs in it
+    restarts: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunStatus:
+    """The status reply (field meanings: this module's docstring)."""
+    run_dir: str
+    state: str
+    running: bool = True
+    offline: bool = False
+    fatal: FatalRecord | None = None
+    phase: str | None = None
+    startup: list[StartCheck] = field(default_factory=list)
+    write_errors: list[str] = field(default_factory=list)
+    pid: int | None = None
+    started_at: float | None = None
+    config_hash: str | None = None
+    host: str = ""
+    dispatch: DispatchEvent | None = None
+    workers: list[WorkerEvent] = field(default_factory=list)
+    shards: list[ShardStatus] = field(default_factory=list)
+    gpus: list[GpuEvent] = field(default_factory=list)
+    disk: list[DiskEvent] = field(default_factory=list)
+    alerts: list[AlertEvent] = field(default_factory=list)
+    rejects: Rejects = field(default_factory=Rejects)
+    run_end: RunEndEvent | None = None
+    last_state: str | None = None
+    log: str = ""
+    log_tail: list[str] = field(default_factory=list)
+    checked_at: float = field(default_factory=time.time)
+    read_errors: list[str] = field(default_factory=list)
+    hosts: list[HostStatus] | None = None  # multi-host runs only (with router)
+    router: RouterStatus | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(fatal=self.fatal.to_dict() if self.fatal is not None else None,
+                 startup=[c.to_dict() for c in self.startup],
+                 dispatch=self.dispatch.to_dict() if self.dispatch is not None else None,
+                 workers=[w.to_dict() for w in self.workers], shards=[sh.to_dict() for sh in self.shards],
+                 gpus=[g.to_dict() for g in self.gpus], disk=[x.to_dict() for x in self.disk],
+                 alerts=[a.to_dict() for a in self.alerts], rejects=self.rejects.to_dict(),
+                 run_end=self.run_end.to_dict() if self.run_end is not None else None,
+                 write_errors=list(self.write_errors), log_tail=list(self.log_tail),
+                 read_errors=list(self.read_errors))
+        del d["hosts"], d["router"]
+        if self.hosts is not None:
+            d["hosts"] = [h.to_dict() for h in self.hosts]
+            d["router"] = self.router.to_dict() if self.router is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunStatus:
+        """A reply read back (the console); fields an older engine did not send take their defaults, fields this
+        one does not know are dropped."""
+        fatal = data.get("fatal")
+        hosts = data.get("hosts")
+        router = data.get("router")
+        given = {k: v for k, v in data.items() if k in _SCALARS and v is not None}
+        return cls(
+            **{"run_dir": "", "state": "", **given},
+            running=bool(data.get("running", not data.get("offline"))),
+            fatal=FatalRecord.from_dict({"exc_type": "", "message": "", **fatal}) if fatal else None,
+            startup=[_known(StartCheck, c, check="", title="") for c in data.get("startup") or []],
+            dispatch=_known(DispatchEvent, data["dispatch"]) if data.get("dispatch") else None,
+            workers=[_known(WorkerEvent, w) for w in data.get("workers") or []],
+            shards=[_known(ShardStatus, sh, **_SHARD_DEFAULTS) for sh in data.get("shards") or []],
+            gpus=[_known(GpuEvent, g) for g in data.get("gpus") or []],
+            disk=[_known(DiskEvent, x) for x in data.get("disk") or []],
+            alerts=[_known(AlertEvent, a) for a in data.get("alerts") or []],
+            rejects=_known(Rejects, data.get("rejects") or {}),
+            run_end=_known(RunEndEvent, data["run_end"]) if data.get("run_end") else None,
+            write_errors=list(data.get("write_errors") or []), log_tail=list(data.get("log_tail") or []),
+            read_errors=list(data.get("read_errors") or []),
+            hosts=[_known(HostStatus, h, name="", address="", state="") for h in hosts] if hosts is not None else None,
+            router=_known(RouterStatus, router, url="", up=False, policy="") if router else None)
+
+
+_SCALARS = ("run_dir", "state", "offline", "phase", "pid", "started_at", "config_hash", "host", "last_state", "log",
+            "checked_at")
+_SHARD_DEFAULTS = {"id": "", "state": "", "done": 0, "total": 0, "planned": 0, "output_tokens": 0, "empty": 0,
+                   "truncated": 0, "failed": 0, "rejected": 0}
+T = TypeVar("T")
+
+
+def _known(cls: type[T], data: dict[str, Any], **defaults: Any) -> T:
+    """cls from the fields of `data` it has (an Event's `type` and unknown fields dropped), `defaults` for missing
+    required ones."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{**defaults, **{k: v for k, v in data.items() if k in names}})
+
+
+def build_run_status(*, run_dir: str, state: str, shards: Mapping[str, ShardCounts] | None, paused: Iterable[str] = (),
+                     dispatch_state: str | None = None, rate: CommitRate | None = None, in_flight: int = 0,
+                     retried: int = 0, dispatched: Mapping[str, int] | None = None, figures_ts: float | None = None,
+                     last_dispatch: DispatchEvent | None = None, rejects: Rejects, **parts: Any) -> RunStatus:
+    """The one place a status is assembled, live (Supervisor.status) and offline (engine.run.offline_status).
+
+    shards: the ledger's counts, or None while there is no ledger (a starting supervisor; a run dir that recorded
+    no shard and no figures): then `last_dispatch` (the last dispatch event, or None) stands in for the figures.
+    dispatch_state: the state shards and figures are judged in (`state` unless given: disk_full while commits wait
+    for space). figures_ts: the figures' time (offline: the last dispatch event's; default now). parts: the
+    process-side fields of RunStatus (pid, workers, fatal, ...)."""
+    judged = dispatch_state or state
+    if shards is None:
+        shard_list, dispatch = [], last_dispatch
+    else:
+        shard_list = shard_statuses(shards, paused, judged, dispatched)
+        dispatch = dispatch_figures(shards, judged, rate=rate, in_flight=in_flight, retried=retried)
+        if figures_ts is not None:
+            dispatch.ts = figures_ts
+    return RunStatus(run_dir=run_dir, state=state, dispatch=dispatch, shards=shard_list, rejects=rejects, **parts)

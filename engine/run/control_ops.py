@@ -1,0 +1,107 @@
+"""The control socket's operations as typed requests: parse_op reads one JSON request, to_request writes it.
+
+Wire format (one JSON object per line, engine.control): {"op": "status"} | {"op": "pause", "shards": [...] | "all"} |
+{"op": "resume", "shards": ...} | {"op": "restart_worker", "worker": name} | {"op": "drain_host", "host": name} |
+{"op": "undrain_host", "host": name} | {"op": "drain"} | {"op": "stop"}.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+class ControlError(Exception):
+    """A request that cannot be served; its text is the reply's `error` (engine.control re-exports it)."""
+
+
+@dataclass(frozen=True)
+class Status:
+    op: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Hold the shards (None: every shard) back from dispatch; requests in flight finish."""
+    op: ClassVar[str] = "pause"
+    shards: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Resume:
+    op: ClassVar[str] = "resume"
+    shards: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RestartWorker:
+    op: ClassVar[str] = "restart_worker"
+    worker: str
+
+
+@dataclass(frozen=True)
+class DrainHost:
+    """Multi-host: send the host no new work (its requests in flight finish)."""
+    op: ClassVar[str] = "drain_host"
+    host: str
+
+
+@dataclass(frozen=True)
+class UndrainHost:
+    op: ClassVar[str] = "undrain_host"
+    host: str
+
+
+@dataclass(frozen=True)
+class Drain:
+    """End the run once the requests in flight are answered and committed."""
+    op: ClassVar[str] = "drain"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the run now: requests in flight are aborted (their samples are generated again on the next start)."""
+    op: ClassVar[str] = "stop"
+
+
+Op = Status | Pause | Resume | RestartWorker | DrainHost | UndrainHost | Drain | Stop
+OP_TYPES: dict[str, type[Op]] = {cls.op: cls for cls in (Status, Pause, Resume, RestartWorker, DrainHost, UndrainHost,
+                                                         Drain, Stop)}
+OPS = tuple(OP_TYPES)
+
+
+def parse_op(request: Any) -> Op:
+    """One decoded JSON request as its op; ControlError (the reply's text) when it is not one."""
+    name = request.get("op") if isinstance(request, dict) else None
+    cls = OP_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ControlError(f"unknown op {name!r}; known: {', '.join(OPS)}")
+    if cls in (Pause, Resume):
+        shards = request.get("shards", "all")
+        if shards == "all":
+            return cls(shards=None)
+        if not (isinstance(shards, list) and all(isinstance(s, str) for s in shards)):
+            raise ControlError('"shards" must be a list of shard ids or "all"')
+        return cls(shards=tuple(shards))
+    if cls is RestartWorker:
+        return RestartWorker(worker=_name(request, "worker", "a worker's name, e.g. w0"))
+    if cls in (DrainHost, UndrainHost):
+        return cls(host=_name(request, "host", "a [[hosts]] name of the run config"))
+    return cls()
+
+
+def to_request(op: Op) -> dict[str, Any]:
+    """The JSON request for an op (parse_op's inverse)."""
+    if isinstance(op, (Pause, Resume)):
+        return {"op": op.op, "shards": "all" if op.shards is None else list(op.shards)}
+    if isinstance(op, RestartWorker):
+        return {"op": op.op, "worker": op.worker}
+    if isinstance(op, (DrainHost, UndrainHost)):
+        return {"op": op.op, "host": op.host}
+    return {"op": op.op}
+
+
+def _name(request: dict[str, Any], key: str, what: str) -> str:
+    value = request.get(key)
+    if not isinstance(value, str):
+        raise ControlError(f'"{key}" must be {what} (a string); got {value!r}')
+    return value

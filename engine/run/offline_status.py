@@ -1,0 +1,115 @@
+"""The status of a run whose supervisor is gone, read from its run dir alone (engine.ctl last-status).
+
+The run dir's fatal.json, state.sqlite, telemetry.jsonl and rejects.jsonl go through engine.run.status's one builder,
+marked `running: false`. `state` is how the run ended: failed (with `fatal`: what, where, the remedy), done / drained /
+stopped (its `run_end` event), or dead (no cause recorded: killed; `log_tail` has the last lines of supervisor.log).
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import orjson
+
+from engine.fatal import read_fatal
+from engine.run.status import Rejects, RunStatus, build_run_status
+from engine.telemetry_events import AlertEvent, DispatchEvent, Event, RunEndEvent, parse_event
+
+LOG_TAIL_LINES = 3
+ALERTS_KEPT = 20
+ENDED_STATES = ("done", "stopped", "failed")  # a last dispatch state that was final (before run_end events)
+
+
+class NotARunDir(Exception):
+    """Nothing at that path says a run was ever started there."""
+
+
+def offline_status(run_dir: Path) -> RunStatus:
+    from engine.rejects import RejectLog, RejectLogError
+    from engine.run.counts import counts_from_store
+    from engine.shard_store import ShardStore
+
+    fatal = read_fatal(run_dir)
+    has_store = (run_dir / "state.sqlite").exists()
+    log_path = run_dir / "supervisor.log"
+    if not has_store and fatal is None and not log_path.exists():
+        raise NotARunDir(f"{run_dir} holds no state.sqlite: not a run dir, or the run never started")
+    progress, read_errors = [], []
+    if has_store:
+        try:  # a full disk (the reason the run died, perhaps) must not hide its recorded cause
+            store = ShardStore(run_dir)
+            try:
+                progress = store.progress()
+            finally:
+                store.close()
+        except OSError as exc:
+            read_errors.append(f"shard store: {exc}")
+    started, dispatch, alerts, ended = _telemetry(run_dir / "telemetry.jsonl")
+    rejects = Rejects()
+    if has_store:
+        try:
+            with RejectLog(run_dir) as log:
+                rejects = Rejects(total=log.count, by_reason=log.counts_by_reason())
+        except (OSError, RejectLogError) as exc:
+            read_errors.append(f"reject log: {exc}")
+    last_state = dispatch.state if dispatch is not None else None
+    if fatal is not None:
+        state = "failed"
+    elif ended is not None:
+        state = ended.state or "stopped"
+    elif last_state in ENDED_STATES:
+        state = last_state  # a run from before run_end events
+    else:
+        state = "dead"
+    counts = counts_from_store(progress)
+    # the figures are the committed state's (the last dispatch event may be older: a full disk drops telemetry
+    # lines, a kill cuts the last ones); nothing is in flight without a supervisor, so no rate and no ETA
+    return build_run_status(
+        run_dir=str(run_dir.resolve()), state=state, shards=counts if (counts or dispatch is not None) else None,
+        paused=(p.shard_id for p in progress if p.paused), retried=int(dispatch.retried or 0) if dispatch is not None else 0,
+        figures_ts=dispatch.ts if dispatch is not None else None, rejects=rejects, running=False, offline=True,
+        fatal=fatal, run_end=ended, last_state=last_state, log=str(log_path),
+        log_tail=_log_tail(log_path) if state == "dead" else [], started_at=started, host=os.uname().nodename,
+        alerts=alerts[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time())
+
+
+def _telemetry(path: Path) -> tuple[float | None, DispatchEvent | None, list[AlertEvent], RunEndEvent | None]:
+    """From telemetry.jsonl: the first event's time, the last dispatch event, the alerts, and the last run_end when
+    no later supervisor wrote after it."""
+    started, dispatch, alerts, run_end, after_end = None, None, [], None, False
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                ev = _event(line)
+                if ev is None:
+                    continue
+                started = started or ev.ts
+                if isinstance(ev, RunEndEvent):
+                    run_end, after_end = ev, False
+                    continue
+                after_end = after_end or run_end is not None  # a later supervisor wrote after that end
+                if isinstance(ev, DispatchEvent):
+                    dispatch = ev
+                elif isinstance(ev, AlertEvent):
+                    alerts.append(ev)
+    except FileNotFoundError:
+        pass  # stopped before its first event
+    return started, dispatch, alerts, run_end if not after_end else None
+
+
+def _event(line: bytes) -> Event | None:
+    try:
+        return parse_event(line)
+    except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError):
+        return None  # a line cut by a kill or a full disk, or not an event
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return [f"(cannot read {path}: {exc})"]
+    return [line for line in text.splitlines() if line.strip()][-lines:]

@@ -1,0 +1,65 @@
+"""The control socket's typed operations (engine.run.control_ops): the wire format, the parse errors, and the
+requests engine.ctl sends for each command line."""
+from __future__ import annotations
+
+import pytest
+
+from engine.control import ControlError
+from engine.ctl import build_parser, op_of
+from engine.run.control_ops import (OPS, Drain, DrainHost, Pause, RestartWorker, Resume, Status, Stop, UndrainHost,
+                                    parse_op, to_request)
+
+WIRE = [
+    ({"op": "status"}, Status()),
+    ({"op": "pause", "shards": "all"}, Pause(shards=None)),
+    ({"op": "pause", "shards": ["s00001", "s00003"]}, Pause(shards=("s00001", "s00003"))),
+    ({"op": "resume", "shards": "all"}, Resume(shards=None)),
+    ({"op": "resume", "shards": []}, Resume(shards=())),
+    ({"op": "restart_worker", "worker": "w0"}, RestartWorker(worker="w0")),
+    ({"op": "drain_host", "host": "h2"}, DrainHost(host="h2")),
+    ({"op": "undrain_host", "host": "h2"}, UndrainHost(host="h2")),
+    ({"op": "drain"}, Drain()),
+    ({"op": "stop"}, Stop()),
+]
+
+
+@pytest.mark.parametrize("request_, op", WIRE, ids=[str(w[0]) for w in WIRE])
+def test_each_op_reads_and_writes_the_same_json(request_, op):
+    assert parse_op(request_) == op
+    assert to_request(op) == request_
+
+
+def test_every_op_has_a_wire_case_and_pause_without_shards_means_all():
+    assert {w[0]["op"] for w in WIRE} == set(OPS)
+    assert parse_op({"op": "pause"}) == Pause(shards=None)
+
+
+@pytest.mark.parametrize("request_, error", [
+    ({"op": "explode"}, "unknown op 'explode'; known: status, pause, resume, restart_worker, drain_host, "
+                        "undrain_host, drain, stop"),
+    ({}, "unknown op None; known: "),
+    ([1, 2], "unknown op None; known: "),
+    ({"op": "pause", "shards": "s00001"}, '"shards" must be a list of shard ids or "all"'),
+    ({"op": "resume", "shards": [1]}, '"shards" must be a list of shard ids or "all"'),
+    ({"op": "restart_worker"}, '"worker" must be a worker\'s name, e.g. w0 (a string); got None'),
+    ({"op": "drain_host", "host": 3}, '"host" must be a [[hosts]] name of the run config (a string); got 3'),
+])
+def test_a_bad_request_is_refused_with_the_text_the_reply_carries(request_, error):
+    with pytest.raises(ControlError) as exc:
+        parse_op(request_)
+    assert str(exc.value).startswith(error)
+
+
+@pytest.mark.parametrize("argv, sent", [
+    (["status"], {"op": "status"}),
+    (["pause", "s00001", "s00002"], {"op": "pause", "shards": ["s00001", "s00002"]}),
+    (["pause", "--all"], {"op": "pause", "shards": "all"}),
+    (["resume", "--all"], {"op": "resume", "shards": "all"}),
+    (["restart-worker", "w1"], {"op": "restart_worker", "worker": "w1"}),
+    (["drain-host", "h2"], {"op": "drain_host", "host": "h2"}),
+    (["undrain-host", "h2"], {"op": "undrain_host", "host": "h2"}),
+    (["drain"], {"op": "drain"}),
+    (["stop"], {"op": "stop"}),
+])
+def test_engine_ctl_sends_the_wire_request_of_each_command(argv, sent):
+    assert to_request(op_of(build_parser().parse_args(["--run-dir", "/r", *argv]))) == sent

@@ -121,8 +121,8 @@ def package_tree(dst: Path) -> Path:
     return dst
 
 
-async def client_for(transport: Transport, run_dir: str) -> RunClient:
-    """A RunClient using the python and engine recorded at start (fallback: python3, no PYTHONPATH)."""
+async def client_for(transport: Transport, run_dir: str, host_python: str = "python3") -> RunClient:
+    """A RunClient using the python and engine recorded at start (fallback: `host_python`, no PYTHONPATH)."""
     abs_dir = await locate_run_dir(transport, run_dir)  # NoSuchRunDir names the path it looked for
     try:
         result = await transport.run(f"cat -- {shlex.quote(abs_dir + '/' + LAUNCH_FILE)}", timeout=30)
@@ -134,9 +134,9 @@ async def client_for(transport: Transport, run_dir: str) -> RunClient:
             return RunClient(transport, abs_dir, host_python=launch["host_python"], engine_path=launch["engine_path"])
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise RunClientError(f"{abs_dir}/{LAUNCH_FILE} is unreadable: {exc}") from exc
-    # not started by `regen start` (e.g. `python -m engine.supervisor` by hand): the host's python3
-    # must then import the engine itself; if it cannot, the ctl error says so
-    return RunClient(transport, abs_dir)
+    # not started by `regen start` (e.g. `python -m engine.supervisor` by hand): the python the operator named
+    # (or the host's python3) must then import the engine itself; if it cannot, the ctl error says so
+    return RunClient(transport, abs_dir, host_python=host_python)
 
 
 async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | None = None,

@@ -543,7 +543,9 @@ class Supervisor:
             if final or now - self._last_quality >= QUALITY_EVERY_S:
                 self._last_quality = now
                 self.watch.quality(self.ledger.shards)
-            dirty, self._dirty_shards = self._dirty_shards, set()
+            # copied and cleared in place: the ledger's `changed` listener is this very set's add method
+            dirty = set(self._dirty_shards)
+            self._dirty_shards.clear()
             for sh in self._shard_statuses():
                 if sh.id in dirty or self._shard_states.get(sh.id) != sh.state:
                     self._shard_states[sh.id] = sh.state

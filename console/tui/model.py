@@ -6,6 +6,7 @@ kept as None and shown as N/A; nothing here raises on a partial event.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ class ShardView:
     output_tokens: int = 0
     empty: int = 0
     truncated: int = 0
+    as_of: float | None = None  # the host time of these figures (an event's ts, or the status reply's)
 
     @property
     def fraction(self) -> float:
@@ -246,6 +248,9 @@ class RunModel:
             return self._dispatch(ev)
         if isinstance(ev, ShardEvent):
             s = self.shards.get(ev.id) or self.shards.setdefault(ev.id, ShardView(ev.id))
+            if s.as_of is not None and ev.ts < s.as_of:
+                return set()  # backfilled history older than the figures shown (a status reply's): not current
+            s.as_of = ev.ts
             s.state, s.done, s.total = ev.state, ev.done, ev.total
             s.output_tokens, s.empty, s.truncated = ev.output_tokens, ev.empty, ev.truncated
             return {"shards"}
@@ -312,6 +317,11 @@ class RunModel:
         return changed
 
     def _dispatch(self, ev: DispatchEvent) -> set[str]:
+        if self.dispatch is not None and ev.ts < self.dispatch.ts:
+            # backfilled history older than the figures shown (a status reply folded first): a chart point only
+            if ev.tokens_per_s is not None:
+                self.throughput.add(ev.ts, ev.tokens_per_s)
+            return {"workers"}
         if self.gone_since is not None:
             if ev.ts > self.gone_since and ev.state in LIVE_STATES:  # a new supervisor took the run dir
                 self.run_end, self.fatal, self.running, self.gone_since = None, None, True, None
@@ -399,7 +409,10 @@ class RunModel:
         changed = {"header"}
         if status.dispatch is not None and (self.dispatch is None or status.dispatch.ts >= self.dispatch.ts):
             self.dispatch = status.dispatch
-        for ev in [*status.workers, *status.gpus, *(sh.event() for sh in status.shards), *status.disk]:
+        # the shards' figures are as of the reply (committed state then): older backfilled events do not replace them
+        as_of = status.dispatch.ts if status.dispatch is not None else status.checked_at
+        shard_events = [dataclasses.replace(sh.event(), ts=as_of) for sh in status.shards]
+        for ev in [*status.workers, *status.gpus, *shard_events, *status.disk]:
             changed |= self._snapshot(ev)
         for ev in status.alerts:
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))

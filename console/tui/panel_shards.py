@@ -28,9 +28,11 @@ class ShardsPanel(Vertical):
     ]
 
     def compose(self) -> ComposeResult:
-        yield Static(id="shards-summary")
+        # both kept, not queried: a status or telemetry batch still queued while the app tears the DOM down (and
+        # timers asking for the selection) must find them, not raise NoMatches
+        self._summary = Static(id="shards-summary")
+        yield self._summary
         table = DataTable(id="shards-table", cursor_type="row", zebra_stripes=True)
-        # kept, not queried: timers may still ask for the selection while the app tears the DOM down
         self._table = table
         for c in COLUMNS:
             table.add_column(c, key=c)
@@ -52,5 +54,5 @@ class ShardsPanel(Vertical):
                 Text(pct(t), style="yellow" if t is not None and t > 0.10 else ""))))
         sync_table(self._table, rows, COLUMNS)
         summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no shards yet"
-        self.query_one("#shards-summary", Static).update(
+        self._summary.update(
             f"{len(m.shards)} shards: {summary}   [dim]p pause · r resume · P pause all · R resume all[/]")

@@ -99,7 +99,7 @@ class HostSource:
         from console.run_dir_lookup import NoSuchRunDir
 
         try:
-            self.client = await client_for(self.transport, self.run_dir)
+            self.client = await client_for(self.transport, self.run_dir, self.host_python)
         except NoSuchRunDir as exc:
             raise SourceError(str(exc), "error") from exc
         except RunClientError as exc:

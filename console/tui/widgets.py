@@ -43,7 +43,10 @@ class RunHeader(Static):
         t.append(f"  {m.done:,}/{total:,}{pct}")
         eta = m.eta_s() if running else None
         t.append(f"  ETA {'-' if eta is None else duration_text(eta)}")
-        t.append(f"  up {duration_text(m.elapsed_s(now))}")
+        if running:
+            t.append(f"  up {duration_text(m.elapsed_s(now))}")
+        elif m.run_end is not None and m.started_at is not None:  # how long it ran, not a clock that keeps going
+            t.append(f"  ran {duration_text(m.run_end.ts - m.started_at)}")
         rej = m.rejects.total
         if rej:
             t.append(f"  rejects {rej}", style="yellow")

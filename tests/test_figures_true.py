@@ -99,7 +99,7 @@ class ConsoleModel:
     run); True: stay attached across the supervisor's death and restarts (a console left open), checking every
     `ended_check_s` whether the run runs again (the app: ENDED_CHECK_S)."""
 
-    def __init__(self, run_dir: Path, *, watch_ended: bool, ended_check_s: float = 1.0):
+    def __init__(self, run_dir: Path, *, watch_ended: bool, ended_check_s: float = 3.0):
         self.model = RunModel("local", str(run_dir))
         self.source = HostSource("local", str(run_dir), host_python=sys.executable, transport=LocalTransport())
         self.states: list = []  # the follow loop's states (connected, ended, ...) and warnings, for failure messages

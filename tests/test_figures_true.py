@@ -2,7 +2,8 @@
 `regen status --json` says done/total, output tokens and per-shard figures equal to the sums over the
 committed Parquet rows, and no ETA until one is measurable; a stopped run shows no rate, no ETA and no
 shard `running`; a sample rejected at dispatch settles its shard, so the run ends at done == total with
-every shard `done`, and each shard's last `shard` event equals its Parquet sums."""
+every shard `done`, and each shard's last `shard` event equals its Parquet sums; a console left open across
+the restarts (the TUI's model, fed as the TUI feeds it) shows the same figures."""
 from __future__ import annotations
 
 import asyncio
@@ -207,7 +208,8 @@ def wait_model_equals_parquet(console: ConsoleModel, run_dir: Path, what: str, t
         seen["figures"], seen["sums"] = console.figures(), parquet_sums(run_dir)
         return seen["figures"] if model_matches(seen["figures"], seen["sums"]) else None
 
-    return wait_until(equal, timeout, what, interval=0.2, describe=lambda: model_difference(seen["figures"], seen["sums"]))
+    return wait_until(equal, timeout, what, interval=0.2,
+                      describe=lambda: model_difference(seen["figures"], seen["sums"]))
 
 
 @pytest.fixture
@@ -250,7 +252,8 @@ def test_three_sigkill_restarts_keep_every_figure_equal_to_the_parquet_sums(tmp_
             assert first["dispatch"]["done"] >= done_before > 0
             st, sums = steady_status(run_dir, lambda: live_status(run_dir))
             check_against_parquet(st, sums)
-            # the consoles, on the restarted run held still (every shard paused, nothing in flight)
+            # the console left open follows the restarted run; held still (every shard paused, nothing in flight)
+            # it shows the Parquet sums
             wait_until(lambda: kept_open.figures()["running"] and kept_open.figures()["state"] == "running", 60,
                        f"the console left open to follow restart {restart}", describe=lambda: str(kept_open.figures()))
             assert ctl(run_dir, "pause", "--all").returncode == 0
@@ -331,7 +334,8 @@ def test_a_running_shards_telemetry_events_follow_its_commits(tmp_path, tiny_mod
     not only the events of its state changes."""
     run_dir = tmp_path / "run"
     # ~3 samples/s: the first shard (~70 samples) stays running for ~20 s, ten ticks
-    sim = ("--sim-output-mean", "60", "--sim-step-ms", "40", "--sim-tokens-per-step", "2", "--max-running-requests", "4")
+    sim = ("--sim-output-mean", "60", "--sim-step-ms", "40", "--sim-tokens-per-step", "2",
+           "--max-running-requests", "4")
     sup = supervisors(run_dir).start(make_config(run_dir, tiny_model_dir, prompts=200, gpus=1, sim=sim))
 
     def shard_events(state: str | None = None) -> list[dict]:
@@ -340,11 +344,13 @@ def test_a_running_shards_telemetry_events_follow_its_commits(tmp_path, tiny_mod
         return [ev for ev in events(run_dir) if ev["type"] == "shard" and ev["id"] == "s00000"
                 and (state is None or ev["state"] == state)]
 
+    def status_now() -> list[dict]:
+        return [sh for sh in (live_status(run_dir) or {}).get("shards", []) if sh["id"] == "s00000"]
+
     first = wait_for(lambda: next(iter(shard_events("running")), None), 120, "s00000 running", sup)
     later = wait_until(lambda: [ev for ev in shard_events("running") if ev["done"] > first["done"]], 12,
                        "a later `shard` event of s00000 with more samples done, while it runs",
-                       describe=lambda: f"s00000's events: {shard_events()}; its status now: "
-                                        f"{[sh for sh in (live_status(run_dir) or {}).get('shards', []) if sh['id'] == 's00000']}")
+                       describe=lambda: f"s00000's events: {shard_events()}; its status now: {status_now()}")
     assert later[-1]["output_tokens"] > first["output_tokens"]
 
 
@@ -354,8 +360,9 @@ def test_a_running_shards_telemetry_events_follow_its_commits(tmp_path, tiny_mod
     "product bug: a console opened on a run folds the status reply first and the backfilled telemetry after it "
     "(console.follow.RunFollower asks the status, then follows from an hour back), so older `dispatch`/`shard` "
     "events overwrite the status's committed figures; on a dead run nothing corrects them (no status poll once "
-    "the connection is `ended`). With the supervisor's stale shard events (see "
-    "test_a_running_shards_telemetry_events_follow_its_commits) the Shards tab shows old figures every time"))
+    "the connection is `ended`): done, output tokens and the Shards tab keep the last tick's figures (e.g. 14 done "
+    "where 42 are committed); the supervisor's stale shard events (see "
+    "test_a_running_shards_telemetry_events_follow_its_commits) make the Shards tab older still"))
 def test_a_console_opened_after_a_sigkill_shows_the_parquet_sums(tmp_path, tiny_model_dir, supervisors, consoles):
     """`regen tui` opened on a run whose supervisor was SIGKILLed shows done, output tokens and each shard's figures
     equal to the committed Parquet rows (as `regen status` does)."""

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 
 import psutil
 import pytest

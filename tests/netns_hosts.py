@@ -12,8 +12,10 @@ The filesystem is shared, so the engine copy, the tiny model and the work dirs a
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,11 @@ from pathlib import Path
 import psutil
 
 from tests.sshd_fixtures import SshdServer, start_sshd, stop_sshd
+
+PORTS_PER_HOST = 8  # server ports of one host in loopback mode (base_port, base_port + 1, ...)
+# where loopback hosts' server ports are looked for: under the dispatch host's forward ports (40000 up,
+# engine.config.Hosts.forward_base_port) and under the kernel's ephemeral range (32768 up)
+SERVER_PORTS = range(30000, 32768)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -146,6 +153,26 @@ def reap_stale_namespaces() -> list[str]:
     return reaped
 
 
+def free_server_ports(n: int) -> int:
+    """The first of n consecutive ports free on 127.0.0.1, at a random place in SERVER_PORTS."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(SERVER_PORTS.start, SERVER_PORTS.stop - n)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue  # one of them is taken: another place
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1 in {SERVER_PORTS}")
+
+
 def start_hosts(root: Path, count: int, *, force_loopback: bool = False) -> SimHosts:
     why = "forced" if force_loopback else netns_available()
     mode = "netns" if why is None else "loopback"
@@ -154,14 +181,18 @@ def start_hosts(root: Path, count: int, *, force_loopback: bool = False) -> SimH
     tag = os.getpid()  # whole pid: reap_stale_namespaces() tells a dead session's names by it
     hosts: list[SimHost] = []
     sim = SimHosts(hosts=hosts, ssh_config=root / "ssh_config", mode=mode, why_not_netns=why, _root=root)
+    # loopback: every host's servers share this machine's ports; a free block, not a fixed range, so that two
+    # sessions on one machine (or a leftover server) do not take each other's ports (the agent refuses a busy one)
+    block = free_server_ports(PORTS_PER_HOST * count) if mode == "loopback" else 0
     try:
         for i in range(1, count + 1):
             name = f"h{i}"
             workdir = root / f"{name}-sshd"
             work_dir = root / f"{name}-work"
             work_dir.mkdir(parents=True, exist_ok=True)
+            base_port = 30000 if mode == "netns" else block + PORTS_PER_HOST * (i - 1)
             h = SimHost(name=name, index=i, workdir=workdir, work_dir=work_dir, netns=None,
-                        address=f"regen-{name}", base_port=30000 if mode == "netns" else 31000 + 100 * i)
+                        address=f"regen-{name}", base_port=base_port)
             hosts.append(h)
             if mode == "netns":
                 h.netns = f"rg{tag}{name}"

@@ -324,11 +324,6 @@ def test_the_demo_ends_at_done_equal_total_with_every_shard_done_and_its_last_ev
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: engine/supervisor.py binds WorkPlan.changed to the add method of the _dirty_shards set that "
-    "_tick_once then swaps for a new one, so after the first tick no commit marks its shard dirty: a shard's "
-    "`shard` event is written only when its state changes, and its progress in telemetry.jsonl (the TUI's Shards "
-    "tab) stands still while it runs"))
 def test_a_running_shards_telemetry_events_follow_its_commits(tmp_path, tiny_model_dir, supervisors):
     """While a shard runs, telemetry.jsonl gets `shard` events with its growing figures (a tick after its commits),
     not only the events of its state changes."""
@@ -356,13 +351,6 @@ def test_a_running_shards_telemetry_events_follow_its_commits(tmp_path, tiny_mod
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: a console opened on a run folds the status reply first and the backfilled telemetry after it "
-    "(console.follow.RunFollower asks the status, then follows from an hour back), so older `dispatch`/`shard` "
-    "events overwrite the status's committed figures; on a dead run nothing corrects them (no status poll once "
-    "the connection is `ended`): done, output tokens and the Shards tab keep the last tick's figures (e.g. 14 done "
-    "where 42 are committed); the supervisor's stale shard events (see "
-    "test_a_running_shards_telemetry_events_follow_its_commits) make the Shards tab older still"))
 def test_a_console_opened_after_a_sigkill_shows_the_parquet_sums(tmp_path, tiny_model_dir, supervisors, consoles):
     """`regen tui` opened on a run whose supervisor was SIGKILLed shows done, output tokens and each shard's figures
     equal to the committed Parquet rows (as `regen status` does)."""

@@ -104,7 +104,8 @@ def test_offline_status_is_the_committed_figures_with_the_last_events_cause(tmp_
     s = offline_status(tmp_path)
     assert (s.state, s.running, s.offline, s.last_state, s.fatal) == ("drained", False, True, "running", None)
     assert s.run_end.cause == "drain requested" and [a.text for a in s.alerts] == ["worker w0 crashed"]
-    assert (s.dispatch.done, s.dispatch.retried, s.dispatch.ts, s.dispatch.tokens_per_s) == (5, 4, 100.0, None)
+    assert (s.dispatch.done, s.dispatch.retried, s.dispatch.tokens_per_s) == (5, 4, None)
+    assert s.dispatch.ts > 103.0  # the committed figures as read now, newer than every recorded event
     assert {sh.id: sh.state for sh in s.shards} == {"s00000": "done", "s00001": "paused", "s00002": "pending"}
     assert s.rejects == Rejects(total=1, by_reason={"malformed_json": 1}) and s.started_at == 100.0
     assert s.log_tail == [] and s.log == str(tmp_path / "supervisor.log")

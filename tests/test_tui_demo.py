@@ -87,11 +87,6 @@ async def test_the_demo_console_shows_every_shard_done_with_its_parquet_sums_and
     assert f"{len(sums)} shards: {len(sums)} done" in seen["summary"], seen["summary"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: ShardsPanel.refresh_from queries '#shards-summary' on every draw; a status reply (or telemetry "
-    "batch) still queued while the app shuts down (App._shutdown: _close_all, then _close_messages) is drawn on "
-    "the Shards tab after its children are gone and raises NoMatches (the Workers, Quality, Disk and Alerts tabs "
-    "do not). A Pilot test that leaves the Shards tab shown while the follow loop runs can fail this way"))
 async def test_a_status_landing_while_the_console_shuts_down_on_the_shards_tab_is_no_error(tmp_path):
     from console.tui.messages import StatusReceived
     from console.tui.source import ReplaySource

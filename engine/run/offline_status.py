@@ -63,12 +63,13 @@ def offline_status(run_dir: Path) -> RunStatus:
     else:
         state = "dead"
     counts = counts_from_store(progress)
-    # the figures are the committed state's (the last dispatch event may be older: a full disk drops telemetry
-    # lines, a kill cuts the last ones); nothing is in flight without a supervisor, so no rate and no ETA
+    # the figures are the committed state's, as of now (the last dispatch event may be older: a full disk drops
+    # telemetry lines, a kill cuts the last ones; a console folds the backfilled events older than these as history);
+    # nothing is in flight without a supervisor, so no rate and no ETA
     return build_run_status(
         run_dir=str(run_dir.resolve()), state=state, shards=counts if (counts or dispatch is not None) else None,
         paused=(p.shard_id for p in progress if p.paused), retried=int(dispatch.retried or 0) if dispatch is not None else 0,
-        figures_ts=dispatch.ts if dispatch is not None else None, rejects=rejects, running=False, offline=True,
+        rejects=rejects, running=False, offline=True,
         fatal=fatal, run_end=ended, last_state=last_state, log=str(log_path),
         log_tail=_log_tail(log_path) if state == "dead" else [], started_at=started, host=os.uname().nodename,
         alerts=alerts[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time())

@@ -269,21 +269,18 @@ def _known(cls: type[T], data: dict[str, Any], **defaults: Any) -> T:
 
 def build_run_status(*, run_dir: str, state: str, shards: Mapping[str, ShardCounts] | None, paused: Iterable[str] = (),
                      dispatch_state: str | None = None, rate: CommitRate | None = None, in_flight: int = 0,
-                     retried: int = 0, dispatched: Mapping[str, int] | None = None, figures_ts: float | None = None,
+                     retried: int = 0, dispatched: Mapping[str, int] | None = None,
                      last_dispatch: DispatchEvent | None = None, rejects: Rejects, **parts: Any) -> RunStatus:
     """The one place a status is assembled, live (Supervisor.status) and offline (engine.run.offline_status).
 
     shards: the ledger's counts, or None while there is no ledger (a starting supervisor; a run dir that recorded
     no shard and no figures): then `last_dispatch` (the last dispatch event, or None) stands in for the figures.
     dispatch_state: the state shards and figures are judged in (`state` unless given: disk_full while commits wait
-    for space). figures_ts: the figures' time (offline: the last dispatch event's; default now). parts: the
-    process-side fields of RunStatus (pid, workers, fatal, ...)."""
+    for space); the figures are as of now (their ts). parts: the process-side fields of RunStatus (pid, workers, fatal, ...)."""
     judged = dispatch_state or state
     if shards is None:
         shard_list, dispatch = [], last_dispatch
     else:
         shard_list = shard_statuses(shards, paused, judged, dispatched)
         dispatch = dispatch_figures(shards, judged, rate=rate, in_flight=in_flight, retried=retried)
-        if figures_ts is not None:
-            dispatch.ts = figures_ts
     return RunStatus(run_dir=run_dir, state=state, dispatch=dispatch, shards=shard_list, rejects=rejects, **parts)

@@ -39,8 +39,9 @@ from typing import Callable
 
 import aiohttp
 
+from engine.capacity import BatchSize, ServerCapacity, configured_batch, discover
 from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
-from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics
+from engine.metrics_client import ServerMetrics, parse_metrics
 from engine.run.status import HostStatus
 from engine.server_identity import IdentityCheck, ServedNames, Verdict, read_served_names
 from engine.telemetry_events import AlertEvent, WorkerEvent
@@ -117,6 +118,7 @@ class RemoteWorker:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     in_flight: int = 0
     capacity: int = 0
+    batch: BatchSize | None = None  # set by a dispatcher that sends to it directly (the router's members: never)
     listeners: list[Callable[["RemoteWorker", str], None]] = field(default_factory=list)
     unhealthy_since: float | None = None
     ready_this_join: bool = False
@@ -549,9 +551,18 @@ class HostLink:
             return False, f"/health: {type(exc).__name__}: {exc}"
 
     async def _read_capacity(self, m: RemoteWorker) -> None:
-        found = await read_server_info(self.session, m.url, m.headers, m.name)
-        if found is not None:
-            m.capacity_info = found
+        """Its batch size as a local worker finds it (engine/capacity.py): the start-up log line is on the
+        host, so the host agent's identity record carries it."""
+        reported = await read_server_info(self.session, m.url, m.headers, m.name)
+        if reported is None:
+            reported = ServerCapacity(max_total_num_tokens=m.capacity_info.max_total_num_tokens,
+                                      context_length=m.capacity_info.context_length)
+        record = self._records.get(m.name)
+        workers = host_workers(self.cfg, self.host)
+        m.capacity_info = discover(reported, record.startup_batch if record else None,
+                                   configured_batch(workers.launch, workers.extra_args))
+        log.info("worker %s: batch size %d (source %s)", m.name, m.capacity_info.batch().size,
+                 m.capacity_info.batch().source)
 
     async def _scrape(self, m: RemoteWorker) -> None:
         try:

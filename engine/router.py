@@ -21,14 +21,13 @@ from typing import Callable
 
 import aiohttp
 
+from engine.capacity import BatchSize, ServerCapacity
 from engine.config import RunConfig
-from engine.metrics_client import ServerCapacity, ServerMetrics
+from engine.metrics_client import ServerMetrics
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import WorkerState, die_with_parent, log_tail
+from engine.workers import WorkerState, die_with_parent, log_tail, with_batch
 
 log = logging.getLogger("regen.router")
-
-DEFAULT_MAX_RUNNING = 64
 
 
 class RouterError(Exception):
@@ -206,6 +205,7 @@ class RouterEndpoint:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     in_flight: int = 0
     capacity: int = 0
+    batch: BatchSize | None = None  # maintained by the dispatcher
     listeners: list[Callable[[object, str], None]] = field(default_factory=list)
     members: list = field(default_factory=list)  # RemoteWorker / Worker objects behind the router
 
@@ -221,12 +221,14 @@ class RouterEndpoint:
     def queue_margin(self) -> int:
         """Half a batch queued per ready server: the router picks servers without seeing their free slots."""
         ready = [m for m in self.members if m.state == WorkerState.READY and m.url in self.router.members]
-        return sum(max(2, (m.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING) // 2) for m in ready)
+        return sum(max(2, m.capacity_info.batch().size // 2) for m in ready)
 
     def refresh(self) -> None:
         ready = [m for m in self.members if m.state == WorkerState.READY and m.url in self.router.members]
+        batches = [m.capacity_info.batch() for m in ready]
         self.capacity_info = ServerCapacity(
-            max_running_requests=sum(m.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING for m in ready) or None,
+            max_running_requests=sum(b.size for b in batches) or None,
+            batch_source="+".join(sorted({b.source for b in batches})),
             context_length=min((m.capacity_info.context_length for m in ready if m.capacity_info.context_length),
                                default=None))
         running = [m.metrics.running_reqs for m in ready]
@@ -243,7 +245,7 @@ class RouterEndpoint:
                 listener(self, state)
 
     def snapshot(self) -> WorkerEvent:
-        return WorkerEvent(name=self.name, state=self.state, url=self.url, in_flight=self.in_flight,
-                           capacity=self.capacity, restarts=self.router.restarts, error=self.router.error,
-                           running_reqs=self.metrics.running_reqs, queued_reqs=self.metrics.queued_reqs,
-                           gen_throughput=self.metrics.gen_throughput)
+        return with_batch(WorkerEvent(
+            name=self.name, state=self.state, url=self.url, in_flight=self.in_flight, capacity=self.capacity,
+            restarts=self.router.restarts, error=self.router.error, running_reqs=self.metrics.running_reqs,
+            queued_reqs=self.metrics.queued_reqs, gen_throughput=self.metrics.gen_throughput), self)

@@ -54,7 +54,15 @@ class WorkerEvent(Event):
     gen_throughput: float | None = None  # tokens/s from sglang:gen_throughput
     token_usage: float | None = None  # KV pool fraction
     in_flight: int = 0  # requests this dispatcher has outstanding on it
-    capacity: int = 0  # in-flight target sized from the server's capacity
+    capacity: int = 0  # in-flight target: the batch size plus a queue margin
+    # the server's running batch size dispatch works with and where it came from (engine/capacity.py:
+    # internal_states | log | server_info | flag | default, or feedback once its queue corrected it);
+    # None / "" until it is known
+    batch_size: int | None = None
+    batch_source: str = ""
+    # what discovery found before any feedback (shown when feedback changed it)
+    discovered_batch: int | None = None
+    discovered_source: str = ""
     error: str | None = None
     host: str = ""  # the [[hosts]] name in a multi-host run; "" on one host
     remote: bool = False  # on another host than the supervisor's: its GPUs are not in this host's readings

@@ -27,8 +27,9 @@ from typing import Callable
 
 import aiohttp
 
+from engine.capacity import BatchSize, ServerCapacity, batch_from_log, configured_batch, discover, parse_server_info
 from engine.config import RunConfig
-from engine.metrics_client import ServerCapacity, ServerMetrics, parse_metrics, parse_server_info
+from engine.metrics_client import ServerMetrics, parse_metrics
 from engine.port_holder import PortCheck, check_port
 from engine.server_identity import (
     SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, launch_token, operator_served_name,
@@ -169,6 +170,18 @@ def error_lines(log_path: Path, start_offset: int, limit: int = MAX_ERROR_LINES)
     return hits[-limit:]
 
 
+def startup_text(log_path: Path, start_offset: int, limit: int = 4 * 2**20) -> str:
+    """This launch's server.log from its start (at most `limit` bytes): the start-up lines come before the
+    ready line, so they are in it once the server is ready."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(start_offset)
+            return f.read(limit).decode("utf-8", errors="replace")
+    except OSError as exc:
+        log.warning("cannot read %s for its start-up lines: %s", log_path, exc)
+        return ""
+
+
 def bind_failure(log_path: Path, start_offset: int, port: int) -> str | None:
     """The server's own "address already in use" line for `port` since this launch, if it logged one
     (a line about another port, e.g. a distributed-init port, is not the worker's port)."""
@@ -189,6 +202,9 @@ class IdentityRecord:
     pid: int | None
     port: int
     error: str | None = None
+    # the per-DP-rank batch size in this launch's start-up log line, read where the log is (the dispatch
+    # host cannot read it): one of the sources of the server's batch size (engine/capacity.py)
+    startup_batch: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -196,8 +212,10 @@ class IdentityRecord:
     @classmethod
     def from_json(cls, text: str) -> "IdentityRecord":
         data = json.loads(text)
+        batch = data.get("startup_batch")
         return cls(name=str(data["name"]), state=str(data["state"]), served_model_name=data.get("served_model_name"),
-                   pid=data.get("pid"), port=int(data["port"]), error=data.get("error"))
+                   pid=data.get("pid"), port=int(data["port"]), error=data.get("error"),
+                   startup_batch=batch if isinstance(batch, int) and not isinstance(batch, bool) else None)
 
 
 def write_identity(path: Path, record: IdentityRecord) -> None:
@@ -235,14 +253,27 @@ async def read_server_info(session: aiohttp.ClientSession, url: str, headers: di
     return None
 
 
+def with_batch(ev: WorkerEvent, w) -> WorkerEvent:
+    """`ev` with the batch size of a dispatch target or server: the size in use (the dispatcher's, else the
+    discovered one) and the discovered one, each with its source; left empty until discovery ran."""
+    info = w.capacity_info
+    discovered = info.batch() if info.discovered else None
+    batch = getattr(w, "batch", None) or discovered
+    if batch is not None:
+        ev.batch_size, ev.batch_source = batch.size, batch.source
+    if discovered is not None:
+        ev.discovered_batch, ev.discovered_source = discovered.size, discovered.source
+    return ev
+
+
 def worker_event(w, *, host: str = "", remote: bool = False) -> WorkerEvent:
     """The telemetry event of a server, launched here (Worker) or watched on another host (RemoteWorker)."""
     m = w.metrics
-    return WorkerEvent(
+    return with_batch(WorkerEvent(
         name=w.name, state=w.state, url=w.url, gpus=list(w.spec.gpus), pid=w.pid, restarts=w.restarts,
         running_reqs=m.running_reqs, queued_reqs=m.queued_reqs, gen_throughput=m.gen_throughput,
         token_usage=m.token_usage, in_flight=w.in_flight, capacity=w.capacity, error=w.error, host=host,
-        remote=remote)
+        remote=remote), w)
 
 
 @dataclass
@@ -261,6 +292,7 @@ class Worker:
     error: str | None = None
     in_flight: int = 0  # maintained by the dispatcher
     capacity: int = 0  # maintained by the dispatcher
+    batch: BatchSize | None = None  # maintained by the dispatcher: the batch size it works with
     listeners: list[Callable[["Worker", str], None]] = field(default_factory=list)
     host_name: str = ""  # the [[hosts]] name in a multi-host run
 
@@ -275,6 +307,7 @@ class Worker:
         self._task: asyncio.Task | None = None
         self._expected: Expected | None = None  # the identity of the current launch
         self._proxy_warned = False
+        self._startup_batch: int | None = None  # from the current launch's start-up log line
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -338,7 +371,8 @@ class Worker:
     def _record_identity(self) -> None:
         expected = self._expected
         record = IdentityRecord(name=self.name, state=self.state, pid=self.pid, port=self.spec.port, error=self.error,
-                                served_model_name=expected.served_model_name if expected else None)
+                                served_model_name=expected.served_model_name if expected else None,
+                                startup_batch=self._startup_batch)
         try:
             write_identity(self.log_path.parent / IDENTITY_FILE, record)
         except OSError as exc:
@@ -469,6 +503,7 @@ class Worker:
                                   host=self.spec.host, port=self.spec.port)
         self.error = None
         self.metrics = ServerMetrics()
+        self._startup_batch = None
         log.info("worker %s: launched pid %d: %s (log %s)", self.name, self.pid, shown, self.log_path)
         self._set_state(WorkerState.STARTING)
 
@@ -604,9 +639,17 @@ class Worker:
             return False
 
     async def _read_capacity(self) -> None:
-        found = await read_server_info(self.session, self.url, self.headers, self.name)
-        if found is not None:
-            self.capacity_info = found
+        """The server's batch size from what it reports, its start-up log line or the launch flag
+        (engine/capacity.py); its context length from /get_server_info (kept from before if it does not answer)."""
+        reported = await read_server_info(self.session, self.url, self.headers, self.name)
+        if reported is None:
+            reported = ServerCapacity(max_total_num_tokens=self.capacity_info.max_total_num_tokens,
+                                      context_length=self.capacity_info.context_length)
+        self._startup_batch = batch_from_log(startup_text(self.log_path, self._log_offset))
+        flag = configured_batch(self.cfg.workers.launch, self.cfg.workers.extra_args)
+        self.capacity_info = discover(reported, self._startup_batch, flag)
+        log.info("worker %s: batch size %s (source %s)", self.name, self.capacity_info.batch().size,
+                 self.capacity_info.batch().source)
 
     async def _scrape_metrics(self) -> None:
         try:

@@ -6,10 +6,11 @@ import os
 import stat
 from pathlib import Path
 
+from engine.capacity import parse_server_info
 from engine.config import RunConfig, Workers
 from engine.control import ControlError, ControlServer, request
+from engine.metrics_client import parse_metrics
 from engine.run.control_ops import Pause
-from engine.metrics_client import parse_metrics, parse_server_info
 from engine.workers import WorkerSpec, error_lines, launch_argv, redact, worker_specs
 
 METRICS = """# HELP sglang:num_running_reqs The number of running requests.

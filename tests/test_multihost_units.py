@@ -13,7 +13,8 @@ from console.commands.status import render_status
 from console.tui.model import RunModel
 from engine.config import ConfigError, Host, config_from_dict, dump_toml, host_workers
 from engine.host_link import HostLink, RemoteWorker, admit_remote, host_specs, parse_identity_records
-from engine.metrics_client import ServerCapacity, ServerMetrics
+from engine.capacity import ServerCapacity
+from engine.metrics_client import ServerMetrics
 from engine.router import RouterEndpoint, router_argv
 from engine.run.status import RunStatus
 from engine.server_identity import ServedNames, Verdict

@@ -175,7 +175,9 @@ async def test_the_simulator_reports_its_served_name_where_sglang_does(start_sim
         assert (await read_served_names(session, sim.url, {})).names == ("regen-r-gpu0-bb",)
         async with session.get(sim.url + "/model_info") as resp:  # 0.5.23 carries it here too
             assert (await resp.json())["served_model_name"] == "regen-r-gpu0-bb"
-        async with session.get(sim.url + "/get_model_info") as resp:  # 0.5.5: no such field
+        old = await start_sim(served_model_name="regen-r-gpu0-bb", sim_sglang_version="0.5.5")
+        assert (await read_served_names(session, old.url, {})).names == ("regen-r-gpu0-bb",)
+        async with session.get(old.url + "/get_model_info") as resp:  # 0.5.5: no such field
             assert "served_model_name" not in await resp.json()
 
 

@@ -61,8 +61,11 @@ async def test_health_is_503_while_loading_then_200_with_ready_line(start_sim):
     log = sim.log
     assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] server_args=ServerArgs\(model_path=", log, re.M)
     assert re.search(r"KV Cache is allocated\. #tokens: \d+, K size: [\d.]+ GB", log)
-    assert re.search(r"max_total_num_tokens=\d+, chunked_prefill_size=\d+, max_prefill_tokens=\d+, "
-                     r"max_running_requests=64, context_len=40960", log)
+    line = re.search(r"max_total_num_tokens=(\d+), chunked_prefill_size=\d+, max_prefill_tokens=\d+, "
+                     r"max_running_requests=(\d+), context_len=40960, available_gpu_mem=[\d.]+ GB", log)
+    assert line, log
+    pool, batch = int(line.group(1)), int(line.group(2))
+    assert batch == min(pool // 2, min(max(int(pool / 40960 * 512), 2048), 4096)) > 64  # derived from the KV pool
     assert f"Uvicorn running on http://127.0.0.1:{sim.server.port} (Press CTRL+C to quit)" in log
     assert log.index("Uvicorn running on") < log.index("The server is fired up and ready to roll!")
 
@@ -76,7 +79,7 @@ async def test_info_endpoints(start_sim):
     assert info["status"] == "ready" and info["max_total_num_tokens"] > 0 and info["max_req_input_len"] == 4095
     assert info["internal_states"][0]["memory_usage"]["token_capacity"] == info["max_total_num_tokens"]
     assert "last_gen_throughput" in info["internal_states"][0]
-    assert info["version"].startswith("0.5.5")
+    assert info["version"].startswith("0.5.23")  # the default profile: the newest version
     assert (await get(sim.url + "/server_info"))[0] == 200
     status, body = await get(sim.url + "/v1/models")
     models = json.loads(body)

@@ -97,6 +97,10 @@ class WorkerView:
     token_usage: float | None = None
     in_flight: int = 0
     capacity: int = 0
+    batch_size: int | None = None  # the server's running batch dispatch works with, and where it came from
+    batch_source: str = ""
+    discovered_batch: int | None = None  # what discovery said before feedback corrected it
+    discovered_source: str = ""
     error: str | None = None
     url: str = ""
     host: str = ""  # multi-host runs: the [[hosts]] name
@@ -306,6 +310,8 @@ class RunModel:
         w.state, w.gpus, w.pid, w.restarts, w.url = ev.state, list(ev.gpus), ev.pid, ev.restarts, ev.url
         w.running, w.queued, w.tok_s, w.token_usage = ev.running_reqs, ev.queued_reqs, ev.gen_throughput, ev.token_usage
         w.in_flight, w.capacity, w.error = ev.in_flight, ev.capacity, ev.error
+        w.batch_size, w.batch_source = ev.batch_size, ev.batch_source
+        w.discovered_batch, w.discovered_source = ev.discovered_batch, ev.discovered_source
         w.host, w.remote = getattr(ev, "host", ""), getattr(ev, "remote", False)
         w.tok_history.add(ev.ts, ev.gen_throughput if ev.gen_throughput is not None else
                           (0.0 if ev.state != "ready" else None))

@@ -6,12 +6,13 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, Log, Sparkline
 
+from console.batch_text import batch_text
 from console.tui.charts import TimeChart
 from console.tui.model import RunModel, Series, na
 from console.tui.widgets import selected_row_key, styled, sync_table
 
-COLUMNS = ["worker", "state", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util", "temp",
-           "restarts", "error"]
+COLUMNS = ["worker", "state", "gpus", "tok/s", "running", "queued", "in flight", "batch (source)", "VRAM used/total",
+           "util", "temp", "restarts", "error"]
 
 
 class WorkersPanel(Vertical):
@@ -50,7 +51,8 @@ class WorkersPanel(Vertical):
             vram = "N/A" if used is None or total is None else f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
             rows.append((w.name, (
                 w.name, styled(w.state), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"), na(w.running, "{:.0f}"),
-                na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}", vram, na(g["util_pct"], "{:.0f}%"),
+                na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}",
+                batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source), vram, na(g["util_pct"], "{:.0f}%"),
                 na(g["temp_c"], "{:.0f}°C"), str(w.restarts), (w.error or "")[:60])))
         sync_table(self._table, rows, COLUMNS)
         self._sparklines(m)

@@ -4,8 +4,9 @@ Each ready worker runs its own loop that pulls an item from the ledger's ready q
 has a free slot, so a slow worker never holds the others back. Every item sent comes back as one
 outcome (engine.run.items), handed to `deliver`: the run routes `Generated` to the committer and
 the rest to the ledger; the dispatcher settles nothing itself. A worker's slot count is
-`dispatch.max_in_flight_per_worker`, or the server's max_running_requests plus a small queue
-margin, trimmed by the server's own sglang:num_queue_reqs so its queue stays short but non-empty.
+`dispatch.max_in_flight_per_worker` (the operator's fixed override), or the server's batch size
+(discovered: engine/capacity.py) plus a small queue margin, the size corrected from the server's own
+sglang:num_queue_reqs (engine/run/batch_feedback.py) so its queue stays short but non-empty.
 """
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
+from engine.capacity import BatchSize
 from engine.config import RunConfig
 from engine.render import Renderer
+from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
 from engine.telemetry_events import AlertEvent
 from engine.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.dispatch")
 
-DEFAULT_MAX_RUNNING = 64  # when the server does not say
 DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is already running
 
 
@@ -58,8 +60,8 @@ class Dispatcher:
         self.retried = 0  # attempts re-queued (no outcome of a sample: the ledger never sees it)
         self._slot_freed = {w.name: asyncio.Event() for w in workers}
         self._loops: list[asyncio.Task] = []
-        self._dynamic_cap: dict[str, int] = {}
-        self._cap_base: dict[str, int] = {}
+        self._batch: dict[str, BatchSize] = {}  # per worker: the size in use, corrected by feedback
+        self._discovered: dict[str, BatchSize] = {}  # per worker: what discovery said when _batch began
         self._cancelled_for_requeue: set[asyncio.Task] = set()
         self._mismatch_alerted: set[str] = set()
         self._text_alerted: set[str] = set()
@@ -128,40 +130,37 @@ class Dispatcher:
         fixed = self.cfg.dispatch.max_in_flight_per_worker
         if fixed:
             return fixed
-        base = w.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING
-        margin = _margin(w, base)
-        return self._dynamic_cap.get(w.name, base + margin)
+        batch = self._batch.get(w.name) or w.capacity_info.batch()
+        return batch.size + _margin(w, batch.size)
 
     def adjust_capacity(self) -> None:
-        """Called every metrics tick: keep the server's queue short but never empty while work is left."""
-        if self.cfg.dispatch.max_in_flight_per_worker:
-            for w in self.workers:
-                w.capacity = self.cfg.dispatch.max_in_flight_per_worker
-            return
+        """Called every metrics tick: keep each server full, its queue short but never empty while work is left."""
+        fixed = self.cfg.dispatch.max_in_flight_per_worker
         for w in self.workers:
-            if w.state != WorkerState.READY:
-                # its max_running_requests is read when it becomes ready: a cap kept from the default
-                # now (64 + margin) would over-fill a smaller server for a whole metrics tick
-                self._dynamic_cap.pop(w.name, None)
-                w.in_flight = len(self.inflight[w.name])
-                continue
-            base = w.capacity_info.max_running_requests or DEFAULT_MAX_RUNNING
-            margin = _margin(w, base)
-            if self._cap_base.get(w.name) != base:
-                # a router whose servers joined or left: start from its new size, not creep towards it
-                self._cap_base[w.name] = base
-                self._dynamic_cap.pop(w.name, None)
-            cap = self._dynamic_cap.get(w.name, base + margin)
-            queued, running = w.metrics.queued_reqs, w.metrics.running_reqs
-            if queued is not None and running is not None:
-                if queued > 2 * margin:
-                    cap = max(margin, int(running) + margin)  # the server runs fewer than we feed it
-                elif queued < 1 and len(self.inflight[w.name]) >= cap:
-                    cap = cap + margin  # queue ran dry while we were full: offer more
-                cap = max(1, min(base + margin, cap))
-            self._dynamic_cap[w.name] = cap
-            w.capacity = cap
             w.in_flight = len(self.inflight[w.name])
+            discovered = w.capacity_info.batch()
+            if w.state != WorkerState.READY:
+                # its size is read again when it becomes ready: a size kept from before (or the default)
+                # would over-fill a smaller server for a whole metrics tick
+                self._batch.pop(w.name, None)
+                self._discovered.pop(w.name, None)
+                w.batch = None
+                continue
+            if self._discovered.get(w.name) != discovered:
+                # a relaunched server, or a router whose servers joined or left: start from its new size
+                self._discovered[w.name] = discovered
+                self._batch[w.name] = discovered
+            batch = self._batch[w.name]
+            if not fixed:
+                batch = corrected(batch, margin=_margin(w, batch.size), in_flight=w.in_flight,
+                                  running=w.metrics.running_reqs, queued=w.metrics.queued_reqs)
+                if batch != self._batch[w.name]:
+                    log.info("%s: batch size %d (%s) -> %d from its queue (running %s, queued %s, in flight %d)",
+                             w.name, self._batch[w.name].size, self._batch[w.name].source, batch.size,
+                             w.metrics.running_reqs, w.metrics.queued_reqs, w.in_flight)
+                self._batch[w.name] = batch
+            w.batch = batch
+            w.capacity = self.capacity_for(w)
 
     # -- per-worker pull loop ---------------------------------------------------------------
     async def _worker_loop(self, w: Worker) -> None:
@@ -345,12 +344,12 @@ def _int32_packer(n: int) -> struct.Struct:
     return struct.Struct(f"{n}i")
 
 
-def _margin(w, base: int) -> int:
+def _margin(w, size: int) -> int:
     """Requests kept queued beyond the server's running batch, so a finished slot is refilled at once.
     A router target says its own (it spreads requests without seeing the slots: each server needs its own
     queue); a server gets an eighth of its batch."""
     own = getattr(w, "queue_margin", None)
-    return own if own else max(2, base // 8)
+    return own if own else margin_for(size)
 
 
 def _error_message(body: bytes) -> str:

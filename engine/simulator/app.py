@@ -68,10 +68,11 @@ def build_app(server: "SimServer") -> web.Application:
     r.add_get("/health", handlers.health)
     r.add_get("/health_generate", handlers.health)
     r.add_get("/ping", handlers.ping)
-    r.add_get("/get_model_info", handlers.get_model_info)
-    r.add_get("/model_info", handlers.model_info)
+    r.add_get("/get_model_info", handlers.model_info)
     r.add_get("/get_server_info", handlers.server_info)
-    r.add_get("/server_info", handlers.server_info)
+    if server.profile.new_info_paths:  # 0.5.10+: the new paths, the /get_* ones kept as aliases
+        r.add_get("/model_info", handlers.model_info)
+        r.add_get("/server_info", handlers.server_info)
     r.add_get("/get_load", handlers.get_load)
     r.add_get("/get_weight_version", handlers.weight_version)
     r.add_get("/v1/models", handlers.models)
@@ -107,27 +108,27 @@ class Handlers:
     async def ping(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
-    def _model_info(self) -> dict:
-        cfg = self.server.cfg
-        return {"model_path": cfg.model_path, "tokenizer_path": cfg.tokenizer, "is_generation": True,
+    async def model_info(self, request: web.Request) -> web.Response:
+        """0.5.5's fields; 0.5.10 adds the model type and architectures, 0.5.23 the served name and parsers."""
+        s = self.server
+        cfg = s.cfg
+        info = {"model_path": cfg.model_path, "tokenizer_path": cfg.tokenizer, "is_generation": True,
                 "preferred_sampling_params": None, "weight_version": "default",
                 "has_image_understanding": False, "has_audio_understanding": False}
-
-    async def get_model_info(self, request: web.Request) -> web.Response:
-        return json_response(self._model_info())
-
-    async def model_info(self, request: web.Request) -> web.Response:
-        info = self._model_info()
-        info["model_type"] = self.server.model_cfg.get("model_type")
-        info["architectures"] = self.server.model_cfg.get("architectures")
-        info["served_model_name"] = self.server.cfg.model_name
-        info["reasoning_parser"] = self.server.cfg.reasoning_parser
+        if s.profile.new_info_paths:
+            info["model_type"] = s.model_cfg.get("model_type")
+            info["architectures"] = s.model_cfg.get("architectures")
+        if s.profile.model_info_names_server:
+            info.update(served_model_name=cfg.model_name, load_format="auto", reasoning_parser=cfg.reasoning_parser,
+                        tool_call_parser=None, disaggregation_mode="null")
         return json_response(info)
 
     async def weight_version(self, request: web.Request) -> web.Response:
         return json_response({"weight_version": "default"})
 
     async def server_info(self, request: web.Request) -> web.Response:
+        """`{**server_args, **scheduler_info, internal_states, version}`. `max_running_requests` is the launch
+        flag (null when not passed); the batch the scheduler works with is in internal_states from 0.5.10 only."""
         s = self.server
         args = s.cfg.server_args_dict()
         args["context_length"] = s.context_len
@@ -137,9 +138,12 @@ class Handlers:
         state = dict(args, last_gen_throughput=s.scheduler.last_gen_throughput,
                      memory_usage={"weight": round(s.mem.weight_gb, 2), "kvcache": round(kv_gb, 2),
                                    "token_capacity": s.max_total_tokens, "graph": 0.5})
+        if s.profile.reports_effective_max_running:
+            state["effective_max_running_requests_per_dp"] = s.running_per_dp
+        states = [dict(state) for _ in range(max(1, s.cfg.dp_size))]  # one per DP rank's scheduler
         return json_response({**args, "status": "ready" if s.status == "ready" else s.status,
                               "max_total_num_tokens": s.max_total_tokens, "max_req_input_len": s.max_req_input_len,
-                              "internal_states": [state], "version": "0.5.5.post3-sim"})
+                              "internal_states": states, "version": s.profile.reported_version + "-sim"})
 
     async def get_load(self, request: web.Request) -> web.Response:
         sch = self.server.scheduler

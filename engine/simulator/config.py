@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.simulator.profiles import DEFAULT_VERSION, PROFILES, Profile, profile_for
+
 
 @dataclass
 class SimConfig:
@@ -23,7 +25,7 @@ class SimConfig:
     dp_size: int = 1
     base_gpu_id: int = 0
     enable_metrics: bool = False
-    max_running_requests: int | None = None  # -> 64
+    max_running_requests: int | None = None  # None: derived from the KV pool (batch_limits), reported as null
     max_total_tokens: int | None = None  # KV pool size; None -> derived from GPU memory and config.json
     context_length: int | None = None  # -> config.json max_position_embeddings
     api_key: str | None = None
@@ -59,6 +61,10 @@ class SimConfig:
     sim_gpu_mem_gb: float = 139.8  # simulated GPU memory (H200) for the startup lines and KV pool
     sim_instant_pool: int = 256  # prebuilt outputs per kind for --sim-instant
     sim_drain_timeout_s: float = 600.0  # SIGTERM: how long to wait for in-flight requests
+    sim_sglang_version: str = DEFAULT_VERSION  # which real version's observable behaviour (profiles.py)
+    # the scheduler's request slots (SGLang's max_num_reqs, the req_to_token_pool size; on hybrid models the
+    # mamba cache bounds it too): None derives it as SGLang does, min(max(pool / context_len * 512, 2048), 4096)
+    sim_max_num_reqs: int | None = None
 
     # --- process mode (set by main(); in-process servers never os._exit) ---
     exit_process_on_fault: bool = field(default=False, repr=False)
@@ -72,8 +78,8 @@ class SimConfig:
         return self.served_model_name or self.model_path
 
     @property
-    def running_limit(self) -> int:
-        return self.max_running_requests or 64
+    def profile(self) -> Profile:
+        return profile_for(self.sim_sglang_version)
 
     def validate(self) -> None:
         """Raise ValueError naming the flag when a value cannot work."""
@@ -83,7 +89,13 @@ class SimConfig:
             (self.sim_tokens_per_step >= 1, f"--sim-tokens-per-step {self.sim_tokens_per_step}: must be >= 1"),
             (self.sim_output_mean >= 1, f"--sim-output-mean {self.sim_output_mean}: must be >= 1"),
             (self.sim_output_sigma >= 0, f"--sim-output-sigma {self.sim_output_sigma}: must be >= 0"),
-            (self.running_limit >= 1, f"--max-running-requests {self.max_running_requests}: must be >= 1"),
+            (self.max_running_requests is None or self.max_running_requests >= 1,
+             f"--max-running-requests {self.max_running_requests}: must be >= 1"),
+            (self.sim_max_num_reqs is None or self.sim_max_num_reqs >= 1,
+             f"--sim-max-num-reqs {self.sim_max_num_reqs}: must be >= 1"),
+            (self.sim_sglang_version in PROFILES,
+             f"--sim-sglang-version {self.sim_sglang_version}: not a simulated SGLang version; known: "
+             + ", ".join(PROFILES)),
             (self.decode_log_interval >= 1, f"--decode-log-interval {self.decode_log_interval}: must be >= 1"),
             (self.sim_instant_pool >= 1, f"--sim-instant-pool {self.sim_instant_pool}: must be >= 1"),
             (0 <= self.port <= 65535, f"--port {self.port}: must be in 0..65535"),
@@ -105,7 +117,7 @@ class SimConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
         d["tokenizer_path"] = self.tokenizer
         d["served_model_name"] = self.model_name
-        d["max_running_requests"] = self.running_limit
+        d["max_running_requests"] = self.max_running_requests  # null unless passed, as in SGLang (contract 7.1)
         d["api_key"] = "<redacted>" if self.api_key else None
         d["ignored_args"] = list(self.ignored_args)
         return d
@@ -147,6 +159,8 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--sim-gpu-mem-gb": ("sim_gpu_mem_gb", float),
     "--sim-instant-pool": ("sim_instant_pool", int),
     "--sim-drain-timeout-s": ("sim_drain_timeout_s", float),
+    "--sim-sglang-version": ("sim_sglang_version", str),
+    "--sim-max-num-reqs": ("sim_max_num_reqs", int),
 }
 _SWITCH_FLAGS = {
     "--enable-metrics": "enable_metrics",

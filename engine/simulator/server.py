@@ -20,8 +20,22 @@ from engine.simulator.protocol import ApiError, GenerateItem, check_context
 from engine.simulator.scheduler import Scheduler, SimRequest
 from engine.simulator.simlog import SimLog
 
-VERSION = "0.5.5.post3-sim"
 BYTES_PER_GB = 1 << 30
+
+
+def default_max_num_reqs(max_total_tokens: int, context_len: int) -> int:
+    """SGLang's request slots when nothing sets them (0.5.5 model_runner.py:1592-1601)."""
+    return min(max(int(max_total_tokens / context_len * 512), 2048), 4096)
+
+
+def running_per_dp(cfg: SimConfig, max_total_tokens: int, context_len: int) -> int:
+    """The batch one DP rank's scheduler runs (0.5.5 tp_worker.py:281-289): --max-running-requests split
+    over the DP ranks, else half the KV pool; never more than the request slots."""
+    slots = cfg.sim_max_num_reqs
+    if cfg.max_running_requests is not None:
+        wanted = max(1, cfg.max_running_requests // max(1, cfg.dp_size))
+        return min(wanted, slots) if slots else wanted
+    return max(1, min(max_total_tokens // 2, slots or default_max_num_reqs(max_total_tokens, context_len)))
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,9 @@ class SimServer:
         self.mem = MemoryModel.from_config(self.model_cfg, cfg)
         self.max_total_tokens = cfg.max_total_tokens or self.mem.kv_tokens()
         self.max_req_input_len = min(self.context_len - 1, self.max_total_tokens - 1)
+        self.profile = cfg.profile
+        self.running_per_dp = running_per_dp(cfg, self.max_total_tokens, self.context_len)
+        self.running_limit = self.running_per_dp * max(1, cfg.dp_size)  # one scheduler stands in for every rank
         self.chunked_prefill_size = cfg.chunked_prefill_size or 8192
         self.max_prefill_tokens = 16384
         self.metrics = SimMetrics(cfg.model_name) if cfg.enable_metrics else None
@@ -149,17 +166,17 @@ class SimServer:
         avail -= kv_gb
         log.sched(f"Memory pool end. avail mem={avail:.2f} GB")
         log.sched(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
-        bs = [1, 2, 4, 8] + list(range(16, min(256, cfg.running_limit) + 1, 16))
+        bs = [1, 2, 4, 8] + list(range(16, min(256, self.running_per_dp) + 1, 16))
         log.sched(f"Capture cuda graph bs {bs}")
         log.sched(f"Capture cuda graph end. Time elapsed: 0.00 s. mem usage=0.50 GB. avail mem={avail - 0.5:.2f} GB.")
         log.sched(f"max_total_num_tokens={self.max_total_tokens}, chunked_prefill_size={self.chunked_prefill_size}, "
-                 f"max_prefill_tokens={self.max_prefill_tokens}, max_running_requests={cfg.running_limit}, "
+                 f"max_prefill_tokens={self.max_prefill_tokens}, max_running_requests={self.running_per_dp}, "
                  f"context_len={self.context_len}, available_gpu_mem={avail - 0.5:.2f} GB")
         if self.metrics is not None:
             self.metrics.max_total_num_tokens.set(self.max_total_tokens)
             self.metrics.context_len.set(self.context_len)
         self.scheduler = Scheduler(
-            log=log, metrics=self.metrics, max_running=cfg.running_limit, max_total_tokens=self.max_total_tokens,
+            log=log, metrics=self.metrics, max_running=self.running_limit, max_total_tokens=self.max_total_tokens,
             max_prefill_tokens=self.max_prefill_tokens, step_ms=cfg.sim_step_ms,
             step_ms_per_req=cfg.sim_step_ms_per_req, tokens_per_step=cfg.sim_tokens_per_step,
             prefill_ms_per_1k=cfg.sim_prefill_ms_per_1k, decode_log_interval=cfg.decode_log_interval,
@@ -211,7 +228,7 @@ class SimServer:
         if cfg.sim_load_s > 0:
             await asyncio.sleep(cfg.sim_load_s)
         if not cfg.skip_server_warmup:
-            self.log.access("127.0.0.1:0", "GET", "/get_model_info", 200)
+            self.log.access("127.0.0.1:0", "GET", self.profile.warmup_info_path, 200)
             ids = self.tokenizer.encode("The capital city of France is")
             plan = self.generator.plan(b"warmup", ids, 8)
             req = SimRequest(rid="WARMUP_" + os.urandom(4).hex(), prompt_ids=ids, plan=plan, log_metrics=False)

@@ -46,6 +46,8 @@ def frozen_telemetry(tmp_path_factory) -> tuple[Path, float]:
     lines = (DATA / "tui_telemetry.jsonl").read_bytes().splitlines()
     events = [parse_event(line) for line in lines if line.strip()]
     ticks = sorted({round(e.ts, 1) for e in events if isinstance(e, DispatchEvent)})
+    # the batch sizes (recorded before the field): gpu0 reported its own; gpu1's was corrected by its queue
+    batches = {"gpu0": (32, "internal_states", 32, "internal_states"), "gpu1": (40, "feedback", 32, "log")}
     extra = []
     for i, ts in enumerate(ticks):
         for g in (0, 1):
@@ -60,6 +62,9 @@ def frozen_telemetry(tmp_path_factory) -> tuple[Path, float]:
                    evidence="8 of 65 samples", key="empty:s00001"),
         AlertEvent(ts=last - 4, severity="warning", text="throughput dropped: 410 tok/s vs 1300 median", key="throughput-drop"),
     ]
+    for e in events + extra:
+        if isinstance(e, WorkerEvent):
+            e.batch_size, e.batch_source, e.discovered_batch, e.discovered_source = batches[e.name]
     out = tmp_path_factory.mktemp("frozen") / "telemetry.jsonl"
     merged = sorted(events + extra, key=lambda e: e.ts)
     out.write_bytes(b"\n".join(e.to_json() for e in merged) + b"\n")

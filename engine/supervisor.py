@@ -526,8 +526,7 @@ class Supervisor:
     def _tick_once(self, final: bool = False) -> None:
         now = time.monotonic()
         d = self.dispatcher
-        if d is not None:
-            d.adjust_capacity()
+        self._resize()  # the caps follow each server's queue (feedback): the look-ahead follows the caps
         for w in self.workers:
             self.emit(w.snapshot())
         if self.fleet is not None:

@@ -94,7 +94,7 @@ def admissions_of(log: Path) -> list[tuple[float, int]]:
     return out
 
 
-def occupancy(logs: list[Path], requests: int) -> dict:
+def occupancy(logs: list[Path], requests: int, max_running: int = MAX_RUNNING) -> dict:
     per = [steps_of(p) for p in logs]
     adm = [admissions_of(p) for p in logs]
     if not all(adm) or not all(per):
@@ -102,7 +102,7 @@ def occupancy(logs: list[Path], requests: int) -> dict:
     t_start = max(a[0][0] for a in adm)  # every server has work
     # the window ends when fewer requests remain unadmitted than there are slots: until then an ideal
     # client could refill every slot the moment it frees; after it, the tail is the same for any client
-    slots = MAX_RUNNING * len(logs)
+    slots = max_running * len(logs)
     merged = sorted(e for a in adm for e in a)
     admitted, t_end = 0, merged[-1][0]
     for t, n in merged:
@@ -121,8 +121,8 @@ def occupancy(logs: list[Path], requests: int) -> dict:
         for start, stop, batch in steps:
             a, b = max(start, t_start), min(stop, t_end)
             if b > a:
-                fill += (b - a) * batch / MAX_RUNNING
-                if batch >= MAX_RUNNING:
+                fill += (b - a) * batch / max_running
+                if batch >= max_running:
                     full += b - a
         sims.append({"full_batch_share": full / window, "mean_fill": fill / window,
                      "last_finish_s": steps[-1][1] - first})

@@ -1,6 +1,7 @@
-"""All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, resume, stats, probe latency.
+"""All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, resume, stats,
+probe latency.
 
-    .venv/bin/python -m tests.bench.run_all [--quick] [--only ingest,occupancy,resume,stats,probe]
+    .venv/bin/python -m tests.bench.run_all [--quick] [--only ingest,occupancy,capacity,resume,stats,probe]
 
 Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
 (the one in README.md "## Benchmarks"). Medians of --repeats runs (3; --quick: 1). The resume
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from tests.bench import bench_common as bc
 
-ALL = ("ingest", "occupancy", "resume", "stats", "probe")
+ALL = ("ingest", "occupancy", "capacity", "resume", "stats", "probe")
 
 
 def _sub(argv: list[str], timeout: float) -> None:
@@ -45,6 +46,15 @@ def run_occupancy(quick: bool) -> dict:
 
     res = bench_occupancy.run(requests=640 if quick else 960, gpus=4, repeats=1 if quick else 3, step_ms=6.0)
     bc.write_result("occupancy", res)
+    return res
+
+
+def run_capacity(quick: bool) -> dict:
+    from tests.bench import bench_capacity
+
+    res = bench_capacity.run(requests=4000 if quick else 12000, gpus=2, batch=256, repeats=1, step_ms=20.0,
+                             cases=list(bench_capacity.CASES))
+    bc.write_result("capacity", res)
     return res
 
 
@@ -92,6 +102,18 @@ def table(results: dict) -> str:
                     f"{_yes(m['full_batch_share_min']['regen'] >= 0.98)} |")
         rows.append(f"| occupancy: wall time for {occ['requests']} long-tail requests, {occ['simulators']} GPUs | "
                     f"{m['wall_s']['regen']:.1f} s | {m['wall_s']['baseline']:.1f} s | {occ['wall_ratio']:.2f}x | | n/a |")
+    cap = results.get("capacity")
+    if cap:
+        labels = {"log": "said only in the start-up log (0.5.5)",
+                  "internal_states": "said only as effective_max_running_requests_per_dp (0.5.23)",
+                  "feedback": "said nowhere, found from the queue (0.5.5, log unread)"}
+        for case, c in cap["cases"].items():
+            m = c["median"]
+            target = "≥ 98%" if c["met"] is not None else ""
+            rows.append(f"| capacity: full-batch share, worst GPU, batch {cap['batch']} {labels[case]} (mean fill) | "
+                        f"{m['full_batch_share_min']['regen']:.1%} ({m['mean_fill']['regen']:.1%}) | "
+                        f"{m['full_batch_share_min']['old']:.1%} ({m['mean_fill']['old']:.1%}) | "
+                        f"{c['wall_ratio']:.2f}x wall | {target} | {_yes(c['met'])} |")
     res = results.get("resume")
     if res:
         m = res["median"]
@@ -124,14 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(wanted) - set(ALL))
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
-    runners = {"ingest": run_ingest, "occupancy": run_occupancy, "resume": run_resume, "stats": run_stats,
-               "probe": run_probe}
+    runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "resume": run_resume,
+               "stats": run_stats, "probe": run_probe}
     out = bc.RESULTS_DIR / "bench.json"
     results: dict = {}
     failures: dict[str, str] = {}
     started = time.monotonic()
-    files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "resume": "resume.json", "stats": "stats.json",
-             "probe": "probe_latency.json"}
+    files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json",
+             "resume": "resume.json", "stats": "stats.json", "probe": "probe_latency.json"}
     for name in wanted if args.from_results else []:
         path = bc.RESULTS_DIR / files[name]
         try:

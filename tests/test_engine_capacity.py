@@ -81,6 +81,8 @@ def test_an_unreported_batch_is_read_from_the_start_up_line_and_filled(tmp_path,
         assert max(e["in_flight"] for e in worker_events(run_dir, name)) == 36
         log = (run_dir / "workers" / name / "server.log").read_text()
         assert "max_running_requests=32, context_len=4096" in log
+        # what a multi-host run's dispatch host reads over ssh (it cannot read this log)
+        assert json.loads((run_dir / "workers" / name / "identity.json").read_text())["startup_batch"] == 32
         assert max(batches(log)) == 32  # the server ran its whole batch, never more
 
 

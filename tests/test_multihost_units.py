@@ -204,3 +204,27 @@ async def test_a_remote_server_joins_only_as_the_agents_proven_launch(start_sim)
         m.served_model_name = "regen-run-h1.gpu0-old"  # the agent restarted it since: a new launch
         await link._still_admitted(m)
         assert m.state == WorkerState.LOADING and "its identity is checked again" in m.error
+
+
+@pytest.mark.parametrize("version,source", [("0.5.5", "log"), ("0.5.23", "internal_states")])
+async def test_a_remote_server_s_batch_comes_from_its_agent_s_record_of_the_start_up_line(start_sim, version, source):
+    # the start-up line is in the server.log on the host: its agent records it in identity.json
+    cfg = cfg_with([{"name": "h1", "address": "x"}])
+    sim = await start_sim(served_model_name="regen-run-h1.gpu0-aa", sim_sglang_version=version, sim_max_num_reqs=40)
+    record = IdentityRecord(name="h1.gpu0", state="ready", served_model_name="regen-run-h1.gpu0-aa", pid=7,
+                            port=30000, startup_batch=40)
+
+    async def fake_ssh(command, stdin=None, timeout=60.0):
+        return 0, record.to_json() + "\n", ""
+
+    async with aiohttp.ClientSession() as session:
+        link = HostLink(cfg, cfg.hosts[0], engine_root=Path("."), session=session, emit=lambda _: None,
+                        forward_base=45000)
+        link.ssh = fake_ssh
+        [m] = link.members
+        m.url = sim.url
+        assert await link._admit(m)
+        await link._read_capacity(m)
+    assert (m.capacity_info.max_running_requests, m.capacity_info.batch_source) == (40, source)
+    ev = m.snapshot()
+    assert (ev.batch_size, ev.batch_source, ev.host) == (40, source, "h1")

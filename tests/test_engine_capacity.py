@@ -20,6 +20,7 @@ from rich.console import Console
 from console.commands.status import render_status
 from engine.capacity import batch_from_log
 from engine.config import RunConfig
+from engine.run.status import RunStatus
 from tests.run_helpers import events, make_config, status, supervisors, wait_for  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(300)
@@ -48,7 +49,7 @@ def batches(log: str) -> list[int]:
 
 def status_text(st: dict) -> str:
     console = Console(width=240, record=True, file=io.StringIO())
-    console.print(render_status(st))
+    console.print(render_status(RunStatus.from_dict(st)))
     return console.export_text()
 
 

@@ -1,6 +1,6 @@
 """GPU occupancy when the servers do not report their batch size: regen's discovery vs the old 64 default.
 
-    .venv/bin/python -m tests.bench.bench_capacity [--requests 3000] [--gpus 2] [--batch 256] [--repeats 1]
+    .venv/bin/python -m tests.bench.bench_capacity [--requests 12000] [--gpus 2] [--batch 256] [--repeats 1]
                                                    [--cases log,internal_states,feedback]
 
 Real SGLang says `max_running_requests: null` unless the flag is passed; its scheduler runs a batch derived
@@ -134,7 +134,7 @@ def run(requests: int, gpus: int, batch: int, repeats: int, step_ms: float, case
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--requests", type=int, default=12000)
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=1)

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -42,8 +43,9 @@ log = logging.getLogger("regen.workers")
 READY_LINE = "The server is fired up and ready to roll!"
 ERROR_PATTERN = re.compile(
     r"out of memory|OutOfMemoryError|Not enough memory|CUDA error|Scheduler hit an exception|Received sigquit"
-    r"|SIGQUIT received|Watchdog timeout|is dead|Initialization failed"
-)
+    r"|SIGQUIT received|[Ww]atchdog timeout|is dead|died during initialization|Initialization failed"
+)  # 0.5.23: a lowercase `watchdog timeout (...)`, and `Rank N scheduler died during initialization` for `is dead`
+PROMETHEUS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
 LOADING_HINTS = ("server_args=", "Load weight begin", "Init torch distributed", "Loading")
 # uvicorn's line when the port was taken between regen's check and the server's bind
 BIND_IN_USE = re.compile(r"\[Errno 98\]|address already in use", re.IGNORECASE)
@@ -154,6 +156,16 @@ def reap_orphan(pid_path: Path, port: int) -> str | None:
 
 def redact(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
+
+
+def own_prometheus_dir(worker_dir: Path) -> Path:
+    """An empty multiprocess-metrics dir of this server's own. SGLang makes a subdirectory of PROMETHEUS_MULTIPROC_DIR
+    but does not point the variable at it, so servers launched with one environment would share one directory and
+    mix their gauges (each reading the others' queue); emptied at each launch, as prometheus_client requires."""
+    path = worker_dir / "prometheus_multiproc"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
 
 
 def error_lines(log_path: Path, start_offset: int, limit: int = MAX_ERROR_LINES) -> list[str]:
@@ -486,6 +498,8 @@ class Worker:
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)
         env.update(self.cfg.workers.env)
+        if env.get(PROMETHEUS_DIR_VAR):
+            env[PROMETHEUS_DIR_VAR] = str(own_prometheus_dir(self.log_path.parent))
         shown = redact(shlex.join(argv), self.cfg.workers.api_key)
         with open(self.log_path, "ab") as logf:
             self._log_offset = logf.seek(0, os.SEEK_END)

@@ -173,9 +173,13 @@ def renderer_for(tiny_model_dir):
 def test_run_to_done_rows_match_the_template(tmp_path, tiny_model_dir, supervisors, renderer_for):
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=80)
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, api_key="k-s3cret-key"))
+    shared_prom = tmp_path / "shared-prometheus"  # one dir in the operator's env: each server gets its own instead
+    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, api_key="k-s3cret-key",
+                                                               env={"PROMETHEUS_MULTIPROC_DIR": str(shared_prom)}))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 0, sup.log_text()[-3000:]
+    assert all((run_dir / "workers" / w / "prometheus_multiproc").is_dir() for w in ("gpu0", "gpu1"))
+    assert not shared_prom.exists()
     renderer = renderer_for(cfg)
     rows = read_rows(run_dir)
     expected, _ = expected_samples(cfg, renderer)

@@ -72,6 +72,26 @@ def test_error_lines_quote_sglang_fatal_lines(tmp_path):
     assert not any("before this launch" in line for line in lines)
 
 
+def test_error_lines_know_the_0_5_23_fatal_lines(tmp_path):
+    """0.5.23 writes its watchdog line in lowercase and says `died during initialization` where older ones said
+    `is dead` (sglang_contract.md 7.4)."""
+    log = tmp_path / "server.log"
+    log.write_text("[2026-01-01 00:00:00] Load weight begin.\n"
+                   "[2026-01-01 00:05:00] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)\n"
+                   "Rank 0 scheduler died during initialization (exit code: -9)\n")
+    lines = error_lines(log, 0)
+    assert len(lines) == 2 and "watchdog timeout" in lines[0] and "died during initialization" in lines[1]
+
+
+def test_each_server_gets_its_own_empty_prometheus_multiproc_dir(tmp_path):
+    from engine.workers import own_prometheus_dir
+
+    first, second = own_prometheus_dir(tmp_path / "gpu0"), own_prometheus_dir(tmp_path / "gpu1")
+    assert first != second and first.is_dir() and second.is_dir()
+    (first / "gauge_livesum_1.db").write_bytes(b"x")
+    assert list(own_prometheus_dir(tmp_path / "gpu0").iterdir()) == []  # emptied at each launch
+
+
 def test_control_socket_replies_and_is_private(tmp_path):
     sock = tmp_path / "control.sock"
 

@@ -27,10 +27,10 @@ try:
 except ImportError:
     from tests.waiting import poll_until
 
-SOCKET_HOLDER = ("import socket, sys, time\n"
+SOCKET_HOLDER = ("import signal, socket, sys\n"
                  "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
                  "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8)\n"
-                 "while True: time.sleep(60)\n")  # kept: the holder only has to stay alive
+                 "while True: signal.pause()\n")  # the holder only has to stay alive, until it is killed
 
 
 def arg_after(argv: list[str], flag: str) -> str:

@@ -95,7 +95,7 @@ def test_an_invisible_pid_says_why():
 
 
 def test_the_process_tree_holds_descendants():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     try:
         assert {os.getpid(), child.pid} <= process_tree(os.getpid())
     finally:
@@ -186,7 +186,7 @@ async def test_check_identity_ties_the_socket_to_the_launched_tree(start_sim):
     port = sim.server.port
     ours = Expected(served_model_name="regen-r-gpu0-cc", token_is_ours=True, pid=os.getpid(), host="127.0.0.1",
                     port=port)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     try:
         async with aiohttp.ClientSession() as session:
             assert (await check_identity(session, sim.url, {}, ours)).verdict == Verdict.PROVEN

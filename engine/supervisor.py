@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psutil
 
 from engine import safe_log
@@ -43,6 +42,7 @@ from engine.control import ControlError, ControlServer
 from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous,
                           fallback_path, is_disk_full, record_for, write_fatal)
 from engine.gpu import GpuSampler
+from engine.http_client import client_session
 from engine.ingest import PromptFileError
 from engine.notify import Notifier
 from engine.render import Renderer, RenderError
@@ -153,7 +153,7 @@ class Supervisor:
         if self.gpu.init_error:
             log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
         if not early:
-            self.session = _client_session()
+            self.session = client_session()
         try:
             self.committer = Committer(self.store, self.ledger, self.emit, disk_ok=self.watch.disk_ok_for_commit)
             targets = self._fleet_targets() if self.cfg.hosts else self._local_targets(early)
@@ -199,7 +199,7 @@ class Supervisor:
         store says every sample is settled (a start with nothing to do launches nothing)."""
         if self.cfg.hosts or self._looks_finished():
             return False
-        self.session = _client_session()
+        self.session = client_session()
         self.workers = self._make_workers()
         for w in self.workers:
             w.start()
@@ -574,8 +574,6 @@ class Supervisor:
                               self.dispatcher.dispatched if self.dispatcher is not None else None)
 
 
-def _client_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
 
 
 # -- process setup --------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class ServerCapacity:
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
     context_length: int | None = None
+    max_req_input_len: int | None = None  # a prompt this long or longer is refused (engine/run/prompt_limit.py)
     batch_source: str = ""  # "" until discovered
     dp_ranks: int = 1  # (dp_size or 1) * (attn_dp_size or 1), as SGLang's own benchmark counts them
 
@@ -100,7 +101,8 @@ def parse_server_info(info: dict[str, Any]) -> ServerCapacity:
     return ServerCapacity(
         max_running_requests=batch, batch_source=source, dp_ranks=ranks,
         max_total_num_tokens=_first_int(sources, "max_total_num_tokens"),
-        context_length=_first_int(sources, "context_length", "context_len", "max_req_input_len"),
+        context_length=_first_int(sources, "context_length", "context_len"),
+        max_req_input_len=_first_int(sources, "max_req_input_len"),
     )
 
 

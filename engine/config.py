@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 import tomllib
 import urllib.parse
 from dataclasses import dataclass, field
@@ -26,6 +27,11 @@ SIMULATOR_LAUNCH = (
     "{python} -m engine.simulator --model-path {model} --host {host} --port {port}"
     " --tp-size {tp} --enable-metrics"
 )
+
+
+# SGLang reads a request's sampling_seed only on a server launched with this flag (contract 7.3); the probes
+# keep their own copy (probes/context.py: they never import the engine)
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 
 class ConfigError(ValueError):
@@ -296,8 +302,30 @@ def validate(cfg: RunConfig) -> None:
     if not cfg.prompts:
         raise ConfigError("prompts: at least one path or glob is needed")
     cfg.workers.groups()
+    validate_seed(cfg)
     if cfg.hosts:
         validate_hosts(cfg)
+
+
+def validate_seed(cfg: RunConfig) -> None:
+    """A seed only means something on servers launched with DETERMINISTIC_FLAG: refused otherwise, not
+    paired with the flag behind the operator's back (it changes the servers' kernels and speed)."""
+    if cfg.sampling.seed is None or DETERMINISTIC_FLAG in launch_words(cfg.workers):
+        return
+    raise ConfigError(
+        f"sampling.seed = {cfg.sampling.seed}: SGLang ignores a request's sampling_seed unless the server runs with"
+        f" {DETERMINISTIC_FLAG}, so the answers would not follow the seed. Either add the flag to the workers'"
+        f' launch arguments (workers.extra_args = [..., "{DETERMINISTIC_FLAG}"]; SGLang then uses deterministic,'
+        " slower kernels), or remove sampling.seed")
+
+
+def launch_words(workers: Workers) -> list[str]:
+    """The words of the workers' launch template plus their extra_args (the template unformatted)."""
+    try:
+        words = shlex.split(workers.launch)
+    except ValueError as exc:
+        raise ConfigError(f"workers.launch = {workers.launch!r}: cannot split it into words: {exc}") from exc
+    return words + list(workers.extra_args)
 
 
 def notify_from_dict(data: Any) -> NotifyConfig:

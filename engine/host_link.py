@@ -556,7 +556,8 @@ class HostLink:
         reported = await read_server_info(self.session, m.url, m.headers, m.name)
         if reported is None:
             reported = ServerCapacity(max_total_num_tokens=m.capacity_info.max_total_num_tokens,
-                                      context_length=m.capacity_info.context_length)
+                                      context_length=m.capacity_info.context_length,
+                                      max_req_input_len=m.capacity_info.max_req_input_len)
         record = self._records.get(m.name)
         workers = host_workers(self.cfg, self.host)
         m.capacity_info = discover(reported, record.startup_batch if record else None,

@@ -425,6 +425,8 @@ def _spread_over_sources(rendered, n: int) -> list:
 async def run_pilot(cfg: RunConfig, renderer, rendered, n: int, python: str | None = None) -> tuple[PilotResult, list[str]]:
     import aiohttp
 
+    from engine.http_client import KEEPALIVE_S
+
     chosen = _spread_over_sources(rendered, n)
     if not chosen:
         raise PlanError("pilot: no prompts to generate (no conversation with a user turn)")
@@ -437,7 +439,8 @@ async def run_pilot(cfg: RunConfig, renderer, rendered, n: int, python: str | No
     reqs: list[_Request] = []
     problems: list[str] = []
     started = time.monotonic()
-    async with aiohttp.ClientSession(headers=headers) as session:
+    connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S)  # below uvicorn's idle close (http_client.py)
+    async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
         servers = _PilotServers(cfg, log_dir, python or sys.executable, session)
         try:
             await servers.start_and_wait_ready()

@@ -229,8 +229,9 @@ class RouterEndpoint:
         self.capacity_info = ServerCapacity(
             max_running_requests=sum(b.size for b in batches) or None,
             batch_source="+".join(sorted({b.source for b in batches})),
-            context_length=min((m.capacity_info.context_length for m in ready if m.capacity_info.context_length),
-                               default=None))
+            context_length=_smallest(m.capacity_info.context_length for m in ready),
+            max_total_num_tokens=_smallest(m.capacity_info.max_total_num_tokens for m in ready),
+            max_req_input_len=_smallest(m.capacity_info.max_req_input_len for m in ready))
         running = [m.metrics.running_reqs for m in ready]
         queued = [m.metrics.queued_reqs for m in ready]
         self.metrics = ServerMetrics(
@@ -249,3 +250,8 @@ class RouterEndpoint:
             name=self.name, state=self.state, url=self.url, in_flight=self.in_flight, capacity=self.capacity,
             restarts=self.router.restarts, error=self.router.error, running_reqs=self.metrics.running_reqs,
             queued_reqs=self.metrics.queued_reqs, gen_throughput=self.metrics.gen_throughput), self)
+
+
+def _smallest(values) -> int | None:
+    """The smallest of the figures the ready servers reported (None: none did): the one every server meets."""
+    return min((v for v in values if v), default=None)

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psutil
 
 from engine import safe_log
@@ -43,6 +42,7 @@ from engine.control import ControlError, ControlServer
 from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous,
                           fallback_path, is_disk_full, record_for, write_fatal)
 from engine.gpu import GpuSampler
+from engine.http_client import client_session
 from engine.ingest import PromptFileError
 from engine.notify import Notifier
 from engine.render import Renderer, RenderError
@@ -57,6 +57,7 @@ from engine.run.dispatcher import Dispatcher
 from engine.run.feed import Feed
 from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
+from engine.run.prompt_limit import tightest
 from engine.run.status import Rejects, RunStatus, ShardStatus, build_run_status, dispatch_figures, shard_statuses
 from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent
@@ -152,7 +153,7 @@ class Supervisor:
         if self.gpu.init_error:
             log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
         if not early:
-            self.session = _client_session()
+            self.session = client_session()
         try:
             self.committer = Committer(self.store, self.ledger, self.emit, disk_ok=self.watch.disk_ok_for_commit)
             targets = self._fleet_targets() if self.cfg.hosts else self._local_targets(early)
@@ -198,7 +199,7 @@ class Supervisor:
         store says every sample is settled (a start with nothing to do launches nothing)."""
         if self.cfg.hosts or self._looks_finished():
             return False
-        self.session = _client_session()
+        self.session = client_session()
         self.workers = self._make_workers()
         for w in self.workers:
             w.start()
@@ -317,11 +318,7 @@ class Supervisor:
     async def _start_feed_when_ready(self) -> None:
         while not any(w.state == WorkerState.READY for w in self.workers):
             await asyncio.sleep(0.2)
-        known = [w.capacity_info.context_length for w in self.workers if w.capacity_info.context_length]
-        if known and min(known) < self.feed.context_length:
-            log.info("the servers' context length %d is below the tokenizer's %d: using it", min(known),
-                     self.feed.context_length)
-            self.feed.use_context_length(min(known))
+        self._tighten_prompt_limit()
         if self.mode == "starting":
             self.mode = "running"
             self.ledger.dispatch_began()
@@ -333,9 +330,20 @@ class Supervisor:
         if state == WorkerState.READY:
             self._resize()
 
+    def _tighten_prompt_limit(self) -> None:
+        """The feed's prompt limit: SGLang's rule with the smallest figures any server has reported."""
+        if self.feed is None:
+            return
+        limit = tightest(self.feed.limit, ((w.name, w.capacity_info) for w in self.workers))
+        if limit != self.feed.limit:
+            log.info("prompts of %d tokens or more are rejected up front (was %d): %s", limit.max_input_len,
+                     self.feed.limit.max_input_len, limit.source)
+            self.feed.use_limit(limit)
+
     def _resize(self) -> None:
         """Size the in-flight caps and the ledger's look-ahead to the ready capacity (also when servers
-        join or leave the router)."""
+        join or leave the router), and the feed's prompt limit to what the servers reported."""
+        self._tighten_prompt_limit()
         if self.dispatcher is not None and self.ledger is not None:
             self.dispatcher.adjust_capacity()
             self.ledger.size_for(sum(self.dispatcher.capacity_for(x) for x in self.dispatcher.workers
@@ -566,8 +574,6 @@ class Supervisor:
                               self.dispatcher.dispatched if self.dispatcher is not None else None)
 
 
-def _client_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
 
 
 # -- process setup --------------------------------------------------------------------------

@@ -658,7 +658,8 @@ class Worker:
         reported = await read_server_info(self.session, self.url, self.headers, self.name)
         if reported is None:
             reported = ServerCapacity(max_total_num_tokens=self.capacity_info.max_total_num_tokens,
-                                      context_length=self.capacity_info.context_length)
+                                      context_length=self.capacity_info.context_length,
+                                      max_req_input_len=self.capacity_info.max_req_input_len)
         self._startup_batch = batch_from_log(startup_text(self.log_path, self._log_offset))
         flag = configured_batch(self.cfg.workers.launch, self.cfg.workers.extra_args)
         self.capacity_info = discover(reported, self._startup_batch, flag)

@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from probes.context import GIB, REHEARSAL, ProbeContext
+from probes.context import DETERMINISTIC_FLAG, GIB, REHEARSAL, ProbeContext
 from probes.host import script
 from probes.host.candidates import candidate_words, describe, search_from_dict
 from probes.shell import shell_path
@@ -302,6 +302,42 @@ def judge_packages(res: CommandResult, inp: JudgeInput) -> Verdict:
     return f.verdict(f"all {len(wanted)} importable: {ok}" + ("; sglang not needed (rehearsal)" if inp.ctx.rehearsal
                                                               else ""),
                      expected=expected, actual="\n".join(lines), data={"packages": {m: done.get(m) for m, _ in wanted}})
+
+
+# ---------------------------------------------------------------------------------------------- seed
+
+
+def judge_seed(res: CommandResult, inp: JudgeInput) -> Verdict:
+    """sampling.seed set: will the servers follow it? (the launch flag, and an sglang that knows the field)"""
+    ctx = inp.ctx
+    try:
+        info = script_json(res, "seed support")
+    except ScriptOutputError as exc:
+        return script_error_verdict(exc, ctx)
+    expected = (f"servers launched with {DETERMINISTIC_FLAG} by an sglang whose SamplingParams take sampling_seed"
+                f" (sampling.seed = {ctx.sampling_seed})")
+    drop = "or remove sampling.seed from the run config"
+    f = Findings()
+    if not ctx.seed_honoured_by_launch:
+        f.warn(f"the servers will ignore sampling.seed = {ctx.sampling_seed}: SGLang reads a request's sampling_seed"
+               f" only with {DETERMINISTIC_FLAG}, which the launch line and workers.extra_args lack",
+               f'add "{DETERMINISTIC_FLAG}" to workers.extra_args (SGLang then uses deterministic, slower kernels), '
+               + drop)
+    where = info.get("sglang") or "sglang"
+    if info.get("error"):
+        f.fail(f"cannot check sglang: {info['error']}", f"install sglang into {ctx.python}'s env, " + drop)
+    if info.get("sampling_seed") is False:
+        f.fail(f"{where}: SamplingParams has no sampling_seed (sglang 0.4.x): every request carrying the seed fails"
+               " with HTTP 500", "upgrade sglang (0.5.5 or later), " + drop)
+    if info.get("deterministic_flag") is False:
+        f.fail(f"{where}: ServerArgs has no {DETERMINISTIC_FLAG}: a server launched with it does not start, and"
+               " without it the seed is ignored", "upgrade sglang (0.5.5 or later), " + drop)
+    for key in ("sampling_seed", "deterministic_flag"):
+        if info.get(key + "_error"):
+            f.warn(f"{where}: could not read the source that says it: {info[key + '_error']}")
+    return f.verdict(f"sampling.seed = {ctx.sampling_seed} is honoured: {DETERMINISTIC_FLAG} in the launch line and"
+                     f" {where} takes sampling_seed", expected=expected,
+                     actual=json.dumps(info, sort_keys=True), data=info)
 
 
 # ---------------------------------------------------------------------------------------------- router
@@ -924,6 +960,9 @@ def _catalog() -> list[Probe]:
         Probe("packages", "Python packages of the host env",
               lambda c: python_command(c, "packages", {"packages": [list(p) for p in packages_for(c)]}), judge_packages,
               needs=py, timeout_s=180, script="packages", on_timeout=packages_in_flight),
+        Probe("sampling.seed", "sampling.seed will be honoured by the servers",
+              lambda c: python_command(c, "seed_support"), judge_seed, needs=py, timeout_s=30,
+              script="seed_support", config="config", when=lambda c: c.sampling_seed is not None, real_gpus=True),
         Probe("gpu.nvidia_smi", "GPUs (nvidia-smi)", nvidia_smi_command, judge_nvidia_smi, needs=("connection",),
               timeout_s=30, real_gpus=True),
         Probe("gpu.nvml", "GPUs through NVML (pynvml)", lambda c: python_command(c, "nvml"), judge_nvml, needs=py,
@@ -978,14 +1017,21 @@ def probes_for(ctx: ProbeContext, only: set[str] | None = None, catalog: list[Pr
     if not only:
         return avail
     chosen: set[str] = set()
+    inapplicable: list[str] = []  # its config section asks nothing of it (`when`), e.g. sampling.seed without a seed
     for want in only:
         matches = [p.id for p in avail if p.id == want or p.id.startswith(want + ".")]
         if not matches:
             every = {p.id: p for p in catalog}
+            if any((p.id == want or p.id.startswith(want + ".")) and p.when is not None and not p.when(ctx)
+                   and (p.config == "any" or (p.config == "config") == ctx.has_config) for p in catalog):
+                inapplicable.append(want)
+                continue
             if want in every or any(i.startswith(want + ".") for i in every):
                 raise UnknownProbe(f"probe {want!r} needs a run config (--config run.toml)")
             raise UnknownProbe(f"unknown probe {want!r}; known: {', '.join(by_id)}")
         chosen.update(matches)
+    if not chosen and inapplicable:
+        raise UnknownProbe(f"probe(s) {', '.join(inapplicable)}: nothing to check for this run config")
     stack = list(chosen)
     while stack:
         for dep in by_id[stack.pop()].needs:

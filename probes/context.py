@@ -16,6 +16,11 @@ REHEARSAL = "rehearsal: simulated GPUs"  # the summary of every probe a rehearsa
 _SIMULATOR_LAUNCH = re.compile(r"(?:^|\s)-m\s*engine\.simulator(?:\s|$)")
 
 
+# SGLang reads a request's sampling_seed only on a server launched with this flag (contract 7.3;
+# engine/config.py DETERMINISTIC_FLAG, which refuses a seed without it at config load)
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+
+
 def is_rehearsal(launch: str | None) -> bool:
     """Whether a run config's `workers.launch` starts the SGLang simulator instead of SGLang: a rehearsal,
     which needs no GPU, CUDA, sglang or weights. The one place that decides it (probes, preflight, reports)."""
@@ -51,6 +56,13 @@ class ProbeContext:
     sample_rows: int = 1000  # rows per prompt file read by prompts.format / prompts.tokens
     router_python: str | None = None  # multi-host dispatch host: the python that runs sglang-router
     launch: str = ""  # workers.launch of the run config ("" without a config)
+    launch_args: tuple[str, ...] = ()  # workers.extra_args, added to the launch line
+    sampling_seed: int | None = None  # sampling.seed of the run config
+
+    @property
+    def seed_honoured_by_launch(self) -> bool:
+        """Whether the servers are launched with DETERMINISTIC_FLAG (else SGLang ignores the seed)."""
+        return DETERMINISTIC_FLAG in self.launch.split() + list(self.launch_args)
 
     @property
     def rehearsal(self) -> bool:

@@ -36,7 +36,8 @@ def server_info(version: str, *, flag: int | None = None, effective: int | None 
 def test_0_5_5_without_the_flag_reports_no_batch_size():
     cap = parse_server_info(server_info("0.5.5"))
     assert (cap.max_running_requests, cap.batch_source) == (None, BatchSource.DEFAULT)
-    assert cap.max_total_num_tokens == 281029 and cap.context_length == 40959
+    # context_length is the launch flag's (null without it); max_req_input_len is the scheduler's own prompt limit
+    assert (cap.max_total_num_tokens, cap.context_length, cap.max_req_input_len) == (281029, None, 40959)
 
 
 def test_0_5_5_with_the_flag_reports_it():
@@ -96,7 +97,7 @@ def test_discovery_takes_the_first_source_that_says_it():
     assert discover(None, None, None).batch() == BatchSize(DEFAULT_MAX_RUNNING, BatchSource.DEFAULT)
     # the log line is one DP rank's: the ranks /get_server_info names multiply it
     assert discover(parse_server_info(server_info("0.5.5", dp=2)), 256, None).batch() == BatchSize(512, BatchSource.LOG)
-    assert discover(reported_055, 256, None).context_length == 40959  # the rest of what it reported is kept
+    assert discover(reported_055, 256, None).max_req_input_len == 40959  # the rest of what it reported is kept
 
 
 def test_a_remote_server_s_log_line_travels_in_the_agent_s_identity_record():

@@ -63,3 +63,24 @@ def test_tiny_model_template(tiny_tokenizer):
     assert text.endswith("<|im_start|>assistant\n")
     off = tiny_tokenizer.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert off.endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_seed_without_deterministic_inference_is_refused_naming_both_fixes(tmp_path):
+    p = tmp_path / "run.toml"
+    p.write_text('run_dir = "/tmp/r"\nmodel = "/m"\nprompts = ["/p/*.jsonl"]\n\n[sampling]\nseed = 7\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "sampling.seed = 7" in msg and "ignores" in msg
+    assert 'workers.extra_args = [..., "--enable-deterministic-inference"]' in msg and "remove sampling.seed" in msg
+
+
+@pytest.mark.parametrize("workers", [
+    {"extra_args": ["--log-level", "debug", "--enable-deterministic-inference"]},
+    {"launch": "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port} --tp-size {tp}"
+               " --enable-metrics --enable-deterministic-inference"},
+])
+def test_a_seed_with_the_flag_in_the_launch_line_or_extra_args_is_sent(workers):
+    cfg = config_from_dict(base(sampling={"seed": 7}, workers=workers))
+    assert cfg.sampling.as_sglang()["sampling_seed"] == 7
+    assert "sampling_seed" not in config_from_dict(base(workers=workers)).sampling.as_sglang()

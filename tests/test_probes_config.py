@@ -393,3 +393,74 @@ def test_long_answers_cut_warning_and_separate_tokenizer_dir(model_copy, tiny_mo
     r = res["prompts.tokens"]
     assert r.status is Status.WARN
     assert f"+ max_new_tokens 4090 > context 4096: long answers will be cut" in r.summary
+
+
+# ---------------------------------------------------------------------------------------------- sampling.seed
+
+
+def fake_sglang(root, *, seed_field: bool, flag: bool):
+    """An sglang package tree with only the two source files the probe reads (it never imports sglang)."""
+    pkg = root / "sglang"
+    (pkg / "srt" / "sampling").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the seed probe must not import sglang')\n")
+    (pkg / "srt" / "sampling" / "sampling_params.py").write_text(
+        "class SamplingParams:\n    def __init__(self, max_new_tokens=128" + (", sampling_seed=None" if seed_field else "")
+        + "):\n        pass\n")
+    (pkg / "srt" / "server_args.py").write_text(
+        "class ServerArgs:\n    random_seed = None\n" + ("    enable_deterministic_inference = False\n" if flag else ""))
+    return root
+
+
+FLAG = "--enable-deterministic-inference"
+
+
+def test_seed_probe_passes_with_the_flag_and_an_sglang_that_takes_the_seed(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fake_sglang(tmp_path / "libs", seed_field=True, flag=True)))
+    ctx = config_context(tmp_path, tiny_model_dir, [], sampling_seed=7, launch_args=(FLAG,))
+    r = run_local(ctx, {"sampling.seed"})["sampling.seed"]
+    assert r.status is Status.PASS, r.summary
+    assert "sampling.seed = 7 is honoured" in r.summary
+
+
+def test_seed_probe_warns_when_the_servers_will_ignore_the_seed(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fake_sglang(tmp_path / "libs", seed_field=True, flag=True)))
+    ctx = config_context(tmp_path, tiny_model_dir, [], sampling_seed=7, launch_args=("--log-level", "debug"))
+    r = run_local(ctx, {"sampling.seed"})["sampling.seed"]
+    assert r.status is Status.WARN
+    assert "the servers will ignore sampling.seed = 7" in r.summary
+    assert f'add "{FLAG}" to workers.extra_args' in r.remedy and "remove sampling.seed" in r.remedy
+
+
+def test_seed_probe_fails_on_an_sglang_without_sampling_seed(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fake_sglang(tmp_path / "libs", seed_field=False, flag=False)))
+    ctx = config_context(tmp_path, tiny_model_dir, [], sampling_seed=7, launch_args=(FLAG,))
+    r = run_local(ctx, {"sampling.seed"})["sampling.seed"]
+    assert r.status is Status.FAIL
+    assert "SamplingParams has no sampling_seed" in r.summary and "HTTP 500" in r.summary
+    assert "remove sampling.seed" in r.remedy
+
+
+def test_seed_probe_runs_only_with_a_seed_and_skips_in_a_rehearsal(tiny_model_dir, tmp_path):
+    from probes.catalog import probes_for
+
+    assert "sampling.seed" not in [p.id for p in probes_for(config_context(tmp_path, tiny_model_dir, []))]
+    ctx = config_context(tmp_path, tiny_model_dir, [], sampling_seed=7, launch_args=(FLAG,),
+                         launch="{python} -m engine.simulator --model-path {model} --port {port}")
+    r = run_local(ctx, {"sampling.seed"})["sampling.seed"]
+    assert r.status is Status.SKIP and "rehearsal" in r.summary
+
+
+def test_seed_probe_is_asked_of_gpu_hosts_only_when_a_seed_is_set(tiny_model_dir, tmp_path):
+    from console.commands.probe import GPU_HOST_PROBES
+    from probes.catalog import UnknownProbe, probes_for
+
+    without = config_context(tmp_path, tiny_model_dir, [])
+    assert "sampling.seed" not in [p.id for p in probes_for(without, set(GPU_HOST_PROBES))]
+    seeded = dataclasses.replace(without, sampling_seed=7)
+    assert "sampling.seed" in [p.id for p in probes_for(seeded, set(GPU_HOST_PROBES))]
+    try:
+        probes_for(without, {"sampling.seed"})
+    except UnknownProbe as exc:
+        assert "nothing to check for this run config" in str(exc)
+    else:
+        raise AssertionError("--only sampling.seed without a seed ran nothing and said nothing")

@@ -49,6 +49,7 @@ def context_from_config(cfg: RunConfig) -> ProbeContext:
         bind_host=cfg.workers.host, context_length=cfg.context_length, max_new_tokens=cfg.sampling.max_new_tokens,
         disk_floor_bytes=int(cfg.alerts.disk_free_min_gb * 10**9), shm_need_bytes=GIB * max(1, len(gpus)),
         content_hash=cfg.content_hash(), content_fields=cfg.content_fields(), launch=cfg.workers.launch,
+        launch_args=tuple(cfg.workers.extra_args), sampling_seed=cfg.sampling.seed,
     )
 
 
@@ -84,7 +85,7 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
 
 
 DISPATCH_PROBES = {"prompts", "disk.run_dir", "run_dir.resume", "router.package", "model.dir"}
-GPU_HOST_PROBES = {"packages", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "model.weights", "ports"}
+GPU_HOST_PROBES = {"packages", "sampling.seed", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "model.weights", "ports"}
 
 
 def host_contexts(cfg: RunConfig) -> tuple[ProbeContext, dict[str, ProbeContext]]:

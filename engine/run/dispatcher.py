@@ -26,6 +26,7 @@ from yarl import URL
 
 from engine.capacity import BatchSize
 from engine.config import RunConfig
+from engine.http_client import ConnectionMark, dropped_idle, fresh_session
 from engine.render import Renderer
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
@@ -70,6 +71,7 @@ class Dispatcher:
         # aiohttp parses the URL and copies the headers again on every request
         self._generate_target: dict[str, tuple[str, URL, CIMultiDict]] = {}
         self._request_timeout = aiohttp.ClientTimeout(total=cfg.dispatch.request_timeout_s)
+        self._fresh: aiohttp.ClientSession | None = None  # one-connection-per-request, for a resend after an idle drop
         for w in workers:
             w.listeners.append(self._on_worker_state)
 
@@ -82,6 +84,8 @@ class Dispatcher:
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._fresh is not None:
+            await self._fresh.close()
 
     def hold(self, held: bool) -> None:
         """Stop (or start again) sending new requests; those in flight go on."""
@@ -236,10 +240,7 @@ class Dispatcher:
         _, url, headers = self._target(w)
         started = time.monotonic()
         try:
-            async with self.session.post(url, data=orjson.dumps(payload), headers=headers,
-                                         timeout=self._request_timeout) as resp:
-                status = resp.status
-                body = await resp.read()
+            status, body = await self._post(w, item, url, orjson.dumps(payload), headers)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             if self._aborting:
                 return
@@ -265,6 +266,28 @@ class Dispatcher:
                 return
             item.last_error = f"{w.name}: HTTP {status}: {_error_message(body)}"
             self._retry_or_fail(item)
+
+    async def _post(self, w: Worker, item: WorkItem, url: URL, data: bytes, headers: CIMultiDict) -> tuple[int, bytes]:
+        """POST /generate: (status, body). A pooled connection the server had closed while idle (uvicorn
+        closes them after 5 s, contract 7.4) is no fault of the server's: the request is sent again at once on
+        a new connection, without a retry counted or a backoff. Any other failure raises as it came."""
+        mark = ConnectionMark()
+        sent = time.monotonic()
+        answered = False
+        try:
+            async with self.session.post(url, data=data, headers=headers, timeout=self._request_timeout,
+                                         trace_request_ctx=mark) as resp:
+                answered = True
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            if answered or not dropped_idle(exc, mark, time.monotonic() - sent):
+                raise
+            log.info("%s: %s on a reused connection before any answer (closed while idle): %s sent again on a new"
+                     " connection", w.name, type(exc).__name__, item.rid)
+        if self._fresh is None:
+            self._fresh = fresh_session()
+        async with self._fresh.post(url, data=data, headers=headers, timeout=self._request_timeout) as resp:
+            return resp.status, await resp.read()
 
     def _handle_ok(self, w: Worker, item: WorkItem, body: bytes, latency: float) -> None:
         try:

@@ -34,7 +34,9 @@ from engine.render import Renderer, sample_id
 from engine.rejects import RejectLog
 from engine.run.counts import ShardCounts
 from engine.run.items import WorkItem
+from engine.run import prompt_limit
 from engine.run.ledger import ConvProgress, Ledger, Unfit, reject_for
+from engine.run.prompt_limit import PromptLimit
 from engine.shard_store import shard_id_for
 
 log = logging.getLogger("regen.feed")
@@ -47,7 +49,8 @@ class Feed:
         self.cfg = cfg
         self.renderer = renderer
         self.rejects = rejects
-        self.context_length = renderer.context_length
+        where = "run.toml" if cfg.context_length else "the model's config / tokenizer"
+        self.limit = prompt_limit.from_context(renderer.context_length, where)  # tightened by the servers' reports
         self.planned: dict[str, ShardCounts] = {}  # the counting pass's result: the ledger's shards once it opens
         self.input_rejects = 0
         self.ledger: Ledger | None = None  # the ledger fed (attach), opened on the counted shards
@@ -197,9 +200,9 @@ class Feed:
             yield entry
 
     # -- feeding the ledger -------------------------------------------------------------------
-    def use_context_length(self, n: int) -> None:
-        """The servers' context is shorter than the tokenizer's: items made from now on fit it."""
-        self.context_length = n
+    def use_limit(self, limit: PromptLimit) -> None:
+        """The servers refuse shorter prompts than the tokenizer's context allows: items made from now on fit them."""
+        self.limit = limit
 
     def wake(self) -> None:
         self._wake.set()
@@ -349,13 +352,11 @@ class Feed:
     def _item(self, progress: ConvProgress, turn: int, prompt_ids: list[int]) -> WorkItem | Unfit:
         conv = progress.conv
         sid = sample_id(conv.conversation_id, turn)
-        room = self.context_length - len(prompt_ids) - 1
-        if room < 1:
-            return Unfit(turn, reject_for(
-                conv, f"turn {turn}: prompt does not fit the context: {len(prompt_ids)} tokens,"
-                      f" context_length {self.context_length}", excerpt=sid, kind="context_overflow"))
+        if not self.limit.fits(len(prompt_ids)):
+            return Unfit(turn, reject_for(conv, f"turn {turn}: {self.limit.reason(len(prompt_ids))}", excerpt=sid,
+                                          kind="context_overflow"))
         return WorkItem(sample_id=sid, conv=conv, turn=turn, shard_id=progress.shard_id, prompt_ids=prompt_ids,
-                        max_new_tokens=min(self.cfg.sampling.max_new_tokens, room),
+                        max_new_tokens=min(self.cfg.sampling.max_new_tokens, self.limit.room(len(prompt_ids))),
                         is_last_turn=turn == progress.turns[-1])
 
     def close(self) -> None:

@@ -53,6 +53,7 @@ def make_row(renderer: Renderer, i: int) -> dict:
         "sample_id": f"{conv}#turn0", "conversation_id": conv, "turn": 0, "source": source, "origin": f"{source}:{i + 1}",
         "input_ids": prompt + output, "loss_mask": [0] * len(prompt) + [1] * len(output),
         "prompt_len": len(prompt), "output_len": len(output), "reasoning_tokens": renderer.reasoning_tokens(output),
+        "prompt_opened": False,
         "finish_reason": FINISH[kind], "completion_tokens": len(output), "cached_tokens": 0, "latency_s": 0.1,
         "worker": f"gpu{i % 2}", "text": renderer.decode(output),
     }

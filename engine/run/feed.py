@@ -356,7 +356,8 @@ class Feed:
                       f" context_length {self.context_length}", excerpt=sid, kind="context_overflow"))
         return WorkItem(sample_id=sid, conv=conv, turn=turn, shard_id=progress.shard_id, prompt_ids=prompt_ids,
                         max_new_tokens=min(self.cfg.sampling.max_new_tokens, room),
-                        is_last_turn=turn == progress.turns[-1])
+                        is_last_turn=turn == progress.turns[-1],
+                        prompt_opened=self.renderer.opens_think(prompt_ids))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -140,9 +140,6 @@ class OutputGenerator:
         return out
 
     # --- planning ---------------------------------------------------------------------------------
-    def thinking_disabled(self, prompt_ids: Sequence[int]) -> bool:
-        return _ends_with(prompt_ids, self.no_think_suffix)
-
     def mode(self, prompt_ids: Sequence[int]) -> Mode:
         """How the output continues this prompt (the module docstring's three modes)."""
         if _ends_with(prompt_ids, self.no_think_suffix):

@@ -7,7 +7,10 @@ are the ones the model sees at training time.
 
 Multi-turn (`turns = "all"`): turn k is rendered on the model's own earlier answers, passed
 whole (think block included); the Qwen3 template itself drops the reasoning of turns before the
-last user message, exactly as it does at inference time.
+last user message, exactly as it does at inference time. Where the prompt opened the think block
+(Qwen3.5/3.6-style templates end the generation prompt with `<think>\\n`), the answer passed is the
+whole assistant turn: that opening plus the output, so the template splits reasoning from answer
+exactly as for a Qwen3 answer.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.answer_shape import THINK_OPEN, prompt_opens_think
 from engine.ingest import Conversation
 
 TURN_MODES = ("all", "last", "first")
@@ -73,9 +77,12 @@ class Renderer:
         self._eos_set = frozenset(self.eos_ids)
         self.think_open_id = self._single_token_id("<think>")
         self.think_close_id = self._single_token_id("</think>")
-        # Thinking-2507-style templates open the think block in the generation prompt
+        # Qwen3.5/3.6, Thinking-2507 and R1-style templates open the think block in the generation prompt;
+        # `opened_text` is that opening (from its <think>), what each prompt's tail is compared with
         probe = self.prompt_text([{"role": "user", "content": "x"}])
-        self.prompt_opens_think = probe.rstrip().endswith("<think>")
+        self.prompt_opens_think = prompt_opens_think(probe)
+        self.opened_text = probe[probe.rfind(THINK_OPEN):] if self.prompt_opens_think else THINK_OPEN + "\n"
+        self._opened_ids = list(self.tokenizer(self.opened_text, add_special_tokens=False).input_ids)
 
     # --- configuration -----------------------------------------------------------------------
 
@@ -195,6 +202,12 @@ class Renderer:
             return None
         return backend
 
+    def opens_think(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether this rendered prompt ends inside an opened think block: the answer starts with reasoning
+        and only closes it. Decided once per sample, here; every later rule takes the result."""
+        k = len(self._opened_ids)
+        return 0 < k <= len(prompt_ids) and list(prompt_ids[-k:]) == self._opened_ids
+
     def max_new_tokens_for(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
         """The largest max_new_tokens <= the configured one that SGLang accepts (0: prompt too long)."""
         return max(0, min(max_new_tokens, self.context_length - len(prompt_ids) - 1))
@@ -237,12 +250,15 @@ class Renderer:
             ids.pop()
         return ids
 
-    def history_answer(self, output_ids: Sequence[int]) -> str:
-        return self.decode(self.strip_eos(output_ids))
+    def history_answer(self, output_ids: Sequence[int], prompt_opened: bool = False) -> str:
+        """The assistant message a later turn's history holds: the answer as the model wrote it, after
+        the think opening its prompt held when `prompt_opened`."""
+        text = self.decode(self.strip_eos(output_ids))
+        return self.opened_text + text if prompt_opened else text
 
-    def reasoning_tokens(self, output_ids: Sequence[int] | array) -> int:
-        """Tokens inside <think>..</think> (to the end when unclosed; eos excluded). An int32
-        array('i') of the ids is searched in numpy."""
+    def reasoning_tokens(self, output_ids: Sequence[int] | array, prompt_opened: bool = False) -> int:
+        """Tokens inside <think>..</think> (to the end when unclosed; eos excluded); when the prompt opened
+        the block, from the first output token. An int32 array('i') of the ids is searched in numpy."""
         if self.think_close_id is None and self.think_open_id is None:
             return 0
         ids = output_ids  # no copy: trailing eos ids are cut off by the search bound n
@@ -254,8 +270,8 @@ class Renderer:
             find = _finder(np.frombuffer(ids, dtype=np.intc))
         else:
             find = _list_finder(ids)
-        start = None
-        if self.think_open_id is not None:
+        start = 0 if prompt_opened else None
+        if start is None and self.think_open_id is not None:
             start = find(self.think_open_id, 0, n)
             if start is not None:
                 start += 1
@@ -263,9 +279,8 @@ class Renderer:
         if self.think_close_id is not None:
             close = find(self.think_close_id, start or 0, n)
         if start is None:
-            if close is not None:
-                return close  # the prompt opened the block; the output only closes it
-            return n if self.prompt_opens_think else 0
+            # no block opened: a lone </think> still closes one (a prompt-opened block the caller did not name)
+            return close if close is not None else 0
         return (close if close is not None else n) - start
 
 

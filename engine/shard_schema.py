@@ -19,6 +19,9 @@ SHARD_SCHEMA = pa.schema(
         pa.field("prompt_len", pa.int32(), nullable=False),
         pa.field("output_len", pa.int32(), nullable=False),
         pa.field("reasoning_tokens", pa.int32(), nullable=False),  # tokens inside <think>...</think>
+        # the prompt ended inside an opened <think> (Qwen3.5/3.6-style templates): the output starts with
+        # reasoning and only closes the block (engine.answer_shape). Parts written before it lack it: False
+        pa.field("prompt_opened", pa.bool_(), nullable=False),
         pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | abort
         pa.field("completion_tokens", pa.int32(), nullable=False),  # meta_info.completion_tokens
         pa.field("cached_tokens", pa.int32(), nullable=False),

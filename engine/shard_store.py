@@ -463,8 +463,8 @@ class ShardStore:
         """The one sqlite transaction that makes the part (and every sample in it) committed."""
         cols = {name: table.column(name).to_pylist() for name in
                 ("sample_id", "conversation_id", "turn", "output_len", "finish_reason", "prompt_len",
-                 "reasoning_tokens", "text")}
-        empty = [int(_is_empty(t)) for t in cols["text"]]
+                 "reasoning_tokens", "prompt_opened", "text")}
+        empty = [int(_is_empty(t, opened)) for t, opened in zip(cols["text"], cols["prompt_opened"])]
         samples = [
             (sid, info.shard_id, info.path, cid, turn, olen, fr, e, history.get(sid), plen, rt)
             for sid, cid, turn, olen, fr, e, plen, rt in zip(
@@ -654,15 +654,15 @@ def _validate_masks(table: pa.Table) -> None:
                   f"(first {prompt_len[row]} tokens) and 1 on the output")
 
 
-def _is_empty(text: str) -> bool:
-    """is_empty_answer(text), without copying a long answer: a reasoning block with any
+def _is_empty(text: str, prompt_opened: bool) -> bool:
+    """is_empty_answer(text, prompt_opened), without copying a long answer: a reasoning block with any
     non-space character is never empty (the common case, decided by two searches)."""
     close = text.rfind(THINK_CLOSE)
     if close >= 0:
         opened = text.find(THINK_OPEN, 0, close)
         if _NON_SPACE.search(text, opened + len(THINK_OPEN) if opened >= 0 else 0, close):
             return False
-    return is_empty_answer(text)
+    return is_empty_answer(text, prompt_opened)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -5,8 +5,9 @@ run in progress can be inspected at any time: a part file a writer is still prod
 orphan a crash left behind) is not in the table and is ignored. Without state.sqlite, the part
 files are found by globbing shards/**/part-*.parquet, and the report says so.
 
-What is read: source, worker, prompt_len, output_len, reasoning_tokens, finish_reason, text of
-every part (never input_ids). Everything is computed with pyarrow.compute kernels and numpy over
+What is read: source, worker, prompt_len, output_len, reasoning_tokens, finish_reason, text and
+prompt_opened (whether the prompt opened the think block; parts written before it existed lack it:
+False) of every part (never input_ids). Everything is computed with pyarrow.compute kernels and numpy over
 whole columns; there is no per-row Python loop.
 
 Loss-mask sums: sum(loss_mask) equals output_len by construction (engine.shard_store validates
@@ -58,6 +59,7 @@ MASK_CHECK_HEAD_ROWS = 4096  # sampled parts have their first rows checked (deco
 MAX_ERROR_EXAMPLES = 20
 
 STAT_COLUMNS = ["source", "worker", "prompt_len", "output_len", "reasoning_tokens", "finish_reason", "text"]
+OPENED_COLUMN = "prompt_opened"
 
 # --- the shared empty-answer rule, in RE2 ----------------------------------------------------
 # Python's str.isspace() set (what str.strip() and `\s` in a str pattern use); RE2's \s is ASCII only.
@@ -216,8 +218,9 @@ class RunStats:
 # --- vectorized per-part computation ---------------------------------------------------------
 
 
-def empty_answer_mask(text: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """is_empty_answer for a whole column (boolean array), with RE2 string kernels.
+def empty_answer_mask(text: pa.Array | pa.ChunkedArray, prompt_opened: np.ndarray | None = None) -> pa.Array:
+    """is_empty_answer(text, prompt_opened) for a whole column (boolean array), with RE2 string kernels;
+    `prompt_opened` is a numpy bool per row (None: no prompt opened a block).
 
     Only rows whose reasoning is blank go through the answer kernels (most rows have reasoning).
     RE2 is slow with capture groups, so "text before the last </think>" is taken on the reversed
@@ -227,7 +230,9 @@ def empty_answer_mask(text: pa.Array | pa.ChunkedArray) -> pa.Array:
     text = text.fill_null("")
     has_close = pc.match_substring(text, THINK_CLOSE)
     has_open = pc.match_substring(text, THINK_OPEN)
-    # head: up to the last </think>; else the whole text when only <think> is there; else ""
+    if prompt_opened is not None and prompt_opened.any():
+        has_open = pc.or_(has_open, pa.array(prompt_opened))  # a block is open from the output's first token
+    # head: up to the last </think>; else the whole text when a block is open; else ""
     reversed_tail_cut = pc.replace_substring_regex(pc.utf8_reverse(text), "(?s)^.*?" + _CLOSE_REVERSED, "",
                                                    max_replacements=1)
     head_closed = pc.utf8_reverse(reversed_tail_cut)
@@ -253,10 +258,12 @@ THINK_NAMES = ("present", "missing", "unterminated")
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_OTHER = 0, 1, 2, 3
 
 
-def think_codes(text: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """think_state for a whole column: 0 present, 1 missing, 2 unterminated."""
+def think_codes(text: pa.Array | pa.ChunkedArray, prompt_opened: np.ndarray | None = None) -> np.ndarray:
+    """think_state(text, prompt_opened) for a whole column: 0 present, 1 missing, 2 unterminated."""
     has_close = _np_bool(pc.match_substring(text, THINK_CLOSE))
     has_open = _np_bool(pc.match_substring(text, THINK_OPEN))
+    if prompt_opened is not None:
+        has_open = has_open | prompt_opened
     return np.where(has_close, THINK_PRESENT, np.where(has_open, THINK_UNTERMINATED, THINK_MISSING)).astype(np.int8)
 
 
@@ -344,7 +351,10 @@ def _read_part(run_dir: Path, rel: str, shard_id: str, expected_rows: int | None
     path = run_dir / rel
     columns = STAT_COLUMNS + (["loss_mask"] if mask == "all" else [])
     try:
-        table = pq.read_table(path, columns=columns, use_threads=False)
+        with pq.ParquetFile(path) as f:
+            if OPENED_COLUMN in f.schema_arrow.names:
+                columns = columns + [OPENED_COLUMN]
+            table = f.read(columns=columns, use_threads=False)
         mask_column = (table.column("loss_mask") if mask == "all"
                        else _read_mask_head(path, MASK_CHECK_HEAD_ROWS) if mask == "head" else None)
     except FileNotFoundError as exc:
@@ -368,12 +378,13 @@ def _read_part(run_dir: Path, rel: str, shard_id: str, expected_rows: int | None
         mismatches, mask_errors = check_mask(mask_column, prompt_len[:n], output_len[:n], rel)
         errors += mask_errors
         mask_rows = n
+    opened = _np_bool(table.column(OPENED_COLUMN)) if OPENED_COLUMN in table.column_names else None
     sources, source_codes = _dictionary(table.column("source"))
     workers, worker_codes = _dictionary(table.column("worker"))
     return _PartResult(
         path=rel, shard_id=shard_id, rows=table.num_rows, prompt_len=prompt_len, output_len=output_len,
         reasoning_tokens=_np_int(table.column("reasoning_tokens")), finish=finish,
-        empty=_np_bool(empty_answer_mask(text)), think=think_codes(text),
+        empty=_np_bool(empty_answer_mask(text, opened)), think=think_codes(text, opened),
         source_values=sources, source_codes=source_codes, worker_values=workers, worker_codes=worker_codes,
         mask_rows_checked=mask_rows, mask_mismatches=mismatches, errors=errors)
 

@@ -1,9 +1,16 @@
-"""A small Qwen3-style model directory built locally: tokenizer, chat template, config.
+"""A small Qwen-style model directory built locally: tokenizer, chat template, config.
 
 Used by `regen demo`, the SGLang simulator and the tests, so the real transformers loading
 code runs without downloading anything. The tokenizer is a byte-level BPE trained on a
-built-in corpus with Qwen's special tokens; the chat template is Qwen3's (drops earlier
-turns' reasoning, honours `enable_thinking`).
+built-in corpus with Qwen's special tokens. Two chat template families (TEMPLATES):
+
+  "qwen3"    Qwen3's: the generation prompt ends with `<|im_start|>assistant\n` and the model opens
+             `<think>` itself (`<think>\n\n</think>\n\n` is appended when enable_thinking is false).
+  "qwen3.5"  Qwen3.5/3.6's (also Qwen3-Thinking-2507 and DeepSeek-R1 style): the generation prompt
+             itself opens the block, `<|im_start|>assistant\n<think>\n`, so an answer holds only
+             `reasoning\n</think>\n\nanswer<|im_end|>`; enable_thinking false gives the closed empty block.
+
+Both drop the reasoning of assistant turns before the last user message, as the real ones do.
 """
 from __future__ import annotations
 
@@ -60,6 +67,54 @@ QWEN3_CHAT_TEMPLATE = """{%- set ns = namespace(multi_step_tool=true, last_query
     {%- endif %}
 {%- endif %}"""
 
+# Qwen3.5/3.6's template, reduced to text messages (no tools, no images): contents are trimmed; an
+# assistant turn after the last user message keeps its think block, any earlier one is only its answer;
+# the generation prompt opens the think block (closed and empty when enable_thinking is false).
+QWEN35_CHAT_TEMPLATE = """{%- set ns = namespace(last_query_index=messages|length - 1, found=false) %}
+{%- for message in messages[::-1] %}
+    {%- if not ns.found and message.role == "user" %}
+        {%- set ns.found = true %}
+        {%- set ns.last_query_index = (messages|length - 1) - loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content|trim %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if message.role == "user" or message.role == "system" %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- set reasoning_content = reasoning_content|trim %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content + '\\n</think>\\n\\n' + content }}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- else %}
+        {{- '<think>\\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+TEMPLATES = {"qwen3": QWEN3_CHAT_TEMPLATE, "qwen3.5": QWEN35_CHAT_TEMPLATE}
+
 WORDS = (
     "the model answer question reason step first then so because we need to check value "
     "number list function code python return result compute sum product prime even odd "
@@ -103,17 +158,22 @@ MODEL_CONFIG = {
 }
 
 
-def build_tiny_model(path: str | os.PathLike, *, vocab_size: int = 2000, context_length: int = 40960) -> Path:
-    """Write a Qwen3-style model dir (tokenizer + template + config, no weights) at `path`.
+def build_tiny_model(path: str | os.PathLike, *, template: str = "qwen3", vocab_size: int = 2000,
+                     context_length: int = 40960) -> Path:
+    """Write a Qwen-style model dir (tokenizer + chat template of the family `template`, config, no
+    weights) at `path`.
 
-    Idempotent: an existing complete directory is left as is.
+    Idempotent: an existing complete directory built for the same family is left as is.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if template not in TEMPLATES:
+        raise ValueError(f"template family {template!r}: must be one of {', '.join(TEMPLATES)}")
     path = Path(path)
     marker = path / ".regen-tiny-model"
-    if marker.exists():
+    stamp = f"built by regen's engine.tiny_model; tokenizer and config only, no weights\ntemplate={template}\n"
+    if marker.exists() and _marker_family(marker.read_text()) == template:
         return path
     path.mkdir(parents=True, exist_ok=True)
 
@@ -136,7 +196,7 @@ def build_tiny_model(path: str | os.PathLike, *, vocab_size: int = 2000, context
         clean_up_tokenization_spaces=False,
     )
     fast.add_tokens(THINK_TOKENS, special_tokens=False)
-    fast.chat_template = QWEN3_CHAT_TEMPLATE
+    fast.chat_template = TEMPLATES[template]
     fast.save_pretrained(str(path))
 
     eos = [fast.convert_tokens_to_ids("<|im_end|>"), fast.convert_tokens_to_ids("<|endoftext|>")]
@@ -145,5 +205,13 @@ def build_tiny_model(path: str | os.PathLike, *, vocab_size: int = 2000, context
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": eos, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": True}, indent=2))
-    marker.write_text("built by regen's engine.tiny_model; tokenizer and config only, no weights\n")
+    marker.write_text(stamp)
     return path
+
+
+def _marker_family(text: str) -> str:
+    """The family a marker names; markers written before families existed are Qwen3's."""
+    for line in text.splitlines():
+        if line.startswith("template="):
+            return line.split("=", 1)[1]
+    return "qwen3"

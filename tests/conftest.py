@@ -20,6 +20,20 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny35_model_dir(tmp_path_factory) -> Path:
+    """The tiny model with the Qwen3.5/3.6 family's chat template: the generation prompt opens `<think>`."""
+    from engine.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model-35") / "Qwen3.5-tiny", template="qwen3.5")
+
+
+@pytest.fixture(scope="session", params=["qwen3", "qwen3.5"])
+def family_model_dir(request) -> Path:
+    """The tiny model of each template family in turn (parametrizes the test that uses it)."""
+    return request.getfixturevalue("tiny_model_dir" if request.param == "qwen3" else "tiny35_model_dir")
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 

@@ -45,7 +45,7 @@ def generated(conv: str, prompt_len: int = 5, output_len: int = 4) -> Generated:
                   prompt_ids=list(range(100, 100 + prompt_len)), max_new_tokens=8, is_last_turn=True)
     row = SampleRow(sample_id=it.sample_id, conversation_id=conv, turn=0, source="p.jsonl", origin="p.jsonl:1",
                     prompt_ids=it.prompt_ids, output_ids=array("i", range(100 + prompt_len, 100 + prompt_len + output_len)),
-                    reasoning_tokens=1, finish_reason="stop", completion_tokens=output_len, cached_tokens=2,
+                    reasoning_tokens=1, prompt_opened=False, finish_reason="stop", completion_tokens=output_len, cached_tokens=2,
                     latency_s=0.5, worker="gpu0", text="<think>\nhmm\n</think>\n\nThe answer is four.")
     return Generated(it, row)
 

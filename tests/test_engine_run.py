@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from engine.config import RunConfig, dump_toml
 from engine.ingest import Conversation, iter_prompts
 from engine.render import Renderer, sample_id
 from engine.shard_store import ShardStore
+from engine.stats import compute_stats
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,15 +142,39 @@ def check_rows(rows: list[dict], cfg: RunConfig, renderer: Renderer) -> None:
         assert r["loss_mask"][: r["prompt_len"]] == [0] * r["prompt_len"]
         out_ids = r["input_ids"][r["prompt_len"]:]
         assert renderer.decode(out_ids) == r["text"]
+        assert r["prompt_opened"] is opened_block(r["input_ids"][: r["prompt_len"]], renderer.tokenizer)
         conv = convs[r["conversation_id"]]
-        answers = {}
+        answers, turns_as_seen = {}, {}
         for k in range(r["turn"]):
             prev = by_id.get(sample_id(conv.conversation_id, k))
             if prev is not None:
-                answers[k] = renderer.history_answer(prev["input_ids"][prev["prompt_len"]:])
+                answers[k] = renderer.history_answer(prev["input_ids"][prev["prompt_len"]:], prev["prompt_opened"])
+                turns_as_seen[k] = assistant_turn_text(prev, renderer)
         if len(answers) == r["turn"]:
             prompt = renderer.prompt_ids(renderer.build_messages(conv, r["turn"], answers, cfg.turns))
             assert r["input_ids"][: r["prompt_len"]] == prompt, f"{r['sample_id']}: prompt ids differ from the template"
+            # and straight from the chat template, the earlier answers given as the model saw its turns
+            messages = renderer.build_messages(conv, r["turn"], turns_as_seen, cfg.turns)
+            tok = renderer.tokenizer
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                           enable_thinking=cfg.enable_thinking)
+            assert r["input_ids"][: r["prompt_len"]] == tok(text, add_special_tokens=False).input_ids
+
+
+def opened_block(prompt_ids: list[int], tok) -> bool:
+    """The prompt ends inside an opened think block (Qwen3.5/3.6-style templates), read from its text."""
+    return tok.decode(prompt_ids).endswith("<think>\n")
+
+
+def assistant_turn_text(row: dict, renderer: Renderer) -> str:
+    """The whole assistant turn of a stored sample as the model saw it: whatever its prompt held after the
+    assistant header (`<think>\n` where the template opened the block), then its output without eos."""
+    tok = renderer.tokenizer
+    out = list(row["input_ids"][row["prompt_len"]:])
+    while out and out[-1] in renderer.eos_ids:
+        out.pop()
+    opened = tok.decode(row["input_ids"][: row["prompt_len"]]).rsplit("<|im_start|>assistant\n", 1)[1]
+    return opened + tok.decode(out)
 
 
 def settled_ids(run_dir: Path) -> set[str]:
@@ -170,9 +196,12 @@ def renderer_for(tiny_model_dir):
 
 
 # -- tests ------------------------------------------------------------------------------------------
-def test_run_to_done_rows_match_the_template(tmp_path, tiny_model_dir, supervisors, renderer_for):
+def test_run_to_done_rows_match_the_template(tmp_path, family_model_dir, supervisors, renderer_for):
+    """On both template families (Qwen3; Qwen3.5/3.6 style, whose prompt opens <think>)."""
     run_dir = tmp_path / "run"
-    cfg = make_config(run_dir, tiny_model_dir, prompts=80)
+    # some empty answers, and a max_new_tokens that cuts some answers inside their reasoning
+    cfg = make_config(run_dir, family_model_dir, prompts=80, sim=("--sim-empty-share", "0.2"))
+    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, max_new_tokens=30))
     shared_prom = tmp_path / "shared-prometheus"  # one dir in the operator's env: each server gets its own instead
     cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, api_key="k-s3cret-key",
                                                                env={"PROMETHEUS_MULTIPROC_DIR": str(shared_prom)}))
@@ -188,6 +217,7 @@ def test_run_to_done_rows_match_the_template(tmp_path, tiny_model_dir, superviso
                       if r["conversation_id"] and r["reason"].startswith("turn ")}
     assert {r["sample_id"] for r in rows} | rejected_turns == expected
     check_rows(rows, cfg, renderer)
+    assert any(r["turn"] > 0 for r in rows)  # check_rows compared later turns' histories with the template
     kinds = {r["kind"] for r in rejects}
     assert {"malformed_json", "no_conversation", "unknown_role", "context_overflow"} <= kinds
     tail = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
@@ -197,6 +227,33 @@ def test_run_to_done_rows_match_the_template(tmp_path, tiny_model_dir, superviso
     for private in ("supervisor.log", "telemetry.jsonl"):
         assert "k-s3cret-key" not in (run_dir / private).read_text()
     assert "--api-key ***" in (run_dir / "workers" / "gpu0" / "server.log").read_text()
+    check_answer_shapes(run_dir, rows, renderer)
+
+
+def check_answer_shapes(run_dir: Path, rows: list[dict], renderer: Renderer) -> None:
+    """No answer opens <think> after a prompt that did; `regen stats` and the store count empty, present,
+    unterminated and missing answers as the rows say, on either template family."""
+    think, close = renderer.think_open_id, renderer.think_close_id
+    opened = renderer.prompt_opens_think
+    empty_text = "\n</think>\n\nOK.<|im_end|>" if opened else "<think>\n\n</think>\n\nOK.<|im_end|>"
+    empty = unterminated = 0
+    for r in rows:
+        out = r["input_ids"][r["prompt_len"]:]
+        assert (think in out) is not opened, r["text"]
+        if opened:  # reasoning runs from the first output token to </think> (to the end, eos excluded)
+            n = len(out) - (out[-1] in renderer.eos_ids)
+            assert r["reasoning_tokens"] == (out.index(close) if close in out else n)
+        empty += r["text"] == empty_text
+        unterminated += r["finish_reason"] == "length" and close not in out
+    assert 0 < empty < len(rows) and 0 < unterminated < len(rows)
+    report = compute_stats(run_dir)
+    assert report.samples == len(rows)
+    assert report.empty.count == empty
+    assert report.reasoning["unterminated"].count == unterminated
+    assert report.reasoning["missing"].count == 0
+    assert report.reasoning["present"].count == len(rows) - unterminated
+    with sqlite3.connect(f"file:{run_dir / 'state.sqlite'}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT sum(empty) FROM samples").fetchone()[0] == empty
 
 
 @pytest.mark.slow

@@ -19,22 +19,21 @@ def test_empty_check_matches_is_empty_answer():
     texts = ["", "<think>\n\n</think>\n\nOK.<|im_end|>", "</think>", "<think></think>", "<think> </think> a b c d"]
     texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(20000)]
     for text in texts:
-        assert _is_empty(text) == is_empty_answer(text), repr(text)
+        for opened in (False, True):
+            assert _is_empty(text, opened) == is_empty_answer(text, opened), (repr(text), opened)
 
 
-def reference_reasoning_tokens(r: Renderer, output_ids) -> int:
-    """The previous implementation (a copy of the ids, slices), kept as the reference."""
+def reference_reasoning_tokens(r: Renderer, output_ids, prompt_opened: bool) -> int:
+    """The straightforward implementation (a copy of the ids, slices), kept as the reference."""
     ids = r.strip_eos(output_ids)
     if r.think_close_id is None and r.think_open_id is None:
         return 0
-    start = None
-    if r.think_open_id is not None and r.think_open_id in ids:
+    start = 0 if prompt_opened else None
+    if start is None and r.think_open_id is not None and r.think_open_id in ids:
         start = ids.index(r.think_open_id) + 1
     close = ids.index(r.think_close_id, start or 0) if r.think_close_id in ids[start or 0:] else None
     if start is None:
-        if close is not None:
-            return close
-        return len(ids) if r.prompt_opens_think else 0
+        return close if close is not None else 0
     return (close if close is not None else len(ids)) - start
 
 
@@ -49,12 +48,10 @@ def test_reasoning_tokens_matches_the_reference(renderer):
     for _ in range(5000):
         ids = [rng.choice(special) if rng.random() < 0.15 else rng.randrange(10, 200) for _ in range(rng.randint(0, 30))]
         for opens in (False, True):
-            renderer.prompt_opens_think = opens
-            expected = reference_reasoning_tokens(renderer, ids)
-            assert renderer.reasoning_tokens(ids) == expected, (ids, opens)
+            expected = reference_reasoning_tokens(renderer, ids, opens)
+            assert renderer.reasoning_tokens(ids, opens) == expected, (ids, opens)
             # the dispatcher's form: the same ids as an int32 array too, searched in numpy
-            assert renderer.reasoning_tokens(array("i", ids)) == expected, (ids, opens)
-    renderer.prompt_opens_think = False
+            assert renderer.reasoning_tokens(array("i", ids), opens) == expected, (ids, opens)
 
 
 def test_table_decode_edges(renderer, tiny_tokenizer):

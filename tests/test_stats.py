@@ -53,6 +53,7 @@ def make_row(renderer: Renderer, i: int) -> dict:
         "sample_id": f"{conv}#turn0", "conversation_id": conv, "turn": 0, "source": source, "origin": f"{source}:{i + 1}",
         "input_ids": prompt + output, "loss_mask": [0] * len(prompt) + [1] * len(output),
         "prompt_len": len(prompt), "output_len": len(output), "reasoning_tokens": renderer.reasoning_tokens(output),
+        "prompt_opened": False,
         "finish_reason": FINISH[kind], "completion_tokens": len(output), "cached_tokens": 0, "latency_s": 0.1,
         "worker": f"gpu{i % 2}", "text": renderer.decode(output),
     }
@@ -249,6 +250,13 @@ def test_empty_rule_matches_answer_shape_exactly():
     for text, e, t in zip(battery, got_empty, got_think):
         assert e == is_empty_answer(text), repr(text)
         assert names[t] == think_state(text), repr(text)
+    # the same battery with the prompt opening the block on a random half of the rows (Qwen3.5/3.6 style)
+    opened = np.array([rng.random() < 0.5 for _ in battery])
+    got_empty = empty_answer_mask(arr, opened).to_pylist()
+    got_think = think_codes(arr, opened)
+    for text, o, e, t in zip(battery, opened, got_empty, got_think):
+        assert e == is_empty_answer(text, bool(o)), (repr(text), o)
+        assert names[t] == think_state(text, bool(o)), (repr(text), o)
 
 
 def test_log2_histogram_bins():

@@ -42,6 +42,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--headless", action="store_true", help="no TUI: print progress lines")
     parser.add_argument("--until-done", action="store_true", help="with --headless: wait until the run is done")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--template", choices=("qwen3", "qwen3.5"), default="qwen3",
+                        help="chat template family of the tiny model: qwen3 (the model opens <think>) or qwen3.5 "
+                             "(Qwen3.5/3.6 style: the generation prompt ends with <think>)")
     parser.add_argument("--sim-arg", action="append", default=[], help="extra simulator argument (repeatable)")
 
 
@@ -115,8 +118,10 @@ def run(args) -> int:
     from engine.tiny_model import build_tiny_model
 
     run_dir = Path(args.run_dir or CACHE / "demo" / time.strftime("run-%Y%m%d-%H%M%S")).expanduser().resolve()
-    print(f"building the tiny model in {CACHE / 'tiny-model'}", file=sys.stderr)
-    model = build_tiny_model(CACHE / "tiny-model")
+    template = args.template
+    model_dir = CACHE / ("tiny-model" if template == "qwen3" else f"tiny-model-{template}")
+    print(f"building the tiny model ({template} chat template) in {model_dir}", file=sys.stderr)
+    model = build_tiny_model(model_dir, template=template)
     run_dir.mkdir(parents=True, exist_ok=True)
     prompts = write_prompts(run_dir / "prompts", args.prompts, args.seed)
     cfg = demo_config(run_dir, model, prompts, args.gpus, args.sim_arg)

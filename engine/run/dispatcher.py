@@ -329,12 +329,13 @@ class Dispatcher:
         row = SampleRow(
             sample_id=item.sample_id, conversation_id=item.conv.conversation_id, turn=item.turn,
             source=item.conv.source, origin=item.conv.origin, prompt_ids=item.prompt_ids, output_ids=ids32,
-            reasoning_tokens=self.renderer.reasoning_tokens(ids32), finish_reason=finish_type or "unknown",
+            reasoning_tokens=self.renderer.reasoning_tokens(ids32, item.prompt_opened),
+            prompt_opened=item.prompt_opened, finish_reason=finish_type or "unknown",
             completion_tokens=int(completion) if isinstance(completion, int) else len(output_ids),
             cached_tokens=int(meta.get("cached_tokens") or 0), latency_s=float(latency), worker=w.name, text=text)
         answer = None
         if self.cfg.turns == "all" and not item.is_last_turn:
-            answer = self.renderer.history_answer(output_ids)
+            answer = self.renderer.history_answer(output_ids, item.prompt_opened)
         self.deliver(Generated(item, row, answer))
 
     def _retry_or_fail(self, item: WorkItem, immediate: bool = False) -> None:

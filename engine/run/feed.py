@@ -357,7 +357,8 @@ class Feed:
                                           kind="context_overflow"))
         return WorkItem(sample_id=sid, conv=conv, turn=turn, shard_id=progress.shard_id, prompt_ids=prompt_ids,
                         max_new_tokens=min(self.cfg.sampling.max_new_tokens, self.limit.room(len(prompt_ids))),
-                        is_last_turn=turn == progress.turns[-1])
+                        is_last_turn=turn == progress.turns[-1],
+                        prompt_opened=self.renderer.opens_think(prompt_ids))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -27,6 +27,7 @@ class WorkItem:
     prompt_ids: list[int]
     max_new_tokens: int
     is_last_turn: bool
+    prompt_opened: bool = False  # the prompt ends inside an opened think block (Renderer.opens_think)
     attempt: int = 0
     last_error: str = ""
 
@@ -50,6 +51,7 @@ class SampleRow:
     prompt_ids: list[int]
     output_ids: array  # int32
     reasoning_tokens: int
+    prompt_opened: bool
     finish_reason: str
     completion_tokens: int
     cached_tokens: int
@@ -74,6 +76,7 @@ class SampleRow:
             "prompt_len": len(self.prompt_ids),
             "output_len": len(self.output_ids),
             "reasoning_tokens": self.reasoning_tokens,
+            "prompt_opened": self.prompt_opened,
             "finish_reason": self.finish_reason,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,

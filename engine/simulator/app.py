@@ -252,7 +252,7 @@ class Handlers:
         if completion_tokens is None and req.output_ids is req.plan.output_ids:
             return req.plan.reasoning_tokens
         ids = req.output_ids if completion_tokens is None else req.plan.output_ids[:completion_tokens]
-        return self.server.generator.reasoning_count(ids)
+        return self.server.generator.reasoning_count(ids, req.plan.prompt_opened)
 
     def result(self, req: SimRequest) -> dict:
         return {"text": self.text_of(req), "output_ids": req.output_ids, "meta_info": self.meta_info(req)}

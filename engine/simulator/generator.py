@@ -7,10 +7,14 @@ its content. Content is sliced from a token stream pre-encoded once at startup f
 sentences, so planning an output costs no tokenizer call; `text` is one decode per finished
 request (or none at all on the --sim-instant path, where outputs are prebuilt with their text).
 
-Output shape with thinking on: `<think>\\n{reasoning}\\n</think>\\n\\n{answer}<|im_end|>`, the
-reasoning taking ~80% of the tokens. A prompt ending with `<think>\\n\\n</think>\\n\\n` (thinking
-disabled by the chat template) gets `{answer}<|im_end|>`. The empty answer is exactly
-`<think>\\n\\n</think>\\n\\nOK.<|im_end|>` (`OK.<|im_end|>` after a thinking-disabled prompt).
+The output continues the prompt as a real model would; three modes (`Mode`), read from the prompt's tail:
+  "think"   (Qwen3: the prompt ends with the assistant header) `<think>\\n{reasoning}\\n</think>\\n\\n{answer}<|im_end|>`,
+            the reasoning taking ~80% of the tokens; the empty answer is `<think>\\n\\n</think>\\n\\nOK.<|im_end|>`.
+  "opened"  (Qwen3.5/3.6, Thinking-2507, DeepSeek-R1 templates: the prompt ends with `<think>\\n`) the block is
+            already open, so the output never opens it again: `{reasoning}\\n</think>\\n\\n{answer}<|im_end|>`;
+            the empty answer is `\\n</think>\\n\\nOK.<|im_end|>`.
+  "plain"   (the prompt ends with `<think>\\n\\n</think>\\n\\n`: thinking disabled by the template)
+            `{answer}<|im_end|>`; the empty answer is `OK.<|im_end|>`.
 """
 from __future__ import annotations
 
@@ -20,13 +24,17 @@ import math
 import random
 from array import array
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from engine.tiny_model import corpus
 
 REASONING_SHARE = 0.8
 NO_THINK_SUFFIX = "<think>\n\n</think>\n\n"
+OPENED_SUFFIX = "<think>\n"  # a generation prompt that opens the think block
 EMPTY_ANSWER = "<think>\n\n</think>\n\nOK."
+EMPTY_ANSWER_OPENED = "\n</think>\n\nOK."
+MODES = ("think", "opened", "plain")
+Mode = Literal["think", "opened", "plain"]
 STREAM_TOKENS = 1 << 16
 
 _TOKENIZERS: dict[str, Any] = {}
@@ -65,6 +73,7 @@ class OutputPlan:
     finish_reason: dict
     reasoning_tokens: int  # tokens inside <think>...</think> (to the end if unclosed)
     text: str | None = None  # prebuilt text (instant path) for the requested skip_special_tokens
+    prompt_opened: bool = False  # the prompt opened the think block: reasoning counts from the first output token
 
 
 @dataclass(frozen=True)
@@ -93,12 +102,13 @@ class OutputGenerator:
         self.think_head = enc("<think>\n")
         self.think_mid = enc("\n</think>\n\n")
         self.no_think_suffix = enc(NO_THINK_SUFFIX)
-        self.empty_think = enc(EMPTY_ANSWER) + [self.im_end]
-        self.empty_plain = enc("OK.") + [self.im_end]
+        self.opened_suffix = enc(OPENED_SUFFIX)
+        self.empty = {"think": enc(EMPTY_ANSWER) + [self.im_end], "opened": enc(EMPTY_ANSWER_OPENED) + [self.im_end],
+                      "plain": enc("OK.") + [self.im_end]}
         self.think_close = tokenizer.convert_tokens_to_ids("</think>")
         self._build_stream(enc)
-        self._instant: dict[bool, list[_Prebuilt]] = {}
-        self._instant_empty: dict[bool, _Prebuilt] = {}
+        self._instant: dict[str, list[_Prebuilt]] = {}
+        self._instant_empty: dict[str, _Prebuilt] = {}
 
     # --- content stream -------------------------------------------------------------------------
     def _build_stream(self, enc) -> None:
@@ -130,93 +140,104 @@ class OutputGenerator:
         return out
 
     # --- planning ---------------------------------------------------------------------------------
-    def thinking_disabled(self, prompt_ids: Sequence[int]) -> bool:
-        k = len(self.no_think_suffix)
-        return len(prompt_ids) >= k and list(prompt_ids[-k:]) == self.no_think_suffix
+    def mode(self, prompt_ids: Sequence[int]) -> Mode:
+        """How the output continues this prompt (the module docstring's three modes)."""
+        if _ends_with(prompt_ids, self.no_think_suffix):
+            return "plain"
+        return "opened" if _ends_with(prompt_ids, self.opened_suffix) else "think"
 
     def draw_length(self, rng: random.Random) -> int:
         if self.sigma == 0:
             return max(1, round(math.exp(self.mu)))
         return max(1, round(rng.lognormvariate(self.mu, self.sigma)))
 
-    def _full(self, rng: random.Random, length: int, think: bool, limit: int) -> tuple[list[int], int]:
+    def _full(self, rng: random.Random, length: int, mode: Mode, limit: int) -> tuple[list[int], int]:
         """The first `limit` tokens of a complete answer of `length` tokens, and its reasoning token count."""
-        if not think:
+        if mode == "plain":
             length = max(length, 2)
             ids = self._content(rng, min(length - 1, limit)) + [self.im_end]
             return ids[:limit], 0
-        overhead = len(self.think_head) + len(self.think_mid) + 1
+        head = self.think_head if mode == "think" else []
+        overhead = len(head) + len(self.think_mid) + 1
         length = max(length, overhead + 2)
         content = length - overhead
         n_reason = max(1, round(content * REASONING_SHARE))
         n_answer = max(1, content - n_reason)
-        ids = list(self.think_head)
+        ids = list(head)
         ids += self._content(rng, min(n_reason, max(0, limit - len(ids))))
         if len(ids) < limit:
             ids += self.think_mid
             ids += self._content(rng, min(n_answer, max(0, limit - len(ids))))
             ids.append(self.im_end)
         ids = ids[:limit]
-        return ids, self._reasoning_count(ids)
+        return ids, self._reasoning_count(ids, mode == "opened")
 
-    def _reasoning_count(self, ids: list[int]) -> int:
-        """Tokens between <think> and </think> (to the end, eos excluded, when unclosed), as engine.render counts."""
-        if not ids or ids[0] != self.think_head[0]:
+    def _reasoning_count(self, ids: Sequence[int], prompt_opened: bool = False) -> int:
+        """Tokens inside the think block (to the end, eos excluded, when unclosed), as engine.render counts:
+        after the output's <think>, or from the first token when the prompt opened the block."""
+        if prompt_opened:
+            start = 0
+        elif ids and ids[0] == self.think_head[0]:
+            start = 1
+        else:
             return 0
         try:
-            return ids.index(self.think_close, 1) - 1
+            return ids.index(self.think_close, start) - start
         except ValueError:
-            return len(ids) - 1 - (ids[-1] == self.im_end)
+            return len(ids) - start - (bool(ids) and ids[-1] == self.im_end)
 
     def plan(self, key: bytes, prompt_ids: Sequence[int], max_new_tokens: int, *,
              min_new_tokens: int = 0, ignore_eos: bool = False) -> OutputPlan:
         rng = random.Random(key)
         u_empty, u_abort = rng.random(), rng.random()
-        think = not self.thinking_disabled(prompt_ids)
+        mode = self.mode(prompt_ids)
+        opened = mode == "opened"
         if u_empty < self.empty_share and not ignore_eos:
-            ids = list(self.empty_think if think else self.empty_plain)
-            reasoning = self._reasoning_count(ids)
+            ids = list(self.empty[mode])
+            reasoning = self._reasoning_count(ids, opened)
         else:
             length = max(self.draw_length(rng), min_new_tokens)
             if ignore_eos:
                 length = max_new_tokens + 1
-            ids, reasoning = self._full(rng, length, think, max_new_tokens + 1)
+            ids, reasoning = self._full(rng, length, mode, max_new_tokens + 1)
         if len(ids) > max_new_tokens:
             ids = ids[:max_new_tokens]
-            reasoning = self._reasoning_count(ids)
+            reasoning = self._reasoning_count(ids, opened)
             finish = {"type": "length", "length": max_new_tokens}
         else:
             finish = {"type": "stop", "matched": self.im_end}
         if u_abort < self.abort_rate:
             ids = ids[: max(1, len(ids) // 2)]
-            reasoning = self._reasoning_count(ids)
+            reasoning = self._reasoning_count(ids, opened)
             finish = abort_finish()
-        return OutputPlan(ids, finish, reasoning)
+        return OutputPlan(ids, finish, reasoning, prompt_opened=opened)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # --- instant path -------------------------------------------------------------------------------
     def build_instant_pool(self, size: int) -> None:
-        """Prebuild `size` outputs per thinking mode with their texts, so a request costs no tokenizer call."""
-        raw: dict[bool, list[list[int]]] = {}
-        for think in (True, False):
-            raw[think] = []
+        """Prebuild `size` outputs per mode with their texts, so a request costs no tokenizer call."""
+        raw: dict[str, list[list[int]]] = {}
+        for mode in MODES:
+            raw[mode] = []
+            # the seed string keeps the names of the two modes that came first, so their pools stay as they were
+            name = {"think": "True", "plain": "False"}.get(mode, mode)
             for i in range(size):
-                rng = random.Random(hashlib.blake2b(f"{self.seed}:pool:{think}:{i}".encode()).digest())
-                raw[think].append(self._full(rng, self.draw_length(rng), think, 1 << 30)[0])
-        every = [ids for group in raw.values() for ids in group] + [self.empty_think, self.empty_plain]
+                rng = random.Random(hashlib.blake2b(f"{self.seed}:pool:{name}:{i}".encode()).digest())
+                raw[mode].append(self._full(rng, self.draw_length(rng), mode, 1 << 30)[0])
+        every = [ids for group in raw.values() for ids in group] + list(self.empty.values())
         pieces = self._pieces(sorted({t for ids in every for t in ids}))
         # Joining per-token pieces equals decoding when no character spans two tokens; checked on a sample,
         # and each entry's length is checked below, else that entry is decoded whole.
         sample_ok = all("".join(pieces[t] for t in ids) == self.tok.decode(ids, skip_special_tokens=False)
                         for ids in every[:: max(1, len(every) // 16)])
-        for think in (True, False):
-            self._instant[think] = [self._prebuilt(ids, pieces, sample_ok) for ids in raw[think]]
-            empty = self.empty_think if think else self.empty_plain
-            self._instant_empty[think] = self._prebuilt(list(empty), pieces, sample_ok)
+        for mode in MODES:
+            opened = mode == "opened"
+            self._instant[mode] = [self._prebuilt(ids, pieces, sample_ok, opened) for ids in raw[mode]]
+            self._instant_empty[mode] = self._prebuilt(list(self.empty[mode]), pieces, sample_ok, opened)
 
-    def _prebuilt(self, ids: list[int], pieces: dict[int, str], joinable: bool) -> _Prebuilt:
+    def _prebuilt(self, ids: list[int], pieces: dict[int, str], joinable: bool, opened: bool) -> _Prebuilt:
         offsets = list(itertools.accumulate(len(pieces[t]) for t in ids))
         if joinable:
             special = "".join(pieces[t] for t in ids)
@@ -227,7 +248,7 @@ class OutputGenerator:
             special = self.tok.decode(ids, skip_special_tokens=False)
             plain = self.tok.decode(ids, skip_special_tokens=True)
             offsets = None
-        return _Prebuilt(ids, plain, special, offsets, self._reasoning_count(ids))
+        return _Prebuilt(ids, plain, special, offsets, self._reasoning_count(ids, opened))
 
     def _pieces(self, ids: list[int]) -> dict[int, str]:
         return dict(zip(ids, self.tok.batch_decode([[t] for t in ids], skip_special_tokens=False)))
@@ -236,12 +257,14 @@ class OutputGenerator:
                      skip_special_tokens: bool) -> OutputPlan:
         pick = int.from_bytes(key[:8], "little")
         u_empty = int.from_bytes(key[8:16], "little") / 2**64
-        think = not self.thinking_disabled(prompt_ids)
-        pool = self._instant[think]
-        entry = self._instant_empty[think] if u_empty < self.empty_share else pool[pick % len(pool)]
+        mode = self.mode(prompt_ids)
+        opened = mode == "opened"
+        pool = self._instant[mode]
+        entry = self._instant_empty[mode] if u_empty < self.empty_share else pool[pick % len(pool)]
         if len(entry.ids) <= max_new_tokens:
             text = entry.text_plain if skip_special_tokens else entry.text_special
-            return OutputPlan(entry.ids, {"type": "stop", "matched": self.im_end}, entry.reasoning_tokens, text)
+            return OutputPlan(entry.ids, {"type": "stop", "matched": self.im_end}, entry.reasoning_tokens, text,
+                              opened)
         ids = entry.ids[:max_new_tokens]
         if max_new_tokens == 0:
             text = ""
@@ -249,7 +272,13 @@ class OutputGenerator:
             text = entry.text_special[: entry.offsets[max_new_tokens - 1]]  # the cut never keeps <|im_end|>
         else:
             text = self.decode(ids, skip_special_tokens)
-        return OutputPlan(ids, {"type": "length", "length": max_new_tokens}, self._reasoning_count(ids), text)
+        return OutputPlan(ids, {"type": "length", "length": max_new_tokens}, self._reasoning_count(ids, opened), text,
+                          opened)
+
+
+def _ends_with(ids: Sequence[int], tail: list[int]) -> bool:
+    k = len(tail)
+    return 0 < k <= len(ids) and list(ids[-k:]) == tail
 
 
 def abort_finish(message: str = "Aborted") -> dict:

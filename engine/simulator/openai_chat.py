@@ -120,7 +120,8 @@ class ChatHandler:
         n = len(req.output_ids or ())
         return {"prompt_tokens": req.prompt_len, "completion_tokens": n, "total_tokens": req.prompt_len + n,
                 "prompt_tokens_details": None,
-                "reasoning_tokens": self.server.generator.reasoning_count(req.output_ids or [])}
+                "reasoning_tokens": self.server.generator.reasoning_count(req.output_ids or [],
+                                                                         req.plan.prompt_opened)}
 
     async def _stream(self, request, req, body, separate, force, model, created) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

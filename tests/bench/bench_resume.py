@@ -71,7 +71,7 @@ def _row(i: int, prompts_path: str) -> dict:
     cid = f"c{i:07d}"
     return {"sample_id": f"{cid}#turn0", "conversation_id": cid, "turn": 0, "source": prompts_path,
             "origin": f"{prompts_path}:{i + 1}", "input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
-            "loss_mask": [0, 0, 0, 0, 0, 0, 1, 1, 1, 1], "prompt_len": 6, "output_len": 4, "reasoning_tokens": 2,
+            "loss_mask": [0, 0, 0, 0, 0, 0, 1, 1, 1, 1], "prompt_len": 6, "output_len": 4, "reasoning_tokens": 2, "prompt_opened": False,
             "finish_reason": "stop", "completion_tokens": 4, "cached_tokens": 0, "latency_s": 1.0,
             "worker": "gpu0", "text": "<think>\nx\n</think>\n\nA.<|im_end|>"}
 

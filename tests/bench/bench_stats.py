@@ -90,6 +90,7 @@ def make_part(rng: np.random.Generator, n: int, start: int, texts: list[str], ki
         "source": pa.array(src), "origin": pa.array(src), "input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids)),
         "loss_mask": pa.ListArray.from_arrays(offsets, pa.array(mask)), "prompt_len": pa.array(prompt),
         "output_len": pa.array(output), "reasoning_tokens": pa.array((output * 0.8).astype(np.int32)),
+        "prompt_opened": pa.array(np.zeros(n, dtype=bool)),
         "finish_reason": pa.array(finish), "completion_tokens": pa.array(output), "cached_tokens": pa.array(np.zeros(n, np.int32)),
         "latency_s": pa.array(rng.random(n) * 100), "worker": pa.array(worker), "text": text_arr,
     }

@@ -32,7 +32,7 @@ def make_rows(part: int, n: int, tokens: int, rng: random.Random) -> list[dict]:
             "sample_id": f"c{part}-{i}#turn0", "conversation_id": f"c{part}-{i}", "turn": 0, "source": "bench.jsonl",
             "origin": f"bench.jsonl:{part * n + i + 1}", "input_ids": ids,
             "loss_mask": [0] * prompt_len + [1] * output_len, "prompt_len": prompt_len, "output_len": output_len,
-            "reasoning_tokens": output_len // 2, "finish_reason": "stop", "completion_tokens": output_len,
+            "reasoning_tokens": output_len // 2, "prompt_opened": False, "finish_reason": "stop", "completion_tokens": output_len,
             "cached_tokens": 0, "latency_s": 12.5, "worker": "gpu0",
             "text": "<think>\n" + "reasoning words " * (output_len // 4) + "\n</think>\n\nThe answer.<|im_end|>",
         })

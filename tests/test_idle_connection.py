@@ -76,7 +76,7 @@ def _dispatcher(session, url):
     d, w, plan, events = make_dispatcher(session, url)
     outcomes: list[object] = []
     d.deliver = outcomes.append
-    d.renderer = SimpleNamespace(answer_text=lambda ids, text, matched: (text, False), reasoning_tokens=lambda ids: 0)
+    d.renderer = SimpleNamespace(answer_text=lambda ids, text, matched: (text, False), reasoning_tokens=lambda ids, prompt_opened=False: 0)
     return d, w, outcomes, events
 
 

@@ -52,7 +52,7 @@ def test_a_real_0_5_5_report_gives_the_servers_own_max_req_input_len():
 def _feed(context_length: int, max_new_tokens: int = 32768) -> Feed:
     cfg = RunConfig(run_dir="/nonexistent", model="/m", prompts=("/p",), context_length=context_length,
                     sampling=Sampling(max_new_tokens=max_new_tokens))
-    return Feed(cfg, SimpleNamespace(context_length=context_length), rejects=None)
+    return Feed(cfg, SimpleNamespace(context_length=context_length, opens_think=lambda ids: False), rejects=None)
 
 
 def _progress() -> SimpleNamespace:

@@ -1,0 +1,138 @@
+"""export_run: a run's committed samples -> filtered rows in the chosen format -> files + manifest.json.
+
+Streams shard by shard (one shard's rows in memory, written before the next is read), whatever the
+run's size.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.export.conversations import CONVERSATION_COLUMNS, ConversationWriter
+from engine.export.files import JsonlFiles, ParquetFiles, prepare_out_dir
+from engine.export.filters import FILTER_COLUMNS, FilterTotals, filter_shard
+from engine.export.hf import STEM as HF_STEM, HfWriter, SCHEMA as HF_SCHEMA
+from engine.export.options import (DEFAULT_PARQUET_ROWS, TOKEN_FORMATS, TOKENS_JSONL, TRAINER_MIN_SUPERVISED,
+                                   ExportOptions)
+from engine.export.source import ExportError, open_snapshot, iter_shards
+from engine.export.tokens import TOKEN_COLUMNS
+from engine.export.tokens_jsonl import STEM as TOKENS_STEM, TokensJsonlWriter
+from engine.manifest import Counts, FileRecord, ManifestError, build, write
+
+SCHEMA = "regen.export/1"
+Progress = Callable[[int, int], None]  # (samples read, samples in the snapshot)
+
+
+@dataclass
+class ExportResult:
+    out: str
+    format: str
+    run_dir: str
+    parts: int
+    samples: int
+    kept: int
+    dropped: dict[str, int]
+    filters: list[str]  # what was in force, as printed
+    warnings: list[str]
+    rows_cut: int
+    supervised_lost: int
+    tokens: dict[str, int]
+    files: list[FileRecord]
+    manifest: str
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+
+def export_run(opts: ExportOptions, progress: Progress | None = None) -> ExportResult:
+    started = time.monotonic()
+    snap = open_snapshot(opts.run_dir)
+    thinking = snap.cfg.enable_thinking
+    try:
+        prepare_out_dir(opts.out)
+    except OSError as exc:
+        raise ExportError(str(exc)) from exc
+    if opts.fmt in TOKEN_FORMATS:
+        columns = sorted(set(TOKEN_COLUMNS) | set(FILTER_COLUMNS))
+        writer = (TokensJsonlWriter(JsonlFiles(opts.out, TOKENS_STEM, opts.split_rows)) if opts.fmt == TOKENS_JSONL
+                  else HfWriter(ParquetFiles(opts.out, HF_STEM, HF_SCHEMA, opts.split_rows or DEFAULT_PARQUET_ROWS)))
+    else:
+        columns = sorted(set(CONVERSATION_COLUMNS) | set(FILTER_COLUMNS))
+        writer = ConversationWriter(snap, opts)
+    totals = FilterTotals()
+    total = snap.rows
+    if progress:
+        progress(0, total)
+    for batch in iter_shards(snap, columns):
+        filt = filter_shard(batch.table, opts, thinking)
+        writer.add(batch, filt)
+        totals.add(filt, batch.table.column("prompt_len").to_numpy().astype("int64"),
+                   batch.table.column("output_len").to_numpy().astype("int64"), opts.cuts)
+        if progress:
+            progress(totals.samples, total)
+    files = writer.close()
+    dropped = {k: v for k, v in totals.dropped.items() if v}
+    counts = Counts(samples=totals.samples, kept=totals.kept, dropped=dropped,
+                    tokens={"prompt": totals.prompt_tokens, "supervised": totals.supervised_tokens})
+    manifest = build(snap.cfg, kind="export", counts=counts, files=files,
+                     export={"format": opts.fmt, "options": opts.to_dict(), "parts": snap.parts,
+                             "filters": filter_lines(opts, thinking)})
+    manifest.run_dir = str(snap.run_dir)
+    manifest.notes += list(snap.notes)
+    try:
+        path = write(manifest, opts.out)
+    except ManifestError as exc:
+        raise ExportError(str(exc)) from exc
+    return ExportResult(
+        out=str(opts.out), format=opts.fmt, run_dir=str(snap.run_dir), parts=snap.parts, samples=totals.samples,
+        kept=totals.kept, dropped=dropped, filters=filter_lines(opts, thinking), warnings=_warnings(opts, totals),
+        rows_cut=totals.rows_cut, supervised_lost=totals.supervised_lost, tokens=counts.tokens, files=files,
+        manifest=str(path), elapsed_s=time.monotonic() - started, notes=list(snap.notes))
+
+
+def filter_lines(opts: ExportOptions, thinking_expected: bool) -> list[str]:
+    """The filters in force, one line each, defaults marked: printed before the counts."""
+    lines = []
+    drop = opts.dropped_by_default(thinking_expected)
+    names = {"aborted": "aborted (finish_reason abort)", "length": "truncated (finish_reason length)",
+             "empty": "empty answers (no reasoning, at most 3 visible tokens)",
+             "thinking_missing": "reasoning block missing", "thinking_unterminated": "reasoning block unterminated"}
+    for reason, text in names.items():
+        if reason in drop:
+            lines.append(f"drop {text} (default; --keep {reason.split('_')[0]} to keep)")
+        elif reason.startswith("thinking") and not thinking_expected:
+            lines.append(f"keep rows whatever their reasoning block (the run has enable_thinking = false)")
+        else:
+            lines.append(f"keep {text} (--keep)")
+    lines = list(dict.fromkeys(lines))
+    if opts.last_turn_only:
+        lines.append("keep only each conversation's last committed turn (--last-turn-only)")
+    if opts.max_length is not None:
+        if opts.cuts:
+            lines.append(f"cut rows to {opts.max_length} tokens (--max-length, --over-length cut)")
+        else:
+            lines.append(f"drop rows over {opts.max_length} tokens (--max-length"
+                         + (", --over-length drop)" if opts.over_length == "drop" else
+                            "; text formats are re-tokenized by the trainer, so they are dropped, not cut)"))
+    lines.append(f"drop rows with fewer than {opts.min_supervised} supervised tokens"
+                 + (" (default: SpecForge DFlash drops them silently)" if opts.min_supervised == 2 else
+                    " (--min-supervised)"))
+    return lines
+
+
+def _warnings(opts: ExportOptions, t: FilterTotals) -> list[str]:
+    out = []
+    if t.trainer_would_drop:
+        out.append(f"{t.trainer_would_drop} exported row(s) have fewer than {TRAINER_MIN_SUPERVISED} supervised "
+                   "tokens: SpecForge (DFlash family) drops such rows silently; --min-supervised 2 drops them here")
+    if opts.cuts and t.rows_cut:
+        out.append(f"{t.rows_cut} row(s) cut at {opts.max_length} tokens: {t.supervised_lost} supervised tokens lost")
+    if t.samples and not t.kept:
+        out.append("no sample kept: every committed sample was dropped by a filter (counts above)")
+    return out
+
+

@@ -105,7 +105,7 @@ def filter_lines(opts: ExportOptions, thinking_expected: bool) -> list[str]:
         if reason in drop:
             lines.append(f"drop {text} (default; --keep {reason.split('_')[0]} to keep)")
         elif reason.startswith("thinking") and not thinking_expected:
-            lines.append(f"keep rows whatever their reasoning block (the run has enable_thinking = false)")
+            lines.append("keep rows whatever their reasoning block (the run has enable_thinking = false)")
         else:
             lines.append(f"keep {text} (--keep)")
     lines = list(dict.fromkeys(lines))
@@ -118,9 +118,12 @@ def filter_lines(opts: ExportOptions, thinking_expected: bool) -> list[str]:
             lines.append(f"drop rows over {opts.max_length} tokens (--max-length"
                          + (", --over-length drop)" if opts.over_length == "drop" else
                             "; text formats are re-tokenized by the trainer, so they are dropped, not cut)"))
-    lines.append(f"drop rows with fewer than {opts.min_supervised} supervised tokens"
-                 + (" (default: SpecForge DFlash drops them silently)" if opts.min_supervised == 2 else
-                    " (--min-supervised)"))
+    if opts.min_supervised:
+        lines.append(f"drop rows with fewer than {opts.min_supervised} supervised tokens"
+                     + (" (default: SpecForge DFlash drops them silently)" if opts.min_supervised == 2 else
+                        " (--min-supervised)"))
+    else:
+        lines.append("keep rows whatever their supervised tokens (--min-supervised 0)")
     return lines
 
 

@@ -25,6 +25,9 @@ class ShardFilter:
     supervised: np.ndarray  # supervised tokens per row as exported
     dropped: dict[str, int]
 
+    def slice(self, start: int, stop: int) -> ShardFilter:
+        return ShardFilter(self.keep[start:stop], self.length[start:stop], self.supervised[start:stop], {})
+
 
 @dataclass
 class FilterTotals:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from engine.export.conversations import CONVERSATION_COLUMNS, ConversationWriter
 from engine.export.files import JsonlFiles, ParquetFiles, prepare_out_dir
 from engine.export.filters import FILTER_COLUMNS, FilterTotals, filter_shard
@@ -22,6 +24,9 @@ from engine.export.tokens_jsonl import STEM as TOKENS_STEM, TokensJsonlWriter
 from engine.manifest import Counts, FileRecord, ManifestError, build, write
 
 SCHEMA = "regen.export/1"
+# token rows are gathered and serialized this many tokens at a time: the numpy temporaries (gather indices,
+# mask checks) stay ~100 MB however large a shard is; the shard's own Arrow columns are ~5 bytes a token
+CHUNK_TOKENS = 2_000_000
 Progress = Callable[[int, int], None]  # (samples read, samples in the snapshot)
 
 
@@ -67,11 +72,17 @@ def export_run(opts: ExportOptions, progress: Progress | None = None) -> ExportR
     total = snap.rows
     if progress:
         progress(0, total)
-    for batch in iter_shards(snap, columns):
-        filt = filter_shard(batch.table, opts, thinking)
-        writer.add(batch, filt)
-        totals.add(filt, batch.table.column("prompt_len").to_numpy().astype("int64"),
-                   batch.table.column("output_len").to_numpy().astype("int64"), opts.cuts)
+    for shard in iter_shards(snap, columns):
+        light = shard.sorted(FILTER_COLUMNS).table
+        filt = filter_shard(light, opts, thinking)
+        prompt_len = light.column("prompt_len").to_numpy().astype(np.int64)
+        output_len = light.column("output_len").to_numpy().astype(np.int64)
+        totals.add(filt, prompt_len, output_len, opts.cuts)
+        if opts.fmt in TOKEN_FORMATS:
+            for start, stop in token_chunks(prompt_len + output_len, CHUNK_TOKENS):
+                writer.add(shard.sorted(start=start, stop=stop), filt.slice(start, stop))
+        else:  # no token columns: the shard's text, whole (a conversation's turns stay together)
+            writer.add(shard.sorted(), filt)
         if progress:
             progress(totals.samples, total)
     files = writer.close()
@@ -92,6 +103,19 @@ def export_run(opts: ExportOptions, progress: Progress | None = None) -> ExportR
         kept=totals.kept, dropped=dropped, filters=filter_lines(opts, thinking), warnings=_warnings(opts, totals),
         rows_cut=totals.rows_cut, supervised_lost=totals.supervised_lost, tokens=counts.tokens, files=files,
         manifest=str(path), elapsed_s=time.monotonic() - started, notes=list(snap.notes))
+
+
+def token_chunks(lengths: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of at most `limit` tokens each (a longer row is a chunk of its own)."""
+    chunks, start, acc = [], 0, 0
+    for i, n in enumerate(lengths.tolist()):
+        if acc and acc + n > limit:
+            chunks.append((start, i))
+            start, acc = i, 0
+        acc += n
+    if start < len(lengths):
+        chunks.append((start, len(lengths)))
+    return chunks
 
 
 def filter_lines(opts: ExportOptions, thinking_expected: bool) -> list[str]:

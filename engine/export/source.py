@@ -53,7 +53,19 @@ class Snapshot:
 @dataclass(frozen=True)
 class ShardBatch:
     shard_id: str
-    table: pa.Table  # the shard's committed rows, sorted by input order then turn
+    table: pa.Table  # committed rows, sorted by input order then turn (a shard, or a slice of one)
+
+
+@dataclass(frozen=True)
+class ShardRows:
+    shard_id: str
+    table: pa.Table  # the shard's committed rows, in commit order
+    order: np.ndarray  # row indices in input order, then turn
+
+    def sorted(self, columns: list[str] | None = None, start: int = 0, stop: int | None = None) -> ShardBatch:
+        """The rows order[start:stop] (with only `columns`), in order: only that slice is copied."""
+        table = self.table if columns is None else self.table.select(columns)
+        return ShardBatch(self.shard_id, table.take(self.order[start:stop]))
 
 
 def open_snapshot(run_dir: Path) -> Snapshot:
@@ -96,7 +108,7 @@ def shard_range(shard_id: str, shard_size: int) -> range:
     return range(n * shard_size, (n + 1) * shard_size)
 
 
-def iter_shards(snap: Snapshot, columns: list[str]) -> Iterator[ShardBatch]:
+def iter_shards(snap: Snapshot, columns: list[str]) -> Iterator[ShardRows]:
     for shard in snap.shards:
         tables = []
         for rel in shard.paths:
@@ -108,7 +120,7 @@ def iter_shards(snap: Snapshot, columns: list[str]) -> Iterator[ShardBatch]:
             except (OSError, pa.ArrowException) as exc:
                 raise ExportError(f"{snap.run_dir / rel}: cannot read the committed part: {exc}") from exc
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        yield ShardBatch(shard.shard_id, table.take(input_order(table, snap.file_rank)))
+        yield ShardRows(shard.shard_id, table, input_order(table, snap.file_rank))
 
 
 def input_order(table: pa.Table, file_rank: dict[str, int]) -> np.ndarray:

@@ -44,8 +44,7 @@ class TokensJsonlWriter:
             line = orjson.dumps({"id": sample_ids[i], "primary_id": conv_ids[i], "input_ids": ids, "loss_mask": mask,
                                  "metadata": meta}, option=orjson.OPT_SERIALIZE_NUMPY)
             back = orjson.loads(line)
-            if not (np.array_equal(np.asarray(back["input_ids"], dtype=np.int64), ids)
-                    and np.array_equal(np.asarray(back["loss_mask"], dtype=np.int64), mask)):
+            if back["input_ids"] != ids.tolist() or back["loss_mask"] != mask.tolist():
                 raise ExportError(f"sample {sample_ids[i]!r}: its JSON line does not read back to the shard's ids "
                                   "and mask; nothing more was exported")
             self.files.write(line)

@@ -233,12 +233,24 @@ def _row(sid: str, origin: str, text: str, finish: str = "stop", prompt: int = 5
             "completion_tokens": output, "cached_tokens": 0, "latency_s": 0.1, "worker": "gpu0", "text": text}
 
 
-def test_filters_drop_by_default_and_count_each_reason(tmp_path, tiny_model_dir, capsys):
+GOOD = "<think>\nsome reasoning here\n</think>\n\nA real answer.<|im_end|>"
+
+
+def crafted_run(tmp_path: Path, model: Path, parts: list[list[dict]]) -> Path:
+    """A run dir whose committed parts are `parts` (the store's own commit), with a run.toml and prompt files."""
     run_dir = tmp_path / "run"
-    cfg = make_config(run_dir, tiny_model_dir, prompts=10)
+    cfg = make_config(run_dir, model, prompts=10)
     run_dir.mkdir()
     (run_dir / "run.toml").write_text(dump_toml(cfg))
-    good = "<think>\nsome reasoning here\n</think>\n\nA real answer.<|im_end|>"
+    with ShardStore(run_dir) as store:
+        store.ensure_shards({"s00000": 10})
+        for rows in parts:
+            store.commit("s00000", rows)
+    return run_dir
+
+
+def test_filters_drop_by_default_and_count_each_reason(tmp_path, tiny_model_dir, capsys):
+    good = GOOD
     rows = [
         _row("c9", "chat_a.jsonl:9", good),
         _row("c1", "chat_a.jsonl:1", good),
@@ -249,10 +261,7 @@ def test_filters_drop_by_default_and_count_each_reason(tmp_path, tiny_model_dir,
         _row("c6", "chat_a.jsonl:6", "<think>\nnever closed but stopped"),
         _row("c7", "chat_a.jsonl:7", good, output=1),
     ]
-    with ShardStore(run_dir) as store:
-        store.ensure_shards({"s00000": 10})
-        store.commit("s00000", rows[:4])
-        store.commit("s00000", rows[4:])
+    run_dir = crafted_run(tmp_path, tiny_model_dir, [rows[:4], rows[4:]])
     out = tmp_path / "out"
     assert cli_main(["export", str(run_dir), "--format", "tokens-jsonl", "--out", str(out)]) == 0
     said = " ".join(capsys.readouterr().out.split())
@@ -275,18 +284,22 @@ def test_filters_drop_by_default_and_count_each_reason(tmp_path, tiny_model_dir,
 
 
 def test_export_of_a_run_in_progress_takes_what_was_committed(tmp_path, tiny_model_dir, capsys):
-    run_dir = tmp_path / "run"
-    cfg = make_config(run_dir, tiny_model_dir, prompts=10)
-    run_dir.mkdir()
-    (run_dir / "run.toml").write_text(dump_toml(cfg))
-    good = "<think>\nsome reasoning here\n</think>\n\nA real answer.<|im_end|>"
-    with ShardStore(run_dir) as store:
-        store.ensure_shards({"s00000": 10})
-        store.commit("s00000", [_row("c1", "chat_a.jsonl:1", good)])
-        # a part being written (not committed) is not read, nor is a leftover of a crash
-        pq.write_table(pq.read_table(run_dir / store.parts()[0].path), run_dir / "shards/s00000/part-000009.parquet")
+    run_dir = crafted_run(tmp_path, tiny_model_dir, [[_row("c1", "chat_a.jsonl:1", GOOD)]])
+    # a part being written (not committed yet) is not read, nor is a leftover of a crash
+    committed = next((run_dir / "shards" / "s00000").glob("part-*.parquet"))
+    pq.write_table(pq.read_table(committed), run_dir / "shards/s00000/part-000009.parquet")
     assert cli_main(["export", str(run_dir), "--format", "hf", "--out", str(tmp_path / "o"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["samples"] == 1
+
+
+def test_chat_formats_refuse_prompt_files_that_changed_naming_the_way_out(tmp_path, tiny_model_dir, capsys):
+    run_dir = crafted_run(tmp_path, tiny_model_dir, [[_row("c1", "chat_a.jsonl:1", GOOD)]])  # not the file's row 1
+    out = tmp_path / "conv"
+    assert cli_main(["export", str(run_dir), "--format", "conversations-jsonl", "--out", str(out)]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "sample 'c1#turn0' came from chat_a.jsonl:1" in said and "the prompt files changed since the run" in said
+    assert "or export a token format (tokens-jsonl, hf), which needs no prompts" in said
+    assert f"{out} holds a partial export without a manifest: delete it" in said
 
 
 def test_bad_options_name_the_option(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """What `regen export` was asked for: the format, the output directory and the filters, with their defaults."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +70,3 @@ class ExportOptions:
         d["run_dir"], d["out"] = str(self.run_dir), str(self.out)
         return d
 
-
-@dataclass
-class FilterDefaults:
-    """What the filters did, as printed: every drop reason in force and why."""
-    drop: list[str] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)

@@ -18,7 +18,7 @@ from engine.export.filters import FILTER_COLUMNS, FilterTotals, filter_shard
 from engine.export.hf import STEM as HF_STEM, HfWriter, SCHEMA as HF_SCHEMA
 from engine.export.options import (DEFAULT_PARQUET_ROWS, TOKEN_FORMATS, TOKENS_JSONL, TRAINER_MIN_SUPERVISED,
                                    ExportOptions)
-from engine.export.source import ExportError, open_snapshot, iter_shards
+from engine.export.source import ExportError, Snapshot, iter_shards, open_snapshot
 from engine.export.tokens import TOKEN_COLUMNS
 from engine.export.tokens_jsonl import STEM as TOKENS_STEM, TokensJsonlWriter
 from engine.manifest import Counts, FileRecord, ManifestError, build, write
@@ -28,6 +28,7 @@ SCHEMA = "regen.export/1"
 # mask checks) stay ~100 MB however large a shard is; the shard's own Arrow columns are ~5 bytes a token
 CHUNK_TOKENS = 2_000_000
 Progress = Callable[[int, int], None]  # (samples read, samples in the snapshot)
+Writer = TokensJsonlWriter | HfWriter | ConversationWriter
 
 
 @dataclass
@@ -61,30 +62,20 @@ def export_run(opts: ExportOptions, progress: Progress | None = None) -> ExportR
         prepare_out_dir(opts.out)
     except OSError as exc:
         raise ExportError(str(exc)) from exc
+    writer: Writer
     if opts.fmt in TOKEN_FORMATS:
-        columns = sorted(set(TOKEN_COLUMNS) | set(FILTER_COLUMNS))
         writer = (TokensJsonlWriter(JsonlFiles(opts.out, TOKENS_STEM, opts.split_rows)) if opts.fmt == TOKENS_JSONL
                   else HfWriter(ParquetFiles(opts.out, HF_STEM, HF_SCHEMA, opts.split_rows or DEFAULT_PARQUET_ROWS)))
     else:
-        columns = sorted(set(CONVERSATION_COLUMNS) | set(FILTER_COLUMNS))
         writer = ConversationWriter(snap, opts)
     totals = FilterTotals()
-    total = snap.rows
     if progress:
-        progress(0, total)
-    for shard in iter_shards(snap, columns):
-        light = shard.sorted(FILTER_COLUMNS).table
-        filt = filter_shard(light, opts, thinking)
-        prompt_len = light.column("prompt_len").to_numpy().astype(np.int64)
-        output_len = light.column("output_len").to_numpy().astype(np.int64)
-        totals.add(filt, prompt_len, output_len, opts.cuts)
-        if opts.fmt in TOKEN_FORMATS:
-            for start, stop in token_chunks(prompt_len + output_len, CHUNK_TOKENS):
-                writer.add(shard.sorted(start=start, stop=stop), filt.slice(start, stop))
-        else:  # no token columns: the shard's text, whole (a conversation's turns stay together)
-            writer.add(shard.sorted(), filt)
-        if progress:
-            progress(totals.samples, total)
+        progress(0, snap.rows)
+    try:
+        _write_rows(snap, opts, writer, totals, progress)
+    except ExportError as exc:
+        raise ExportError(f"{exc} ({opts.out} holds a partial export without a manifest: delete it, or give "
+                          "another --out, before exporting again)") from exc
     files = writer.close()
     dropped = {k: v for k, v in totals.dropped.items() if v}
     counts = Counts(samples=totals.samples, kept=totals.kept, dropped=dropped,
@@ -103,6 +94,31 @@ def export_run(opts: ExportOptions, progress: Progress | None = None) -> ExportR
         kept=totals.kept, dropped=dropped, filters=filter_lines(opts, thinking), warnings=_warnings(opts, totals),
         rows_cut=totals.rows_cut, supervised_lost=totals.supervised_lost, tokens=counts.tokens, files=files,
         manifest=str(path), elapsed_s=time.monotonic() - started, notes=list(snap.notes))
+
+
+def _write_rows(snap: Snapshot, opts: ExportOptions, writer: Writer, totals: FilterTotals,
+                progress: Progress | None) -> None:
+    """Shard by shard: filter on the light columns, then write the kept rows (token formats in chunks)."""
+    thinking = snap.cfg.enable_thinking
+    total = snap.rows
+    for shard in iter_shards(snap, _columns(opts)):
+        light = shard.sorted(FILTER_COLUMNS).table
+        filt = filter_shard(light, opts, thinking)
+        prompt_len = light.column("prompt_len").to_numpy().astype(np.int64)
+        output_len = light.column("output_len").to_numpy().astype(np.int64)
+        totals.add(filt, prompt_len, output_len, opts.cuts)
+        if opts.fmt in TOKEN_FORMATS:
+            for start, stop in token_chunks(prompt_len + output_len, CHUNK_TOKENS):
+                writer.add(shard.sorted(start=start, stop=stop), filt.slice(start, stop))
+        else:  # no token columns: the shard's text, whole (a conversation's turns stay together)
+            writer.add(shard.sorted(), filt)
+        if progress:
+            progress(totals.samples, total)
+
+
+def _columns(opts: ExportOptions) -> list[str]:
+    wanted = TOKEN_COLUMNS if opts.fmt in TOKEN_FORMATS else CONVERSATION_COLUMNS
+    return sorted(set(wanted) | set(FILTER_COLUMNS))
 
 
 def token_chunks(lengths: np.ndarray, limit: int) -> list[tuple[int, int]]:

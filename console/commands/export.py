@@ -64,7 +64,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"regen export: {exc}", file=sys.stderr)
             return EXIT_ERROR
     try:
-        data = _local(args, path) if host is None else asyncio.run(_remote(host, path, args))
+        if host is None:
+            data = _local(args, path)
+        elif args.json or not sys.stderr.isatty():
+            data = asyncio.run(_remote(host, path, args))
+        else:  # the host prints its summary at the end: a spinner meanwhile, so a long export shows it is alive
+            with Console(stderr=True).status(f"{'verifying' if args.verify else 'exporting'} on {host} ..."):
+                data = asyncio.run(_remote(host, path, args))
     except RemoteExportError as exc:
         print(f"regen export: {exc}", file=sys.stderr)
         return EXIT_ERROR

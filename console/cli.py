@@ -17,6 +17,7 @@ COMMANDS = [
     ("stop", "stop", "stop a run (optionally draining in-flight requests)"),
     ("drain-host", "drain_host", "multi-host: stop (or --undo: resume) sending new work to one host"),
     ("stats", "stats", "data-quality statistics of the shards"),
+    ("export", "export", "export the shards for a drafter trainer (tokens, conversations, messages, hf) with a manifest"),
     ("tui", "tui", "the operations console"),
 ]
 

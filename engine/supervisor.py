@@ -47,6 +47,7 @@ from engine.ingest import PromptFileError
 from engine.notify import Notifier
 from engine.render import Renderer, RenderError
 from engine.rejects import RejectLog
+from engine.manifest import ManifestError, write_run_manifest
 from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.shard_store import ShardStore
 from engine.startup import StartupChecks, open_prompt_files
@@ -712,9 +713,11 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
         prepare_run_dir(cfg)
         startup.ok("run_dir", str(run_dir))
+        _write_manifest(cfg, run_dir)
         _single_cpu_tokenizer()
         sup = Supervisor(cfg, run_dir, telemetry, startup, notifier)
         code = await sup.run()
+        _write_manifest(cfg, run_dir)
         if sup.fatal_exc is not None:
             failure = (sup.fatal_exc, sup.fatal_phase)
             code = code or EXIT_FAILED
@@ -747,6 +750,14 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
             await notifier.aclose()  # bounded: notify.flush_timeout_s
         telemetry.close()
     return code
+
+
+def _write_manifest(cfg: RunConfig, run_dir: Path) -> None:
+    """run_dir/manifest.json; a failure to write it is logged and does not stop the run (the shards are the data)."""
+    try:
+        write_run_manifest(cfg, run_dir)
+    except (ManifestError, OSError) as exc:
+        log.warning("manifest not written: %s", exc)
 
 
 def _single_cpu_tokenizer() -> None:

@@ -22,6 +22,7 @@ CONNECTING = {
     "resume": ["gpu1", "--run-dir", "/r", "--all"],
     "stop": ["gpu1", "--run-dir", "/r"],
     "stats": ["gpu1:/r"],
+    "export": ["gpu1:/r", "--format", "hf", "--out", "/o"],
     "tui": ["gpu1", "--run-dir", "/r"],
     "drain-host": ["gpu1", "b", "--run-dir", "/r"],
 }

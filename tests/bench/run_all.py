@@ -1,7 +1,7 @@
 """All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, resume, stats,
-probe latency.
+export, probe latency.
 
-    .venv/bin/python -m tests.bench.run_all [--quick] [--only ingest,occupancy,capacity,resume,stats,probe]
+    .venv/bin/python -m tests.bench.run_all [--quick] [--only ingest,occupancy,capacity,resume,stats,export,probe]
 
 Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
 (the one in README.md "## Benchmarks"). Medians of --repeats runs (3; --quick: 1). The resume
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.bench import bench_common as bc
 
-ALL = ("ingest", "occupancy", "capacity", "resume", "stats", "probe")
+ALL = ("ingest", "occupancy", "capacity", "resume", "stats", "export", "probe")
 
 
 def _sub(argv: list[str], timeout: float) -> None:
@@ -70,6 +70,15 @@ def run_stats(quick: bool) -> dict:
     _sub(["tests.bench.bench_stats", "--repeats", "1" if quick else "3", "--jsonl-samples", "5000" if quick else "20000",
           "--keep", str(bc.CACHE / "stats-1000000")], timeout=1200)
     return json.loads((bc.RESULTS_DIR / "stats.json").read_text())
+
+
+def run_export(quick: bool) -> dict:
+    from tests.bench import bench_export
+
+    # 20,000 samples (1,000 a shard): the largest that runs in a few minutes on the 2-core bench box
+    res = bench_export.run(samples=4000 if quick else 20000, parts=8 if quick else 40)
+    bc.write_result("export", res)
+    return res
 
 
 def run_probe(quick: bool) -> dict:
@@ -126,6 +135,15 @@ def table(results: dict) -> str:
     if st:
         rows.append(f"| stats: 1M samples, `regen stats` vs JSONL json.loads loop | {st['compute_stats_s']['median']:.2f} s | "
                     f"{st['jsonl_loop']['extrapolated_s_for_all']:.0f} s (extrapolated) | {st['speedup_vs_jsonl']:.0f}x | | n/a |")
+    ex = results.get("export")
+    if ex:
+        for fmt, e in ex["formats"].items():
+            r, n = e["regen"], e["naive"]
+            rows.append(f"| export: {ex['samples']:,} samples to {fmt}, samples/s (CPU s), vs naive to_pylist + "
+                        f"{'json.dumps' if fmt == 'tokens-jsonl' else 'from_pylist'} | {r['samples_per_s']:,.0f} "
+                        f"({r['cpu_s']:.1f} s) | {n['samples_per_s']:,.0f} ({n['cpu_s']:.1f} s) | {e['speedup']:.1f}x | | n/a |")
+            rows.append(f"| export: {fmt} peak RSS | {r['peak_rss_mb']:.0f} MB | {n['peak_rss_mb']:.0f} MB | | ≤ 500 MB | "
+                        f"{_yes(r['peak_rss_mb'] <= 500)} |")
     pr = results.get("probe")
     if pr:
         a = pr["asyncssh_one_connection_concurrent"]["connect_and_run"]["median_s"]
@@ -147,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
     runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "resume": run_resume,
-               "stats": run_stats, "probe": run_probe}
+               "stats": run_stats, "export": run_export, "probe": run_probe}
     out = bc.RESULTS_DIR / "bench.json"
     results: dict = {}
     failures: dict[str, str] = {}
     started = time.monotonic()
     files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json",
-             "resume": "resume.json", "stats": "stats.json", "probe": "probe_latency.json"}
+             "resume": "resume.json", "stats": "stats.json", "export": "export.json",
+             "probe": "probe_latency.json"}
     for name in wanted if args.from_results else []:
         path = bc.RESULTS_DIR / files[name]
         try:

@@ -1,0 +1,135 @@
+"""Chat-message formats: conversations-jsonl (SpecForge `data.train_data_path`), messages-jsonl (ModelOpt) and
+messages-parquet (NeMo Automodel).
+
+Each sample becomes the conversation as the model saw it when it generated that turn: the prompt file's
+messages with the earlier user turns answered by the model's own regenerated answers (reasoning dropped,
+as the chat template drops it from history), then the generated turn: with `content` and the reasoning
+under --reasoning-key (conversations-jsonl), or the reasoning inline in the content (messages formats).
+The prompt files are read once, in step with the shards (both are in input order).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from engine.export.answers import Answer, answer_of
+from engine.export.files import JsonlFiles, ParquetFiles
+from engine.export.filters import ShardFilter
+from engine.export.options import CONVERSATIONS_JSONL, MESSAGES_JSONL, MESSAGES_PARQUET, ExportOptions
+from engine.export.source import ExportError, ShardBatch, Snapshot, shard_range
+from engine.ingest import Conversation, PromptFileError, iter_prompts
+from engine.manifest import FileRecord
+from engine.render import RenderError, Renderer
+
+CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text"]
+STEMS = {CONVERSATIONS_JSONL: "conversations", MESSAGES_JSONL: "messages", MESSAGES_PARQUET: "messages"}
+MESSAGES_SCHEMA = pa.schema([
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("conversation_id", pa.string(), nullable=False),
+    pa.field("turn", pa.int32(), nullable=False),
+    pa.field("messages", pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])),
+             nullable=False),
+])
+
+
+class PromptCursor:
+    """The run's prompt files read once, front to back: the conversations of one shard at a time."""
+
+    def __init__(self, snap: Snapshot):
+        cfg = snap.cfg
+        self._entries: Iterator = iter_prompts(cfg.prompts, cfg.prompt_format)
+        self._next: Conversation | None = None
+        self._done = False
+
+    def take(self, indices: range) -> dict[str, Conversation]:
+        found: dict[str, Conversation] = {}
+        while True:
+            if self._next is None:
+                if self._done:
+                    return found
+                try:
+                    entry = next(self._entries)
+                except StopIteration:
+                    self._done = True
+                    return found
+                except PromptFileError as exc:
+                    raise ExportError(f"cannot read the run's prompt files (needed for the conversation history): "
+                                      f"{exc}") from exc
+                if not isinstance(entry, Conversation):
+                    continue  # a rejected row: it has no samples
+                self._next = entry
+            if self._next.index >= indices.stop:
+                return found
+            if self._next.index >= indices.start:
+                found[self._next.conversation_id] = self._next
+            self._next = None
+
+
+class ConversationWriter:
+    def __init__(self, snap: Snapshot, opts: ExportOptions):
+        cfg = snap.cfg
+        try:
+            self.renderer = Renderer(cfg.tokenizer_path, enable_thinking=cfg.enable_thinking,
+                                     context_length=cfg.context_length)
+        except RenderError as exc:
+            raise ExportError(f"the run's tokenizer is needed for the chat formats (its end-of-turn tokens and "
+                              f"history rules): {exc}") from exc
+        self.end_tokens = [t for t in self.renderer.tokenizer.convert_ids_to_tokens(self.renderer.eos_ids) if t]
+        self.snap, self.opts, self.turns = snap, opts, cfg.turns
+        self.prompts = PromptCursor(snap)
+        stem = STEMS[opts.fmt]
+        if opts.fmt == MESSAGES_PARQUET:
+            self.files: JsonlFiles | ParquetFiles = ParquetFiles(opts.out, stem, MESSAGES_SCHEMA,
+                                                                 opts.split_rows or 100_000)
+        else:
+            self.files = JsonlFiles(opts.out, stem, opts.split_rows)
+
+    def add(self, batch: ShardBatch, filt: ShardFilter) -> None:
+        convs = self.prompts.take(shard_range(batch.shard_id, self.snap.cfg.shard_size))
+        t = batch.table
+        sample_ids = t.column("sample_id").to_pylist()
+        conv_ids = t.column("conversation_id").to_pylist()
+        turns = t.column("turn").to_pylist()
+        origins = t.column("origin").to_pylist()
+        texts = t.column("text").to_pylist()
+        answers: dict[str, dict[int, Answer]] = {}
+        for cid, turn, text in zip(conv_ids, turns, texts):
+            answers.setdefault(cid, {})[turn] = answer_of(text, self.end_tokens)
+        rows: list[dict[str, Any]] = []
+        for i in filt.keep.nonzero()[0].tolist():
+            conv = convs.get(conv_ids[i])
+            if conv is None or conv.origin != origins[i]:
+                found = "not there" if conv is None else f"at {conv.origin}"
+                raise ExportError(f"sample {sample_ids[i]!r} came from {origins[i]}, but in the prompt files as they "
+                                  f"are now its conversation is {found}: the prompt files changed since the run. "
+                                  "Put back the files the run read (manifest.json in the run dir lists their sizes "
+                                  "and hashes), or export a token format (tokens-jsonl, hf), which needs no prompts")
+            visible = {k: a.content for k, a in answers[conv_ids[i]].items()}
+            try:
+                history = self.renderer.build_messages(conv, turns[i], visible, self.turns)
+            except (KeyError, ValueError) as exc:
+                raise ExportError(f"sample {sample_ids[i]!r}: cannot rebuild its history: {exc}") from exc
+            rows.append(self._row(sample_ids[i], conv_ids[i], turns[i], history, answers[conv_ids[i]][turns[i]]))
+        if isinstance(self.files, ParquetFiles):
+            self.files.write(pa.Table.from_pylist(rows, schema=MESSAGES_SCHEMA))
+        else:
+            for row in rows:
+                self.files.write(orjson.dumps(row))
+
+    def _row(self, sid: str, cid: str, turn: int, history: list[dict], answer: Answer) -> dict[str, Any]:
+        history = [{"role": m["role"], "content": m["content"]} for m in history]
+        if self.opts.fmt == CONVERSATIONS_JSONL:
+            final: dict[str, Any] = {"role": "assistant", "content": answer.content}
+            if answer.reasoning is not None:
+                final[self.opts.reasoning_key] = answer.reasoning
+            return {"id": sid, "conversations": history + [final]}
+        messages = history + [{"role": "assistant", "content": answer.inline()}]
+        if self.opts.fmt == MESSAGES_JSONL:
+            return {"conversation_id": sid, "messages": messages}
+        return {"id": sid, "conversation_id": cid, "turn": turn, "messages": messages}
+
+    def close(self) -> list[FileRecord]:
+        return self.files.close()

@@ -1,0 +1,143 @@
+"""The run being exported: its config, a consistent snapshot of its committed parts, and its shards in input order.
+
+The parts list is read once from state.sqlite (one SELECT: one read transaction), so an export of a run
+in progress takes exactly what was committed at that instant, and later commits do not enter it. A shard
+holds a contiguous range of input conversations (engine.shard_store.shard_id_for), so reading shard after
+shard, each sorted by (prompt file, line or row, turn), gives the input order of conversations, then turn,
+with one shard in memory at a time.
+"""
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.config import ConfigError, RunConfig, load_config
+from engine.ingest import PromptFileError, display_names, resolve_prompt_files
+from engine.shard_store import STATE_DB, read_committed
+
+
+class ExportError(Exception):
+    """The export cannot be made; the message names the path or sample and the fix."""
+
+
+@dataclass(frozen=True)
+class ShardParts:
+    shard_id: str
+    paths: tuple[str, ...]  # relative to the run dir
+    rows: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    run_dir: Path
+    cfg: RunConfig
+    shards: tuple[ShardParts, ...]  # in input order
+    file_rank: dict[str, int]  # origin file name -> its place in the prompt files' order
+    notes: tuple[str, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def parts(self) -> int:
+        return sum(len(s.paths) for s in self.shards)
+
+
+@dataclass(frozen=True)
+class ShardBatch:
+    shard_id: str
+    table: pa.Table  # committed rows, sorted by input order then turn (a shard, or a slice of one)
+
+
+@dataclass(frozen=True)
+class ShardRows:
+    shard_id: str
+    table: pa.Table  # the shard's committed rows, in commit order
+    order: np.ndarray  # row indices in input order, then turn
+
+    def sorted(self, columns: list[str] | None = None, start: int = 0, stop: int | None = None) -> ShardBatch:
+        """The rows order[start:stop] (with only `columns`), in order: only that slice is copied."""
+        table = self.table if columns is None else self.table.select(columns)
+        return ShardBatch(self.shard_id, table.take(self.order[start:stop]))
+
+
+def open_snapshot(run_dir: Path) -> Snapshot:
+    run_dir = Path(run_dir).expanduser()
+    if not (run_dir / STATE_DB).is_file():
+        raise ExportError(f"{run_dir}: not a run dir (no {STATE_DB}: looked for {(run_dir / STATE_DB).absolute()}); "
+                          "give the directory `regen start` or `regen demo` wrote the run to")
+    try:
+        cfg = load_config(run_dir / "run.toml")
+    except (ConfigError, OSError) as exc:
+        raise ExportError(f"{run_dir / 'run.toml'}: cannot read the run's config: {exc}") from exc
+    try:
+        committed = read_committed(run_dir)
+    except sqlite3.Error as exc:
+        raise ExportError(f"{run_dir / STATE_DB}: cannot read the committed parts: {exc}") from exc
+    by_shard: dict[str, list[tuple[str, int]]] = {}
+    for path, shard_id, rows in committed.parts:
+        by_shard.setdefault(shard_id, []).append((path, rows))
+    shards = tuple(ShardParts(sid, tuple(p for p, _ in parts), sum(r for _, r in parts))
+                   for sid, parts in sorted(by_shard.items(), key=lambda kv: _shard_number(kv[0])))
+    notes: list[str] = []
+    try:
+        files = resolve_prompt_files(cfg.prompts)
+        file_rank = {name: rank for rank, name in enumerate(display_names(files)[f] for f in files)}
+    except PromptFileError as exc:
+        file_rank = {}
+        notes.append(f"prompt files not found ({exc}): within a shard, samples are ordered by the file names in "
+                     "their origin instead of the config's file order")
+    return Snapshot(run_dir, cfg, shards, file_rank, tuple(notes))
+
+
+def _shard_number(shard_id: str) -> tuple[int, str]:
+    digits = shard_id.lstrip("s")
+    return (int(digits), shard_id) if digits.isdigit() else (1 << 62, shard_id)
+
+
+def shard_range(shard_id: str, shard_size: int) -> range:
+    """The input indices of the conversations a shard holds."""
+    n, _ = _shard_number(shard_id)
+    return range(n * shard_size, (n + 1) * shard_size)
+
+
+def iter_shards(snap: Snapshot, columns: list[str]) -> Iterator[ShardRows]:
+    for shard in snap.shards:
+        tables = []
+        for rel in shard.paths:
+            try:
+                tables.append(pq.read_table(snap.run_dir / rel, columns=columns, use_threads=False))
+            except FileNotFoundError as exc:
+                raise ExportError(f"{snap.run_dir / rel}: committed part missing ({exc.strerror}); the run dir was "
+                                  "changed under the export (compaction or a recover): export again") from exc
+            except (OSError, pa.ArrowException) as exc:
+                raise ExportError(f"{snap.run_dir / rel}: cannot read the committed part: {exc}") from exc
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        yield ShardRows(shard.shard_id, table, input_order(table, snap.file_rank))
+
+
+def input_order(table: pa.Table, file_rank: dict[str, int]) -> np.ndarray:
+    """Row indices sorting a shard's rows by (prompt file, line or row, turn)."""
+    ranks, positions = [], []
+    unknown: dict[str, int] = {}
+    for origin in table.column("origin").to_pylist():
+        name, _, pos = origin.rpartition(":")
+        rank = file_rank.get(name)
+        if rank is None:  # files gone: order by name, after the known ones
+            rank = unknown.setdefault(name, len(file_rank) + len(unknown))
+        ranks.append(rank)
+        digits = pos[3:] if pos.startswith("row") else pos
+        positions.append(int(digits) if digits.isdigit() else 0)
+    if unknown:  # by name among themselves
+        order = {name: len(file_rank) + i for i, name in enumerate(sorted(unknown))}
+        remap = {v: order[k] for k, v in unknown.items()}
+        ranks = [remap.get(r, r) for r in ranks]
+    turns = table.column("turn").to_numpy()
+    return np.lexsort((turns, np.array(positions, dtype=np.int64), np.array(ranks, dtype=np.int64)))

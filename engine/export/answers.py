@@ -37,9 +37,10 @@ def strip_end(text: str, end_tokens: Sequence[str]) -> str:
     return text
 
 
-def answer_of(text: str, end_tokens: Sequence[str]) -> Answer:
+def answer_of(text: str, end_tokens: Sequence[str], prompt_opened: bool = False) -> Answer:
+    """`prompt_opened`: the prompt ended inside `<think>` (Qwen3.5-style templates), so the text only closes it."""
     text = strip_end(text, end_tokens)
-    if think_state(text) == "missing":
+    if think_state(text, prompt_opened) == "missing":
         return Answer(None, text)
-    reasoning, content = split_reasoning(text)
+    reasoning, content = split_reasoning(text, prompt_opened)
     return Answer(reasoning.strip("\n"), content.lstrip("\n"))

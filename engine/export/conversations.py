@@ -23,8 +23,9 @@ from engine.export.source import ExportError, ShardBatch, Snapshot, shard_range
 from engine.ingest import Conversation, PromptFileError, iter_prompts
 from engine.manifest import FileRecord
 from engine.render import RenderError, Renderer
+from engine.stats import OPENED_COLUMN
 
-CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text"]
+CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text", OPENED_COLUMN]
 STEMS = {CONVERSATIONS_JSONL: "conversations", MESSAGES_JSONL: "messages", MESSAGES_PARQUET: "messages"}
 MESSAGES_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -95,9 +96,10 @@ class ConversationWriter:
         turns = t.column("turn").to_pylist()
         origins = t.column("origin").to_pylist()
         texts = t.column("text").to_pylist()
+        opened = t.column(OPENED_COLUMN).to_pylist()
         answers: dict[str, dict[int, Answer]] = {}
-        for cid, turn, text in zip(conv_ids, turns, texts):
-            answers.setdefault(cid, {})[turn] = answer_of(text, self.end_tokens)
+        for cid, turn, text, prompt_opened in zip(conv_ids, turns, texts, opened):
+            answers.setdefault(cid, {})[turn] = answer_of(text, self.end_tokens, prompt_opened)
         rows: list[dict[str, Any]] = []
         for i in filt.keep.nonzero()[0].tolist():
             conv = convs.get(conv_ids[i])

@@ -13,9 +13,9 @@ import pyarrow.compute as pc
 
 from engine.export.options import (ABORTED, EMPTY, LENGTH, MIN_SUPERVISED, NOT_LAST_TURN, OVER_MAX_LENGTH, REASONS,
                                    THINKING_MISSING, THINKING_UNTERMINATED, TRAINER_MIN_SUPERVISED, ExportOptions)
-from engine.stats import THINK_MISSING, THINK_UNTERMINATED, empty_answer_mask, think_codes
+from engine.stats import OPENED_COLUMN, THINK_MISSING, THINK_UNTERMINATED, empty_answer_mask, think_codes
 
-FILTER_COLUMNS = ["conversation_id", "turn", "prompt_len", "output_len", "finish_reason", "text"]
+FILTER_COLUMNS = ["conversation_id", "turn", "prompt_len", "output_len", "finish_reason", "text", OPENED_COLUMN]
 
 
 @dataclass
@@ -74,10 +74,11 @@ def filter_shard(table: pa.Table, opts: ExportOptions, thinking_expected: bool) 
     if LENGTH in drop_default:
         mark(LENGTH, _bool(pc.equal(finish, "length")))
     text = table.column("text")
+    opened = _bool(table.column(OPENED_COLUMN))
     if EMPTY in drop_default:
-        mark(EMPTY, empty_answer_mask(text).to_numpy(zero_copy_only=False))
+        mark(EMPTY, empty_answer_mask(text, opened).to_numpy(zero_copy_only=False))
     if THINKING_MISSING in drop_default or THINKING_UNTERMINATED in drop_default:
-        codes = think_codes(text)
+        codes = think_codes(text, opened)
         if THINKING_MISSING in drop_default:
             mark(THINKING_MISSING, codes == THINK_MISSING)
         if THINKING_UNTERMINATED in drop_default:

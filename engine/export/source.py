@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from engine.config import ConfigError, RunConfig, load_config
 from engine.ingest import PromptFileError, display_names, resolve_prompt_files
 from engine.shard_store import STATE_DB, read_committed
+from engine.stats import OPENED_COLUMN
 
 
 class ExportError(Exception):
@@ -113,7 +114,7 @@ def iter_shards(snap: Snapshot, columns: list[str]) -> Iterator[ShardRows]:
         tables = []
         for rel in shard.paths:
             try:
-                tables.append(pq.read_table(snap.run_dir / rel, columns=columns, use_threads=False))
+                tables.append(_read_part(snap.run_dir / rel, columns))
             except FileNotFoundError as exc:
                 raise ExportError(f"{snap.run_dir / rel}: committed part missing ({exc.strerror}); the run dir was "
                                   "changed under the export (compaction or a recover): export again") from exc
@@ -121,6 +122,17 @@ def iter_shards(snap: Snapshot, columns: list[str]) -> Iterator[ShardRows]:
                 raise ExportError(f"{snap.run_dir / rel}: cannot read the committed part: {exc}") from exc
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         yield ShardRows(shard.shard_id, table, input_order(table, snap.file_rank))
+
+
+def _read_part(path: Path, columns: list[str]) -> pa.Table:
+    """The part's `columns`; a part written before the prompt_opened column existed reads it as False."""
+    with pq.ParquetFile(path) as f:
+        has_opened = OPENED_COLUMN in f.schema_arrow.names
+        wanted = columns if has_opened else [c for c in columns if c != OPENED_COLUMN]
+        table = f.read(columns=wanted, use_threads=False)
+    if OPENED_COLUMN in columns and not has_opened:
+        table = table.append_column(OPENED_COLUMN, pa.array([False] * table.num_rows, pa.bool_()))
+    return table.select(columns)
 
 
 def input_order(table: pa.Table, file_rank: dict[str, int]) -> np.ndarray:

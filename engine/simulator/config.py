@@ -189,6 +189,15 @@ _SWITCH_FLAGS = {
 }
 
 
+_SWITCH_HELP = {
+    "--enable-deterministic-inference": "honour sampling_params.sampling_seed (ignored otherwise, as in SGLang)",
+    "--stream-output": "streamed text and output_ids are deltas (0.5.10+: deprecated alias of "
+                       "--incremental-streaming-output)",
+    "--enable-priority-scheduling": "0.5.23: every scheduler gauge also per request priority (total: priority=\"\")",
+    "--enable-metrics-for-all-schedulers": "every TP rank exports its gauges (tp_rank label)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m engine.simulator",
@@ -204,8 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (dest, typ) in _VALUE_FLAGS.items():
         parser.add_argument(flag, dest=dest, type=typ, default=defaults[dest])
     for flag, dest in _SWITCH_FLAGS.items():
-        parser.add_argument(flag, dest=dest, action="store_true")
-    parser.add_argument("--incremental-streaming-output", dest="incremental_streaming_flag", action="store_true")
+        parser.add_argument(flag, dest=dest, action="store_true", help=_SWITCH_HELP.get(flag))
+    parser.add_argument("--incremental-streaming-output", dest="incremental_streaming_flag", action="store_true",
+                        help="streamed text and output_ids are deltas (SGLang 0.5.10+; 0.5.5: --stream-output)")
     return parser
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 import signal
@@ -316,7 +317,9 @@ class SimServer:
             plan = self.generator.plan(key, item.prompt_ids, max_new, min_new_tokens=sp["min_new_tokens"],
                                        ignore_eos=sp["ignore_eos"])
         rules = rules_from_sampling(sp)
-        if sp["ignore_eos"] or not rules.custom:
+        if sp["ignore_eos"]:  # ignore_eos skips the token checks (eos and stop_token_ids), not the strings
+            rules = dataclasses.replace(rules, token_ids=frozenset())
+        if not rules.custom:
             return plan
         return apply_stops(plan, rules, self.generator.decode, self.generator.reasoning_count)
 

@@ -303,6 +303,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("prompts: at least one path or glob is needed")
     cfg.workers.groups()
     validate_seed(cfg)
+    if cfg.workers.health_timeout_s <= 1.0:
+        # SGLang's /health sleeps 1 s before it looks for an answer (contract 7.4): a shorter wait fails every
+        # check and kills a healthy server as hung
+        raise ConfigError(f"workers.health_timeout_s = {cfg.workers.health_timeout_s}: must be > 1 (seconds; SGLang's "
+                          "/health takes at least 1 s), e.g. 25")
     if cfg.hosts:
         validate_hosts(cfg)
 

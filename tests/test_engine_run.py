@@ -386,7 +386,7 @@ def test_workers_that_keep_crashing_fail_the_run_with_the_error_lines(tmp_path, 
 def test_hung_worker_is_killed_and_its_samples_requeued(tmp_path, tiny_model_dir, supervisors):
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=60, sim=("--sim-hang-after", "30"))
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, health_timeout_s=1.0, health_failures=2),
+    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, health_timeout_s=2.0, health_failures=2),
                               dispatch=dataclasses.replace(cfg.dispatch, request_timeout_s=300.0))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]

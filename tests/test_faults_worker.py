@@ -86,7 +86,7 @@ def test_hung_worker_is_detected_killed_restarted_and_requeued(tmp_path, tiny_mo
     # 60 answers take ~3.6 s at 8 in flight: at least one 2 s /metrics scrape and telemetry tick see the worker
     # answering before it hangs (with 25, a fast start could hang it before the first tick)
     cfg = make_config(run_dir, tiny_model_dir, prompts=100, gpus=1, sim=SLOW_ANSWERS + ("--sim-hang-after", "60"))
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, health_timeout_s=1.0, health_failures=2),
+    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, health_timeout_s=2.0, health_failures=2),
                               dispatch=dataclasses.replace(cfg.dispatch, request_timeout_s=300.0))
     sup = supervisors(run_dir).start(cfg)
     acc = _finish_and_account(sup, run_dir, cfg, renderer_for)
@@ -103,7 +103,7 @@ def test_hung_worker_is_detected_killed_restarted_and_requeued(tmp_path, tiny_mo
     record_figures("worker_hang", faults_injected=hangs, survived=1,
                    detection_s=round(hung["ts"] - reference["ts"], 2),
                    detection_note=("from the last answered /metrics scrape" if answered else "from the worker's ready")
-                   + " to the hung alert (health_timeout_s=1, health_failures=2)",
+                   + " to the hung alert (health_timeout_s=2, health_failures=2)",
                    ready_again_s=round(ready["ts"] - hung["ts"], 2), in_flight_requeued=requeued,
                    samples_lost=acc["lost"], samples_duplicated=acc["duplicated"],
                    parts_unreadable=acc["unreadable_parts"], samples_committed=acc["committed"])

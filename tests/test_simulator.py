@@ -76,7 +76,7 @@ async def test_info_endpoints(start_sim):
     info = json.loads(body)
     assert status == 200
     assert info["max_running_requests"] == 8 and info["context_length"] == 4096
-    assert info["status"] == "ready" and info["max_total_num_tokens"] > 0 and info["max_req_input_len"] == 4095
+    assert info["status"] == "ready" and info["max_total_num_tokens"] > 0 and info["max_req_input_len"] == 4090  # min(ctx - 1, pool - 1) - 5 (contract 7.4)
     assert info["internal_states"][0]["memory_usage"]["token_capacity"] == info["max_total_num_tokens"]
     assert "last_gen_throughput" in info["internal_states"][0]
     assert info["version"].startswith("0.5.23")  # the default profile: the newest version
@@ -93,7 +93,7 @@ async def test_info_endpoints(start_sim):
 
 
 # --- /generate ------------------------------------------------------------------------------------------
-async def test_generate_fields_text_matches_ids_and_ends_with_im_end(start_sim, tiny_tokenizer):
+async def test_generate_fields_ids_end_with_im_end_and_text_has_it_cut(start_sim, tiny_tokenizer):
     sim = await start_sim(sim_output_mean=80, sim_output_sigma=0.3)
     ids = chat_prompt(tiny_tokenizer, "What is two plus two?")
     status, out = await post(sim.url + "/generate", {
@@ -106,7 +106,7 @@ async def test_generate_fields_text_matches_ids_and_ends_with_im_end(start_sim, 
     assert meta["finish_reason"] == {"type": "stop", "matched": im_end}
     assert out["output_ids"][-1] == im_end
     assert meta["prompt_tokens"] == len(ids) and meta["completion_tokens"] == len(out["output_ids"])
-    assert set(meta) >= {"id", "finish_reason", "prompt_tokens", "weight_version", "total_retractions",
+    assert set(meta) >= {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions",
                          "completion_tokens", "cached_tokens", "e2e_latency", "queue_time", "reasoning_tokens"}
     assert out["text"] == tiny_tokenizer.decode(out["output_ids"], skip_special_tokens=True)
     assert out["text"].startswith("<think>\n") and "\n</think>\n\n" in out["text"]
@@ -117,7 +117,8 @@ async def test_generate_fields_text_matches_ids_and_ends_with_im_end(start_sim, 
     status, again = await post(sim.url + "/generate", {
         "rid": "job-1", "input_ids": ids, "sampling_params": {"max_new_tokens": 4000, "skip_special_tokens": False}})
     assert again["output_ids"] == out["output_ids"]  # deterministic per (seed, rid)
-    assert again["text"].endswith("<|im_end|>")
+    # the matched stop token is cut from text even with the special tokens kept (contract 7.2)
+    assert again["text"] == tiny_tokenizer.decode(out["output_ids"][:-1], skip_special_tokens=False)
     status, other = await post(sim.url + "/generate", {"rid": "job-2", "input_ids": ids})
     assert other["output_ids"] != out["output_ids"]
 
@@ -150,7 +151,7 @@ async def test_empty_share_is_exact_and_reproducible(start_sim, tiny_tokenizer):
         "max_new_tokens": 100, "skip_special_tokens": False}})
     expected = tiny_tokenizer.encode("<think>\n\n</think>\n\nOK.<|im_end|>", add_special_tokens=False)
     assert out["output_ids"] == expected
-    assert out["text"] == "<think>\n\n</think>\n\nOK.<|im_end|>"
+    assert out["text"] == "<think>\n\n</think>\n\nOK."  # the matched <|im_end|> is cut from text
 
     half_a = await start_sim(sim_empty_share=0.5, sim_seed=7)
     half_b = await start_sim(sim_empty_share=0.5, sim_seed=7)
@@ -465,7 +466,9 @@ async def test_instant_mode_prebuilt_outputs_match_the_tokenizer(start_sim, tiny
         for skip in (True, False):
             _, out = await post(sim.url + "/generate", {"rid": f"i{i}", "input_ids": [7, 8, 9], "sampling_params": {
                 "max_new_tokens": min(max_new, 40000), "skip_special_tokens": skip}})
-            assert out["text"] == tiny_tokenizer.decode(out["output_ids"], skip_special_tokens=skip)
+            stopped = out["meta_info"]["finish_reason"]["type"] == "stop"  # the matched stop is cut from text
+            shown = out["output_ids"][:-1] if stopped else out["output_ids"]
+            assert out["text"] == tiny_tokenizer.decode(shown, skip_special_tokens=skip)
             assert len(out["output_ids"]) <= max_new
 
 

@@ -99,13 +99,21 @@ async def test_cli_ready_line_serves_and_drains_on_sigterm(launch):
     assert re.search(r'INFO:     127\.0\.0\.1:\d+ - "POST /generate HTTP/1\.1" 200', sim.log)
 
     slow = asyncio.create_task(generate(sim.url, {"text": "slow", "sampling_params": {
-        "max_new_tokens": 100, "ignore_eos": True}}))
+        "max_new_tokens": 1500, "ignore_eos": True}}))
     await sim.wait_for_line("#new-token")
     await await_until(lambda: running_requests(sim.url), 10, "the slow request running (its /metrics say so)")
     sim.proc.send_signal(signal.SIGTERM)
+    await sim.wait_for_line("Draining requests and shutting down...")
+    async with aiohttp.ClientSession() as session:  # draining: /health is 503 at once ...
+        async with session.get(sim.url + "/health") as resp:
+            assert resp.status == 503
+    # ... while /generate still serves, new requests included (contract 7.4)
+    status, late = await generate(sim.url, {"text": "late", "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}})
+    assert status == 200 and late["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    assert not slow.done()
     status, out = await slow  # in flight at SIGTERM: still answered
-    assert status == 200 and out["meta_info"]["finish_reason"] == {"type": "length", "length": 100}
-    assert await sim.wait_exit() == 0
+    assert status == 200 and out["meta_info"]["finish_reason"] == {"type": "length", "length": 1500}
+    assert await sim.wait_exit() == -signal.SIGKILL  # SGLang kills its own process tree when drained
     assert "SIGTERM received. signum=15, frame=None. Draining requests and shutting down..." in sim.log
 
 
@@ -154,5 +162,5 @@ async def test_api_key_never_printed_by_the_process(launch):
     status, _ = await generate(sim.url, {"text": "x"}, headers={"Authorization": f"Bearer {secret}"})
     assert status == 200
     sim.proc.send_signal(signal.SIGTERM)
-    assert await sim.wait_exit() == 0
+    assert await sim.wait_exit() == -signal.SIGKILL
     assert secret not in sim.log and "server_args=ServerArgs(" in sim.log

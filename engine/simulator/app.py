@@ -103,7 +103,7 @@ class Handlers:
 
     # --- health / info ----------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.server.status == "ready" else 503)
+        return web.Response(status=await self.server.health())
 
     async def ping(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -143,7 +143,7 @@ class Handlers:
         states = [dict(state) for _ in range(max(1, s.cfg.dp_size))]  # one per DP rank's scheduler
         return json_response({**args, "status": "ready" if s.status == "ready" else s.status,
                               "max_total_num_tokens": s.max_total_tokens, "max_req_input_len": s.max_req_input_len,
-                              "internal_states": states, "version": s.profile.reported_version + "-sim"})
+                              "internal_states": states, "version": s.profile.reported_version + "+sim"})
 
     async def get_load(self, request: web.Request) -> web.Response:
         sch = self.server.scheduler
@@ -196,10 +196,7 @@ class Handlers:
 
     # --- generation -------------------------------------------------------------------------------------------
     def unavailable(self) -> ApiError | None:
-        status = self.server.status
-        if status == "draining":
-            return ApiError(503, {"object": "error", "message": "The server is shutting down (SIGTERM received).",
-                                  "type": "503", "param": None, "code": 503})
+        status = self.server.status  # draining still serves (contract 7.4)
         if status in ("stopped", "crashed"):
             return ApiError(503, {"object": "error", "message": "The scheduler is dead.", "type": "503",
                                   "param": None, "code": 503})
@@ -216,33 +213,45 @@ class Handlers:
         reqs = []
         for item in items:
             reqs.append(SimRequest(rid=item.rid, prompt_ids=item.prompt_ids, plan=s.plan_for(item),
-                                   skip_special_tokens=item.sampling["skip_special_tokens"]))
+                                   skip_special_tokens=item.sampling["skip_special_tokens"],
+                                   no_stop_trim=item.sampling["no_stop_trim"], priority=item.priority))
         for req in reqs:
-            s.in_flight_rids.add(req.rid)
+            earlier = s.in_flight_rids.get(req.rid)
+            if earlier is not None:  # 0.5.5 (0.5.10+ refused it in check_request): the new state replaces it
+                earlier.overwritten = True
+            s.in_flight_rids[req.rid] = req
         return reqs
 
     def release(self, reqs: list[SimRequest]) -> None:
         for req in reqs:
-            self.server.in_flight_rids.discard(req.rid)
+            if self.server.in_flight_rids.get(req.rid) is req:
+                del self.server.in_flight_rids[req.rid]
             if req.state in ("waiting", "running"):
                 self.server.scheduler.abort_one(req)  # the client went away: SGLang aborts the request
 
+    async def never_answered(self, reqs: list[SimRequest]) -> None:
+        """0.5.5: a request whose rid a later one took over gets no answer; it waits until its client leaves."""
+        if any(req.overwritten for req in reqs):
+            await self.server.wait_stopped()
+            raise self.unavailable() or ApiError(503, {"object": "error", "message": "The server stopped.",
+                                                       "type": "503", "param": None, "code": 503})
+
     def text_of(self, req: SimRequest) -> str:
-        if req.plan.text is not None and req.output_ids is req.plan.output_ids:
-            return req.plan.text
-        return self.server.generator.decode(req.output_ids, req.skip_special_tokens)
+        return self.server.text_of(req)
 
     def meta_info(self, req: SimRequest, *, final: bool = True, completion_tokens: int | None = None) -> dict:
         if final and req.aborted_in_queue:
             return {"id": req.rid, "finish_reason": req.finish_reason, "completion_tokens": 0}
         n = len(req.output_ids) if completion_tokens is None else completion_tokens
         now = time.time()
+        profile = self.server.profile
         meta = {"id": req.rid, "finish_reason": req.finish_reason if final else None,
-                "prompt_tokens": req.prompt_len, "weight_version": "default", "total_retractions": 0,
-                "completion_tokens": n, "cached_tokens": req.cached_tokens,
-                "reasoning_tokens": self._reasoning_tokens(req, completion_tokens),
-                "e2e_latency": time.monotonic() - req.created_mono, "queue_time": req.queue_time,
-                "response_sent_to_client_ts": now}
+                "prompt_tokens": req.prompt_len, "weight_version": "default", profile.retractions_key: 0,
+                "completion_tokens": n, "cached_tokens": req.cached_tokens}
+        if profile.reports_reasoning_tokens:
+            meta["reasoning_tokens"] = self._reasoning_tokens(req, completion_tokens)
+        meta.update(e2e_latency=time.monotonic() - req.created_mono, queue_time=req.queue_time,
+                    response_sent_to_client_ts=now)
         if self.server.metrics is not None:
             meta["prefill_launch_delay"] = req.queue_time
             meta["prefill_launch_latency"] = 0.0
@@ -274,19 +283,21 @@ class Handlers:
         if err is not None:
             raise err
         body = await read_json(request)
-        items, is_batch = parse_generate(body, s.tokenizer.encode)
+        items, is_batch = parse_generate(body, s.tokenizer.encode, s.profile)
         reqs = await self.submit(items)
         try:
             if isinstance(body, dict) and body.get("stream"):
                 return await self.stream(request, reqs, is_batch)
             await self.run(reqs)
+            await self.never_answered(reqs)
             out = [self.result(req) for req in reqs]
             return json_response(out if is_batch else out[0])
         finally:
             self.release(reqs)
 
     async def stream(self, request: web.Request, reqs: list[SimRequest], is_batch: bool) -> web.StreamResponse:
-        """0.5.10 semantics: `text` and `output_ids` cumulative; finish_reason null until the last chunk."""
+        """finish_reason null until the last chunk; `text` cumulative and `output_ids` per the version (contract
+        2.4): only the new ids in 0.5.5, cumulative from 0.5.10; both deltas with incremental streaming output."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         if self.server.cfg.sim_instant:
@@ -319,21 +330,32 @@ class Handlers:
         return response
 
     async def _stream_one(self, req: SimRequest, index: int | None, queue: asyncio.Queue) -> None:
-        sch, gen = self.server.scheduler, self.server.generator
-        sent = 0
-        text = ""
+        s = self.server
+        sch, gen = s.scheduler, s.generator
+        deltas = s.cfg.incremental_streaming_output
+        cumulative_ids = s.profile.stream_ids_cumulative and not deltas
+        sent = 0  # ids already sent
+        decoded = ""  # text of the ids so far
+        sent_text = ""  # text already sent
         while True:
             await req.progress.wait()
             req.progress.clear()
             finished = req.state == "finished"
             n = len(req.output_ids) if finished else sch.generated(req)
             ids = req.output_ids if finished else req.plan.output_ids[:n]
+            new_ids = list(ids[sent:n])
             if n > sent:
-                text += gen.decode(ids[sent:n], req.skip_special_tokens)
-                sent = n
-            if finished or n:
-                chunk = {"text": text, "output_ids": list(ids),
+                decoded += gen.decode(new_ids, req.skip_special_tokens)
+            if finished:
+                decoded = self.text_of(req)  # the matched stop cut from the final text
+            if finished or n > sent:
+                if deltas:
+                    text = decoded[len(sent_text):] if decoded.startswith(sent_text) else ""
+                else:
+                    text = decoded
+                chunk = {"text": text, "output_ids": list(ids) if cumulative_ids else new_ids,
                          "meta_info": self.meta_info(req, final=finished, completion_tokens=None if finished else n)}
+                sent, sent_text = n, decoded
                 if index is not None:
                     chunk["index"] = index
                 await queue.put(chunk)

@@ -39,6 +39,13 @@ class SimConfig:
     log_level: str = "info"
     log_level_http: str | None = None  # -> log_level
     allow_auto_truncate: bool = False
+    enable_deterministic_inference: bool = False  # sampling_seed is honoured only with it (contract 7.3)
+    # streamed text and output_ids as deltas (--incremental-streaming-output, 0.5.10+; --stream-output in every
+    # version: 0.5.5's own flag, 0.5.10's deprecated alias)
+    incremental_streaming_output: bool = False
+    incremental_streaming_flag: bool = field(default=False, repr=False)  # which spelling: checked per version
+    enable_priority_scheduling: bool = False
+    enable_metrics_for_all_schedulers: bool = False  # every TP rank exports its gauges (tp_rank label)
     ignored_args: tuple[str, ...] = ()  # SGLang flags accepted but not modelled (logged at startup)
 
     # --- simulator knobs ---
@@ -81,6 +88,9 @@ class SimConfig:
     def profile(self) -> Profile:
         return profile_for(self.sim_sglang_version)
 
+    def profile_or_none(self) -> Profile | None:
+        return PROFILES.get(self.sim_sglang_version)
+
     def validate(self) -> None:
         """Raise ValueError naming the flag when a value cannot work."""
         checks = [
@@ -96,6 +106,11 @@ class SimConfig:
             (self.sim_sglang_version in PROFILES,
              f"--sim-sglang-version {self.sim_sglang_version}: not a simulated SGLang version; known: "
              + ", ".join(PROFILES)),
+            (not self.incremental_streaming_flag or self.profile_or_none() is None
+             or self.profile_or_none().has_incremental_streaming_flag,
+             f"--incremental-streaming-output: not a flag of SGLang {self.sim_sglang_version} (added in 0.5.10); "
+             "that version's --stream-output streams deltas"),
+            (self.tp_size >= 1, f"--tp-size {self.tp_size}: must be >= 1"),
             (self.decode_log_interval >= 1, f"--decode-log-interval {self.decode_log_interval}: must be >= 1"),
             (self.sim_instant_pool >= 1, f"--sim-instant-pool {self.sim_instant_pool}: must be >= 1"),
             (0 <= self.port <= 65535, f"--port {self.port}: must be in 0..65535"),
@@ -166,7 +181,20 @@ _SWITCH_FLAGS = {
     "--enable-metrics": "enable_metrics",
     "--skip-server-warmup": "skip_server_warmup",
     "--allow-auto-truncate": "allow_auto_truncate",
+    "--enable-deterministic-inference": "enable_deterministic_inference",
+    "--stream-output": "incremental_streaming_output",
+    "--enable-priority-scheduling": "enable_priority_scheduling",
+    "--enable-metrics-for-all-schedulers": "enable_metrics_for_all_schedulers",
     "--sim-instant": "sim_instant",
+}
+
+
+_SWITCH_HELP = {
+    "--enable-deterministic-inference": "honour sampling_params.sampling_seed (ignored otherwise, as in SGLang)",
+    "--stream-output": "streamed text and output_ids are deltas (0.5.10+: deprecated alias of "
+                       "--incremental-streaming-output)",
+    "--enable-priority-scheduling": "0.5.23: every scheduler gauge also per request priority (total: priority=\"\")",
+    "--enable-metrics-for-all-schedulers": "every TP rank exports its gauges (tp_rank label)",
 }
 
 
@@ -185,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (dest, typ) in _VALUE_FLAGS.items():
         parser.add_argument(flag, dest=dest, type=typ, default=defaults[dest])
     for flag, dest in _SWITCH_FLAGS.items():
-        parser.add_argument(flag, dest=dest, action="store_true")
+        parser.add_argument(flag, dest=dest, action="store_true", help=_SWITCH_HELP.get(flag))
+    parser.add_argument("--incremental-streaming-output", dest="incremental_streaming_flag", action="store_true",
+                        help="streamed text and output_ids are deltas (SGLang 0.5.10+; 0.5.5: --stream-output)")
     return parser
 
 
@@ -197,7 +227,9 @@ def parse_args(argv: list[str]) -> SimConfig:
     if typos:
         parser.error(f"unknown simulator flag(s): {' '.join(typos)}; known: "
                      + ", ".join(sorted(f for f in list(_VALUE_FLAGS) + list(_SWITCH_FLAGS) if f.startswith("--sim-"))))
-    cfg = SimConfig(**vars(known), ignored_args=tuple(unknown))
+    values = vars(known)
+    values["incremental_streaming_output"] |= values["incremental_streaming_flag"]
+    cfg = SimConfig(**values, ignored_args=tuple(unknown))
     try:
         cfg.validate()
     except ValueError as exc:

@@ -11,29 +11,42 @@ QUEUE_BUCKETS = (0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+# scheduler gauges: attribute -> (name, help text)
+_GAUGES = {
+    "num_running_reqs": ("sglang:num_running_reqs", "The number of running requests."),
+    "num_queue_reqs": ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+    "num_used_tokens": ("sglang:num_used_tokens", "The number of used tokens."),
+    "token_usage": ("sglang:token_usage", "The token usage."),
+    "gen_throughput": ("sglang:gen_throughput", "The generation throughput (token/s)."),
+    "cache_hit_rate": ("sglang:cache_hit_rate", "The prefix cache hit rate."),
+    "num_retracted_reqs": ("sglang:num_retracted_reqs", "The number of retracted requests."),
+    "num_paused_reqs": ("sglang:num_paused_reqs", "The number of paused requests by async weight sync."),
+    "is_cuda_graph": ("sglang:is_cuda_graph", "Whether the batch is using CUDA graph."),
+    "max_total_num_tokens": ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
+    "context_len": ("sglang:context_len", "The context length."),
+}
+_ADDITIVE = ("num_used_tokens", "token_usage", "gen_throughput")  # a priority's share of the total
+
+
 class SimMetrics:
-    def __init__(self, model_name: str):
+    """`tp_ranks` > 1: every TP rank's scheduler exports its gauges (--enable-metrics-for-all-schedulers);
+    `priority`: each gauge is exported under priority="" (the total) and once per priority seen
+    (--enable-priority-scheduling, 0.5.23 observability/metrics_collector.py:1413-1430)."""
+
+    def __init__(self, model_name: str, *, tp_ranks: int = 1, priority: bool = False):
         self.registry = CollectorRegistry()
+        self.priority = priority
         r = self.registry
-        sl = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
-        names = list(sl)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, names, registry=r).labels(**sl)
-
-        self.num_running_reqs = gauge("sglang:num_running_reqs", "The number of running requests.")
-        self.num_queue_reqs = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
-        self.num_used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
-        self.token_usage = gauge("sglang:token_usage", "The token usage.")
-        self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
-        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
-        self.num_retracted_reqs = gauge("sglang:num_retracted_reqs", "The number of retracted requests.")
-        self.num_paused_reqs = gauge("sglang:num_paused_reqs", "The number of paused requests by async weight sync.")
-        self.is_cuda_graph = gauge("sglang:is_cuda_graph", "Whether the batch is using CUDA graph.")
-        self.max_total_num_tokens = gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.")
-        self.context_len = gauge("sglang:context_len", "The context length.")
+        names = ["model_name", "engine_type", "tp_rank", "pp_rank"] + (["priority"] if priority else [])
+        self._ranks = [{"model_name": model_name, "engine_type": "unified", "tp_rank": str(t), "pp_rank": "0",
+                        **({"priority": ""} if priority else {})} for t in range(max(1, tp_ranks))]
+        self._gauges = {key: Gauge(name, doc, names, registry=r) for key, (name, doc) in _GAUGES.items()}
+        self._priorities: set[str] = set()
+        self._values: dict[str, float] = {}
+        for key in _GAUGES:
+            self._set(key, 0.0)
         self.queue_time = Histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
-                                    names, buckets=QUEUE_BUCKETS, registry=r).labels(**sl)
+                                    names, buckets=QUEUE_BUCKETS, registry=r).labels(**self._ranks[0])
 
         tl = {"model_name": model_name}
 
@@ -51,18 +64,44 @@ class SimMetrics:
         self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
                              ["model_name"], buckets=E2E_BUCKETS, registry=r).labels(**tl)
 
+    def _set(self, key: str, total: float, parts: dict[str, float] | None = None) -> None:
+        self._values[key] = total
+        gauge = self._gauges[key]
+        for labels in self._ranks:
+            gauge.labels(**labels).set(total)
+            if self.priority:
+                for p in self._priorities:
+                    gauge.labels(**dict(labels, priority=p)).set((parts or {}).get(p, 0.0))
+
+    def set_static(self, *, max_total_num_tokens: int, context_len: int) -> None:
+        self._set("max_total_num_tokens", max_total_num_tokens)
+        self._set("context_len", context_len)
+
     def set_scheduler_gauges(self, *, running: int, queued: int, used_tokens: int, token_usage: float,
                              gen_throughput: float | None = None, cache_hit_rate: float | None = None,
-                             cuda_graph: bool = True) -> None:
-        self.num_running_reqs.set(running)
-        self.num_queue_reqs.set(queued)
-        self.num_used_tokens.set(used_tokens)
-        self.token_usage.set(round(token_usage, 4))
+                             cuda_graph: bool = True, by_priority: dict[str, tuple[int, int]] | None = None) -> None:
+        """`by_priority`: (running, queued) per priority; additive gauges are split by running share."""
+        if by_priority:
+            self._priorities.update(by_priority)
+        split = by_priority or {}
+        totals = {"num_running_reqs": running, "num_queue_reqs": queued, "num_used_tokens": used_tokens,
+                  "token_usage": round(token_usage, 4), "is_cuda_graph": 1 if cuda_graph else 0}
         if gen_throughput is not None:
-            self.gen_throughput.set(gen_throughput)
+            totals["gen_throughput"] = gen_throughput
         if cache_hit_rate is not None:
-            self.cache_hit_rate.set(cache_hit_rate)
-        self.is_cuda_graph.set(1 if cuda_graph else 0)
+            totals["cache_hit_rate"] = cache_hit_rate
+        for key, total in totals.items():
+            if key == "num_running_reqs":
+                parts = {p: rq[0] for p, rq in split.items()}
+            elif key == "num_queue_reqs":
+                parts = {p: rq[1] for p, rq in split.items()}
+            elif key in _ADDITIVE:
+                parts = {p: total * rq[0] / running for p, rq in split.items()} if running else {}
+            else:
+                parts = {p: total for p in split}
+            self._set(key, total, parts)
+        for key in ("num_retracted_reqs", "num_paused_reqs"):
+            self._set(key, self._values.get(key, 0.0), {})
 
     def observe_finished(self, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
                          e2e_s: float, ttft_s: float | None, aborted: bool) -> None:

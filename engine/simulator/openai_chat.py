@@ -65,7 +65,7 @@ class ChatHandler:
                 params[key] = body[field]
         params["max_new_tokens"] = body.get("max_completion_tokens", body.get("max_tokens"))
         try:
-            sampling = validate_sampling(params)
+            sampling = validate_sampling(params, s.profile)
         except ApiError as exc:
             err = exc.body.get("error")
             raise openai_error(err["message"] if isinstance(err, dict) else str(err)) from exc
@@ -120,8 +120,9 @@ class ChatHandler:
         n = len(req.output_ids or ())
         return {"prompt_tokens": req.prompt_len, "completion_tokens": n, "total_tokens": req.prompt_len + n,
                 "prompt_tokens_details": None,
-                "reasoning_tokens": self.server.generator.reasoning_count(req.output_ids or [],
-                                                                         req.plan.prompt_opened)}
+                # filled from meta_info.reasoning_tokens from 0.5.10; 0 in 0.5.5 (contract 2.5)
+                "reasoning_tokens": self.server.generator.reasoning_count(req.output_ids or [], req.plan.prompt_opened)
+                if self.server.profile.reports_reasoning_tokens else 0}
 
     async def _stream(self, request, req, body, separate, force, model, created) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

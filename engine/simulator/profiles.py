@@ -12,7 +12,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Profile:
     version: str  # the --sim-sglang-version value
-    reported_version: str  # "version" in /get_server_info (the simulator adds "-sim")
+    reported_version: str  # "version" in /get_server_info (the simulator adds "+sim": a PEP 440 local version, so a client that parses it still can)
     # internal_states[i]["effective_max_running_requests_per_dp"]: the scheduler's working batch size
     # (0.5.10 managers/scheduler.py:3079; 0.5.23 scheduler_components/internal_state.py:73; absent in 0.5.5)
     reports_effective_max_running: bool
@@ -21,15 +21,43 @@ class Profile:
     # /model_info also names the served model, load format and parsers (0.5.23)
     model_info_names_server: bool
     warmup_info_path: str  # what the warmup thread polls before its first /generate (contract 1.2)
+    # streaming /generate: output_ids only the new ids per chunk (0.5.5 tokenizer_manager.py:1533-1541) or
+    # cumulative (0.5.10+, unless --incremental-streaming-output; contract 2.4 and 7.6)
+    stream_ids_cumulative: bool
+    # the server flag that makes streamed text and ids deltas: --incremental-streaming-output from 0.5.10
+    # (--stream-output its deprecated alias); 0.5.5 has only --stream-output (contract 1.1)
+    has_incremental_streaming_flag: bool
+    # meta_info's retraction count: total_retractions up to 0.5.10, num_retractions in 0.5.23
+    # (0.5.23 tokenizer_manager.py:2512; contract 2.3 lists 0.5.10 with the old name)
+    retractions_key: str
+    # meta_info.reasoning_tokens: absent in 0.5.5, present from 0.5.10 (contract 2.3 and 7.6)
+    reports_reasoning_tokens: bool
+    # a second in-flight request with the same rid: HTTP 400 from 0.5.10; 0.5.5 overwrites the earlier
+    # one's state silently, whose client then never gets an answer (0.5.5 tokenizer_manager.py:938; contract 7.4)
+    refuses_duplicate_rid: bool
+    # repetition_penalty in (0, 2] (0.5.23 sampling/sampling_params.py:277); [0, 2] before (contract 2.2)
+    repetition_penalty_excludes_zero: bool
+    # --enable-priority-scheduling exports every scheduler gauge under priority="" (the total) and per
+    # priority (0.5.23 observability/metrics_collector.py:1413-1430; contract 7.5)
+    priority_labelled_metrics: bool
 
 
 PROFILES: dict[str, Profile] = {p.version: p for p in (
     Profile(version="0.5.5", reported_version="0.5.5.post3", reports_effective_max_running=False,
-            new_info_paths=False, model_info_names_server=False, warmup_info_path="/get_model_info"),
+            new_info_paths=False, model_info_names_server=False, warmup_info_path="/get_model_info",
+            stream_ids_cumulative=False, has_incremental_streaming_flag=False, retractions_key="total_retractions",
+            reports_reasoning_tokens=False, refuses_duplicate_rid=False, repetition_penalty_excludes_zero=False,
+            priority_labelled_metrics=False),
     Profile(version="0.5.10", reported_version="0.5.10", reports_effective_max_running=True,
-            new_info_paths=True, model_info_names_server=False, warmup_info_path="/get_model_info"),
+            new_info_paths=True, model_info_names_server=False, warmup_info_path="/get_model_info",
+            stream_ids_cumulative=True, has_incremental_streaming_flag=True, retractions_key="total_retractions",
+            reports_reasoning_tokens=True, refuses_duplicate_rid=True, repetition_penalty_excludes_zero=False,
+            priority_labelled_metrics=False),
     Profile(version="0.5.23", reported_version="0.5.23", reports_effective_max_running=True,
-            new_info_paths=True, model_info_names_server=True, warmup_info_path="/model_info"),
+            new_info_paths=True, model_info_names_server=True, warmup_info_path="/model_info",
+            stream_ids_cumulative=True, has_incremental_streaming_flag=True, retractions_key="num_retractions",
+            reports_reasoning_tokens=True, refuses_duplicate_rid=True, repetition_penalty_excludes_zero=True,
+            priority_labelled_metrics=True),
 )}
 DEFAULT_VERSION = "0.5.23"  # the newest
 

@@ -6,6 +6,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from engine.simulator.profiles import Profile
+
 # sglang/srt/sampling/sampling_params.py (0.5.5 + the 0.5.23 additions), with SGLang's defaults
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128, "stop": None, "stop_token_ids": None, "stop_regex": None,
@@ -35,7 +37,7 @@ def openai_error(message: str, status: int = 400, err_type: str = "BadRequestErr
     return ApiError(status, {"object": "error", "message": message, "type": err_type, "param": None, "code": status})
 
 
-def validate_sampling(params: Any) -> dict[str, Any]:
+def validate_sampling(params: Any, profile: Profile) -> dict[str, Any]:
     """Merged with SGLang's defaults; unknown keys are a 400 as in 0.5.23, ranges as SamplingParams.verify()."""
     if params is None:
         params = {}
@@ -68,8 +70,14 @@ def validate_sampling(params: Any) -> dict[str, Any]:
         raise bad_request(f"frequency_penalty must be in [-2, 2], got {sp['frequency_penalty']}.")
     if not -2.0 <= sp["presence_penalty"] <= 2.0:
         raise bad_request(f"presence_penalty must be in [-2, 2], got {sp['presence_penalty']}.")
-    if not 0.0 <= sp["repetition_penalty"] <= 2.0:
+    if profile.repetition_penalty_excludes_zero:
+        if not 0.0 < sp["repetition_penalty"] <= 2.0:
+            raise bad_request(f"repetition_penalty must be in (0, 2], got {sp['repetition_penalty']}.")
+    elif not 0.0 <= sp["repetition_penalty"] <= 2.0:
         raise bad_request(f"repetition_penalty must be in [0, 2], got {sp['repetition_penalty']}.")
+    seed = sp["sampling_seed"]
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise bad_request(f"sampling_seed must be an integer, got {seed!r}.")
     if sp["max_new_tokens"] is not None and sp["max_new_tokens"] < 0:
         raise bad_request(f"max_new_tokens must be at least 0, got {sp['max_new_tokens']}.")
     if sp["min_new_tokens"] < 0 or (sp["max_new_tokens"] is not None and sp["min_new_tokens"] > sp["max_new_tokens"]):
@@ -103,6 +111,7 @@ class GenerateItem:
     rid_given: bool
     prompt_ids: list[int]
     sampling: dict[str, Any]
+    priority: int | None = None  # the request's priority (--enable-priority-scheduling)
 
 
 def _is_id_list(value: Any) -> bool:
@@ -116,7 +125,7 @@ def _is_id_list(value: Any) -> bool:
     return True
 
 
-def parse_generate(body: Any, encode) -> tuple[list[GenerateItem], bool]:
+def parse_generate(body: Any, encode, profile: Profile) -> tuple[list[GenerateItem], bool]:
     """Expand a GenerateReqInput into single items; returns (items, is_batch)."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
@@ -147,15 +156,18 @@ def parse_generate(body: Any, encode) -> tuple[list[GenerateItem], bool]:
     if isinstance(raw_sp, list):
         if len(raw_sp) != len(prompts):
             raise bad_request(f"sampling_params has {len(raw_sp)} entries for {len(prompts)} prompts.")
-        sps = [validate_sampling(p) for p in raw_sp]
+        sps = [validate_sampling(p, profile) for p in raw_sp]
     else:
-        sp = validate_sampling(raw_sp)
+        sp = validate_sampling(raw_sp, profile)
         sps = [sp] * len(prompts)
+    priority = body.get("priority")
+    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+        raise bad_request(f"priority must be an integer, got {priority!r}.")
     rid = body.get("rid")
     n = sps[0]["n"]
     if n > 1 and not batch:
         # SGLang expands n>1 into a batch whose sub-requests get fresh uuids
-        return [GenerateItem(uuid.uuid4().hex, False, prompts[0], dict(sps[0], n=1)) for _ in range(n)], True
+        return [GenerateItem(uuid.uuid4().hex, False, prompts[0], dict(sps[0], n=1), priority) for _ in range(n)], True
     if isinstance(rid, list):
         if len(rid) != len(prompts) or not all(isinstance(r, str) for r in rid):
             raise bad_request("The rid should be a list of strings with the same length as the batch.")
@@ -166,4 +178,4 @@ def parse_generate(body: Any, encode) -> tuple[list[GenerateItem], bool]:
         rids, given = [uuid.uuid4().hex for _ in prompts], False
     else:
         raise bad_request(f"rid must be a string or a list of strings, got {type(rid).__name__}.")
-    return [GenerateItem(r, given, p, s) for r, p, s in zip(rids, prompts, sps)], batch
+    return [GenerateItem(r, given, p, s, priority) for r, p, s in zip(rids, prompts, sps)], batch

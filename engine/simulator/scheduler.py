@@ -43,6 +43,8 @@ class SimRequest:
     prompt_ids: list[int]
     plan: OutputPlan
     skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    priority: int | None = None
     stream: bool = False
     log_metrics: bool = True
     created: float = field(default_factory=time.time)
@@ -56,6 +58,7 @@ class SimRequest:
     output_ids: list[int] | None = None  # set when finished
     finish_reason: dict | None = None
     aborted_in_queue: bool = False
+    overwritten: bool = False  # 0.5.5: a later request with the same rid took its place (no answer)
     done: asyncio.Future | None = None
     progress: asyncio.Event | None = None  # streaming: set after every step that advanced it
 
@@ -103,6 +106,7 @@ class Scheduler:
         self._interval_tokens = 0
         self._interval_t0 = time.monotonic()
         self._idle_reported = True
+        self.last_output_mono = 0.0  # when a step last produced output (what /health waits for)
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -258,13 +262,15 @@ class Scheduler:
                 total = new_tokens + cached
                 self.metrics.set_scheduler_gauges(
                     running=running_before, queued=len(self.waiting), used_tokens=self.used_tokens(),
-                    token_usage=usage, cache_hit_rate=(cached / total if total else 0.0))
+                    token_usage=usage, cache_hit_rate=(cached / total if total else 0.0),
+                    by_priority=self._by_priority())
         return admitted, new_tokens
 
     def _complete_step(self, admitted: list[SimRequest]) -> int:
         """Account one finished step: finish requests whose last token it produced. Returns tokens made."""
         self.step += 1
         made = len(self.running) * self.tps
+        self.last_output_mono = time.monotonic()
         heap = self._heap
         now = time.monotonic()
         for req in admitted:  # the prefill step produced their first token
@@ -282,6 +288,17 @@ class Scheduler:
             req.progress.set()
         return made
 
+    def _by_priority(self) -> dict[str, tuple[int, int]] | None:
+        """(running, queued) per request priority, when the metrics export per-priority series."""
+        if self.metrics is None or not self.metrics.priority:
+            return None
+        split: dict[str, list[int]] = {}
+        for req in self.running:
+            split.setdefault(str(req.priority or 0), [0, 0])[0] += 1
+        for req in self.waiting:
+            split.setdefault(str(req.priority or 0), [0, 0])[1] += 1
+        return {p: (r, q) for p, (r, q) in split.items()}
+
     def _log_decode(self) -> None:
         now = time.monotonic()
         elapsed = now - self._interval_t0
@@ -297,13 +314,13 @@ class Scheduler:
             self.metrics.set_scheduler_gauges(
                 running=len(self.running), queued=len(self.waiting), used_tokens=self.used_tokens(),
                 token_usage=usage, gen_throughput=self.last_gen_throughput, cache_hit_rate=0.0,
-                cuda_graph=cuda_graph)
+                cuda_graph=cuda_graph, by_priority=self._by_priority())
 
     def _report_idle(self) -> None:
         self.last_gen_throughput = 0.0
         if self.metrics is not None:
             self.metrics.set_scheduler_gauges(running=0, queued=len(self.waiting), used_tokens=0, token_usage=0.0,
-                                              gen_throughput=0.0)
+                                              gen_throughput=0.0, by_priority=self._by_priority())
         self._idle_reported = True
 
     async def _loop(self) -> None:

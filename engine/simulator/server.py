@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
+import signal
 import socket
 import sys
 import time
@@ -16,11 +18,21 @@ from aiohttp import web
 from engine.simulator.config import SimConfig, read_model_config
 from engine.simulator.generator import OutputGenerator, OutputPlan, attempt_draw, load_tokenizer, request_key
 from engine.simulator.metrics import SimMetrics
-from engine.simulator.protocol import ApiError, GenerateItem, check_context
+from engine.simulator.protocol import ApiError, GenerateItem, bad_request, check_context
+from engine.simulator.stops import answer_text, apply_stops, rules_from_sampling
 from engine.simulator.scheduler import Scheduler, SimRequest
 from engine.simulator.simlog import SimLog
 
 BYTES_PER_GB = 1 << 30
+# uvicorn's timeout_keep_alive: idle keep-alive connections are closed after 5 s (0.5.5 http_server.py:1387;
+# 0.5.23 SGLANG_TIMEOUT_KEEP_ALIVE=5), the same in every version
+KEEPALIVE_TIMEOUT_S = 5.0
+# /health sleeps 1 s, then is healthy when the scheduler has answered anything since it started, checking
+# each second up to SGLANG_HEALTH_CHECK_TIMEOUT (0.5.5 http_server.py:406-481, :462; 0.5.23 :779)
+HEALTH_POLL_S = 1.0
+HEALTH_CHECK_TIMEOUT_S = 20.0
+# what the tokenizer manager's SIGTERM watchdog polls before it kills its own process tree (-9)
+DRAIN_POLL_S = 0.05
 
 
 def default_max_num_reqs(max_total_tokens: int, context_len: int) -> int:
@@ -75,13 +87,18 @@ class SimServer:
         self.context_len = cfg.context_length or int(self.model_cfg.get("max_position_embeddings", 40960))
         self.mem = MemoryModel.from_config(self.model_cfg, cfg)
         self.max_total_tokens = cfg.max_total_tokens or self.mem.kv_tokens()
-        self.max_req_input_len = min(self.context_len - 1, self.max_total_tokens - 1)
+        # the longest request and prompt the scheduler takes (0.5.5 tp_worker.py:294-298)
+        self.max_req_len = min(self.context_len - 1, self.max_total_tokens - 1)
+        self.max_req_input_len = self.max_req_len - 5
         self.profile = cfg.profile
         self.running_per_dp = running_per_dp(cfg, self.max_total_tokens, self.context_len)
         self.running_limit = self.running_per_dp * max(1, cfg.dp_size)  # one scheduler stands in for every rank
         self.chunked_prefill_size = cfg.chunked_prefill_size or 8192
         self.max_prefill_tokens = 16384
-        self.metrics = SimMetrics(cfg.model_name) if cfg.enable_metrics else None
+        self.metrics = SimMetrics(
+            cfg.model_name, tp_ranks=cfg.tp_size if cfg.enable_metrics_for_all_schedulers else 1,
+            priority=cfg.enable_priority_scheduling and self.profile.priority_labelled_metrics,
+        ) if cfg.enable_metrics else None
         self.tokenizer = None
         self.generator: OutputGenerator | None = None
         self.scheduler: Scheduler | None = None
@@ -92,7 +109,7 @@ class SimServer:
         self.completed = 0  # finished client requests (fault switch counter)
         self.hung = False
         self._hang_forever: asyncio.Future | None = None
-        self.in_flight_rids: set[str] = set()
+        self.in_flight_rids: dict[str, SimRequest] = {}  # rid -> the request that owns it now
         self.attempts: CountDict[bytes] = CountDict()
         self._runner: web.AppRunner | None = None
         self._sock: socket.socket | None = None
@@ -103,6 +120,7 @@ class SimServer:
         self._tasks: list[asyncio.Task] = []
         self.exit_code: int | None = None
         self.started_at = time.time()
+        self.special_pieces: dict[int, str] = {}  # special token id -> its text (stop trimming without decoding)
 
     # --- public ------------------------------------------------------------------------------------------
     @property
@@ -146,6 +164,8 @@ class SimServer:
         if cfg.ignored_args:
             log.warning(f"Simulator: ignoring SGLang flag(s) it does not model: {' '.join(cfg.ignored_args)}")
         self.tokenizer = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
+        self.special_pieces = dict(zip(self.tokenizer.all_special_ids,
+                                       self.tokenizer.convert_ids_to_tokens(self.tokenizer.all_special_ids)))
         log.info("Using default HuggingFace chat template with detected content format: string")
         log.sched("Init torch distributed begin.")
         log.sched("Init torch distributed ends. mem usage=0.00 GB")
@@ -173,8 +193,7 @@ class SimServer:
                  f"max_prefill_tokens={self.max_prefill_tokens}, max_running_requests={self.running_per_dp}, "
                  f"context_len={self.context_len}, available_gpu_mem={avail - 0.5:.2f} GB")
         if self.metrics is not None:
-            self.metrics.max_total_num_tokens.set(self.max_total_tokens)
-            self.metrics.context_len.set(self.context_len)
+            self.metrics.set_static(max_total_num_tokens=self.max_total_tokens, context_len=self.context_len)
         self.scheduler = Scheduler(
             log=log, metrics=self.metrics, max_running=self.running_limit, max_total_tokens=self.max_total_tokens,
             max_prefill_tokens=self.max_prefill_tokens, step_ms=cfg.sim_step_ms,
@@ -187,7 +206,7 @@ class SimServer:
         from engine.simulator.app import build_app  # app imports this module's types
 
         self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None,
-                                     shutdown_timeout=1.0)
+                                     shutdown_timeout=1.0, keepalive_timeout=KEEPALIVE_TIMEOUT_S)
         await self._runner.setup()
         site = web.SockSite(self._runner, self._sock)
         await site.start()
@@ -245,19 +264,27 @@ class SimServer:
 
     # --- requests ---------------------------------------------------------------------------------------------
     def check_request(self, items: list[GenerateItem]) -> None:
-        """Validation SGLang does before scheduling: context length and duplicate in-flight rids."""
+        """Validation SGLang does before scheduling: the tokenizer's context checks, duplicate in-flight rids
+        (refused from 0.5.10), then the scheduler's prompt limit (0.5.5 managers/utils.py:93-121,
+        scheduler.py:1356-1364), which SGLang turns into an HTTP 400 as well."""
         for item in items:
             max_new = item.sampling["max_new_tokens"]
             if self.cfg.allow_auto_truncate:
-                item.prompt_ids = item.prompt_ids[: self.context_len - 1]
+                item.prompt_ids = item.prompt_ids[: min(self.context_len - 1, self.max_req_input_len)]
                 if max_new is not None:
                     item.sampling["max_new_tokens"] = min(max_new, self.context_len - len(item.prompt_ids) - 1)
                 continue
             check_context(len(item.prompt_ids), max_new, self.context_len)
         rids = [i.rid for i in items]
-        dup = sorted({r for r in rids if r in self.in_flight_rids} | {r for r in rids if rids.count(r) > 1})
-        if dup:
-            raise ApiError(400, {"error": {"message": f"Duplicate request ID(s) detected: {', '.join(dup)}"}})
+        if self.profile.refuses_duplicate_rid:
+            dup = sorted({r for r in rids if r in self.in_flight_rids} | {r for r in rids if rids.count(r) > 1})
+            if dup:
+                raise ApiError(400, {"error": {"message": f"Duplicate request ID(s) detected: {', '.join(dup)}"}})
+        for item in items:
+            if len(item.prompt_ids) >= self.max_req_input_len:
+                raise bad_request(f"Input length ({len(item.prompt_ids)} tokens) exceeds the maximum allowed length "
+                                  f"({self.max_req_input_len} tokens). Use a shorter input or enable "
+                                  "--allow-auto-truncate.")
 
     def check_5xx(self, items: list[GenerateItem]) -> None:
         if self.cfg.sim_5xx_rate <= 0 or not items:
@@ -271,18 +298,62 @@ class SimServer:
                                  f"attempt {attempt + 1}).", "type": "503", "param": None, "code": 503})
 
     def key_for(self, item: GenerateItem) -> bytes:
+        seed = item.sampling.get("sampling_seed")
+        if self.cfg.enable_deterministic_inference and seed is not None:
+            # the seed is honoured only in deterministic mode (0.5.5 sampling/sampling_batch_info.py:90-98;
+            # 0.5.23 :157-170): the same prompt and seed give the same output, whatever the rid
+            return request_key(self.cfg.sim_seed, f"sampling_seed:{seed}", item.prompt_ids)
         return request_key(self.cfg.sim_seed, item.rid if item.rid_given else None, item.prompt_ids)
 
     def plan_for(self, item: GenerateItem) -> OutputPlan:
         sp = item.sampling
-        max_new = sp["max_new_tokens"]
-        if max_new is None:
-            max_new = max(0, self.context_len - len(item.prompt_ids) - 1)
+        # max_new_tokens silently capped to what the request may still hold (0.5.5 scheduler.py:1171-1179)
+        cap = max(0, self.max_req_len - len(item.prompt_ids) - 1)
+        max_new = cap if sp["max_new_tokens"] is None else min(sp["max_new_tokens"], cap)
         key = self.key_for(item)
         if self.cfg.sim_instant and not sp["ignore_eos"] and not sp["min_new_tokens"] and not self.cfg.sim_abort_rate:
-            return self.generator.plan_instant(key, item.prompt_ids, max_new, sp["skip_special_tokens"])
-        return self.generator.plan(key, item.prompt_ids, max_new, min_new_tokens=sp["min_new_tokens"],
-                                   ignore_eos=sp["ignore_eos"])
+            plan = self.generator.plan_instant(key, item.prompt_ids, max_new, sp["skip_special_tokens"])
+        else:
+            plan = self.generator.plan(key, item.prompt_ids, max_new, min_new_tokens=sp["min_new_tokens"],
+                                       ignore_eos=sp["ignore_eos"])
+        rules = rules_from_sampling(sp)
+        if sp["ignore_eos"]:  # ignore_eos skips the token checks (eos and stop_token_ids), not the strings
+            rules = dataclasses.replace(rules, token_ids=frozenset())
+        if not rules.custom:
+            return plan
+        return apply_stops(plan, rules, self.generator.decode, self.generator.reasoning_count)
+
+    def text_of(self, req: SimRequest) -> str:
+        """The response's `text`: the matched stop cut unless no_stop_trim (contract 7.2)."""
+        unchanged = req.plan.text is not None and req.output_ids is req.plan.output_ids
+        return answer_text(req.output_ids, req.finish_reason, skip_special_tokens=req.skip_special_tokens,
+                           no_stop_trim=req.no_stop_trim, decode=self.generator.decode,
+                           prebuilt=req.plan.text if unchanged else None, special_piece=self.special_pieces.get)
+
+    async def health(self) -> int:
+        """GET /health: 503 while starting or draining; else a 1-token generation through the scheduler, healthy
+        once the scheduler has produced anything since the check began, looked at after each second."""
+        if self.status != "ready":
+            return 503
+        ids = [0]
+        req = SimRequest(rid=f"HEALTH_CHECK_{time.time()}", prompt_ids=ids,
+                         plan=self.generator.plan(b"health", ids, 1), log_metrics=False)
+        tic = time.monotonic()
+        self.scheduler.submit(req)  # also on the --sim-instant path: the check runs through the scheduler
+        try:
+            while time.monotonic() < tic + HEALTH_CHECK_TIMEOUT_S:
+                await asyncio.sleep(HEALTH_POLL_S)
+                if self.status == "draining":
+                    return 503
+                if self.scheduler.last_output_mono > tic:
+                    return 200
+            self.log.error(f"Health check failed. Server couldn't get a response from detokenizer for last "
+                           f"{HEALTH_CHECK_TIMEOUT_S:.0f} seconds. tic start time: {time.strftime('%H:%M:%S')}. "
+                           f"last_heartbeat time: {time.strftime('%H:%M:%S')}")
+            return 503
+        finally:
+            if req.state in ("waiting", "running"):
+                self.scheduler.abort_one(req)
 
     async def wait_unpaused(self) -> None:
         await self._continue.wait()
@@ -379,20 +450,28 @@ class SimServer:
 
     # --- SIGTERM ------------------------------------------------------------------------------------------------
     async def drain_and_stop(self, signum: int = 15) -> None:
+        """SIGTERM: /health turns 503 at once, /generate keeps serving in-flight and new requests until none is
+        left, then the server kills its own process tree: exit status -9 (0.5.5 http_server.py:416,
+        tokenizer_manager.py:1410-1444)."""
         self.log.info(f"SIGTERM received. signum={signum}, frame=None. Draining requests and shutting down...")
         self.status = "draining"
         deadline = time.monotonic() + self.cfg.sim_drain_timeout_s
+        next_line = 0.0
         while (self.in_flight_rids or (self.scheduler and (self.scheduler.num_running or self.scheduler.num_waiting))) \
                 and time.monotonic() < deadline and not self.hung:
-            await asyncio.sleep(0.05)
+            if time.monotonic() >= next_line:  # SGLang logs it on each of its 5 s polls
+                next_line = time.monotonic() + 5.0
+                self.log.info(f"Gracefully exiting... Remaining number of requests {len(self.in_flight_rids)}. "
+                              f"Remaining requests remaining_rids={list(self.in_flight_rids)[:16]}.")
+            await asyncio.sleep(DRAIN_POLL_S)
         left = len(self.in_flight_rids)
         if left:
             self.log.warning(f"Drain timed out with {left} request(s) in flight; aborting them.")
-        self.log.uvicorn("Shutting down")
-        self.log.uvicorn("Waiting for application shutdown.")
-        self.log.uvicorn("Application shutdown complete.")
-        self.log.uvicorn(f"Finished server process [{os.getpid()}]")
-        self.exit_code = 0
+        if self.cfg.exit_process_on_fault:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)  # kill_process_tree(include_parent=True): status -9
+        self.exit_code = -signal.SIGKILL
         await self.stop()
 
 

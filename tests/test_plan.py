@@ -11,7 +11,8 @@ import pytest
 
 from console.cli import main as cli_main
 from engine.config import SIMULATOR_LAUNCH
-from engine.plan import _Request, bootstrap_mean_ci, saturated_throughput
+from engine.pilot import bootstrap_mean_ci
+from engine.pilot_window import Completed, Reading, full_batch
 from engine.simulator import throughput
 
 
@@ -109,12 +110,21 @@ def test_plan_with_unreadable_prompts_exits_2(tmp_path, tiny_model_dir, capsys):
     assert "missing.jsonl" in capsys.readouterr().err
 
 
-def test_saturated_throughput_counts_partial_progress():
-    # batch 2, each request makes 100 tokens/s; a third is sent when the first finishes
-    reqs = [_Request(0, 0.0, 1.0, 100, "stop", []), _Request(0, 0.0, 2.0, 200, "stop", []),
-            _Request(0, 1.0, 3.0, 200, "stop", [])]
-    rate, window, tokens = saturated_throughput(reqs, 2)
-    assert window == pytest.approx(2.0) and tokens == 400 and rate == pytest.approx(200.0)
+def test_full_batch_counts_partial_progress_and_not_the_queue():
+    # batch 2, each running request makes 100 tokens/s; the third is sent at 0 but waits in the server's queue
+    # until the first finishes at 1.0, then runs 2 s
+    reqs = [Completed(0.0, 1.0, 100, "stop", []), Completed(0.0, 2.0, 200, "stop", []),
+            Completed(0.0, 3.0, 200, "stop", [])]
+    readings = [Reading(t / 4, 2 if t < 8 else 1, 1 if t < 4 else 0) for t in range(14)]  # every 0.25 s
+    fb = full_batch(reqs, readings, 2)
+    # its /metrics window [0, 1.75]: 100 + 175 tokens of the first two, 75 of the third (running since 1.0);
+    # spread over the 3 s since it was sent, the third would be credited 117 tokens, 67 of them while queued
+    assert (fb.batch, fb.basis) == (2, "metrics") and fb.window_s == pytest.approx(1.75)
+    assert fb.tokens_per_s == pytest.approx(200.0)
+    client = full_batch(reqs, [], 2)  # no /metrics: the window is where the reconstruction ran 2
+    assert (client.batch, client.basis, client.window_s, client.tokens_per_s) == (2, "client", 2.0, 200.0)
+    fewer = full_batch(reqs, [Reading(t, 1, 0) for t in range(4)], 8)  # it never ran more than one
+    assert fewer.batch == 1
     lo, hi = bootstrap_mean_ci(__import__("numpy").array([1.0, 2.0, 3.0, 4.0]))
     assert 1.0 <= lo <= 2.5 <= hi <= 4.0
 
@@ -130,7 +140,8 @@ def test_pilot_throughput_matches_the_simulator_formula(tmp_path, tiny_model_dir
     assert p["prompts"] == 40 and len(p["workers"]) == 2
     expected = throughput(batch, step_ms=step_ms, step_ms_per_req=per_req)
     for w in p["workers"]:
-        assert w["batch"] == batch and w["requests"] == 20
+        assert (w["in_flight"], w["batch_reached"], w["requests"]) == (batch, batch, 20), w
+        assert (w["batch"], w["batch_source"], w["window_basis"]) == (64, "internal_states", "metrics"), w
         assert w["tokens_per_s"] == pytest.approx(expected, rel=0.10), (w, expected)
     assert d["projection"]["tokens_per_s_per_worker"]["basis"].startswith("pilot")
     assert d["assumptions"]["used"] is False

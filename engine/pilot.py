@@ -4,7 +4,7 @@ One SGLang server per GPU group is launched the way the supervisor launches it (
 identity proof, server log, readiness, batch size discovered by engine/capacity.py). Each server is then kept
 as full as the run keeps it: its batch plus the dispatcher's queue margin in flight
 (`dispatch.max_in_flight_per_worker` when set). Its throughput is measured only over the window where it ran
-that batch (engine/pilot_window.py, from its own /metrics). Outputs never go into the run's shards (logs go to a
+that batch (engine/pilot_window.py, from its own /metrics and decode log lines). Outputs never go into the run's shards (logs go to a
 temp dir).
 
 A pilot below the servers' batch measures a smaller batch than the run runs (seen: 372 tok/s per worker at
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import tempfile
 import time
@@ -34,6 +35,7 @@ from engine.run.batch_feedback import margin_for
 BOOTSTRAP_ROUNDS = 2000
 ROUNDS = 2  # requests per in-flight slot: the first round fills the batch, the second keeps it full
 READ_INTERVAL_S = 0.25  # /metrics readings of each pilot server
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),")  # shared/reference/sglang_contract.md 1.3
 
 
 class PilotError(Exception):
@@ -162,6 +164,16 @@ def _timeout(seconds: float):
     import aiohttp
 
     return aiohttp.ClientTimeout(total=seconds)
+
+
+def logged_batches(w) -> list[int]:
+    """The running counts of a pilot server's decode log lines (one scheduler's: none counted with DP ranks)."""
+    if w.capacity_info.dp_ranks > 1:
+        return []
+    try:
+        return [int(n) for n in DECODE_LINE.findall(w.log_path.read_text(errors="replace"))]
+    except OSError:
+        return []  # the /metrics readings stand in
 
 
 def _tail(path: Path, lines: int = 8) -> str:
@@ -312,7 +324,7 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
             notes.append(f"pilot: {srv.name} {srv.url}/metrics could not be read ({read_errors[w]}); its full-batch "
                          "window is reconstructed from the completions (is --enable-metrics set?)")
             readings[w] = []
-        fb = full_batch(mine, readings[w], size.full)
+        fb = full_batch(mine, readings[w], size.full, logged_batches(srv))
         workers.append(PilotWorker(srv.name, srv.url, len(mine), size.batch, size.source, size.in_flight,
                                    fb.batch, sum(r.completion_tokens for r in mine), fb.window_s, fb.tokens_per_s,
                                    fb.basis))

@@ -1,7 +1,8 @@
 """A pilot server's throughput at its full batch: the window it ran full (its /metrics) and the tokens made in it.
 
-The window is read from the server's own `sglang:num_running_reqs`: from the first reading at the batch to the
-last one (the pilot keeps a queue, so it stays full in between; after the last prompt is sent it only drains).
+The window is read from the server's own /metrics: from the first reading where it held its batch (running plus
+queued, the batch it reached: reached_batch) to the last one (the pilot keeps a queue, so it stays full in between;
+after the last prompt is sent it only drains).
 Without readings (metrics not enabled) the window is where the client's reconstruction below ran the batch.
 
 Tokens are counted from non-streaming completions. Continuous batching at a constant batch gives every running
@@ -74,8 +75,17 @@ def most_running(ran: Sequence[_Ran]) -> int:
     return most
 
 
+def reached_batch(readings: Sequence[Reading], logged: Sequence[int]) -> int:
+    """The most requests the server ran at once: its "Decode batch, #running-req: N" log lines when there are some
+    (the count after new requests joined), else its /metrics readings. The gauge alone under-reads a full server:
+    SGLang also sets it at each prefill, to the count *before* the new requests join, and with a queue
+    a prefill follows nearly every finished request."""
+    return int(max(logged)) if logged else int(max(g.running for g in readings))
+
+
 def window_from_readings(readings: Sequence[Reading], batch: int) -> tuple[float, float] | None:
-    full = [g.t for g in readings if g.running >= batch]
+    """From the first to the last reading where the server held `batch` requests, running or queued to join."""
+    full = [g.t for g in readings if g.running + g.queued >= batch]
     return (full[0], full[-1]) if len(full) >= 2 else None
 
 
@@ -101,12 +111,14 @@ def tokens_in(ran: Sequence[_Ran], a: float, b: float) -> float:
     return tokens
 
 
-def full_batch(reqs: Sequence[Completed], readings: Sequence[Reading], batch: int) -> FullBatch:
-    """Tokens/s over the window where the server ran `batch` requests (or the most it ran, when fewer)."""
+def full_batch(reqs: Sequence[Completed], readings: Sequence[Reading], batch: int,
+               logged: Sequence[int] = ()) -> FullBatch:
+    """Tokens/s over the window where the server ran `batch` requests (or the most it ran, when fewer). `logged`:
+    the running counts of its decode log lines."""
     if not reqs:
         return FullBatch(0, 0.0, 0, 0.0, "metrics" if readings else "client")
     if readings:
-        reached = min(batch, int(max(g.running for g in readings)))
+        reached = min(batch, reached_batch(readings, logged))
         ran = running_spans(reqs, max(1, reached))
         window, basis = window_from_readings(readings, max(1, reached)), "metrics"
     else:

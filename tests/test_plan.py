@@ -2,6 +2,7 @@
 against real simulator workers (subprocesses on 127.0.0.1) measured against the simulator's formula."""
 from __future__ import annotations
 
+import io
 import json
 import socket
 import sys
@@ -9,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from rich.console import Console
+
 from console.cli import main as cli_main
+from console.commands.plan import render
 from engine.config import SIMULATOR_LAUNCH
 from engine.pilot import bootstrap_mean_ci
 from engine.pilot_window import Completed, Reading, full_batch
 from engine.simulator import throughput
+from tests.test_engine_run import supervisors  # noqa: F401  (the fixture: supervisors started here are killed)
 
 
 def write_prompts(tmp_path: Path) -> list[Path]:
@@ -184,3 +189,56 @@ def test_pilot_server_that_exits_ends_the_pilot_with_its_log(tmp_path, tiny_mode
     err = capsys.readouterr().err
     assert "pilot: worker gpu0 (http://127.0.0.1:" in err and ") crashed: exit code 2" in err, err
     assert "/workers/gpu0/server.log):" in err and "not-a-number" in err, err
+
+
+def run_tokens_per_s(run_dir: Path, batch: int) -> dict[str, float]:
+    """Per worker, the mean of its server's own sglang:gen_throughput over the telemetry readings taken while it
+    held its full batch, running or queued to join (the run's steady state; the gauge counts a slot freed at
+    that step as not running)."""
+    readings: dict[str, list[float]] = {}
+    for line in (run_dir / "telemetry.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if (e["type"] == "worker" and e.get("gen_throughput")
+                and (e.get("running_reqs") or 0) + (e.get("queued_reqs") or 0) >= batch):
+            readings.setdefault(e["name"], []).append(e["gen_throughput"])
+    return {name: sum(v) / len(v) for name, v in readings.items() if len(v) >= 2}
+
+
+def test_pilot_projects_the_run_that_follows_within_15_percent(tmp_path, tiny_model_dir, supervisors, capsys):
+    # 0.5.5 reports no batch size in /get_server_info: the pilot finds 32 in the start-up log line, as the run does
+    from console.commands.demo import write_prompts as demo_prompts
+    from engine.config import load_config
+
+    batch = 32
+    sim = ["--sim-sglang-version", "0.5.5", "--sim-max-num-reqs", str(batch), "--sim-step-ms", "10",
+           "--sim-step-ms-per-req", "0.2", "--sim-output-mean", "100", "--sim-output-sigma", "0.5"]
+    prompts = [Path(p) for p in demo_prompts(tmp_path / "prompts", 300, 0)]
+    cfg_path = write_config(tmp_path, tiny_model_dir, prompts, gpus=(0, 1), extra=sim)
+    assert cli_main(["plan", "local", "--config", str(cfg_path), "--pilot", "20", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    p = d["pilot"]
+    in_flight = batch + 4  # the dispatcher's margin: an eighth of the batch
+    assert (p["requested"], p["needed"], p["prompts"]) == (20, 2 * 2 * in_flight, 2 * 2 * in_flight)
+    assert any(n.startswith(f"pilot: 20 prompts cannot fill the servers' batches; raised to {2 * 2 * in_flight} ")
+               and f"gpu0 {batch} (log) + 4 queued" in n for n in d["notes"]), d["notes"]
+    for w in p["workers"]:
+        assert (w["batch"], w["batch_source"], w["in_flight"], w["batch_reached"]) == (batch, "log", in_flight, batch)
+    projected = d["projection"]["tokens_per_s_per_worker"]["value"]
+    shown = io.StringIO()
+    render(d, Console(file=shown, width=250, highlight=False))
+    text = shown.getvalue()
+    assert f"pilot: {2 * 2 * in_flight} prompts (20 asked, {2 * 2 * in_flight} fill the batches)" in text, text
+    assert f"note: pilot: 20 prompts cannot fill the servers' batches; raised to {2 * 2 * in_flight}" in text, text
+    assert f"{batch} (log) │        {in_flight} │            {batch} │" in text, text
+
+    cfg = load_config(cfg_path)
+    run_dir = Path(cfg.run_dir)
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(120) == 0, sup.log_text()[-3000:]
+    measured = run_tokens_per_s(run_dir, batch)
+    assert set(measured) == {"gpu0", "gpu1"}, measured
+    figures = {"projected": projected, "pilot": {w["name"]: w["tokens_per_s"] for w in p["workers"]},
+               "run": measured}
+    print(json.dumps(figures), file=sys.stderr)
+    for name, rate in measured.items():
+        assert projected == pytest.approx(rate, rel=0.15), figures

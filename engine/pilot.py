@@ -4,7 +4,7 @@ One SGLang server per GPU group is launched the way the supervisor launches it (
 identity proof, server log, readiness, batch size discovered by engine/capacity.py). Each server is then kept
 as full as the run keeps it: its batch plus the dispatcher's queue margin in flight
 (`dispatch.max_in_flight_per_worker` when set). Its throughput is measured only over the window where it ran
-that batch (engine/pilot_window.py, from its own /metrics and decode log lines). Outputs never go into the run's shards (logs go to a
+that batch (engine/pilot_window.py, from its own /metrics and batch log lines). Outputs never go into the run's shards (logs go to a
 temp dir).
 
 A pilot below the servers' batch measures a smaller batch than the run runs (seen: 372 tok/s per worker at
@@ -35,7 +35,9 @@ from engine.run.batch_feedback import margin_for
 BOOTSTRAP_ROUNDS = 2000
 ROUNDS = 2  # requests per in-flight slot: the first round fills the batch, the second keeps it full
 READ_INTERVAL_S = 0.25  # /metrics readings of each pilot server
-DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),")  # shared/reference/sglang_contract.md 1.3
+# the scheduler's batch lines (shared/reference/sglang_contract.md 1.3): a decode line's running count, and a prefill
+# line's running count before the new requests joined plus the requests that joined
+BATCH_LINE = re.compile(r"(?:Prefill batch, #new-seq: (\d+),.*?|Decode batch, )#running-req: (\d+),")
 
 
 class PilotError(Exception):
@@ -167,13 +169,14 @@ def _timeout(seconds: float):
 
 
 def logged_batches(w) -> list[int]:
-    """The running counts of a pilot server's decode log lines (one scheduler's: none counted with DP ranks)."""
+    """The running counts of a pilot server's batch log lines (one scheduler's: none counted with DP ranks)."""
     if w.capacity_info.dp_ranks > 1:
         return []
     try:
-        return [int(n) for n in DECODE_LINE.findall(w.log_path.read_text(errors="replace"))]
+        text = w.log_path.read_text(errors="replace")
     except OSError:
         return []  # the /metrics readings stand in
+    return [int(joined or 0) + int(running) for joined, running in BATCH_LINE.findall(text)]
 
 
 def _tail(path: Path, lines: int = 8) -> str:

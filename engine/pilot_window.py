@@ -3,7 +3,8 @@
 The window is read from the server's own /metrics: from the first reading where it held its batch (running plus
 queued, the batch it reached: reached_batch) to the last one (the pilot keeps a queue, so it stays full in between;
 after the last prompt is sent it only drains).
-Without readings (metrics not enabled) the window is where the client's reconstruction below ran the batch.
+Without readings (metrics not enabled), or when the server held its batch too briefly for two of them, the window
+is where the client's reconstruction below ran the batch.
 
 Tokens are counted from non-streaming completions. Continuous batching at a constant batch gives every running
 request one step's tokens per step, so a request's tokens are spread evenly over the time it *ran*. It did not
@@ -76,9 +77,9 @@ def most_running(ran: Sequence[_Ran]) -> int:
 
 
 def reached_batch(readings: Sequence[Reading], logged: Sequence[int]) -> int:
-    """The most requests the server ran at once: its "Decode batch, #running-req: N" log lines when there are some
-    (the count after new requests joined), else its /metrics readings. The gauge alone under-reads a full server:
-    SGLang also sets it at each prefill, to the count *before* the new requests join, and with a queue
+    """The most requests the server ran at once: from its batch log lines when there are some (each prefill line
+    says the running count and the requests joining it), else its /metrics readings. The gauge alone under-reads a
+    full server: SGLang also sets it at each prefill, to the count *before* the new requests join, and with a queue
     a prefill follows nearly every finished request."""
     return int(max(logged)) if logged else int(max(g.running for g in readings))
 
@@ -121,6 +122,8 @@ def full_batch(reqs: Sequence[Completed], readings: Sequence[Reading], batch: in
         reached = min(batch, reached_batch(readings, logged))
         ran = running_spans(reqs, max(1, reached))
         window, basis = window_from_readings(readings, max(1, reached)), "metrics"
+        if window is None:  # held too briefly for two readings (no queue kept it there): the client's window
+            window, basis = window_from_client(ran, max(1, reached)), "client"
     else:
         reached = min(batch, most_running(running_spans(reqs, batch)))
         ran = running_spans(reqs, max(1, reached))

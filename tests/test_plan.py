@@ -242,3 +242,25 @@ def test_pilot_projects_the_run_that_follows_within_15_percent(tmp_path, tiny_mo
     print(json.dumps(figures), file=sys.stderr)
     for name, rate in measured.items():
         assert projected == pytest.approx(rate, rel=0.15), figures
+
+
+def test_pilot_with_fewer_prompts_than_the_batch_sends_them_all_and_says_the_batch_it_reached(tmp_path, tiny_model_dir,
+                                                                                              capsys):
+    # 55 samples in the files, 10 conversations tokenized for the plan: the pilot reads the files again for the
+    # 2 x (64 + 8) it needs, sends all 55, and says the server ran 55 at once, not its 64
+    knobs = ["--max-running-requests", "64", "--sim-step-ms", "4", "--sim-output-mean", "60", "--sim-output-sigma",
+             "0.3"]
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "10", "--sample", "10", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    p = d["pilot"]
+    assert (p["requested"], p["needed"], p["prompts"]) == (10, 144, 55)
+    (w,) = p["workers"]
+    assert (w["batch"], w["in_flight"], w["batch_reached"], w["requests"]) == (64, 72, 55, 55), w
+    assert w["tokens_per_s"] > 0
+    notes = d["notes"]
+    assert any(n.startswith("pilot: 10 prompts cannot fill the servers' batches; raised to 144 (2 x the requests "
+                            "kept in flight per worker: gpu0 64 (internal_states) + 8 queued)") for n in notes), notes
+    assert "pilot: the prompt files hold 55 samples, fewer than the 144 asked; all of them were sent" in notes
+    assert ("pilot: gpu0 ran at most 55 requests at once, below its batch of 64; its throughput is measured at 55"
+            in notes), notes

@@ -1,16 +1,8 @@
 """`regen plan`: the shard plan, prompt token counts, and the GPU-time / wall-time / disk projection.
 
 Without a pilot the projection uses the config's [plan] assumptions (printed as "assumed").
-With `pilot=N`, one SGLang server per GPU group is started with the configured launch command, N
-prompts spread over the sources are generated through native /generate (input_ids + the run's
-sampling params), per-worker throughput and the output-length distribution are measured, and the
-servers are stopped. Pilot outputs never go into the run's shards (logs go to a temp dir).
-
-Throughput from non-streaming completions: a request's tokens are spread evenly over its
-lifetime [sent, done] (continuous batching at a constant batch gives every running request one
-token per step), and the tokens falling in the window where the worker had its full pilot batch
-in flight are divided by the window's length. Counting only completed requests instead would
-miss the partial progress of requests still running at the window's end.
+With `pilot=N` the throughput and output lengths are measured on live servers first (engine/pilot.py: each
+server kept at the batch the run will give it, N raised to what fills it).
 """
 from __future__ import annotations
 
@@ -18,12 +10,10 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import shutil
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,10 +24,10 @@ import pyarrow.parquet as pq
 
 from engine.config import ConfigError, RunConfig, load_config
 from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
+from engine.pilot import PilotError, PilotResult, run_pilot
 from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 
 SCHEMA = "regen.plan/1"
-BOOTSTRAP_ROUNDS = 2000
 
 
 class PlanError(Exception):
@@ -76,32 +66,6 @@ class PromptTokens:
     p99: float | None
     max: int | None
     note: str
-
-
-@dataclass
-class PilotWorker:
-    name: str
-    url: str
-    requests: int
-    batch: int  # requests kept in flight
-    completion_tokens: int
-    saturated_window_s: float
-    tokens_per_s: float
-
-
-@dataclass
-class PilotResult:
-    prompts: int
-    workers: list[PilotWorker]
-    output_mean: float
-    output_p50: float
-    output_p90: float
-    output_max: int
-    output_mean_ci: tuple[float, float]  # bootstrap 95%
-    truncated_share: float
-    wall_s: float
-    log_dir: str
-    finish_reasons: dict[str, int]
 
 
 @dataclass
@@ -223,7 +187,7 @@ def measure_bytes_per_token(renderer, rendered, outputs: Sequence[Sequence[int]]
             "sample_id": f"{conv.conversation_id}#turn{turn}", "conversation_id": conv.conversation_id, "turn": turn,
             "source": conv.source, "origin": conv.origin, "input_ids": list(prompt) + out,
             "loss_mask": [0] * len(prompt) + [1] * len(out), "prompt_len": len(prompt), "output_len": len(out),
-            "reasoning_tokens": 0, "prompt_opened": False, "finish_reason": "stop", "completion_tokens": len(out), "cached_tokens": 0,
+            "reasoning_tokens": 0, "finish_reason": "stop", "completion_tokens": len(out), "cached_tokens": 0,
             "latency_s": 0.0, "worker": "gpu0", "text": renderer.decode(out)})
     if not rows:
         return 6.0, "assumed (no sample): 4 B ids + 1 B mask + ~1 B text per token after zstd"
@@ -288,214 +252,6 @@ def project(cfg: RunConfig, shard_plan: ShardPlan, prompt: PromptTokens, pilot: 
                       n_workers, tp)
 
 
-def bootstrap_mean_ci(values: np.ndarray, rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0) -> tuple[float, float]:
-    if values.size == 0:
-        return (0.0, 0.0)
-    rng = np.random.default_rng(seed)
-    means = rng.choice(values, size=(rounds, values.size), replace=True).mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-# --- pilot -----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Request:
-    worker: int
-    sent: float
-    done: float
-    completion_tokens: int
-    finish: str
-    output_ids: list[int]
-
-
-def saturated_throughput(reqs: Sequence[_Request], batch: int) -> tuple[float, float, int]:
-    """(tokens/s, window seconds, tokens in window) over the window where `batch` requests were in flight."""
-    if not reqs:
-        return 0.0, 0.0, 0
-    events = sorted([(r.sent, 1) for r in reqs] + [(r.done, -1) for r in reqs], key=lambda e: (e[0], -e[1]))
-    in_flight, start, windows = 0, None, []
-    for t, d in events:
-        in_flight += d
-        if in_flight >= batch and start is None:
-            start = t
-        elif in_flight < batch and start is not None:
-            windows.append((start, t))
-            start = None
-    tokens = seconds = 0.0
-    for a, b in windows:
-        if b <= a:
-            continue
-        seconds += b - a
-        for r in reqs:
-            life = r.done - r.sent
-            if life > 0:
-                tokens += r.completion_tokens * max(0.0, min(b, r.done) - max(a, r.sent)) / life
-    return (tokens / seconds if seconds > 0 else 0.0), seconds, int(round(tokens))
-
-
-class _PilotServers:
-    """The pilot's servers, launched by engine/workers.py's Worker (the supervisor's launch path: port check, identity
-    proof, server log, readiness) in a scratch run dir. A worker refused, crashed or failed ends the pilot with its
-    cause instead of being restarted: a pilot measures servers that work, or says why there are none."""
-
-    def __init__(self, cfg: RunConfig, scratch_dir: Path, python: str, session):
-        from engine.workers import Worker, worker_specs
-
-        self.alerts: list[str] = []
-        self.cause: str | None = None
-        self._ended = asyncio.Event()
-        self.workers = [Worker(spec, cfg, scratch_dir, session, self._emit, python=python)
-                        for spec in worker_specs(cfg)]
-        for w in self.workers:
-            w.listeners.append(self._on_state)
-
-    def _emit(self, event) -> None:
-        from engine.telemetry_events import AlertEvent
-
-        if isinstance(event, AlertEvent) and event.severity != "info":
-            self.alerts.append(f"{event.text}" + (f" ({event.evidence.splitlines()[0]})" if event.evidence else ""))
-
-    def _on_state(self, w, state: str) -> None:
-        from engine.workers import WorkerState
-
-        if state in (WorkerState.REFUSED, WorkerState.CRASHED, WorkerState.FAILED) and self.cause is None:
-            # measuring another process's server, or one that restarts, would be a wrong figure
-            if state == WorkerState.REFUSED:  # its error names the port, the holder and the remedy
-                self.cause = f"pilot: {w.error}"
-            else:
-                self.cause = (f"pilot: worker {w.name} ({w.url}) {state}: {w.error or 'no error text'}; "
-                              f"last log lines ({w.log_path}):\n{_tail(w.log_path)}")
-            self._ended.set()
-
-    @property
-    def urls(self) -> list[str]:
-        return [w.url for w in self.workers]
-
-    @property
-    def names(self) -> list[str]:
-        return [w.name for w in self.workers]
-
-    async def start_and_wait_ready(self) -> None:
-        for w in self.workers:
-            w.start()
-        ready = asyncio.ensure_future(asyncio.gather(*(w.wait_ready() for w in self.workers)))
-        ended = asyncio.ensure_future(self._ended.wait())
-        try:  # each worker gives up by itself after workers.ready_timeout_s (crashed: "not ready after ...")
-            await asyncio.wait({ready, ended}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-            ended.cancel()
-            await asyncio.gather(ready, ended, return_exceptions=True)  # collected: no "never retrieved" noise
-        if self.cause is not None:
-            raise PlanError(self.cause)
-
-    async def stop(self) -> list[str]:
-        """Stop every server; what went wrong on the way (alerts other than the cause already raised)."""
-        await asyncio.gather(*(w.stop() for w in self.workers))
-        return [a for a in self.alerts if self.cause is None or a not in self.cause]
-
-
-def _timeout(seconds: float):
-    import aiohttp
-
-    return aiohttp.ClientTimeout(total=seconds)
-
-
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
-
-
-def _spread_over_sources(rendered, n: int) -> list:
-    by_source: dict[str, list] = {}
-    for item in rendered:
-        by_source.setdefault(item[0].source, []).append(item)
-    picked, queues = [], [list(v) for _, v in sorted(by_source.items())]
-    while len(picked) < n and any(queues):
-        for q in queues:
-            if q and len(picked) < n:
-                picked.append(q.pop(0))
-    return picked
-
-
-async def run_pilot(cfg: RunConfig, renderer, rendered, n: int, python: str | None = None) -> tuple[PilotResult, list[str]]:
-    import aiohttp
-
-    from engine.http_client import KEEPALIVE_S
-
-    chosen = _spread_over_sources(rendered, n)
-    if not chosen:
-        raise PlanError("pilot: no prompts to generate (no conversation with a user turn)")
-    log_dir = Path(tempfile.mkdtemp(prefix="regen-pilot-"))
-    headers = {"Authorization": f"Bearer {cfg.workers.api_key}"} if cfg.workers.api_key else {}
-    n_workers = len(cfg.workers.groups())
-    per_worker = [chosen[i::n_workers] for i in range(n_workers)]
-    configured = cfg.dispatch.max_in_flight_per_worker
-    batches = [max(1, min(len(p), configured or max(1, len(p) // 2))) for p in per_worker]
-    reqs: list[_Request] = []
-    problems: list[str] = []
-    started = time.monotonic()
-    connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S)  # below uvicorn's idle close (http_client.py)
-    async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
-        servers = _PilotServers(cfg, log_dir, python or sys.executable, session)
-        try:
-            await servers.start_and_wait_ready()
-            started = time.monotonic()
-
-            async def one(w: int, prompt: list[int]) -> None:
-                params = cfg.sampling.as_sglang()
-                params["max_new_tokens"] = renderer.max_new_tokens_for(prompt, cfg.sampling.max_new_tokens)
-                sent = time.monotonic()
-                async with session.post(servers.urls[w] + "/generate",
-                                        json={"input_ids": prompt, "sampling_params": params, "stream": False},
-                                        timeout=_timeout(cfg.dispatch.request_timeout_s)) as resp:
-                    body = await resp.text()
-                    if resp.status != 200:
-                        raise PlanError(f"pilot: {servers.urls[w]}/generate answered HTTP {resp.status}: {body[:300]}")
-                data = json.loads(body)
-                meta = data.get("meta_info") or {}
-                fr = (meta.get("finish_reason") or {}).get("type", "unknown")
-                out = data.get("output_ids") or []
-                reqs.append(_Request(w, sent, time.monotonic(), int(meta.get("completion_tokens", len(out))), fr, out))
-
-            async def worker_loop(w: int) -> None:
-                queue = list(per_worker[w])
-
-                async def lane() -> None:
-                    while queue:
-                        _, _, prompt = queue.pop(0)
-                        await one(w, prompt)
-
-                await asyncio.gather(*(lane() for _ in range(batches[w])))
-
-            await asyncio.gather(*(worker_loop(w) for w in range(n_workers)))
-        except aiohttp.ClientError as exc:
-            raise PlanError(f"pilot: request failed: {exc}{'; ' + servers.cause if servers.cause else ''};"
-                            f" server logs in {log_dir}") from exc
-        finally:
-            problems += await servers.stop()
-    wall = time.monotonic() - started
-    workers = []
-    for w in range(n_workers):
-        mine = [r for r in reqs if r.worker == w]
-        rate, window, _ = saturated_throughput(mine, batches[w])
-        workers.append(PilotWorker(servers.names[w], servers.urls[w], len(mine), batches[w],
-                                   sum(r.completion_tokens for r in mine), window, rate))
-    lens = np.array([r.completion_tokens for r in reqs], dtype=np.float64)
-    finish: dict[str, int] = {}
-    for r in reqs:
-        finish[r.finish] = finish.get(r.finish, 0) + 1
-    p50, p90 = np.percentile(lens, [50, 90])
-    result = PilotResult(len(reqs), workers, float(lens.mean()), float(p50), float(p90), int(lens.max()),
-                         bootstrap_mean_ci(lens), finish.get("length", 0) / len(reqs), wall, str(log_dir), finish)
-    result._outputs = [r.output_ids for r in reqs]  # type: ignore[attr-defined]  # for the bytes/token sample
-    return result, problems
-
-
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -510,10 +266,17 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
     result = None
     outputs = None
     if pilot:
-        if len(rendered) < pilot:
-            notes.append(f"pilot asked for {pilot} prompts; the sample has {len(rendered)}")
-        result, problems = asyncio.run(run_pilot(cfg, renderer, rendered, pilot, python))
-        notes += problems
+        def prompts_for(k: int) -> list[tuple[Conversation, int, list[int]]]:
+            if k <= len(rendered):
+                return rendered
+            _, more = scan_prompts(cfg, k)  # a second pass with a sample the size the pilot needs
+            return sample_prompts(renderer, cfg, more)
+
+        try:
+            result, pilot_notes = asyncio.run(run_pilot(cfg, renderer, prompts_for, pilot, python))
+        except PilotError as exc:
+            raise PlanError(str(exc)) from exc
+        notes += pilot_notes
         outputs = getattr(result, "_outputs", None)
     bpt, bpt_basis = measure_bytes_per_token(renderer, rendered, outputs)
     projection = project(cfg, shard_plan, prompt, result, bpt, bpt_basis)

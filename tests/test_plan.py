@@ -2,6 +2,7 @@
 against real simulator workers (subprocesses on 127.0.0.1) measured against the simulator's formula."""
 from __future__ import annotations
 
+import io
 import json
 import socket
 import sys
@@ -9,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from rich.console import Console
+
 from console.cli import main as cli_main
+from console.commands.plan import render
 from engine.config import SIMULATOR_LAUNCH
-from engine.plan import _Request, bootstrap_mean_ci, saturated_throughput
+from engine.pilot import bootstrap_mean_ci
+from engine.pilot_window import Completed, Reading, full_batch
 from engine.simulator import throughput
+from tests.test_engine_run import supervisors  # noqa: F401  (the fixture: supervisors started here are killed)
 
 
 def write_prompts(tmp_path: Path) -> list[Path]:
@@ -109,12 +115,21 @@ def test_plan_with_unreadable_prompts_exits_2(tmp_path, tiny_model_dir, capsys):
     assert "missing.jsonl" in capsys.readouterr().err
 
 
-def test_saturated_throughput_counts_partial_progress():
-    # batch 2, each request makes 100 tokens/s; a third is sent when the first finishes
-    reqs = [_Request(0, 0.0, 1.0, 100, "stop", []), _Request(0, 0.0, 2.0, 200, "stop", []),
-            _Request(0, 1.0, 3.0, 200, "stop", [])]
-    rate, window, tokens = saturated_throughput(reqs, 2)
-    assert window == pytest.approx(2.0) and tokens == 400 and rate == pytest.approx(200.0)
+def test_full_batch_counts_partial_progress_and_not_the_queue():
+    # batch 2, each running request makes 100 tokens/s; the third is sent at 0 but waits in the server's queue
+    # until the first finishes at 1.0, then runs 2 s
+    reqs = [Completed(0.0, 1.0, 100, "stop", []), Completed(0.0, 2.0, 200, "stop", []),
+            Completed(0.0, 3.0, 200, "stop", [])]
+    readings = [Reading(t / 4, 2 if t < 8 else 1, 1 if t < 4 else 0) for t in range(14)]  # every 0.25 s
+    fb = full_batch(reqs, readings, 2)
+    # its /metrics window [0, 1.75]: 100 + 175 tokens of the first two, 75 of the third (running since 1.0);
+    # spread over the 3 s since it was sent, the third would be credited 117 tokens, 67 of them while queued
+    assert (fb.batch, fb.basis) == (2, "metrics") and fb.window_s == pytest.approx(1.75)
+    assert fb.tokens_per_s == pytest.approx(200.0)
+    client = full_batch(reqs, [], 2)  # no /metrics: the window is where the reconstruction ran 2
+    assert (client.batch, client.basis, client.window_s, client.tokens_per_s) == (2, "client", 2.0, 200.0)
+    fewer = full_batch(reqs, [Reading(t, 1, 0) for t in range(4)], 8)  # it never ran more than one
+    assert fewer.batch == 1
     lo, hi = bootstrap_mean_ci(__import__("numpy").array([1.0, 2.0, 3.0, 4.0]))
     assert 1.0 <= lo <= 2.5 <= hi <= 4.0
 
@@ -130,7 +145,8 @@ def test_pilot_throughput_matches_the_simulator_formula(tmp_path, tiny_model_dir
     assert p["prompts"] == 40 and len(p["workers"]) == 2
     expected = throughput(batch, step_ms=step_ms, step_ms_per_req=per_req)
     for w in p["workers"]:
-        assert w["batch"] == batch and w["requests"] == 20
+        assert (w["in_flight"], w["batch_reached"], w["requests"]) == (batch, batch, 20), w
+        assert (w["batch"], w["batch_source"], w["window_basis"]) == (64, "internal_states", "metrics"), w
         assert w["tokens_per_s"] == pytest.approx(expected, rel=0.10), (w, expected)
     assert d["projection"]["tokens_per_s_per_worker"]["basis"].startswith("pilot")
     assert d["assumptions"]["used"] is False
@@ -173,3 +189,78 @@ def test_pilot_server_that_exits_ends_the_pilot_with_its_log(tmp_path, tiny_mode
     err = capsys.readouterr().err
     assert "pilot: worker gpu0 (http://127.0.0.1:" in err and ") crashed: exit code 2" in err, err
     assert "/workers/gpu0/server.log):" in err and "not-a-number" in err, err
+
+
+def run_tokens_per_s(run_dir: Path, batch: int) -> dict[str, float]:
+    """Per worker, the mean of its server's own sglang:gen_throughput over the telemetry readings taken while it
+    held its full batch, running or queued to join (the run's steady state; the gauge counts a slot freed at
+    that step as not running)."""
+    readings: dict[str, list[float]] = {}
+    for line in (run_dir / "telemetry.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if (e["type"] == "worker" and e.get("gen_throughput")
+                and (e.get("running_reqs") or 0) + (e.get("queued_reqs") or 0) >= batch):
+            readings.setdefault(e["name"], []).append(e["gen_throughput"])
+    return {name: sum(v) / len(v) for name, v in readings.items() if len(v) >= 2}
+
+
+def test_pilot_projects_the_run_that_follows_within_15_percent(tmp_path, tiny_model_dir, supervisors, capsys):
+    # 0.5.5 reports no batch size in /get_server_info: the pilot finds 32 in the start-up log line, as the run does
+    from console.commands.demo import write_prompts as demo_prompts
+    from engine.config import load_config
+
+    batch = 32
+    sim = ["--sim-sglang-version", "0.5.5", "--sim-max-num-reqs", str(batch), "--sim-step-ms", "10",
+           "--sim-step-ms-per-req", "0.2", "--sim-output-mean", "100", "--sim-output-sigma", "0.5"]
+    prompts = [Path(p) for p in demo_prompts(tmp_path / "prompts", 300, 0)]
+    cfg_path = write_config(tmp_path, tiny_model_dir, prompts, gpus=(0, 1), extra=sim)
+    assert cli_main(["plan", "local", "--config", str(cfg_path), "--pilot", "20", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    p = d["pilot"]
+    in_flight = batch + 4  # the dispatcher's margin: an eighth of the batch
+    assert (p["requested"], p["needed"], p["prompts"]) == (20, 2 * 2 * in_flight, 2 * 2 * in_flight)
+    assert any(n.startswith(f"pilot: 20 prompts cannot fill the servers' batches; raised to {2 * 2 * in_flight} ")
+               and f"gpu0 {batch} (log) + 4 queued" in n for n in d["notes"]), d["notes"]
+    for w in p["workers"]:
+        assert (w["batch"], w["batch_source"], w["in_flight"], w["batch_reached"]) == (batch, "log", in_flight, batch)
+    projected = d["projection"]["tokens_per_s_per_worker"]["value"]
+    shown = io.StringIO()
+    render(d, Console(file=shown, width=250, highlight=False))
+    text = shown.getvalue()
+    assert f"pilot: {2 * 2 * in_flight} prompts (20 asked, {2 * 2 * in_flight} fill the batches)" in text, text
+    assert f"note: pilot: 20 prompts cannot fill the servers' batches; raised to {2 * 2 * in_flight}" in text, text
+    assert f"{batch} (log) │        {in_flight} │            {batch} │" in text, text
+
+    cfg = load_config(cfg_path)
+    run_dir = Path(cfg.run_dir)
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(120) == 0, sup.log_text()[-3000:]
+    measured = run_tokens_per_s(run_dir, batch)
+    assert set(measured) == {"gpu0", "gpu1"}, measured
+    figures = {"projected": projected, "pilot": {w["name"]: w["tokens_per_s"] for w in p["workers"]},
+               "run": measured}
+    print(json.dumps(figures), file=sys.stderr)
+    for name, rate in measured.items():
+        assert projected == pytest.approx(rate, rel=0.15), figures
+
+
+def test_pilot_with_fewer_prompts_than_the_batch_sends_them_all_and_says_the_batch_it_reached(tmp_path, tiny_model_dir,
+                                                                                              capsys):
+    # 55 samples in the files, 10 conversations tokenized for the plan: the pilot reads the files again for the
+    # 2 x (64 + 8) it needs, sends all 55, and says the server ran 55 at once, not its 64
+    knobs = ["--max-running-requests", "64", "--sim-step-ms", "4", "--sim-output-mean", "60", "--sim-output-sigma",
+             "0.3"]
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "10", "--sample", "10", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    p = d["pilot"]
+    assert (p["requested"], p["needed"], p["prompts"]) == (10, 144, 55)
+    (w,) = p["workers"]
+    assert (w["batch"], w["in_flight"], w["batch_reached"], w["requests"]) == (64, 72, 55, 55), w
+    assert w["tokens_per_s"] > 0
+    notes = d["notes"]
+    assert any(n.startswith("pilot: 10 prompts cannot fill the servers' batches; raised to 144 (2 x the requests "
+                            "kept in flight per worker: gpu0 64 (internal_states) + 8 queued)") for n in notes), notes
+    assert "pilot: the prompt files hold 55 samples, fewer than the 144 asked; all of them were sent" in notes
+    assert ("pilot: gpu0 ran at most 55 requests at once, below its batch of 64; its throughput is measured at 55"
+            in notes), notes

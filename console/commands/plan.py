@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "Exit status: 0 plan made, 2 it could not be made (config, prompts, tokenizer, workers).")
     p.add_argument("host", help="ssh alias, user@host[:port], or local")
     p.add_argument("--config", required=True, help="run config (TOML) on this machine")
-    p.add_argument("--pilot", type=int, default=0, metavar="N", help="measure on N prompts with live workers first")
+    p.add_argument("--pilot", type=int, default=0, metavar="N",
+                   help="measure on N prompts with live workers first (raised, with a note, to what keeps each "
+                        "server's batch full)")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="conversations tokenized (default [plan])")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema regen.plan/1)")
     add_ssh_options(p)
@@ -153,12 +155,16 @@ def render(d: dict[str, Any], console: Console) -> None:
                       f"p99 {pt['p99']:.0f}, max {pt['max']:,}  [dim]({pt['note']})[/dim]")
     if d.get("pilot"):
         p = d["pilot"]
-        wt = Table(title=f"pilot: {p['prompts']} prompts in {p['wall_s']:.1f} s", header_style="bold")
-        for col in ("worker", "requests", "batch", "tokens", "saturated s", "tokens/s"):
+        asked = (f"{p['requested']} asked, {p['needed']} fill the batches" if p["requested"] != p["prompts"]
+                 else f"{p['needed']} fill the batches")
+        wt = Table(title=f"pilot: {p['prompts']} prompts ({asked}) in {p['wall_s']:.1f} s", header_style="bold")
+        for col in ("worker", "batch (source)", "in flight", "batch reached", "requests", "tokens", "full-batch s",
+                    "tokens/s"):
             wt.add_column(col, justify="right" if col != "worker" else "left")
         for w in p["workers"]:
-            wt.add_row(w["url"], str(w["requests"]), str(w["batch"]), f"{w['completion_tokens']:,}",
-                       f"{w['saturated_window_s']:.1f}", f"{w['tokens_per_s']:,.0f}")
+            wt.add_row(w["url"], f"{w['batch']} ({w['batch_source']})", str(w["in_flight"]), str(w["batch_reached"]),
+                       str(w["requests"]), f"{w['completion_tokens']:,}", f"{w['full_batch_window_s']:.1f}",
+                       f"{w['tokens_per_s']:,.0f}")
         console.print(wt)
         console.print(f"pilot output tokens: mean {p['output_mean']:.0f} (95% CI {p['output_mean_ci'][0]:.0f}-"
                       f"{p['output_mean_ci'][1]:.0f}), p50 {p['output_p50']:.0f}, p90 {p['output_p90']:.0f}, "

@@ -187,7 +187,7 @@ def measure_bytes_per_token(renderer, rendered, outputs: Sequence[Sequence[int]]
             "sample_id": f"{conv.conversation_id}#turn{turn}", "conversation_id": conv.conversation_id, "turn": turn,
             "source": conv.source, "origin": conv.origin, "input_ids": list(prompt) + out,
             "loss_mask": [0] * len(prompt) + [1] * len(out), "prompt_len": len(prompt), "output_len": len(out),
-            "reasoning_tokens": 0, "finish_reason": "stop", "completion_tokens": len(out), "cached_tokens": 0,
+            "reasoning_tokens": 0, "prompt_opened": False, "finish_reason": "stop", "completion_tokens": len(out), "cached_tokens": 0,
             "latency_s": 0.0, "worker": "gpu0", "text": renderer.decode(out)})
     if not rows:
         return 6.0, "assumed (no sample): 4 B ids + 1 B mask + ~1 B text per token after zstd"

@@ -299,6 +299,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_m
     assert len(ids) + rejected == len(expected)
     check_rows(rows, cfg, renderer)
     assert "recovered the shard store" in sup.log_text() or len(list((run_dir / "shards").rglob("*.tmp"))) == 0
+    assert_one_file_per_shard(run_dir)  # shards finished before, between and after the kills: each compacted
 
 
 @pytest.mark.slow

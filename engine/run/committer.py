@@ -33,6 +33,8 @@ from engine.telemetry_events import AlertEvent
 
 log = logging.getLogger("regen.committer")
 
+CHAIN_COMMIT_S = 0.2  # a buffer holding a turn a later turn waits on is committed at this age, not max_age_s
+
 
 class CommitLedger(Protocol):
     """What the committer asks of the ledger, and what it tells it."""
@@ -153,7 +155,7 @@ class Committer:
             age = now - buf.since
             if len(buf.entries) >= self.max_rows or age >= self.max_age_s or self._holds_the_rest(shard_id, buf):
                 out.append(shard_id)
-            elif age >= 0.2 and any(self.ledger.chains_on(g.item) for g in buf.entries):
+            elif age >= CHAIN_COMMIT_S and any(self.ledger.chains_on(g.item) for g in buf.entries):
                 out.append(shard_id)
         return out
 

@@ -42,7 +42,7 @@ def row(sid: str, part: int, i: int) -> dict:
         "origin": f"p.jsonl:{part * ROWS_PER_PART + i + 1}",
         "input_ids": [(part * 7919 + i * 104729 + k) % 150000 for k in range(prompt_len + output_len)],
         "loss_mask": [0] * prompt_len + [1] * output_len, "prompt_len": prompt_len, "output_len": output_len,
-        "reasoning_tokens": 3, "finish_reason": "stop", "completion_tokens": output_len, "cached_tokens": 0,
+        "reasoning_tokens": 3, "prompt_opened": False, "finish_reason": "stop", "completion_tokens": output_len, "cached_tokens": 0,
         "latency_s": 0.1, "worker": "gpu0", "text": f"<think>\nsample {conv}\n</think>\n\n" + "words " * output_len,
     }
 

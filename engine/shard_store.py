@@ -525,7 +525,7 @@ class ShardStore:
                     pending: list[pa.Table] = []
                     buffered = 0
                     for p in parts:
-                        table = pq.read_table(self.run_dir / p.path, schema=SHARD_SCHEMA)
+                        table = _conform(pq.read_table(self.run_dir / p.path), p.path)
                         if table.num_rows != p.rows:
                             raise StoreError(f"{p.path} has {table.num_rows} rows, {STATE_DB} says {p.rows}: "
                                              "not compacting a shard whose files disagree with the store")
@@ -836,6 +836,18 @@ def _is_empty(text: str, prompt_opened: bool) -> bool:
         if _NON_SPACE.search(text, opened + len(THINK_OPEN) if opened >= 0 else 0, close):
             return False
     return is_empty_answer(text, prompt_opened)
+
+
+def _conform(table: pa.Table, rel: str) -> pa.Table:
+    """A part's table in SHARD_SCHEMA: a part written before the prompt_opened column existed gets it as False
+    (as every reader reads it); any other missing column is an error naming it."""
+    if "prompt_opened" not in table.column_names:
+        table = table.append_column("prompt_opened", pa.array([False] * table.num_rows, pa.bool_()))
+    missing = [n for n in SHARD_SCHEMA.names if n not in table.column_names]
+    if missing:
+        raise StoreError(f"{rel} lacks column(s) {', '.join(missing)}: not compacting a shard with a part of "
+                         "another schema")
+    return table.select(SHARD_SCHEMA.names).cast(SHARD_SCHEMA)
 
 
 def _fsync_dir(path: Path) -> None:

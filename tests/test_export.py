@@ -334,5 +334,5 @@ def test_a_shard_compacted_under_the_export_is_read_as_the_snapshot_had_it(tmp_p
     with ShardStore(run_dir) as store:
         store.commit("s00000", [_row("c3", "chat_a.jsonl:3", GOOD)])  # after the snapshot: not in the export
         assert store.compact("s00000").parts_removed == 3
-    (shard,) = list(iter_shards(snap, ["sample_id"]))
+    (shard,) = list(iter_shards(snap, ["sample_id", "origin", "turn"]))
     assert sorted(shard.table.column("sample_id").to_pylist()) == ["c1#turn0", "c2#turn0"]

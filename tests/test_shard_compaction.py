@@ -217,3 +217,15 @@ def test_stats_without_state_sqlite_read_compacted_shard_files(store, tmp_path):
         f.unlink()
     s = compute_stats(tmp_path)
     assert s.parts.listed_from == "glob" and s.samples == len(rows)
+
+
+def test_parts_written_before_prompt_opened_existed_compact_with_it_false(store, tmp_path):
+    rows = fill(store, "s00000", 2)
+    old = tmp_path / "shards/s00000/part-000000.parquet"
+    table = pq.read_table(old)
+    pq.write_table(table.drop(["prompt_opened"]), old, compression="zstd")  # as an older regen wrote it
+    store._db.execute("UPDATE parts SET bytes=? WHERE path=?", (old.stat().st_size, "shards/s00000/part-000000.parquet"))
+    done = store.compact("s00000")
+    got = pq.read_table(tmp_path / done.path)
+    assert got.column("prompt_opened").to_pylist() == [False] * len(rows)
+    assert got.column("sample_id").to_pylist() == [r["sample_id"] for r in rows]

@@ -109,6 +109,23 @@ class Alerts:
 
 
 @dataclass(frozen=True)
+class Store:
+    """[store]: how finished answers become part files. Operational (not in the content hash).
+
+    The age bound is the crash cost: a SIGKILL loses the answers finished in the last part_max_age_s (buffered,
+    not yet committed) of every worker, regenerated at the restart; next to the answers in flight, which any
+    crash loses (minutes of a long thinking answer), 5 s of finished output is small. It cannot also bound the
+    number of files: parts per sample then follow the rate (~30 rows a part at 6 samples/s; a few rows for the
+    chained turns of turns = "all", committed within 0.2 s so the next turn can start), so the run dir is
+    bounded by compaction instead: each shard, once finished, is rewritten as one file (engine.shard_store),
+    and a run leaves one file per shard (~1,000 conversations), with parts only for the shards in progress.
+    The rows bound caps a part's memory while it waits (1,024 rows of 4,000-token answers: ~40 MB) and only
+    binds above ~200 samples/s (short answers, the simulator)."""
+    part_max_rows: int = 1024
+    part_max_age_s: float = 5.0
+
+
+@dataclass(frozen=True)
 class PlanAssumptions:
     # `regen plan` without --pilot projects with these (printed as "assumed"); a pilot measures them.
     output_tokens_per_sample: float = 2000.0
@@ -206,6 +223,7 @@ class RunConfig:
     dispatch: Dispatch = field(default_factory=Dispatch)
     alerts: Alerts = field(default_factory=Alerts)
     plan: PlanAssumptions = field(default_factory=PlanAssumptions)
+    store: Store = field(default_factory=Store)
     hosts: tuple[Host, ...] = ()  # empty: one host, the supervisor's own ([workers])
     router: Router = field(default_factory=Router)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
@@ -272,7 +290,7 @@ def config_from_dict(data: dict[str, Any], source_path: str | None = None) -> Ru
         if required not in data:
             raise ConfigError(f"run config{f' {source_path}' if source_path else ''}: missing required key '{required}'")
     sections = {"sampling": Sampling, "workers": Workers, "dispatch": Dispatch, "alerts": Alerts, "plan": PlanAssumptions,
-                "router": Router}
+                "router": Router, "store": Store}
     for name, cls in sections.items():
         if name in data:
             if not isinstance(data[name], dict):
@@ -301,6 +319,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"shard_size = {cfg.shard_size}: must be >= 1")
     if not cfg.prompts:
         raise ConfigError("prompts: at least one path or glob is needed")
+    if not isinstance(cfg.store.part_max_rows, int) or isinstance(cfg.store.part_max_rows, bool) \
+            or cfg.store.part_max_rows < 1:
+        raise ConfigError(f"store.part_max_rows = {cfg.store.part_max_rows!r}: must be an integer >= 1 (default "
+                          f"{Store.part_max_rows})")
+    if not isinstance(cfg.store.part_max_age_s, (int, float)) or isinstance(cfg.store.part_max_age_s, bool) \
+            or cfg.store.part_max_age_s <= 0:
+        raise ConfigError(f"store.part_max_age_s = {cfg.store.part_max_age_s!r}: must be a number > 0 (seconds; "
+                          f"default {Store.part_max_age_s}: a crash loses at most this much finished output)")
     cfg.workers.groups()
     validate_seed(cfg)
     if cfg.workers.health_timeout_s <= 1.0:

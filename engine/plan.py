@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from engine.config import ConfigError, RunConfig, load_config
 from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
 from engine.pilot import PilotError, PilotResult, run_pilot
+from engine.run.committer import CHAIN_COMMIT_S
 from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 
 SCHEMA = "regen.plan/1"
@@ -69,6 +70,17 @@ class PromptTokens:
 
 
 @dataclass
+class FilesProjection:
+    """The files the shards take: parts while a shard is generated, one file per shard once it is compacted."""
+    shards: int  # files the run leaves: one per shard (shards/<id>/shard.parquet)
+    samples_per_shard: float
+    rows_per_part: Range  # at the projected rate: a part is cut every `cut_s` (or at part_max_rows)
+    parts_per_shard: Range  # part files a shard has while it is generated, before its compaction
+    cut_s: float
+    basis: str
+
+
+@dataclass
 class Projection:
     output_tokens_per_sample: Range
     tokens_per_s_per_worker: Range
@@ -76,13 +88,15 @@ class Projection:
     gpu_hours: Range
     wall_hours: Range
     disk_bytes: Range
-    bytes_per_token: float
+    bytes_per_prompt_token: float
+    bytes_per_output_token: float
     bytes_per_token_basis: str
     disk_free_bytes: int | None
     disk_free_path: str
     disk_headroom_bytes: Range | None
     workers: int
     gpus_per_worker: int
+    files: FilesProjection
 
 
 @dataclass
@@ -176,30 +190,80 @@ def prompt_token_stats(rendered: list[tuple[Conversation, int, list[int]]], n_co
                         int(lens.max()), note)
 
 
-def measure_bytes_per_token(renderer, rendered, outputs: Sequence[Sequence[int]] | None) -> tuple[float, str]:
-    """Bytes per stored token of a zstd part written with the shard schema: from pilot outputs when
-    there are some, else from the sampled prompts (ids as output, their decoded text as text)."""
+ASSUMED_BYTES_PER_OUTPUT_TOKEN = 5.0  # 4 B token id (PLAIN, zstd gains little on diverse ids) + ~1 B of zstd text
+DISK_SAMPLE_ROWS = 500
+
+
+@dataclass
+class DiskModel:
+    """Bytes per stored token of a zstd part written with the shard schema, apart for the prompt (ids and mask
+    only) and the output (ids, mask and its decoded text): answers cost several times what prompts do."""
+    bytes_per_prompt_token: float
+    bytes_per_output_token: float
+    basis: str  # "measured: ..." | "assumed: ..."
+
+
+def answer_like(conv: Conversation, turn: int) -> str | None:
+    """The dataset's own answer to user turn `turn` (the assistant message after it), if it has one."""
+    users = 0
+    for i, m in enumerate(conv.messages):
+        if m["role"] == "user":
+            if users == turn:
+                nxt = conv.messages[i + 1] if i + 1 < len(conv.messages) else None
+                return nxt["content"] if nxt is not None and nxt["role"] == "assistant" and nxt["content"] else None
+            users += 1
+    return None
+
+
+def measure_disk(renderer, rendered, outputs: Sequence[Sequence[int]] | None) -> DiskModel:
+    """Bytes per prompt token and per output token, from parts written with the shard schema. The outputs are
+    answer-like text: the pilot's outputs when there is a pilot, else the prompt files' own assistant answers
+    (the prompts themselves compress far better than answers: measured on them, the shards' disk came out
+    3-4x too low), else an assumption, stated as such."""
+    if outputs:
+        pairs = list(zip(rendered, (list(o) for o in outputs)))[:DISK_SAMPLE_ROWS]
+        what = "pilot outputs"
+    else:
+        pairs = []
+        for conv, turn, prompt in rendered:
+            text = answer_like(conv, turn)
+            if text:
+                pairs.append(((conv, turn, prompt), renderer.tokenizer.encode(text, add_special_tokens=False)))
+            if len(pairs) >= DISK_SAMPLE_ROWS:
+                break
+        what = "the prompt files' own assistant answers as answer-like outputs (a pilot measures the model's)"
+    prompt_only = [(r, []) for r in (rendered[:DISK_SAMPLE_ROWS] if not pairs else [r for r, _ in pairs])]
+    prompt_tokens = sum(len(r[2]) for r, _ in prompt_only)
+    # a file's own overhead (footer, schema: ~5 KB) is not the tokens': a part holds thousands of samples
+    overhead = _part_bytes(renderer, [])
+    bpt_prompt = max(0, _part_bytes(renderer, prompt_only) - overhead) / prompt_tokens if prompt_tokens else 0.0
+    output_tokens = sum(len(o) for _, o in pairs)
+    if not output_tokens:
+        return DiskModel(bpt_prompt, ASSUMED_BYTES_PER_OUTPUT_TOKEN,
+                         f"assumed (outputs): prompts measured ({len(prompt_only)} sampled), outputs "
+                         f"{ASSUMED_BYTES_PER_OUTPUT_TOKEN:g} B/token (4 B id + ~1 B zstd text; no answer-like text in "
+                         "the sample: --pilot N measures it)")
+    # the output's share: the same rows with and without their outputs
+    bpt_output = max(0.0, _part_bytes(renderer, pairs) - _part_bytes(renderer, [(r, []) for r, _ in pairs])) / output_tokens
+    return DiskModel(bpt_prompt, bpt_output, f"measured: zstd parts of {len(pairs)} samples with {what}: "
+                                             f"{output_tokens:,} output tokens, {prompt_tokens:,} prompt tokens")
+
+
+def _part_bytes(renderer, pairs) -> int:
     rows = []
-    pairs = (list(zip(rendered, outputs)) if outputs else [(r, r[2]) for r in rendered])[:500]
     for (conv, turn, prompt), out in pairs:
-        out = list(out)
         rows.append({
             "sample_id": f"{conv.conversation_id}#turn{turn}", "conversation_id": conv.conversation_id, "turn": turn,
-            "source": conv.source, "origin": conv.origin, "input_ids": list(prompt) + out,
+            "source": conv.source, "origin": conv.origin, "input_ids": list(prompt) + list(out),
             "loss_mask": [0] * len(prompt) + [1] * len(out), "prompt_len": len(prompt), "output_len": len(out),
-            "reasoning_tokens": 0, "prompt_opened": False, "finish_reason": "stop", "completion_tokens": len(out), "cached_tokens": 0,
-            "latency_s": 0.0, "worker": "gpu0", "text": renderer.decode(out)})
-    if not rows:
-        return 6.0, "assumed (no sample): 4 B ids + 1 B mask + ~1 B text per token after zstd"
+            "reasoning_tokens": 0, "prompt_opened": False, "finish_reason": "stop", "completion_tokens": len(out),
+            "cached_tokens": 0, "latency_s": 0.0, "worker": "gpu0", "text": renderer.decode(list(out)) if out else ""})
     table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
     with tempfile.TemporaryDirectory(prefix="regen-plan-") as tmp:
         path = Path(tmp) / "part.parquet"
         pq.write_table(table, path, compression=PART_COMPRESSION, use_dictionary=PART_DICTIONARY,
                        write_statistics=PART_STATISTICS)
-        size = path.stat().st_size
-    tokens = sum(r["prompt_len"] + r["output_len"] for r in rows)
-    what = "pilot outputs" if outputs else "sampled prompts"
-    return size / max(1, tokens), f"measured: zstd part of {len(rows)} samples ({what}), {size:,} B / {tokens:,} tokens"
+        return path.stat().st_size
 
 
 def _free_space(run_dir: str) -> tuple[int | None, str]:
@@ -216,7 +280,7 @@ def _free_space(run_dir: str) -> tuple[int | None, str]:
 
 
 def project(cfg: RunConfig, shard_plan: ShardPlan, prompt: PromptTokens, pilot: PilotResult | None,
-            bytes_per_token: float, bpt_basis: str) -> Projection:
+            disk_model: DiskModel) -> Projection:
     a = cfg.plan
     groups = cfg.workers.groups()
     n_workers, tp = len(groups), cfg.workers.tp_size
@@ -241,15 +305,41 @@ def project(cfg: RunConfig, shard_plan: ShardPlan, prompt: PromptTokens, pilot: 
                    total.high / rate_all[1] / 3600,
                    out.basis if out.basis == tps.basis else f"output: {out.basis}; throughput: {tps.basis}")
     gpu_h = Range(wall_h.value * n_workers * tp, wall_h.low * n_workers * tp, wall_h.high * n_workers * tp, wall_h.basis)
-    prompt_mean = prompt.mean or 0.0
-    disk = Range(n * (prompt_mean + out.value) * bytes_per_token, n * (prompt_mean + out.low) * bytes_per_token,
-                 n * (prompt_mean + out.high) * bytes_per_token,
-                 f"{bpt_basis.split(':')[0]} bytes/token x (mean prompt + output tokens) x samples")
+    prompt_bytes = (prompt.mean or 0.0) * disk_model.bytes_per_prompt_token
+    per_out = disk_model.bytes_per_output_token
+    disk = Range(n * (prompt_bytes + out.value * per_out), n * (prompt_bytes + out.low * per_out),
+                 n * (prompt_bytes + out.high * per_out),
+                 f"{disk_model.basis.split(':')[0]}: samples x (mean prompt tokens x B/prompt token + output "
+                 "tokens x B/output token)")
     free, free_path = _free_space(cfg.run_dir)
     headroom = (Range(free - disk.value, free - disk.high, free - disk.low, "free space minus the shards")
                 if free is not None else None)
-    return Projection(out, tps, total, gpu_h, wall_h, disk, bytes_per_token, bpt_basis, free, free_path, headroom,
-                      n_workers, tp)
+    files = project_files(cfg, shard_plan, out, tps, n_workers)
+    return Projection(out, tps, total, gpu_h, wall_h, disk, disk_model.bytes_per_prompt_token, per_out,
+                      disk_model.basis, free, free_path, headroom, n_workers, tp, files)
+
+
+def project_files(cfg: RunConfig, shard_plan: ShardPlan, out: Range, tps: Range, n_workers: int) -> FilesProjection:
+    """Parts per shard while it is generated, at the projected rate: the committer cuts a shard's part every
+    part_max_age_s (within CHAIN_COMMIT_S when a later turn waits on it: turns = "all" with multi-turn
+    conversations), or at part_max_rows. Counted as if one shard took every answer at a time (the feed walks
+    the shards in order): the most rows a part can get. Compaction leaves one file per shard."""
+    chained = cfg.turns == "all" and shard_plan.samples > shard_plan.conversations
+    cut_s = CHAIN_COMMIT_S if chained else cfg.store.part_max_age_s
+    per_shard = shard_plan.samples / shard_plan.shards if shard_plan.shards else 0.0
+
+    def rows(rate_tokens: float, out_tokens: float) -> float:
+        samples_per_s = rate_tokens * n_workers / out_tokens if out_tokens > 0 else 0.0
+        return float(min(cfg.store.part_max_rows, max(1.0, samples_per_s * cut_s)))
+
+    # fewer rows per part at less throughput or longer answers: the high end of the parts
+    rpp = Range(rows(tps.value, out.value), rows(tps.low, out.high), rows(tps.high, out.low), "")
+    parts = Range(math.ceil(per_shard / rpp.value) if per_shard else 0, math.ceil(per_shard / rpp.high) if per_shard else 0,
+                  math.ceil(per_shard / rpp.low) if per_shard else 0, "")
+    basis = (f"a part every {cut_s:g} s" + (" (a later turn waits on it)" if chained else " (part_max_age_s)")
+             + f" or {cfg.store.part_max_rows} rows, at the projected rate")
+    rpp.basis = parts.basis = basis
+    return FilesProjection(shard_plan.shards, per_shard, rpp, parts, cut_s, basis)
 
 
 # --- entry points ----------------------------------------------------------------------------
@@ -278,8 +368,7 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
             raise PlanError(str(exc)) from exc
         notes += pilot_notes
         outputs = getattr(result, "_outputs", None)
-    bpt, bpt_basis = measure_bytes_per_token(renderer, rendered, outputs)
-    projection = project(cfg, shard_plan, prompt, result, bpt, bpt_basis)
+    projection = project(cfg, shard_plan, prompt, result, measure_disk(renderer, rendered, outputs))
     assumptions = {"output_tokens_per_sample": cfg.plan.output_tokens_per_sample,
                    "tokens_per_s_per_gpu": cfg.plan.tokens_per_s_per_gpu,
                    "used": result is None}

@@ -1,9 +1,10 @@
-"""The shard store: immutable Parquet part files committed in state.sqlite.
+"""The shard store: immutable Parquet part files committed in state.sqlite, and each finished shard compacted.
 
-Layout: run_dir/shards/<shard_id>/part-<seq:06d>.parquet (zstd, SHARD_SCHEMA), and
-run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
+Layout: run_dir/shards/<shard_id>/part-<seq:06d>.parquet (zstd, SHARD_SCHEMA) while a shard is being
+generated; run_dir/shards/<shard_id>/shard.parquet (the same rows, one file) once it is finished and
+compacted; and run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
 
-    parts(path TEXT PRIMARY KEY, shard_id, rows, committed_at, seq, bytes)
+    parts(path TEXT PRIMARY KEY, shard_id, rows, committed_at, seq, bytes)   -- part files and shard files
     samples(sample_id TEXT PRIMARY KEY, shard_id, part_path, conversation_id, turn, output_len,
             finish_reason, empty, answer NULL, prompt_len, reasoning_tokens)
     shards(shard_id TEXT PRIMARY KEY, total, paused, total_samples NULL,
@@ -16,10 +17,30 @@ run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
 A commit is: validate rows -> refuse duplicates -> write part-N.parquet.tmp, fsync -> rename to
 part-N.parquet, fsync the directory -> ONE sqlite transaction (part row, every sample id, the
 shard's counters). A part file is committed iff its row is in `parts`; a crash anywhere leaves
-either a committed part or an orphan file that recover() removes. Readers of the shards must
-list parts from sqlite (parts()), never by globbing the directory.
+either a committed part or an orphan file that recover() removes.
 
-One writer per run dir: commit() and recover() take an exclusive flock on
+A compaction (compact(), once every sample of the shard is settled for good) is: stream the shard's
+committed parts, in commit order, into shard.parquet.tmp, fsync -> rename to shard.parquet, fsync the
+directory -> ONE sqlite transaction that checks the shard's parts are still the ones it read and swaps
+them for shard.parquet (the parts rows deleted, the shard file's row inserted, samples.part_path of
+every sample moved to it) -> the old part files unlinked. sqlite decides which copy is committed, so a
+SIGKILL at any step leaves exactly one: before the transaction the parts are committed and
+shard.parquet is the orphan; after it shard.parquet is committed and the parts left on disk are the
+orphans; recover() removes whichever is the orphan. Never both committed, never neither. A compacted
+shard takes no more parts (commit() refuses): it is finished, so the fixed name cannot collide.
+
+Readers: list files from sqlite (parts(), read_committed()): every committed sample is in exactly one
+listed file at every instant. A reader that lists, then opens, may find a part gone (compacted in
+between): list again (engine.stats does). Readers that glob instead of asking sqlite:
+  shards/*/shard.parquet   safe at any moment, even during a run: each file is one finished shard,
+                           whole (renamed only once written and fsynced), never duplicating another
+                           (a shard.parquet not yet committed holds exactly its shard's committed rows)
+  shards/*/*.parquet       safe only when no supervisor is running and the last one exited cleanly
+                           (or after recover()): during a run, a part exists between its rename and its
+                           commit, and a shard's parts and its shard.parquet exist side by side for the
+                           moment between the rename and the unlinks of a compaction.
+
+One writer per run dir: commit(), compact() and recover() take an exclusive flock on
 run_dir/state.sqlite.writer.lock (released when the process dies), so a second supervisor cannot
 interleave part files or remove another's in-flight part. Reading (progress, history, meta,
 pause flags) needs no lock.
@@ -50,6 +71,11 @@ STATE_DB = "state.sqlite"
 SHARDS_DIR = "shards"
 WRITER_LOCK = "state.sqlite.writer.lock"
 PART_RE = re.compile(r"^part-(\d+)\.parquet(\.tmp)?$")
+SHARD_FILE = "shard.parquet"  # a compacted shard's one file
+SHARD_FILE_RE = re.compile(r"^shard\.parquet(\.tmp)?$")
+# rows per row group of a compacted shard file: the rewrite holds this many rows in memory (a 4,000-token
+# sample is ~20 KB of ids and mask), and readers get row groups of a useful size, not one per part
+COMPACT_ROW_GROUP_ROWS = 1024
 _SQL_CHUNK = 500
 _NON_SPACE = re.compile(r"\S")
 
@@ -116,6 +142,22 @@ class DuplicateSample(Exception):
     def __init__(self, message: str, sample_ids: list[str]):
         super().__init__(message)
         self.sample_ids = sample_ids
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """A shard rewritten as one file (ShardStore.compact)."""
+    shard_id: str
+    path: str  # the shard's file, relative to the run dir
+    rows: int
+    bytes: int
+    parts_removed: int
+    seconds: float
+
+
+class CompactionConflict(Exception):
+    """The shard's parts changed while it was being compacted: nothing was swapped (a caller's bug: only a
+    shard settled for good is compacted)."""
 
 
 class StoreBusy(Exception):
@@ -186,7 +228,8 @@ class ShardStore:
     # --- recovery ----------------------------------------------------------------------------
 
     def recover(self) -> list[str]:
-        """Remove *.tmp and uncommitted part files; un-commit samples of parts missing on disk.
+        """Remove *.tmp and uncommitted part and shard files (a compaction cut short leaves one side as
+        the orphan); un-commit samples of parts missing on disk.
         Returns one line per thing removed (paths relative to the run dir)."""
         with self._commit_lock, self._lock:
             self._acquire_writer()
@@ -194,11 +237,11 @@ class ShardStore:
             committed = {row[0] for row in self._db.execute("SELECT path FROM parts")}
             if self.shards_dir.is_dir():
                 for shard_dir in sorted(p for p in self.shards_dir.iterdir() if p.is_dir()):
-                    orphans = []
+                    orphans = []  # (part number or -1 for a shard file, path)
                     for f in sorted(shard_dir.iterdir()):
                         m = PART_RE.match(f.name)
-                        if m and f.relative_to(self.run_dir).as_posix() not in committed:
-                            orphans.append((int(m.group(1)), f))
+                        if (m or SHARD_FILE_RE.match(f.name)) and f.relative_to(self.run_dir).as_posix() not in committed:
+                            orphans.append((int(m.group(1)) if m else -1, f))
                     if not orphans:
                         continue
                     # remember the orphans' numbers first, so no later part is ever named like one
@@ -375,6 +418,10 @@ class ShardStore:
                 known = self._db.execute("SELECT paused FROM shards WHERE shard_id=?", (shard_id,)).fetchone()
                 if known is None:
                     raise ValueError(f"commit to unknown shard {shard_id}: declare it with ensure_shards() first")
+                if self._compacted(shard_id):
+                    raise ValueError(f"commit to shard {shard_id}: it is compacted into {self._shard_file(shard_id)} "
+                                     "and takes no more parts (a shard is compacted only once every sample of it "
+                                     "is committed or rejected)")
                 self._check_duplicates(ids)
                 seq = self._take_seq(shard_id)
             shard_dir = self.shards_dir / shard_id
@@ -401,6 +448,132 @@ class ShardStore:
                                      f"removed ({unlink_exc}); recover() removes it at the next start") from exc
                 raise
             return info
+
+    # --- compaction ----------------------------------------------------------------------------
+
+    def compact(self, shard_id: str) -> Compaction | None:
+        """Rewrite the shard's committed parts as one file, shards/<shard_id>/shard.parquet, and swap it in
+        (the protocol and its crash cases are in the module docstring). None when there is nothing to do: no
+        committed row, or already compacted. Call it only for a shard whose samples are all settled for good
+        (committed or rejected): commit() refuses parts to a compacted shard.
+
+        Locks: the writer flock, and the commit lock only for the swap transaction, so commits of other
+        shards go on while the file is rewritten. Raises CompactionConflict (nothing swapped, the new file
+        removed) if the shard's parts changed meanwhile, StoreError on an I/O or database failure."""
+        started = time.monotonic()
+        with self._commit_lock, self._lock:
+            self._acquire_writer()
+            parts = self.parts(shard_id)
+        if not parts or (len(parts) == 1 and parts[0].path == self._shard_file(shard_id)):
+            return None
+        shard_dir = self.shards_dir / shard_id
+        final = shard_dir / SHARD_FILE
+        rel = final.relative_to(self.run_dir).as_posix()
+        if rel in {p.path for p in parts}:
+            raise StoreError(f"{rel} is committed beside {len(parts) - 1} part(s) of {shard_id}: a compacted shard "
+                             "takes no more parts; this store was written by something else than regen")
+        tmp = shard_dir / (SHARD_FILE + ".tmp")
+        try:
+            rows, nbytes = self._write_compacted(parts, tmp)
+            self._publish(tmp, final)
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"compaction of {shard_id}: cannot rewrite its parts into {rel}: {exc}; "
+                             "its parts stay committed") from exc
+        try:
+            self._swap(shard_id, parts, PartInfo(shard_id, rel, rows, time.time(), 0, nbytes))
+        except BaseException as exc:
+            # the parts stay committed; the new file must not outlive the failure (recover() would remove it)
+            try:
+                final.unlink()
+                _fsync_dir(shard_dir)
+            except OSError as unlink_exc:
+                raise StoreError(f"compaction of {shard_id} failed ({exc!r}) and {rel} could not be removed "
+                                 f"({unlink_exc}); recover() removes it at the next start") from exc
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"compaction of {shard_id} failed in {self.db_path}: {exc}; its parts stay "
+                                 "committed") from exc
+            raise
+        # committed: the parts are orphans now, removed here (or by recover() after a crash)
+        for p in parts:
+            (self.run_dir / p.path).unlink(missing_ok=True)
+        _fsync_dir(shard_dir)
+        return Compaction(shard_id, rel, rows, nbytes, len(parts), time.monotonic() - started)
+
+    def compacted_shards(self) -> set[str]:
+        """Shards whose committed rows are in one compacted file."""
+        with self._lock:
+            return {r[0] for r in self._db.execute("SELECT shard_id FROM parts WHERE path LIKE ?",
+                                                   (f"%/{SHARD_FILE}",))}
+
+    def _compacted(self, shard_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM parts WHERE path=?", (self._shard_file(shard_id),)).fetchone() is not None
+
+    def _shard_file(self, shard_id: str) -> str:
+        return f"{SHARDS_DIR}/{shard_id}/{SHARD_FILE}"
+
+    def _write_compacted(self, parts: list[PartInfo], tmp: Path) -> tuple[int, int]:
+        """The parts' rows, in commit order, into `tmp` (fsynced): one part in memory at a time, written in row
+        groups of COMPACT_ROW_GROUP_ROWS. Returns (rows, bytes)."""
+        rows = 0
+        try:
+            with open(tmp, "xb") as f:
+                writer = pq.ParquetWriter(f, SHARD_SCHEMA, compression=PART_COMPRESSION,
+                                          use_dictionary=PART_DICTIONARY, write_statistics=PART_STATISTICS)
+                try:  # closed before the file either way (on a failure, the file is removed below)
+                    pending: list[pa.Table] = []
+                    buffered = 0
+                    for p in parts:
+                        table = _conform(pq.read_table(self.run_dir / p.path), p.path)
+                        if table.num_rows != p.rows:
+                            raise StoreError(f"{p.path} has {table.num_rows} rows, {STATE_DB} says {p.rows}: "
+                                             "not compacting a shard whose files disagree with the store")
+                        pending.append(table)
+                        buffered += table.num_rows
+                        if buffered >= COMPACT_ROW_GROUP_ROWS:
+                            writer.write_table(pa.concat_tables(pending), row_group_size=buffered)
+                            rows += buffered
+                            pending, buffered = [], 0
+                    if pending:
+                        writer.write_table(pa.concat_tables(pending), row_group_size=buffered)
+                        rows += buffered
+                finally:
+                    writer.close()
+                f.flush()
+                os.fsync(f.fileno())
+                return rows, f.tell()
+        except BaseException:
+            if tmp.exists():
+                tmp.unlink()
+            raise
+
+    def _swap(self, shard_id: str, parts: list[PartInfo], info: PartInfo) -> None:
+        """The one sqlite transaction that makes the shard file committed in place of the parts."""
+        with self._commit_lock, self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                now = [r[0] for r in db.execute("SELECT path FROM parts WHERE shard_id=? ORDER BY seq", (shard_id,))]
+                if now != [p.path for p in parts]:
+                    raise CompactionConflict(f"compaction of {shard_id}: its parts changed while it was rewritten "
+                                             f"({len(parts)} read, {len(now)} now): nothing swapped")
+                samples = db.execute("SELECT count(*) FROM samples WHERE shard_id=?", (shard_id,)).fetchone()[0]
+                if samples != info.rows:
+                    raise StoreError(f"compaction of {shard_id}: {info.rows} rows written, {STATE_DB} has {samples} "
+                                     "samples of the shard: nothing swapped")
+                seq = self._take_seq(shard_id)
+                db.execute("DELETE FROM parts WHERE shard_id=?", (shard_id,))
+                db.execute("INSERT INTO parts(path, shard_id, rows, committed_at, seq, bytes) VALUES(?,?,?,?,?,?)",
+                           (info.path, shard_id, info.rows, info.committed_at, seq, info.bytes))
+                db.execute("UPDATE samples SET part_path=? WHERE shard_id=?", (info.path, shard_id))
+                db.execute("UPDATE shards SET parts=1, next_seq=max(next_seq, ?) WHERE shard_id=?", (seq + 1, shard_id))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                self._next_seq.pop(shard_id, None)
+                raise
 
     def _check_duplicates(self, ids: list[str]) -> None:
         seen: set[str] = set()
@@ -663,6 +836,18 @@ def _is_empty(text: str, prompt_opened: bool) -> bool:
         if _NON_SPACE.search(text, opened + len(THINK_OPEN) if opened >= 0 else 0, close):
             return False
     return is_empty_answer(text, prompt_opened)
+
+
+def _conform(table: pa.Table, rel: str) -> pa.Table:
+    """A part's table in SHARD_SCHEMA: a part written before the prompt_opened column existed gets it as False
+    (as every reader reads it); any other missing column is an error naming it."""
+    if "prompt_opened" not in table.column_names:
+        table = table.append_column("prompt_opened", pa.array([False] * table.num_rows, pa.bool_()))
+    missing = [n for n in SHARD_SCHEMA.names if n not in table.column_names]
+    if missing:
+        raise StoreError(f"{rel} lacks column(s) {', '.join(missing)}: not compacting a shard with a part of "
+                         "another schema")
+    return table.select(SHARD_SCHEMA.names).cast(SHARD_SCHEMA)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -2,8 +2,9 @@
 
 Reads only committed parts (the `parts` table of run_dir/state.sqlite, opened read-only), so a
 run in progress can be inspected at any time: a part file a writer is still producing (or an
-orphan a crash left behind) is not in the table and is ignored. Without state.sqlite, the part
-files are found by globbing shards/**/part-*.parquet, and the report says so.
+orphan a crash left behind) is not in the table and is ignored; a part compacted away between the
+listing and its read (engine.shard_store) makes the listing be read again. Without state.sqlite, the
+files are found by globbing shards/**/part-*.parquet and shards/**/shard.parquet, and the report says so.
 
 What is read: source, worker, prompt_len, output_len, reasoning_tokens, finish_reason, text and
 prompt_opened (whether the prompt opened the think block; parts written before it existed lack it:
@@ -45,7 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.answer_shape import EMPTY_MAX_VISIBLE_TOKENS, THINK_CLOSE, THINK_OPEN
-from engine.shard_store import SHARDS_DIR, STATE_DB, read_committed
+from engine.shard_store import SHARD_FILE, SHARDS_DIR, STATE_DB, read_committed
 from engine.telemetry_events import AlertEvent
 
 SCHEMA = "regen.stats/1"
@@ -57,6 +58,7 @@ MASK_CHECK_SAMPLE_SHARE = 0.05  # otherwise this share of the parts (at least MA
 MASK_CHECK_MIN_PARTS = 8
 MASK_CHECK_HEAD_ROWS = 4096  # sampled parts have their first rows checked (decoding the mask is the cost)
 MAX_ERROR_EXAMPLES = 20
+LIST_ATTEMPTS = 5  # listings read again when parts vanished under the reader (each time: a shard compacted)
 
 STAT_COLUMNS = ["source", "worker", "prompt_len", "output_len", "reasoning_tokens", "finish_reason", "text"]
 OPENED_COLUMN = "prompt_opened"
@@ -414,8 +416,11 @@ class _Listing:
 
 
 def _part_files_on_disk(run_dir: Path) -> list[str]:
-    pattern = str(run_dir / SHARDS_DIR / "**" / "part-*.parquet")
-    return sorted(Path(p).relative_to(run_dir).as_posix() for p in glob.glob(pattern, recursive=True))
+    """Part files and compacted shard files (shards/<id>/part-*.parquet, shards/<id>/shard.parquet)."""
+    found = []
+    for name in ("part-*.parquet", SHARD_FILE):
+        found += glob.glob(str(run_dir / SHARDS_DIR / "**" / name), recursive=True)
+    return sorted(Path(p).relative_to(run_dir).as_posix() for p in found)
 
 
 def _list_parts(run_dir: Path) -> _Listing:
@@ -549,34 +554,15 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
         raise ValueError(f"train_max_length={train_max_length}: must be >= 1")
     started = time.perf_counter()
     run_dir = Path(run_dir).expanduser()
-    listing = _list_parts(run_dir)
-    known_rows = None if listing.listed_from == "glob" else sum(r for _, _, r in listing.parts)
-    mode = _mask_check_mode(mask_check, known_rows)
-    check_idx = _mask_check_parts(len(listing.parts), mode)
-
-    errors: list[IntegrityError] = []
-    missing: list[str] = []
-    results: list[_PartResult] = []
-
-    def job(i: int):
-        rel, shard_id, rows = listing.parts[i]
-        try:
-            how = "none" if i not in check_idx else "all" if mode == "full" else "head"
-            return _read_part(run_dir, rel, shard_id, rows, how)
-        except _MissingPart as exc:
-            return exc
-
-    workers = threads or min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for outcome in pool.map(job, range(len(listing.parts))):
-            if isinstance(outcome, _UnreadablePart):
-                errors.append(IntegrityError("unreadable_part", outcome.rel, outcome.detail))
-            elif isinstance(outcome, _MissingPart):
-                missing.append(outcome.rel)
-                errors.append(IntegrityError("missing_part", outcome.rel, f"committed in {STATE_DB} but {outcome.detail}"))
-            else:
-                results.append(outcome)
-                errors += outcome.errors
+    for attempt in range(LIST_ATTEMPTS):
+        listing = _list_parts(run_dir)
+        mode, check_idx, errors, missing, results = _read_listing(run_dir, listing, mask_check, threads)
+        if not missing or listing.listed_from == "glob" or attempt == LIST_ATTEMPTS - 1:
+            break
+        # a part listed, then gone: compacted into its shard's file in between (engine.shard_store), unless
+        # it is still committed (then it is missing for real, an integrity error): read a fresh listing
+        if set(missing) <= {p for p, _, _ in _list_parts(run_dir).parts}:
+            break
 
     if listing.recorded:
         # the store counted empties with engine.answer_shape at commit; the vectorized rule must agree
@@ -654,6 +640,37 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
     stats.flags = _flags(stats)
     stats.elapsed_s = time.perf_counter() - started
     return stats
+
+
+def _read_listing(run_dir: Path, listing: _Listing, mask_check: str, threads: int | None):
+    """Read every listed part (threads): (mask mode, parts mask-checked, errors, missing parts, results)."""
+    known_rows = None if listing.listed_from == "glob" else sum(r for _, _, r in listing.parts)
+    mode = _mask_check_mode(mask_check, known_rows)
+    check_idx = _mask_check_parts(len(listing.parts), mode)
+    errors: list[IntegrityError] = []
+    missing: list[str] = []
+    results: list[_PartResult] = []
+
+    def job(i: int):
+        rel, shard_id, rows = listing.parts[i]
+        try:
+            how = "none" if i not in check_idx else "all" if mode == "full" else "head"
+            return _read_part(run_dir, rel, shard_id, rows, how)
+        except _MissingPart as exc:
+            return exc
+
+    workers = threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for outcome in pool.map(job, range(len(listing.parts))):
+            if isinstance(outcome, _UnreadablePart):
+                errors.append(IntegrityError("unreadable_part", outcome.rel, outcome.detail))
+            elif isinstance(outcome, _MissingPart):
+                missing.append(outcome.rel)
+                errors.append(IntegrityError("missing_part", outcome.rel, f"committed in {STATE_DB} but {outcome.detail}"))
+            else:
+                results.append(outcome)
+                errors += outcome.errors
+    return mode, check_idx, errors, missing, results
 
 
 def _flags(s: RunStats) -> list[Flag]:

@@ -3,7 +3,8 @@
 It reads D/run.toml, verifies the run dir (a changed content hash is refused), recovers the shard
 store, takes the pid file, serves the control socket, launches one SGLang server per GPU group
 (or, with [[hosts]], a fleet behind one router), and composes the run wing (engine.run: feed → ledger →
-dispatcher → committer → ledger) until every sample is settled, or until drain / stop / SIGTERM. Its start checks (engine.startup) are in its status reply until they pass.
+dispatcher → committer → ledger; a finished shard compacted into one file) until every sample is settled, or
+until drain / stop / SIGTERM. Its start checks (engine.startup) are in its status reply until they pass.
 
 It never dies without saying why: a fatal error is written to D/fatal.json (engine.fatal: type,
 message, path, remedy) and emitted as a `fatal` telemetry event, and every exit ends with one
@@ -53,6 +54,7 @@ from engine.shard_store import ShardStore
 from engine.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry
 from engine.run.committer import Committer
+from engine.run.compactor import Compactor
 from engine.run.control_ops import Drain, DrainHost, Op, Pause, RestartWorker, Resume, Status, Stop, UndrainHost
 from engine.run.dispatcher import Dispatcher
 from engine.run.feed import Feed
@@ -111,6 +113,7 @@ class Supervisor:
         self.ledger: Ledger | None = None
         self.dispatcher: Dispatcher | None = None
         self.committer: Committer | None = None
+        self.compactor: Compactor | None = None
         self.fleet: Fleet | None = None
 
     # -- main -------------------------------------------------------------------------------
@@ -148,6 +151,8 @@ class Supervisor:
             self.mode = "done"
             self.end_how, self.end_cause = "done", "every sample was already settled"
             await self._close_early(early)
+            # a shard finished by the last start and not yet compacted (it was stopped or killed first)
+            await Compactor(self.store, self.ledger, self.emit).drain()
             self._tick_once(final=True)
             return EXIT_OK
         self.gpu = GpuSampler()
@@ -156,7 +161,10 @@ class Supervisor:
         if not early:
             self.session = client_session()
         try:
-            self.committer = Committer(self.store, self.ledger, self.emit, disk_ok=self.watch.disk_ok_for_commit)
+            store_cfg = self.cfg.store
+            self.committer = Committer(self.store, self.ledger, self.emit, max_rows=store_cfg.part_max_rows,
+                                       max_age_s=store_cfg.part_max_age_s, disk_ok=self.watch.disk_ok_for_commit)
+            self.compactor = Compactor(self.store, self.ledger, self.emit, disk_ok=self.watch.disk_ok_for_commit)
             targets = self._fleet_targets() if self.cfg.hosts else self._local_targets(early)
             self.dispatcher = Dispatcher(self.cfg, self.ledger, targets, self._deliver, self.renderer, self.session,
                                          self.emit)
@@ -172,6 +180,7 @@ class Supervisor:
             self.dispatcher.start()
             self._tasks = [
                 asyncio.create_task(self.committer.run_forever(), name="committer"),
+                asyncio.create_task(self.compactor.run_forever(), name="compactor"),
                 asyncio.create_task(self._monitor(), name="monitor"),
                 asyncio.create_task(self._start_feed_when_ready(), name="feed"),
             ]
@@ -501,6 +510,8 @@ class Supervisor:
                 if self.committer.pending:
                     log.error("%d finished rows could not be committed (disk?): they will be regenerated",
                               self.committer.pending)
+            if self.compactor is not None:
+                await self.compactor.drain()  # the shards the last commits finished
             log.info("stopping workers")
             if d is not None:
                 d.stop_retrying()  # worker stops must not re-queue anything

@@ -1,7 +1,7 @@
 """Helpers shared by the fault-injection suite (tests/test_faults_*.py).
 
 The simulated-run harness itself (make_config, SupervisorProc, supervisors, ctl, status, wait_for,
-read_rows, expected_samples, check_rows) lives in tests/test_engine_run.py and is re-exported here.
+read_rows, expected_samples, check_rows, assert_one_file_per_shard) lives in tests/test_engine_run.py and is re-exported here.
 Each fault case records its figures with `record_figures`; tests/bench/fault_report.py tallies them.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from engine.config import RunConfig
 from engine.render import Renderer
 from tests.test_engine_run import (  # noqa: F401  (re-exported for the fault tests)
-    REPO, SupervisorProc, check_rows, ctl, expected_samples, make_config, read_rows, renderer_for, status,
+    REPO, SupervisorProc, assert_one_file_per_shard, check_rows, ctl, expected_samples, make_config, read_rows, renderer_for, status,
     supervisors, wait_for,
 )
 

@@ -121,6 +121,21 @@ def read_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
+def assert_one_file_per_shard(run_dir: Path) -> dict[str, list[str]]:
+    """A finished run: each shard with rows is one committed file, shards/<id>/shard.parquet, and nothing else is
+    on disk (no part, no orphan, no tmp). Returns the files per shard."""
+    store = ShardStore(run_dir)
+    try:
+        listed = {p.path for p in store.parts()}
+        per_shard = {p.shard_id for p in store.progress() if p.done_samples}
+    finally:
+        store.close()
+    on_disk = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "shards").rglob("*") if p.is_file())
+    assert on_disk == sorted(f"shards/{sid}/shard.parquet" for sid in per_shard), on_disk[:20]
+    assert listed == set(on_disk)
+    return {sid: [f"shards/{sid}/shard.parquet"] for sid in per_shard}
+
+
 def expected_samples(cfg: RunConfig, renderer: Renderer) -> tuple[set[str], dict[str, Conversation]]:
     ids, convs = set(), {}
     for entry in iter_prompts(cfg.prompts, cfg.prompt_format):
@@ -218,6 +233,8 @@ def test_run_to_done_rows_match_the_template(tmp_path, family_model_dir, supervi
     assert {r["sample_id"] for r in rows} | rejected_turns == expected
     check_rows(rows, cfg, renderer)
     assert any(r["turn"] > 0 for r in rows)  # check_rows compared later turns' histories with the template
+    assert_one_file_per_shard(run_dir)  # every shard finished: compacted
+    assert "compacted s00000: " in sup.log_text()
     kinds = {r["kind"] for r in rejects}
     assert {"malformed_json", "no_conversation", "unknown_role", "context_overflow"} <= kinds
     tail = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
@@ -282,6 +299,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_m
     assert len(ids) + rejected == len(expected)
     check_rows(rows, cfg, renderer)
     assert "recovered the shard store" in sup.log_text() or len(list((run_dir / "shards").rglob("*.tmp"))) == 0
+    assert_one_file_per_shard(run_dir)  # shards finished before, between and after the kills: each compacted
 
 
 @pytest.mark.slow

@@ -322,3 +322,17 @@ def test_bad_options_name_the_option(tmp_path, capsys):
     assert "--keep everything: must be among aborted, length, empty, thinking" in capsys.readouterr().err
     assert cli_main(["export", str(tmp_path), "--format", "hf"]) == 2
     assert "--out DIR is required" in capsys.readouterr().err
+
+
+def test_a_shard_compacted_under_the_export_is_read_as_the_snapshot_had_it(tmp_path, tiny_model_dir):
+    """The export's snapshot lists a shard's parts; the supervisor compacts the shard (and a later part joins it
+    first) before the export reads them: the rows read are the snapshot's, from the shard file's first rows."""
+    from engine.export.source import iter_shards, open_snapshot
+    run_dir = crafted_run(tmp_path, tiny_model_dir, [[_row("c1", "chat_a.jsonl:1", GOOD)],
+                                                      [_row("c2", "chat_a.jsonl:2", GOOD)]])
+    snap = open_snapshot(run_dir)
+    with ShardStore(run_dir) as store:
+        store.commit("s00000", [_row("c3", "chat_a.jsonl:3", GOOD)])  # after the snapshot: not in the export
+        assert store.compact("s00000").parts_removed == 3
+    (shard,) = list(iter_shards(snap, ["sample_id", "origin", "turn"]))
+    assert sorted(shard.table.column("sample_id").to_pylist()) == ["c1#turn0", "c2#turn0"]

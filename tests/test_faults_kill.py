@@ -11,7 +11,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tests.run_helpers import check_rows, make_config, read_rows, record_figures, quick_state, sample_accounting, wait_for
+from tests.run_helpers import assert_one_file_per_shard, check_rows, make_config, read_rows, record_figures, quick_state, sample_accounting, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
 
 KILLS = 20
@@ -73,3 +73,4 @@ def test_sigkill_supervisor_20_times_loses_nothing(tmp_path, tiny_model_dir, sup
     assert acc["lost"] == 0, acc["lost_ids"]
     assert acc["duplicated"] == 0
     assert acc["unreadable_parts"] == 0 and unreadable_after_kill == 0
+    assert_one_file_per_shard(run_dir)  # every shard compacted, whichever kill interrupted which compaction

@@ -101,12 +101,73 @@ def test_plan_without_pilot_uses_marked_assumptions(tmp_path, tiny_model_dir, ca
     assert pr["total_output_tokens"]["value"] == 55 * 1000
     assert pr["wall_hours"]["value"] == pytest.approx(55_000 / 500 / 3600)
     assert pr["gpu_hours"]["value"] == pytest.approx(55_000 / 500 / 3600)
-    assert pr["bytes_per_token_basis"].startswith("measured")
+    # the only answers in these files are ten "An answer." turns: answer-like text, measured
+    assert pr["bytes_per_token_basis"].startswith("measured") and "assistant answers" in pr["bytes_per_token_basis"]
     assert pr["disk_free_bytes"] > 0 and pr["disk_headroom_bytes"]["value"] < pr["disk_free_bytes"]
     assert d["assumptions"]["used"] is True and d["pilot"] is None
     assert cli_main(["plan", "local", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "assumed" in out and "GPU-hours" in out and "shards" in out
+    assert "files the run" in out and "part files per" in out
+
+
+def _long_answers(tmp_path: Path, *, answers: bool) -> list[Path]:
+    """Single-turn prompts that repeat one instruction (they compress well) with, optionally, the dataset's own
+    long and varied answers (they do not)."""
+    import random
+    rng = random.Random(7)
+    words = ["alpha", "bravo", "delta", "omega", "sigma", "theta", "lambda", "kappa", "zeta", "gamma", "rho", "tau"]
+    path = tmp_path / "long.jsonl"
+    with open(path, "w") as f:
+        for i in range(60):
+            msgs = [{"role": "system", "content": "You are a careful assistant. Answer step by step. " * 4},
+                    {"role": "user", "content": f"Task {i}: explain the result."}]
+            if answers:
+                text = " ".join(rng.choice(words) + str(rng.randrange(1000)) for _ in range(300))
+                msgs.append({"role": "assistant", "content": text})
+            f.write(json.dumps({"id": f"q{i}", "messages": msgs}) + "\n")
+    return [path]
+
+
+def test_disk_is_projected_from_answer_like_text_not_from_prompts(tmp_path, tiny_model_dir, capsys):
+    """Prompts compress far better than answers: bytes per token measured on prompts and applied to the answers
+    projected the shards 3-4x too low. The projection prices prompt and output tokens apart, the outputs on the
+    prompt files' own answers, and shows its arithmetic."""
+    cfg = write_config(tmp_path, tiny_model_dir, _long_answers(tmp_path, answers=True),
+                       plan="[plan]\noutput_tokens_per_sample = 1000.0\ntokens_per_s_per_gpu = 500.0\n")
+    assert cli_main(["plan", "local", "--config", str(cfg), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    pr, n = d["projection"], d["shard_plan"]["samples"]
+    assert "assistant answers" in pr["bytes_per_token_basis"] and pr["disk_bytes"]["basis"].startswith("measured")
+    assert pr["bytes_per_output_token"] > 2 * pr["bytes_per_prompt_token"] > 0
+    assert pr["disk_bytes"]["value"] == pytest.approx(
+        n * (d["prompt_tokens"]["mean"] * pr["bytes_per_prompt_token"] + 1000 * pr["bytes_per_output_token"]))
+
+
+def test_disk_without_answer_like_text_is_an_assumption_said_so(tmp_path, tiny_model_dir, capsys):
+    cfg = write_config(tmp_path, tiny_model_dir, _long_answers(tmp_path, answers=False))
+    assert cli_main(["plan", "local", "--config", str(cfg), "--json"]) == 0
+    pr = json.loads(capsys.readouterr().out)["projection"]
+    assert pr["bytes_per_output_token"] == 5.0
+    assert pr["bytes_per_token_basis"].startswith("assumed (outputs)") and "--pilot N measures it" in pr[
+        "bytes_per_token_basis"]
+    assert pr["disk_bytes"]["basis"].startswith("assumed")  # shown in yellow, as every assumption
+
+
+@pytest.mark.parametrize("turns, rows_per_part, parts_per_shard", [
+    ("all", 1.0, 11),  # multi-turn: a part as soon as a later turn waits on it (0.2 s): 0.1 samples in 0.2 s -> 1 row
+    ("last", 2.5, 4),  # 0.5 samples/s x part_max_age_s 5 s = 2.5 rows; 9 samples a shard -> 4 parts
+])
+def test_plan_shows_the_files_the_run_leaves(tmp_path, tiny_model_dir, capsys, turns, rows_per_part, parts_per_shard):
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path),
+                       plan="[plan]\noutput_tokens_per_sample = 1000.0\ntokens_per_s_per_gpu = 500.0\n")
+    cfg.write_text(cfg.read_text().replace('turns = "all"', f'turns = "{turns}"'))
+    assert cli_main(["plan", "local", "--config", str(cfg), "--json"]) == 0
+    files = json.loads(capsys.readouterr().out)["projection"]["files"]
+    assert files["shards"] == 5  # after the run: one file per shard
+    assert files["rows_per_part"]["value"] == pytest.approx(rows_per_part)
+    assert files["parts_per_shard"]["value"] == parts_per_shard
+    assert files["basis"].startswith("a part every") and files["basis"].endswith("at the projected rate")
 
 
 def test_plan_with_unreadable_prompts_exits_2(tmp_path, tiny_model_dir, capsys):
@@ -149,6 +210,7 @@ def test_pilot_throughput_matches_the_simulator_formula(tmp_path, tiny_model_dir
         assert (w["batch"], w["batch_source"], w["window_basis"]) == (64, "internal_states", "metrics"), w
         assert w["tokens_per_s"] == pytest.approx(expected, rel=0.10), (w, expected)
     assert d["projection"]["tokens_per_s_per_worker"]["basis"].startswith("pilot")
+    assert "pilot outputs" in d["projection"]["bytes_per_token_basis"]  # the model's own answers price the disk
     assert d["assumptions"]["used"] is False
     assert not (tmp_path / "run" / "shards").exists()  # pilot outputs are not written into the run
     print(json.dumps({"expected": expected, "measured": [w["tokens_per_s"] for w in p["workers"]]}), file=sys.stderr)

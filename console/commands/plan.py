@@ -189,8 +189,13 @@ def render(d: dict[str, Any], console: Console) -> None:
         jt.add_row("disk left after the run", _bytes(h["value"]), _bytes(h["low"]), _bytes(h["high"]),
                    Text(f"free now {_bytes(pr['disk_free_bytes'])} at {pr['disk_free_path']}",
                         style="bold red" if h["low"] < 0 else "dim"))
+    files = pr["files"]
+    row("part files per shard, until compacted", files["parts_per_shard"], lambda x: f"{x:,.0f}")
+    jt.add_row("files the run leaves", f"{files['shards']:,}", "", "",
+               Text(f"one per shard, ~{files['samples_per_shard']:,.0f} samples (compacted)", style="dim"))
     console.print(jt)
-    console.print(f"[dim]bytes per token: {pr['bytes_per_token']:.2f} ({pr['bytes_per_token_basis']})[/dim]")
+    console.print(f"[dim]bytes per token: prompt {pr['bytes_per_prompt_token']:.2f}, output "
+                  f"{pr['bytes_per_output_token']:.2f} ({pr['bytes_per_token_basis']})[/dim]")
     if d["assumptions"]["used"]:
         console.print("[yellow]assumed[/yellow]: output tokens per sample "
                       f"{d['assumptions']['output_tokens_per_sample']:,.0f}, tokens/s per GPU "

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from engine.config import ConfigError, RunConfig, load_config
 from engine.ingest import PromptFileError, display_names, resolve_prompt_files
-from engine.shard_store import STATE_DB, read_committed
+from engine.shard_store import SHARD_FILE, SHARDS_DIR, STATE_DB, read_committed
 from engine.stats import OPENED_COLUMN
 
 
@@ -111,17 +111,37 @@ def shard_range(shard_id: str, shard_size: int) -> range:
 
 def iter_shards(snap: Snapshot, columns: list[str]) -> Iterator[ShardRows]:
     for shard in snap.shards:
-        tables = []
-        for rel in shard.paths:
-            try:
-                tables.append(_read_part(snap.run_dir / rel, columns))
-            except FileNotFoundError as exc:
-                raise ExportError(f"{snap.run_dir / rel}: committed part missing ({exc.strerror}); the run dir was "
-                                  "changed under the export (compaction or a recover): export again") from exc
-            except (OSError, pa.ArrowException) as exc:
-                raise ExportError(f"{snap.run_dir / rel}: cannot read the committed part: {exc}") from exc
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        table = _read_shard(snap, shard, columns)
         yield ShardRows(shard.shard_id, table, input_order(table, snap.file_rank))
+
+
+def _read_shard(snap: Snapshot, shard: ShardParts, columns: list[str]) -> pa.Table:
+    tables = []
+    for rel in shard.paths:
+        try:
+            tables.append(_read_part(snap.run_dir / rel, columns))
+        except FileNotFoundError as exc:
+            compacted = _compacted_prefix(snap, shard, columns)
+            if compacted is not None:
+                return compacted
+            raise ExportError(f"{snap.run_dir / rel}: committed part missing ({exc.strerror}); the run dir was "
+                              "changed under the export (a recover): export again") from exc
+        except (OSError, pa.ArrowException) as exc:
+            raise ExportError(f"{snap.run_dir / rel}: cannot read the committed part: {exc}") from exc
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def _compacted_prefix(snap: Snapshot, shard: ShardParts, columns: list[str]) -> pa.Table | None:
+    """The snapshot's rows of a shard compacted after the snapshot was taken: its shard file holds every part in
+    commit order, and the snapshot's parts were the first committed ones, so they are the file's first rows."""
+    path = snap.run_dir / SHARDS_DIR / shard.shard_id / SHARD_FILE
+    if f"{SHARDS_DIR}/{shard.shard_id}/{SHARD_FILE}" in shard.paths or not path.is_file():
+        return None
+    try:
+        table = _read_part(path, columns)
+    except (OSError, pa.ArrowException) as exc:
+        raise ExportError(f"{path}: cannot read the compacted shard: {exc}") from exc
+    return table.slice(0, shard.rows) if table.num_rows >= shard.rows else None
 
 
 def _read_part(path: Path, columns: list[str]) -> pa.Table:

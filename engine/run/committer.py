@@ -1,6 +1,7 @@
 """Buffers finished rows per shard and commits them as part files (ShardStore.commit).
 
-A commit happens every `max_rows` rows or `max_age_s` seconds per shard, and on drain/stop.
+A commit happens every `max_rows` rows or `max_age_s` seconds per shard ([store] part_max_rows,
+part_max_age_s: engine.config.Store says why those defaults), and on drain/stop.
 A SIGKILL loses only the rows not yet committed (in the buffer, or in a part whose sqlite
 transaction had not finished); they are not committed, so the restarted supervisor regenerates
 them: never lost, never duplicated.
@@ -25,11 +26,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from engine.config import Store
 from engine.run.items import Committed, Generated, WorkItem
 from engine.shard_store import DuplicateSample, PartInfo, ShardStore
 from engine.telemetry_events import AlertEvent
 
 log = logging.getLogger("regen.committer")
+
+CHAIN_COMMIT_S = 0.2  # a buffer holding a turn a later turn waits on is committed at this age, not max_age_s
 
 
 class CommitLedger(Protocol):
@@ -56,7 +60,7 @@ class _Job:
 
 class Committer:
     def __init__(self, store: ShardStore, ledger: CommitLedger, emit: Callable[[object], None], *,
-                 max_rows: int = 256, max_age_s: float = 2.0, disk_ok: Callable[[], bool] = lambda: True):
+                 max_rows: int = Store.part_max_rows, max_age_s: float = Store.part_max_age_s, disk_ok: Callable[[], bool] = lambda: True):
         self.store = store
         self.ledger = ledger
         self.emit = emit
@@ -151,7 +155,7 @@ class Committer:
             age = now - buf.since
             if len(buf.entries) >= self.max_rows or age >= self.max_age_s or self._holds_the_rest(shard_id, buf):
                 out.append(shard_id)
-            elif age >= 0.2 and any(self.ledger.chains_on(g.item) for g in buf.entries):
+            elif age >= CHAIN_COMMIT_S and any(self.ledger.chains_on(g.item) for g in buf.entries):
                 out.append(shard_id)
         return out
 

@@ -48,6 +48,12 @@ class ShardCounts:
         return self.settled >= self.total
 
     @property
+    def final(self) -> bool:
+        """Every planned sample committed or rejected, none failed: no part can join the shard any more (a failed
+        sample is generated again at the next start), so it can be compacted into one file."""
+        return self.failed == 0 and self.done + self.rejected >= self.total
+
+    @property
     def to_generate(self) -> int:
         """The samples this shard will hold: planned less those settled without a row."""
         return max(0, self.total - self.failed - self.rejected)

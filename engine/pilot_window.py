@@ -119,7 +119,9 @@ def full_batch(reqs: Sequence[Completed], readings: Sequence[Reading], batch: in
     if not reqs:
         return FullBatch(0, 0.0, 0, 0.0, "metrics" if readings else "client")
     if readings:
-        reached = min(batch, reached_batch(readings, logged))
+        # the server's own count also holds requests that are not the pilot's: SGLang's /health runs a 1-token
+        # generation (contract 7.4), so with fewer prompts than the batch it may read one more than were sent
+        reached = min(batch, reached_batch(readings, logged), len(reqs))
         ran = running_spans(reqs, max(1, reached))
         window, basis = window_from_readings(readings, max(1, reached)), "metrics"
         if window is None:  # held too briefly for two readings (no queue kept it there): the client's window

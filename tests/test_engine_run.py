@@ -210,12 +210,19 @@ def renderer_for(tiny_model_dir):
     return get
 
 
+# The SGLang versions the simulator reproduces (engine/simulator/profiles.py): the whole set below runs on the
+# default (the newest); the cases marked with `every_version` also run on the older ones.
+every_version = pytest.mark.parametrize("sglang_version", ["0.5.23", "0.5.10", "0.5.5"])
+
+
 # -- tests ------------------------------------------------------------------------------------------
-def test_run_to_done_rows_match_the_template(tmp_path, family_model_dir, supervisors, renderer_for):
-    """On both template families (Qwen3; Qwen3.5/3.6 style, whose prompt opens <think>)."""
+@every_version
+def test_run_to_done_rows_match_the_template(tmp_path, family_model_dir, supervisors, renderer_for, sglang_version):
+    """On both template families (Qwen3; Qwen3.5/3.6 style, whose prompt opens <think>) and every SGLang version."""
     run_dir = tmp_path / "run"
     # some empty answers, and a max_new_tokens that cuts some answers inside their reasoning
-    cfg = make_config(run_dir, family_model_dir, prompts=80, sim=("--sim-empty-share", "0.2"))
+    cfg = make_config(run_dir, family_model_dir, prompts=80,
+                      sim=("--sim-empty-share", "0.2", "--sim-sglang-version", sglang_version))
     cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, max_new_tokens=30))
     shared_prom = tmp_path / "shared-prometheus"  # one dir in the operator's env: each server gets its own instead
     cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, api_key="k-s3cret-key",
@@ -274,10 +281,12 @@ def check_answer_shapes(run_dir: Path, rows: list[dict], renderer: Renderer) -> 
 
 
 @pytest.mark.slow
+@every_version
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_model_dir, supervisors,
-                                                                renderer_for):
+                                                                renderer_for, sglang_version):
     run_dir = tmp_path / "run"
-    cfg = make_config(run_dir, tiny_model_dir, prompts=120, sim=("--sim-output-mean", "40"))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=120,
+                      sim=("--sim-output-mean", "40", "--sim-sglang-version", sglang_version))
     rng = random.Random(1234)
     for round_no in range(3):
         sup = supervisors(run_dir).start(cfg if round_no == 0 else None)
@@ -346,9 +355,11 @@ def test_pause_stops_dispatch_and_survives_restart(tmp_path, tiny_model_dir, sup
     assert done.done_samples > 0 and not done.paused
 
 
-def test_worker_crash_requeues_in_flight_samples(tmp_path, tiny_model_dir, supervisors, renderer_for):
+@every_version
+def test_worker_crash_requeues_in_flight_samples(tmp_path, tiny_model_dir, supervisors, renderer_for, sglang_version):
     run_dir = tmp_path / "run"
-    cfg = make_config(run_dir, tiny_model_dir, prompts=150, sim=("--sim-crash-after", "40", "--sim-output-mean", "80"))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=150, sim=("--sim-crash-after", "40", "--sim-output-mean", "80",
+                                                                 "--sim-sglang-version", sglang_version))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(180) == 0, sup.log_text()[-3000:]
     events = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
@@ -417,9 +428,11 @@ def test_hung_worker_is_killed_and_its_samples_requeued(tmp_path, tiny_model_dir
     assert final["state"] == "done" and final["failed"] == 0
 
 
-def test_5xx_and_aborts_are_retried_until_every_sample_is_done(tmp_path, tiny_model_dir, supervisors):
+@every_version
+def test_5xx_and_aborts_are_retried_until_every_sample_is_done(tmp_path, tiny_model_dir, supervisors, sglang_version):
     run_dir = tmp_path / "run"
-    cfg = make_config(run_dir, tiny_model_dir, prompts=60, sim=("--sim-5xx-rate", "0.2", "--sim-abort-rate", "0.1"))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=60, sim=("--sim-5xx-rate", "0.2", "--sim-abort-rate", "0.1",
+                                                                "--sim-sglang-version", sglang_version))
     cfg = dataclasses.replace(cfg, dispatch=dataclasses.replace(cfg.dispatch, max_retries=10, retry_backoff_s=0.05))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 0, sup.log_text()[-3000:]

@@ -229,6 +229,20 @@ def test_over_ssh_transport_the_export_runs_on_the_host(finished_run, tmp_path, 
     assert summary["files"] and (out / "manifest.json").is_file()
 
 
+def test_verify_over_the_transport_reads_the_manifest_on_the_host(finished_run, tmp_path, capsys):
+    run_dir, _, _, _ = finished_run
+    out = tmp_path / "remote-verify"
+    export(run_dir, out, "tokens-jsonl")
+    capsys.readouterr()
+    # the manifest names the run dir, whose deployed engine (if any) does the check on the host
+    assert json.loads((out / "manifest.json").read_text())["run_dir"] == str(run_dir)
+    assert cli_main(["export", "--verify", f"local:{out}", "--python", sys.executable]) == 0, capsys.readouterr().err
+    assert "rows match manifest.json" in capsys.readouterr().out
+    (out / "tokens.jsonl").write_text("{}\n")
+    assert cli_main(["export", "--verify", f"local:{out}", "--python", sys.executable]) == 1
+    assert "the file changed after the export" in " ".join(capsys.readouterr().out.split())
+
+
 def test_refuses_a_non_empty_out_dir_naming_the_fix(finished_run, tmp_path, capsys):
     run_dir, _, _, _ = finished_run
     (tmp_path / "full").mkdir()

@@ -123,7 +123,8 @@ async def _remote(host: str, path: str, args: argparse.Namespace) -> dict[str, A
         raise RemoteExportError(cannot_reach(host, exc, args)) from exc
     try:
         if args.verify:
-            run_dir, argv_tail = None, ["--verify", path]
+            # the export's manifest names the run dir it came from, whose deployed engine can check it
+            run_dir, argv_tail = await _manifest_run_dir(transport, path), ["--verify", path]
         else:
             try:
                 run_dir = await locate_run_dir(transport, path)
@@ -156,6 +157,17 @@ async def _remote(host: str, path: str, args: argparse.Namespace) -> dict[str, A
         raise RemoteExportError(f"{where}: `{command}` exited {result.exit_status} without a JSON report; stderr: "
                                 f"{result.stderr.strip()[-2000:] or '(empty)'}")
     return data
+
+
+async def _manifest_run_dir(transport, path: str) -> str | None:
+    """The run dir recorded in the export's manifest.json on the host, if there is one with a deployed engine."""
+    manifest = path if path.endswith(".json") else f"{path.rstrip('/')}/manifest.json"
+    result = await transport.run("cat -- " + shlex.quote(manifest), timeout=60)
+    try:
+        run_dir = json.loads(result.stdout).get("run_dir") if result.exit_status == 0 else None
+    except (json.JSONDecodeError, AttributeError):
+        return None  # the verify itself reports the unreadable manifest
+    return run_dir if isinstance(run_dir, str) and run_dir else None
 
 
 def _export_argv(args: argparse.Namespace) -> list[str]:

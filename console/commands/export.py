@@ -23,8 +23,9 @@ from console.commands.stats import _recorded_python, missing_local_dir, split_ta
 from console.hints import cannot_reach
 from console.run_client import RunClientError
 from console.run_dir_lookup import locate_run_dir
+from console.remote_engine import engine_command, last_json_object
 from console.ssh_options import SshOptions, add_ssh_options
-from console.transport import TransportError, open_transport, quote_argv
+from console.transport import TransportError, open_transport
 from engine.export.cli_args import add_export_arguments, options_from
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -132,11 +133,7 @@ async def _remote(host: str, path: str, args: argparse.Namespace) -> dict[str, A
                 raise RemoteExportError(str(exc)) from exc
             argv_tail = [run_dir, *_export_argv(args)]
         python = args.python or (await _recorded_python(transport, run_dir) if run_dir else None) or "python3"
-        prefix = ""
-        if run_dir:
-            engine = shlex.quote(f"{run_dir.rstrip('/')}/.regen/engine")
-            prefix = f"if [ -d {engine} ]; then PYTHONPATH={engine}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH; fi; "
-        command = prefix + "exec " + quote_argv([python, "-m", "engine.export", *argv_tail, "--json"])
+        command = engine_command(run_dir, [python, "-m", "engine.export", *argv_tail, "--json"])
         result = await transport.run(command, timeout=REMOTE_TIMEOUT_S)
     finally:
         await transport.close()
@@ -144,16 +141,12 @@ async def _remote(host: str, path: str, args: argparse.Namespace) -> dict[str, A
     if result.error or result.timed_out:
         raise RemoteExportError(f"{where}: `{command}` did not complete: "
                                 f"{result.error or f'timed out after {REMOTE_TIMEOUT_S:.0f} s'}")
-    lines = result.stdout.strip().splitlines()
-    try:
-        data = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict) and "No module named 'engine'" in result.stderr:
+    data = last_json_object(result.stdout)
+    if data is None and "No module named 'engine'" in result.stderr:
         raise RemoteExportError(f"{where}: {python} on {host} cannot import engine (ModuleNotFoundError): give a run dir "
                                 "started by `regen start` (it deploys the engine there), or --python PY with regen "
                                 "installed")
-    if not isinstance(data, dict):
+    if data is None:
         raise RemoteExportError(f"{where}: `{command}` exited {result.exit_status} without a JSON report; stderr: "
                                 f"{result.stderr.strip()[-2000:] or '(empty)'}")
     return data

@@ -22,8 +22,9 @@ from rich.text import Text
 from console.hints import cannot_reach
 from console.run_client import RunClientError
 from console.run_dir_lookup import locate_run_dir
+from console.remote_engine import deployed_engine, engine_command, last_json_object
 from console.ssh_options import SshOptions, add_ssh_options
-from console.transport import TransportError, open_transport, quote_argv
+from console.transport import TransportError, open_transport
 
 EXIT_OK, EXIT_FLAGGED, EXIT_UNREADABLE = 0, 1, 2
 REMOTE_TIMEOUT_S = 1800.0
@@ -121,13 +122,11 @@ async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> di
         except RunClientError as exc:
             raise RemoteStatsError(str(exc)) from exc
         python = args.python or await _recorded_python(transport, run_dir) or "python3"
-        engine = f"{run_dir.rstrip('/')}/.regen/engine"
+        engine = deployed_engine(run_dir)
         argv = [python, "-m", "engine.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
                 "--empty-threshold", str(args.empty_threshold), "--truncated-threshold", str(args.truncated_threshold),
                 "--mask-check", args.mask_check]
-        q = shlex.quote(engine)
-        command = (f"if [ -d {q} ]; then PYTHONPATH={q}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH; fi; "
-                   f"exec {quote_argv(argv)}")
+        command = engine_command(run_dir, argv)
         result = await transport.run(command, timeout=REMOTE_TIMEOUT_S)
     finally:
         await transport.close()
@@ -135,16 +134,13 @@ async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> di
     if result.error or result.timed_out:
         raise RemoteStatsError(f"{where}: `{command}` did not complete: "
                                f"{result.error or f'timed out after {REMOTE_TIMEOUT_S:.0f} s'}")
-    try:
-        data = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
-    except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict) and "No module named 'engine'" in result.stderr:
+    data = last_json_object(result.stdout)
+    if data is None and "No module named 'engine'" in result.stderr:
         raise RemoteStatsError(
             f"{where}: not a run dir started by `regen start` (checked {engine}: no engine deployed there) and "
             f"{python} on {host} cannot import engine (ModuleNotFoundError). Check the run dir (`regen start` printed "
             f"it: started: ... on HOST:DIR), or pass --python PY, a python on {host} with regen installed")
-    if not isinstance(data, dict):
+    if data is None:
         raise RemoteStatsError(f"{where}: `{command}` exited {result.exit_status} without a JSON report; "
                                f"stderr: {result.stderr.strip() or '(empty)'}; stdout: {result.stdout.strip()[:500] or '(empty)'}")
     if "error" in data:

@@ -217,11 +217,25 @@ def _generate_lines(host) -> int:
     return sum(1 for line in _server_lines(host) if "POST /generate" in line)
 
 
+_FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+
+
 def _idle(host) -> bool:
-    """Every request the host's servers admitted (the scheduler's `#new-seq: N` lines) is answered,
-    so nothing runs or waits there: a request sent to it later can only be new."""
-    admitted = sum(int(m.group(1)) for line in _server_lines(host) if (m := re.search(r"#new-seq: (\d+)", line)))
-    return admitted == _generate_lines(host)
+    """Nothing runs or waits on the host's server (its own /metrics, read where it listens: inside the host's
+    network namespace when it has one), so a request it answers later can only be new. Counting log lines
+    cannot tell: SGLang's /health is a 1-token generation through the same scheduler, and a check that is
+    answered before its own generation runs is aborted unlogged."""
+    launch = next(line for line in _server_lines(host) if "launching:" in line)
+    port = re.search(r"--port (\d+)", launch).group(1)
+    cmd = [sys.executable, "-c", _FETCH, f"http://127.0.0.1:{port}/metrics"]
+    if host.netns:
+        cmd = ["ip", "netns", "exec", host.netns, *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        return False
+    gauges = [float(m.group(2)) for m in re.finditer(r"^sglang:num_(running|queue)_reqs(?:\{[^}]*\})? (\S+)$",
+                                                     r.stdout, re.M)]
+    return bool(gauges) and not any(gauges)
 
 
 def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_dir, sim_hosts, supervisors,

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SGLANG = "sglang==0.5.5.post3"
 # what bench_serving (and sglang/__init__.py) import, at the versions sglang 0.5.5.post3 works with
-CLIENT_DEPS = ["numpy", "aiohttp", "requests", "tqdm", "transformers==4.57.1", "pybase64", "pillow", "ipython",
+CLIENT_DEPS = ["numpy", "aiohttp", "requests", "tqdm", "transformers==4.57.1", "pybase64", "pillow", "ipython", "pydantic",
                "datasets==4.0.0"]
 VERSIONS = ("0.5.5", "0.5.10", "0.5.23")
 SIM_KNOBS = ["--sim-step-ms", "5", "--sim-step-ms-per-req", "0.05"]

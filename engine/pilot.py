@@ -37,6 +37,8 @@ from engine.run.prompt_limit import from_context, tightest
 BOOTSTRAP_ROUNDS = 2000
 ROUNDS = 2  # requests per in-flight slot: the first round fills the batch, the second keeps it full
 READ_INTERVAL_S = 0.25  # /metrics readings of each pilot server
+METRICS_TIMEOUT_S = 5.0
+METRICS_MISSES = 3  # late /metrics answers in a row before a server's window is reconstructed from completions
 # the scheduler's batch lines (shared/reference/sglang_contract.md 1.3): a decode line's running count, and a prefill
 # line's running count before the new requests joined plus the requests that joined
 BATCH_LINE = re.compile(r"(?:Prefill batch, #new-seq: (\d+),.*?|Decode batch, )#running-req: (\d+),")
@@ -301,9 +303,10 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
 
             async def read_metrics(w: int) -> None:
                 url = servers.workers[w].url + "/metrics"
+                misses = 0
                 while not sending_over.is_set():
                     try:
-                        async with session.get(url, timeout=_timeout(5)) as resp:
+                        async with session.get(url, timeout=_timeout(METRICS_TIMEOUT_S)) as resp:
                             text = await resp.text()
                             if resp.status != 200:
                                 raise ValueError(f"HTTP {resp.status}: {text[:200]}")
@@ -311,7 +314,15 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
                         if m.running_reqs is None:
                             raise ValueError("no sglang:num_running_reqs in it")
                         readings[w].append(Reading(time.monotonic(), m.running_reqs, m.queued_reqs or 0.0))
-                    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                        misses = 0
+                    except asyncio.TimeoutError:
+                        # a server deep in a big batch can answer /metrics late; one late answer is no reason
+                        # to give up its window, a server that never answers is
+                        misses += 1
+                        if misses >= METRICS_MISSES:
+                            read_errors[w] = f"no answer within {METRICS_TIMEOUT_S:g} s, {misses} times in a row"
+                            return
+                    except (aiohttp.ClientError, ValueError) as exc:
                         read_errors[w] = f"{type(exc).__name__}: {exc}"
                         return
                     try:

@@ -5,7 +5,7 @@ import json
 import shlex
 from typing import Any
 
-from console.transport import quote_argv
+from console.transport import Transport, quote_argv
 
 
 def deployed_engine(run_dir: str) -> str:
@@ -30,3 +30,39 @@ def last_json_object(stdout: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else None
+
+
+class RemoteEngineError(Exception):
+    """An engine module run on a host gave no report: the message says what it printed and what to do."""
+
+
+async def recorded_python(transport: Transport, run_dir: str) -> str | None:
+    """The host python `regen start` recorded for the run dir (.regen/launch.json), if there is one."""
+    q = shlex.quote(f"{run_dir.rstrip('/')}/.regen/launch.json")
+    result = await transport.run(f"if [ -f {q} ]; then cat -- {q}; fi", timeout=30.0)
+    if result.exit_status != 0 or not result.stdout.strip():
+        return None
+    try:
+        return json.loads(result.stdout).get("host_python")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
+async def engine_report(transport: Transport, command: str, *, where: str, timeout: float,
+                        no_engine: str) -> dict[str, Any]:
+    """Run `command` (from engine_command) and return its last-line JSON report.
+
+    `no_engine` is the whole message for a host python that cannot import the engine (it names the fix,
+    which differs per command); any other run without a report says its exit status, stderr and stdout."""
+    result = await transport.run(command, timeout=timeout)
+    if result.error or result.timed_out:
+        raise RemoteEngineError(f"{where}: `{command}` did not complete: "
+                                f"{result.error or f'timed out after {timeout:.0f} s'}")
+    data = last_json_object(result.stdout)
+    if data is None and "No module named 'engine'" in result.stderr:
+        raise RemoteEngineError(f"{where}: {no_engine}")
+    if data is None:
+        raise RemoteEngineError(f"{where}: `{command}` exited {result.exit_status} without a JSON report; "
+                                f"stderr: {result.stderr.strip()[-2000:] or '(empty)'}; "
+                                f"stdout: {result.stdout.strip()[:500] or '(empty)'}")
+    return data

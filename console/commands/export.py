@@ -19,11 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from console.commands.stats import _recorded_python, missing_local_dir, split_target
+from console.commands.stats import missing_local_dir, split_target
 from console.hints import cannot_reach
 from console.run_client import RunClientError
 from console.run_dir_lookup import locate_run_dir
-from console.remote_engine import engine_command, last_json_object
+from console.remote_engine import RemoteEngineError, engine_command, engine_report, recorded_python
 from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport
 from engine.export.cli_args import add_export_arguments, options_from
@@ -132,24 +132,16 @@ async def _remote(host: str, path: str, args: argparse.Namespace) -> dict[str, A
             except RunClientError as exc:
                 raise RemoteExportError(str(exc)) from exc
             argv_tail = [run_dir, *_export_argv(args)]
-        python = args.python or (await _recorded_python(transport, run_dir) if run_dir else None) or "python3"
+        python = args.python or (await recorded_python(transport, run_dir) if run_dir else None) or "python3"
         command = engine_command(run_dir, [python, "-m", "engine.export", *argv_tail, "--json"])
-        result = await transport.run(command, timeout=REMOTE_TIMEOUT_S)
+        return await engine_report(
+            transport, command, where=f"{host}:{path}", timeout=REMOTE_TIMEOUT_S,
+            no_engine=f"{python} on {host} cannot import engine (ModuleNotFoundError): give a run dir started by "
+                      "`regen start` (it deploys the engine there), or --python PY with regen installed")
+    except RemoteEngineError as exc:
+        raise RemoteExportError(str(exc)) from exc
     finally:
         await transport.close()
-    where = f"{host}:{path}"
-    if result.error or result.timed_out:
-        raise RemoteExportError(f"{where}: `{command}` did not complete: "
-                                f"{result.error or f'timed out after {REMOTE_TIMEOUT_S:.0f} s'}")
-    data = last_json_object(result.stdout)
-    if data is None and "No module named 'engine'" in result.stderr:
-        raise RemoteExportError(f"{where}: {python} on {host} cannot import engine (ModuleNotFoundError): give a run dir "
-                                "started by `regen start` (it deploys the engine there), or --python PY with regen "
-                                "installed")
-    if data is None:
-        raise RemoteExportError(f"{where}: `{command}` exited {result.exit_status} without a JSON report; stderr: "
-                                f"{result.stderr.strip()[-2000:] or '(empty)'}")
-    return data
 
 
 async def _manifest_run_dir(transport, path: str) -> str | None:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import re
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from rich.text import Text
 from console.hints import cannot_reach
 from console.run_client import RunClientError
 from console.run_dir_lookup import locate_run_dir
-from console.remote_engine import deployed_engine, engine_command, last_json_object
+from console.remote_engine import RemoteEngineError, deployed_engine, engine_command, engine_report, recorded_python
 from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport
 
@@ -121,43 +120,24 @@ async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> di
             run_dir = await locate_run_dir(transport, run_dir)  # absolute; NoSuchRunDir names what it looked for
         except RunClientError as exc:
             raise RemoteStatsError(str(exc)) from exc
-        python = args.python or await _recorded_python(transport, run_dir) or "python3"
-        engine = deployed_engine(run_dir)
+        python = args.python or await recorded_python(transport, run_dir) or "python3"
         argv = [python, "-m", "engine.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
                 "--empty-threshold", str(args.empty_threshold), "--truncated-threshold", str(args.truncated_threshold),
                 "--mask-check", args.mask_check]
-        command = engine_command(run_dir, argv)
-        result = await transport.run(command, timeout=REMOTE_TIMEOUT_S)
+        data = await engine_report(
+            transport, engine_command(run_dir, argv), where=f"{host}:{run_dir}", timeout=REMOTE_TIMEOUT_S,
+            no_engine=f"not a run dir started by `regen start` (checked {deployed_engine(run_dir)}: no engine deployed "
+                      f"there) and {python} on {host} cannot import engine (ModuleNotFoundError). Check the run dir "
+                      f"(`regen start` printed it: started: ... on HOST:DIR), or pass --python PY, a python on {host} "
+                      "with regen installed")
+    except RemoteEngineError as exc:
+        raise RemoteStatsError(str(exc)) from exc
     finally:
         await transport.close()
-    where = f"{host}:{run_dir}"
-    if result.error or result.timed_out:
-        raise RemoteStatsError(f"{where}: `{command}` did not complete: "
-                               f"{result.error or f'timed out after {REMOTE_TIMEOUT_S:.0f} s'}")
-    data = last_json_object(result.stdout)
-    if data is None and "No module named 'engine'" in result.stderr:
-        raise RemoteStatsError(
-            f"{where}: not a run dir started by `regen start` (checked {engine}: no engine deployed there) and "
-            f"{python} on {host} cannot import engine (ModuleNotFoundError). Check the run dir (`regen start` printed "
-            f"it: started: ... on HOST:DIR), or pass --python PY, a python on {host} with regen installed")
-    if data is None:
-        raise RemoteStatsError(f"{where}: `{command}` exited {result.exit_status} without a JSON report; "
-                               f"stderr: {result.stderr.strip() or '(empty)'}; stdout: {result.stdout.strip()[:500] or '(empty)'}")
     if "error" in data:
-        raise RemoteStatsError(f"{where}: {data['error']}")
+        raise RemoteStatsError(f"{host}:{run_dir}: {data['error']}")
     return data
 
-
-async def _recorded_python(transport, run_dir: str) -> str | None:
-    launch = f"{run_dir.rstrip('/')}/.regen/launch.json"
-    q = shlex.quote(launch)
-    result = await transport.run(f"if [ -f {q} ]; then cat -- {q}; fi", timeout=30.0)
-    if result.exit_status != 0 or not result.stdout.strip():
-        return None
-    try:
-        return json.loads(result.stdout).get("host_python")
-    except (json.JSONDecodeError, AttributeError):
-        return None
 
 
 # --- rendering -------------------------------------------------------------------------------

@@ -150,6 +150,6 @@ def test_the_ledger_holds_a_conversations_next_turn_for_the_worker_that_served_i
         ledger.settle(Committed(part, ((a0, "x"), (b0, "y")), served=(("gpu1", 2000, 1500),)))
         assert ledger.next_item("gpu0") is None  # held for gpu1
         assert [ledger.next_item("gpu1").sample_id for _ in range(2)] == ["a#turn1", "b#turn1"]
-        assert (ledger.served["gpu1"].prompt_tokens, ledger.served["gpu1"].cached_tokens) == (2000, 1500)
+        assert (ledger.served_for("gpu1").prompt_tokens, ledger.served_for("gpu1").cached_tokens) == (2000, 1500)
 
     asyncio.run(main())

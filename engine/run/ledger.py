@@ -24,7 +24,7 @@ from engine.config import RunConfig
 from engine.ingest import Conversation, Reject
 from engine.rejects import RejectLog
 from engine.render import sample_id
-from engine.run.counts import CommitRate, ShardCounts
+from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
 from engine.run.ready_queue import ReadyQueue
 from engine.shard_store import ShardStore
@@ -44,13 +44,6 @@ class ConvProgress:
     answers: dict[int, str] = field(default_factory=dict)  # committed answers (history of later turns)
     outstanding: int = 0  # items made and not yet settled
     worker: str | None = None  # the worker that served the last committed turn (its cache holds the prefix)
-
-
-@dataclass
-class ServedTokens:
-    """Prompt tokens of one worker's committed samples, and how many of them its prefix cache served."""
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,7 +82,7 @@ class Ledger:
         self.rate = CommitRate()  # output tokens committed per second in this start (started with dispatch)
         self._paused: set[str] = set()
         self._ready = ReadyQueue(cfg.dispatch.affinity, cfg.dispatch.affinity_hold_s)
-        self.served: dict[str, ServedTokens] = {}  # per worker, over the samples committed in this start
+        self._served: dict[str, ServedTokens] = {}  # per worker, over the samples committed in this start
         self._held: dict[str, collections.deque[WorkItem]] = collections.defaultdict(collections.deque)
         self._active: dict[str, ConvProgress] = {}
         self._low_water = MIN_LOOKAHEAD
@@ -188,6 +181,14 @@ class Ledger:
 
     def dispatch_began(self) -> None:
         self.rate.start()
+
+    def served_for(self, worker: str) -> ServedTokens:
+        """The worker's prompt and cached tokens over the samples committed in this start (its servers' caches
+        start cold at each start), to read: only the ledger moves them."""
+        served = self._served.get(worker)
+        if served is None:
+            served = self._served[worker] = ServedTokens()
+        return served
 
     # -- the ready queue --------------------------------------------------------------------------
     def worker_ready(self, name: str, ready: bool) -> None:
@@ -297,9 +298,7 @@ class Ledger:
         self.rate.add(part.output_tokens)
         self.changed(part.shard_id)
         for name, prompt_tokens, cached_tokens in outcome.served:
-            served = self.served.get(name)
-            if served is None:
-                served = self.served[name] = ServedTokens()
+            served = self.served_for(name)
             served.prompt_tokens += prompt_tokens
             served.cached_tokens += cached_tokens
         for item, answer in outcome.samples:

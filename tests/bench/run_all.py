@@ -143,6 +143,9 @@ def table(results: dict) -> str:
         rows.append(f"| affinity: simulated prefill time (uncached tokens x prefill cost); later turns on the same "
                     f"worker | {a['prefill_s']:.1f} s; {a['later_turns_same_worker']:.0%} | {b['prefill_s']:.1f} s; "
                     f"{b['later_turns_same_worker']:.0%} | {aff['prefill_ratio']:.2f}x less | | n/a |")
+        rows.append(f"| affinity: balance (fewest / most samples a worker served); wall time | "
+                    f"{a['balance_min_over_max']:.2f}; {a['wall_s']:.1f} s | {b['balance_min_over_max']:.2f}; "
+                    f"{b['wall_s']:.1f} s | | | n/a |")
         for policy in ("cache_aware", "round_robin"):
             r = m.get(f"router-{policy}")
             if r:

@@ -99,6 +99,11 @@ class Dispatch:
     request_timeout_s: float = 3600.0
     max_retries: int = 5
     retry_backoff_s: float = 2.0
+    # prefix affinity (engine/run/ready_queue.py): a conversation's next turn goes to the server that has its
+    # prefix cached, held for it at most affinity_hold_s; prompts sharing a long prefix are grouped. false: any
+    # free slot takes the oldest item (the baseline tests/bench/bench_affinity.py measures against)
+    affinity: bool = True
+    affinity_hold_s: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -327,6 +332,13 @@ def validate(cfg: RunConfig) -> None:
             or cfg.store.part_max_age_s <= 0:
         raise ConfigError(f"store.part_max_age_s = {cfg.store.part_max_age_s!r}: must be a number > 0 (seconds; "
                           f"default {Store.part_max_age_s}: a crash loses at most this much finished output)")
+    if not isinstance(cfg.dispatch.affinity, bool):
+        raise ConfigError(f"dispatch.affinity = {cfg.dispatch.affinity!r}: must be true or false")
+    if not isinstance(cfg.dispatch.affinity_hold_s, (int, float)) or isinstance(cfg.dispatch.affinity_hold_s, bool) \
+            or not 0 <= cfg.dispatch.affinity_hold_s <= 60:
+        raise ConfigError(f"dispatch.affinity_hold_s = {cfg.dispatch.affinity_hold_s!r}: must be a number of seconds "
+                          f"in [0, 60] (default {Dispatch.affinity_hold_s}: how long a turn waits for the server "
+                          "that holds its prefix before any server takes it)")
     cfg.workers.groups()
     validate_seed(cfg)
     if cfg.workers.health_timeout_s <= 1.0:

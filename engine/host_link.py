@@ -35,7 +35,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
@@ -49,6 +49,9 @@ from engine.workers import (
     IDENTITY_FILE, IdentityRecord, WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event,
 )
 from probes.shell import shell_path
+
+if TYPE_CHECKING:
+    from engine.run.counts import ServedTokens
 
 log = logging.getLogger("regen.hosts")
 
@@ -123,6 +126,7 @@ class RemoteWorker:
     unhealthy_since: float | None = None
     ready_this_join: bool = False
     served_model_name: str | None = None  # the proven name it was admitted with (None: not admitted)
+    served: ServedTokens | None = None  # the ledger's ServedTokens when it is a dispatch target (behind a router: None)
 
     @property
     def name(self) -> str:

@@ -17,7 +17,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
@@ -25,7 +25,10 @@ from engine.capacity import BatchSize, ServerCapacity
 from engine.config import RunConfig
 from engine.metrics_client import ServerMetrics
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import WorkerState, die_with_parent, log_tail, with_batch
+from engine.workers import WorkerState, die_with_parent, log_tail, served_fields, with_batch
+
+if TYPE_CHECKING:
+    from engine.run.counts import ServedTokens
 
 log = logging.getLogger("regen.router")
 
@@ -208,6 +211,7 @@ class RouterEndpoint:
     batch: BatchSize | None = None  # maintained by the dispatcher
     listeners: list[Callable[[object, str], None]] = field(default_factory=list)
     members: list = field(default_factory=list)  # RemoteWorker / Worker objects behind the router
+    served: ServedTokens | None = None  # the ledger's ServedTokens of everything sent through it (set by the supervisor)
 
     @property
     def url(self) -> str:
@@ -249,7 +253,8 @@ class RouterEndpoint:
         return with_batch(WorkerEvent(
             name=self.name, state=self.state, url=self.url, in_flight=self.in_flight, capacity=self.capacity,
             restarts=self.router.restarts, error=self.router.error, running_reqs=self.metrics.running_reqs,
-            queued_reqs=self.metrics.queued_reqs, gen_throughput=self.metrics.gen_throughput), self)
+            queued_reqs=self.metrics.queued_reqs, gen_throughput=self.metrics.gen_throughput,
+            **served_fields(self.served)), self)
 
 
 def _smallest(values) -> int | None:

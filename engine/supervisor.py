@@ -170,6 +170,7 @@ class Supervisor:
                                          self.emit)
             for w in targets:
                 w.listeners.append(self._on_target_state)
+                w.served = self.ledger.served_for(w.name)
             await self._launch(early)
             # the startup heap (transformers, the tokenizer, every module) lives as long as the process:
             # keep it out of the full collections the per-answer garbage triggers (each walked ~10^6

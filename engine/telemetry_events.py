@@ -66,6 +66,10 @@ class WorkerEvent(Event):
     error: str | None = None
     host: str = ""  # the [[hosts]] name in a multi-host run; "" on one host
     remote: bool = False  # on another host than the supervisor's: its GPUs are not in this host's readings
+    # prompt tokens of the samples committed from it in this start, and how many its prefix cache served
+    # (meta_info.cached_tokens); None: not a dispatch target (a server behind the router: the router's row has them)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
@@ -37,6 +37,9 @@ from engine.server_identity import (
     served_name,
 )
 from engine.telemetry_events import AlertEvent, WorkerEvent
+
+if TYPE_CHECKING:
+    from engine.run.counts import ServedTokens
 
 log = logging.getLogger("regen.workers")
 
@@ -285,7 +288,14 @@ def worker_event(w, *, host: str = "", remote: bool = False) -> WorkerEvent:
         name=w.name, state=w.state, url=w.url, gpus=list(w.spec.gpus), pid=w.pid, restarts=w.restarts,
         running_reqs=m.running_reqs, queued_reqs=m.queued_reqs, gen_throughput=m.gen_throughput,
         token_usage=m.token_usage, in_flight=w.in_flight, capacity=w.capacity, error=w.error, host=host,
-        remote=remote), w)
+        remote=remote, **served_fields(w.served)), w)
+
+
+def served_fields(served: ServedTokens | None) -> dict:
+    """A dispatch target's committed prompt and cached tokens for its event (the ledger's figures)."""
+    if served is None:
+        return {}
+    return {"prompt_tokens": served.prompt_tokens, "cached_tokens": served.cached_tokens}
 
 
 @dataclass
@@ -307,6 +317,7 @@ class Worker:
     batch: BatchSize | None = None  # maintained by the dispatcher: the batch size it works with
     listeners: list[Callable[["Worker", str], None]] = field(default_factory=list)
     host_name: str = ""  # the [[hosts]] name in a multi-host run
+    served: ServedTokens | None = None  # the ledger's figures of it as a dispatch target (set by the supervisor)
 
     def __post_init__(self) -> None:
         self.log_path = self.run_dir / "workers" / self.spec.name / "server.log"

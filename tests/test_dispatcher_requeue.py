@@ -42,13 +42,22 @@ def make_item(sample_id: str, prompt_ids: list[int]) -> WorkItem:
                     max_new_tokens=64, is_last_turn=True)
 
 
+class ReadyWorkers:
+    """The ledger's side of worker readiness, recorded (these tests pull nothing)."""
+    def __init__(self):
+        self.ready: dict[str, bool] = {}
+
+    def worker_ready(self, name: str, ready: bool) -> None:
+        self.ready[name] = ready
+
+
 def make_dispatcher(session=None, url: str = "", backoff: float = 2.0):
     cfg = RunConfig(run_dir="/nonexistent", model="/nonexistent", prompts=("/nonexistent",),
                     dispatch=Dispatch(retry_backoff_s=backoff))
     worker = SimpleNamespace(name="gpu0", url=url, headers={}, listeners=[])
     events: list[object] = []
     plan = RecordingOutcomes()
-    d = Dispatcher(cfg, queue=None, workers=[worker], deliver=plan, renderer=None, session=session, emit=events.append)
+    d = Dispatcher(cfg, queue=ReadyWorkers(), workers=[worker], deliver=plan, renderer=None, session=session, emit=events.append)
     return d, worker, plan, events
 
 
@@ -75,6 +84,7 @@ async def test_a_finished_task_whose_callback_has_not_run_is_not_requeued_again(
     await asyncio.wait([live_task], timeout=5)  # its cancellation delivered (or the assert below says not)
 
     assert plan.requeued == ["a#turn0", "b#turn0@1"]
+    assert d.queue.ready == {"gpu0": False}  # the ledger hears it: what was held for gpu0 goes to the others
     assert live_task.cancelled()
     assert plan.failed == []
 

@@ -155,3 +155,21 @@ def test_ops_a_starting_supervisor_cannot_serve_say_why(idle_supervisor):
         asyncio.run(idle_supervisor.handle(Pause(shards=None)))
     with pytest.raises(ControlError, match=r"drain_host: this run has no \[\[hosts\]\]"):
         asyncio.run(idle_supervisor.handle(DrainHost(host="h2")))
+
+
+def test_status_shows_each_workers_prefix_cache_hit_share_in_text_and_json():
+    from rich.console import Console
+
+    from console.commands.status import render_status
+
+    workers = [WorkerEvent(name="gpu0", state="ready", prompt_tokens=1_200_000, cached_tokens=996_000),
+               WorkerEvent(name="gpu1", state="ready", prompt_tokens=0, cached_tokens=0),
+               WorkerEvent(name="h2.gpu0", state="ready")]  # behind a router: not a dispatch target
+    status = RunStatus.from_dict({"run_dir": "/r", "state": "running", "workers": [w.to_dict() for w in workers]})
+    assert [(w["prompt_tokens"], w["cached_tokens"]) for w in status.to_dict()["workers"]] == [
+        (1_200_000, 996_000), (0, 0), (None, None)]
+    console = Console(width=240, record=True)
+    console.print(render_status(status))
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines()
+            if line.count("│") > 3 and "gpu" in line}
+    assert "83% of 1.2M" in rows["gpu0"] and " - " in rows["gpu1"] and "N/A" in rows["h2.gpu0"]

@@ -280,6 +280,50 @@ async def test_prefix_cache_counts_shared_prompt_prefix_and_flush(start_sim):
     assert "Cache not flushed because there are pending requests. #queue-req: 0, #running-req: 1" in sim.log
 
 
+def test_the_radix_cache_matches_the_longest_cached_prefix_in_pages_never_the_whole_prompt():
+    from engine.simulator.prefix_cache import PrefixCache
+
+    cache = PrefixCache(10_000)
+    system = list(range(1000, 1300))
+    assert cache.match_and_insert(system + [1, 2, 3]) == 0
+    assert cache.match_and_insert(system + [1, 2, 9]) == 302  # token granularity (page size 1)
+    assert cache.match(system + [1, 2, 3]) == 302  # the last prompt token is always computed
+    assert cache.match(system[:150] + [7]) == 150  # a prefix of an edge
+    paged = PrefixCache(10_000, page_size=16)
+    paged.insert(system + [1, 2, 3])
+    assert paged.match(system + [4]) == 288  # whole pages only: 300 // 16 * 16
+    off = PrefixCache(0)
+    off.insert(system)
+    assert off.match(system + [1]) == 0  # --disable-radix-cache
+
+
+def test_the_radix_cache_keeps_the_pool_bound_evicting_the_least_recently_used_leaves_first():
+    from engine.simulator.prefix_cache import PrefixCache
+
+    cache = PrefixCache(1000)
+    shared = list(range(5000, 5200))  # a system prompt every request uses
+    convs = [shared + [i] * 200 for i in range(5)]
+    for ids in convs[:4]:  # 200 + 4 x 200 tokens: all fit
+        cache.insert(ids)
+    assert len(cache) == 1000
+    cache.match(convs[0] + [1])  # conversation 0 used again: now the most recent
+    cache.insert(convs[4])  # 200 more: the least recently used leaf (conversation 1) goes
+    assert len(cache) == 1000
+    assert cache.match(convs[1] + [1]) == 200  # only the shared part is left of it
+    assert cache.match(convs[0] + [1]) == 400 and cache.match(convs[4] + [1]) == 400
+
+
+async def test_a_later_turn_built_on_the_answer_is_cached_up_to_where_the_answer_ends(start_sim):
+    sim = await start_sim(sim_output_mean=40, sim_output_sigma=0.0)
+    prompt = list(range(10, 300))
+    _, a = await post(sim.url + "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 40}})
+    answer = a["output_ids"]
+    _, b = await post(sim.url + "/generate", {"input_ids": prompt + answer + [5, 6, 7],
+                                              "sampling_params": {"max_new_tokens": 5}})
+    # SGLang keeps the prompt and the answer (less its last token, whose KV was never computed)
+    assert b["meta_info"]["cached_tokens"] == len(prompt) + len(answer) - 1
+
+
 # --- abort / pause ------------------------------------------------------------------------------------------
 async def test_abort_request_prefix_running_and_waiting(start_sim):
     sim = await start_sim(enable_metrics=True, max_running_requests=1, sim_output_mean=5000, sim_output_sigma=0.0,

@@ -131,6 +131,8 @@ async def test_workers_table_log_tail_and_restart_with_confirmation(live_run, tm
         await wait_until(pilot, lambda: cell(table, "gpu0", "state") == "ready", "gpu0 ready")
         assert cell(table, "gpu0", "VRAM used/total") == "N/A"  # no NVML on this machine: N/A, not a crash
         assert cell(table, "gpu0", "temp") == "N/A"
+        # the ledger's figures of its committed samples, through the worker events
+        await wait_until(pilot, lambda: "% of " in cell(table, "gpu0", "cache hit"), "gpu0's cache-hit share")
         log = app.query_one("#worker-log", Log)
         await wait_until(pilot, lambda: "fired up and ready to roll" in "\n".join(log.lines), "the server log tail")
         await wait_until(pilot, lambda: len(app.model.throughput) >= 2, "throughput history")

@@ -62,9 +62,12 @@ def frozen_telemetry(tmp_path_factory) -> tuple[Path, float]:
                    evidence="8 of 65 samples", key="empty:s00001"),
         AlertEvent(ts=last - 4, severity="warning", text="throughput dropped: 410 tok/s vs 1300 median", key="throughput-drop"),
     ]
+    # and the prefix-cache figures (also recorded before the fields): gpu1's cache started cold after its crash
+    served = {"gpu0": (1_240_000, 1_016_800), "gpu1": (1_180_000, 436_600)}
     for e in events + extra:
         if isinstance(e, WorkerEvent):
             e.batch_size, e.batch_source, e.discovered_batch, e.discovered_source = batches[e.name]
+            e.prompt_tokens, e.cached_tokens = served[e.name]
     out = tmp_path_factory.mktemp("frozen") / "telemetry.jsonl"
     merged = sorted(events + extra, key=lambda e: e.ts)
     out.write_bytes(b"\n".join(e.to_json() for e in merged) + b"\n")

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from console.batch_text import batch_text
+from console.cache_text import cache_text
 from console.cause import NOT_RUNNING_STATES, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
 from console.hints import hint_from_args
@@ -154,14 +155,15 @@ def render_status(s: RunStatus) -> Group:
     if multi:
         workers.add_column("host")
     for col in ("name", "state", "gpus", "pid", "restarts", "in flight/cap", "batch (source)", "running", "queued",
-                "gen tok/s", "KV usage", "error"):
+                "gen tok/s", "KV usage", "cache hit", "error"):
         workers.add_column(col)
     for w in sorted(s.workers, key=lambda w: (w.host or "", w.name)):
         batch = batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source)
         workers.add_row(*([w.host or ""] if multi else []), w.name, w.state, ",".join(map(str, w.gpus)), _na(w.pid),
                         str(w.restarts), f"{w.in_flight}/{w.capacity}", batch,
                         _na(w.running_reqs, "{:.0f}"), _na(w.queued_reqs, "{:.0f}"),
-                        _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"), (w.error or "")[:60])
+                        _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"),
+                        cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])
     by_state: dict[str, int] = {}
     for sh in s.shards:
         by_state[sh.state] = by_state.get(sh.state, 0) + 1

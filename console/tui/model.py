@@ -105,6 +105,8 @@ class WorkerView:
     url: str = ""
     host: str = ""  # multi-host runs: the [[hosts]] name
     remote: bool = False  # GPUs on another host: no readings here
+    prompt_tokens: int | None = None  # committed from it in this start, and how many its prefix cache served
+    cached_tokens: int | None = None
     tok_history: Series = field(default_factory=Series)
 
 
@@ -313,6 +315,7 @@ class RunModel:
         w.batch_size, w.batch_source = ev.batch_size, ev.batch_source
         w.discovered_batch, w.discovered_source = ev.discovered_batch, ev.discovered_source
         w.host, w.remote = getattr(ev, "host", ""), getattr(ev, "remote", False)
+        w.prompt_tokens, w.cached_tokens = ev.prompt_tokens, ev.cached_tokens
         w.tok_history.add(ev.ts, ev.gen_throughput if ev.gen_throughput is not None else
                           (0.0 if ev.state != "ready" else None))
         changed = {"workers"}

@@ -7,12 +7,13 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, Log, Sparkline
 
 from console.batch_text import batch_text
+from console.cache_text import cache_text
 from console.tui.charts import TimeChart
 from console.tui.model import RunModel, Series, na
 from console.tui.widgets import selected_row_key, styled, sync_table
 
-COLUMNS = ["worker", "state", "gpus", "tok/s", "running", "queued", "in flight", "batch (source)", "VRAM used/total",
-           "util", "temp", "restarts", "error"]
+COLUMNS = ["worker", "state", "gpus", "tok/s", "running", "queued", "in flight", "batch (source)", "cache hit",
+           "VRAM used/total", "util", "temp", "restarts", "error"]
 
 
 class WorkersPanel(Vertical):
@@ -52,7 +53,8 @@ class WorkersPanel(Vertical):
             rows.append((w.name, (
                 w.name, styled(w.state), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"), na(w.running, "{:.0f}"),
                 na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}",
-                batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source), vram, na(g["util_pct"], "{:.0f}%"),
+                batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
+                cache_text(w.prompt_tokens, w.cached_tokens), vram, na(g["util_pct"], "{:.0f}%"),
                 na(g["temp_c"], "{:.0f}°C"), str(w.restarts), (w.error or "")[:60])))
         sync_table(self._table, rows, COLUMNS)
         self._sparklines(m)

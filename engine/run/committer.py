@@ -233,7 +233,13 @@ class Committer:
 
     def _committed(self, part: PartInfo, entries: list[Generated]) -> None:
         log.debug("committed %s: %d rows", part.path, part.rows)
-        self.ledger.settle(Committed(part, tuple((g.item, g.answer) for g in entries)))
+        served: dict[str, list[int]] = {}
+        for g in entries:
+            sums = served.setdefault(g.row.worker, [0, 0])
+            sums[0] += len(g.row.prompt_ids)
+            sums[1] += g.row.cached_tokens
+        self.ledger.settle(Committed(part, tuple((g.item, g.answer) for g in entries),
+                                     tuple((name, p, c) for name, (p, c) in served.items())))
 
 
 def _commit(store: ShardStore, shard_id: str, entries: list[Generated]) -> PartInfo:

@@ -69,6 +69,14 @@ class ShardCounts:
         self.rejected, self.failed = p.rejected, p.failed
 
 
+@dataclass
+class ServedTokens:
+    """One worker's committed samples (this start): their prompt tokens, and how many its prefix cache served
+    (`meta_info.cached_tokens`, the rows' cached_tokens)."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
 def counts_from_store(progress: list[ShardProgress]) -> dict[str, ShardCounts]:
     """The ledger's counts of a run whose supervisor is gone, from the store alone (engine.ctl last-status)."""
     out = {}

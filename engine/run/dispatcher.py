@@ -39,9 +39,11 @@ DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is a
 
 
 class WorkQueue(Protocol):
-    """Where the dispatcher pulls work from (the ledger's ready queue)."""
-    def next_item(self) -> WorkItem | None: ...
+    """Where the dispatcher pulls work from (the ledger's ready queue: which item a free slot of a worker takes,
+    prefix affinity included, is its choice; the dispatcher says which workers are ready)."""
+    def next_item(self, worker: str | None = None) -> WorkItem | None: ...
     async def wait_item(self, timeout: float) -> None: ...
+    def worker_ready(self, name: str, ready: bool) -> None: ...
 
 
 class Dispatcher:
@@ -78,6 +80,7 @@ class Dispatcher:
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         for w in self.workers:
+            self.queue.worker_ready(w.name, w.state == WorkerState.READY)
             self._loops.append(asyncio.create_task(self._worker_loop(w), name=f"dispatch-{w.name}"))
 
     async def close(self) -> None:
@@ -182,7 +185,7 @@ class Dispatcher:
                 except asyncio.TimeoutError:
                     pass  # re-check capacity and state
                 continue
-            item = self.queue.next_item()
+            item = self.queue.next_item(w.name)
             if item is None:
                 await self.queue.wait_item(0.25)
                 continue
@@ -204,6 +207,7 @@ class Dispatcher:
                                  key=f"dispatch-bug:{w.name}"))
 
     def _on_worker_state(self, w: Worker, state: str) -> None:
+        self.queue.worker_ready(w.name, state == WorkerState.READY)
         if state == WorkerState.READY:
             return
         # crashed / failed / stopped / relaunched after a restart: its in-flight requests will never
@@ -333,6 +337,7 @@ class Dispatcher:
             prompt_opened=item.prompt_opened, finish_reason=finish_type or "unknown",
             completion_tokens=int(completion) if isinstance(completion, int) else len(output_ids),
             cached_tokens=int(meta.get("cached_tokens") or 0), latency_s=float(latency), worker=w.name, text=text)
+        item.served_by = w.name
         answer = None
         if self.cfg.turns == "all" and not item.is_last_turn:
             answer = self.renderer.history_answer(output_ids, item.prompt_opened)

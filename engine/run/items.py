@@ -19,7 +19,8 @@ from engine.shard_store import STANDARD_MASK, PartInfo
 
 @dataclass
 class WorkItem:
-    """One sample to generate: a rendered prompt. `attempt` moves with each retry (the dispatcher's)."""
+    """One sample to generate: a rendered prompt. `attempt` moves with each retry, `served_by` names the worker
+    whose answer came back (both the dispatcher's)."""
     sample_id: str
     conv: Conversation
     turn: int
@@ -30,6 +31,7 @@ class WorkItem:
     prompt_opened: bool = False  # the prompt ends inside an opened think block (Renderer.opens_think)
     attempt: int = 0
     last_error: str = ""
+    served_by: str = ""
 
     @property
     def rid(self) -> str:
@@ -123,6 +125,8 @@ class Committed:
     """A part is committed (ShardStore.commit returned): its sums and each of its samples settle at once."""
     part: PartInfo
     samples: tuple[tuple[WorkItem, str | None], ...]  # each item with its history answer
+    # per worker (the rows' `worker`): its name, the part's prompt tokens it was sent and how many it had cached
+    served: tuple[tuple[str, int, int], ...] = ()
 
 
 Outcome = Union[Generated, Retry, Failed, Rejected, Committed]

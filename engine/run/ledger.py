@@ -24,8 +24,9 @@ from engine.config import RunConfig
 from engine.ingest import Conversation, Reject
 from engine.rejects import RejectLog
 from engine.render import sample_id
-from engine.run.counts import CommitRate, ShardCounts
+from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
+from engine.run.ready_queue import ReadyQueue
 from engine.shard_store import ShardStore
 
 log = logging.getLogger("regen.ledger")
@@ -42,6 +43,7 @@ class ConvProgress:
     turns: list[int]  # turns still to settle, in order
     answers: dict[int, str] = field(default_factory=dict)  # committed answers (history of later turns)
     outstanding: int = 0  # items made and not yet settled
+    worker: str | None = None  # the worker that served the last committed turn (its cache holds the prefix)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ class Ledger:
         self._shards = shards
         self.rate = CommitRate()  # output tokens committed per second in this start (started with dispatch)
         self._paused: set[str] = set()
-        self._ready: collections.deque[WorkItem] = collections.deque()
+        self._ready = ReadyQueue(cfg.dispatch.affinity, cfg.dispatch.affinity_hold_s)
+        self._served: dict[str, ServedTokens] = {}  # per worker, over the samples committed in this start
         self._held: dict[str, collections.deque[WorkItem]] = collections.defaultdict(collections.deque)
         self._active: dict[str, ConvProgress] = {}
         self._low_water = MIN_LOOKAHEAD
@@ -179,10 +182,26 @@ class Ledger:
     def dispatch_began(self) -> None:
         self.rate.start()
 
+    def served_for(self, worker: str) -> ServedTokens:
+        """The worker's prompt and cached tokens over the samples committed in this start (its servers' caches
+        start cold at each start), to read: only the ledger moves them."""
+        served = self._served.get(worker)
+        if served is None:
+            served = self._served[worker] = ServedTokens()
+        return served
+
     # -- the ready queue --------------------------------------------------------------------------
-    def next_item(self) -> WorkItem | None:
+    def worker_ready(self, name: str, ready: bool) -> None:
+        """A dispatch target became ready, or stopped being (its cache is gone: the items it was preferred for
+        go to the others)."""
+        self._ready.worker_ready(name, ready)
+
+    def next_item(self, worker: str | None = None) -> WorkItem | None:
+        """The next item for a free slot of `worker` (engine.run.ready_queue says which)."""
         while self._ready:
-            item = self._ready.popleft()
+            item = self._ready.pop_for(worker)
+            if item is None:
+                break  # only items held for other workers: the caller polls again
             if item.shard_id in self._paused:
                 self._held[item.shard_id].append(item)
                 continue
@@ -199,11 +218,8 @@ class Ledger:
         except asyncio.TimeoutError:
             return  # the caller polls again (pause state, stop flags)
 
-    def _push(self, items: list[WorkItem], front: bool = False) -> None:
-        if front:
-            self._ready.extendleft(reversed(items))
-        else:
-            self._ready.extend(items)
+    def _push(self, items: list[WorkItem], front: bool = False, prefer: str | None = None) -> None:
+        self._ready.push(items, front=front, prefer=prefer)
         if items:
             self._item_ready.set()
 
@@ -256,7 +272,7 @@ class Ledger:
             else:
                 progress.outstanding += 1
                 items.append(entry)
-        self._push(items, front=front)
+        self._push(items, front=front, prefer=progress.worker)
         self._maybe_retire(progress)
 
     # -- settling ---------------------------------------------------------------------------------
@@ -281,11 +297,16 @@ class Ledger:
         self._shards[part.shard_id].add_part(part)
         self.rate.add(part.output_tokens)
         self.changed(part.shard_id)
+        for name, prompt_tokens, cached_tokens in outcome.served:
+            served = self.served_for(name)
+            served.prompt_tokens += prompt_tokens
+            served.cached_tokens += cached_tokens
         for item, answer in outcome.samples:
             progress = self._active.get(item.conv.conversation_id)
             if progress is None:
                 continue
             progress.outstanding -= 1
+            progress.worker = item.served_by or None
             if item.turn in progress.turns:
                 progress.turns.remove(item.turn)
             if self.turns == "all" and progress.turns:

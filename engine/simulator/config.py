@@ -46,6 +46,8 @@ class SimConfig:
     incremental_streaming_flag: bool = field(default=False, repr=False)  # which spelling: checked per version
     enable_priority_scheduling: bool = False
     enable_metrics_for_all_schedulers: bool = False  # every TP rank exports its gauges (tp_rank label)
+    page_size: int = 1  # KV pages: the radix cache matches whole pages (engine/simulator/prefix_cache.py)
+    disable_radix_cache: bool = False  # no prefix reuse: cached_tokens is always 0
     ignored_args: tuple[str, ...] = ()  # SGLang flags accepted but not modelled (logged at startup)
 
     # --- simulator knobs ---
@@ -111,6 +113,7 @@ class SimConfig:
              f"--incremental-streaming-output: not a flag of SGLang {self.sim_sglang_version} (added in 0.5.10); "
              "that version's --stream-output streams deltas"),
             (self.tp_size >= 1, f"--tp-size {self.tp_size}: must be >= 1"),
+            (self.page_size >= 1, f"--page-size {self.page_size}: must be >= 1"),
             (self.decode_log_interval >= 1, f"--decode-log-interval {self.decode_log_interval}: must be >= 1"),
             (self.sim_instant_pool >= 1, f"--sim-instant-pool {self.sim_instant_pool}: must be >= 1"),
             (0 <= self.port <= 65535, f"--port {self.port}: must be in 0..65535"),
@@ -153,6 +156,7 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--decode-log-interval": ("decode_log_interval", int),
     "--mem-fraction-static": ("mem_fraction_static", float),
     "--chunked-prefill-size": ("chunked_prefill_size", int),
+    "--page-size": ("page_size", int),
     "--random-seed": ("random_seed", int),
     "--log-level": ("log_level", str),
     "--log-level-http": ("log_level_http", str),
@@ -185,6 +189,7 @@ _SWITCH_FLAGS = {
     "--stream-output": "incremental_streaming_output",
     "--enable-priority-scheduling": "enable_priority_scheduling",
     "--enable-metrics-for-all-schedulers": "enable_metrics_for_all_schedulers",
+    "--disable-radix-cache": "disable_radix_cache",
     "--sim-instant": "sim_instant",
 }
 

@@ -1,44 +1,135 @@
-"""A cheap stand-in for SGLang's radix cache: block hashes of prompt prefixes, LRU-evicted.
+"""SGLang's radix cache, as `meta_info.cached_tokens` sees it: a radix tree of token ids per server, LRU-evicted.
 
-cached_tokens = the longest prefix (in whole blocks) already seen in an earlier prompt, never
-the last prompt token (SGLang always computes at least one token of the prompt).
+What SGLang does (srt/mem_cache/radix_cache.py, managers/schedule_batch.py) and this models:
+- a request is matched against the tree before its prefill: cached_tokens is the longest prefix of its prompt
+  the tree holds, never the whole prompt (at least one token is computed: the match is over prompt[:-1]), in
+  whole pages (`--page-size`, 1 by default: token granularity);
+- its prompt is in the tree once prefilled (other requests match it while it still runs); when it leaves, its
+  prompt plus its generated ids (less the last) are, so a later turn built on the answer matches into it;
+- the tree holds at most the KV pool (`max_total_num_tokens`); past that the least recently used leaves go
+  first (a shared system prompt, used by every request, stays).
+Not modelled: nodes locked by running requests (SGLang never evicts those; here the pool bound alone decides).
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 from array import array
-from collections import OrderedDict
 from typing import Sequence
 
-BLOCK = 32
+
+class _Node:
+    __slots__ = ("key", "children", "parent", "last")
+
+    def __init__(self, key: bytes, parent: _Node | None, last: int):
+        self.key = key  # the edge's token ids, int32 bytes
+        self.children: dict[bytes, _Node] = {}  # by the first page of their key
+        self.parent = parent
+        self.last = last  # access tick
+
+
+def _common(a: bytes, b: bytes, unit: int) -> int:
+    """Bytes of the longest common prefix of a and b, in whole units (memcmp by bisection)."""
+    n = min(len(a), len(b)) // unit
+    if a[:n * unit] == b[:n * unit]:
+        return n * unit
+    lo, hi = 0, n  # a[:lo] equal, a[:hi] not (in units)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid * unit] == b[:mid * unit]:
+            lo = mid
+        else:
+            hi = mid
+    return lo * unit
 
 
 class PrefixCache:
-    def __init__(self, capacity_tokens: int):
-        self.capacity_blocks = max(1, capacity_tokens // BLOCK)
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+    def __init__(self, capacity_tokens: int, page_size: int = 1):
+        self.capacity = max(0, capacity_tokens)
+        self.page = max(1, page_size)
+        self._unit = 4 * self.page
+        self._tick = itertools.count(1)
+        self.root = _Node(b"", None, 0)
+        self.tokens = 0  # held in the tree
 
     def __len__(self) -> int:
-        return len(self._blocks) * BLOCK
+        return self.tokens
+
+    def match(self, ids: Sequence[int]) -> int:
+        """cached_tokens for a prompt (the tree's access times move; nothing is inserted)."""
+        raw = self._aligned(ids, len(ids) - 1)
+        tick = next(self._tick)
+        node, pos = self.root, 0
+        while pos < len(raw):
+            child = node.children.get(raw[pos:pos + self._unit])
+            if child is None:
+                break
+            n = _common(child.key, raw[pos:pos + len(child.key)], self._unit)
+            child.last = tick
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
+        return pos // 4
+
+    def insert(self, ids: Sequence[int]) -> None:
+        """The ids' KV is in the pool now (whole pages of it): in the tree, then the pool bound is kept."""
+        if not self.capacity:
+            return
+        raw = self._aligned(ids, len(ids))
+        tick = next(self._tick)
+        node, pos = self.root, 0
+        while pos < len(raw):
+            head = raw[pos:pos + self._unit]
+            child = node.children.get(head)
+            if child is None:
+                leaf = _Node(raw[pos:], node, tick)
+                node.children[head] = leaf
+                self.tokens += (len(raw) - pos) // 4
+                break
+            n = _common(child.key, raw[pos:pos + len(child.key)], self._unit)
+            child.last = tick
+            if n < len(child.key):  # split the edge where the ids leave it
+                mid = _Node(child.key[:n], node, tick)
+                node.children[head] = mid
+                child.key = child.key[n:]
+                child.parent = mid
+                mid.children[child.key[:self._unit]] = child
+                child = mid
+            pos += n
+            node = child
+        self._evict()
 
     def match_and_insert(self, ids: Sequence[int]) -> int:
-        raw = array("i", ids).tobytes()
-        step = 4 * BLOCK
-        n_blocks = (len(ids) - 1) // BLOCK
-        h = 0
-        cached = 0
-        hit = True
-        blocks = self._blocks
-        for b in range(n_blocks):
-            h = hash((h, raw[b * step:(b + 1) * step]))
-            if hit and h in blocks:
-                cached += BLOCK
-                blocks.move_to_end(h)
-            else:
-                hit = False
-                blocks[h] = None
-        while len(blocks) > self.capacity_blocks:
-            blocks.popitem(last=False)
+        """A request admitted: its cached_tokens, and its prompt in the tree from this prefill on."""
+        cached = self.match(ids)
+        self.insert(ids)
         return cached
 
     def clear(self) -> None:
-        self._blocks.clear()
+        self.root = _Node(b"", None, 0)
+        self.tokens = 0
+
+    def _aligned(self, ids: Sequence[int], n: int) -> bytes:
+        n = max(0, n) // self.page * self.page
+        return array("i", ids[:n] if len(ids) > n else ids).tobytes()
+
+    def _evict(self) -> None:
+        if self.tokens <= self.capacity:
+            return
+        leaves = [(n.last, id(n), n) for n in self._nodes() if not n.children and n is not self.root]
+        heapq.heapify(leaves)
+        while self.tokens > self.capacity and leaves:
+            _, _, leaf = heapq.heappop(leaves)
+            parent = leaf.parent
+            del parent.children[leaf.key[:self._unit]]
+            self.tokens -= len(leaf.key) // 4
+            if parent is not self.root and not parent.children:
+                heapq.heappush(leaves, (parent.last, id(parent), parent))
+
+    def _nodes(self):
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

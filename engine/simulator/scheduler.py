@@ -75,7 +75,7 @@ class Scheduler:
     def __init__(self, *, log: SimLog, metrics: SimMetrics | None, max_running: int, max_total_tokens: int,
                  max_prefill_tokens: int, step_ms: float, step_ms_per_req: float, tokens_per_step: int,
                  prefill_ms_per_1k: float, decode_log_interval: int,
-                 on_finish: Callable[[SimRequest], None]):
+                 on_finish: Callable[[SimRequest], None], page_size: int = 1, radix_cache: bool = True):
         self.log = log
         self.metrics = metrics
         self.max_running = max_running
@@ -87,7 +87,7 @@ class Scheduler:
         self.prefill_ms_per_1k = prefill_ms_per_1k
         self.decode_log_interval = decode_log_interval
         self.on_finish = on_finish
-        self.cache = PrefixCache(max_total_tokens)
+        self.cache = PrefixCache(max_total_tokens if radix_cache else 0, page_size)
 
         self.waiting: deque[SimRequest] = deque()
         self.running: dict[SimRequest, None] = {}  # insertion-ordered set
@@ -206,6 +206,8 @@ class Scheduler:
 
     # --- internals ------------------------------------------------------------------------------------
     def _leave(self, req: SimRequest) -> None:
+        # its KV stays in the radix cache: the prompt and what it generated, less the last token (never fed back)
+        self.cache.insert(req.prompt_ids + req.plan.output_ids[: self.generated_running(req)][:-1])
         del self.running[req]
         self._streaming.discard(req)
         self._sum_start -= req.start_step

@@ -199,7 +199,7 @@ class SimServer:
             max_prefill_tokens=self.max_prefill_tokens, step_ms=cfg.sim_step_ms,
             step_ms_per_req=cfg.sim_step_ms_per_req, tokens_per_step=cfg.sim_tokens_per_step,
             prefill_ms_per_1k=cfg.sim_prefill_ms_per_1k, decode_log_interval=cfg.decode_log_interval,
-            on_finish=self._on_finish)
+            on_finish=self._on_finish, page_size=cfg.page_size, radix_cache=not cfg.disable_radix_cache)
         self.scheduler.start()
         self.scheduler.add_done_callback(self._scheduler_ended)
         self._bind()

@@ -1,7 +1,8 @@
-"""All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, resume, stats,
-export, probe latency.
+"""All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, prefix affinity,
+resume, stats, export, probe latency.
 
-    .venv/bin/python -m tests.bench.run_all [--quick] [--only ingest,occupancy,capacity,resume,stats,export,probe]
+    .venv/bin/python -m tests.bench.run_all [--quick]
+        [--only ingest,occupancy,capacity,affinity,resume,stats,export,probe]
 
 Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
 (the one in README.md "## Benchmarks"). Medians of --repeats runs (3; --quick: 1). The resume
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from tests.bench import bench_common as bc
 
-ALL = ("ingest", "occupancy", "capacity", "resume", "stats", "export", "probe")
+ALL = ("ingest", "occupancy", "capacity", "affinity", "resume", "stats", "export", "probe")
 
 
 def _sub(argv: list[str], timeout: float) -> None:
@@ -55,6 +56,14 @@ def run_capacity(quick: bool) -> dict:
     res = bench_capacity.run(requests=4000 if quick else 12000, gpus=2, batch=256, repeats=1, step_ms=20.0,
                              cases=list(bench_capacity.CASES))
     bc.write_result("capacity", res)
+    return res
+
+
+def run_affinity(quick: bool) -> dict:
+    from tests.bench import bench_affinity
+
+    res = bench_affinity.run(conversations=80 if quick else 160, gpus=2 if quick else 4, repeats=1 if quick else 3)
+    bc.write_result("affinity", res)
     return res
 
 
@@ -123,6 +132,25 @@ def table(results: dict) -> str:
                         f"{m['full_batch_share_min']['regen']:.1%} ({m['mean_fill']['regen']:.1%}) | "
                         f"{m['full_batch_share_min']['old']:.1%} ({m['mean_fill']['old']:.1%}) | "
                         f"{c['wall_ratio']:.2f}x wall | {target} | {_yes(c['met'])} |")
+    aff = results.get("affinity")
+    if aff:
+        m = aff["median"]
+        a, b = m["affinity"], m["baseline"]
+        rows.append(f"| affinity: prompt tokens served from cache, of the reusable prefix ({aff['conversations']} "
+                    f"conversations of 3-6 turns, {aff['simulators']} GPUs; dispatch.affinity vs false) | "
+                    f"{a['cached_of_reusable']:.1%} | {b['cached_of_reusable']:.1%} | | ≥ 80% | "
+                    f"{_yes(aff['met'])} |")
+        rows.append(f"| affinity: simulated prefill time (uncached tokens x prefill cost); later turns on the same "
+                    f"worker | {a['prefill_s']:.1f} s; {a['later_turns_same_worker']:.0%} | {b['prefill_s']:.1f} s; "
+                    f"{b['later_turns_same_worker']:.0%} | {aff['prefill_ratio']:.2f}x less | | n/a |")
+        rows.append(f"| affinity: balance (fewest / most samples a worker served); wall time | "
+                    f"{a['balance_min_over_max']:.2f}; {a['wall_s']:.1f} s | {b['balance_min_over_max']:.2f}; "
+                    f"{b['wall_s']:.1f} s | | | n/a |")
+        for policy in ("cache_aware", "round_robin"):
+            r = m.get(f"router-{policy}")
+            if r:
+                rows.append(f"| affinity: behind sglang-router, policy {policy}: cached of reusable; prefill | "
+                            f"{r['cached_of_reusable']:.1%}; {r['prefill_s']:.1f} s | | | | n/a |")
     res = results.get("resume")
     if res:
         m = res["median"]
@@ -164,13 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(wanted) - set(ALL))
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
-    runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "resume": run_resume,
+    runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "affinity": run_affinity,
+               "resume": run_resume,
                "stats": run_stats, "export": run_export, "probe": run_probe}
     out = bc.RESULTS_DIR / "bench.json"
     results: dict = {}
     failures: dict[str, str] = {}
     started = time.monotonic()
     files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json",
+             "affinity": "affinity.json",
              "resume": "resume.json", "stats": "stats.json", "export": "export.json",
              "probe": "probe_latency.json"}
     for name in wanted if args.from_results else []:

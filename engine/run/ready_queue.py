@@ -1,0 +1,169 @@
+"""The ready queue (the ledger's): work items in dispatch order, with a lane per worker for prefix affinity.
+
+SGLang's radix cache is per server: a prompt whose prefix a server has already computed is prefilled there
+only from where the cached part ends (`meta_info.cached_tokens`). So, with `dispatch.affinity` on:
+
+- a later turn of a conversation (it starts with the whole prompt of the turn before) is *held* in the lane of
+  the worker that served that turn: only that worker takes it, for up to `dispatch.affinity_hold_s`; after
+  that any worker does (a GPU never waits long for a cache hit: a miss costs one prefill of the prefix,
+  a slot left idle costs decode time);
+- any other prompt longer than PREFIX_TOKENS goes to the lane of the worker its first PREFIX_TOKENS tokens
+  hash to (rendezvous hashing over the ready workers: prompts sharing a system prompt or a document land on
+  one server, and a worker that leaves or joins moves only its own share of the keys). Such an item is only
+  a preference: a worker with nothing of its own and nothing unassigned takes it from the longest lane.
+
+A worker pulling takes, in order: its held items; the older of its lane's head and the unassigned queue's
+head; a held item of another worker whose hold has run out; a preferred item of the longest other lane.
+A worker that stops being ready gives its lane back (re-placed as if new: its cache is gone). With affinity
+off every item is unassigned and the queue is the plain FIFO it always was (retries and later turns first).
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+import time
+from array import array
+from dataclasses import dataclass, field
+from engine.run.items import WorkItem
+
+PREFIX_TOKENS = 256  # the prefix that groups prompts (a system prompt, a document's start); shorter: no lane
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a well-spread 64-bit score for rendezvous hashing."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+    return x ^ (x >> 31)
+
+
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def prefix_key(prompt_ids: list[int]) -> int | None:
+    """The grouping key of a prompt: a hash of its first PREFIX_TOKENS ids (None: too short to be worth it)."""
+    if len(prompt_ids) <= PREFIX_TOKENS:
+        return None
+    return _digest(array("i", prompt_ids[:PREFIX_TOKENS]).tobytes())
+
+
+@dataclass
+class _Lane:
+    held: collections.deque = field(default_factory=collections.deque)  # (deadline, seq, item), deadlines rising
+    soft: collections.deque = field(default_factory=collections.deque)  # (seq, item)
+
+    def __len__(self) -> int:
+        return len(self.held) + len(self.soft)
+
+
+class ReadyQueue:
+    def __init__(self, affinity: bool, hold_s: float, clock=time.monotonic):
+        self.affinity = affinity
+        self.hold_s = hold_s
+        self._clock = clock
+        self._general: collections.deque[tuple[int, WorkItem]] = collections.deque()
+        self._lanes: dict[str, _Lane] = {}
+        self._ready: dict[str, int] = {}  # ready worker -> its rendezvous salt
+        self._back = itertools.count()  # sequence numbers: pushed to the back count up,
+        self._front = itertools.count(-1, -1)  # to the front down (so "older" is the smaller number)
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    # -- workers -------------------------------------------------------------------------------
+    def worker_ready(self, name: str, ready: bool) -> None:
+        if ready:
+            self._ready.setdefault(name, _digest(name.encode()))
+            return
+        if self._ready.pop(name, None) is None:
+            return
+        lane = self._lanes.pop(name, None)
+        if lane is None:
+            return
+        # its cache is gone with it: every item placed again as if new, merged into its new queue by age
+        moved: dict[int, tuple[collections.deque, list]] = {}
+        for seq, item in [(seq, item) for _, seq, item in lane.held] + list(lane.soft):
+            queue = self._soft_queue(item)
+            moved.setdefault(id(queue), (queue, []))[1].append((seq, item))
+        for queue, entries in moved.values():
+            merged = sorted([*queue, *entries], key=lambda e: e[0])
+            queue.clear()
+            queue.extend(merged)
+
+    # -- in ----------------------------------------------------------------------------------
+    def push(self, items: list[WorkItem], front: bool = False, prefer: str | None = None) -> None:
+        """Queue items at the back (or the front: retries, resumed and later turns). `prefer`: the worker that
+        served the turn before (its cache holds this prompt's prefix)."""
+        if front:  # placed last first, each before the one placed before it: the first item ends up first
+            for item in reversed(items):
+                self._place(item, next(self._front), prefer)
+        else:
+            for item in items:
+                self._place(item, next(self._back), prefer)
+
+    def _place(self, item: WorkItem, seq: int, prefer: str | None) -> None:
+        self._len += 1
+        if self.affinity and prefer is not None and prefer in self._ready:
+            self._lane(prefer).held.append((self._clock() + self.hold_s, seq, item))
+            return
+        self._add(self._soft_queue(item), seq, item)
+
+    def _soft_queue(self, item: WorkItem) -> collections.deque:
+        """Where an item no worker holds the cache for goes: the lane its prefix hashes to, or the unassigned."""
+        owner = self.owner(item.prompt_ids) if self.affinity else None
+        return self._lane(owner).soft if owner is not None else self._general
+
+    def owner(self, prompt_ids: list[int]) -> str | None:
+        """The ready worker a prompt's prefix hashes to (rendezvous: the highest score of key and worker), or
+        None (no worker ready, or too short a prompt)."""
+        key = prefix_key(prompt_ids) if self._ready else None
+        if key is None:
+            return None
+        return max(self._ready, key=lambda w: _mix(key ^ self._ready[w]))
+
+    @staticmethod
+    def _add(queue: collections.deque, seq: int, item: WorkItem) -> None:
+        if seq < 0:
+            queue.appendleft((seq, item))
+        else:
+            queue.append((seq, item))
+
+    def _lane(self, name: str) -> _Lane:
+        lane = self._lanes.get(name)
+        if lane is None:
+            lane = self._lanes[name] = _Lane()
+        return lane
+
+    # -- out ---------------------------------------------------------------------------------
+    def pop_for(self, worker: str | None = None) -> WorkItem | None:
+        """The next item for `worker` (None: no preference of its own is looked at), or None."""
+        lane = self._lanes.get(worker) if worker is not None else None
+        if lane is not None and lane.held:
+            return self._take(lane.held.popleft()[2])
+        general = self._general
+        if lane is not None and lane.soft and (not general or lane.soft[0][0] < general[0][0]):
+            return self._take(lane.soft.popleft()[1])
+        if general:
+            return self._take(general.popleft()[1])
+        if not self._lanes:
+            return None
+        now = self._clock()
+        expired = [(ln.held[0][0], name) for name, ln in self._lanes.items() if name != worker and ln.held
+                   and ln.held[0][0] <= now]
+        if expired:
+            return self._take(self._lanes[min(expired)[1]].held.popleft()[2])
+        longest = max((ln for name, ln in self._lanes.items() if name != worker and ln.soft),
+                      key=lambda ln: len(ln.soft), default=None)
+        if longest is not None:
+            return self._take(longest.soft.popleft()[1])
+        return None
+
+    def _take(self, item: WorkItem) -> WorkItem:
+        self._len -= 1
+        return item

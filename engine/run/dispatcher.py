@@ -76,6 +76,7 @@ class Dispatcher:
         self._mismatch_alerted: set[str] = set()
         self._text_alerted: set[str] = set()
         self._abort_alerted: set[str] = set()
+        self._unstreamed_alerted: set[str] = set()
         self.stopped_runaways = 0  # answers the guard stopped in this run (their outcome is their committed row)
         self._aborts: set[asyncio.Task] = set()  # /abort_request calls in flight (kept referenced until done)
         # per worker, (its url, the /generate URL, the request headers), built once in aiohttp's own types
@@ -313,6 +314,15 @@ class Dispatcher:
         """A 200 answer followed chunk by chunk (an AnswerStream); any other status: its body, read whole. Once the
         guard has stopped the request, a stream that breaks off is still the answer: what it delivered is exact."""
         if resp.status != 200:
+            return await resp.read()
+        if resp.content_type != "text/event-stream":
+            # not a stream (something in between that buffers, or no SGLang): the whole answer, unguarded
+            if w.name not in self._unstreamed_alerted:
+                self._unstreamed_alerted.add(w.name)
+                self.emit(AlertEvent(
+                    severity="warning", text=f"{w.name}: /generate did not stream (stream: true): the runaway guard "
+                    "cannot stop its loops", evidence=f"{item.rid}: Content-Type {resp.content_type}",
+                    key=f"not-streamed:{w.name}"))
             return await resp.read()
         answer = AnswerStream(RunawayDetector(self.cfg.runaway))
         try:

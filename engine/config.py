@@ -158,6 +158,9 @@ class PlanAssumptions:
     output_tokens_per_sample: float = 2000.0
     tokens_per_s_per_gpu: float = 1500.0  # e.g. a 27B model at TP1 on one H100-class GPU
     sample_conversations: int = 2000  # conversations tokenized for the prompt-length figures
+    # without a pilot, what the runaway guard is projected to save assumes this share of answers loops until
+    # max_new_tokens (a pilot measures it: its answers are run through the guard's detector)
+    loop_share: float = 0.02
 
 
 NOTIFY_FORMATS = ("generic", "slack", "discord", "ntfy")

@@ -131,7 +131,11 @@ class Runaway:
     ngram_window: int = 8192
     ngram_share: float = 0.9
     check_every: int = 512  # the ngram share is computed every this many tokens
-    stream_interval: int = 64  # tokens per streamed chunk (sampling_params.stream_interval)
+    # tokens per streamed chunk (sampling_params.stream_interval): SGLang 0.5.10+ streams every id so far in each
+    # chunk unless launched with --incremental-streaming-output (--stream-output), so a chunk every k tokens
+    # costs both ends ~n^2 / 2k ids per n-token answer; 256 keeps that near 1.5x a plain request for a 2,000-token
+    # answer and stops a loop at most 256 tokens later
+    stream_interval: int = 256
     alert_share: float = 0.05  # a shard whose repetition-stopped share is above this raises an alert
 
 

@@ -114,6 +114,37 @@ class Alerts:
 
 
 @dataclass(frozen=True)
+class Runaway:
+    """[runaway]: the runaway guard (engine/run/runaway.py). Each answer is streamed while it is generated and
+    stopped (SGLang's /abort_request) once its tail is degenerate repetition; the sample is committed with its
+    exact ids and finish_reason "repetition". Operational (not in the content hash): it decides only how much
+    of a degenerate answer is generated.
+
+    Two signals, either stops the answer:
+      cycle  the last max(min_span, min_repeats x p) tokens repeat one token cycle of period p exactly
+             (1 <= p <= max_period): e.g. the same sentence 8 times over 1,024 tokens or more
+      ngram  over the last ngram_window tokens, at least ngram_share of the informative ngram-token n-grams (not
+             runs of a few tokens such as "0 & 0 & 0") already occurred earlier in that window: a loop whose
+             cycles differ a little, e.g. by a counter (ngram_share = 1 turns it off)
+    The defaults stop only what no legitimate answer does (a numbered list, a table, repeated code with other
+    names, a multiplication table keep changing tokens inside every cycle)."""
+    enabled: bool = True
+    max_period: int = 512
+    min_repeats: int = 8
+    min_span: int = 1024
+    ngram: int = 12
+    ngram_window: int = 8192
+    ngram_share: float = 0.9
+    check_every: int = 512  # the ngram share is computed every this many tokens
+    # tokens per streamed chunk (sampling_params.stream_interval): SGLang 0.5.10+ streams every id so far in each
+    # chunk unless launched with --incremental-streaming-output (--stream-output), so a chunk every k tokens
+    # costs both ends ~n^2 / 2k ids per n-token answer; 256 keeps that near 1.5x a plain request for a 2,000-token
+    # answer and stops a loop at most 256 tokens later
+    stream_interval: int = 256
+    alert_share: float = 0.05  # a shard whose repetition-stopped share is above this raises an alert
+
+
+@dataclass(frozen=True)
 class Store:
     """[store]: how finished answers become part files. Operational (not in the content hash).
 
@@ -136,6 +167,9 @@ class PlanAssumptions:
     output_tokens_per_sample: float = 2000.0
     tokens_per_s_per_gpu: float = 1500.0  # e.g. a 27B model at TP1 on one H100-class GPU
     sample_conversations: int = 2000  # conversations tokenized for the prompt-length figures
+    # without a pilot, what the runaway guard is projected to save assumes this share of answers loops until
+    # max_new_tokens (a pilot measures it: its answers are run through the guard's detector)
+    loop_share: float = 0.02
 
 
 NOTIFY_FORMATS = ("generic", "slack", "discord", "ntfy")
@@ -229,6 +263,7 @@ class RunConfig:
     alerts: Alerts = field(default_factory=Alerts)
     plan: PlanAssumptions = field(default_factory=PlanAssumptions)
     store: Store = field(default_factory=Store)
+    runaway: Runaway = field(default_factory=Runaway)
     hosts: tuple[Host, ...] = ()  # empty: one host, the supervisor's own ([workers])
     router: Router = field(default_factory=Router)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
@@ -295,7 +330,7 @@ def config_from_dict(data: dict[str, Any], source_path: str | None = None) -> Ru
         if required not in data:
             raise ConfigError(f"run config{f' {source_path}' if source_path else ''}: missing required key '{required}'")
     sections = {"sampling": Sampling, "workers": Workers, "dispatch": Dispatch, "alerts": Alerts, "plan": PlanAssumptions,
-                "router": Router, "store": Store}
+                "router": Router, "store": Store, "runaway": Runaway}
     for name, cls in sections.items():
         if name in data:
             if not isinstance(data[name], dict):
@@ -339,6 +374,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"dispatch.affinity_hold_s = {cfg.dispatch.affinity_hold_s!r}: must be a number of seconds "
                           f"in [0, 60] (default {Dispatch.affinity_hold_s}: how long a turn waits for the server "
                           "that holds its prefix before any server takes it)")
+    validate_runaway(cfg.runaway)
     cfg.workers.groups()
     validate_seed(cfg)
     if cfg.workers.health_timeout_s <= 1.0:
@@ -348,6 +384,27 @@ def validate(cfg: RunConfig) -> None:
                           "/health takes at least 1 s), e.g. 25")
     if cfg.hosts:
         validate_hosts(cfg)
+
+
+def validate_runaway(r: Runaway) -> None:
+    """[runaway], key by key: each error names the key, its range and the default."""
+    if not isinstance(r.enabled, bool):
+        raise ConfigError(f"runaway.enabled = {r.enabled!r}: must be true or false (default true)")
+    ints = (("max_period", 1, 4096), ("min_repeats", 2, 10**6), ("min_span", 2, 10**7), ("ngram", 2, 256),
+            ("ngram_window", 64, 10**6), ("check_every", 1, 10**6), ("stream_interval", 1, 10**6))
+    for key, low, high in ints:
+        value = getattr(r, key)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ConfigError(f"runaway.{key} = {value!r}: must be an integer in {low}..{high} "
+                              f"(default {getattr(Runaway, key)})")
+    for key in ("ngram_share", "alert_share"):
+        value = getattr(r, key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
+            raise ConfigError(f"runaway.{key} = {value!r}: must be a share in (0, 1] (default {getattr(Runaway, key)}"
+                              + ("; 1 turns the n-gram signal off)" if key == "ngram_share" else ")"))
+    if r.ngram_window <= r.ngram:
+        raise ConfigError(f"runaway.ngram_window = {r.ngram_window} must be larger than runaway.ngram = {r.ngram} "
+                          f"(defaults {Runaway.ngram_window} and {Runaway.ngram})")
 
 
 def validate_seed(cfg: RunConfig) -> None:

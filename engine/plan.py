@@ -100,6 +100,20 @@ class Projection:
 
 
 @dataclass
+class GuardProjection:
+    """What the runaway guard ([runaway]) is expected to save: the output tokens (hence GPU time, at a full batch)
+    that answers looping until max_new_tokens would have cost past the point where the guard stops them."""
+    enabled: bool
+    settings: str
+    basis: str  # "pilot: ..." (the pilot's answers run through the detector) | "assumed: ..."
+    answers: int  # judged (pilot answers; 0 when assumed)
+    would_stop: int  # of them, stopped by the guard
+    loop_share: float  # the share of answers looping (measured or assumed)
+    tokens_saved_share: float  # of the output tokens generated without the guard
+    gpu_hours_saved: Range
+
+
+@dataclass
 class Plan:
     config: str | None
     run_dir: str
@@ -109,6 +123,7 @@ class Plan:
     projection: Projection
     assumptions: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    runaway: GuardProjection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -342,6 +357,48 @@ def project_files(cfg: RunConfig, shard_plan: ShardPlan, out: Range, tps: Range,
     return FilesProjection(shard_plan.shards, per_shard, rpp, parts, cut_s, basis)
 
 
+def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None) -> GuardProjection:
+    """From a pilot's answers (each run through the detector as it would have streamed: a chunk every
+    runaway.stream_interval tokens), or from plan.loop_share: a looping answer runs to max_new_tokens and is
+    stopped where its cycle covers the guard's span, about min_span tokens after it began half-way through a
+    normal answer. GPU time saved is taken in proportion to the output tokens saved (decode at a full batch)."""
+    from engine.run.runaway import RunawayDetector
+
+    r, max_new = cfg.runaway, cfg.sampling.max_new_tokens
+    settings = (f"cycles of period <= {r.max_period} repeated >= {r.min_repeats}x over >= {r.min_span} tokens; "
+                f"n-gram ({r.ngram}) repeat share >= {r.ngram_share:.0%} over {r.ngram_window} tokens"
+                + ("" if r.enabled else " (off: runaway.enabled = false)"))
+    gpu = projection.gpu_hours
+    if outputs:
+        total = saved = stopped = 0
+        for ids in outputs:
+            total += len(ids)
+            det = RunawayDetector(r)
+            for start in range(0, len(ids), r.stream_interval):
+                verdict = det.feed(ids[: start + r.stream_interval], start)
+                if verdict is not None:
+                    stopped += 1
+                    saved += len(ids) - verdict.at
+                    break
+        share = saved / total if total else 0.0
+        basis = (f"pilot: its {len(outputs)} answers run through the detector ({stopped} stopped); GPU time in "
+                 "proportion to the output tokens")
+        loops = stopped / len(outputs)
+        n = len(outputs)
+    else:
+        loops, n, stopped = cfg.plan.loop_share, 0, 0
+        normal = projection.output_tokens_per_sample.value
+        stop_at = normal / 2 + r.min_span + r.stream_interval
+        per_sample = (1 - loops) * normal + loops * max_new  # the loops cost max_new_tokens each without it
+        share = loops * max(0.0, max_new - stop_at) / per_sample if per_sample else 0.0
+        basis = (f"assumed: an estimate, plan.loop_share = {loops:.1%} of answers looping to max_new_tokens "
+                 f"{max_new:,}, stopped at ~{stop_at:,.0f} tokens (--pilot N measures it)")
+    if not r.enabled:
+        share = 0.0
+    hours = Range(gpu.value * share, gpu.low * share, gpu.high * share, basis)
+    return GuardProjection(r.enabled, settings, basis, n, stopped, loops, share, hours)
+
+
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -371,8 +428,11 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
     projection = project(cfg, shard_plan, prompt, result, measure_disk(renderer, rendered, outputs))
     assumptions = {"output_tokens_per_sample": cfg.plan.output_tokens_per_sample,
                    "tokens_per_s_per_gpu": cfg.plan.tokens_per_s_per_gpu,
+                   "loop_share": cfg.plan.loop_share,
                    "used": result is None}
-    return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes)
+    guard = project_guard(cfg, projection, outputs if result is not None else None)
+    return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
+                runaway=guard)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,8 @@ compacted; and run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
             finish_reason, empty, answer NULL, prompt_len, reasoning_tokens)
     shards(shard_id TEXT PRIMARY KEY, total, paused, total_samples NULL,
            done_samples, output_tokens, empty, truncated, parts,   -- counters kept in the commit txn
-           next_seq)                                               -- part numbers are never reused
+           next_seq,                                               -- part numbers are never reused
+           repetition)                                 -- finish_reason "repetition" (added to older stores)
     outcomes(sample_id TEXT PRIMARY KEY, shard_id, outcome, reason, settled_at)
                                                            -- samples settled without a row: rejected | failed
     meta(key TEXT PRIMARY KEY, value)
@@ -73,6 +74,9 @@ WRITER_LOCK = "state.sqlite.writer.lock"
 PART_RE = re.compile(r"^part-(\d+)\.parquet(\.tmp)?$")
 SHARD_FILE = "shard.parquet"  # a compacted shard's one file
 SHARD_FILE_RE = re.compile(r"^shard\.parquet(\.tmp)?$")
+# finish_reason of an answer the runaway guard stopped (engine.run.runaway): degenerate repetition, its ids exact up
+# to the stop; counted per shard like "length" (truncated), dropped by exports by default
+REPETITION = "repetition"
 # rows per row group of a compacted shard file: the rewrite holds this many rows in memory (a 4,000-token
 # sample is ~20 KB of ids and mask), and readers get row groups of a useful size, not one per part
 COMPACT_ROW_GROUP_ROWS = 1024
@@ -94,7 +98,8 @@ CREATE INDEX IF NOT EXISTS samples_part ON samples(part_path);
 CREATE TABLE IF NOT EXISTS shards(
     shard_id TEXT PRIMARY KEY, total INT NOT NULL, paused INT NOT NULL DEFAULT 0, total_samples INT,
     done_samples INT NOT NULL DEFAULT 0, output_tokens INT NOT NULL DEFAULT 0, empty INT NOT NULL DEFAULT 0,
-    truncated INT NOT NULL DEFAULT 0, parts INT NOT NULL DEFAULT 0, next_seq INT NOT NULL DEFAULT 0);
+    truncated INT NOT NULL DEFAULT 0, parts INT NOT NULL DEFAULT 0, next_seq INT NOT NULL DEFAULT 0,
+    repetition INT NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS outcomes(
     sample_id TEXT PRIMARY KEY, shard_id TEXT NOT NULL, outcome TEXT NOT NULL, reason TEXT NOT NULL,
     settled_at REAL NOT NULL);
@@ -118,6 +123,7 @@ class ShardProgress:
     paused: bool
     parts: int
     total_samples: int | None = None  # when the planner knows the number of turns
+    repetition: int = 0  # finish_reason "repetition": stopped by the runaway guard
     rejected: int = 0  # samples settled without a row, never generated: their input cannot be (outcomes table)
     failed: int = 0  # samples whose retries were spent in the last run (generated again by the next start)
 
@@ -134,6 +140,7 @@ class PartInfo:
     output_tokens: int = field(default=0, compare=False)
     empty: int = field(default=0, compare=False)
     truncated: int = field(default=0, compare=False)
+    repetition: int = field(default=0, compare=False)
 
 
 class DuplicateSample(Exception):
@@ -187,12 +194,30 @@ class ShardStore:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=30000")
             self._db.executescript(SCHEMA_SQL)
+            self._migrate()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open {self.db_path}: {exc}") from exc
         mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
         if mode.lower() != "wal":
             raise StoreError(f"{self.db_path}: journal_mode is {mode!r}, WAL could not be enabled "
                              "(network file systems do not support it; put the run dir on a local disk)")
+
+    def _migrate(self) -> None:
+        """A store from before the runaway guard: its shards table gains the repetition counter, counted from its
+        samples (none of them is "repetition" unless a newer regen wrote them)."""
+        if "repetition" in {r[1] for r in self._db.execute("PRAGMA table_info(shards)")}:
+            return
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("ALTER TABLE shards ADD COLUMN repetition INT NOT NULL DEFAULT 0")
+            db.execute("UPDATE shards SET repetition=(SELECT count(*) FROM samples WHERE samples.shard_id="
+                       "shards.shard_id AND finish_reason=?)", (REPETITION,))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -263,13 +288,15 @@ class ShardStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             shard_id = db.execute("SELECT shard_id FROM parts WHERE path=?", (rel,)).fetchone()[0]
-            n, tokens, empty, truncated = db.execute(
+            n, tokens, empty, truncated, repetition = db.execute(
                 "SELECT count(*), coalesce(sum(output_len),0), coalesce(sum(empty),0),"
-                " coalesce(sum(finish_reason='length'),0) FROM samples WHERE part_path=?", (rel,)).fetchone()
+                " coalesce(sum(finish_reason='length'),0), coalesce(sum(finish_reason=?),0)"
+                " FROM samples WHERE part_path=?", (REPETITION, rel)).fetchone()
             db.execute("DELETE FROM samples WHERE part_path=?", (rel,))
             db.execute("DELETE FROM parts WHERE path=?", (rel,))
             db.execute("UPDATE shards SET done_samples=done_samples-?, output_tokens=output_tokens-?, empty=empty-?,"
-                       " truncated=truncated-?, parts=parts-1 WHERE shard_id=?", (n, tokens, empty, truncated, shard_id))
+                       " truncated=truncated-?, repetition=repetition-?, parts=parts-1 WHERE shard_id=?",
+                       (n, tokens, empty, truncated, repetition, shard_id))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -326,12 +353,12 @@ class ShardStore:
     def progress(self) -> list[ShardProgress]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT shard_id, total, done_samples, output_tokens, empty, truncated, paused, parts, total_samples"
-                " FROM shards ORDER BY shard_id").fetchall()
+                "SELECT shard_id, total, done_samples, output_tokens, empty, truncated, paused, parts, total_samples,"
+                " repetition FROM shards ORDER BY shard_id").fetchall()
             settled: dict[tuple[str, str], int] = {
                 (r[0], r[1]): r[2] for r in self._db.execute(
                     "SELECT shard_id, outcome, count(*) FROM outcomes GROUP BY shard_id, outcome")}
-        return [ShardProgress(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8],
+        return [ShardProgress(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], repetition=r[9],
                               rejected=settled.get((r[0], "rejected"), 0), failed=settled.get((r[0], "failed"), 0))
                 for r in rows]
 
@@ -646,6 +673,7 @@ class ShardStore:
         ]
         tokens = sum(cols["output_len"])
         truncated = sum(1 for fr in cols["finish_reason"] if fr == "length")
+        repetition = sum(1 for fr in cols["finish_reason"] if fr == REPETITION)
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
@@ -656,15 +684,16 @@ class ShardStore:
                                " finish_reason, empty, answer, prompt_len, reasoning_tokens)"
                                " VALUES(?,?,?,?,?,?,?,?,?,?,?)", samples)
                 db.execute("UPDATE shards SET done_samples=done_samples+?, output_tokens=output_tokens+?,"
-                           " empty=empty+?, truncated=truncated+?, parts=parts+1, next_seq=max(next_seq, ?)"
-                           " WHERE shard_id=?",
-                           (len(samples), tokens, sum(empty), truncated, info.seq + 1, info.shard_id))
+                           " empty=empty+?, truncated=truncated+?, repetition=repetition+?, parts=parts+1,"
+                           " next_seq=max(next_seq, ?) WHERE shard_id=?",
+                           (len(samples), tokens, sum(empty), truncated, repetition, info.seq + 1, info.shard_id))
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
-        return dataclasses.replace(info, output_tokens=tokens, empty=sum(empty), truncated=truncated)
+        return dataclasses.replace(info, output_tokens=tokens, empty=sum(empty), truncated=truncated,
+                                   repetition=repetition)
 
 
 def build_table(rows: list[dict]) -> pa.Table:

@@ -46,13 +46,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.answer_shape import EMPTY_MAX_VISIBLE_TOKENS, THINK_CLOSE, THINK_OPEN
-from engine.shard_store import SHARD_FILE, SHARDS_DIR, STATE_DB, read_committed
+from engine.shard_store import REPETITION, SHARD_FILE, SHARDS_DIR, STATE_DB, read_committed
 from engine.telemetry_events import AlertEvent
 
 SCHEMA = "regen.stats/1"
 DEFAULT_TRAIN_MAX_LENGTH = 4096
 DEFAULT_EMPTY_THRESHOLD = 0.05
 DEFAULT_TRUNCATED_THRESHOLD = 0.10
+DEFAULT_REPETITION_THRESHOLD = 0.05  # as runaway.alert_share (engine.config.Runaway)
 MASK_CHECK_FULL_ROWS = 100_000  # up to this many samples every mask is checked (mask_check="auto")
 MASK_CHECK_SAMPLE_SHARE = 0.05  # otherwise this share of the parts (at least MASK_CHECK_MIN_PARTS)
 MASK_CHECK_MIN_PARTS = 8
@@ -139,7 +140,8 @@ class GroupStats:
     aborted: Count
     mean_output: float | None
     output_tokens: int
-    flagged: list[str] = field(default_factory=list)  # "empty", "truncated" above the thresholds
+    flagged: list[str] = field(default_factory=list)  # "empty", "truncated", "repetition" above the thresholds
+    repetition: Count = field(default_factory=lambda: Count(0, 0.0))  # stopped by the runaway guard
 
 
 @dataclass
@@ -195,6 +197,7 @@ class RunStats:
     empty: Count
     truncated: Count
     aborted: Count
+    repetition: Count  # finish_reason "repetition": stopped by the runaway guard
     reasoning: dict[str, Count]  # present | missing | unterminated
     loss_mask: LossMaskStats
     lengths: dict[str, Distribution]  # output | reasoning | prompt
@@ -257,7 +260,7 @@ def empty_answer_mask(text: pa.Array | pa.ChunkedArray, prompt_opened: np.ndarra
 
 THINK_PRESENT, THINK_MISSING, THINK_UNTERMINATED = 0, 1, 2
 THINK_NAMES = ("present", "missing", "unterminated")
-FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_OTHER = 0, 1, 2, 3
+FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_OTHER, FINISH_REPETITION = 0, 1, 2, 3, 4
 
 
 def think_codes(text: pa.Array | pa.ChunkedArray, prompt_opened: np.ndarray | None = None) -> np.ndarray:
@@ -371,6 +374,7 @@ def _read_part(run_dir: Path, rel: str, shard_id: str, expected_rows: int | None
     finish[_np_bool(pc.equal(fr, "stop"))] = FINISH_STOP
     finish[_np_bool(pc.equal(fr, "length"))] = FINISH_LENGTH
     finish[_np_bool(pc.equal(fr, "abort"))] = FINISH_ABORT
+    finish[_np_bool(pc.equal(fr, REPETITION))] = FINISH_REPETITION
     errors: list[IntegrityError] = []
     if expected_rows is not None and expected_rows != table.num_rows:
         errors.append(IntegrityError("rows", rel, f"state.sqlite says {expected_rows} rows, the file has {table.num_rows}"))
@@ -507,6 +511,7 @@ def _groups(names: list[str], codes: np.ndarray, empty, finish, output_len, thre
     empties = np.bincount(codes, weights=empty, minlength=n)
     truncated = np.bincount(codes, weights=finish == FINISH_LENGTH, minlength=n)
     aborted = np.bincount(codes, weights=finish == FINISH_ABORT, minlength=n)
+    repetition = np.bincount(codes, weights=finish == FINISH_REPETITION, minlength=n)
     tokens = np.bincount(codes, weights=output_len, minlength=n)
     out = []
     for i, name in enumerate(names):
@@ -514,7 +519,8 @@ def _groups(names: list[str], codes: np.ndarray, empty, finish, output_len, thre
         if s == 0:
             continue
         g = GroupStats(name, s, _count(int(empties[i]), s), _count(int(truncated[i]), s),
-                       _count(int(aborted[i]), s), float(tokens[i]) / s, int(tokens[i]))
+                       _count(int(aborted[i]), s), float(tokens[i]) / s, int(tokens[i]),
+                       repetition=_count(int(repetition[i]), s))
         g.flagged = _group_flags(g, thresholds)
         out.append(g)
     return out
@@ -526,6 +532,8 @@ def _group_flags(g: GroupStats, thresholds: dict[str, float]) -> list[str]:
         flags.append("empty")
     if g.truncated.share > thresholds["truncated_share"]:
         flags.append("truncated")
+    if g.repetition.share > thresholds["repetition_share"]:
+        flags.append("repetition")
     return flags
 
 
@@ -545,6 +553,7 @@ def _merge_codes(parts: list[_PartResult], attr: str) -> tuple[list[str], np.nda
 def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LENGTH,
                   empty_threshold: float = DEFAULT_EMPTY_THRESHOLD,
                   truncated_threshold: float = DEFAULT_TRUNCATED_THRESHOLD,
+                  repetition_threshold: float = DEFAULT_REPETITION_THRESHOLD,
                   mask_check: str = "auto", threads: int | None = None) -> RunStats:
     """Statistics of the committed shards of `run_dir`. Raises StatsReadError when the run dir
     cannot be read; a committed part that is missing or unreadable is an integrity error."""
@@ -586,7 +595,8 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
     think = cat("think", np.int8)
     n = int(output_len.size)
 
-    thresholds = {"empty_share": float(empty_threshold), "truncated_share": float(truncated_threshold)}
+    thresholds = {"empty_share": float(empty_threshold), "truncated_share": float(truncated_threshold),
+                  "repetition_share": float(repetition_threshold)}
     mask_rows = sum(p.mask_rows_checked for p in results)
     mismatches = sum(p.mask_mismatches for p in results)
     mask = MaskCheck(mode, sum(1 for p in results if p.mask_rows_checked), mask_rows, mismatches)
@@ -617,7 +627,7 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
         g = shard_groups.get(sid) or GroupStats(sid, 0, _count(0, 0), _count(0, 0), _count(0, 0), None, 0)
         total, paused = listing.shards.get(sid, (None, None))
         by_shard.append(ShardStats(g.name, g.samples, g.empty, g.truncated, g.aborted, g.mean_output, g.output_tokens,
-                                   g.flagged, parts=parts_per_shard.get(sid, 0), total_conversations=total,
+                                   g.flagged, repetition=g.repetition, parts=parts_per_shard.get(sid, 0), total_conversations=total,
                                    paused=paused))
 
     stats = RunStats(
@@ -627,6 +637,7 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
         empty=_count(int(empty.sum()), n),
         truncated=_count(int(np.count_nonzero(finish == FINISH_LENGTH)), n),
         aborted=_count(int(np.count_nonzero(finish == FINISH_ABORT)), n),
+        repetition=_count(int(np.count_nonzero(finish == FINISH_REPETITION)), n),
         reasoning={name: _count(int(np.count_nonzero(think == code)), n) for code, name in enumerate(THINK_NAMES)},
         loss_mask=LossMaskStats(distribution(output_len), log2_histogram(output_len),
                                 "output_len, checked against loss_mask (see mask_check)"),
@@ -686,6 +697,11 @@ def _flags(s: RunStats) -> list[Flag]:
                           f"{s.truncated.count} of {s.samples} samples ({s.truncated.share:.1%}) hit max_new_tokens "
                           f"(finish_reason=length); threshold {t['truncated_share']:.1%}",
                           s.truncated.share, t["truncated_share"]))
+    if s.repetition.share > t["repetition_share"]:
+        flags.append(Flag("repetition_share", "warning",
+                          f"{s.repetition.count} of {s.samples} samples ({s.repetition.share:.1%}) were stopped as "
+                          f"runaway repetition (finish_reason=repetition); threshold {t['repetition_share']:.1%}",
+                          s.repetition.share, t["repetition_share"]))
     for kind, groups in (("worker", s.by_worker), ("source", s.by_source)):
         if len(groups) < 2 or s.empty.share > t["empty_share"]:
             continue  # the run-wide flag already says it; a group is flagged when it stands out
@@ -724,12 +740,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--train-max-length", type=int, default=DEFAULT_TRAIN_MAX_LENGTH)
     parser.add_argument("--empty-threshold", type=float, default=DEFAULT_EMPTY_THRESHOLD)
     parser.add_argument("--truncated-threshold", type=float, default=DEFAULT_TRUNCATED_THRESHOLD)
+    parser.add_argument("--repetition-threshold", type=float, default=DEFAULT_REPETITION_THRESHOLD)
     parser.add_argument("--mask-check", choices=("auto", "full", "sample", "off"), default="auto")
     args = parser.parse_args(argv)
     try:
         stats = compute_stats(Path(args.run_dir), train_max_length=args.train_max_length,
                               empty_threshold=args.empty_threshold, truncated_threshold=args.truncated_threshold,
-                              mask_check=args.mask_check)
+                              repetition_threshold=args.repetition_threshold, mask_check=args.mask_check)
     except StatsReadError as exc:
         print(json.dumps({"schema": SCHEMA, "error": str(exc), "run_dir": args.run_dir}))
         print(f"regen stats: {exc}", file=sys.stderr)

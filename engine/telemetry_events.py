@@ -88,6 +88,7 @@ class DispatchEvent(Event):
     state: str = "running"  # running | paused | draining | done | stopped | disk_full
     planned: int = 0
     eta_s: float | None = None  # None until measurable and whenever the run is not running
+    repetition: int = 0  # committed samples the runaway guard stopped
 
 
 @dataclass
@@ -111,6 +112,7 @@ class ShardEvent(Event):
     failed: int = 0
     rejected: int = 0
     planned: int = 0
+    repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
 
 
 @dataclass

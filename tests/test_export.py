@@ -333,7 +333,7 @@ def test_chat_formats_refuse_prompt_files_that_changed_naming_the_way_out(tmp_pa
 def test_bad_options_name_the_option(tmp_path, capsys):
     assert cli_main(["export", str(tmp_path), "--format", "hf", "--out", str(tmp_path / "o"),
                      "--keep", "everything"]) == 2
-    assert "--keep everything: must be among aborted, length, empty, thinking" in capsys.readouterr().err
+    assert "--keep everything: must be among aborted, length, repetition, empty, thinking" in capsys.readouterr().err
     assert cli_main(["export", str(tmp_path), "--format", "hf"]) == 2
     assert "--out DIR is required" in capsys.readouterr().err
 

@@ -10,6 +10,7 @@ those reached the server and are counted as before.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 
 ANSWER = json.dumps({"output_ids": [11, 12, 13], "text": "abc",
                      "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": 3}}).encode()
+STREAMED = b"data: " + ANSWER + b"\n\ndata: [DONE]\n\n"  # the same answer as one final chunk (stream: true)
 
 
 class ClosingServer:
@@ -51,19 +53,21 @@ class ClosingServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                               if line.lower().startswith(b"content-length:"))
-                await reader.readexactly(length)
+                body = await reader.readexactly(length)
+                streamed = bool(json.loads(body).get("stream"))
+                answer, kind = (STREAMED, b"text/event-stream") if streamed else (ANSWER, b"application/json")
                 requests += 1
                 if (self.mode == "reused" and requests > 1) or self.mode == "first":
                     self.dropped += 1
                     return  # closed unanswered (finally)
                 if self.mode == "mid":
                     self.dropped += 1
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\n\r\n" % len(ANSWER) + ANSWER[:10])
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n" % kind
+                                 + b"Content-Length: %d\r\n\r\n" % len(answer) + answer[:10])
                     await writer.drain()
                     return
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
-                             b"Content-Length: %d\r\n\r\n" % len(ANSWER) + ANSWER)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nConnection: keep-alive\r\n" % kind
+                             + b"Content-Length: %d\r\n\r\n" % len(answer) + answer)
                 await writer.drain()
                 self.answered += 1
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -72,8 +76,9 @@ class ClosingServer:
             writer.close()
 
 
-def _dispatcher(session, url):
+def _dispatcher(session, url, guard: bool = True):
     d, w, plan, events = make_dispatcher(session, url)
+    d.cfg = dataclasses.replace(d.cfg, runaway=dataclasses.replace(d.cfg.runaway, enabled=guard))
     outcomes: list[object] = []
     d.deliver = outcomes.append
     d.renderer = SimpleNamespace(answer_text=lambda ids, text, matched: (text, False), reasoning_tokens=lambda ids, prompt_opened=False: 0)
@@ -84,11 +89,12 @@ def test_pooled_connections_are_given_up_before_uvicorns_5_s():
     assert KEEPALIVE_S < 5
 
 
-async def test_a_reused_connection_closed_while_idle_is_resent_without_a_retry():
+@pytest.mark.parametrize("guard", [True, False], ids=["streamed", "not-streamed"])
+async def test_a_reused_connection_closed_while_idle_is_resent_without_a_retry(guard):
     server = ClosingServer("reused")
     url = await server.start()
     session = client_session()
-    d, w, outcomes, events = _dispatcher(session, url)
+    d, w, outcomes, events = _dispatcher(session, url, guard)
     try:
         first, second = make_item("a#turn0", [1, 2, 3]), make_item("b#turn0", [4, 5])
         await d._send(w, first)  # opens the connection, which goes back to the pool

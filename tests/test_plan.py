@@ -326,3 +326,31 @@ def test_pilot_with_fewer_prompts_than_the_batch_sends_them_all_and_says_the_bat
     assert "pilot: the prompt files hold 55 samples, fewer than the 144 asked; all of them were sent" in notes
     assert ("pilot: gpu0 ran at most 55 requests at once, below its batch of 64; its throughput is measured at 55"
             in notes), notes
+
+
+def test_plan_says_what_the_runaway_guard_is_expected_to_save_as_an_estimate(tmp_path, tiny_model_dir, capsys):
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path),
+                       plan="[plan]\noutput_tokens_per_sample = 1000.0\ntokens_per_s_per_gpu = 500.0\n")
+    assert cli_main(["plan", "local", "--config", str(cfg), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["runaway"]
+    assert g["enabled"] and g["basis"].startswith("assumed: an estimate, plan.loop_share = 2.0%")
+    # 2% of answers at max_new_tokens 2000 instead of ~1,590 tokens (half a normal answer, the span, a chunk)
+    stop_at = 500 + 1024 + 256
+    assert g["tokens_saved_share"] == pytest.approx(0.02 * (2000 - stop_at) / (0.98 * 1000 + 0.02 * 2000))
+    assert cli_main(["plan", "local", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "runaway guard: on" in out and "expected to save" in out and "an estimate" in out
+
+
+def test_pilot_answers_are_run_through_the_guard(tmp_path, tiny_model_dir, capsys):
+    knobs = ["--sim-step-ms", "2", "--sim-step-ms-per-req", "0", "--sim-tokens-per-step", "16",
+             "--sim-output-mean", "150", "--sim-loop-share", "0.3", "--sim-seed", "3"]
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs, in_flight=8)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "30", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    g = d["runaway"]
+    assert g["basis"].startswith("pilot: its 30 answers run through the detector")
+    assert g["answers"] == 30 and g["would_stop"] >= 3, g
+    assert d["pilot"]["finish_reasons"].get("length", 0) >= g["would_stop"]  # the loops ran to max_new_tokens
+    assert 0.2 < g["tokens_saved_share"] < 0.9
+    assert g["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * g["tokens_saved_share"])

@@ -194,6 +194,16 @@ def render(d: dict[str, Any], console: Console) -> None:
     jt.add_row("files the run leaves", f"{files['shards']:,}", "", "",
                Text(f"one per shard, ~{files['samples_per_shard']:,.0f} samples (compacted)", style="dim"))
     console.print(jt)
+    guard = d.get("runaway")
+    if guard:
+        saved = guard["gpu_hours_saved"]
+        assumed = guard["basis"].startswith("assumed")
+        head = ("runaway guard: on" if guard["enabled"] else "runaway guard: off") + f" ({guard['settings']})"
+        console.print(Text(head, style="bold"))
+        console.print(Text(f"  expected to save {_hours(saved['value'])} GPU-hours ({_hours(saved['low'])}-"
+                           f"{_hours(saved['high'])}), {guard['tokens_saved_share']:.1%} of the output tokens; "
+                           f"loops {guard['loop_share']:.1%} of answers  [{guard['basis']}]",
+                           style="yellow" if assumed else ""))
     console.print(f"[dim]bytes per token: prompt {pr['bytes_per_prompt_token']:.2f}, output "
                   f"{pr['bytes_per_output_token']:.2f} ({pr['bytes_per_token_basis']})[/dim]")
     if d["assumptions"]["used"]:

@@ -28,14 +28,15 @@ from console.transport import TransportError, open_transport
 EXIT_OK, EXIT_FLAGGED, EXIT_UNREADABLE = 0, 1, 2
 REMOTE_TIMEOUT_S = 1800.0
 BAR_WIDTH = 40
+REPETITION_THRESHOLD = 0.05  # engine.stats' default (runaway.alert_share's)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Data-quality statistics of a run's shards (committed parts only): loss-mask sum histogram, empty and "
-        "truncated answers, reasoning present/missing/unterminated, token lengths, supervised tokens kept by a "
+        "truncated answers, answers stopped as runaway repetition, reasoning present/missing/unterminated, token lengths, supervised tokens kept by a "
         "training cut, by source / worker / shard. Exit status: 0 no quality flag, 1 a quality flag was raised "
-        "(empty or truncated share above its threshold, or an integrity error), 2 the run dir could not be read.")
+        "(empty, truncated or repetition share above its threshold, or an integrity error), 2 the run dir could not be read.")
     p.add_argument("target", metavar="DIR|HOST:DIR", help="a run dir here, or HOST:DIR (HOST: ssh alias, user@host, local)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON (schema regen.stats/1)")
     p.add_argument("--train-max-length", type=int, default=4096, metavar="N",
@@ -44,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="flag when the empty-answer share is above this (default 0.05)")
     p.add_argument("--truncated-threshold", type=float, default=0.10, metavar="SHARE",
                    help="flag when the truncated share is above this (default 0.10)")
+    p.add_argument("--repetition-threshold", type=float, default=REPETITION_THRESHOLD, metavar="SHARE",
+                   help="flag when the share of answers stopped as runaway repetition is above this (default "
+                        f"{REPETITION_THRESHOLD})")
     p.add_argument("--mask-check", choices=("auto", "full", "sample", "off"), default="auto",
                    help="which parts have their loss_mask checked against prompt_len/output_len (default auto: "
                         "all up to 100k samples, else a spread sample of the parts)")
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             stats = compute_stats(Path(run_dir), train_max_length=args.train_max_length,
                                   empty_threshold=args.empty_threshold, truncated_threshold=args.truncated_threshold,
-                                  mask_check=args.mask_check)
+                                  repetition_threshold=args.repetition_threshold, mask_check=args.mask_check)
         except StatsReadError as exc:
             print(f"regen stats: {exc}", file=sys.stderr)  # plain: a wrapped path cannot be copied
             return EXIT_UNREADABLE
@@ -124,6 +128,8 @@ async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> di
         argv = [python, "-m", "engine.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
                 "--empty-threshold", str(args.empty_threshold), "--truncated-threshold", str(args.truncated_threshold),
                 "--mask-check", args.mask_check]
+        if args.repetition_threshold != REPETITION_THRESHOLD:  # an engine deployed before the flag lacks it
+            argv += ["--repetition-threshold", str(args.repetition_threshold)]
         data = await engine_report(
             transport, engine_command(run_dir, argv), where=f"{host}:{run_dir}", timeout=REMOTE_TIMEOUT_S,
             no_engine=f"not a run dir started by `regen start` (checked {deployed_engine(run_dir)}: no engine deployed "
@@ -178,6 +184,9 @@ def render(d: dict[str, Any], console: Console) -> None:
 
     row("empty answers", d["empty"], "empty_share", d["thresholds"]["empty_share"])
     row("truncated (finish=length)", d["truncated"], "truncated_share", d["thresholds"]["truncated_share"])
+    thresholds = d["thresholds"]
+    row("repetition (stopped runaway)", d.get("repetition") or {"count": 0, "share": 0.0}, "repetition_share",
+        thresholds.get("repetition_share"))
     row("aborted", d["aborted"])
     for name in ("present", "missing", "unterminated"):
         row(f"reasoning {name}", d["reasoning"][name])
@@ -242,7 +251,7 @@ def _render_groups(title: str, groups: list[dict[str, Any]], console: Console, *
     if shard:
         t.add_column("parts", justify="right")
         t.add_column("conversations", justify="right")
-    for col in ("samples", "empty", "truncated", "aborted", "mean output"):
+    for col in ("samples", "empty", "truncated", "repetition", "aborted", "mean output"):
         t.add_column(col, justify="right")
     for g in groups:
         cells = [g["name"]]
@@ -251,5 +260,7 @@ def _render_groups(title: str, groups: list[dict[str, Any]], console: Console, *
             cells += [str(g["parts"]), "-" if total is None else f"{total:,}" + (" (paused)" if g.get("paused") else "")]
         empty = Text(_pct(g["empty"]["share"]), style="bold red" if "empty" in g["flagged"] else "")
         trunc = Text(_pct(g["truncated"]["share"]), style="bold red" if "truncated" in g["flagged"] else "")
-        t.add_row(*cells, f"{g['samples']:,}", empty, trunc, _pct(g["aborted"]["share"]), _num(g["mean_output"], 1))
+        rep = Text(_pct((g.get("repetition") or {}).get("share", 0.0)),
+                   style="bold red" if "repetition" in g["flagged"] else "")
+        t.add_row(*cells, f"{g['samples']:,}", empty, trunc, rep, _pct(g["aborted"]["share"]), _num(g["mean_output"], 1))
     console.print(t)

@@ -132,6 +132,7 @@ class ShardView:
     output_tokens: int = 0
     empty: int = 0
     truncated: int = 0
+    repetition: int = 0  # stopped by the runaway guard
     as_of: float | None = None  # the host time of these figures (an event's ts, or the status reply's)
 
     @property
@@ -259,6 +260,7 @@ class RunModel:
             s.as_of = ev.ts
             s.state, s.done, s.total = ev.state, ev.done, ev.total
             s.output_tokens, s.empty, s.truncated = ev.output_tokens, ev.empty, ev.truncated
+            s.repetition = ev.repetition
             return {"shards"}
         if isinstance(ev, DiskEvent):
             return self._disk(ev)

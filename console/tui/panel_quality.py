@@ -37,6 +37,7 @@ def figures(s: dict) -> Group:
     t.add_row("samples", f"{s.get('samples', 0):,}")
     t.add_row("empty answers", _share(s.get("empty")))
     t.add_row("truncated (length)", _share(s.get("truncated")))
+    t.add_row("stopped (repetition)", _share(s.get("repetition")))
     t.add_row("aborted", _share(s.get("aborted")))
     for k, c in (s.get("reasoning") or {}).items():
         t.add_row(f"thinking {k}", _share(c))
@@ -54,7 +55,7 @@ def figures(s: dict) -> Group:
     t.add_row("parts", f"{parts.get('read', 0)} read of {parts.get('committed', 0)} committed "
               f"({parts.get('listed_from')}), {parts.get('uncommitted_ignored', 0)} uncommitted ignored")
     groups = Table(title="by worker / source", expand=True)
-    for c in ("group", "samples", "empty", "truncated", "mean output"):
+    for c in ("group", "samples", "empty", "truncated", "repetition", "mean output"):
         groups.add_column(c)
     for kind in ("by_worker", "by_source"):
         for g in s.get(kind) or []:
@@ -62,6 +63,7 @@ def figures(s: dict) -> Group:
             groups.add_row(f"{kind[3:]} {g['name']}", f"{g['samples']:,}",
                            Text(_share(g.get("empty")), style="bold red" if "empty" in flagged else ""),
                            Text(_share(g.get("truncated")), style="yellow" if "truncated" in flagged else ""),
+                           Text(_share(g.get("repetition")), style="yellow" if "repetition" in flagged else ""),
                            "N/A" if g.get("mean_output") is None else f"{g['mean_output']:.0f}")
     flags = [Text(f"⚑ {f['severity'].upper()}: {f['text']}", style="bold red" if f["severity"] == "error" else "bold yellow")
              for f in s.get("flags") or []]

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.export.options import (ABORTED, EMPTY, LENGTH, MIN_SUPERVISED, NOT_LAST_TURN, OVER_MAX_LENGTH, REASONS,
-                                   THINKING_MISSING, THINKING_UNTERMINATED, TRAINER_MIN_SUPERVISED, ExportOptions)
+                                   REPETITION, THINKING_MISSING, THINKING_UNTERMINATED, TRAINER_MIN_SUPERVISED, ExportOptions)
 from engine.stats import OPENED_COLUMN, THINK_MISSING, THINK_UNTERMINATED, empty_answer_mask, think_codes
 
 FILTER_COLUMNS = ["conversation_id", "turn", "prompt_len", "output_len", "finish_reason", "text", OPENED_COLUMN]
@@ -73,6 +73,8 @@ def filter_shard(table: pa.Table, opts: ExportOptions, thinking_expected: bool) 
         mark(ABORTED, _bool(pc.equal(finish, "abort")))
     if LENGTH in drop_default:
         mark(LENGTH, _bool(pc.equal(finish, "length")))
+    if REPETITION in drop_default:
+        mark(REPETITION, _bool(pc.equal(finish, REPETITION)))
     text = table.column("text")
     opened = _bool(table.column(OPENED_COLUMN))
     if EMPTY in drop_default:

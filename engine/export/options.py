@@ -15,11 +15,12 @@ TOKEN_FORMATS = (TOKENS_JSONL, HF)  # exact ids from the shards; the others are 
 
 # reasons a sample is dropped, in the order they are tested (a sample counts under its first reason)
 ABORTED, LENGTH, EMPTY = "aborted", "length", "empty"
+REPETITION = "repetition"  # stopped by the runaway guard (engine.shard_store.REPETITION): degenerate, cut short
 THINKING_MISSING, THINKING_UNTERMINATED = "thinking_missing", "thinking_unterminated"
 NOT_LAST_TURN, OVER_MAX_LENGTH, MIN_SUPERVISED = "not_last_turn", "over_max_length", "min_supervised"
-REASONS = (ABORTED, LENGTH, EMPTY, THINKING_MISSING, THINKING_UNTERMINATED, NOT_LAST_TURN, OVER_MAX_LENGTH,
+REASONS = (ABORTED, LENGTH, REPETITION, EMPTY, THINKING_MISSING, THINKING_UNTERMINATED, NOT_LAST_TURN, OVER_MAX_LENGTH,
            MIN_SUPERVISED)
-KEEPABLE = {"aborted": (ABORTED,), "length": (LENGTH,), "empty": (EMPTY,),
+KEEPABLE = {"aborted": (ABORTED,), "length": (LENGTH,), "repetition": (REPETITION,), "empty": (EMPTY,),
             "thinking": (THINKING_MISSING, THINKING_UNTERMINATED)}
 DEFAULT_MIN_SUPERVISED = 2  # SpecForge (DFlash) drops rows with fewer in silence: drop them here, counted
 TRAINER_MIN_SUPERVISED = 2
@@ -61,7 +62,7 @@ class ExportOptions:
         return self.max_length is not None and self.over_length == "cut" and self.fmt in TOKEN_FORMATS
 
     def dropped_by_default(self, thinking_expected: bool) -> list[str]:
-        reasons = [ABORTED, LENGTH, EMPTY] + ([THINKING_MISSING, THINKING_UNTERMINATED] if thinking_expected else [])
+        reasons = [ABORTED, LENGTH, REPETITION, EMPTY] + ([THINKING_MISSING, THINKING_UNTERMINATED] if thinking_expected else [])
         kept = {r for name in self.keep for r in KEEPABLE[name]}
         return [r for r in reasons if r not in kept]
 

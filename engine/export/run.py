@@ -139,6 +139,7 @@ def filter_lines(opts: ExportOptions, thinking_expected: bool) -> list[str]:
     lines = []
     drop = opts.dropped_by_default(thinking_expected)
     names = {"aborted": "aborted (finish_reason abort)", "length": "truncated (finish_reason length)",
+             "repetition": "stopped as runaway repetition (finish_reason repetition)",
              "empty": "empty answers (no reasoning, at most 3 visible tokens)",
              "thinking_missing": "reasoning block missing", "thinking_unterminated": "reasoning block unterminated"}
     for reason, text in names.items():

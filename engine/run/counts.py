@@ -3,7 +3,7 @@
 Committed state is the truth (state.sqlite): the counts are loaded from the store at a start
 (`counts_from_store`) and moved only when a part is committed (`ShardCounts.add_part`) or a sample is
 settled without a row (rejected, failed; also recorded in the store's outcomes table). So every figure
-derived from them (done, tokens, empty, truncated, per shard and in total) is the same after a restart
+derived from them (done, tokens, empty, truncated, repetition, per shard and in total) is the same after a restart
 as before it, and no figure lags a commit.
 
 Outcomes of a planned sample:
@@ -36,6 +36,7 @@ class ShardCounts:
     output_tokens: int = 0  # over the committed samples
     empty: int = 0
     truncated: int = 0
+    repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
     first_index: int = 0
     end_index: int = 0  # one past the last conversation index
 
@@ -63,9 +64,11 @@ class ShardCounts:
         self.output_tokens += part.output_tokens
         self.empty += part.empty
         self.truncated += part.truncated
+        self.repetition += part.repetition
 
     def load(self, p: ShardProgress) -> None:
         self.done, self.output_tokens, self.empty, self.truncated = p.done_samples, p.output_tokens, p.empty, p.truncated
+        self.repetition = p.repetition
         self.rejected, self.failed = p.rejected, p.failed
 
 

@@ -1,4 +1,4 @@
-"""Sends work items to the SGLang workers: native POST /generate, non-streaming, pull model.
+"""Sends work items to the SGLang workers: native POST /generate, pull model; streamed under the runaway guard.
 
 Each ready worker runs its own loop that pulls an item from the ledger's ready queue only when it
 has a free slot, so a slow worker never holds the others back. Every item sent comes back as one
@@ -7,6 +7,12 @@ the rest to the ledger; the dispatcher settles nothing itself. A worker's slot c
 `dispatch.max_in_flight_per_worker` (the operator's fixed override), or the server's batch size
 (discovered: engine/capacity.py) plus a small queue margin, the size corrected from the server's own
 sglang:num_queue_reqs (engine/run/batch_feedback.py) so its queue stays short but non-empty.
+
+With the runaway guard on ([runaway] enabled, the default) each answer is streamed (`stream: true`, a chunk every
+runaway.stream_interval tokens) and followed by engine.run.answer_stream, which keeps the ids exact and feeds the
+detector (engine.run.runaway); once it fires, the request is stopped with POST /abort_request {"rid"}. The server
+then ends the stream with a final chunk (finish_reason abort) carrying the ids it generated meanwhile: the sample
+is committed with every id the stream delivered, finish_reason "repetition" (never retried, never a worker fault).
 """
 from __future__ import annotations
 
@@ -28,8 +34,11 @@ from engine.capacity import BatchSize
 from engine.config import RunConfig
 from engine.http_client import ConnectionMark, dropped_idle, fresh_session
 from engine.render import Renderer
+from engine.run.answer_stream import AnswerStream, StreamError
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
+from engine.run.runaway import Repetition, RunawayDetector
+from engine.shard_store import REPETITION
 from engine.telemetry_events import AlertEvent
 from engine.workers import Worker, WorkerState
 
@@ -68,6 +77,10 @@ class Dispatcher:
         self._cancelled_for_requeue: set[asyncio.Task] = set()
         self._mismatch_alerted: set[str] = set()
         self._text_alerted: set[str] = set()
+        self._abort_alerted: set[str] = set()
+        self._unstreamed_alerted: set[str] = set()
+        self.stopped_runaways = 0  # answers the guard stopped in this run (their outcome is their committed row)
+        self._aborts: set[asyncio.Task] = set()  # /abort_request calls in flight (kept referenced until done)
         # per worker, (its url, the /generate URL, the request headers), built once in aiohttp's own types
         # (yarl's URL, multidict's CIMultiDict, both aiohttp's dependencies): handed a str and a dict,
         # aiohttp parses the URL and copies the headers again on every request
@@ -240,19 +253,25 @@ class Dispatcher:
     async def _send(self, w: Worker, item: WorkItem) -> None:
         params = self.cfg.sampling.as_sglang()
         params["max_new_tokens"] = item.max_new_tokens
-        payload = {"rid": item.rid, "input_ids": item.prompt_ids, "sampling_params": params, "stream": False}
+        guard = self.cfg.runaway.enabled
+        if guard:
+            params["stream_interval"] = self.cfg.runaway.stream_interval
+        payload = {"rid": item.rid, "input_ids": item.prompt_ids, "sampling_params": params, "stream": guard}
         _, url, headers = self._target(w)
         started = time.monotonic()
+        read = functools.partial(self._read_stream, w, item) if guard else _read_body
         try:
-            status, body = await self._post(w, item, url, orjson.dumps(payload), headers)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            status, body = await self._post(w, item, url, orjson.dumps(payload), headers, read)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, StreamError) as exc:
             if self._aborting:
                 return
             item.last_error = f"{w.name}: {type(exc).__name__}: {exc}" if str(exc) else f"{w.name}: {type(exc).__name__}"
             self._retry_or_fail(item)
             return
         latency = time.monotonic() - started
-        if status == 200:
+        if status == 200 and isinstance(body, AnswerStream):
+            self._handle_stream(w, item, body, latency)
+        elif status == 200:
             self._handle_ok(w, item, body, latency)
         elif status == 400 and DUPLICATE_RID in (message := _error_message(body)):
             # SGLang refuses a rid it is still running: the sample itself is fine, so never reject it
@@ -271,10 +290,12 @@ class Dispatcher:
             item.last_error = f"{w.name}: HTTP {status}: {_error_message(body)}"
             self._retry_or_fail(item)
 
-    async def _post(self, w: Worker, item: WorkItem, url: URL, data: bytes, headers: CIMultiDict) -> tuple[int, bytes]:
-        """POST /generate: (status, body). A pooled connection the server had closed while idle (uvicorn
-        closes them after 5 s, contract 7.4) is no fault of the server's: the request is sent again at once on
-        a new connection, without a retry counted or a backoff. Any other failure raises as it came."""
+    async def _post(self, w: Worker, item: WorkItem, url: URL, data: bytes, headers: CIMultiDict,
+                    read: Callable) -> tuple[int, object]:
+        """POST /generate: (status, what `read` made of the response: the body, or an AnswerStream). A pooled
+        connection the server had closed while idle (uvicorn closes them after 5 s, contract 7.4) is no fault of
+        the server's: the request is sent again at once on a new connection, without a retry counted or a backoff.
+        Any other failure raises as it came."""
         mark = ConnectionMark()
         sent = time.monotonic()
         answered = False
@@ -282,7 +303,7 @@ class Dispatcher:
             async with self.session.post(url, data=data, headers=headers, timeout=self._request_timeout,
                                          trace_request_ctx=mark) as resp:
                 answered = True
-                return resp.status, await resp.read()
+                return resp.status, await read(resp)
         except (aiohttp.ClientError, OSError) as exc:
             if answered or not dropped_idle(exc, mark, time.monotonic() - sent):
                 raise
@@ -291,7 +312,62 @@ class Dispatcher:
         if self._fresh is None:
             self._fresh = fresh_session()
         async with self._fresh.post(url, data=data, headers=headers, timeout=self._request_timeout) as resp:
-            return resp.status, await resp.read()
+            return resp.status, await read(resp)
+
+    async def _read_stream(self, w: Worker, item: WorkItem, resp: aiohttp.ClientResponse) -> object:
+        """A 200 answer followed chunk by chunk (an AnswerStream); any other status: its body, read whole. Once the
+        guard has stopped the request, a stream that breaks off is still the answer: what it delivered is exact."""
+        if resp.status != 200:
+            return await resp.read()
+        if resp.content_type != "text/event-stream":
+            # not a stream (something in between that buffers, or no SGLang): the whole answer, unguarded
+            if w.name not in self._unstreamed_alerted:
+                self._unstreamed_alerted.add(w.name)
+                self.emit(AlertEvent(
+                    severity="warning", text=f"{w.name}: /generate did not stream (stream: true): the runaway guard "
+                    "cannot stop its loops", evidence=f"{item.rid}: Content-Type {resp.content_type}",
+                    key=f"not-streamed:{w.name}"))
+            return await resp.read()
+        answer = AnswerStream(RunawayDetector(self.cfg.runaway))
+        try:
+            async for data in resp.content.iter_any():
+                verdict = answer.feed(data)
+                if verdict is not None:
+                    self._stop_runaway(w, item, verdict)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, StreamError) as exc:
+            if answer.verdict is None:
+                raise
+            log.warning("%s: the stream of %s, stopped as a runaway, broke off (%s: %s): %d ids kept", w.name,
+                        item.rid, type(exc).__name__, exc, len(answer.ids))
+        return answer
+
+    def _stop_runaway(self, w: Worker, item: WorkItem, verdict: Repetition) -> None:
+        log.info("%s: %s is a runaway (%s): aborting it", w.name, item.rid, verdict.describe())
+        task = asyncio.create_task(self._abort_one(w, item.rid), name=f"abort-{item.rid}")
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _abort_one(self, w: Worker, rid: str) -> None:
+        """POST /abort_request {"rid"}: SGLang ends the request at its next step and streams the final chunk. The
+        scheduler matches rids by prefix; no other request in flight starts with this one (a later turn of the same
+        conversation, the only rid it prefixes, waits for this answer)."""
+        problem = None
+        try:
+            async with self.session.post(w.url + "/abort_request", json={"rid": rid}, headers=w.headers,
+                                         timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    problem = f"HTTP {resp.status}: {text[:200]}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            return
+        log.warning("%s: /abort_request for runaway %s failed: %s", w.name, rid, problem)
+        if w.name not in self._abort_alerted:
+            self._abort_alerted.add(w.name)
+            self.emit(AlertEvent(
+                severity="warning", text=f"{w.name}: /abort_request failed: runaway answers run to max_new_tokens",
+                evidence=f"{rid}: {problem}", key=f"abort-failed:{w.name}"))
 
     def _handle_ok(self, w: Worker, item: WorkItem, body: bytes, latency: float) -> None:
         try:
@@ -308,39 +384,84 @@ class Dispatcher:
             item.last_error = f"{w.name}: unreadable /generate reply ({type(exc).__name__}: {exc}): {body[:200]!r}"
             self._retry_or_fail(item)
             return
+        self._answered(w, item, ids32, meta, finish, data.get("text"), latency)
+
+    def _handle_stream(self, w: Worker, item: WorkItem, answer: AnswerStream, latency: float) -> None:
+        """A streamed answer: as a non-streamed one once it ended with its final chunk; an error event as the HTTP
+        400 it stands for (a ValueError of SGLang's); a runaway the guard stopped, with every id delivered."""
+        if answer.verdict is not None:
+            self.stopped_runaways += 1
+            self._answered(w, item, answer.ids, answer.meta, answer.finish or {}, answer.text, latency,
+                           verdict=answer.verdict)
+        elif answer.error is not None and not answer.ids:
+            self._refused(w, item, answer.error)
+        elif answer.error is not None:
+            if self._aborting:
+                return
+            item.last_error = f"{w.name}: stream error after {len(answer.ids)} ids: {answer.error}"
+            self._retry_or_fail(item)
+        elif answer.finish is None:
+            if self._aborting:
+                return
+            item.last_error = (f"{w.name}: the stream ended without a final chunk ({answer.chunks} chunks, "
+                               f"{len(answer.ids)} ids, [DONE] {'seen' if answer.done else 'missing'})")
+            self._retry_or_fail(item)
+        else:
+            self._answered(w, item, answer.ids, answer.meta, answer.finish, answer.text, latency)
+
+    def _refused(self, w: Worker, item: WorkItem, message: str) -> None:
+        """An error event before any id, in a 200 stream: SGLang's HTTP 400 of a non-streamed request (its
+        validation's ValueError, contract 2.4)."""
+        if DUPLICATE_RID in message:
+            if self._aborting:
+                return
+            self.emit(AlertEvent(severity="error", text=f"{w.name} refused a duplicate request id; re-queued",
+                                 evidence=f"{item.rid}: {message}", key=f"duplicate-rid:{w.name}"))
+            item.last_error = f"{w.name}: stream error: {message}"
+            self._retry_or_fail(item)
+            return
+        self.deliver(Rejected(item, f"rejected by SGLang (stream error event): {message}",
+                              excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}"))
+
+    def _answered(self, w: Worker, item: WorkItem, ids32: array, meta: dict, finish: object, server_text: object,
+                  latency: float, verdict: Repetition | None = None) -> None:
         finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
-        if finish_type == "abort":
+        if finish_type == "abort" and verdict is None:
             if self._aborting:
                 return
             item.last_error = f"{w.name}: aborted: {finish.get('message', '')}"
             self._retry_or_fail(item)
             return
         completion = meta.get("completion_tokens")
-        if completion != len(output_ids) and w.name not in self._mismatch_alerted:
+        n = len(ids32)
+        if verdict is not None and finish_type is None:
+            completion = n  # the stream broke off after the stop: the ids delivered are the answer
+        if completion != n and w.name not in self._mismatch_alerted:
             self._mismatch_alerted.add(w.name)
             self.emit(AlertEvent(
                 severity="warning", text=f"{w.name}: meta_info.completion_tokens != len(output_ids)",
-                evidence=f"{item.sample_id}: completion_tokens={completion}, len(output_ids)={len(output_ids)}",
+                evidence=f"{item.sample_id}: completion_tokens={completion}, len(output_ids)={n}",
                 key=f"completion-mismatch:{w.name}"))
         matched = finish.get("matched") if isinstance(finish, dict) else None
-        text, refused = self.renderer.answer_text(ids32, data.get("text"), matched)
+        text, refused = self.renderer.answer_text(ids32, server_text, matched)
         if refused and w.name not in self._text_alerted:
             self._text_alerted.add(w.name)
             self.emit(AlertEvent(
                 severity="warning", text=f"{w.name}: /generate text does not match output_ids; decoding them here",
-                evidence=f"{item.sample_id}: {len(output_ids)} ids, server text {len(data['text'])} chars",
+                evidence=f"{item.sample_id}: {n} ids, server text {len(server_text)} chars",
                 key=f"text-mismatch:{w.name}"))
         row = SampleRow(
             sample_id=item.sample_id, conversation_id=item.conv.conversation_id, turn=item.turn,
             source=item.conv.source, origin=item.conv.origin, prompt_ids=item.prompt_ids, output_ids=ids32,
             reasoning_tokens=self.renderer.reasoning_tokens(ids32, item.prompt_opened),
-            prompt_opened=item.prompt_opened, finish_reason=finish_type or "unknown",
-            completion_tokens=int(completion) if isinstance(completion, int) else len(output_ids),
+            prompt_opened=item.prompt_opened,
+            finish_reason=REPETITION if verdict is not None else (finish_type or "unknown"),
+            completion_tokens=int(completion) if isinstance(completion, int) else n,
             cached_tokens=int(meta.get("cached_tokens") or 0), latency_s=float(latency), worker=w.name, text=text)
         item.served_by = w.name
         answer = None
         if self.cfg.turns == "all" and not item.is_last_turn:
-            answer = self.renderer.history_answer(output_ids, item.prompt_opened)
+            answer = self.renderer.history_answer(ids32, item.prompt_opened)
         self.deliver(Generated(item, row, answer))
 
     def _retry_or_fail(self, item: WorkItem, immediate: bool = False) -> None:
@@ -353,6 +474,10 @@ class Dispatcher:
         log.info("retry %d of %s: %s", item.attempt, item.sample_id, item.last_error)
         delay = 0.0 if immediate else min(60.0, self.cfg.dispatch.retry_backoff_s * 2 ** (item.attempt - 1))
         self.deliver(Retry(item, delay))
+
+
+async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
+    return await resp.read()
 
 
 def int32_array(values: list) -> array:

@@ -37,7 +37,8 @@ Figure meanings (in `dispatch` and in each shard), the same names everywhere:
   failed         samples whose retries were spent in this run (the next start generates them again)
   retried        attempts that failed and went back to the queue (not an outcome)
   in_flight      requests sent and not answered; while draining, what is left to drain
-  output_tokens, empty, truncated   sums over the committed samples
+  output_tokens, empty, truncated, repetition   sums over the committed samples (repetition: answers the runaway
+                 guard stopped, finish_reason "repetition")
   tokens_per_s   output tokens committed per second over the last minute of this start; null until measurable
                  and when not running
   eta_s          seconds left at that rate (remaining samples x committed tokens per sample); null until
@@ -95,11 +96,13 @@ class ShardStatus:
     failed: int
     rejected: int
     dispatched: int = 0  # requests sent for it by this supervisor
+    repetition: int = 0  # stopped by the runaway guard
 
     def event(self) -> ShardEvent:
         return ShardEvent(id=self.id, state=self.state, done=self.done, total=self.total,
                           output_tokens=self.output_tokens, empty=self.empty, truncated=self.truncated,
-                          failed=self.failed, rejected=self.rejected, planned=self.planned)
+                          failed=self.failed, rejected=self.rejected, planned=self.planned,
+                          repetition=self.repetition)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,7 +112,7 @@ def shard_status(sid: str, counts: ShardCounts, paused: bool, run_state: str, di
     return ShardStatus(id=sid, state=shard_state(counts, paused, run_state, dispatched > 0), done=counts.done,
                        total=counts.to_generate, planned=counts.total, output_tokens=counts.output_tokens,
                        empty=counts.empty, truncated=counts.truncated, failed=counts.failed,
-                       rejected=counts.rejected, dispatched=dispatched)
+                       rejected=counts.rejected, dispatched=dispatched, repetition=counts.repetition)
 
 
 def shard_statuses(shards: Mapping[str, ShardCounts], paused: Iterable[str], run_state: str,
@@ -131,6 +134,7 @@ def dispatch_figures(shards: Mapping[str, ShardCounts], state: str, *, rate: Com
     return DispatchEvent(in_flight=in_flight, done=done, failed=sum(c.failed for c in shards.values()),
                          retried=retried, rejected=sum(c.rejected for c in shards.values()), total=total,
                          planned=sum(c.total for c in shards.values()), output_tokens=tokens,
+                         repetition=sum(c.repetition for c in shards.values()),
                          tokens_per_s=round(tok_s, 1) if tok_s is not None else None,
                          eta_s=eta_s(total - done, done, tokens, tok_s) if state == "running" else None, state=state)
 

@@ -68,6 +68,15 @@ class RunWatch:
                 f"shard {sid}: {trunc_share:.0%} truncated answers (threshold alerts.truncated_share"
                 f" {a.truncated_share:.0%})",
                 f"{p.truncated} of {n} samples hit max_new_tokens (finish_reason length)")
+            if self.cfg.runaway.enabled:
+                rep_share, level = p.repetition / n, self.cfg.runaway.alert_share
+                self.telemetry.condition(
+                    f"repetition:{sid}", rep_share > level, "warning",
+                    f"shard {sid}: {rep_share:.0%} answers stopped as runaway repetition (threshold"
+                    f" runaway.alert_share {level:.0%})",
+                    f"{p.repetition} of {n} samples fell into a token loop and were stopped (finish_reason"
+                    " repetition); greedy or low-temperature sampling loops more: check sampling.temperature and"
+                    " sampling.presence_penalty")
 
     # -- throughput -------------------------------------------------------------------------------
     def throughput(self, figures: DispatchEvent, work_waiting: bool) -> None:

@@ -92,6 +92,12 @@ def build_app(server: "SimServer") -> web.Application:
     return app
 
 
+def _value_error(exc: ApiError) -> bool:
+    """A 400 raised by SGLang's tokenizer manager as a ValueError (its body {"error": {"message": ...}}), which a
+    streamed request gets as an error event; 0.5.23's schema gate (a plain-string error) answers before streaming."""
+    return exc.status == 400 and isinstance(exc.body, dict) and isinstance(exc.body.get("error"), dict)
+
+
 def _peer(request: web.Request) -> str:
     peer = request.transport.get_extra_info("peername") if request.transport else None
     return f"{peer[0]}:{peer[1]}" if peer else "unknown:0"
@@ -283,11 +289,17 @@ class Handlers:
         if err is not None:
             raise err
         body = await read_json(request)
-        items, is_batch = parse_generate(body, s.tokenizer.encode, s.profile)
-        reqs = await self.submit(items)
+        streamed = isinstance(body, dict) and bool(body.get("stream"))
+        try:
+            items, is_batch = parse_generate(body, s.tokenizer.encode, s.profile)
+            reqs = await self.submit(items)
+        except ApiError as exc:
+            if streamed and _value_error(exc):
+                return await self.stream_error(request, exc)
+            raise
         try:
             if isinstance(body, dict) and body.get("stream"):
-                return await self.stream(request, reqs, is_batch)
+                return await self.stream(request, reqs, items, is_batch)
             await self.run(reqs)
             await self.never_answered(reqs)
             out = [self.result(req) for req in reqs]
@@ -295,7 +307,22 @@ class Handlers:
         finally:
             self.release(reqs)
 
-    async def stream(self, request: web.Request, reqs: list[SimRequest], is_batch: bool) -> web.StreamResponse:
+    async def stream_error(self, request: web.Request, exc: ApiError) -> web.StreamResponse:
+        """A streamed request that fails SGLang's validation: the checks run inside the response's generator, so
+        the answer is HTTP 200 with an error event, then [DONE] (0.5.5 http_server.py stream_results; 0.5.23 adds
+        type, code and retryable to the error object; contract 2.4)."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        error = dict(exc.body["error"])
+        if self.server.profile.stream_error_details:
+            error.update(type="invalid_request_error", code=400, retryable=False)
+        await response.write(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def stream(self, request: web.Request, reqs: list[SimRequest], items: list[GenerateItem],
+                     is_batch: bool) -> web.StreamResponse:
         """finish_reason null until the last chunk; `text` cumulative and `output_ids` per the version (contract
         2.4): only the new ids in 0.5.5, cumulative from 0.5.10; both deltas with incremental streaming output."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -309,8 +336,9 @@ class Handlers:
                 await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         else:
             queue: asyncio.Queue = asyncio.Queue()
-            for req in reqs:
+            for req, item in zip(reqs, items):
                 req.stream = True
+                req.stream_interval = max(1, item.sampling.get("stream_interval") or 1)
                 self.server.scheduler.submit(req)
             tasks = [asyncio.create_task(self._stream_one(req, i if is_batch else None, queue))
                      for i, req in enumerate(reqs)]
@@ -342,6 +370,8 @@ class Handlers:
             req.progress.clear()
             finished = req.state == "finished"
             n = len(req.output_ids) if finished else sch.generated(req)
+            if not finished and sent and n - sent < req.stream_interval:
+                continue  # stream_interval: the first tokens at once, then a chunk every `interval` new tokens
             ids = req.output_ids if finished else req.plan.output_ids[:n]
             new_ids = list(ids[sent:n])
             if n > sent:

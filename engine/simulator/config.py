@@ -65,6 +65,10 @@ class SimConfig:
     sim_hang_after: int | None = None  # stop answering (port stays open) after N finished requests
     sim_5xx_rate: float = 0.0  # share of /generate attempts answered HTTP 503
     sim_abort_rate: float = 0.0  # share of requests finishing with finish_reason abort
+    # share of answers that fall into a token cycle repeated until max_new_tokens (a looping thinking model)
+    sim_loop_share: float = 0.0
+    # share of long answers with legitimately repeated structure (lists, tables, code, multiplication tables)
+    sim_repetitive_share: float = 0.0
     sim_instant: bool = False  # no batching delay; prebuilt outputs (client ingest ceiling)
     sim_seed: int = 0
     sim_gpu_mem_gb: float = 139.8  # simulated GPU memory (H200) for the startup lines and KV pool
@@ -118,7 +122,10 @@ class SimConfig:
             (self.sim_instant_pool >= 1, f"--sim-instant-pool {self.sim_instant_pool}: must be >= 1"),
             (0 <= self.port <= 65535, f"--port {self.port}: must be in 0..65535"),
         ]
-        for name in ("sim_empty_share", "sim_5xx_rate", "sim_abort_rate"):
+        checks.append((self.sim_loop_share + self.sim_repetitive_share <= 1.0,
+                       f"--sim-loop-share {self.sim_loop_share} + --sim-repetitive-share {self.sim_repetitive_share}: "
+                       "the two shares are of the same requests and must add up to at most 1"))
+        for name in ("sim_empty_share", "sim_5xx_rate", "sim_abort_rate", "sim_loop_share", "sim_repetitive_share"):
             value = getattr(self, name)
             checks.append((0.0 <= value <= 1.0, f"--{name.replace('_', '-')} {value}: must be in [0, 1]"))
         for ok, message in checks:
@@ -174,6 +181,8 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--sim-hang-after": ("sim_hang_after", int),
     "--sim-5xx-rate": ("sim_5xx_rate", float),
     "--sim-abort-rate": ("sim_abort_rate", float),
+    "--sim-loop-share": ("sim_loop_share", float),
+    "--sim-repetitive-share": ("sim_repetitive_share", float),
     "--sim-seed": ("sim_seed", int),
     "--sim-gpu-mem-gb": ("sim_gpu_mem_gb", float),
     "--sim-instant-pool": ("sim_instant_pool", int),

@@ -74,6 +74,12 @@ class OutputPlan:
     reasoning_tokens: int  # tokens inside <think>...</think> (to the end if unclosed)
     text: str | None = None  # prebuilt text (instant path) for the requested skip_special_tokens
     prompt_opened: bool = False  # the prompt opened the think block: reasoning counts from the first output token
+    # what the answer is, for tests and benchmarks that recompute a plan: "answer" | "empty" | "loop" (falls into a
+    # token cycle repeated to max_new_tokens, --sim-loop-share) | "repetitive" (a long, legitimately repetitive
+    # answer, --sim-repetitive-share)
+    kind: str = "answer"
+    loop_onset: int = 0  # "loop": the output tokens before the cycle starts
+    loop_period: int = 0  # "loop": the cycle's length
 
 
 @dataclass(frozen=True)
@@ -87,13 +93,16 @@ class _Prebuilt:
 
 class OutputGenerator:
     def __init__(self, tokenizer, *, seed: int, mean: float, sigma: float, empty_share: float,
-                 abort_rate: float):
+                 abort_rate: float, loop_share: float = 0.0, repetitive_share: float = 0.0):
         self.tok = tokenizer
         self.seed = seed
+        self.mean = mean
         self.sigma = sigma
         self.mu = math.log(mean) - sigma * sigma / 2  # so that E[length] == mean
         self.empty_share = empty_share
         self.abort_rate = abort_rate
+        self.loop_share = loop_share
+        self.repetitive_share = repetitive_share
 
         enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -107,6 +116,7 @@ class OutputGenerator:
                       "plain": enc("OK.") + [self.im_end]}
         self.think_close = tokenizer.convert_tokens_to_ids("</think>")
         self._build_stream(enc)
+        self._documents = self._build_documents() if repetitive_share > 0 else []
         self._instant: dict[str, list[_Prebuilt]] = {}
         self._instant_empty: dict[str, _Prebuilt] = {}
 
@@ -138,6 +148,25 @@ class OutputGenerator:
         while len(out) < n:
             out.extend(self._stream[: n - len(out)])
         return out
+
+    def _build_documents(self) -> list[list[int]]:
+        """Long answers with repeated structure that are no loop (--sim-repetitive-share), encoded once: a numbered
+        list, a markdown table, code with a method per field, a multiplication table. Every line changes tokens
+        (a number, a name, a cell), as a real list or table does."""
+        rng = random.Random(self.seed + 2)
+        sentences = [s for s in corpus(600, seed=self.seed + 3) if s[:1].isalpha()]
+        words = sorted({w.strip(".,").lower() for s in sentences for w in s.split() if w.strip(".,").isalpha()})
+        docs = [
+            "Here is the full list:\n\n" + "".join(f"{i}. **Item {i}**: {rng.choice(sentences)}\n" for i in range(1, 1500)),
+            "| name | score | passed | date |\n|---|---|---|---|\n" + "".join(
+                f"| {rng.choice(words)} | {rng.randint(0, 100)}.{rng.randint(0, 9)} | {rng.choice(['yes', 'no'])} |"
+                f" 2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} |\n" for _ in range(1500)),
+            "```python\nclass Record:\n" + "".join(
+                f"    @property\n    def {w}_{i}(self) -> int:\n        return self._data[\"{w}_{i}\"]\n\n"
+                for i, w in enumerate(rng.choice(words) for _ in range(1200))) + "```\n",
+            "".join(f"{a} x {b} = {a * b}\n" for a in range(1, 400) for b in range(1, 13)),
+        ]
+        return [self.tok.encode(d, add_special_tokens=False) for d in docs]
 
     # --- planning ---------------------------------------------------------------------------------
     def mode(self, prompt_ids: Sequence[int]) -> Mode:
@@ -192,9 +221,18 @@ class OutputGenerator:
         u_empty, u_abort = rng.random(), rng.random()
         mode = self.mode(prompt_ids)
         opened = mode == "opened"
+        if self.loop_share or self.repetitive_share:
+            # drawn apart from the other choices, so a run without loops plans every answer as before
+            u_kind = attempt_draw(key, 0, b"kind")
+            if u_kind < self.loop_share and not u_empty < self.empty_share:
+                return self._plan_loop(key, mode, max_new_tokens)
+            if u_kind >= 1.0 - self.repetitive_share and not u_empty < self.empty_share:
+                return self._plan_repetitive(key, mode, max_new_tokens)
+        kind = "answer"
         if u_empty < self.empty_share and not ignore_eos:
             ids = list(self.empty[mode])
             reasoning = self._reasoning_count(ids, opened)
+            kind = "empty"
         else:
             length = max(self.draw_length(rng), min_new_tokens)
             if ignore_eos:
@@ -210,7 +248,41 @@ class OutputGenerator:
             ids = ids[: max(1, len(ids) // 2)]
             reasoning = self._reasoning_count(ids, opened)
             finish = abort_finish()
-        return OutputPlan(ids, finish, reasoning, prompt_opened=opened)
+        return OutputPlan(ids, finish, reasoning, prompt_opened=opened, kind=kind)
+
+    def _plan_loop(self, key: bytes, mode: Mode, max_new_tokens: int) -> OutputPlan:
+        """A thinking model stuck in a loop: the answer starts as usual, then one token cycle (a sentence or a
+        paragraph of the prose, or a single token) repeats until max_new_tokens (finish_reason length)."""
+        rng = random.Random(key + b"loop")
+        onset = max(8, round(self.draw_length(rng) / 2))  # where the answer would have been half-way through
+        period = max(1, round(math.exp(rng.uniform(0.0, math.log(400)))))  # log-uniform in 1..400
+        head, _ = self._full(rng, 1 << 30, mode, onset)
+        cycle = self._content(rng, period)
+        ids = head[:max_new_tokens]
+        while len(ids) < max_new_tokens:
+            ids.extend(cycle[: max_new_tokens - len(ids)])
+        opened = mode == "opened"
+        return OutputPlan(ids, {"type": "length", "length": max_new_tokens}, self._reasoning_count(ids, opened),
+                          prompt_opened=opened, kind="loop", loop_onset=min(onset, max_new_tokens), loop_period=period)
+
+    def _plan_repetitive(self, key: bytes, mode: Mode, max_new_tokens: int) -> OutputPlan:
+        """A long answer with repeated structure (a list, a table, code, a multiplication table), about four times
+        the mean length: a short reasoning, then a slice of one prebuilt document, then <|im_end|>."""
+        rng = random.Random(key + b"repetitive")
+        doc = self._documents[rng.randrange(len(self._documents))]
+        length = max(64, round(rng.lognormvariate(math.log(4 * self.mean), 0.3)))
+        start = rng.randrange(len(doc) // 4)
+        body = doc[start:start + length]
+        head = [] if mode == "plain" else (self.think_head if mode == "think" else []) + self._content(rng, 40) + \
+            self.think_mid
+        ids = head + body + [self.im_end]
+        opened = mode == "opened"
+        if len(ids) > max_new_tokens:
+            ids = ids[:max_new_tokens]
+            finish = {"type": "length", "length": max_new_tokens}
+        else:
+            finish = {"type": "stop", "matched": self.im_end}
+        return OutputPlan(ids, finish, self._reasoning_count(ids, opened), prompt_opened=opened, kind="repetitive")
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)

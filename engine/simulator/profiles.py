@@ -40,6 +40,8 @@ class Profile:
     # --enable-priority-scheduling exports every scheduler gauge under priority="" (the total) and per
     # priority (0.5.23 observability/metrics_collector.py:1413-1430; contract 7.5)
     priority_labelled_metrics: bool
+    # a streamed request's error event: {"error": {"message"}} (0.5.5), plus type/code/retryable (0.5.23; contract 2.4)
+    stream_error_details: bool = False
 
 
 PROFILES: dict[str, Profile] = {p.version: p for p in (
@@ -57,7 +59,7 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
             new_info_paths=True, model_info_names_server=True, warmup_info_path="/model_info",
             stream_ids_cumulative=True, has_incremental_streaming_flag=True, retractions_key="num_retractions",
             reports_reasoning_tokens=True, refuses_duplicate_rid=True, repetition_penalty_excludes_zero=True,
-            priority_labelled_metrics=True),
+            priority_labelled_metrics=True, stream_error_details=True),
 )}
 DEFAULT_VERSION = "0.5.23"  # the newest
 

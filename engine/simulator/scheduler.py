@@ -46,6 +46,7 @@ class SimRequest:
     no_stop_trim: bool = False
     priority: int | None = None
     stream: bool = False
+    stream_interval: int = 1  # streaming: a chunk once this many new tokens are out (sampling_params.stream_interval)
     log_metrics: bool = True
     created: float = field(default_factory=time.time)
     created_mono: float = field(default_factory=time.monotonic)
@@ -107,6 +108,10 @@ class Scheduler:
         self._interval_t0 = time.monotonic()
         self._idle_reported = True
         self.last_output_mono = 0.0  # when a step last produced output (what /health waits for)
+        # the simulator's own accounting (no SGLang figure): simulated GPU time spent in steps, by the cost model,
+        # whatever the wall clock did; logged as a "Simulator:" line when the server goes idle and when it stops
+        self.busy_s = 0.0
+        self.tokens_made = 0
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -115,8 +120,13 @@ class Scheduler:
     def add_done_callback(self, callback) -> None:
         self._task.add_done_callback(callback)
 
+    def accounting_line(self) -> str:
+        return (f"Simulator: simulated GPU time {self.busy_s:.3f} s busy, {self.step} steps, {self.tokens_made} tokens"
+                " generated (the simulator's cost model; not an SGLang line)")
+
     async def stop(self) -> None:
         if self._task is not None:
+            self.log.info(self.accounting_line())
             self._task.cancel()
             try:
                 await self._task
@@ -319,6 +329,7 @@ class Scheduler:
                 cuda_graph=cuda_graph, by_priority=self._by_priority())
 
     def _report_idle(self) -> None:
+        self.log.info(self.accounting_line())
         self.last_gen_throughput = 0.0
         if self.metrics is not None:
             self.metrics.set_scheduler_gauges(running=0, queued=len(self.waiting), used_tokens=0, token_usage=0.0,
@@ -355,6 +366,9 @@ class Scheduler:
                     deadline = loop.time()  # fell behind (loaded machine): do not burst to catch up
             if self._frozen:
                 continue
-            self._interval_tokens += self._complete_step(admitted)
+            made = self._complete_step(admitted)
+            self.busy_s += step_s
+            self.tokens_made += made
+            self._interval_tokens += made
             if self.step % self.decode_log_interval == 0:
                 self._log_decode()

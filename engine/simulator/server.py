@@ -220,7 +220,8 @@ class SimServer:
         cfg = self.cfg
         gen = OutputGenerator(self.tokenizer, seed=cfg.sim_seed, mean=cfg.sim_output_mean,
                               sigma=cfg.sim_output_sigma, empty_share=cfg.sim_empty_share,
-                              abort_rate=cfg.sim_abort_rate)
+                              abort_rate=cfg.sim_abort_rate, loop_share=cfg.sim_loop_share,
+                              repetitive_share=cfg.sim_repetitive_share)
         if cfg.sim_instant:
             gen.build_instant_pool(cfg.sim_instant_pool)
         return gen
@@ -311,7 +312,8 @@ class SimServer:
         cap = max(0, self.max_req_len - len(item.prompt_ids) - 1)
         max_new = cap if sp["max_new_tokens"] is None else min(sp["max_new_tokens"], cap)
         key = self.key_for(item)
-        if self.cfg.sim_instant and not sp["ignore_eos"] and not sp["min_new_tokens"] and not self.cfg.sim_abort_rate:
+        if self.cfg.sim_instant and not sp["ignore_eos"] and not sp["min_new_tokens"] and not self.cfg.sim_abort_rate \
+                and not self.cfg.sim_loop_share and not self.cfg.sim_repetitive_share:
             plan = self.generator.plan_instant(key, item.prompt_ids, max_new, sp["skip_special_tokens"])
         else:
             plan = self.generator.plan(key, item.prompt_ids, max_new, min_new_tokens=sp["min_new_tokens"],

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.bench import bench_common as bc
 
-ALL = ("ingest", "occupancy", "capacity", "affinity", "resume", "stats", "export", "probe")
+ALL = ("ingest", "occupancy", "capacity", "affinity", "resume", "stats", "export", "probe", "runaway")
 
 
 def _sub(argv: list[str], timeout: float) -> None:
@@ -87,6 +87,14 @@ def run_export(quick: bool) -> dict:
     # 20,000 samples (1,000 a shard): the largest that runs in a few minutes on the 2-core bench box
     res = bench_export.run(samples=4000 if quick else 20000, parts=8 if quick else 40)
     bc.write_result("export", res)
+    return res
+
+
+def run_runaway(quick: bool) -> dict:
+    from tests.bench import bench_runaway
+
+    res = bench_runaway.run(samples=300 if quick else 1200, gpus=4)
+    bc.write_result("runaway", res)
     return res
 
 
@@ -178,6 +186,14 @@ def table(results: dict) -> str:
         s = pr["ssh_process_per_command_sequential"]["median_s"]
         rows.append(f"| probe latency: {len(pr['commands'])} probes, one asyncssh connection vs ssh per command | "
                     f"{a:.2f} s | {s:.2f} s | {pr['speedup_vs_ssh_sequential']:.1f}x | | n/a |")
+    rw = results.get("runaway")
+    if rw:
+        g, n = rw["cases"]["guard"], rw["cases"]["no_guard"]
+        rows.append(f"| runaway: simulated GPU-s per kept sample, 2% loops, 1% legit repetitive, {rw['gpus']} GPUs, "
+                    f"max_new_tokens {rw['max_new_tokens']:,} (loops stopped before 25%; legit stopped) | "
+                    f"{g['gpu_s_per_kept']:.4f} ({rw['loops_stopped_early_share']:.0%}; {rw['legit_stopped']}) | "
+                    f"{n['gpu_s_per_kept']:.4f} | {rw['gpu_time_saving_per_kept']:.0%} less | ≥ 20% less, ≥ 95%, 0 | "
+                    f"{_yes(rw['met'])} |")
     return "\n".join(rows)
 
 
@@ -193,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
     runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "affinity": run_affinity,
-               "resume": run_resume,
-               "stats": run_stats, "export": run_export, "probe": run_probe}
+               "resume": run_resume, "stats": run_stats, "export": run_export, "probe": run_probe,
+               "runaway": run_runaway}
     out = bc.RESULTS_DIR / "bench.json"
     results: dict = {}
     failures: dict[str, str] = {}
@@ -202,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json",
              "affinity": "affinity.json",
              "resume": "resume.json", "stats": "stats.json", "export": "export.json",
-             "probe": "probe_latency.json"}
+             "probe": "probe_latency.json", "runaway": "runaway.json"}
     for name in wanted if args.from_results else []:
         path = bc.RESULTS_DIR / files[name]
         try:

@@ -30,6 +30,7 @@ is_empty_answer(text, prompt_opened): True when the supervised part is only boil
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 THINK_OPEN = "<think>"
@@ -40,6 +41,19 @@ _SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,64}\|>")
 _VISIBLE_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 ThinkState = Literal["present", "missing", "unterminated"]
+
+
+THINK_STATES: tuple[ThinkState, ...] = ("present", "missing", "unterminated")  # the store's `think` column codes
+
+
+@dataclass(frozen=True, slots=True)
+class SampleShape:
+    """What the store records of one committed answer's shape (the samples table's empty, finish_reason and think
+    columns), judged by the data-quality brake (engine.run.brake). think is None for a sample committed before the
+    store kept it."""
+    empty: bool
+    finish_reason: str
+    think: ThinkState | None
 
 
 def prompt_opens_think(prompt_text: str) -> bool:

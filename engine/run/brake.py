@@ -81,7 +81,7 @@ class BrakeShare:
 
     def text(self) -> str:
         title = REASON_BY_NAME[self.reason].title if self.reason in REASON_BY_NAME else self.reason
-        return (f"{title}: {self.share:.0%} ({self.count} of the last {self.samples} committed samples; "
+        return (f"{title}: {self.share:.1%} ({self.count} of the last {self.samples} committed samples; "
                 f"brake level {self.level:.0%})")
 
     def to_dict(self) -> dict[str, Any]:

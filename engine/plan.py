@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.config import ConfigError, RunConfig, load_config
+from engine.run.brake import BrakePlan, plan_of
 from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
 from engine.pilot import PilotError, PilotResult, run_pilot
 from engine.run.committer import CHAIN_COMMIT_S
@@ -109,6 +110,7 @@ class Plan:
     projection: Projection
     assumptions: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    brake: BrakePlan | None = None  # the data-quality brake's settings ([brake])
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -372,7 +374,8 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
     assumptions = {"output_tokens_per_sample": cfg.plan.output_tokens_per_sample,
                    "tokens_per_s_per_gpu": cfg.plan.tokens_per_s_per_gpu,
                    "used": result is None}
-    return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes)
+    return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
+                plan_of(cfg))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -56,6 +56,9 @@ def run_shard_op(args, op: str) -> int:
             shards = result.get("shards") or []
             print(f"{op}d {len(shards)} shard(s): {' '.join(shards) or '-'}; paused now: "
                   f"{' '.join(result.get('paused') or []) or 'none'}; run state {result.get('state')}")
+            if result.get("brake"):
+                print(f"still braked by the data-quality brake: {result['brake']}; `regen resume ... --all` "
+                      "releases it")
         return EXIT_OK
 
     return run_with_client(args, call)

@@ -260,5 +260,29 @@ class RunBrake:
                                    window_size=self.settings.window, min_samples=self.settings.min_samples)
 
 
+@dataclass
+class BrakeLevel:
+    reason: str
+    level: float
+    alert: float | None  # its alert level in [alerts], where there is one
+    judged: bool  # False: does not apply to this run (thinking_missing with enable_thinking = false)
+
+
+@dataclass
+class BrakePlan:
+    """[brake] as `regen plan` prints it."""
+    enabled: bool
+    window: int
+    min_samples: int
+    levels: list[BrakeLevel]
+
+
+def plan_of(cfg: RunConfig) -> BrakePlan:
+    b = cfg.brake
+    return BrakePlan(b.enabled, b.window, b.min_samples,
+                     [BrakeLevel(r.name, getattr(b, r.level_key), getattr(cfg.alerts, r.level_key, None), r.applies(cfg))
+                      for r in REASONS])
+
+
 def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)) if ts else "an unknown time"

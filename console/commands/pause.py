@@ -33,7 +33,8 @@ def add_arguments(parser) -> None:
                         help="ssh alias, user@host[:port] or `local`, then shard ids (e.g. s00003)")
     parser.add_argument("--run-dir", required=True, help="the run dir on the host")
     add_ssh_options(parser)
-    parser.add_argument("--all", action="store_true", help="every shard")
+    parser.add_argument("--all", action="store_true",
+                        help="every shard (resume --all also releases the data-quality brake: [brake])")
     parser.add_argument("--json", action="store_true")
 
 

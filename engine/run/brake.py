@@ -43,20 +43,20 @@ class Reason:
 
 
 REASONS: tuple[Reason, ...] = (
-    Reason("empty", "empty_share", "empty answers (reasoning and answer only boilerplate, e.g. <think></think> OK.)",
-           lambda s: s.empty,
-           ("chat template: not the model's own (workers render with the tokenizer's template: check `tokenizer`)",
+    Reason("empty", "empty_share", "empty answers", lambda s: s.empty,
+           ("chat template: not the model's own (regen renders every prompt with the tokenizer's chat template: "
+            "check `tokenizer` and `model`)",
             "enable_thinking: a template that closes the think block at once, or a model that does not think",
             "prompt extraction: the user messages came out empty or wrong (prompt_format, the message fields; "
             "see rejects.jsonl and `regen stats`)",
             "sampling: max_new_tokens or stop settings that end answers at once")),
-    Reason("truncated", "truncated_share", "truncated answers (finish_reason length: cut at max_new_tokens)",
+    Reason("truncated", "truncated_share", "truncated answers (finish_reason length)",
            lambda s: s.finish_reason == "length",
            ("sampling: max_new_tokens too small for the model's answers (Qwen3 thinking needs 32768), or greedy / "
             "low-temperature decoding that loops",
             "chat template: no end-of-turn token the model stops on",
             "enable_thinking: reasoning longer than max_new_tokens allows")),
-    Reason("thinking_missing", "thinking_missing_share", "answers whose reasoning is missing or never closed",
+    Reason("thinking_missing", "thinking_missing_share", "reasoning missing or unclosed",
            lambda s: s.think in ("missing", "unterminated"),
            ("enable_thinking: the template ignores it, or the model does not think",
             "chat template: not the model's own, so the reasoning block is not opened or closed as the model expects",

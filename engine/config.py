@@ -371,7 +371,7 @@ def validate_brake(cfg: RunConfig) -> None:
         raise ConfigError(f"brake.min_samples = {b.min_samples} is more than brake.window = {b.window}: the window "
                           f"never holds that many samples, so the brake never judges; set min_samples <= window "
                           f"(defaults {Brake.min_samples} and {Brake.window})")
-    for key in ("empty_share", "truncated_share", "thinking_missing_share"):
+    for key in (f.name for f in dataclasses.fields(Brake) if f.name.endswith("_share")):  # one per brake reason
         level = getattr(b, key)
         if not isinstance(level, (int, float)) or isinstance(level, bool) or not 0 < level <= 1:
             raise ConfigError(f"brake.{key} = {level!r}: must be a share in (0, 1], e.g. {getattr(Brake, key)} "

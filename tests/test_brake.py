@@ -45,6 +45,8 @@ def test_the_window_counts_each_reason_over_its_last_samples_only():
     w.clear()
     assert len(w) == 0 and w.count("thinking_missing") == 0
     assert [r.name for r in REASONS] == ["empty", "truncated", "thinking_missing"]
+    # a reason is its REASONS entry and its level in [brake]: nothing else to keep in step
+    assert [r.level_key for r in REASONS] == [f.name for f in dataclasses.fields(Brake) if f.name.endswith("_share")]
 
 
 def test_it_brakes_only_over_a_level_and_only_from_min_samples_on():

@@ -145,6 +145,25 @@ class Runaway:
 
 
 @dataclass(frozen=True)
+class Brake:
+    """[brake]: the data-quality brake (engine.run.brake). Operational (not in the content hash): its levels may
+    change between restarts, and a start whose [brake] differs from the one a brake was taken under judges the
+    same recent samples again under the new one.
+
+    When the share of one kind of bad answer over the last `window` committed samples (run-wide, in commit
+    order; judged once at least `min_samples` are in it) is over its level, dispatch pauses run-wide until
+    `regen resume --all`. Each level must be above its alert level in [alerts] (the alert warns first); 1.0
+    never brakes on that kind. thinking_missing_share is judged only with enable_thinking = true."""
+    enabled: bool = True
+    window: int = 500
+    min_samples: int = 200
+    empty_share: float = 0.5
+    truncated_share: float = 0.5
+    thinking_missing_share: float = 0.5
+    repetition_share: float = 0.5  # answers the runaway guard stopped ([runaway]); alerted above runaway.alert_share
+
+
+@dataclass(frozen=True)
 class Store:
     """[store]: how finished answers become part files. Operational (not in the content hash).
 
@@ -264,6 +283,7 @@ class RunConfig:
     plan: PlanAssumptions = field(default_factory=PlanAssumptions)
     store: Store = field(default_factory=Store)
     runaway: Runaway = field(default_factory=Runaway)
+    brake: Brake = field(default_factory=Brake)
     hosts: tuple[Host, ...] = ()  # empty: one host, the supervisor's own ([workers])
     router: Router = field(default_factory=Router)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
@@ -330,7 +350,7 @@ def config_from_dict(data: dict[str, Any], source_path: str | None = None) -> Ru
         if required not in data:
             raise ConfigError(f"run config{f' {source_path}' if source_path else ''}: missing required key '{required}'")
     sections = {"sampling": Sampling, "workers": Workers, "dispatch": Dispatch, "alerts": Alerts, "plan": PlanAssumptions,
-                "router": Router, "store": Store, "runaway": Runaway}
+                "router": Router, "store": Store, "runaway": Runaway, "brake": Brake}
     for name, cls in sections.items():
         if name in data:
             if not isinstance(data[name], dict):
@@ -375,6 +395,7 @@ def validate(cfg: RunConfig) -> None:
                           f"in [0, 60] (default {Dispatch.affinity_hold_s}: how long a turn waits for the server "
                           "that holds its prefix before any server takes it)")
     validate_runaway(cfg.runaway)
+    validate_brake(cfg)
     cfg.workers.groups()
     validate_seed(cfg)
     if cfg.workers.health_timeout_s <= 1.0:
@@ -405,6 +426,31 @@ def validate_runaway(r: Runaway) -> None:
     if r.ngram_window <= r.ngram:
         raise ConfigError(f"runaway.ngram_window = {r.ngram_window} must be larger than runaway.ngram = {r.ngram} "
                           f"(defaults {Runaway.ngram_window} and {Runaway.ngram})")
+
+
+def validate_brake(cfg: RunConfig) -> None:
+    """[brake], field by field: each error names the key and a value that works."""
+    b = cfg.brake
+    if not isinstance(b.enabled, bool):
+        raise ConfigError(f"brake.enabled = {b.enabled!r}: must be true or false (false turns the brake off)")
+    for key in ("window", "min_samples"):
+        value = getattr(b, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"brake.{key} = {value!r}: must be an integer >= 1 (default {getattr(Brake, key)})")
+    if b.min_samples > b.window:
+        raise ConfigError(f"brake.min_samples = {b.min_samples} is more than brake.window = {b.window}: the window "
+                          f"never holds that many samples, so the brake never judges; set min_samples <= window "
+                          f"(defaults {Brake.min_samples} and {Brake.window})")
+    for key in (f.name for f in dataclasses.fields(Brake) if f.name.endswith("_share")):  # one per brake reason
+        level = getattr(b, key)
+        if not isinstance(level, (int, float)) or isinstance(level, bool) or not 0 < level <= 1:
+            raise ConfigError(f"brake.{key} = {level!r}: must be a share in (0, 1], e.g. {getattr(Brake, key)} "
+                              "(1.0: never brake on it)")
+        alert = getattr(cfg.alerts, key, None)
+        if alert is not None and level <= alert:
+            raise ConfigError(f"brake.{key} = {level:g} is not above alerts.{key} = {alert:g}: the brake would stop "
+                              f"the run before the alert warns; set brake.{key} above it (e.g. {Brake.empty_share:g}) "
+                              f"or lower alerts.{key}")
 
 
 def validate_seed(cfg: RunConfig) -> None:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.config import ConfigError, RunConfig, load_config
+from engine.run.brake import BrakePlan, plan_of
 from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
 from engine.pilot import PilotError, PilotResult, run_pilot
 from engine.run.committer import CHAIN_COMMIT_S
@@ -124,6 +125,7 @@ class Plan:
     assumptions: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     runaway: GuardProjection | None = None
+    brake: BrakePlan | None = None  # the data-quality brake's settings ([brake])
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -432,7 +434,7 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
                    "used": result is None}
     guard = project_guard(cfg, projection, outputs if result is not None else None)
     return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
-                runaway=guard)
+                runaway=guard, brake=plan_of(cfg))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

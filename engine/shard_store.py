@@ -6,14 +6,16 @@ compacted; and run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
 
     parts(path TEXT PRIMARY KEY, shard_id, rows, committed_at, seq, bytes)   -- part files and shard files
     samples(sample_id TEXT PRIMARY KEY, shard_id, part_path, conversation_id, turn, output_len,
-            finish_reason, empty, answer NULL, prompt_len, reasoning_tokens)
+            finish_reason, empty, answer NULL, prompt_len, reasoning_tokens,
+            think NULL)     -- engine.answer_shape.THINK_STATES index; NULL: committed before it was kept
+                            -- (rowid order is commit order: the data-quality brake's window reads the last rows)
     shards(shard_id TEXT PRIMARY KEY, total, paused, total_samples NULL,
            done_samples, output_tokens, empty, truncated, parts,   -- counters kept in the commit txn
            next_seq,                                               -- part numbers are never reused
            repetition)                                 -- finish_reason "repetition" (added to older stores)
     outcomes(sample_id TEXT PRIMARY KEY, shard_id, outcome, reason, settled_at)
                                                            -- samples settled without a row: rejected | failed
-    meta(key TEXT PRIMARY KEY, value)
+    meta(key TEXT PRIMARY KEY, value)   -- also the data-quality brake's record (brake(), set_brake())
 
 A commit is: validate rows -> refuse duplicates -> write part-N.parquet.tmp, fsync -> rename to
 part-N.parquet, fsync the directory -> ONE sqlite transaction (part row, every sample id, the
@@ -65,7 +67,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.answer_shape import THINK_CLOSE, THINK_OPEN, is_empty_answer
+from engine.answer_shape import THINK_CLOSE, THINK_OPEN, THINK_STATES, SampleShape, is_empty_answer, think_state
 from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 
 STATE_DB = "state.sqlite"
@@ -81,6 +83,8 @@ REPETITION = "repetition"
 # sample is ~20 KB of ids and mask), and readers get row groups of a useful size, not one per part
 COMPACT_ROW_GROUP_ROWS = 1024
 _SQL_CHUNK = 500
+BRAKE_KEY = "brake"  # meta: the data-quality brake's record (JSON, engine.run.brake) while the run is braked
+BRAKE_FROM_KEY = "brake_window_from"  # meta: the brake's window holds only samples of a higher rowid (a resume)
 _NON_SPACE = re.compile(r"\S")
 
 SCHEMA_SQL = """
@@ -91,7 +95,7 @@ CREATE INDEX IF NOT EXISTS parts_shard ON parts(shard_id, seq);
 CREATE TABLE IF NOT EXISTS samples(
     sample_id TEXT PRIMARY KEY, shard_id TEXT NOT NULL, part_path TEXT NOT NULL, conversation_id TEXT NOT NULL,
     turn INT NOT NULL, output_len INT NOT NULL, finish_reason TEXT NOT NULL, empty INT NOT NULL, answer TEXT,
-    prompt_len INT NOT NULL DEFAULT 0, reasoning_tokens INT NOT NULL DEFAULT 0);
+    prompt_len INT NOT NULL DEFAULT 0, reasoning_tokens INT NOT NULL DEFAULT 0, think INT);
 CREATE INDEX IF NOT EXISTS samples_shard ON samples(shard_id, output_len, empty, finish_reason);
 CREATE INDEX IF NOT EXISTS samples_conversation ON samples(conversation_id, turn);
 CREATE INDEX IF NOT EXISTS samples_part ON samples(part_path);
@@ -141,6 +145,7 @@ class PartInfo:
     empty: int = field(default=0, compare=False)
     truncated: int = field(default=0, compare=False)
     repetition: int = field(default=0, compare=False)
+    shapes: tuple[SampleShape, ...] = field(default=(), compare=False, repr=False)  # each row's, in commit order
 
 
 class DuplicateSample(Exception):
@@ -195,6 +200,8 @@ class ShardStore:
             self._db.execute("PRAGMA busy_timeout=30000")
             self._db.executescript(SCHEMA_SQL)
             self._migrate()
+            if "think" not in {r[1] for r in self._db.execute("PRAGMA table_info(samples)")}:
+                self._db.execute("ALTER TABLE samples ADD COLUMN think INT")  # a store from before the column
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open {self.db_path}: {exc}") from exc
         mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
@@ -423,6 +430,56 @@ class ShardStore:
         with self._lock:
             self._db.execute("INSERT INTO meta(key, value) VALUES(?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                              (key, value))
+
+    # --- the data-quality brake's committed inputs and its record ------------------------------
+
+    def recent_shapes(self, limit: int, after: int = 0) -> list[SampleShape]:
+        """The shapes of the last `limit` committed samples (of rowid > after), oldest first: rowid order is
+        commit order (each commit inserts its rows in one transaction)."""
+        with self._lock:
+            rows = self._db.execute("SELECT empty, finish_reason, think FROM samples WHERE rowid > ?"
+                                    " ORDER BY rowid DESC LIMIT ?", (after, limit)).fetchall()
+        return [SampleShape(bool(e), fr, THINK_STATES[t] if t is not None and 0 <= t < len(THINK_STATES) else None)
+                for e, fr, t in reversed(rows)]
+
+    def last_sample_rowid(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT coalesce(max(rowid), 0) FROM samples").fetchone()[0]
+
+    def brake(self) -> tuple[str | None, int]:
+        """(the brake's record as JSON or None when not braked, the rowid its window starts after)."""
+        with self._lock:
+            rows = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN (?, ?)", (BRAKE_KEY, BRAKE_FROM_KEY)))
+        try:
+            after = int(rows.get(BRAKE_FROM_KEY) or 0)
+        except ValueError:
+            after = 0  # not written by regen: the window takes every committed sample
+        return rows.get(BRAKE_KEY), after
+
+    def set_brake(self, record: str | None, window_from: int | None = None) -> None:
+        """Record the brake (JSON), or clear it (None); window_from: the window starts after this rowid from now
+        on. One transaction, durable (synchronous=FULL) before it returns."""
+        try:
+            with self._lock:
+                db = self._db
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    if record is None:
+                        db.execute("DELETE FROM meta WHERE key=?", (BRAKE_KEY,))
+                    else:
+                        db.execute("INSERT INTO meta(key, value) VALUES(?,?) ON CONFLICT(key) DO UPDATE SET"
+                                   " value=excluded.value", (BRAKE_KEY, record))
+                    if window_from is not None:
+                        db.execute("INSERT INTO meta(key, value) VALUES(?,?) ON CONFLICT(key) DO UPDATE SET"
+                                   " value=excluded.value", (BRAKE_FROM_KEY, str(int(window_from))))
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot {'record' if record is not None else 'clear'} the data-quality brake in "
+                             f"{self.db_path}: {exc}") from exc
 
     # --- commit ------------------------------------------------------------------------------
 
@@ -665,11 +722,12 @@ class ShardStore:
                 ("sample_id", "conversation_id", "turn", "output_len", "finish_reason", "prompt_len",
                  "reasoning_tokens", "prompt_opened", "text")}
         empty = [int(_is_empty(t, opened)) for t, opened in zip(cols["text"], cols["prompt_opened"])]
+        think = [_think_code(t, opened) for t, opened in zip(cols["text"], cols["prompt_opened"])]
         samples = [
-            (sid, info.shard_id, info.path, cid, turn, olen, fr, e, history.get(sid), plen, rt)
-            for sid, cid, turn, olen, fr, e, plen, rt in zip(
+            (sid, info.shard_id, info.path, cid, turn, olen, fr, e, history.get(sid), plen, rt, th)
+            for sid, cid, turn, olen, fr, e, plen, rt, th in zip(
                 cols["sample_id"], cols["conversation_id"], cols["turn"], cols["output_len"],
-                cols["finish_reason"], empty, cols["prompt_len"], cols["reasoning_tokens"])
+                cols["finish_reason"], empty, cols["prompt_len"], cols["reasoning_tokens"], think)
         ]
         tokens = sum(cols["output_len"])
         truncated = sum(1 for fr in cols["finish_reason"] if fr == "length")
@@ -681,8 +739,8 @@ class ShardStore:
                 db.execute("INSERT INTO parts(path, shard_id, rows, committed_at, seq, bytes) VALUES(?,?,?,?,?,?)",
                            (info.path, info.shard_id, info.rows, info.committed_at, info.seq, info.bytes))
                 db.executemany("INSERT INTO samples(sample_id, shard_id, part_path, conversation_id, turn, output_len,"
-                               " finish_reason, empty, answer, prompt_len, reasoning_tokens)"
-                               " VALUES(?,?,?,?,?,?,?,?,?,?,?)", samples)
+                               " finish_reason, empty, answer, prompt_len, reasoning_tokens, think)"
+                               " VALUES(?,?,?,?,?,?,?,?,?,?,?,?)", samples)
                 db.execute("UPDATE shards SET done_samples=done_samples+?, output_tokens=output_tokens+?,"
                            " empty=empty+?, truncated=truncated+?, repetition=repetition+?, parts=parts+1,"
                            " next_seq=max(next_seq, ?) WHERE shard_id=?",
@@ -692,8 +750,9 @@ class ShardStore:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+        shapes = tuple(SampleShape(bool(e), fr, THINK_STATES[th]) for e, fr, th in zip(empty, cols["finish_reason"], think))
         return dataclasses.replace(info, output_tokens=tokens, empty=sum(empty), truncated=truncated,
-                                   repetition=repetition)
+                                   repetition=repetition, shapes=shapes)
 
 
 def build_table(rows: list[dict]) -> pa.Table:
@@ -865,6 +924,11 @@ def _is_empty(text: str, prompt_opened: bool) -> bool:
         if _NON_SPACE.search(text, opened + len(THINK_OPEN) if opened >= 0 else 0, close):
             return False
     return is_empty_answer(text, prompt_opened)
+
+
+def _think_code(text: str, prompt_opened: bool) -> int:
+    """think_state(text, prompt_opened) as its index in THINK_STATES (the samples table's `think` column)."""
+    return THINK_STATES.index(think_state(text, prompt_opened))
 
 
 def _conform(table: pa.Table, rel: str) -> pa.Table:

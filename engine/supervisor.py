@@ -53,6 +53,7 @@ from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.shard_store import ShardStore
 from engine.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry
+from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
 from engine.run.control_ops import Drain, DrainHost, Op, Pause, RestartWorker, Resume, Status, Stop, UndrainHost
@@ -266,7 +267,12 @@ class Supervisor:
         ledger.on_resume = feed.rescan
         ledger.want_more = feed.wake
         ledger.changed = self._dirty_shards.add
+        ledger.on_brake = self._on_brake
         self._dirty_shards.update(ledger.shards)
+        if ledger.brake_note:
+            log.info("data-quality brake: %s", ledger.brake_note)
+        if ledger.braked:  # kept from the last supervisor, or taken on the store's last samples at this start
+            self._on_brake(ledger.brake.engaged, True)
         log.info("plan: %d samples in %d shards (%d already committed), %d bad input rows, %s", ledger.total,
                  len(ledger.shards), ledger.done, feed.input_rejects, feed.counted())
         self.startup.ok("count", f"{ledger.total} samples in {len(ledger.shards)} shards ({ledger.done} already done)")
@@ -277,6 +283,17 @@ class Supervisor:
             self.committer.add(outcome)
         else:
             self.ledger.settle(outcome)
+
+    def _on_brake(self, status: BrakeStatus, engaged: bool) -> None:
+        """The ledger braked (or released the brake): the operator is told why, with the numbers and the causes."""
+        if engaged:
+            self.emit(AlertEvent(severity="error", key=BRAKE_ALERT_KEY,
+                                 text=f"data-quality brake: dispatch paused run-wide: {status.text}",
+                                 evidence=status.evidence()))
+        else:
+            self.emit(AlertEvent(severity="info", key=BRAKE_ALERT_KEY,
+                                 text="cleared: data-quality brake released by resume --all; its window starts over",
+                                 evidence=f"it braked on: {status.text}"))
 
     def _update_workers_check(self) -> None:
         """`workers launched`: every server launched (a pid, its port was free); refused or failed ones fail it."""
@@ -400,7 +417,9 @@ class Supervisor:
         except KeyError as exc:
             raise ControlError(exc.args[0]) from exc
         log.info("%s %s", op.op, "all" if op.shards is None else list(op.shards))
-        return {"op": op.op, "shards": sorted(changed), "paused": sorted(self.ledger.paused), "state": self.state()}
+        braked = self.ledger.brake.engaged
+        return {"op": op.op, "shards": sorted(changed), "paused": sorted(self.ledger.paused), "state": self.state(),
+                "brake": braked.text if braked is not None else None}
 
     def _restart_worker(self, op: RestartWorker) -> dict[str, Any]:
         self._needs_ledger()
@@ -458,7 +477,8 @@ class Supervisor:
             host=socket.gethostname(), log=str(self.run_dir / "supervisor.log"),
             workers=[w.snapshot() for w in self.workers], gpus=list(t.gpus.values()), disk=list(t.disk.values()),
             alerts=list(t.alerts), hosts=fleet.host_statuses() if fleet is not None else None,
-            router=fleet.router_status() if fleet is not None else None)
+            router=fleet.router_status() if fleet is not None else None,
+            brake=ledger.brake.status() if ledger is not None else None)
 
     # -- shutdown ---------------------------------------------------------------------------
     def _begin_shutdown(self, how: str) -> None:

@@ -105,9 +105,14 @@ def test_plan_without_pilot_uses_marked_assumptions(tmp_path, tiny_model_dir, ca
     assert pr["bytes_per_token_basis"].startswith("measured") and "assistant answers" in pr["bytes_per_token_basis"]
     assert pr["disk_free_bytes"] > 0 and pr["disk_headroom_bytes"]["value"] < pr["disk_free_bytes"]
     assert d["assumptions"]["used"] is True and d["pilot"] is None
+    assert d["brake"]["enabled"] and d["brake"]["min_samples"] == 200
+    assert {lv["reason"]: lv["level"] for lv in d["brake"]["levels"]} == {
+        "empty": 0.5, "truncated": 0.5, "thinking_missing": 0.5}
     assert cli_main(["plan", "local", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "assumed" in out and "GPU-hours" in out and "shards" in out
+    assert "data-quality brake: dispatch pauses run-wide when, over the last 500 committed samples" in " ".join(
+        out.split())
     assert "files the run" in out and "part files per" in out
 
 

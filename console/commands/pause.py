@@ -33,7 +33,8 @@ def add_arguments(parser) -> None:
                         help="ssh alias, user@host[:port] or `local`, then shard ids (e.g. s00003)")
     parser.add_argument("--run-dir", required=True, help="the run dir on the host")
     add_ssh_options(parser)
-    parser.add_argument("--all", action="store_true", help="every shard")
+    parser.add_argument("--all", action="store_true",
+                        help="every shard (resume --all also releases the data-quality brake: [brake])")
     parser.add_argument("--json", action="store_true")
 
 
@@ -56,6 +57,9 @@ def run_shard_op(args, op: str) -> int:
             shards = result.get("shards") or []
             print(f"{op}d {len(shards)} shard(s): {' '.join(shards) or '-'}; paused now: "
                   f"{' '.join(result.get('paused') or []) or 'none'}; run state {result.get('state')}")
+            if result.get("brake"):
+                print(f"still braked by the data-quality brake: {result['brake']}; `regen resume ... --all` "
+                      "releases it")
         return EXIT_OK
 
     return run_with_client(args, call)

@@ -211,5 +211,26 @@ def render(d: dict[str, Any], console: Console) -> None:
                       f"{d['assumptions']['output_tokens_per_sample']:,.0f}, tokens/s per GPU "
                       f"{d['assumptions']['tokens_per_s_per_gpu']:,.0f} (set them in \\[plan] of the run config, "
                       "or measure with --pilot N)")
+    if d.get("brake"):
+        console.print(brake_line(d["brake"]))
     for note in d.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def brake_line(b: dict[str, Any]) -> Text:
+    """[brake]: when the run pauses itself on bad data."""
+    if not b["enabled"]:
+        return Text("data-quality brake: off ([brake] enabled = false): a run producing bad answers keeps running",
+                    style="yellow")
+    levels = []
+    for lv in b["levels"]:
+        name = lv["reason"].replace("_", " ")
+        if not lv["judged"]:
+            levels.append(f"{name} not judged (enable_thinking = false)")
+        elif lv["level"] >= 1:
+            levels.append(f"{name} never")
+        else:
+            alert = f", alert at {lv['alert']:.0%}" if lv["alert"] is not None else ""
+            levels.append(f"{name} over {lv['level']:.0%}{alert}")
+    return Text(f"data-quality brake: dispatch pauses run-wide when, over the last {b['window']:,} committed samples "
+                f"(from {b['min_samples']:,} on), {'; '.join(levels)}; `regen resume --all` continues ([brake])")

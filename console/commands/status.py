@@ -20,6 +20,7 @@ from console.cause import NOT_RUNNING_STATES, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
 from console.hints import hint_from_args
 from console.run_client import RunClientError
+from engine.run.brake import BrakeStatus
 from engine.run.status import RunStatus
 from engine.telemetry_events import DispatchEvent
 
@@ -141,6 +142,8 @@ def render_status(s: RunStatus) -> Group:
         up = time.time() - (s.started_at if s.started_at is not None else time.time())
         head.append(f"  pid {s.pid}  up {up:.0f} s\n")
     head.append(progress_line(d, state, s.running) if d is not None else "no dispatch yet")
+    if s.brake is not None:
+        head.append_text(brake_text(s.brake))
     pending = [c for c in s.startup if c.state != "ok"]
     if s.running and pending:  # still starting (or a start check failed): which ones, and why
         head.append("\nstart checks not passed: " + "; ".join(
@@ -204,6 +207,27 @@ def render_status(s: RunStatus) -> Group:
             a.add_row(time.strftime("%H:%M:%S", time.localtime(al.ts)), al.severity, al.text)
         parts.append(a)
     return Group(*parts)
+
+
+def brake_text(b: BrakeStatus) -> Text:
+    """The data-quality brake: engaged, with the numbers, the likely causes and the remedy; else its window now."""
+    text = Text()
+    if b.engaged:
+        since = time.strftime("%H:%M:%S", time.localtime(b.since)) if b.since else "?"
+        text.append(f"\nBRAKED (data-quality brake, since {since}): dispatch paused run-wide: {b.text}",
+                    style="bold red")
+        for share in b.crossed[1:]:
+            text.append(f"\n  also {share.text()}", style="red")
+        text.append("\n  likely causes:")
+        for cause in b.causes:
+            text.append(f"\n    - {cause}")
+        text.append(f"\n  {b.remedy}", style="bold")
+        return text
+    if not b.enabled:
+        return text.append("\nbrake: off ([brake] enabled = false)", style="dim")
+    shares = ", ".join(f"{sh.reason.replace('_', ' ')} {sh.share:.1%} (level {sh.level:.0%})" for sh in b.window)
+    judged = "judged" if b.samples >= b.min_samples else f"judged from {b.min_samples}"
+    return text.append(f"\nbrake: armed, last {b.samples}/{b.window_size} samples ({judged}): {shares}", style="dim")
 
 
 def hosts_table(s: RunStatus) -> Table:

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.status import Rejects, RunStatus
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                      ShardEvent, WorkerEvent)
@@ -232,6 +233,9 @@ class RunModel:
         # when the supervisor was last known gone (its run_end / fatal ts, or a last-status reply's checked_at):
         # history before it (a backfill) folds into the figures but does not change the state
         self.gone_since: float | None = None
+        # the data-quality brake: a status reply's (the whole of it), or what a later brake alert said
+        self.brake: BrakeStatus | None = None
+        self._brake_as_of = 0.0
 
     # -- folding -----------------------------------------------------------------------------
     def apply_all(self, events: Iterable[Event]) -> set[str]:
@@ -266,6 +270,8 @@ class RunModel:
             return self._disk(ev)
         if isinstance(ev, AlertEvent):
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
+            if ev.key == BRAKE_ALERT_KEY and ev.ts > self._brake_as_of:
+                return {"alerts", "header", "shards", "stats"} | self._brake_alert(ev)
             return {"alerts"}
         if isinstance(ev, FatalEvent):
             if self._before_known_end(ev.ts):
@@ -279,6 +285,25 @@ class RunModel:
             self.state = "failed" if self.fatal is not None else ev.state
             return {"header", "workers"}
         return set()
+
+    def _brake_alert(self, ev: AlertEvent) -> set[str]:
+        """A brake (or its release) the telemetry says before the next status reply gives the whole of it."""
+        self._brake_as_of = ev.ts
+        base = self.brake or BrakeStatus()
+        if ev.severity == "info":
+            self.brake = dataclasses.replace(base, engaged=False, since=None, text="", crossed=[], causes=[], remedy="")
+        else:
+            lines = ev.evidence.splitlines()
+            self.brake = dataclasses.replace(
+                base, engaged=True, since=ev.ts, text=ev.text.split("dispatch paused run-wide: ", 1)[-1],
+                causes=[line.strip()[2:] for line in lines if line.strip().startswith("- ")],
+                remedy=lines[-1] if lines else "")
+        return set()
+
+    def brake_line(self) -> str:
+        """The brake's cause in one line, "" when it is not engaged."""
+        b = self.brake
+        return f"BRAKED: {b.text}" if b is not None and b.engaged else ""
 
     def _before_known_end(self, ts: float) -> bool:
         return self.gone_since is not None and ts < self.gone_since
@@ -430,6 +455,9 @@ class RunModel:
             changed.add("alerts")
         if reply.get("rejects") is not None:
             self.rejects = status.rejects
+        if status.brake is not None and status.checked_at >= self._brake_as_of:
+            self.brake, self._brake_as_of = status.brake, status.checked_at
+            changed |= {"shards", "stats"}
         return changed
 
     def _snapshot(self, ev: Event) -> set[str]:

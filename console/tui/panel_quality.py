@@ -73,6 +73,24 @@ def figures(s: dict) -> Group:
     return Group(*flags, t, groups, *notes)
 
 
+def brake_lines(m: RunModel) -> list[Text]:
+    """The data-quality brake: engaged with its numbers, likely causes and remedy; else its window's shares."""
+    b = m.brake
+    if b is None:
+        return []
+    if b.engaged:
+        lines = [Text(f"⚑ {m.brake_line()}", style="bold red")]
+        lines += [Text(f"  also {sh.text()}", style="red") for sh in b.crossed[1:]]
+        lines += [Text(f"  likely cause: {c}") for c in b.causes]
+        if b.remedy:
+            lines.append(Text(f"  {b.remedy}", style="bold"))
+        return lines
+    if not b.enabled:
+        return [Text("brake: off ([brake] enabled = false)", style="dim")]
+    shares = ", ".join(f"{sh.reason.replace('_', ' ')} {sh.share:.1%} (brakes over {sh.level:.0%})" for sh in b.window)
+    return [Text(f"brake: armed over the last {b.samples}/{b.window_size} samples: {shares}", style="dim")]
+
+
 class QualityPanel(Vertical):
     BINDINGS = [Binding("s", "app.refresh_stats", "Refresh stats")]
 
@@ -90,10 +108,13 @@ class QualityPanel(Vertical):
         s = m.stats
         when = "" if m.stats_at is None else time.strftime(" at %H:%M:%S UTC", time.gmtime(m.stats_at))
         if m.stats_error:
-            status.update(Text(f"stats failed{when}: {m.stats_error}", style="bold red"))
+            line = Text(f"stats failed{when}: {m.stats_error}", style="bold red")
         elif s is not None:
-            status.update(f"{s.get('samples', 0):,} samples{when} (computed in {s.get('elapsed_s', 0):.1f}s); "
-                          "refreshed every 30 s while this tab is open · s: now")
+            line = Text(f"{s.get('samples', 0):,} samples{when} (computed in {s.get('elapsed_s', 0):.1f}s); "
+                        "refreshed every 30 s while this tab is open · s: now")
+        else:
+            line = Text("statistics not computed yet (s: compute now)")
+        status.update(Group(*brake_lines(m), line))
         if s is None:
             return
         bins = (s.get("loss_mask") or {}).get("histogram") or []

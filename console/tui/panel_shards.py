@@ -54,5 +54,11 @@ class ShardsPanel(Vertical):
                 Text(pct(t), style="yellow" if t is not None and t > 0.10 else ""))))
         sync_table(self._table, rows, COLUMNS)
         summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no shards yet"
-        self._summary.update(
+        text = Text.from_markup(
             f"{len(m.shards)} shards: {summary}   [dim]p pause · r resume · P pause all · R resume all[/]")
+        brake = m.brake
+        if brake is not None and brake.engaged:
+            text.append(f"\n{m.brake_line()}", style="bold red")
+            text.append("\ndispatch is paused run-wide; R (resume all) releases the brake and starts its window "
+                        "over. Likely causes: " + "; ".join(brake.causes), style="red")
+        self._summary.update(text)

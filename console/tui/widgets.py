@@ -34,6 +34,8 @@ class RunHeader(Static):
         running = m.is_running
         if m.fatal is not None:
             t.append(m.state_text()[:90], style="bold white on red")
+        elif m.brake_line():
+            t.append(m.brake_line()[:110], style="bold white on red")
         else:
             t.append(m.state, style=STATE_STYLE.get(m.state, ""))
         tok = m.tokens_per_s

@@ -10,10 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import SEVERITIES, NotifyConfig
+from engine.run.brake import BRAKE_ALERT_KEY
 from engine.telemetry_events import AlertEvent, Event, FatalEvent, RunEndEvent
 
 # alerts the notifier raises about itself: shown in telemetry, never sent (a dead webhook must not loop)
 OWN_KEYS = ("notify.failed", "notify.suppressed")
+# alerts sent whatever notify.min_severity says, like a failed end: the run paused itself and waits for an operator
+# (the data-quality brake, engine.run.brake; its release, an info alert, is not sent)
+ALWAYS_SENT_KEYS = (BRAKE_ALERT_KEY,)
 TITLE_MAX = 200
 
 
@@ -46,7 +50,8 @@ def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str
     """The notification an event asks for under `cfg`, or None for an event that is not sent."""
     where = {"run_dir": run_dir, "host": host, "ts": event.ts}
     if isinstance(event, AlertEvent):
-        if event.key in OWN_KEYS or severity_rank(event.severity) < severity_rank(cfg.min_severity):
+        forced = event.key in ALWAYS_SENT_KEYS and severity_rank(event.severity) >= severity_rank("error")
+        if event.key in OWN_KEYS or (severity_rank(event.severity) < severity_rank(cfg.min_severity) and not forced):
             return None
         return Notification(kind="alert", severity=event.severity, key=event.key,
                             title=_title(f"regen {event.severity}: {event.text}"), text=event.text,

@@ -28,6 +28,7 @@ class Pause:
 
 @dataclass(frozen=True)
 class Resume:
+    """Dispatch the shards again (None: every shard, and the data-quality brake released: engine.run.brake)."""
     op: ClassVar[str] = "resume"
     shards: tuple[str, ...] | None = None
 

@@ -9,6 +9,11 @@ Paused shards: items already queued are held back at pull time (a pause stops di
 conversations of a paused shard that the feed meets are the feed's to remember and stream again
 (`on_resume`) when the shard is resumed.
 
+The data-quality brake (engine.run.brake) is a run-wide pause the ledger takes itself: each committed part's row
+shapes go into its window, and a share over its level holds every item back at pull time (requests in flight finish
+and are committed) and is recorded in the store, so a restart stays braked; `set_paused(None, False)` (`regen resume
+--all`) releases it and starts the window over.
+
 turns = "all": turn k+1 is built from the committed answer of turn k, so it is asked of the feed
 (`build_turn`) when turn k's part is committed.
 """
@@ -24,6 +29,7 @@ from engine.config import RunConfig
 from engine.ingest import Conversation, Reject
 from engine.rejects import RejectLog
 from engine.render import sample_id
+from engine.run.brake import BrakeStatus, RunBrake
 from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
 from engine.run.ready_queue import ReadyQueue
@@ -95,6 +101,9 @@ class Ledger:
         self.want_more: Callable[[], None] = lambda: None
         self.changed: Callable[[str], None] = lambda shard_id: None
         self.on_reject: Callable[[Reject], None] | None = None
+        self.on_brake: Callable[[BrakeStatus, bool], None] = lambda status, engaged: None  # braked / released
+        self.brake = RunBrake(cfg, str(store.run_dir))
+        self.brake_note = ""  # what open() found of a recorded brake (the supervisor logs and alerts it)
 
     def open(self) -> None:
         """The store's side of a start: planned totals recorded, earlier failures forgotten (generated again),
@@ -112,6 +121,11 @@ class Ledger:
             if progress.shard_id in self._shards:
                 self._shards[progress.shard_id].load(progress)
         self._paused = set(self.store.paused()) & set(self._shards)
+        record, after = self.store.brake()
+        self.brake_note = self.brake.load(record, self.store.recent_shapes(self.brake.settings.window, after))
+        if record is not None and self.brake.engaged is None:
+            self._record_brake()  # lifted by a changed [brake]
+        self._judge()
 
     # -- figures (read by the status, the watch, the feed) ------------------------------------------
     @property
@@ -149,10 +163,18 @@ class Ledger:
         return bool(self._ready)
 
     @property
+    def braked(self) -> bool:
+        """The data-quality brake holds dispatch run-wide."""
+        return self.brake.engaged is not None
+
+    @property
     def all_paused(self) -> bool:
-        """Nothing dispatchable: every shard with work left is paused (or nothing is left but paused work)."""
+        """Nothing dispatchable: braked, or every shard with work left is paused (or nothing is left but paused
+        work)."""
         if self.finished:
             return False
+        if self.braked:
+            return True
         if self._paused and self._paused >= {s for s, c in self._shards.items() if not c.complete}:
             return True
         return (not self._ready and not self._active
@@ -198,6 +220,9 @@ class Ledger:
 
     def next_item(self, worker: str | None = None) -> WorkItem | None:
         """The next item for a free slot of `worker` (engine.run.ready_queue says which)."""
+        if self.braked:  # items stay queued, in order, for the resume
+            self._item_ready.clear()
+            return None
         while self._ready:
             item = self._ready.pop_for(worker)
             if item is None:
@@ -235,6 +260,8 @@ class Ledger:
         if unknown:
             raise KeyError(f"unknown shard(s): {', '.join(unknown)}; known: {self._shard_range()}")
         changed = self.store.set_paused(targets if shard_ids is not None else None, paused)
+        if shard_ids is None and not paused:
+            self._release_brake()
         for sid in targets:
             if paused:
                 self._paused.add(sid)
@@ -247,6 +274,33 @@ class Ledger:
                 self.want_more()
             self.changed(sid)
         return changed if changed is not None else targets
+
+    # -- the data-quality brake ---------------------------------------------------------------------
+    def _judge(self) -> None:
+        status = self.brake.judge()
+        if status is None:
+            return
+        self._record_brake()
+        log.error("data-quality brake: dispatch paused run-wide: %s", status.text)
+        self.on_brake(status, True)
+
+    def _release_brake(self) -> None:
+        was = self.brake.release()
+        if was is None:
+            return
+        self._record_brake(window_from=self.store.last_sample_rowid())
+        log.info("data-quality brake released (it braked on: %s); its window starts over", was.text)
+        if self._ready:
+            self._item_ready.set()
+        self.want_more()
+        self.on_brake(was, False)
+
+    def _record_brake(self, window_from: int | None = None) -> None:
+        try:
+            self.store.set_brake(self.brake.record(), window_from)
+        except OSError as exc:
+            # a full disk: the brake holds in this run; a restart judges the store's last samples again
+            log.error("%s; the brake holds in this run only", exc)
 
     def _shard_range(self) -> str:
         ids = sorted(self._shards)
@@ -296,6 +350,8 @@ class Ledger:
         part = outcome.part
         self._shards[part.shard_id].add_part(part)
         self.rate.add(part.output_tokens)
+        self.brake.window.add(part.shapes)
+        self._judge()
         self.changed(part.shard_id)
         for name, prompt_tokens, cached_tokens in outcome.served:
             served = self.served_for(name)

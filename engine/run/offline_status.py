@@ -1,7 +1,7 @@
 """The status of a run whose supervisor is gone, read from its run dir alone (engine.ctl last-status).
 
 The run dir's fatal.json, state.sqlite, telemetry.jsonl and rejects.jsonl go through engine.run.status's one builder,
-marked `running: false`. `state` is how the run ended: failed (with `fatal`: what, where, the remedy), done / drained /
+marked `running: false`; the data-quality brake is loaded from the store under run.toml's [brake] as a start loads it. `state` is how the run ended: failed (with `fatal`: what, where, the remedy), done / drained /
 stopped (its `run_end` event), or dead (no cause recorded: killed; `log_tail` has the last lines of supervisor.log).
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 
 from engine.fatal import read_fatal
+from engine.run.brake import BrakeStatus
 from engine.run.status import Rejects, RunStatus, build_run_status
 from engine.telemetry_events import AlertEvent, DispatchEvent, Event, RunEndEvent, parse_event
 
@@ -36,11 +37,13 @@ def offline_status(run_dir: Path) -> RunStatus:
     if not has_store and fatal is None and not log_path.exists():
         raise NotARunDir(f"{run_dir} holds no state.sqlite: not a run dir, or the run never started")
     progress, read_errors = [], []
+    brake = None
     if has_store:
         try:  # a full disk (the reason the run died, perhaps) must not hide its recorded cause
             store = ShardStore(run_dir)
             try:
                 progress = store.progress()
+                brake = _brake(run_dir, store, read_errors)
             finally:
                 store.close()
         except OSError as exc:
@@ -72,7 +75,23 @@ def offline_status(run_dir: Path) -> RunStatus:
         rejects=rejects, running=False, offline=True,
         fatal=fatal, run_end=ended, last_state=last_state, log=str(log_path),
         log_tail=_log_tail(log_path) if state == "dead" else [], started_at=started, host=os.uname().nodename,
-        alerts=alerts[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time())
+        alerts=alerts[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time(), brake=brake)
+
+
+def _brake(run_dir: Path, store, read_errors: list[str]) -> BrakeStatus | None:
+    """The brake as the next start would load it: the store's record and last samples, run.toml's [brake]."""
+    from engine.config import ConfigError, load_config
+    from engine.run.brake import RunBrake
+
+    try:
+        cfg = load_config(run_dir / "run.toml")
+    except ConfigError as exc:
+        read_errors.append(f"run config (for the data-quality brake): {exc}")
+        return None
+    brake = RunBrake(cfg, str(run_dir))
+    record, after = store.brake()
+    brake.load(record, store.recent_shapes(cfg.brake.window, after))
+    return brake.status()
 
 
 def _telemetry(path: Path) -> tuple[float | None, DispatchEvent | None, list[AlertEvent], RunEndEvent | None]:

@@ -27,6 +27,10 @@ RunStatus fields (the JSON keys of the reply):
   checked_at     when this status was taken
   read_errors    offline: run-dir files that could not be read (so figures may be missing); live: []
   hosts, router  multi-host runs only (keys absent otherwise): each host (HostStatus) and the router (RouterStatus)
+  brake          the data-quality brake (engine.run.brake.BrakeStatus): engaged (dispatch paused run-wide: `state`
+                 is paused) with its cause, numbers, likely causes and remedy, and the shares over its window now;
+                 offline: the same, from the store's record and last samples under run.toml's [brake]; null before
+                 the ledger is loaded (and from an engine without the brake)
 
 Figure meanings (in `dispatch` and in each shard), the same names everywhere:
   done           samples committed (rows in committed parts)
@@ -56,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.fatal import FatalRecord
+from engine.run.brake import BrakeStatus
 from engine.startup import StartCheck
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,
                                      WorkerEvent)
@@ -212,6 +217,7 @@ class RunStatus:
     read_errors: list[str] = field(default_factory=list)
     hosts: list[HostStatus] | None = None  # multi-host runs only (with router)
     router: RouterStatus | None = None
+    brake: BrakeStatus | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -223,7 +229,7 @@ class RunStatus:
                  alerts=[a.to_dict() for a in self.alerts], rejects=self.rejects.to_dict(),
                  run_end=self.run_end.to_dict() if self.run_end is not None else None,
                  write_errors=list(self.write_errors), log_tail=list(self.log_tail),
-                 read_errors=list(self.read_errors))
+                 read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None)
         del d["hosts"], d["router"]
         if self.hosts is not None:
             d["hosts"] = [h.to_dict() for h in self.hosts]
@@ -254,7 +260,8 @@ class RunStatus:
             write_errors=list(data.get("write_errors") or []), log_tail=list(data.get("log_tail") or []),
             read_errors=list(data.get("read_errors") or []),
             hosts=[_known(HostStatus, h, name="", address="", state="") for h in hosts] if hosts is not None else None,
-            router=_known(RouterStatus, router, url="", up=False, policy="") if router else None)
+            router=_known(RouterStatus, router, url="", up=False, policy="") if router else None,
+            brake=BrakeStatus.from_dict(data["brake"]) if isinstance(data.get("brake"), dict) else None)
 
 
 _SCALARS = ("run_dir", "state", "offline", "phase", "pid", "started_at", "config_hash", "host", "last_state", "log",

@@ -74,7 +74,7 @@ def test_thinking_missing_is_judged_only_with_enable_thinking_and_the_off_switch
     assert [s.reason for s in on.judge().crossed] == ["thinking_missing"]
     plain = RunBrake(cfg_with(enable_thinking=False, min_samples=10))
     plain.window.add([PLAIN] * 20)
-    assert plain.judge() is None and [s.reason for s in plain.status().window] == ["empty", "truncated"]
+    assert plain.judge() is None and [s.reason for s in plain.status().window] == ["empty", "truncated", "repetition"]
     off = RunBrake(cfg_with(enabled=False, min_samples=10))
     off.window.add([EMPTY] * 20)
     assert off.judge() is None and off.status().enabled is False

@@ -67,7 +67,8 @@ REASONS: tuple[Reason, ...] = (
            ("sampling: greedy or low-temperature decoding (temperature 0 loops most; Qwen3 thinking wants 0.6), "
             "or a repetition/presence penalty left at a value the model was not tuned for",
             "chat template: not the model's own, so the model never sees where its turn ends",
-            "model: weights or quantization that degrade long generations")),
+            "model: weights or quantization that degrade long generations"),
+           applies=lambda cfg: cfg.runaway.enabled),
 )
 REASON_BY_NAME = {r.name: r for r in REASONS}
 

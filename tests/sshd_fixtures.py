@@ -73,6 +73,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_base(n: int) -> int:
+    """A base port with `n` free ports from it (workers.base_port for n GPUs): one free port is not enough."""
+    for _ in range(50):
+        base = free_port()
+        if base + n < 65000 and all(_port_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no free port range on 127.0.0.1")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def write_keypair(path: Path, comment: str) -> str:
     """An ed25519 private key at `path` (0600) and `path`.pub; returns the public key line."""
     key = asyncssh.generate_private_key("ssh-ed25519", comment=comment)

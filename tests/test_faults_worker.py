@@ -31,9 +31,10 @@ def _recovery(evs: list[dict], name: str, since: float) -> tuple[dict, dict]:
 
 def _requeued(log_text: str, name: str) -> int:
     """In-flight requests of `name` sent again: failed on the lost connection (retry lines) or
-    cancelled and re-queued at the worker's state change."""
+    cancelled and re-queued at the worker's state change. A streamed answer cut by the crash reads
+    as ClientPayloadError; one the dying scheduler refused as HTTP 503."""
     retried = len(re.findall(rf"retry \d+ of \S+: {name}: (?:ServerDisconnectedError|ClientOSError|"
-                             rf"ClientConnectorError|TimeoutError)", log_text))
+                             rf"ClientConnectorError|TimeoutError|ClientPayloadError|HTTP 503)", log_text))
     return retried + sum(int(m) for m in re.findall(rf"worker {name} \w+: re-queued (\d+) in-flight", log_text))
 
 

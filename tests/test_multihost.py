@@ -200,7 +200,8 @@ async def test_tui_preflight_probes_every_host_under_its_name(tmp_path, tiny_mod
         report = await source.probes()
         ids = {r.id: r for r in report.results}
         assert {"router.package", "prompts.paths", "h1:ports", "h2:ports", "h1:connection", "h2:gpu.nvml"} <= set(ids)
-        assert ids["h1:ports"].status.value == "PASS" and ids["h1:ports"].title.startswith("h1: ")
+        assert ids["h1:ports"].status.value == "PASS" and ids["h1:ports"].title.startswith("h1: "), \
+            [(r.id, r.status.value, r.summary) for r in report.results]
         again = await source.probes({"h2:ports"})
         assert [r.id for r in again.results if r.id.endswith("ports")] == ["h2:ports"]
     finally:

@@ -18,6 +18,7 @@ from engine.config import SIMULATOR_LAUNCH
 from engine.pilot import bootstrap_mean_ci
 from engine.pilot_window import Completed, Reading, full_batch
 from engine.simulator import throughput
+from tests.sshd_fixtures import free_port_base
 from tests.test_engine_run import supervisors  # noqa: F401  (the fixture: supervisors started here are killed)
 
 
@@ -35,25 +36,6 @@ def write_prompts(tmp_path: Path) -> list[Path]:
         for i in range(15):
             f.write(json.dumps({"id": f"b{i}", "prompt": f"Prompt {i} " + "x " * i}) + "\n")
     return [a, b]
-
-
-def free_port_base(n: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65000 and all(_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no free port range on 127.0.0.1")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def write_config(tmp_path: Path, model: Path, prompts: list[Path], *, gpus=(0,), extra=(), in_flight=None,
@@ -107,7 +89,7 @@ def test_plan_without_pilot_uses_marked_assumptions(tmp_path, tiny_model_dir, ca
     assert d["assumptions"]["used"] is True and d["pilot"] is None
     assert d["brake"]["enabled"] and d["brake"]["min_samples"] == 200
     assert {lv["reason"]: lv["level"] for lv in d["brake"]["levels"]} == {
-        "empty": 0.5, "truncated": 0.5, "thinking_missing": 0.5}
+        "empty": 0.5, "truncated": 0.5, "thinking_missing": 0.5, "repetition": 0.5}
     assert cli_main(["plan", "local", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "assumed" in out and "GPU-hours" in out and "shards" in out

@@ -15,7 +15,7 @@ from console.transport import open_transport
 from engine.config import load_config
 from probes.model import Status
 from probes.runner import run_probes
-from tests.sshd_fixtures import free_port
+from tests.sshd_fixtures import free_port, free_port_base
 from tests.test_probes_fakes import REPO, add_weights, gpu_env, probe_local, sharegpt, write_jsonl, write_run_toml
 
 REGEN = str(REPO / ".venv" / "bin" / "regen") if (REPO / ".venv" / "bin" / "regen").exists() else None
@@ -33,7 +33,7 @@ def run_toml(model_copy, tmp_path) -> Path:
     data.mkdir()
     write_jsonl(data / "train.jsonl", [sharegpt(i, turns=2) for i in range(30)])
     return write_run_toml(tmp_path / "run.toml", run_dir=tmp_path / "runs" / "r1", model=model_copy,
-                          prompts=[str(data / "*.jsonl")], base_port=free_port())
+                          prompts=[str(data / "*.jsonl")], base_port=free_port_base(2))
 
 
 def statuses(report: dict) -> dict[str, str]:

@@ -18,7 +18,7 @@ from console.commands.demo import demo_config
 from console.commands.probe import context_from_config
 from engine.config import DEFAULT_LAUNCH, SIMULATOR_LAUNCH
 from probes.context import is_rehearsal
-from tests.sshd_fixtures import free_port
+from tests.sshd_fixtures import free_port_base
 from tests.test_probes_fakes import REPO, sharegpt, write_jsonl, write_run_toml
 
 GPU_PROBES = ("gpu.nvidia_smi", "gpu.nvml", "cuda.torch", "model.weights")
@@ -34,7 +34,7 @@ def run_toml(tmp_path: Path, model: Path, launch: str | None) -> Path:
     data.mkdir(exist_ok=True)
     write_jsonl(data / "chat.jsonl", [sharegpt(i, turns=2) for i in range(12)])
     path = write_run_toml(tmp_path / ("sim.toml" if launch else "real.toml"), run_dir=tmp_path / "runs" / "r1",
-                          model=model, prompts=[str(data / "chat.jsonl")], base_port=free_port())
+                          model=model, prompts=[str(data / "chat.jsonl")], base_port=free_port_base(2))
     if launch:  # [workers] is the file's last table
         path.write_text(path.read_text() + f"launch = {json.dumps(launch)}\n")
     return path

@@ -42,7 +42,8 @@ BACKOFF_MAX_S = 60.0
 LOST_AFTER = 5  # failed attempts before "reconnecting" becomes "lost"
 REFUSED_TOAST_S = 600.0  # the host refused us (host key, auth): the remedy stays on screen
 ENDED_CHECK_S = 15.0
-NOTIFY_MAX_AGE_S = 120.0  # backfilled alerts older than this go to the list, not to a toast
+NOTIFY_MAX_AGE_S = 120.0
+CONTROL_CHUNK = 1000  # shard ids per control command (a command line on the host stays far under its limits)  # backfilled alerts older than this go to the list, not to a toast
 
 TABS = ["preflight", "workers", "shards", "quality", "disk", "alerts"]
 PANEL_OF_SECTION = {"workers": "workers", "shards": "shards", "disk": "disk", "alerts": "alerts", "stats": "quality"}
@@ -65,6 +66,7 @@ class RegenApp(App):
     TimeChart { border: round $primary; width: 1fr; }
     #disk-table { height: auto; }
     #disk-chart { height: 1fr; }
+    #shards-hints { height: auto; padding: 0 1; color: $text-muted; }
     #shards-summary, #preflight-summary, #quality-status { height: auto; padding: 0 1; }
     #probe-table { width: 3fr; }
     #probe-detail-box { width: 2fr; }
@@ -170,7 +172,7 @@ class RegenApp(App):
         self._focus_table(tab)
 
     def _focus_table(self, tab: str) -> None:
-        tables = self.panel(tab).query(DataTable)
+        tables = self.panel(tab).query("DataTable, ShardTable")
         if tables:
             tables.first().focus()
 
@@ -295,12 +297,18 @@ class RegenApp(App):
     @work(group="control", exit_on_error=False)
     async def control(self, op: str, arg) -> None:
         label = {"pause": "pause", "resume": "resume", "restart_worker": "restart worker"}[op]
-        target = "all shards" if arg is None else (arg if isinstance(arg, str) else ", ".join(arg))
-        try:
-            result = await getattr(self.source, op)(arg)
-        except SourceError as exc:
-            self.post_message(ControlDone(op, False, f"{label} {target} failed: {exc}"))
-            return
+        target = "all shards" if arg is None else (arg if isinstance(arg, str) else shards_text(arg))
+        # a selection of thousands of shards goes in chunks: each is one command line on the host
+        calls = [arg] if arg is None or isinstance(arg, str) else [arg[i:i + CONTROL_CHUNK]
+                                                                  for i in range(0, len(arg), CONTROL_CHUNK)]
+        result: dict = {}
+        for n, chunk in enumerate(calls):
+            try:
+                result = await getattr(self.source, op)(chunk)
+            except SourceError as exc:
+                sent = f" ({n * CONTROL_CHUNK:,} of {len(arg):,} were done)" if n else ""
+                self.post_message(ControlDone(op, False, f"{label} {target} failed: {exc}{sent}"))
+                return
         self.post_message(ControlDone(op, True, f"{label} {target}: done", result))
         try:
             status = await self.source.status()
@@ -313,16 +321,20 @@ class RegenApp(App):
         self.notify(msg.text, title="control", severity="information" if msg.ok else "error",
                     timeout=5 if msg.ok else 15)
 
-    def _shard(self) -> str | None:
-        return self.panel("shards").selected_shard
-
     def action_pause_shard(self) -> None:
-        if (sid := self._shard()) is not None:
-            self.control("pause", [sid])
+        """Pause the selected shards, else the one under the cursor."""
+        if targets := self.panel("shards").targets():
+            self.control("pause", targets)
 
     def action_resume_shard(self) -> None:
-        if (sid := self._shard()) is not None:
-            self.control("resume", [sid])
+        if targets := self.panel("shards").targets():
+            self.control("resume", targets)
+
+    def action_shards(self, op: str) -> None:
+        """A Shards-tab action from the command palette (cycle_filter, cycle_sort, next_problem, select_listed,
+        clear_selection): shown on the Shards tab."""
+        self._tabs.active = "shards"
+        getattr(self.panel("shards"), f"action_{op}")()
 
     def action_pause_all(self) -> None:
         self.control("pause", None)
@@ -437,6 +449,10 @@ class RegenApp(App):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+
+def shards_text(ids: list[str]) -> str:
+    return ", ".join(ids) if len(ids) <= 3 else f"{len(ids):,} shards ({ids[0]} … {ids[-1]})"
 
 
 async def run_tui_async(host: str, run_dir: str | None, *, host_python: str = "python3", transport=None,

@@ -215,6 +215,9 @@ class RunModel:
         self.workers: dict[str, WorkerView] = {}
         self.gpus: dict[int, GpuView] = {}
         self.shards: dict[str, ShardView] = {}
+        self.changed_shards: set[str] = set()  # since the UI last took them (take_changed_shards)
+        self._shard_done = 0  # sums over the shards, kept as they change (not a pass over 10,000 shards a tick)
+        self._shard_empty = 0
         self.disks: dict[str, DiskView] = {}
         self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
         self._alert_by_key: dict[str, AlertView] = {}
@@ -258,14 +261,7 @@ class RunModel:
         if isinstance(ev, DispatchEvent):
             return self._dispatch(ev)
         if isinstance(ev, ShardEvent):
-            s = self.shards.get(ev.id) or self.shards.setdefault(ev.id, ShardView(ev.id))
-            if s.as_of is not None and ev.ts < s.as_of:
-                return set()  # backfilled history older than the figures shown (a status reply's): not current
-            s.as_of = ev.ts
-            s.state, s.done, s.total = ev.state, ev.done, ev.total
-            s.output_tokens, s.empty, s.truncated = ev.output_tokens, ev.empty, ev.truncated
-            s.repetition = ev.repetition
-            return {"shards"}
+            return self._shard(ev)
         if isinstance(ev, DiskEvent):
             return self._disk(ev)
         if isinstance(ev, AlertEvent):
@@ -285,6 +281,29 @@ class RunModel:
             self.state = "failed" if self.fatal is not None else ev.state
             return {"header", "workers"}
         return set()
+
+    def _shard(self, ev: ShardEvent) -> set[str]:
+        s = self.shards.get(ev.id)
+        if s is None:
+            s = self.shards[ev.id] = ShardView(ev.id)
+            self.changed_shards.add(ev.id)
+        if s.as_of is not None and ev.ts < s.as_of:
+            return set()  # backfilled history older than the figures shown (a status reply's): not current
+        s.as_of = ev.ts
+        figures = (ev.state, ev.done, ev.total, ev.output_tokens, ev.empty, ev.truncated, ev.repetition)
+        if figures == (s.state, s.done, s.total, s.output_tokens, s.empty, s.truncated, s.repetition) \
+                and ev.id not in self.changed_shards:
+            return set()  # a status snapshot repeating what the events said: nothing to redraw
+        self._shard_done += ev.done - s.done
+        self._shard_empty += ev.empty - s.empty
+        s.state, s.done, s.total, s.output_tokens, s.empty, s.truncated, s.repetition = figures
+        self.changed_shards.add(ev.id)
+        return {"shards"}
+
+    def take_changed_shards(self) -> set[str]:
+        """The ids of the shards whose figures changed since the last call (the Shards tab redraws only those)."""
+        out, self.changed_shards = self.changed_shards, set()
+        return out
 
     def _brake_alert(self, ev: AlertEvent) -> set[str]:
         """A brake (or its release) the telemetry says before the next status reply gives the whole of it."""
@@ -377,8 +396,7 @@ class RunModel:
                                f"throughput {ev.tokens_per_s:.0f} tok/s, under half the 5-min median {median:.0f}"):
                 changed.add("alerts")
         if ev.done >= 50:
-            empty = sum(s.empty for s in self.shards.values())
-            share = empty / max(1, sum(s.done for s in self.shards.values()))
+            share = self._shard_empty / max(1, self._shard_done)
             if self._condition("empty", share > EMPTY_SHARE_ALERT, ev.ts, "error",
                                f"empty answers {share:.1%} of samples (threshold {EMPTY_SHARE_ALERT:.0%})"):
                 changed.add("alerts")

@@ -1,22 +1,37 @@
-"""Shards tab: progress per shard; pause/resume one or all (the result comes back in status)."""
+"""Shards tab: a summary by state, the shards as virtual rows with filter, sort, jump to a problem, a selection;
+pause/resume on the selection or the cursor's shard, or all (the result comes back in status)."""
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from console.tui.model import RunModel
-from console.tui.widgets import STATE_STYLE, bar, pct, selected_row_key, sync_table
+from console.tui.shard_list import SORT_TEXT, ShardList, ShardSummary
+from console.tui.shard_table import ShardTable
 
-COLUMNS = ["shard", "state", "progress", "samples", "tokens", "empty %", "truncated %"]
+HINTS = "f filter · s sort · n next problem · space select · a select listed · c clear · p/r selection or cursor · P/R all"
 
 
-def state_cell(state: str) -> Text:
-    if state == "paused":
-        return Text("⏸ paused", style="bold black on yellow")
-    return Text(state, style=STATE_STYLE.get(state, ""))
+def summary_text(s: ShardSummary, filter: str, sort: str) -> Text:
+    text = Text(f"{s.total:,} shards: ", style="bold")
+    if not s.total:
+        text.append("no shards yet")
+    parts = [(s.done, "done", "bold cyan"), (s.running, "running", "bold green"), (s.pending, "pending", "dim"),
+             (s.paused, "paused", "bold yellow"), (s.other, "stopping/stopped", "dim")]
+    shown = [(n, word, style) for n, word, style in parts if n or word in ("done", "running", "pending", "paused")]
+    for i, (n, word, style) in enumerate(shown if s.total else []):
+        text.append(" · " if i else "")
+        text.append(f"{n:,} {word}", style=style if n else "")
+    if s.total:
+        text.append(" · ")
+        text.append(f"⚑ {s.problems:,} with problems", style="bold red" if s.problems else "")
+    text.append(f"\nshowing {filter} ({s.listed:,}), sorted by {SORT_TEXT[sort]}")
+    if s.selected:
+        text.append(f" · {s.selected:,} selected", style="bold magenta")
+    return text
 
 
 class ShardsPanel(Vertical):
@@ -25,40 +40,94 @@ class ShardsPanel(Vertical):
         Binding("r", "app.resume_shard", "Resume"),
         Binding("P", "app.pause_all", "Pause all"),
         Binding("R", "app.resume_all", "Resume all"),
+        Binding("f", "cycle_filter", "Filter"),
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("n", "next_problem", "Next problem"),
+        Binding("space", "toggle_select", "Select"),
+        Binding("a", "select_listed", "Select listed"),
+        Binding("c", "clear_selection", "Clear selection", show=False),
     ]
 
     def compose(self) -> ComposeResult:
-        # both kept, not queried: a status or telemetry batch still queued while the app tears the DOM down (and
+        # kept, not queried: a status or telemetry batch still queued while the app tears the DOM down (and
         # timers asking for the selection) must find them, not raise NoMatches
+        self.shards = ShardList()
         self._summary = Static(id="shards-summary")
+        self._shown: tuple | None = None
         yield self._summary
-        table = DataTable(id="shards-table", cursor_type="row", zebra_stripes=True)
-        self._table = table
-        for c in COLUMNS:
-            table.add_column(c, key=c)
-        yield table
+        self._hints = Static(HINTS, id="shards-hints")
+        yield self._hints
+        self._table = ShardTable(self.shards, id="shards-table")
+        yield self._table
+
+    @property
+    def table(self) -> ShardTable:
+        return self._table
 
     @property
     def selected_shard(self) -> str | None:
-        return selected_row_key(self._table)
+        """The shard under the cursor."""
+        return self._table.cursor_shard
+
+    def targets(self) -> list[str]:
+        """What p/r act on: the selection if any, else the cursor's shard."""
+        return self.shards.targets(self.selected_shard)
 
     def refresh_from(self, m: RunModel) -> None:
-        rows = []
-        counts: dict[str, int] = {}
-        for s in sorted(m.shards.values(), key=lambda s: s.id):
-            counts[s.state] = counts.get(s.state, 0) + 1
-            e, t = s.empty_share, s.truncated_share
-            rows.append((s.id, (
-                s.id, state_cell(s.state), f"{bar(s.fraction)} {100 * s.fraction:5.1f}%", f"{s.done}/{s.total}",
-                f"{s.output_tokens:,}", Text(pct(e), style="bold red" if e is not None and e > 0.05 else ""),
-                Text(pct(t), style="yellow" if t is not None and t > 0.10 else ""))))
-        sync_table(self._table, rows, COLUMNS)
-        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no shards yet"
-        text = Text.from_markup(
-            f"{len(m.shards)} shards: {summary}   [dim]p pause · r resume · P pause all · R resume all[/]")
-        brake = m.brake
+        changed = m.take_changed_shards()
+        order_changed = self.shards.update(m.shards[sid] for sid in changed)
+        self._table.rows_changed(changed, order_changed)
+        self._show_summary(m)
+
+    def _show_summary(self, m: RunModel | None = None) -> None:
+        brake = m.brake if m is not None else (self._shown[3] if self._shown else None)
+        line = m.brake_line() if m is not None else (self._shown[4] if self._shown else "")
+        shown = (self.shards.summary(), self.shards.filter, self.shards.sort, brake, line)
+        if shown == self._shown:
+            return
+        self._shown = shown
+        text = summary_text(*shown[:3])
         if brake is not None and brake.engaged:
-            text.append(f"\n{m.brake_line()}", style="bold red")
+            text.append(f"\n{line}", style="bold red")
             text.append("\ndispatch is paused run-wide; R (resume all) releases the brake and starts its window "
                         "over. Likely causes: " + "; ".join(brake.causes), style="red")
         self._summary.update(text)
+
+    # -- the operator's way through thousands of shards ------------------------------------------
+    def _view_changed(self) -> None:
+        self._table.rows_changed(set(), True)
+        self._table.move_cursor(self._table.cursor_row)
+        self._show_summary()
+
+    def action_cycle_filter(self) -> None:
+        self.shards.cycle_filter()
+        self._view_changed()
+
+    def action_cycle_sort(self) -> None:
+        self.shards.cycle_sort()
+        self._view_changed()
+
+    def action_next_problem(self) -> None:
+        row = self.shards.next_problem(self._table.cursor_row) if len(self.shards) else None
+        if row is None:
+            self.notify(f"no shard with a problem among the {self.shards.filter} shards", timeout=4)
+            return
+        self._table.move_cursor(row)
+
+    def action_toggle_select(self) -> None:
+        sid = self.selected_shard
+        if sid is not None:
+            self.shards.toggle(sid)
+            self._table.refresh_cursor_row()
+            self._table.move_cursor(self._table.cursor_row + 1)
+            self._show_summary()
+
+    def action_select_listed(self) -> None:
+        self.shards.select_listed()
+        self._table.refresh()
+        self._show_summary()
+
+    def action_clear_selection(self) -> None:
+        self.shards.clear_selection()
+        self._table.refresh()
+        self._show_summary()

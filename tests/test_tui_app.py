@@ -21,6 +21,7 @@ from console.run_client import RunClient
 from console.transport_local import LocalTransport
 from console.tui.app import RegenApp
 from console.tui.screens import ConfirmScreen, HelpScreen
+from console.tui.shard_table import ShardTable
 from console.tui.source import HostSource
 from textual.widgets import DataTable, Log, Static
 from tests.waiting import poll_until
@@ -94,7 +95,7 @@ async def test_shards_pause_resume_reach_the_supervisor(live_run, tmp_path):
     app, client = make_app(live_run, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("3")
-        table = app.query_one("#shards-table", DataTable)
+        table = app.query_one("#shards-table", ShardTable)
         await wait_until(pilot, lambda: table.row_count >= 5, "the shard rows")
         assert "connected" in header(app) and "local" in header(app)
         table.move_cursor(row=table.row_count - 1)  # the last shard: still pending, so pausing it matters
@@ -104,11 +105,11 @@ async def test_shards_pause_resume_reach_the_supervisor(live_run, tmp_path):
         async def paused_on_host():
             return any(s["id"] == sid and s["state"] == "paused" for s in (await client.status())["shards"])
 
-        await wait_until(pilot, lambda: "paused" in cell(table, sid, "state"), f"{sid} shown paused")
+        await wait_until(pilot, lambda: "paused" in table.cells(sid)["state"], f"{sid} shown paused")
         assert await paused_on_host()
-        assert "⏸" in cell(table, sid, "state")
+        assert "⏸" in table.cells(sid)["state"]
         await pilot.press("r")
-        await wait_until(pilot, lambda: "paused" not in cell(table, sid, "state"), f"{sid} shown resumed")
+        await wait_until(pilot, lambda: "paused" not in table.cells(sid)["state"], f"{sid} shown resumed")
         assert not any(s["id"] == sid and s["state"] == "paused" for s in (await client.status())["shards"])
         await pilot.press("P")
         await wait_until(pilot, lambda: app.model.state == "paused" or all(

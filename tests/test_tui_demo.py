@@ -9,13 +9,13 @@ import signal
 
 import psutil
 import pytest
-from textual.widgets import DataTable
 
 from console.commands.demo import _demo, demo_config, write_prompts
 from console.tui.app import RegenApp
+from console.tui.shard_table import ShardTable
 from console.tui.source import HostSource
 from tests.test_figures_true import parquet_sums, status_cli
-from tests.test_tui_app import cell, header, wait_until
+from tests.test_tui_app import header, wait_until
 from tests.waiting import poll_until
 
 DEMO_SIM = ["--sim-step-ms", "2"]  # the demo's simulator, faster: 120 prompts on 2 GPUs in ~15 s
@@ -55,11 +55,11 @@ async def test_the_demo_console_shows_every_shard_done_with_its_parquet_sums_and
                                  and "rejects 4" in header(app), "the header at 100% with the rejects apart")
                 seen["header"] = header(app)
                 await pilot.press("3")
-                table = app.query_one("#shards-table", DataTable)
+                table = app.query_one("#shards-table", ShardTable)
                 sums = parquet_sums(run_dir)
                 await wait_until(pilot, lambda: table.row_count == len(app.model.shards) == len(sums),
                                  f"{len(sums)} shard rows")
-                seen["rows"] = {sid: {c: cell(table, sid, c) for c in ("state", "samples", "tokens")}
+                seen["rows"] = {sid: {c: table.cells(sid)[c] for c in ("state", "samples", "tokens")}
                                 for sid in sums}
                 seen["summary"] = " ".join(str(app.query_one("#shards-summary").content).split())
                 seen["sums"] = sums
@@ -104,7 +104,7 @@ async def test_a_status_landing_while_the_console_shuts_down_on_the_shards_tab_i
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("3")
         app.post_message(StatusReceived(status))
-        table = app.query_one("#shards-table", DataTable)
+        table = app.query_one("#shards-table", ShardTable)
         await wait_until(pilot, lambda: app.active_tab == "shards" and table.row_count == 1, "the Shards tab drawn")
         posting = asyncio.ensure_future(replies())
     await posting

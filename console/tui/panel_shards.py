@@ -12,7 +12,7 @@ from console.tui.model import RunModel
 from console.tui.shard_list import SORT_TEXT, ShardList, ShardSummary
 from console.tui.shard_table import ShardTable
 
-HINTS = "f filter · s sort · n next problem · space select · a select listed · c clear · p/r selection or cursor · P/R all"
+HINTS = "f filter · s sort · n next problem · space select · a select listed · c clear · p/r selection/cursor · P/R all"
 
 
 def summary_text(s: ShardSummary, filter: str, sort: str) -> Text:
@@ -95,8 +95,9 @@ class ShardsPanel(Vertical):
 
     # -- the operator's way through thousands of shards ------------------------------------------
     def _view_changed(self) -> None:
+        """A new filter or order: shown from its top (the worst first, for a sort by share)."""
         self._table.rows_changed(set(), True)
-        self._table.move_cursor(self._table.cursor_row)
+        self._table.move_cursor(0)
         self._show_summary()
 
     def action_cycle_filter(self) -> None:

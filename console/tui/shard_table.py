@@ -81,6 +81,11 @@ class ShardTable(ScrollView, can_focus=True):
     def cursor_shard(self) -> str | None:
         return self.shards.id_at(self.cursor_row) if 0 <= self.cursor_row < len(self.shards) else None
 
+    def cells(self, sid: str) -> dict[str, str]:
+        """A shard's row as shown, by column title (its text, whether or not it is scrolled into view)."""
+        cells = row_cells(self.shards.shard(sid), sid in self.shards.selected)
+        return {title or "mark": text for (title, _, _), (text, _) in zip(COLUMNS, cells)}
+
     def rows_changed(self, changed: set[str], order_changed: bool) -> None:
         """Redraw after a fold: the whole view when the order changed, else just the visible changed rows."""
         if order_changed:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -79,3 +80,65 @@ def test_operator_switches_tabs_pauses_and_resumes_a_shard(demo_in_tmux):
     tmux("send-keys", "-t", SESSION, "q")
     wait_screen(lambda s: "Workers" not in s, "the console closed")
     assert ctl_status(run_dir)["state"] in ("starting", "running", "paused", "done")  # quitting the console left the run alone
+
+
+@pytest.fixture
+def big_demo_in_tmux(tmp_path):
+    """`regen demo` at ~1,000 shards (one prompt row a shard); answers of ~90 s, so that nothing a test pauses
+    completes under it (a complete shard is done, not paused), and no empty answer finishes early."""
+    run_dir = tmp_path / "demo"
+    sim = ["--sim-step-ms", "100", "--sim-tokens-per-step", "1", "--sim-output-mean", "900",
+           "--sim-output-sigma", "0.05", "--sim-empty-share", "0"]
+    command = " ".join([
+        shlex.quote(sys.executable), "-m", "console.cli", "demo", "--gpus", "2", "--prompts", "1000",
+        "--shard-size", "1", "--run-dir", shlex.quote(str(run_dir)), *[f"--sim-arg={a}" for a in sim],
+    ])
+    env = f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(str(REPO))} TERM=xterm-256color "
+    tmux("new-session", "-d", "-s", SESSION, "-x", "160", "-y", "45", env + command + " ; sleep 600")
+    yield run_dir
+    tmux("kill-session", "-t", SESSION, check=False)
+    pid_file = run_dir / "supervisor.pid"
+    if pid_file.exists():
+        try:
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            return  # the run had already ended
+
+
+def marked_ids(text: str) -> list[str]:
+    """The shard ids of the rows marked selected (●) on the screen."""
+    return [ln.split()[1] for ln in text.splitlines() if ln.lstrip().startswith("●")]
+
+
+def test_operator_filters_1000_shards_to_running_pauses_a_selection_and_resumes_it(big_demo_in_tmux):
+    run_dir = big_demo_in_tmux
+    wait_screen(lambda s: "connected" in s and "Workers" in s, "the console attached to the demo run", timeout=120)
+    tmux("send-keys", "-t", SESSION, "3")
+    text = wait_screen(lambda s: re.search(r"1,0\d\d shards: .*[1-9]\d* running", s), "~1,000 shards, some running")
+    tmux("send-keys", "-t", SESSION, "f")
+    text = wait_screen(lambda s: re.search(r"showing running \([1-9]", s), "the running shards listed")
+    rows = [ln for ln in text.splitlines() if re.match(r"^\s*[!●]?\s*s\d{5}\s", ln)]
+    assert rows and all(" running " in ln for ln in rows), text
+    tmux("send-keys", "-t", SESSION, "Space")
+    tmux("send-keys", "-t", SESSION, "Space")
+    text = wait_screen(lambda s: "2 selected" in s and len(marked_ids(s)) == 2, "two shards selected")
+    picked = marked_ids(text)
+    tmux("send-keys", "-t", SESSION, "p")
+    wait_screen(lambda s: "pause " + ", ".join(picked) in s or all(i not in s for i in picked),
+                "the pause sent (the toast, or the shards gone from the running list)")
+    tmux("send-keys", "-t", SESSION, "f")  # paused
+    text = wait_screen(lambda s: "showing paused (2)" in s and all("⏸ paused" in line_of(s, i) for i in picked),
+                       "the two shards shown paused")
+    states = {s["id"]: s["state"] for s in ctl_status(run_dir)["shards"]}
+    assert [states[i] for i in picked] == ["paused", "paused"]
+    tmux("send-keys", "-t", SESSION, "r")  # the selection is kept: resume the same two
+    wait_screen(lambda s: "showing paused (0)" in s, "no shard paused any more")
+    states = {s["id"]: s["state"] for s in ctl_status(run_dir)["shards"]}
+    assert [states[i] for i in picked] == ["running", "running"]
+    tmux("send-keys", "-t", SESSION, "f")
+    tmux("send-keys", "-t", SESSION, "f")
+    tmux("send-keys", "-t", SESSION, "f")
+    tmux("send-keys", "-t", SESSION, "f")  # pending, done, problems, all
+    text = wait_screen(lambda s: re.search(r"showing all \(1,0\d\d\)", s), "every shard listed again")
+    tmux("send-keys", "-t", SESSION, "q")
+    wait_screen(lambda s: "Workers" not in s, "the console closed")

@@ -1,4 +1,4 @@
-"""regen demo [--gpus N] [--prompts N] [--run-dir DIR] [--headless --until-done]
+"""regen demo [--gpus N] [--prompts N] [--shard-size N] [--run-dir DIR] [--headless --until-done]
 
 The whole flow on this machine: a tiny Qwen3-style model, synthetic chat prompts (single and
 multi-turn, two sources, a few deliberately bad rows), one SGLang simulator per simulated GPU,
@@ -23,6 +23,7 @@ from engine.telemetry_events import AlertEvent, DispatchEvent
 
 CACHE = Path.home() / ".cache" / "regen"
 DEMO_CONTEXT = 4096
+DEMO_SHARD_SIZE = 50
 # fast enough that 500 prompts finish in a minute or two on 2 cores, slow enough to watch batching
 DEMO_SIM_ARGS = (
     "--max-running-requests", "32", "--context-length", str(DEMO_CONTEXT),
@@ -42,6 +43,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--headless", action="store_true", help="no TUI: print progress lines")
     parser.add_argument("--until-done", action="store_true", help="with --headless: wait until the run is done")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shard-size", type=int, default=DEMO_SHARD_SIZE,
+                        help=f"prompt rows per shard (default {DEMO_SHARD_SIZE}); e.g. --prompts 1000 --shard-size 1 "
+                             "for a run of ~1,000 shards")
     parser.add_argument("--template", choices=("qwen3", "qwen3.5"), default="qwen3",
                         help="chat template family of the tiny model: qwen3 (the model opens <think>) or qwen3.5 "
                              "(Qwen3.5/3.6 style: the generation prompt ends with <think>)")
@@ -102,10 +106,11 @@ def write_prompts(prompt_dir: Path, n: int, seed: int) -> list[str]:
     return [str(f) for f in files]
 
 
-def demo_config(run_dir: Path, model: Path, prompts: list[str], gpus: int, extra: list[str]) -> RunConfig:
+def demo_config(run_dir: Path, model: Path, prompts: list[str], gpus: int, extra: list[str],
+                shard_size: int = DEMO_SHARD_SIZE) -> RunConfig:
     return RunConfig(
         run_dir=str(run_dir), model=str(model), prompts=tuple(prompts), host_python=sys.executable,
-        turns="all", shard_size=50, context_length=DEMO_CONTEXT,
+        turns="all", shard_size=shard_size, context_length=DEMO_CONTEXT,
         sampling=Sampling(max_new_tokens=1024),
         workers=Workers(gpus=tuple(range(gpus)), base_port=free_port_block(gpus), launch=SIMULATOR_LAUNCH,
                         extra_args=DEMO_SIM_ARGS + tuple(extra), ready_timeout_s=120.0),
@@ -117,6 +122,9 @@ def demo_config(run_dir: Path, model: Path, prompts: list[str], gpus: int, extra
 def run(args) -> int:
     from engine.tiny_model import build_tiny_model
 
+    if args.shard_size < 1:
+        print(f"regen demo: --shard-size must be at least 1, not {args.shard_size}", file=sys.stderr)
+        return EXIT_ERROR
     run_dir = Path(args.run_dir or CACHE / "demo" / time.strftime("run-%Y%m%d-%H%M%S")).expanduser().resolve()
     template = args.template
     model_dir = CACHE / ("tiny-model" if template == "qwen3" else f"tiny-model-{template}")
@@ -124,7 +132,7 @@ def run(args) -> int:
     model = build_tiny_model(model_dir, template=template)
     run_dir.mkdir(parents=True, exist_ok=True)
     prompts = write_prompts(run_dir / "prompts", args.prompts, args.seed)
-    cfg = demo_config(run_dir, model, prompts, args.gpus, args.sim_arg)
+    cfg = demo_config(run_dir, model, prompts, args.gpus, args.sim_arg, args.shard_size)
     if not args.headless:
         try:
             from console.tui.app import run_tui

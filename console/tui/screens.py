@@ -22,7 +22,10 @@ On reconnect (automatic, exponential backoff; `ctrl+r` now) the history is backf
 | ctrl+r | anywhere | reconnect now |
 | r / a / e | Preflight | rerun the selected probe / all probes / export the report as JSON |
 | x / l | Workers | restart the selected worker (asks first) / reload its log |
-| p / r | Shards | pause / resume the selected shard |
+| f / s | Shards | filter (all, running, paused, pending, done, problems) / sort (id, progress, empty, truncated) |
+| n | Shards | jump to the next shard with a problem (empty > 5%, truncated > 10%, or a runaway stopped) |
+| space / a / c | Shards | select the shard / select every listed shard / clear the selection |
+| p / r | Shards | pause / resume the selection, else the shard under the cursor |
 | P / R | Shards | pause all / resume all |
 | s | Data quality | compute the statistics now (else every 30 s while shown) |
 

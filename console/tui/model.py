@@ -283,21 +283,25 @@ class RunModel:
         return set()
 
     def _shard(self, ev: ShardEvent) -> set[str]:
-        s = self.shards.get(ev.id)
+        return self._fold_shard(ev.id, ev.ts, (ev.state, ev.done, ev.total, ev.output_tokens, ev.empty,
+                                               ev.truncated, ev.repetition))
+
+    def _fold_shard(self, sid: str, ts: float, figures: tuple) -> set[str]:
+        """figures: (state, done, total, output_tokens, empty, truncated, repetition) as of host time ts."""
+        s = self.shards.get(sid)
         if s is None:
-            s = self.shards[ev.id] = ShardView(ev.id)
-            self.changed_shards.add(ev.id)
-        if s.as_of is not None and ev.ts < s.as_of:
+            s = self.shards[sid] = ShardView(sid)
+            self.changed_shards.add(sid)
+        if s.as_of is not None and ts < s.as_of:
             return set()  # backfilled history older than the figures shown (a status reply's): not current
-        s.as_of = ev.ts
-        figures = (ev.state, ev.done, ev.total, ev.output_tokens, ev.empty, ev.truncated, ev.repetition)
+        s.as_of = ts
         if figures == (s.state, s.done, s.total, s.output_tokens, s.empty, s.truncated, s.repetition) \
-                and ev.id not in self.changed_shards:
+                and sid not in self.changed_shards:
             return set()  # a status snapshot repeating what the events said: nothing to redraw
-        self._shard_done += ev.done - s.done
-        self._shard_empty += ev.empty - s.empty
+        self._shard_done += figures[1] - s.done
+        self._shard_empty += figures[4] - s.empty
         s.state, s.done, s.total, s.output_tokens, s.empty, s.truncated, s.repetition = figures
-        self.changed_shards.add(ev.id)
+        self.changed_shards.add(sid)
         return {"shards"}
 
     def take_changed_shards(self) -> set[str]:
@@ -465,8 +469,12 @@ class RunModel:
             self.dispatch = status.dispatch
         # the shards' figures are as of the reply (committed state then): older backfilled events do not replace them
         as_of = status.dispatch.ts if status.dispatch is not None else status.checked_at
-        shard_events = [dataclasses.replace(sh.event(), ts=as_of) for sh in status.shards]
-        for ev in [*status.workers, *status.gpus, *shard_events, *status.disk]:
+        for ev in status.workers + status.gpus:
+            changed |= self._snapshot(ev)
+        for sh in status.shards:  # folded as figures, not as 10,000 events: a snapshot every STATUS_EVERY_S
+            changed |= self._fold_shard(sh.id, as_of, (sh.state, sh.done, sh.total, sh.output_tokens, sh.empty,
+                                                       sh.truncated, sh.repetition))
+        for ev in status.disk:
             changed |= self._snapshot(ev)
         for ev in status.alerts:
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))

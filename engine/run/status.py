@@ -54,6 +54,7 @@ Figure meanings (in `dispatch` and in each shard), the same names everywhere:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -274,8 +275,13 @@ T = TypeVar("T")
 def _known(cls: type[T], data: dict[str, Any], **defaults: Any) -> T:
     """cls from the fields of `data` it has (an Event's `type` and unknown fields dropped), `defaults` for missing
     required ones."""
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _field_names(cls)
     return cls(**{**defaults, **{k: v for k, v in data.items() if k in names}})
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))  # once per class: a reply holds 10,000 shards
 
 
 def build_run_status(*, run_dir: str, state: str, shards: Mapping[str, ShardCounts] | None, paused: Iterable[str] = (),

@@ -115,3 +115,24 @@ def shows(*keys: str):
 ])
 def test_panel_snapshot(tab, keys, frozen_telemetry, tmp_path, snap_compare):
     assert snap_compare(frozen_app(frozen_telemetry, tmp_path), terminal_size=SIZE, run_before=shows(*keys))
+
+
+def test_shards_at_10000_snapshot(snap_compare):
+    """10,000 shards (tests/shard_fixtures.py), sorted by empty share, the cursor on the second problem, one
+    shard selected: the summary by state, the filter and sort line, the visible rows only."""
+    from tests.shard_fixtures import SHARDS, T0, ShardsSource
+
+    app = RegenApp(ShardsSource(), clock=lambda: T0 + 5, monotonic=lambda: 1000.0, live=False,
+                   run_probes_on_start=False)
+
+    async def run_before(pilot) -> None:
+        await pilot.press("3")
+        for _ in range(300):
+            if pilot.app.panel("shards").table.row_count == SHARDS:
+                break
+            await pilot.pause(0.1)
+        for key in ("s", "s", "n", "space"):
+            await pilot.press(key)
+        await pilot.pause(0.5)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -43,8 +43,8 @@ class ShardsPanel(Vertical):
         Binding("f", "cycle_filter", "Filter"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("n", "next_problem", "Next problem"),
-        Binding("space", "toggle_select", "Select"),
-        Binding("a", "select_listed", "Select listed"),
+        Binding("space", "toggle_select", "Select", show=False),  # the hints line above the table lists these
+        Binding("a", "select_listed", "Select listed", show=False),
         Binding("c", "clear_selection", "Clear selection", show=False),
     ]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Markdown, Static
 
@@ -22,9 +22,10 @@ On reconnect (automatic, exponential backoff; `ctrl+r` now) the history is backf
 | ctrl+r | anywhere | reconnect now |
 | r / a / e | Preflight | rerun the selected probe / all probes / export the report as JSON |
 | x / l | Workers | restart the selected worker (asks first) / reload its log |
-| f / s | Shards | filter (all, running, paused, pending, done, problems) / sort (id, progress, empty, truncated) |
-| n | Shards | jump to the next shard with a problem (empty > 5%, truncated > 10%, or a runaway stopped) |
-| space / a / c | Shards | select the shard / select every listed shard / clear the selection |
+| f | Shards | next filter: all, running, paused, pending, done, problems |
+| s | Shards | next sort: id, progress, empty share, truncated share |
+| n | Shards | next shard with a problem (empty > 5%, truncated > 10%, a runaway) |
+| space / a / c | Shards | select the shard / every listed shard / clear the selection |
 | p / r | Shards | pause / resume the selection, else the shard under the cursor |
 | P / R | Shards | pause all / resume all |
 | s | Data quality | compute the statistics now (else every 30 s while shown) |
@@ -64,9 +65,9 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 96; height: auto; max-height: 90%; border: thick $primary; background: $surface; }
+    HelpScreen > VerticalScroll { width: 96; height: auto; max-height: 90%; border: thick $primary; background: $surface; }
     """
 
     def compose(self) -> ComposeResult:
-        with Vertical():
+        with VerticalScroll():  # taller than a 40-line terminal: up/down scroll it
             yield Markdown(HELP)

@@ -31,7 +31,8 @@ def row_cells(s: ShardView, selected: bool) -> list[tuple[str, str]]:
     """(text, style) per column: what a shard's row says."""
     e, t = s.empty_share, s.truncated_share
     state = ("⏸ paused", "bold black on yellow") if s.state == "paused" else (s.state, STATE_STYLE.get(s.state, ""))
-    return [("●" if selected else ("!" if has_problem(s) else " "), "bold magenta" if selected else "bold red"),
+    mark = ("●" if selected else " ") + ("!" if has_problem(s) else " ")
+    return [(mark.rstrip(), "bold magenta" if selected else "bold red"),
             (s.id, ""), state,
             (f"{bar(s.fraction)} {100 * s.fraction:5.1f}%", ""), (f"{s.done}/{s.total}", ""),
             (f"{s.output_tokens:,}", ""), (pct(e), "bold red" if e is not None and e > 0.05 else ""),

@@ -128,3 +128,18 @@ async def test_pause_and_resume_a_selection_then_a_whole_filter():
         sent = [sid for op, ids in source.requests[2:] for sid in ids]
         assert sent == pending and all(op == "pause" for op, _ in source.requests[2:])
         await wait_until(pilot, lambda: table.row_count == 0 and "running · 0 pending ·" in summary(app), "no pending shard left")
+
+
+async def test_the_command_palette_actions_reach_the_shards_tab():
+    app, source = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        table = await shards_tab(pilot, app)
+        await pilot.press("2")
+        await app.run_action("shards('cycle_filter')")
+        await wait_until(pilot, lambda: app.active_tab == "shards" and table.row_count == 93, "running, shown")
+        running = table.shards.ids()
+        await app.run_action("shards('select_listed')")
+        await app.run_action("pause_shard")
+        await wait_until(pilot, lambda: source.requests == [("pause", running)], "the pause of the 93 running shards")
+        await app.run_action("shards('clear_selection')")
+        await wait_until(pilot, lambda: "selected" not in summary(app), "the selection cleared")

@@ -1,8 +1,8 @@
 """All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, prefix affinity,
-resume, stats, export, probe latency.
+resume, stats, export, probe latency, runaway guard, console cost (tui).
 
     .venv/bin/python -m tests.bench.run_all [--quick]
-        [--only ingest,occupancy,capacity,affinity,resume,stats,export,probe]
+        [--only ingest,occupancy,capacity,affinity,resume,stats,export,probe,runaway,tui]
 
 Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
 (the one in README.md "## Benchmarks"). Medians of --repeats runs (3; --quick: 1). The resume
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.bench import bench_common as bc
 
-ALL = ("ingest", "occupancy", "capacity", "affinity", "resume", "stats", "export", "probe", "runaway")
+ALL = ("ingest", "occupancy", "capacity", "affinity", "resume", "stats", "export", "probe", "runaway", "tui")
 
 
 def _sub(argv: list[str], timeout: float) -> None:
@@ -101,6 +101,39 @@ def run_runaway(quick: bool) -> dict:
 def run_probe(quick: bool) -> dict:
     _sub(["tests.bench.bench_probe_latency", "--runs", "3" if quick else "5"], timeout=600)
     return json.loads((bc.RESULTS_DIR / "probe_latency.json").read_text())
+
+
+def run_tui(quick: bool) -> dict:
+    from tests.bench import bench_tui
+
+    res = bench_tui.run(seconds=10 if quick else 20, latency_s=15 if quick else 30)
+    bc.write_result("tui", res)
+    return res
+
+
+def tui_rows(tui: dict) -> list[str]:
+    rows = []
+    for n, r in tui["scales"].items():
+        budget = tui["budget"][f"cpu_pct_{n}_shards"]
+        tabs = r["tabs"]
+        worst = max(tabs, key=lambda t: tabs[t]["cpu_pct_median"])
+        per_tab = ", ".join(f"{t} {v['cpu_pct_median']:.0f}" for t, v in tabs.items())
+        base = r.get("baseline_tabs")
+        base_text = ", ".join(f"{t} {v['cpu_pct_median']:.0f}" for t, v in base.items()) if base else ""
+        ok = r["run_state_at_end"] == "running" and tabs[worst]["cpu_pct_median"] <= budget
+        rows.append(f"| tui: console CPU, % of one core (median of 1 s samples), {r['workers']} workers, {int(n):,} shards, "
+                    f"per tab | {per_tab} | {base_text} | | ≤ {budget:.0f}% every tab | {_yes(ok)} |")
+        for tab in ("workers", "shards"):
+            lat = r["latency"].get(tab) or {}
+            if lat.get("batches"):
+                rows.append(f"| tui: event → screen, {tab} tab, {int(n):,} shards: median / p95 / max of "
+                            f"{lat['batches']} batches | {lat['median_ms']:.0f} / {lat['p95_ms']:.0f} / "
+                            f"{lat['max_ms']:.0f} ms | | | p95 ≤ {tui['budget']['p95_ms']:.0f} ms | "
+                            f"{_yes(lat['p95_ms'] <= tui['budget']['p95_ms'])} |")
+        sr = r["latency"]["status_reply"]
+        rows.append(f"| tui: status reply every 10 s, {sr['shards']:,} shards: size; console fold | "
+                    f"{sr['bytes'] / 1e6:.2f} MB; {sr['fold_ms']:.0f} ms | | | | n/a |")
+    return rows
 
 
 def _yes(ok: bool | None) -> str:
@@ -194,6 +227,8 @@ def table(results: dict) -> str:
                     f"{g['gpu_s_per_kept']:.4f} ({rw['loops_stopped_early_share']:.0%}; {rw['legit_stopped']}) | "
                     f"{n['gpu_s_per_kept']:.4f} | {rw['gpu_time_saving_per_kept']:.0%} less | ≥ 20% less, ≥ 95%, 0 | "
                     f"{_yes(rw['met'])} |")
+    if results.get("tui"):
+        rows += tui_rows(results["tui"])
     return "\n".join(rows)
 
 
@@ -210,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
     runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "affinity": run_affinity,
                "resume": run_resume, "stats": run_stats, "export": run_export, "probe": run_probe,
-               "runaway": run_runaway}
+               "runaway": run_runaway, "tui": run_tui}
     out = bc.RESULTS_DIR / "bench.json"
     results: dict = {}
     failures: dict[str, str] = {}
@@ -218,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json",
              "affinity": "affinity.json",
              "resume": "resume.json", "stats": "stats.json", "export": "export.json",
-             "probe": "probe_latency.json", "runaway": "runaway.json"}
+             "probe": "probe_latency.json", "runaway": "runaway.json", "tui": "tui.json"}
     for name in wanted if args.from_results else []:
         path = bc.RESULTS_DIR / files[name]
         try:

@@ -117,9 +117,9 @@ def tui_rows(tui: dict) -> list[str]:
         budget = tui["budget"][f"cpu_pct_{n}_shards"]
         tabs = r["tabs"]
         worst = max(tabs, key=lambda t: tabs[t]["cpu_pct_median"])
-        per_tab = ", ".join(f"{t} {v['cpu_pct_median']:.0f}" for t, v in tabs.items())
+        per_tab = ", ".join(f"{t} {v['cpu_pct_median']:.1f}" for t, v in tabs.items())
         base = r.get("baseline_tabs")
-        base_text = ", ".join(f"{t} {v['cpu_pct_median']:.0f}" for t, v in base.items()) if base else ""
+        base_text = ", ".join(f"{t} {v['cpu_pct_median']:.1f}" for t, v in base.items()) if base else ""
         ok = r["run_state_at_end"] == "running" and tabs[worst]["cpu_pct_median"] <= budget
         rows.append(f"| tui: console CPU, % of one core (median of 1 s samples), {r['workers']} workers, {int(n):,} shards, "
                     f"per tab | {per_tab} | {base_text} | | ≤ {budget:.0f}% every tab | {_yes(ok)} |")

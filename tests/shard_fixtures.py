@@ -1,5 +1,4 @@
-"""A run of 10,000 shards for the Shards tab tests: frozen figures, a source that records pause/resume and answers
-status with the shards' new states (as the supervisor would)."""
+"""A run of 10,000 shards for the Shards tab tests: frozen figures and a source that records pause/resume."""
 from __future__ import annotations
 
 import asyncio

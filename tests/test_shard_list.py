@@ -1,5 +1,4 @@
-"""The Shards tab's list without a screen: filter, sort, counts by kind, jump to a problem, selection; and the
-model marking only the shards whose figures changed."""
+"""The Shards tab's list without a screen (filter, sort, counts, jump, selection); the model's changed shards."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,5 +1,4 @@
-"""The Shards tab at 10,000 shards under Pilot: filter, sort, jump to a problem, pause/resume a selection and a
-filter; what the source received and what the screen shows."""
+"""The Shards tab at 10,000 shards under Pilot: filter, sort, jump, pause/resume a selection and a filter."""
 from __future__ import annotations
 
 from rich.console import Console

@@ -1,5 +1,4 @@
-"""Shards tab: a summary by state, the shards as virtual rows with filter, sort, jump to a problem, a selection;
-pause/resume on the selection or the cursor's shard, or all (the result comes back in status)."""
+"""Shards tab: summary by state, virtual rows, filter, sort, jump to a problem, selection, pause/resume."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -12,7 +11,8 @@ from console.tui.model import RunModel
 from console.tui.shard_list import SORT_TEXT, ShardList, ShardSummary
 from console.tui.shard_table import ShardTable
 
-HINTS = "f filter · s sort · n next problem · space select · a select listed · c clear · p/r selection/cursor · P/R all"
+HINTS = ("f filter · s sort · n next problem · space select · a select listed · c clear · p/r selection/cursor · "
+         "P/R all")
 
 
 def summary_text(s: ShardSummary, filter: str, sort: str) -> Text:

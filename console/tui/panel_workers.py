@@ -74,7 +74,7 @@ class WorkersPanel(Vertical):
     def _sparklines(self, m: RunModel) -> None:
         box = self.query_one("#sparklines", VerticalScroll)
         for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name)):
-            row_id = f"spark-{w.name}"
+            row_id = f"spark-{w.name.encode().hex()}"  # a multi-host name (h1.gpu0) is no valid widget id
             found = box.query(f"#{row_id}")
             values = w.tok_history.values()[-120:] or [0.0]
             if found:

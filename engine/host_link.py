@@ -415,7 +415,7 @@ class HostLink:
             m.set_state("unreachable" if m.state != WorkerState.STOPPED else m.state, why)
         if self.state != HostState.LOST:
             self.state = HostState.LOST if self.joins else HostState.CONNECTING
-        self.readings.mark_stale(f"the host cannot be reached: {why}")
+        self.readings.mark_stale("the host cannot be reached")  # why: in its host row and alert
         if first:
             log.warning("host %s: %s", self.host.name, why)
             self.emit(AlertEvent(severity="error", text=f"host {self.host.name} cannot be reached", evidence=why,
@@ -426,7 +426,7 @@ class HostLink:
         self.state, self.error = HostState.LOST, reason
         for m in self.members:
             m.set_state("unreachable", reason)
-        self.readings.mark_stale(f"the host is lost: {reason}")
+        self.readings.mark_stale("the host is lost")
         # requests open through the forwards fail now instead of at their timeouts: re-dispatched
         await self._close_tunnel()
         log.error("host %s lost: %s", self.host.name, reason)

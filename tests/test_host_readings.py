@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 import os
 import time
@@ -14,10 +15,12 @@ import aiohttp
 import pytest
 from rich.console import Console
 from textual.app import App, ComposeResult
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from console.commands.status import render_status
+from console.tui.charts import TimeChart
 from console.tui.model import RunModel
+from console.tui.panel_disk import DiskPanel
 from console.tui.panel_workers import COLUMNS, WorkersPanel
 from engine.host_link import HostLink
 from engine.host_readings import READINGS_FILE, HostReadings, publish_readings, take_reading
@@ -228,3 +231,45 @@ def test_status_groups_gpus_and_disks_by_host_and_a_single_host_looks_as_before(
     assert "disk dispatch:/r: 3.0 GiB free of 4.0 GiB" in text
     assert "disk h2:/w2: N/A (no reading from h2: lost)" in text
     assert [g["host"] for g in multi.to_dict()["gpus"]] == ["", "h2", "h1"]  # --json: the same fields, plus host
+
+
+class _Tabs(App):
+    def compose(self) -> ComposeResult:
+        yield WorkersPanel()
+        yield DiskPanel()
+
+
+async def test_the_vram_chart_and_the_disk_tab_group_every_hosts_rows():
+    m = RunModel()
+    gib = 2**30
+    for ts in (1.0, 2.0):
+        m.apply(GpuEvent(ts=ts, index=0, mem_used_mb=1000 * ts, mem_total_mb=8000))
+        m.apply(GpuEvent(ts=ts, host="h2", index=1, mem_used_mb=2000 * ts, mem_total_mb=8000))
+        m.apply(GpuEvent(ts=ts, host="h1", index=0, mem_used_mb=3000 * ts, mem_total_mb=8000))
+        m.apply(DiskEvent(ts=ts, path="/run", free_bytes=int(50 * gib / ts), total_bytes=100 * gib))
+        m.apply(DiskEvent(ts=ts, host="h1", path="/w1", free_bytes=int(40 * gib / ts), total_bytes=100 * gib))
+    m.apply(DiskEvent(ts=3.0, host="h2", path="/w2", error="no reading from h2: the host is lost"))
+    app = _Tabs()
+    async with app.run_test(size=(220, 60)):
+        drawn: dict[str, list[str]] = {}
+        for chart_id in ("#vram-chart", "#disk-chart"):
+            chart = app.query_one(chart_id, TimeChart)
+            chart.draw = lambda series, now=None, _id=chart_id: drawn.__setitem__(_id, [s[0] for s in series])
+        app.query_one(WorkersPanel).refresh_from(m)
+        disk_panel = app.query_one(DiskPanel)
+        disk_panel.refresh_from(m)
+        table = Console(width=200, record=True, file=io.StringIO())
+        table.print(disk_panel.query_one("#disk-table", Static).content)
+        text = table.export_text()
+    assert drawn["#vram-chart"] == ["gpu0", "h1/gpu0", "h2/gpu1"]  # by host: the dispatch host's first, as before
+    assert drawn["#disk-chart"] == ["/run", "h1:/w1", "h2:/w2"]
+    rows = [[c.strip() for c in line.split("│")[1:3]] for line in text.splitlines() if "/run" in line or "/w" in line]
+    assert rows == [["dispatch", "/run"], ["h1", "/w1"], ["h2", "/w2"]], text
+    h2 = next(line for line in text.splitlines() if "/w2" in line)
+    assert "N/A" in h2 and "no reading from h2" in text
+
+
+def test_a_single_hosts_disk_tab_has_no_host_column():
+    m = RunModel()
+    m.apply(DiskEvent(ts=1, path="/run", free_bytes=1, total_bytes=2))
+    assert [d.label for d in m.disks.values()] == ["/run"] and [g.label for g in m.gpus.values()] == []

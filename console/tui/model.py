@@ -170,7 +170,7 @@ class DiskView:
 
     @property
     def label(self) -> str:
-        return host_label(self.host, self.path)
+        return f"{self.host}:{self.path}" if self.host else self.path
 
     def write_rate(self, window_s: float = DISK_RATE_WINDOW_S) -> float | None:
         """Bytes/s consumed over the window (positive: filling up); None without two points."""

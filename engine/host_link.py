@@ -227,7 +227,7 @@ class HostLink:
         self._records: dict[str, IdentityRecord] = {}
         self._records_at = float("-inf")
         self._records_error = ""
-        self.readings = ReadingsFeed(host.name, self._fetch_readings, emit, gpus=host_workers(cfg, host).gpus)
+        self.readings = ReadingsFeed(host.name, self._fetch_readings, emit)
         self._readings_task: asyncio.Task | None = None
 
     # -- public -----------------------------------------------------------------------------

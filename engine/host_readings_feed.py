@@ -26,12 +26,12 @@ class ReadingsUnavailable(Exception):
 
 
 class ReadingsFeed:
-    def __init__(self, host: str, fetch: Callable[[], Awaitable[str]], emit: Callable[[object], None],
-                 gpus: tuple[int, ...] = ()):
+    def __init__(self, host: str, fetch: Callable[[], Awaitable[str]], emit: Callable[[object], None]):
         self.host = host
         self._fetch = fetch  # the agent's READINGS_FILE as text; raises ReadingsUnavailable
         self.emit = emit
-        self.gpu_indices: list[int] = list(gpus) or [0]  # the configured GPUs until a reading names them
+        # the GPUs the last reading named; before one, GPU 0 stands for the host (as a sampler without NVML does)
+        self.gpu_indices: list[int] = [0]
         self.disk_paths: list[str] = []
         self.stale: str | None = None  # why the readings shown are N/A now; None while they flow
         self._last: tuple[int, int] | None = None  # (agent pid, seq) of the last reading emitted

@@ -167,7 +167,10 @@ async def test_readings_that_stop_turn_to_na_with_why_and_come_back():
         return HostReadings(host="h2", pid=pid, seq=seq, ts=1.0, gpus=[GpuEvent(index=3, mem_used_mb=5.0)],
                             disks=[DiskEvent(path="/w", free_bytes=1, total_bytes=2)]).to_json().decode()
 
-    feed = ReadingsFeed("h2", fetch, emitted.append, gpus=(3,))
+    feed = ReadingsFeed("h2", fetch, emitted.append)
+    feed.mark_stale("the host cannot be reached")  # before any reading: GPU 0 stands for the host
+    assert [(e.index, e.error) for e in emitted] == [(0, "no reading from h2: the host cannot be reached")]
+    emitted.clear()
     answers.append(reading(1))
     await feed.poll()
     assert [(type(e).__name__, e.host, e.error) for e in emitted] == [("GpuEvent", "h2", None), ("DiskEvent", "h2", None)]

@@ -33,11 +33,6 @@ def na(value: Any, fmt: str = "{}") -> str:
     return "N/A" if value is None else fmt.format(value)
 
 
-def host_label(host: str, name: str) -> str:
-    """`h1/gpu0` for another host's; the dispatch host's (host "") as before, `gpu0`."""
-    return f"{host}/{name}" if host else name
-
-
 def duration_text(seconds: float | None) -> str:
     if seconds is None:
         return "N/A"
@@ -131,7 +126,8 @@ class GpuView:
 
     @property
     def label(self) -> str:
-        return host_label(self.host, f"gpu{self.index}")
+        """`h1/gpu0` for another host's; the dispatch host's as always, `gpu0`."""
+        return f"{self.host}/gpu{self.index}" if self.host else f"gpu{self.index}"
 
 
 @dataclass

@@ -79,6 +79,7 @@ class ReadingsFeed:
 
     def mark_stale(self, why: str) -> None:
         """The host's GPUs and disks become N/A with `why` (emitted once per cause)."""
+        why = " | ".join(line.strip() for line in why.splitlines() if line.strip())  # ssh's stderr: one line
         text = f"no reading from {self.host}: {why}" + (f" (last reading {self._fresh_clock})"
                                                         if self._fresh_clock else "")
         if text == self.stale:

@@ -106,7 +106,8 @@ def test_each_hosts_gpus_and_disks_come_from_its_own_agent(tmp_path, tiny_model_
     st = wait_for(h2_na, 90, "h2's GPU N/A once h2 is cut off", sup)
     assert all(d["error"] and d["error"].startswith("no reading from h2: ") for d in by_host(st, "disk")["h2"])
     why = by_host(st, "gpus")["h2"][0]["error"]
-    assert "the host is lost" in why or "the host cannot be reached" in why, why
+    # the link's loss or the failed fetch, whichever the loaded machine saw first; with when the last reading came
+    assert "(last reading " in why and "\n" not in why, why
     assert by_host(st, "gpus")["h1"][0]["error"].endswith(H1_ERROR)  # h1's still flow
     stopped = regen_cli("stop", "local", "--run-dir", str(run_dir))
     assert stopped.returncode == 0, stopped.stderr

@@ -6,7 +6,8 @@ host's [workers]. It launches one server per GPU group, restarts crashed ones (p
 logs under D/workers/<name>/), and runs until SIGTERM (`regen stop`, or the run ending), when it
 stops its servers. A second agent on the same work dir exits at once with EXIT_LOCKED, so the
 dispatch host can start one on every (re)join without checking first. Events go to
-D/telemetry.jsonl; the dispatch host watches the servers over HTTP.
+D/telemetry.jsonl; the dispatch host watches the servers over HTTP and reads the host's GPU and disk
+readings, which the agent keeps in D/host_readings.json (engine/host_readings.py).
 """
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
 import psutil
 
 from engine.config import ConfigError, load_config
+from engine.gpu import GpuSampler
 from engine.host_link import named_specs
+from engine.host_readings import Sampler, publish_readings
 from engine.telemetry import Telemetry
 from engine.workers import Worker
 
@@ -47,7 +51,7 @@ def _holder(pid_path: Path) -> int | None:
     return pid if "engine.host_agent" in cmdline else None
 
 
-async def run_agent(work_dir: Path, host_name: str) -> int:
+async def run_agent(work_dir: Path, host_name: str, sampler: Callable[[], Sampler] = GpuSampler) -> int:
     try:
         cfg = load_config(work_dir / "host.toml")
     except ConfigError as exc:
@@ -67,11 +71,22 @@ async def run_agent(work_dir: Path, host_name: str) -> int:
             w.start()
         log.info("host agent %s: %d servers: %s", host_name, len(workers),
                  ", ".join(f"{w.name} on :{w.spec.port}" for w in workers))
+        gpus = sampler()
+        if gpus.init_error:
+            log.warning("%s (this host's GPU readings will show N/A)", gpus.init_error)
+        readings = asyncio.create_task(publish_readings(work_dir, host_name, gpus, stop), name="host-readings")
+        readings.add_done_callback(_readings_ended)
         await stop.wait()
         log.info("stopping %d servers", len(workers))
-        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        await asyncio.gather(*(w.stop() for w in workers), readings, return_exceptions=True)
+        gpus.close()
     telemetry.close()
     return EXIT_OK
+
+
+def _readings_ended(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the host readings stopped (the dispatch host shows them as stale)", exc_info=task.exception())
 
 
 def main(argv: list[str] | None = None) -> int:

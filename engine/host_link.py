@@ -9,7 +9,8 @@ of the dispatch host, plus `[[hosts]].ssh_options`). On every (re)join the link:
    SGLang servers with the same Worker code as a one-host run;
 3. opens one `ssh -N -L` process forwarding a dispatch-host loopback port to each server's
    127.0.0.1 port (SGLang stays bound to loopback on the host), unless router.link = "lan";
-4. watches each server through its forward (/health, /metrics, /get_server_info).
+4. watches each server through its forward (/health, /metrics, /get_server_info), and reads the
+   agent's GPU and disk readings of its host (engine/host_readings_feed.py: N/A once they stop).
 
 A server joins the router only once its identity is proven twice: the host agent's Worker proved
 on the host that it is its own launch (free port, per-launch served-model-name, socket owned by the
@@ -41,6 +42,8 @@ import aiohttp
 
 from engine.capacity import BatchSize, ServerCapacity, configured_batch, discover
 from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
+from engine.host_readings import READINGS_FILE
+from engine.host_readings_feed import ReadingsFeed, ReadingsUnavailable
 from engine.metrics_client import ServerMetrics, parse_metrics
 from engine.run.status import HostStatus
 from engine.server_identity import IdentityCheck, ServedNames, Verdict, read_served_names
@@ -224,6 +227,8 @@ class HostLink:
         self._records: dict[str, IdentityRecord] = {}
         self._records_at = float("-inf")
         self._records_error = ""
+        self.readings = ReadingsFeed(host.name, self._fetch_readings, emit)
+        self._readings_task: asyncio.Task | None = None
 
     # -- public -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -236,6 +241,7 @@ class HostLink:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self._stop_readings()
         await self._close_tunnel()
         if stop_agent:
             try:
@@ -392,7 +398,11 @@ class HostLink:
                 self.emit(AlertEvent(severity="info", text=f"host {self.host.name} rejoined; it gets work again",
                                      evidence=f"{self.host.address}: link up, agent running", key=f"host-rejoin:{self.host.name}"))
             log.info("host %s: up (join %d)", self.host.name, self.joins)
-            reason = await self._watch()
+            self._readings_task = asyncio.create_task(self.readings.run(), name=f"readings-{self.host.name}")
+            try:
+                reason = await self._watch()
+            finally:
+                await self._stop_readings()
             if self._stopping:
                 return
             await self._lose(reason)
@@ -405,6 +415,7 @@ class HostLink:
             m.set_state("unreachable" if m.state != WorkerState.STOPPED else m.state, why)
         if self.state != HostState.LOST:
             self.state = HostState.LOST if self.joins else HostState.CONNECTING
+        self.readings.mark_stale("the host cannot be reached")  # why: in its host row and alert
         if first:
             log.warning("host %s: %s", self.host.name, why)
             self.emit(AlertEvent(severity="error", text=f"host {self.host.name} cannot be reached", evidence=why,
@@ -415,6 +426,7 @@ class HostLink:
         self.state, self.error = HostState.LOST, reason
         for m in self.members:
             m.set_state("unreachable", reason)
+        self.readings.mark_stale("the host is lost")
         # requests open through the forwards fail now instead of at their timeouts: re-dispatched
         await self._close_tunnel()
         log.error("host %s lost: %s", self.host.name, reason)
@@ -472,6 +484,23 @@ class HostLink:
                 await asyncio.gather(*(self._scrape(m) for m in ready), *(self._still_admitted(m) for m in ready))
             await asyncio.sleep(POLL_S)
         return "stopping"
+
+    # -- the agent's readings of its host -----------------------------------------------------
+    async def _fetch_readings(self) -> str:
+        path = f"{shell_path(self.host.work_dir)}/{READINGS_FILE}"
+        try:
+            rc, out, err = await self.ssh(f"cat {path}", timeout=20)
+        except HostError as exc:
+            raise ReadingsUnavailable(str(exc)) from exc
+        if rc != 0:
+            raise ReadingsUnavailable(f"reading {READINGS_FILE} failed (exit {rc}): {err.strip() or '(no output)'}")
+        return out
+
+    async def _stop_readings(self) -> None:
+        task, self._readings_task = self._readings_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     # -- identity -----------------------------------------------------------------------------
     async def _identity_records(self, fresh: bool = False) -> dict[str, IdentityRecord]:

@@ -40,8 +40,8 @@ class Telemetry:
         self._last_fsync = time.monotonic()
         self.dispatch: DispatchEvent | None = None
         self.workers: dict[str, WorkerEvent] = {}
-        self.gpus: dict[int, GpuEvent] = {}
-        self.disk: dict[str, DiskEvent] = {}
+        self.gpus: dict[tuple[str, int], GpuEvent] = {}  # by (host, index): every host's, "" the supervisor's own
+        self.disk: dict[tuple[str, str], DiskEvent] = {}  # by (host, path)
         self.shards: dict[str, ShardEvent] = {}
         self.alerts: collections.deque[AlertEvent] = collections.deque(maxlen=50)
         self._active_conditions: set[str] = set()
@@ -60,9 +60,9 @@ class Telemetry:
         elif isinstance(event, WorkerEvent):
             self.workers[event.name] = event
         elif isinstance(event, GpuEvent):
-            self.gpus[event.index] = event
+            self.gpus[(event.host, event.index)] = event
         elif isinstance(event, DiskEvent):
-            self.disk[event.path] = event
+            self.disk[(event.host, event.path)] = event
         elif isinstance(event, ShardEvent):
             self.shards[event.id] = event
         elif isinstance(event, AlertEvent):

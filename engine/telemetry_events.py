@@ -38,6 +38,7 @@ class GpuEvent(Event):
     temp_c: float | None = None
     power_w: float | None = None
     error: str | None = None
+    host: str = ""  # the [[hosts]] name whose agent sampled it; "" = the supervisor's own host
 
 
 @dataclass
@@ -97,6 +98,8 @@ class DiskEvent(Event):
     path: str = ""
     free_bytes: int = 0
     total_bytes: int = 0
+    host: str = ""  # as GpuEvent.host
+    error: str | None = None  # set: no reading (free/total are not figures), e.g. the host's link is lost
 
 
 @dataclass

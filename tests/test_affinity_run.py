@@ -17,7 +17,10 @@ def test_a_conversations_turns_land_on_one_worker_and_its_cache_serves_their_pre
                                                                                     supervisors):  # noqa: F811
     run_dir = tmp_path / "run"
     prompts = write_conversations(tmp_path / "conversations.jsonl", 24, seed=3)
-    cfg = make_config(run_dir, tiny_model_dir, gpus=2, sim=("--max-running-requests", "4"))  # more work than room
+    # more work than room, and answers slow enough (8 steps of 25 ms) that one server cannot finish the first turns
+    # before the other is ready on a loaded machine
+    cfg = make_config(run_dir, tiny_model_dir, gpus=2, sim=("--max-running-requests", "4", "--sim-step-ms", "25",
+                                                            "--sim-output-mean", "200"))
     cfg = dataclasses.replace(cfg, prompts=(str(prompts),),
                               sampling=dataclasses.replace(cfg.sampling, max_new_tokens=64))
     sup = supervisors(run_dir).start(cfg)

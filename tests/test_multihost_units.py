@@ -114,12 +114,15 @@ def test_endpoint_is_ready_with_one_routed_member_and_sums_their_capacity():
     assert seen == [WorkerState.READY, WorkerState.STARTING]
 
 
-def test_tui_groups_workers_by_host_and_shows_remote_gpus_as_na():
+def test_tui_groups_workers_by_host_and_shows_each_hosts_own_gpus():
     m = RunModel("h", "/r")
     m.apply(GpuEvent(ts=1, index=0, mem_used_mb=1000, mem_total_mb=80000, util_pct=90, temp_c=70))
     m.apply(WorkerEvent(ts=1, name="h2.gpu0", host="h2", remote=True, state="ready", gpus=[0]))
     m.apply(WorkerEvent(ts=1, name="h1.gpu0", host="h1", state="ready", gpus=[0]))
-    assert m.worker_gpu(m.workers["h2.gpu0"])["mem_used_mb"] is None  # not the dispatch host's GPU 0
+    assert m.worker_gpu(m.workers["h2.gpu0"])["mem_used_mb"] is None  # not the dispatch host's GPU 0: N/A until h2's
+    assert m.worker_gpu(m.workers["h1.gpu0"])["mem_used_mb"] == 1000  # on the dispatch host (not remote)
+    m.apply(GpuEvent(ts=2, host="h2", index=0, mem_used_mb=2000, mem_total_mb=80000))  # h2's agent's reading
+    assert m.worker_gpu(m.workers["h2.gpu0"])["mem_used_mb"] == 2000
     assert m.worker_gpu(m.workers["h1.gpu0"])["mem_used_mb"] == 1000
     assert [w.name for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name))] == ["h1.gpu0", "h2.gpu0"]
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from probes.model import Status
+from tests.sshd_fixtures import free_port_base
 from tests.test_probes_fakes import (add_weights, config_context, gpu_env, openai, run_local, sharegpt,
                                      write_jsonl)
 
@@ -245,10 +246,10 @@ def test_prompt_tokens_over_context_warns(model_copy, tmp_path):
 
 
 def test_ports_free_and_busy_with_holder(tiny_model_dir, tmp_path):
+    busy = free_port_base(2)  # the next port must be free too: an ephemeral port (0) may have a taken neighbour
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", busy))
         s.listen()
-        busy = s.getsockname()[1]
         ctx = config_context(tmp_path, tiny_model_dir, [], base_port=busy, gpus=(0, 1))
         r = run_local(ctx, {"ports"})["ports"]
         assert r.status is Status.FAIL

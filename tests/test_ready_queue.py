@@ -153,3 +153,19 @@ def test_the_ledger_holds_a_conversations_next_turn_for_the_worker_that_served_i
         assert (ledger.served_for("gpu1").prompt_tokens, ledger.served_for("gpu1").cached_tokens) == (2000, 1500)
 
     asyncio.run(main())
+
+
+def test_a_worker_that_joins_late_takes_its_share_of_the_prompts_already_queued():
+    q, _ = queue(["gpu0"])
+    docs = [item(f"doc{i}", long_prompt(i)) for i in range(40)]
+    q.push(docs)  # only gpu0 ready: every long prompt sits in its lane
+    q.worker_ready("gpu1", True)
+    mine = []
+    while (got := q.pop_for("gpu1")) is not None and q.owner(got.prompt_ids) == "gpu1":
+        mine.append(got.sample_id)
+    expected = [d.sample_id for d in docs if q.owner(d.prompt_ids) == "gpu1"]
+    assert 10 < len(expected) < 30 and mine == expected  # its own share, in queue order, before any stealing
+    rest = [got.sample_id] if got is not None else []
+    while (got := q.pop_for("gpu0")) is not None:
+        rest.append(got.sample_id)
+    assert sorted(mine + rest) == sorted(d.sample_id for d in docs) and len(q) == 0

@@ -160,7 +160,7 @@ async def test_quality_disk_alerts_preflight_panels(live_run, tmp_path):
         figures = text_of(app.query_one("#quality-figures", Static))
         assert "empty answers" in figures and "loss-mask sum" in figures
         await pilot.press("5")
-        await wait_until(pilot, lambda: "/dev/shm" in app.model.disks, "disk events")
+        await wait_until(pilot, lambda: ("", "/dev/shm") in app.model.disks, "disk events")
         disk = text_of(app.query_one("#disk-table", Static))
         assert "/dev/shm" in disk and live_run.run_dir in disk
         await pilot.press("1")

@@ -19,6 +19,7 @@ from console.cache_text import cache_text
 from console.cause import NOT_RUNNING_STATES, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
 from console.hints import hint_from_args
+from console.commands.status_hardware import hardware_parts
 from console.run_client import RunClientError
 from engine.run.brake import BrakeStatus
 from engine.run.status import RunStatus
@@ -183,19 +184,7 @@ def render_status(s: RunStatus) -> Group:
     if s.hosts:
         parts.append(hosts_table(s))
     parts += [workers, shard_table]
-    if s.gpus:
-        g = Table(title="GPUs")
-        for col in ("gpu", "name", "mem used/total MiB", "util", "temp", "power", "error"):
-            g.add_column(col)
-        for ev in s.gpus:
-            mem = (f"{ev.mem_used_mb:.0f}/{ev.mem_total_mb:.0f}" if ev.mem_used_mb is not None
-                   and ev.mem_total_mb is not None else "N/A")
-            g.add_row(str(ev.index), ev.name or "N/A", mem, _na(ev.util_pct, "{:.0f}%"), _na(ev.temp_c, "{:.0f}C"),
-                      _na(ev.power_w, "{:.0f}W"), ev.error or "")
-        parts.append(g)
-    for disk in s.disk:
-        parts.append(Text(f"disk {disk.path}: {disk.free_bytes / 2**30:.1f} GiB free of "
-                          f"{disk.total_bytes / 2**30:.1f} GiB"))
+    parts += hardware_parts(s)  # GPUs and disks, by host in a multi-host run
     # every row of rejects.jsonl: input rows refused when read, and samples rejected or failed (by its reason)
     parts.append(Text(f"rejects: {s.rejects.total} (rejects.jsonl rows, by reason: "
                       + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none") + ")"))

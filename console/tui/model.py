@@ -105,7 +105,7 @@ class WorkerView:
     error: str | None = None
     url: str = ""
     host: str = ""  # multi-host runs: the [[hosts]] name
-    remote: bool = False  # GPUs on another host: no readings here
+    remote: bool = False  # on another host: its GPUs are that host's agent's readings (GpuView.host)
     prompt_tokens: int | None = None  # committed from it in this start, and how many its prefix cache served
     cached_tokens: int | None = None
     tok_history: Series = field(default_factory=Series)
@@ -114,6 +114,7 @@ class WorkerView:
 @dataclass
 class GpuView:
     index: int
+    host: str = ""  # whose agent sampled it; "" the dispatch host
     name: str | None = None
     mem_used_mb: float | None = None
     mem_total_mb: float | None = None
@@ -122,6 +123,11 @@ class GpuView:
     power_w: float | None = None
     error: str | None = None
     mem_history: Series = field(default_factory=Series)
+
+    @property
+    def label(self) -> str:
+        """`h1/gpu0` for another host's; the dispatch host's as always, `gpu0`."""
+        return f"{self.host}/gpu{self.index}" if self.host else f"gpu{self.index}"
 
 
 @dataclass
@@ -152,9 +158,15 @@ class ShardView:
 @dataclass
 class DiskView:
     path: str
+    host: str = ""  # as GpuView.host
     free_bytes: int = 0
     total_bytes: int = 0
+    error: str | None = None  # no reading now (e.g. its host's link is lost): the figures are N/A
     history: Series = field(default_factory=Series)
+
+    @property
+    def label(self) -> str:
+        return f"{self.host}:{self.path}" if self.host else self.path
 
     def write_rate(self, window_s: float = DISK_RATE_WINDOW_S) -> float | None:
         """Bytes/s consumed over the window (positive: filling up); None without two points."""
@@ -170,7 +182,7 @@ class DiskView:
     def time_to_full(self) -> float | None:
         """Seconds until the free space is gone at the current write rate; None when not filling."""
         rate = self.write_rate()
-        if rate is None or rate <= 0:
+        if rate is None or rate <= 0 or self.error is not None:
             return None
         return self.free_bytes / rate
 
@@ -213,12 +225,12 @@ class RunModel:
         self.started_at: float | None = None
         self.dispatch: DispatchEvent | None = None
         self.workers: dict[str, WorkerView] = {}
-        self.gpus: dict[int, GpuView] = {}
+        self.gpus: dict[tuple[str, int], GpuView] = {}  # by (host, index): every host's
         self.shards: dict[str, ShardView] = {}
         self.changed_shards: set[str] = set()  # since the UI last took them (take_changed_shards)
         self._shard_done = 0  # sums over the shards, kept as they change (not a pass over 10,000 shards a tick)
         self._shard_empty = 0
-        self.disks: dict[str, DiskView] = {}
+        self.disks: dict[tuple[str, str], DiskView] = {}  # by (host, path)
         self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
         self._alert_by_key: dict[str, AlertView] = {}
         self.rejects = Rejects()
@@ -253,7 +265,8 @@ class RunModel:
         if isinstance(ev, WorkerEvent):
             return self._worker(ev)
         if isinstance(ev, GpuEvent):
-            g = self.gpus.get(ev.index) or self.gpus.setdefault(ev.index, GpuView(ev.index))
+            key = (ev.host, ev.index)
+            g = self.gpus.get(key) or self.gpus.setdefault(key, GpuView(ev.index, ev.host))
             g.name, g.mem_used_mb, g.mem_total_mb = ev.name, ev.mem_used_mb, ev.mem_total_mb
             g.util_pct, g.temp_c, g.power_w, g.error = ev.util_pct, ev.temp_c, ev.power_w, ev.error
             g.mem_history.add(ev.ts, ev.mem_used_mb)
@@ -407,13 +420,18 @@ class RunModel:
         return changed
 
     def _disk(self, ev: DiskEvent) -> set[str]:
-        d = self.disks.get(ev.path) or self.disks.setdefault(ev.path, DiskView(ev.path))
+        key = (ev.host, ev.path)
+        d = self.disks.get(key) or self.disks.setdefault(key, DiskView(ev.path, ev.host))
+        d.error = ev.error
+        if ev.error is not None:
+            return {"disk"}  # no reading: the figures shown go N/A, the history keeps the last real point
         d.free_bytes, d.total_bytes = ev.free_bytes, ev.total_bytes
         d.history.add(ev.ts, ev.free_bytes)
         changed = {"disk"}
         low = ev.total_bytes > 0 and ev.free_bytes < DISK_LOW_SHARE * ev.total_bytes
-        if self._condition(f"disk:{ev.path}", low, ev.ts, "critical",
-                           f"disk low: {bytes_text(ev.free_bytes)} free of {bytes_text(ev.total_bytes)} on {ev.path}"):
+        where = f"{ev.path} on {ev.host}" if ev.host else ev.path
+        if self._condition(f"disk:{d.label}", low, ev.ts, "critical",
+                           f"disk low: {bytes_text(ev.free_bytes)} free of {bytes_text(ev.total_bytes)} on {where}"):
             changed.add("alerts")
         return changed
 
@@ -518,8 +536,10 @@ class RunModel:
         return (time.time() if now is None else now) - self.started_at
 
     def worker_gpu(self, w: WorkerView) -> dict[str, float | None]:
-        """VRAM used/total (sum), util (mean), temperature (max) over the worker's GPUs; None = N/A."""
-        gs = [] if w.remote else [self.gpus[i] for i in w.gpus if i in self.gpus]
+        """VRAM used/total (sum), util (mean), temperature (max) over the worker's GPUs, as its host's agent read
+        them (a worker on the dispatch host: the supervisor's readings, host ""); None = N/A."""
+        host = w.host if w.remote else ""
+        gs = [self.gpus[(host, i)] for i in w.gpus if (host, i) in self.gpus]
 
         def agg(vals, how):
             vals = [v for v in vals if v is not None]

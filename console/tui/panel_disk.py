@@ -1,4 +1,5 @@
-"""Disk tab: free space of the run dir and /dev/shm over time, and the time until full at the current rate."""
+"""Disk tab: free space of the run dir and /dev/shm (and every remote host's work dir and /dev/shm) over time,
+and the time until full at the current rate."""
 from __future__ import annotations
 
 from rich.table import Table
@@ -17,17 +18,24 @@ class DiskPanel(Vertical):
 
     def refresh_from(self, m: RunModel) -> None:
         t = Table(expand=True)
-        for c in ("path", "free", "total", "used %", "write rate", "full in"):
+        disks = sorted(m.disks.values(), key=lambda d: (d.host, d.path))
+        multi = any(d.host for d in disks)
+        errors = any(d.error is not None for d in disks)  # a host's readings stopped: N/A, and why
+        for c in ("host",) * multi + ("path", "free", "total", "used %", "write rate", "full in") + ("error",) * errors:
             t.add_column(c)
-        for d in sorted(m.disks.values(), key=lambda d: d.path):
+        for d in disks:
+            host = (d.host or "dispatch",) * multi
+            if d.error is not None:
+                t.add_row(*host, d.path, "N/A", "N/A", "N/A", "N/A", "N/A", d.error, style="yellow")
+                continue
             rate = d.write_rate()
             full_in = d.time_to_full()
             used = 100.0 * (1 - d.free_bytes / d.total_bytes) if d.total_bytes else None
-            t.add_row(d.path, bytes_text(d.free_bytes), bytes_text(d.total_bytes),
+            t.add_row(*host, d.path, bytes_text(d.free_bytes), bytes_text(d.total_bytes),
                       "N/A" if used is None else f"{used:.1f}%",
                       "N/A" if rate is None else f"{bytes_text(rate)}/s",
-                      "not filling" if full_in is None else duration_text(full_in),
+                      "not filling" if full_in is None else duration_text(full_in), *("",) * errors,
                       style="bold red" if full_in is not None and full_in < 6 * 3600 else "")
         self.query_one("#disk-table", Static).update(t)
         self.query_one("#disk-chart", TimeChart).draw(
-            [(d.path, d.history, 1 / 2**30) for d in sorted(m.disks.values(), key=lambda d: d.path)])
+            [(d.label, d.history, 1 / 2**30) for d in disks])

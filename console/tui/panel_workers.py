@@ -61,20 +61,20 @@ class WorkersPanel(Vertical):
         series = [("all", m.throughput, 1.0)] + [(w.name, w.tok_history, 1.0)
                                                   for w in sorted(m.workers.values(), key=lambda w: w.name)]
         self.query_one("#throughput-chart", TimeChart).draw(series)
-        gpu_series = [(f"gpu{g.index}", g.mem_history, 1 / 1024) for g in sorted(m.gpus.values(), key=lambda g: g.index)]
+        gpu_series = [(g.label, g.mem_history, 1 / 1024) for g in sorted(m.gpus.values(), key=lambda g: (g.host, g.index))]
         vram = self.query_one("#vram-chart", TimeChart)
         if any(len(s) for _, s, _ in gpu_series):
             vram.draw(gpu_series)
             vram.border_subtitle = ""
         else:
             vram.clear()
-            errors = {g.error for g in m.gpus.values() if g.error}
+            errors = {(f"{g.host}: " if g.host else "") + g.error for g in m.gpus.values() if g.error}
             vram.border_subtitle = ("N/A: " + "; ".join(sorted(errors))[:80]) if errors else "N/A: no GPU samples"
 
     def _sparklines(self, m: RunModel) -> None:
         box = self.query_one("#sparklines", VerticalScroll)
         for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name)):
-            row_id = f"spark-{w.name}"
+            row_id = f"spark-{w.name.encode().hex()}"  # a multi-host name (h1.gpu0) is no valid widget id
             found = box.query(f"#{row_id}")
             values = w.tok_history.values()[-120:] or [0.0]
             if found:

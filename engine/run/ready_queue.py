@@ -9,8 +9,9 @@ only from where the cached part ends (`meta_info.cached_tokens`). So, with `disp
   a slot left idle costs decode time);
 - any other prompt longer than PREFIX_TOKENS goes to the lane of the worker its first PREFIX_TOKENS tokens
   hash to (rendezvous hashing over the ready workers: prompts sharing a system prompt or a document land on
-  one server, and a worker that leaves or joins moves only its own share of the keys). Such an item is only
-  a preference: a worker with nothing of its own and nothing unassigned takes it from the longest lane.
+  one server, and a worker that leaves or joins moves only its own share of the keys, queued items included).
+  Such an item is only a preference: a worker with nothing of its own and nothing unassigned takes it from the
+  longest lane.
 
 A worker pulling takes, in order: its held items; the older of its lane's head and the unassigned queue's
 head; a held item of another worker whose hold has run out; a preferred item of the longest other lane.
@@ -79,7 +80,9 @@ class ReadyQueue:
     # -- workers -------------------------------------------------------------------------------
     def worker_ready(self, name: str, ready: bool) -> None:
         if ready:
-            self._ready.setdefault(name, _digest(name.encode()))
+            if name not in self._ready:
+                self._ready[name] = _digest(name.encode())
+                self._join(name)
             return
         if self._ready.pop(name, None) is None:
             return
@@ -87,12 +90,32 @@ class ReadyQueue:
         if lane is None:
             return
         # its cache is gone with it: every item placed again as if new, merged into its new queue by age
+        self._replace([(seq, item) for _, seq, item in lane.held] + list(lane.soft))
+
+    def _join(self, name: str) -> None:
+        """A worker that joins takes its share of the keys now, not only of prompts queued from now on: queued
+        at a start when one server was ready before the others, every long prompt sat in the first one's lane,
+        and a fast first server could drain it before the late one ever pulled (seen on a loaded machine)."""
+        if not self.affinity:
+            return
+        moving = []
+        for other, lane in self._lanes.items():
+            if other == name or not lane.soft:
+                continue
+            keep: collections.deque = collections.deque()
+            for entry in lane.soft:
+                (moving if self.owner(entry[1].prompt_ids) == name else keep).append(entry)
+            lane.soft = keep
+        self._replace(moving)
+
+    def _replace(self, entries: list[tuple[int, WorkItem]]) -> None:
+        """Place (seq, item) entries again by their prefix, each merged into its new queue by age."""
         moved: dict[int, tuple[collections.deque, list]] = {}
-        for seq, item in [(seq, item) for _, seq, item in lane.held] + list(lane.soft):
+        for seq, item in entries:
             queue = self._soft_queue(item)
             moved.setdefault(id(queue), (queue, []))[1].append((seq, item))
-        for queue, entries in moved.values():
-            merged = sorted([*queue, *entries], key=lambda e: e[0])
+        for queue, batch in moved.values():
+            merged = sorted([*queue, *batch], key=lambda e: e[0])
             queue.clear()
             queue.extend(merged)
 

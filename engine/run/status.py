@@ -16,7 +16,8 @@ RunStatus fields (the JSON keys of the reply):
                  telemetry event's time)
   dispatch       the run's figures (DispatchEvent, below), or null before the ledger is loaded and nothing recorded
   workers, gpus, disk, alerts   the latest telemetry snapshots (offline: no workers, GPUs or disk; the last 20
-                 alerts telemetry.jsonl recorded)
+                 alerts telemetry.jsonl recorded); gpus and disk are every host's, each with its `host`
+                 ("" the supervisor's own, a [[hosts]] name: read by that host's agent)
   shards         one ShardStatus per shard (figures below, and `state` by shard_state)
   rejects        Rejects: every row of rejects.jsonl (input rows refused when read, and samples rejected or failed),
                  total and by reason

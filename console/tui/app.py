@@ -42,8 +42,8 @@ BACKOFF_MAX_S = 60.0
 LOST_AFTER = 5  # failed attempts before "reconnecting" becomes "lost"
 REFUSED_TOAST_S = 600.0  # the host refused us (host key, auth): the remedy stays on screen
 ENDED_CHECK_S = 15.0
-NOTIFY_MAX_AGE_S = 120.0
-CONTROL_CHUNK = 1000  # shard ids per control command (a command line on the host stays far under its limits)  # backfilled alerts older than this go to the list, not to a toast
+NOTIFY_MAX_AGE_S = 120.0  # backfilled alerts older than this go to the list, not to a toast
+CONTROL_CHUNK = 1000  # shard ids per control command (a command line on the host stays far under its limits)
 
 TABS = ["preflight", "workers", "shards", "quality", "disk", "alerts"]
 PANEL_OF_SECTION = {"workers": "workers", "shards": "shards", "disk": "disk", "alerts": "alerts", "stats": "quality"}
@@ -306,7 +306,7 @@ class RegenApp(App):
             try:
                 result = await getattr(self.source, op)(chunk)
             except SourceError as exc:
-                sent = f" ({n * CONTROL_CHUNK:,} of {len(arg):,} were done)" if n else ""
+                sent = f" ({n * CONTROL_CHUNK:,} of the {len(arg):,} were sent and done)" if n else ""
                 self.post_message(ControlDone(op, False, f"{label} {target} failed: {exc}{sent}"))
                 return
         self.post_message(ControlDone(op, True, f"{label} {target}: done", result))

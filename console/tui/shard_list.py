@@ -6,13 +6,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from console.tui.model import ShardView
+from console.tui.model import EMPTY_SHARE_ALERT, ShardView
 
 FILTERS = ("all", "running", "paused", "pending", "done", "problems")
 SORTS = ("id", "progress", "empty", "truncated")
 SORT_TEXT = {"id": "id", "progress": "progress (least first)", "empty": "empty share (most first)",
              "truncated": "truncated share (most first)"}
-EMPTY_PROBLEM = 0.05
+EMPTY_PROBLEM = EMPTY_SHARE_ALERT
 TRUNCATED_PROBLEM = 0.10
 PROBLEM_MIN_SAMPLES = 10  # shares of a handful of samples say little; a shard smaller than this counts when complete
 

@@ -12,7 +12,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from console.tui.model import ShardView
-from console.tui.shard_list import ShardList, has_problem
+from console.tui.shard_list import EMPTY_PROBLEM, TRUNCATED_PROBLEM, ShardList, has_problem
 from console.tui.widgets import STATE_STYLE, bar, pct
 
 # (title, width, right-aligned)
@@ -35,8 +35,8 @@ def row_cells(s: ShardView, selected: bool) -> list[tuple[str, str]]:
     return [(mark.rstrip(), "bold magenta" if selected else "bold red"),
             (s.id, ""), state,
             (f"{bar(s.fraction)} {100 * s.fraction:5.1f}%", ""), (f"{s.done}/{s.total}", ""),
-            (f"{s.output_tokens:,}", ""), (pct(e), "bold red" if e is not None and e > 0.05 else ""),
-            (pct(t), "yellow" if t is not None and t > 0.10 else ""),
+            (f"{s.output_tokens:,}", ""), (pct(e), "bold red" if e is not None and e > EMPTY_PROBLEM else ""),
+            (pct(t), "yellow" if t is not None and t > TRUNCATED_PROBLEM else ""),
             (str(s.repetition) if s.repetition else "", "bold red")]
 
 

@@ -44,6 +44,7 @@ REFUSED_TOAST_S = 600.0  # the host refused us (host key, auth): the remedy stay
 ENDED_CHECK_S = 15.0
 NOTIFY_MAX_AGE_S = 120.0  # backfilled alerts older than this go to the list, not to a toast
 
+CONTROL_ACTIONS = ("pause_shard", "resume_shard", "pause_all", "resume_all", "restart_worker")
 TABS = ["preflight", "workers", "shards", "quality", "disk", "alerts"]
 PANEL_OF_SECTION = {"workers": "workers", "shards": "shards", "disk": "disk", "alerts": "alerts", "stats": "quality"}
 
@@ -73,6 +74,7 @@ class RegenApp(App):
     """
     BINDINGS = [
         Binding("q", "quit", "Quit (run continues)"),
+        Binding("q", "quit_ended", "Quit"),  # shown instead of the one above once the run's supervisor is gone
         Binding("question_mark", "help", "Help"),
         Binding("ctrl+r", "reconnect", "Reconnect"),
         *[Binding(str(i + 1), f"tab('{t}')", t.capitalize(), show=False) for i, t in enumerate(TABS)],
@@ -146,7 +148,22 @@ class RegenApp(App):
     def _draw_header(self) -> None:
         self._header.show(self.model, self.clock(), self.monotonic())
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A run whose supervisor is gone (a replay, a finished run) has nothing to pause, resume or restart, and
+        no run that continues after quitting: those hints are hidden."""
+        ended = self.model.running is False or self.model.connection.state == "ended"
+        if action in CONTROL_ACTIONS or action == "quit":
+            return not ended
+        if action == "quit_ended":
+            return ended
+        return True
+
+    async def action_quit_ended(self) -> None:
+        await self.action_quit()
+
     def _mark(self, sections: set[str]) -> None:
+        if "header" in sections:
+            self.refresh_bindings()  # the supervisor may have gone (or come back): the footer's hints follow
         for s in sections:
             if s in PANEL_OF_SECTION:
                 self._stale.add(PANEL_OF_SECTION[s])
@@ -170,9 +187,16 @@ class RegenApp(App):
         self._focus_table(tab)
 
     def _focus_table(self, tab: str) -> None:
-        tables = self.panel(tab).query(DataTable)
-        if tables:
-            tables.first().focus()
+        """Focus the tab's table (else its first focusable widget, else nothing): focus left in the hidden
+        tab would switch TabbedContent straight back to it (key 4 on the Preflight tab did nothing)."""
+        panel = self.panel(tab)
+        tables = panel.query(DataTable)
+        focusable = [w for w in panel.query("*") if w.focusable]
+        target = tables.first() if tables else (focusable[0] if focusable else None)
+        if target is not None:
+            target.focus()
+        else:
+            self.set_focus(None)
 
     # -- telemetry ---------------------------------------------------------------------------
     @work(exclusive=True, group="follow", exit_on_error=False)

@@ -133,9 +133,10 @@ def cause_block(s: RunStatus, args) -> Text:
 
 
 # the text columns wrap, then go (error first) before a number, a state or a pid is cut
-WORKER_COLUMNS = [Col("name"), Col("state"), Col("gpus"), Col("pid"), Col("restarts"), Col("in flight/cap"),
-                  Col("batch (source)", drop=3), Col("running"), Col("queued"), Col("gen tok/s"), Col("KV usage"),
-                  Col("cache hit", drop=2), Col("error", drop=1)]
+WORKER_COLUMNS = [Col("name"), Col("state"), Col("gpus", short="gpu"), Col("pid"), Col("restarts", short="rst"),
+                  Col("in flight/cap", short="infl"), Col("batch (source)", drop=2), Col("running", short="run"),
+                  Col("queued", short="q"), Col("gen tok/s", short="tok/s"), Col("KV usage", short="KV"),
+                  Col("cache hit", drop=3), Col("error", drop=1)]
 WIDE = 10_000  # --wide, or piped: every column whole, lines unwrapped
 
 
@@ -148,7 +149,8 @@ def status_console(wide: bool) -> Console:
 
 
 def render_status(s: RunStatus, console: Console | None = None) -> Group:
-    console = console or Console()
+    """The status as printed on `console` (its width decides which text columns fit; default: every column)."""
+    console = console or Console(width=WIDE)
     d = s.dispatch
     head = Text()
     head.append(f"{s.host}:{s.run_dir}  ", style="bold")
@@ -181,8 +183,8 @@ def render_status(s: RunStatus, console: Console | None = None) -> Group:
                             _na(w.pid), str(w.restarts), f"{w.in_flight}/{w.capacity}", batch,
                             _na(w.running_reqs, "{:.0f}"), _na(w.queued_reqs, "{:.0f}"),
                             _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"),
-                            cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60]])
-    workers = fitted_table(console, ([Col("host")] if multi else []) + WORKER_COLUMNS, worker_rows,
+                            cache_text(w.prompt_tokens, w.cached_tokens), w.error or ""])
+    workers = fitted_table(console, ([Col("host", drop=4)] if multi else []) + WORKER_COLUMNS, worker_rows,
                            title="workers" + (" (by host)" if multi else ""))
     by_state: dict[str, int] = {}
     for sh in s.shards:

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
-from textual_plot import PlotWidget
+from textual_plot import HiResMode, PlotWidget
 
 from console.tui.model import RunModel
 
@@ -20,6 +20,15 @@ class Histogram(PlotWidget):
 
     def __init__(self, **kw):
         super().__init__(allow_pan_and_zoom=False, **kw)
+
+
+SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+HIST_LEGEND = "bar 2ᵏ: sums of 2ᵏ to 2ᵏ⁺¹−1"
+
+
+def bin_label(low: int) -> str:
+    """A log2 bin by its lower end: 0, or 2ᵏ (short enough that a dozen bins fit side by side)."""
+    return "0" if low <= 0 else "2" + str(low.bit_length() - 1).translate(SUPERSCRIPT)
 
 
 def _share(c: dict | None) -> str:
@@ -98,7 +107,7 @@ class QualityPanel(Vertical):
         yield Static("statistics not computed yet (s: compute now)", id="quality-status")
         with Horizontal():
             hist = Histogram(id="loss-hist")
-            hist.border_title = "loss-mask sum (output tokens), log2 bins: share of samples"
+            hist.border_title = "loss-mask sum (output tokens): % of samples"
             yield hist
             with VerticalScroll(id="quality-figures-box"):
                 yield Static(id="quality-figures")
@@ -122,6 +131,8 @@ class QualityPanel(Vertical):
         hist.clear()
         if bins:
             styles = ["red" if b["low"] <= 7 and b["share"] > 0.05 else "cyan" for b in bins]
-            hist.bar([b["label"] for b in bins], [100.0 * b["share"] for b in bins], bar_style=styles)
+            hist.bar([bin_label(b["low"]) for b in bins], [100.0 * b["share"] for b in bins], bar_style=styles,
+                     hires_mode=HiResMode.QUADRANT)
             hist.set_ylabel("% samples")
+            hist.set_xlabel(HIST_LEGEND)
         self.query_one("#quality-figures", Static).update(figures(s))

@@ -54,7 +54,9 @@ class TimeChart(Vertical):
     """A chart redrawn from Series on demand; with nothing to draw, its body says why."""
 
     DEFAULT_CSS = """
-    TimeChart > .chart-note { width: 1fr; height: 1fr; content-align: center middle; color: $text-muted; }
+    TimeChart > .chart-note {
+        width: 1fr; height: 1fr; content-align: center middle; text-align: center; color: $text-muted;
+    }
     TimeChart > _Plot { height: 1fr; }
     """
 

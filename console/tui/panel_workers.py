@@ -13,8 +13,9 @@ from console.tui.model import RunModel, na
 from console.tui.sparkline import ScaledSparkline, on_scale
 from console.tui.widgets import selected_row_key, styled, sync_table
 
-COLUMNS = ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in flight", "batch (source)", "cache hit",
-           "VRAM used/total", "util", "temp", "restarts", "error"]
+# numbers and states first, the text columns last: a narrow terminal scrolls them off, never the figures
+COLUMNS = ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util",
+           "temp", "restarts", "batch (source)", "cache hit", "error"]
 
 
 SPARK_POINTS = 120  # four minutes at the supervisor's 2 s tick
@@ -64,11 +65,11 @@ class WorkersPanel(Vertical):
             used, total = g["mem_used_mb"], g["mem_total_mb"]
             vram = "N/A" if used is None or total is None else f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
             rows.append((w.name, (
-                w.name, styled(w.state), na(w.pid), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"), na(w.running, "{:.0f}"),
-                na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}",
+                w.name, styled(w.state), na(w.pid), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
+                na(w.running, "{:.0f}"), na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}", vram,
+                na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts),
                 batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
-                cache_text(w.prompt_tokens, w.cached_tokens), vram, na(g["util_pct"], "{:.0f}%"),
-                na(g["temp_c"], "{:.0f}°C"), str(w.restarts), (w.error or "")[:60])))
+                cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])))
         sync_table(self._table, rows, COLUMNS)
         self._sparklines(m)
         series = [("all", m.throughput, 1.0)] + [(w.name, w.tok_history, 1.0)

@@ -8,7 +8,6 @@ import math
 import re
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 
 from console.tui.app import RegenApp
@@ -116,9 +115,8 @@ def test_snapshot_no_nvml_says_why_in_the_chart(tmp_path, snap_compare):
     assert snapshot(synthetic_app(tmp_path, simulated_gpus=False), snap_compare, (120, 40))
 
 
-@pytest.mark.parametrize("size", [(80, 30)])
-def test_snapshot_workers_tab_at_80_columns(size, frozen_telemetry, tmp_path, snap_compare):  # noqa: F811
-    assert snap_compare(frozen_app(frozen_telemetry, tmp_path), terminal_size=size, run_before=shows("2"))
+def test_snapshot_workers_tab_at_80_columns(frozen_telemetry, tmp_path, snap_compare):  # noqa: F811
+    assert snap_compare(frozen_app(frozen_telemetry, tmp_path), terminal_size=(80, 30), run_before=shows("2"))
 
 
 async def test_workers_tab_at_80_columns_shows_pid_and_state_whole(frozen_telemetry, tmp_path):  # noqa: F811

@@ -99,6 +99,7 @@ class RegenApp(App):
         self._log_worker: str | None = None
         self.events_applied = 0
         self.last_event_on_screen: tuple[float, float] | None = None  # (event ts, wall time it was drawn)
+        self._hints_gone = False  # the footer's hints are a gone run's (no pause/resume, plain Quit)
 
     # -- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -151,19 +152,24 @@ class RegenApp(App):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """A run whose supervisor is gone (a replay, a finished run) has nothing to pause, resume or restart, and
         no run that continues after quitting: those hints are hidden."""
-        ended = self.model.running is False or self.model.connection.state == "ended"
+        ended = self._run_gone()
         if action in CONTROL_ACTIONS or action == "quit":
             return not ended
         if action == "quit_ended":
             return ended
         return True
 
+    def _run_gone(self) -> bool:
+        return self.model.running is False or self.model.connection.state == "ended"
+
     async def action_quit_ended(self) -> None:
         await self.action_quit()
 
     def _mark(self, sections: set[str]) -> None:
-        if "header" in sections:
-            self.refresh_bindings()  # the supervisor may have gone (or come back): the footer's hints follow
+        gone = self._run_gone()
+        if gone != self._hints_gone and self.screen_stack:  # none while the app shuts down
+            self._hints_gone = gone
+            self.refresh_bindings()  # the supervisor went (or came back): the footer's hints follow
         for s in sections:
             if s in PANEL_OF_SECTION:
                 self._stale.add(PANEL_OF_SECTION[s])

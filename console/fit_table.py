@@ -45,7 +45,8 @@ def fitted_table(console: Console, cols: Sequence[Col], rows: Sequence[Sequence[
     note = f" ({', '.join(dropped)} not shown: too narrow; --wide shows every column)" if dropped else ""
     table = Table(title=title + note, expand=False)
     for i in shown:
-        table.add_column(cols[i].title(short), no_wrap=cols[i].drop == 0)
+        text = cols[i].drop > 0  # wraps, and a word longer than its share folds onto the next line, never cut
+        table.add_column(cols[i].title(short), no_wrap=not text, overflow="fold" if text else "ellipsis")
     for row in rows:
         table.add_row(*(row[i] for i in shown))
     return table

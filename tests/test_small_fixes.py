@@ -11,7 +11,7 @@ from rich.console import Console
 from console.commands.status import WIDE, render_status, status_console
 from console.transport_ssh import kill_outcome
 from engine.run.status import RunStatus
-from engine.telemetry_events import DiskEvent, WorkerEvent
+from engine.telemetry_events import DiskEvent, GpuEvent, WorkerEvent
 from probes.host import script as host_script
 from probes.model import ProbeReport, ProbeResult, Status
 from probes.render import render_report
@@ -39,7 +39,11 @@ def loading_status() -> RunStatus:
                            cached_tokens=996_000, error=error) for i in range(2)]
     return RunStatus.from_dict({"run_dir": "/data/regen/run1", "state": "running", "running": True, "pid": 4242,
                                 "started_at": 1.0, "host": "gpubox", "workers": [w.to_dict() for w in workers],
-                                "disk": [DiskEvent(path="/tiny", free_bytes=512 * 1024, total_bytes=2**20).to_dict()]})
+                                "disk": [DiskEvent(path="/tiny", free_bytes=512 * 1024, total_bytes=2**20).to_dict()],
+                                "gpus": [GpuEvent(index=g, name="NVIDIA H100 80GB HBM3", mem_used_mb=61234.0,
+                                                  mem_total_mb=81559.0, util_pct=87.0, temp_c=61.0, power_w=420.0,
+                                                  error="temperature: NVMLError_NotSupported: Not Supported" if g
+                                                  else None).to_dict() for g in range(2)]})
 
 
 def printed(console: Console, capsys) -> list[str]:
@@ -64,6 +68,9 @@ def test_status_in_an_80_column_terminal_keeps_pid_and_state_whole(monkeypatch, 
         assert cells[:6] == [f"gpu{i}", "loading", str(i), str(2061234 + i), "3", "0/512"]
         assert "…" not in row
     assert any("error" in line and "not shown" in line and "--wide" in line for line in lines)
+    gpu_rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if re.match(r"^│ [01] ", line)]
+    assert [r[0] for r in gpu_rows] == ["0", "1"] and all(r[2:6] == ["61234/81559", "87%", "61C", "420W"]
+                                                          for r in gpu_rows)
 
 
 def test_status_piped_or_wide_prints_every_column_whole(monkeypatch, capsys):

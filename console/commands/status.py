@@ -137,6 +137,10 @@ WORKER_COLUMNS = [Col("name"), Col("state"), Col("gpus", short="gpu"), Col("pid"
                   Col("in flight/cap", short="infl"), Col("batch (source)", drop=2), Col("running", short="run"),
                   Col("queued", short="q"), Col("gen tok/s", short="tok/s"), Col("KV usage", short="KV"),
                   Col("cache hit", drop=3), Col("error", drop=1)]
+GPU_COLUMNS = [Col("gpu"), Col("name", drop=2), Col("mem used/total MiB", short="MiB"), Col("util"), Col("temp"),
+               Col("power"), Col("error", drop=1)]
+HOST_COLUMNS = [Col("host"), Col("address", drop=2), Col("state"), Col("servers"), Col("joins"), Col("lost"),
+                Col("error", drop=1)]
 WIDE = 10_000  # --wide, or piped: every column whole, lines unwrapped
 
 
@@ -200,18 +204,16 @@ def render_status(s: RunStatus, console: Console | None = None) -> Group:
         shard_table.add_row(f"... {len(interesting) - 20} more", "", "", "", "", "")
     parts = [head]
     if s.hosts:
-        parts.append(hosts_table(s))
+        parts.append(hosts_table(s, console))
     parts += [workers, shard_table]
     if s.gpus:
-        g = Table(title="GPUs")
-        for col in ("gpu", "name", "mem used/total MiB", "util", "temp", "power", "error"):
-            g.add_column(col)
+        gpu_rows = []
         for ev in s.gpus:
             mem = (f"{ev.mem_used_mb:.0f}/{ev.mem_total_mb:.0f}" if ev.mem_used_mb is not None
                    and ev.mem_total_mb is not None else "N/A")
-            g.add_row(str(ev.index), ev.name or "N/A", mem, _na(ev.util_pct, "{:.0f}%"), _na(ev.temp_c, "{:.0f}C"),
-                      _na(ev.power_w, "{:.0f}W"), ev.error or "")
-        parts.append(g)
+            gpu_rows.append([str(ev.index), ev.name or "N/A", mem, _na(ev.util_pct, "{:.0f}%"),
+                             _na(ev.temp_c, "{:.0f}C"), _na(ev.power_w, "{:.0f}W"), ev.error or ""])
+        parts.append(fitted_table(console, GPU_COLUMNS, gpu_rows, title="GPUs"))
     for disk in s.disk:
         parts.append(Text(f"disk {disk.path}: {bytes_text(disk.free_bytes)} free of {bytes_text(disk.total_bytes)}"))
     # every row of rejects.jsonl: input rows refused when read, and samples rejected or failed (by its reason)
@@ -248,16 +250,12 @@ def brake_text(b: BrakeStatus) -> Text:
     return text.append(f"\nbrake: armed, last {b.samples}/{b.window_size} samples ({judged}): {shares}", style="dim")
 
 
-def hosts_table(s: RunStatus) -> Table:
+def hosts_table(s: RunStatus, console: Console) -> Table:
     r = s.router
     title = ("hosts (no router)" if r is None else
              f"hosts (router {r.url} {r.policy}, {'up' if r.up else 'DOWN'}, {len(r.members)} servers in it"
              + (f", restarts {r.restarts}" if r.restarts else "") + (f": {r.error}" if r.error else "") + ")")
-    t = Table(title=title)
-    for col in ("host", "address", "state", "servers", "joins", "lost", "error"):
-        t.add_column(col)
-    for h in s.hosts or []:
-        t.add_row(h.name, h.address, Text(h.state, style="green" if h.state == "up" else "bold red"),
-                  str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
-                  (h.error or "")[:80])
-    return t
+    rows = [[h.name, h.address, Text(h.state, style="green" if h.state == "up" else "bold red"), str(len(h.workers)),
+             "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost), (h.error or "")[:80]]
+            for h in s.hosts or []]
+    return fitted_table(console, HOST_COLUMNS, rows, title=title)

@@ -162,11 +162,11 @@ class Supervisor:
         self.gpu = GpuSampler()
         if self.gpu.init_error:
             log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
+        if not early:
+            self.session = client_session()
         if not self.gpu.available and not self.cfg.hosts and is_rehearsal(self.cfg.workers.launch):
             # a rehearsal: the simulators' modelled GPUs stand in, named as simulated
             self.sim_gpus = SimGpuReader(self.session, lambda: self.workers)
-        if not early:
-            self.session = client_session()
         try:
             store_cfg = self.cfg.store
             self.committer = Committer(self.store, self.ledger, self.emit, max_rows=store_cfg.part_max_rows,

@@ -128,3 +128,18 @@ async def test_workers_tab_at_80_columns_shows_pid_and_state_whole(frozen_teleme
         assert header.split()[:9] == ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in", "flight"]
         rows = [line.split() for line in lines if line.startswith(" gpu")]
         assert [r[:3] for r in rows] == [["gpu0", "stopped", "30477"], ["gpu1", "stopped", "30479"]]
+
+
+async def test_the_histogram_without_statistics_says_why_in_its_body(tmp_path):
+    app = synthetic_app(tmp_path)  # its run dir has no shards: the statistics cannot be computed
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settled(pilot)
+        await pilot.press("4")
+        for _ in range(300):
+            if app.model.stats_error:
+                break
+            await pilot.pause(0.1)
+        await pilot.pause(0.3)
+        hist_column = [line.split("│")[1] for line in screen_text(app).splitlines() if line.startswith("│")]
+        body = " ".join(" ".join(cell.split()) for cell in hist_column)
+        assert app.model.stats_error and "no statistics:" in body

@@ -5,13 +5,11 @@ from dataclasses import dataclass
 from math import floor, log10
 from typing import Sequence
 
-from textual.app import ComposeResult
-from textual.containers import Vertical
-from textual.widgets import Static
-from textual_plot import HiResMode, PlotWidget
-from textual_plot.plot_widget import LegendLocation
+from textual_plot import HiResMode
 from textual_plot.axis_formatter import NumericAxisFormatter
+from textual_plot.plot_widget import LegendLocation
 
+from console.tui.chart_frame import ChartFrame
 from console.tui.series import Series, downsample
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "red", "blue", "bright_white", "orange1", "purple", "spring_green1")
@@ -46,19 +44,8 @@ class AgoFormatter(NumericAxisFormatter):
         return [f"{abs(t) + 0.0:.{decimals}f}" for t in ticks]
 
 
-class _Plot(PlotWidget):
-    can_focus = False  # the arrow keys stay with the tables
-
-
-class TimeChart(Vertical):
+class TimeChart(ChartFrame):
     """A chart redrawn from Series on demand; with nothing to draw, its body says why."""
-
-    DEFAULT_CSS = """
-    TimeChart > .chart-note {
-        width: 1fr; height: 1fr; content-align: center middle; text-align: center; color: $text-muted;
-    }
-    TimeChart > _Plot { height: 1fr; }
-    """
 
     def __init__(self, title: str, y_label: str, *, id: str | None = None):
         super().__init__(id=id)
@@ -66,39 +53,29 @@ class TimeChart(Vertical):
         self._y_label = y_label
         self.unit: TimeUnit | None = None  # the x axis's unit at the last draw (None: nothing drawn)
 
-    def compose(self) -> ComposeResult:
-        plot = _Plot(allow_pan_and_zoom=False)
-        self._plot = plot
-        yield plot
-        note = Static("no data yet", classes="chart-note")
-        self._note = note
-        yield note
-
     def on_mount(self) -> None:
-        self._plot.set_ylabel(self._y_label)
-        self._plot.set_x_formatter(AgoFormatter())
-        self._plot.margin_left = 8
-        self._plot.margin_bottom = 3  # the tick labels, then the axis label with its unit
-        self._show_note("no data yet")
+        super().on_mount()
+        self.plot.set_ylabel(self._y_label)
+        self.plot.set_x_formatter(AgoFormatter())
+        self.plot.margin_left = 8
+        self.plot.margin_bottom = 3  # the tick labels, then the axis label with its unit
 
     def set_y_label(self, label: str) -> None:
         self._y_label = label
-        self._plot.set_ylabel(label)
+        self.plot.set_ylabel(label)
 
-    def _show_note(self, text: str) -> None:
+    def show_note(self, text: str) -> None:
         self.unit = None
-        self._note.update(text)
-        self._note.display = True
-        self._plot.display = False
+        super().show_note(text)
 
     def draw(self, series: Sequence[tuple[str, Series, float]], now: float | None = None,
              empty: str = "no data yet") -> None:
         """series: (label, points, scale) with values multiplied by scale; now: the x origin (default: the newest
         point); empty: what the body says when no series has a point."""
-        plot = self._plot
+        plot = self.plot
         ends = [s.last_ts() for _, s, _ in series if len(s)]
         if not ends:
-            self._show_note(empty)
+            self.show_note(empty)
             return
         if not plot.query("#legend"):
             # a telemetry batch can arrive before PlotWidget has composed its legend (seen on a loaded
@@ -109,8 +86,7 @@ class TimeChart(Vertical):
         span = max(MIN_SPAN_S, origin - start)
         unit = time_unit(span)
         self.unit = unit
-        self._note.display = False
-        plot.display = True
+        self.show_plot()
         plot.clear()
         for i, (label, s, scale) in enumerate(series):
             points = downsample(s.history(), max(DRAWN_POINTS_MIN, 2 * self.size.width))  # braille: 2 dots a cell

@@ -10,16 +10,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
-from textual_plot import HiResMode, PlotWidget
+from textual_plot import HiResMode
 
+from console.tui.chart_frame import ChartFrame
 from console.tui.model import RunModel
-
-
-class Histogram(PlotWidget):
-    can_focus = False
-
-    def __init__(self, **kw):
-        super().__init__(allow_pan_and_zoom=False, **kw)
 
 
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -106,7 +100,7 @@ class QualityPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("statistics not computed yet (s: compute now)", id="quality-status")
         with Horizontal():
-            hist = Histogram(id="loss-hist")
+            hist = ChartFrame(id="loss-hist")
             hist.border_title = "loss-mask sum (output tokens): % of samples"
             yield hist
             with VerticalScroll(id="quality-figures-box"):
@@ -124,15 +118,20 @@ class QualityPanel(Vertical):
         else:
             line = Text("statistics not computed yet (s: compute now)")
         status.update(Group(*brake_lines(m), line))
+        hist = self.query_one("#loss-hist", ChartFrame)
         if s is None:
+            hist.show_note(f"no statistics: {m.stats_error}" if m.stats_error else
+                           "statistics not computed yet (s: compute now)")
             return
         bins = (s.get("loss_mask") or {}).get("histogram") or []
-        hist = self.query_one("#loss-hist", Histogram)
-        hist.clear()
-        if bins:
+        if not bins or not s.get("samples"):
+            hist.show_note("no samples committed yet")
+        else:
+            plot = hist.show_plot()
+            plot.clear()
             styles = ["red" if b["low"] <= 7 and b["share"] > 0.05 else "cyan" for b in bins]
-            hist.bar([bin_label(b["low"]) for b in bins], [100.0 * b["share"] for b in bins], bar_style=styles,
+            plot.bar([bin_label(b["low"]) for b in bins], [100.0 * b["share"] for b in bins], bar_style=styles,
                      hires_mode=HiResMode.QUADRANT)
-            hist.set_ylabel("% samples")
-            hist.set_xlabel(HIST_LEGEND)
+            plot.set_ylabel("% samples")
+            plot.set_xlabel(HIST_LEGEND)
         self.query_one("#quality-figures", Static).update(figures(s))

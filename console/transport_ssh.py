@@ -22,6 +22,7 @@ import shlex
 import socket
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Sequence
 
@@ -305,6 +306,25 @@ async def _auth_error(
     )
 
 
+@dataclass(frozen=True)
+class KillOutcome:
+    ok: bool  # killed, or had already exited: nothing of it runs on
+    text: str
+
+
+def kill_outcome(pid: int, exit_status: int | None, complaint: str) -> KillOutcome:
+    """What `kill -s KILL -- -PID || kill -s KILL PID` did, from its exit status and stderr."""
+    if exit_status == 0 and not complaint:
+        return KillOutcome(True, f"killed remote process group {pid}")
+    if exit_status == 0:
+        return KillOutcome(False, f"killed remote process {pid} but not its group ({complaint}); its children may survive")
+    if "no such process" in complaint.lower():
+        return KillOutcome(True, f"remote process group {pid} had already exited")
+    how = "no exit status" if exit_status is None else f"exit status {exit_status}"
+    return KillOutcome(False, f"kill of remote process group {pid} failed ({how}; "
+                              f"{f'stderr: {complaint}' if complaint else 'it printed nothing'})")
+
+
 class SshTransport:
     """One SSH connection; implements console.transport.Transport."""
 
@@ -315,6 +335,8 @@ class SshTransport:
         self._conn = conn
         self._client = client
         self._slots = asyncio.Semaphore(max_channels)
+        self._streams: dict[_Session, str] = {}  # streaming commands not yet ended (killed on close)
+        self._ending: set[asyncio.Future] = set()  # their kills under way
 
     @property
     def connection(self) -> asyncssh.SSHClientConnection:
@@ -344,24 +366,19 @@ class SshTransport:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    async def _kill_group(self, pid: int | None) -> str:
+    async def _kill_group(self, pid: int | None) -> KillOutcome:
         """Kill the remote process group; returns what happened, for the user's message."""
         if pid is None:
-            return "the remote pid was never reported, so nothing could be killed"
+            return KillOutcome(False, "the remote pid was never reported, so nothing could be killed")
         if self.is_closed:
-            return f"could not kill remote process group {pid}: {self._lost_text()}"
+            return KillOutcome(False, f"could not kill remote process group {pid}: {self._lost_text()}")
         # `kill -s KILL -- -PID` is the spelling dash, bash, zsh and procps kill all accept
         cmd = f"kill -s KILL -- -{pid} || kill -s KILL {pid}"
         try:
             res = await self._conn.run(cmd, check=False, timeout=_KILL_TIMEOUT_S, encoding="utf-8", errors="replace")
         except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
-            return f"could not kill remote process group {pid}: {exc}"
-        complaint = _oneline(str(res.stderr or ""))
-        if res.exit_status == 0 and not complaint:
-            return f"killed remote process group {pid}"
-        if res.exit_status == 0:
-            return f"killed remote process {pid} but not its group ({complaint}); its children may survive"
-        return f"kill of remote process group {pid} failed ({complaint}); it may have already exited"
+            return KillOutcome(False, f"could not kill remote process group {pid}: {exc}")
+        return kill_outcome(pid, res.exit_status, _oneline(str(res.stderr or "")))
 
     async def run(self, command: str, *, timeout: float, stdin: bytes | None = None) -> CommandResult:
         started = time.monotonic()
@@ -393,7 +410,7 @@ class SshTransport:
             await asyncio.wait_for(feed_and_wait(), timeout)
         except asyncio.TimeoutError:
             timed_out = True
-            error = f"timed out after {timeout:g} s; " + await self._kill_group(await s.wait_pid(_PID_WAIT_S))
+            error = f"timed out after {timeout:g} s; " + (await self._kill_group(await s.wait_pid(_PID_WAIT_S))).text
         except (asyncssh.Error, OSError) as exc:
             error = f"lost the command's channel on {self.name}: {exc}"
         if timed_out:
@@ -424,6 +441,7 @@ class SshTransport:
         async with self._slots:
             proc = await self._open_process(wrap_remote(command))
             s = _Session(proc, stream_stdout=True)
+            self._streams[s] = command
             finished = False
             try:
                 proc.stdin.write_eof()
@@ -455,11 +473,21 @@ class SshTransport:
                         f"`{command}` on {self.name} {how}; stderr: {s.stderr_text() or '(empty)'}", kind="error"
                     )
             finally:
-                if not finished and not self.is_closed:
-                    outcome = await self._kill_group(await s.wait_pid(_PID_WAIT_S))
-                    if not outcome.startswith("killed remote process group"):
-                        log.warning("closing the stream of `%s` on %s: %s", command, self.name, outcome)
+                if self._streams.pop(s, None) is not None and not finished and not self.is_closed:
+                    ending = asyncio.ensure_future(self._end_stream(command, s))
+                    self._ending.add(ending)  # a close() meanwhile waits for it before closing the connection
+                    try:
+                        await ending
+                    finally:
+                        self._ending.discard(ending)
                 s.close()
+
+    async def _end_stream(self, command: str, s: "_Session") -> None:
+        """Kill a stream's remote command (its reader stopped, or the connection is closing); said only when that
+        failed: a command that had already exited is the normal end of a stream."""
+        outcome = await self._kill_group(await s.wait_pid(_PID_WAIT_S))
+        if not outcome.ok:
+            log.warning("closing the stream of `%s` on %s: %s", command, self.name, outcome.text)
 
     # -- SFTP -------------------------------------------------------------------------------
 
@@ -502,6 +530,15 @@ class SshTransport:
         return _SftpSession(self, what)
 
     async def close(self) -> None:
+        # a stream still open (its reader's cancellation may not have reached it yet) is ended first: once the
+        # connection is gone, nothing could kill its remote command
+        open_streams = list(self._streams.items())
+        self._streams.clear()
+        endings = list(self._ending)
+        if not self.is_closed:
+            endings += [asyncio.ensure_future(self._end_stream(command, s)) for s, command in open_streams]
+        if endings:
+            await asyncio.wait(endings, timeout=_PID_WAIT_S + _KILL_TIMEOUT_S)
         self._conn.close()
         try:
             await asyncio.wait_for(self._conn.wait_closed(), 5.0)

@@ -43,6 +43,7 @@ from engine.control import ControlError, ControlServer
 from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous,
                           fallback_path, is_disk_full, record_for, write_fatal)
 from engine.gpu import GpuSampler
+from engine.gpu_sim import SimGpuReader
 from engine.http_client import client_session
 from engine.ingest import PromptFileError
 from engine.notify import Notifier
@@ -67,6 +68,7 @@ from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent
 from engine.fleet import Fleet
 from engine.workers import Worker, WorkerState, worker_specs
+from probes.context import is_rehearsal
 
 log = logging.getLogger("regen.supervisor")
 
@@ -108,6 +110,7 @@ class Supervisor:
         self._tasks: list[asyncio.Task] = []
         self._last_quality = 0.0  # monotonic time of the last data-quality check
         self._last_gpu = -1e9  # ... and of the last GPU reading (NVML missing: once a minute, to say why)
+        self.sim_gpus: SimGpuReader | None = None  # a rehearsal without NVML: the simulators' modelled GPUs
         self.workers: list[Worker] = []
         self.watch = RunWatch(cfg, run_dir, telemetry)
         self.feed: Feed | None = None
@@ -161,6 +164,9 @@ class Supervisor:
             log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
         if not early:
             self.session = client_session()
+        if not self.gpu.available and not self.cfg.hosts and is_rehearsal(self.cfg.workers.launch):
+            # a rehearsal: the simulators' modelled GPUs stand in, named as simulated
+            self.sim_gpus = SimGpuReader(self.session, lambda: self.workers)
         try:
             store_cfg = self.cfg.store
             self.committer = Committer(self.store, self.ledger, self.emit, max_rows=store_cfg.part_max_rows,
@@ -186,6 +192,8 @@ class Supervisor:
                 asyncio.create_task(self._monitor(), name="monitor"),
                 asyncio.create_task(self._start_feed_when_ready(), name="feed"),
             ]
+            if self.sim_gpus is not None:
+                self._tasks.append(asyncio.create_task(self._poll_sim_gpus(), name="sim-gpus"))
             for task in self._tasks:
                 task.add_done_callback(self._task_ended)
             self.phase = "run"
@@ -572,7 +580,10 @@ class Supervisor:
             self.emit(w.snapshot())
         if self.fleet is not None:
             self.fleet.endpoint.refresh()
-        if getattr(self, "gpu", None) is not None and not final:
+        simulated = self.sim_gpus.sample() if self.sim_gpus is not None and not final else []
+        for ev in simulated:
+            self.emit(ev)
+        if getattr(self, "gpu", None) is not None and not final and not simulated:
             if self.gpu.available or now - self._last_gpu >= GPU_ERROR_EVERY_S:
                 self._last_gpu = now
                 for ev in self.gpu.sample():
@@ -594,6 +605,11 @@ class Supervisor:
             self.emit(figures)
             if d is not None:
                 self.watch.throughput(figures, self.ledger.work_waiting)
+
+    async def _poll_sim_gpus(self) -> None:
+        while True:
+            await self.sim_gpus.poll()
+            await asyncio.sleep(TICK_S)
 
     def _figures(self) -> DispatchEvent:
         d = self.dispatcher

@@ -67,6 +67,15 @@ class ProbeReport:
     duration_s: float
     schema: str = SCHEMA
     rehearsal: bool = False  # the run config launches the SGLang simulator: GPU/CUDA/sglang/weights probes SKIP
+    connect_s: float = 0.0  # opening the connection, before the probes ran (duration_s): 0 on one already open
+
+    def timing_text(self, on: str = "") -> str:
+        """`N probes [on HOST] in T s`, the connection's share said when there was one to open."""
+        total = self.connect_s + self.duration_s
+        text = f"{len(self.results)} probes{f' on {on}' if on else ''} in {total:.1f}s"
+        if self.connect_s:
+            text += f" (connecting {self.connect_s:.1f}s, probes {self.duration_s:.1f}s)"
+        return text
 
     def summary(self) -> dict[str, int]:
         counts = {s.value: 0 for s in Status}
@@ -85,6 +94,7 @@ class ProbeReport:
             "host": self.host,
             "started_at": self.started_at,
             "duration_s": self.duration_s,
+            "connect_s": self.connect_s,
             "summary": self.summary(),
             "rehearsal": self.rehearsal,
             "probes": [r.to_dict() for r in self.results],

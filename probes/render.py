@@ -87,4 +87,4 @@ def render_report(report: ProbeReport, console: Console) -> None:
             console.print(detail(r))
     counts = report.summary()
     line = Text("  ".join(f"{k} {v}" for k, v in counts.items() if v), style="bold")
-    console.print(Text(f"{len(report.results)} probes in {report.duration_s:.1f}s: ") + line)
+    console.print(Text(f"{report.timing_text()}: ") + line)

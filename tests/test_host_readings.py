@@ -257,7 +257,7 @@ async def test_the_vram_chart_and_the_disk_tab_group_every_hosts_rows():
         drawn: dict[str, list[str]] = {}
         for chart_id in ("#vram-chart", "#disk-chart"):
             chart = app.query_one(chart_id, TimeChart)
-            chart.draw = lambda series, now=None, _id=chart_id: drawn.__setitem__(_id, [s[0] for s in series])
+            chart.draw = lambda series, now=None, _id=chart_id, **_: drawn.__setitem__(_id, [s[0] for s in series])
         app.query_one(WorkersPanel).refresh_from(m)
         disk_panel = app.query_one(DiskPanel)
         disk_panel.refresh_from(m)

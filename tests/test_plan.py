@@ -213,6 +213,19 @@ def test_plan_over_real_ssh_runs_the_engine_on_the_host(tmp_path, tiny_model_dir
     d = json.loads(out.out)
     assert d["shard_plan"]["samples"] == 55 and d["projection"]["output_tokens_per_sample"]["basis"] == "assumed"
     assert not list(Path("/tmp").glob("regen-plan-*.toml"))  # the copied config is removed on the host
+    assert d["config"] == str(cfg)
+
+
+@pytest.mark.sshd
+def test_plan_header_over_ssh_names_the_operators_config(tmp_path, tiny_model_dir, sshd, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # the header on one line
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path))
+    cfg.write_text(f"host_python = {json.dumps(sys.executable)}\n" + cfg.read_text())
+    code = cli_main(["plan", sshd.alias, "--config", str(cfg), "--ssh-config", str(sshd.ssh_config_path)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    header = out.out.splitlines()[0]
+    assert header.startswith(f"regen plan  {cfg}  run dir ") and "regen-plan-" not in out.out
 
 
 def test_pilot_refuses_a_port_another_process_holds(tmp_path, tiny_model_dir, capsys):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import stat
@@ -171,6 +172,35 @@ async def test_closing_a_stream_kills_the_remote_command(ssh):
     assert await stream.__anext__() == "ready"
     await stream.aclose()
     assert await wait_gone("987703") == []
+
+
+async def test_closing_the_connection_while_a_stream_ends_kills_it_and_says_nothing(sshd, caplog):
+    """A console's quit: its follow stream is cancelled and the connection closed at once. The stream's command is
+    killed before the connection goes, and nothing alarming is logged (it once said `kill ... failed ()`)."""
+    t = await open_transport(sshd.alias, ssh_config=str(sshd.ssh_config_path))
+    started = asyncio.Event()
+
+    async def follow():
+        async for _ in t.stream_lines("echo ready; exec sleep 987706"):
+            started.set()
+
+    reader = asyncio.ensure_future(follow())
+    await asyncio.wait_for(started.wait(), 30)
+    reader.cancel()
+    await asyncio.sleep(0)  # the cancellation reaches the stream, whose kill starts; the close comes meanwhile
+    await t.close()
+    await asyncio.gather(reader, return_exceptions=True)
+    assert await wait_gone("987706") == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_closing_the_connection_with_a_stream_open_kills_its_command(sshd, caplog):
+    t = await open_transport(sshd.alias, ssh_config=str(sshd.ssh_config_path))
+    stream = t.stream_lines("echo ready; exec sleep 987707")
+    assert await stream.__anext__() == "ready"
+    await t.close()
+    assert await wait_gone("987707") == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def test_config_from_env_and_user_at_host_port(sshd, tmp_path, monkeypatch):

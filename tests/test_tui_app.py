@@ -98,6 +98,8 @@ async def test_shards_pause_resume_reach_the_supervisor(live_run, tmp_path):
         table = app.query_one("#shards-table", ShardTable)
         await wait_until(pilot, lambda: table.row_count >= 5, "the shard rows")
         assert "connected" in header(app) and "local" in header(app)
+        footer = {k: b.binding.description for k, b in app.screen.active_bindings.items() if b.binding.show}
+        assert footer["q"] == "Quit (run continues)" and {"p", "r", "P", "R"} <= set(footer)  # a live run's hints
         table.move_cursor(row=table.row_count - 1)  # the last shard: still pending, so pausing it matters
         sid = app.panel("shards").selected_shard
         await pilot.press("p")

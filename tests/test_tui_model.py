@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from console.tui.model import HISTORY_POINTS, RunModel, Series, bytes_text, duration_text
+from console.tui.model import RunModel, bytes_text, duration_text
+from console.tui.series import COARSE_TIERS, HISTORY_POINTS, Series, downsample
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, ShardEvent, WorkerEvent,
                                      parse_event)
 
@@ -39,9 +40,32 @@ def test_history_is_bounded_and_replays_are_ignored():
     s = Series()
     for i in range(HISTORY_POINTS + 100):
         s.add(float(i), i)
-    assert len(s) == HISTORY_POINTS and s.points[0] == (100.0, 100.0)
+    assert len(s.points) == HISTORY_POINTS and s.points[0] == (100.0, 100.0)
     s.add(5.0, 1.0)  # backfill overlap: older than the newest point
     assert s.last() == HISTORY_POINTS + 99
+    # the 100 points pushed out are kept averaged per minute: 0-59 and 60-99 (the minute still filling)
+    assert s.history()[:2] == [(29.5, 29.5), (79.5, 79.5)] and len(s) == HISTORY_POINTS + 2
+
+
+def test_days_of_history_stay_bounded_and_reach_back_a_week():
+    s = Series()
+    tick, days = 2.0, 9
+    for i in range(int(days * 86400 / tick)):
+        s.add(i * tick, 100.0 + (i % 10))
+    bound = HISTORY_POINTS + sum(kept + 1 for _, kept in COARSE_TIERS)
+    history = s.history()
+    assert len(s) == len(history) <= bound
+    assert [t for t, _ in history] == sorted(t for t, _ in history)
+    newest = history[-1][0]
+    assert newest - history[0][0] > 7 * 86400 - 3600  # a week back, at ten-minute resolution
+    assert all(abs(v - 104.5) < 1.0 for _, v in history[:-HISTORY_POINTS])  # averages of the values
+
+
+def test_downsample_averages_over_equal_stretches_of_time():
+    points = [(float(t), float(t % 2)) for t in range(1000)]
+    out = downsample(points, 10)
+    assert len(out) == 10 and all(abs(v - 0.5) < 0.01 for _, v in out)
+    assert downsample(points[:5], 10) == points[:5]
 
 
 def test_dispatch_header_eta_and_follow_position():

@@ -110,6 +110,7 @@ async def _remote_plan(args: argparse.Namespace, cfg) -> dict[str, Any]:
                               f"stderr: {result.stderr.strip() or '(empty)'}")
     if "error" in data:
         raise RemotePlanError(f"{args.host}: {data['error']}")
+    data["config"] = args.config  # the operator's file, not the temp copy the host read (and removed)
     return data
 
 

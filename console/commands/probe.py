@@ -67,6 +67,7 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
     except TransportError as exc:
         failure = ConnectFailure(exc.kind, str(exc), time.monotonic() - t0)
         report = await run_probes(None, host, ctx, only, connect_failure=failure, timeout_s=timeout_s)
+        report.connect_s = failure.duration_s
         if exc.unknown_host_key and accept_new_command:
             for r in report.results:
                 if r.id == "connection":
@@ -78,6 +79,7 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
         report = await run_probes(transport, host, ctx, only, timeout_s=timeout_s)
     finally:
         await transport.close()
+    report.connect_s = connect_s
     for r in report.results:
         if r.id == "connection":
             r.data["connect_s"] = round(connect_s, 3)

@@ -18,9 +18,11 @@ from console.batch_text import batch_text
 from console.cache_text import cache_text
 from console.cause import NOT_RUNNING_STATES, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
+from console.fit_table import Col, fitted_table
 from console.hints import hint_from_args
 from console.commands.status_hardware import hardware_parts
 from console.run_client import RunClientError
+from console.tui.model import bytes_text
 from engine.run.brake import BrakeStatus
 from engine.run.status import RunStatus
 from engine.telemetry_events import DispatchEvent
@@ -40,6 +42,8 @@ EXIT_CODES = """exit status:
 def add_arguments(parser) -> None:
     add_host_args(parser)
     parser.add_argument("--json", action="store_true", help="print the status as JSON (with `running` and `fatal`)")
+    parser.add_argument("--wide", action="store_true",
+                        help="every column whole, whatever the terminal's width (the default when piped)")
     parser.add_argument("--follow", action="store_true",
                         help="print a progress line per update until the run ends (Ctrl-C stops following, not the"
                              " run); reconnects and backfills when the connection is lost")
@@ -73,9 +77,9 @@ def run(args) -> int:
         if args.json:
             print(json.dumps(status.to_dict(), indent=2))
         else:
-            console = Console()
+            console = status_console(args.wide)
             console.print(cause_block(status, args), soft_wrap=True)
-            console.print(render_status(status))
+            console.print(render_status(status, console))
         return exit_code_of(status)
 
     return run_with_client(args, call)
@@ -129,7 +133,27 @@ def cause_block(s: RunStatus, args) -> Text:
     return text
 
 
-def render_status(s: RunStatus) -> Group:
+# the text columns wrap, then go (error first) before a number, a state or a pid is cut
+WORKER_COLUMNS = [Col("name"), Col("state"), Col("gpus", short="gpu"), Col("pid"), Col("restarts", short="rst"),
+                  Col("in flight/cap", short="infl"), Col("batch (source)", drop=2), Col("running", short="run"),
+                  Col("queued", short="q"), Col("gen tok/s", short="tok/s"), Col("KV usage", short="KV"),
+                  Col("cache hit", drop=3), Col("error", drop=1)]
+HOST_COLUMNS = [Col("host"), Col("address", drop=2), Col("state"), Col("servers"), Col("joins"), Col("lost"),
+                Col("error", drop=1)]
+WIDE = 10_000  # --wide, or piped: every column whole, lines unwrapped
+
+
+def status_console(wide: bool) -> Console:
+    """The terminal's width; full width when asked (--wide) or when the output is not a terminal (piped)."""
+    console = Console()
+    if wide or not console.is_terminal:
+        console = Console(width=WIDE)
+    return console
+
+
+def render_status(s: RunStatus, console: Console | None = None) -> Group:
+    """The status as printed on `console` (its width decides which text columns fit; default: every column)."""
+    console = console or Console(width=WIDE)
     d = s.dispatch
     head = Text()
     head.append(f"{s.host}:{s.run_dir}  ", style="bold")
@@ -155,19 +179,16 @@ def render_status(s: RunStatus) -> Group:
     for problem in s.read_errors:
         head.append(f"\ncannot read the run dir's {problem}", style="bold red")
     multi = any(w.host for w in s.workers)
-    workers = Table(title="workers" + (" (by host)" if multi else ""), expand=False)
-    if multi:
-        workers.add_column("host")
-    for col in ("name", "state", "gpus", "pid", "restarts", "in flight/cap", "batch (source)", "running", "queued",
-                "gen tok/s", "KV usage", "cache hit", "error"):
-        workers.add_column(col)
+    worker_rows = []
     for w in sorted(s.workers, key=lambda w: (w.host or "", w.name)):
         batch = batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source)
-        workers.add_row(*([w.host or ""] if multi else []), w.name, w.state, ",".join(map(str, w.gpus)), _na(w.pid),
-                        str(w.restarts), f"{w.in_flight}/{w.capacity}", batch,
-                        _na(w.running_reqs, "{:.0f}"), _na(w.queued_reqs, "{:.0f}"),
-                        _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"),
-                        cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])
+        worker_rows.append([*([w.host or ""] if multi else []), w.name, w.state, ",".join(map(str, w.gpus)),
+                            _na(w.pid), str(w.restarts), f"{w.in_flight}/{w.capacity}", batch,
+                            _na(w.running_reqs, "{:.0f}"), _na(w.queued_reqs, "{:.0f}"),
+                            _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"),
+                            cache_text(w.prompt_tokens, w.cached_tokens), w.error or ""])
+    workers = fitted_table(console, ([Col("host", drop=4)] if multi else []) + WORKER_COLUMNS, worker_rows,
+                           title="workers" + (" (by host)" if multi else ""))
     by_state: dict[str, int] = {}
     for sh in s.shards:
         by_state[sh.state] = by_state.get(sh.state, 0) + 1
@@ -182,9 +203,9 @@ def render_status(s: RunStatus) -> Group:
         shard_table.add_row(f"... {len(interesting) - 20} more", "", "", "", "", "")
     parts = [head]
     if s.hosts:
-        parts.append(hosts_table(s))
+        parts.append(hosts_table(s, console))
     parts += [workers, shard_table]
-    parts += hardware_parts(s)  # GPUs and disks, by host in a multi-host run
+    parts += hardware_parts(s, console)  # GPUs and disks, by host in a multi-host run
     # every row of rejects.jsonl: input rows refused when read, and samples rejected or failed (by its reason)
     parts.append(Text(f"rejects: {s.rejects.total} (rejects.jsonl rows, by reason: "
                       + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none") + ")"))
@@ -219,16 +240,12 @@ def brake_text(b: BrakeStatus) -> Text:
     return text.append(f"\nbrake: armed, last {b.samples}/{b.window_size} samples ({judged}): {shares}", style="dim")
 
 
-def hosts_table(s: RunStatus) -> Table:
+def hosts_table(s: RunStatus, console: Console) -> Table:
     r = s.router
     title = ("hosts (no router)" if r is None else
              f"hosts (router {r.url} {r.policy}, {'up' if r.up else 'DOWN'}, {len(r.members)} servers in it"
              + (f", restarts {r.restarts}" if r.restarts else "") + (f": {r.error}" if r.error else "") + ")")
-    t = Table(title=title)
-    for col in ("host", "address", "state", "servers", "joins", "lost", "error"):
-        t.add_column(col)
-    for h in s.hosts or []:
-        t.add_row(h.name, h.address, Text(h.state, style="green" if h.state == "up" else "bold red"),
-                  str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
-                  (h.error or "")[:80])
-    return t
+    rows = [[h.name, h.address, Text(h.state, style="green" if h.state == "up" else "bold red"), str(len(h.workers)),
+             "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost), (h.error or "")[:80]]
+            for h in s.hosts or []]
+    return fitted_table(console, HOST_COLUMNS, rows, title=title)

@@ -45,6 +45,7 @@ ENDED_CHECK_S = 15.0
 NOTIFY_MAX_AGE_S = 120.0  # backfilled alerts older than this go to the list, not to a toast
 CONTROL_CHUNK = 1000  # shard ids per control command (a command line on the host stays far under its limits)
 
+CONTROL_ACTIONS = ("pause_shard", "resume_shard", "pause_all", "resume_all", "restart_worker")
 TABS = ["preflight", "workers", "shards", "quality", "disk", "alerts"]
 PANEL_OF_SECTION = {"workers": "workers", "shards": "shards", "disk": "disk", "alerts": "alerts", "stats": "quality"}
 
@@ -75,6 +76,7 @@ class RegenApp(App):
     """
     BINDINGS = [
         Binding("q", "quit", "Quit (run continues)"),
+        Binding("q", "quit_ended", "Quit"),  # shown instead of the one above once the run's supervisor is gone
         Binding("question_mark", "help", "Help"),
         Binding("ctrl+r", "reconnect", "Reconnect"),
         *[Binding(str(i + 1), f"tab('{t}')", t.capitalize(), show=False) for i, t in enumerate(TABS)],
@@ -99,6 +101,7 @@ class RegenApp(App):
         self._log_worker: str | None = None
         self.events_applied = 0
         self.last_event_on_screen: tuple[float, float] | None = None  # (event ts, wall time it was drawn)
+        self._hints_gone = False  # the footer's hints are a gone run's (no pause/resume, plain Quit)
 
     # -- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -148,7 +151,27 @@ class RegenApp(App):
     def _draw_header(self) -> None:
         self._header.show(self.model, self.clock(), self.monotonic())
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A run whose supervisor is gone (a replay, a finished run) has nothing to pause, resume or restart, and
+        no run that continues after quitting: those hints are hidden."""
+        ended = self._run_gone()
+        if action in CONTROL_ACTIONS or action == "quit":
+            return not ended
+        if action == "quit_ended":
+            return ended
+        return True
+
+    def _run_gone(self) -> bool:
+        return self.model.gone
+
+    async def action_quit_ended(self) -> None:
+        await self.action_quit()
+
     def _mark(self, sections: set[str]) -> None:
+        gone = self._run_gone()
+        if gone != self._hints_gone and self.screen_stack:  # none while the app shuts down
+            self._hints_gone = gone
+            self.refresh_bindings()  # the supervisor went (or came back): the footer's hints follow
         for s in sections:
             if s in PANEL_OF_SECTION:
                 self._stale.add(PANEL_OF_SECTION[s])
@@ -172,9 +195,16 @@ class RegenApp(App):
         self._focus_table(tab)
 
     def _focus_table(self, tab: str) -> None:
-        tables = self.panel(tab).query("DataTable, ShardTable")
-        if tables:
-            tables.first().focus()
+        """Focus the tab's table (else its first focusable widget, else nothing): focus left in the hidden
+        tab would switch TabbedContent straight back to it (key 4 on the Preflight tab did nothing)."""
+        panel = self.panel(tab)
+        tables = panel.query("DataTable, ShardTable")
+        focusable = [w for w in panel.query("*") if w.focusable]
+        target = tables.first() if tables else (focusable[0] if focusable else None)
+        if target is not None:
+            target.focus()
+        else:
+            self.set_focus(None)
 
     # -- telemetry ---------------------------------------------------------------------------
     @work(exclusive=True, group="follow", exit_on_error=False)
@@ -271,7 +301,7 @@ class RegenApp(App):
             self.notify(msg.error, title="connection refused", severity="error", timeout=REFUSED_TOAST_S)
         elif msg.state == "ended" and before != "ended" and msg.error:
             self.model.add_alert(AlertView(now, "info", msg.error, key=f"console.ended.{msg.error}", origin="console"))
-        self._mark({"alerts", "header"})
+        self._mark({"alerts", "header", "shards"})  # "shards": its control hints follow the run being gone
         self._notify_alerts()
 
     @work(exclusive=True, group="status", exit_on_error=False)

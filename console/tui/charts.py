@@ -1,48 +1,102 @@
-"""Time-series charts on textual-plot's PlotWidget: x is minutes before the newest point."""
+"""Time-series charts on textual-plot's PlotWidget: x is the time before the newest point, in a unit fit to the span."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from math import floor, log10
 from typing import Sequence
 
-from textual_plot import HiResMode, PlotWidget
+from textual_plot import HiResMode
+from textual_plot.axis_formatter import NumericAxisFormatter
+from textual_plot.plot_widget import LegendLocation
 
-from console.tui.model import Series
+from console.tui.chart_frame import ChartFrame
+from console.tui.series import Series, downsample
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "red", "blue", "bright_white", "orange1", "purple", "spring_green1")
+DRAWN_POINTS_MIN = 120
+MIN_SPAN_S = 10.0  # the x axis spans the history shown, at least this
 
 
-class TimeChart(PlotWidget):
-    """A non-focusable chart (the arrow keys stay with the tables) redrawn from Series on demand."""
+@dataclass(frozen=True)
+class TimeUnit:
+    name: str  # plural, as the axis says it: "minutes ago"
+    seconds: float
 
-    can_focus = False
+
+# the first unit whose limit the span stays under: up to 2 minutes in seconds, 3 hours in minutes, 3 days in hours
+TIME_UNITS = ((TimeUnit("seconds", 1.0), 120.0), (TimeUnit("minutes", 60.0), 3 * 3600.0),
+              (TimeUnit("hours", 3600.0), 3 * 86400.0))
+DAYS = TimeUnit("days", 86400.0)
+
+
+def time_unit(span_s: float) -> TimeUnit:
+    return next((unit for unit, limit in TIME_UNITS if span_s <= limit), DAYS)
+
+
+class AgoFormatter(NumericAxisFormatter):
+    """x ticks are negative (before now); each is labelled with its distance from now, e.g. 30 20 10 0."""
+
+    def get_labels_for_ticks(self, ticks: Sequence[float]) -> list[str]:
+        if not ticks:
+            return []
+        step = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+        decimals = -min(0, floor(log10(step))) if step > 0 else 0
+        return [f"{abs(t) + 0.0:.{decimals}f}" for t in ticks]
+
+
+class TimeChart(ChartFrame):
+    """A chart redrawn from Series on demand; with nothing to draw, its body says why."""
 
     def __init__(self, title: str, y_label: str, *, id: str | None = None):
-        super().__init__(id=id, allow_pan_and_zoom=False)
+        super().__init__(id=id)
         self.border_title = title
         self._y_label = y_label
+        self.unit: TimeUnit | None = None  # the x axis's unit at the last draw (None: nothing drawn)
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.set_xlabel("minutes ago")
-        self.set_ylabel(self._y_label)
-        self.margin_left = 8
-        self.margin_bottom = 2
+        self.plot.set_ylabel(self._y_label)
+        self.plot.set_x_formatter(AgoFormatter())
+        self.plot.margin_left = 8
+        self.plot.margin_bottom = 3  # the tick labels, then the axis label with its unit
 
-    def draw(self, series: Sequence[tuple[str, Series, float]], now: float | None = None) -> None:
-        """series: (label, points, scale) with values multiplied by scale; now: the x origin (default newest ts)."""
-        if not self.query("#legend"):
+    def set_y_label(self, label: str) -> None:
+        self._y_label = label
+        self.plot.set_ylabel(label)
+
+    def show_note(self, text: str) -> None:
+        self.unit = None
+        super().show_note(text)
+
+    def draw(self, series: Sequence[tuple[str, Series, float]], now: float | None = None,
+             empty: str = "no data yet") -> None:
+        """series: (label, points, scale) with values multiplied by scale; now: the x origin (default: the newest
+        point); empty: what the body says when no series has a point."""
+        plot = self.plot
+        ends = [s.last_ts() for _, s, _ in series if len(s)]
+        if not ends:
+            self.show_note(empty)
+            return
+        if not plot.query("#legend"):
             # a telemetry batch can arrive before PlotWidget has composed its legend (seen on a loaded
             # machine: NoMatches '#legend'); the next batch or tab switch draws it
             return
-        self.clear()
-        ends = [s.points[-1][0] for _, s, _ in series if len(s)]
-        if not ends:
-            return
         origin = now if now is not None else max(ends)
+        start = min(s.first_ts() for _, s, _ in series if len(s))
+        span = max(MIN_SPAN_S, origin - start)
+        unit = time_unit(span)
+        self.unit = unit
+        self.show_plot()
+        plot.clear()
         for i, (label, s, scale) in enumerate(series):
-            if len(s) < 1:
+            points = downsample(s.history(), max(DRAWN_POINTS_MIN, 2 * self.size.width))  # braille: 2 dots a cell
+            if not points:
                 continue
-            xs = [(t - origin) / 60.0 for t, _ in s.points]
-            ys = [v * scale for _, v in s.points]
-            self.plot(xs, ys, line_style=PALETTE[i % len(PALETTE)], hires_mode=HiResMode.BRAILLE, label=label)
-        self.set_ylimits(0, None)
-        self.show_legend(is_visible=len(series) > 1)
+            xs = [(t - origin) / unit.seconds for t, _ in points]
+            ys = [v * scale for _, v in points]
+            plot.plot(xs, ys, line_style=PALETTE[i % len(PALETTE)], hires_mode=HiResMode.BRAILLE, label=label)
+        plot.set_xlabel(f"{unit.name} ago")
+        plot.set_xlimits(-span / unit.seconds, 0.0)
+        plot.set_ylimits(0, None)
+        # top left: the newest points, at the right, are the ones read most
+        plot.show_legend(LegendLocation.TOPLEFT, is_visible=len(series) > 1)

@@ -1,5 +1,5 @@
 """The console's data model: telemetry events and status replies folded into the current state
-plus bounded history (ring buffers). No Textual here: the UI reads this, tests drive it directly.
+plus bounded history (console/tui/series.py). No Textual here: the UI reads this, tests drive it directly.
 
 Every number that may be missing (NVML not available, a worker that never answered /metrics) is
 kept as None and shown as N/A; nothing here raises on a partial event.
@@ -12,12 +12,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from console.tui.series import Series
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.status import Rejects, RunStatus
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                      ShardEvent, WorkerEvent)
 
-HISTORY_POINTS = 1800  # one point per supervisor tick (2 s): an hour of history per series
 ALERTS_KEPT = 500
 DISK_RATE_WINDOW_S = 600.0  # free-space slope over the last ten minutes
 THROUGHPUT_DROP_SHARE = 0.5  # console-side alert: tok/s under half of the recent median while work runs
@@ -25,8 +25,6 @@ EMPTY_SHARE_ALERT = 0.05
 DISK_LOW_SHARE = 0.05
 ENDED_STATES = ("done", "drained", "stopped", "failed", "dead")  # no tok/s, no ETA: nothing runs
 LIVE_STATES = ("starting", "running", "paused", "draining", "stopping", "disk_full")
-
-Point = tuple[float, float]
 
 
 def na(value: Any, fmt: str = "{}") -> str:
@@ -60,29 +58,6 @@ def cause_text(fatal: dict[str, Any]) -> str:
     """One line: the message's first (a missing file's message goes on with the candidates found)."""
     first = (fatal.get("message") or "(no message)").splitlines()[0]
     return f"{fatal.get('exc_type') or 'Error'}: {first}"
-
-
-class Series:
-    """(ts, value) points, oldest dropped first; a replayed point (ts not after the last) is ignored."""
-
-    def __init__(self, maxlen: int = HISTORY_POINTS):
-        self.points: deque[Point] = deque(maxlen=maxlen)
-
-    def add(self, ts: float, value: float | None) -> None:
-        if value is None:
-            return
-        if self.points and ts <= self.points[-1][0]:
-            return
-        self.points.append((ts, float(value)))
-
-    def values(self) -> list[float]:
-        return [v for _, v in self.points]
-
-    def last(self) -> float | None:
-        return self.points[-1][1] if self.points else None
-
-    def __len__(self) -> int:
-        return len(self.points)
 
 
 @dataclass
@@ -360,6 +335,11 @@ class RunModel:
 
     def cause_text(self) -> str:
         return cause_text(self.fatal or {})
+
+    @property
+    def gone(self) -> bool:
+        """The supervisor is gone (a replay, a finished run): nothing to pause, resume or restart."""
+        return self.running is False or self.connection.state == "ended"
 
     @property
     def is_running(self) -> bool:

@@ -11,10 +11,18 @@ from console.tui.charts import TimeChart
 from console.tui.model import RunModel, bytes_text, duration_text
 
 
+def size_unit(largest: float) -> tuple[str, float]:
+    """The unit the largest filesystem reads best in (a small one must not read 0.0 GiB)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if largest >= size:
+            return unit, size
+    return "KiB", 2**10
+
+
 class DiskPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="disk-table")
-        yield TimeChart("free space (GiB)", "GiB", id="disk-chart")
+        yield TimeChart("free space", "", id="disk-chart")
 
     def refresh_from(self, m: RunModel) -> None:
         t = Table(expand=True)
@@ -37,5 +45,8 @@ class DiskPanel(Vertical):
                       "not filling" if full_in is None else duration_text(full_in), *("",) * errors,
                       style="bold red" if full_in is not None and full_in < 6 * 3600 else "")
         self.query_one("#disk-table", Static).update(t)
-        self.query_one("#disk-chart", TimeChart).draw(
-            [(d.label, d.history, 1 / 2**30) for d in disks])
+        unit, size = size_unit(max((d.total_bytes for d in disks), default=0))
+        chart = self.query_one("#disk-chart", TimeChart)
+        chart.border_title = f"free space ({unit})"
+        chart.set_y_label(unit)
+        chart.draw([(d.label, d.history, 1 / size) for d in disks], empty="no disk readings yet")

@@ -55,7 +55,7 @@ class PreflightPanel(Vertical):
         sync_table(self.query_one("#probe-table", DataTable), rows, COLUMNS)
         counts = "  ".join(f"{k} {v}" for k, v in r.summary().items() if v)
         self.query_one("#preflight-summary", Static).update(
-            f"{len(r.results)} probes on {r.host} in {r.duration_s:.1f}s: {counts or 'none'}"
+            f"{r.timing_text(r.host)}: {counts or 'none'}"
             "   [dim]r rerun · a rerun all · e export JSON[/]")
         self.show_selected()
 

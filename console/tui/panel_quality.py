@@ -10,16 +10,19 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
-from textual_plot import PlotWidget
+from textual_plot import HiResMode
 
+from console.tui.chart_frame import ChartFrame
 from console.tui.model import RunModel
 
 
-class Histogram(PlotWidget):
-    can_focus = False
+SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+HIST_LEGEND = "bar 2ᵏ: sums of 2ᵏ to 2ᵏ⁺¹−1"
 
-    def __init__(self, **kw):
-        super().__init__(allow_pan_and_zoom=False, **kw)
+
+def bin_label(low: int) -> str:
+    """A log2 bin by its lower end: 0, or 2ᵏ (short enough that a dozen bins fit side by side)."""
+    return "0" if low <= 0 else "2" + str(low.bit_length() - 1).translate(SUPERSCRIPT)
 
 
 def _share(c: dict | None) -> str:
@@ -97,8 +100,8 @@ class QualityPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("statistics not computed yet (s: compute now)", id="quality-status")
         with Horizontal():
-            hist = Histogram(id="loss-hist")
-            hist.border_title = "loss-mask sum (output tokens), log2 bins: share of samples"
+            hist = ChartFrame(id="loss-hist")
+            hist.border_title = "loss-mask sum (output tokens): % of samples"
             yield hist
             with VerticalScroll(id="quality-figures-box"):
                 yield Static(id="quality-figures")
@@ -115,13 +118,20 @@ class QualityPanel(Vertical):
         else:
             line = Text("statistics not computed yet (s: compute now)")
         status.update(Group(*brake_lines(m), line))
+        hist = self.query_one("#loss-hist", ChartFrame)
         if s is None:
+            hist.show_note(f"no statistics: {m.stats_error}" if m.stats_error else
+                           "statistics not computed yet (s: compute now)")
             return
         bins = (s.get("loss_mask") or {}).get("histogram") or []
-        hist = self.query_one("#loss-hist", Histogram)
-        hist.clear()
-        if bins:
+        if not bins or not s.get("samples"):
+            hist.show_note("no samples committed yet")
+        else:
+            plot = hist.show_plot()
+            plot.clear()
             styles = ["red" if b["low"] <= 7 and b["share"] > 0.05 else "cyan" for b in bins]
-            hist.bar([b["label"] for b in bins], [100.0 * b["share"] for b in bins], bar_style=styles)
-            hist.set_ylabel("% samples")
+            plot.bar([bin_label(b["low"]) for b in bins], [100.0 * b["share"] for b in bins], bar_style=styles,
+                     hires_mode=HiResMode.QUADRANT)
+            plot.set_ylabel("% samples")
+            plot.set_xlabel(HIST_LEGEND)
         self.query_one("#quality-figures", Static).update(figures(s))

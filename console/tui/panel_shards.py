@@ -11,8 +11,8 @@ from console.tui.model import RunModel
 from console.tui.shard_list import SORT_TEXT, ShardList, ShardSummary
 from console.tui.shard_table import ShardTable
 
-HINTS = ("f filter · s sort · n next problem · space select · a select listed · c clear · p/r selection/cursor · "
-         "P/R all")
+HINTS = "f filter · s sort · n next problem · space select · a select listed · c clear"
+CONTROL_HINTS = " · p/r selection/cursor · P/R all"  # not for a run whose supervisor is gone: nothing to pause
 
 
 def summary_text(s: ShardSummary, filter: str, sort: str) -> Text:
@@ -55,7 +55,8 @@ class ShardsPanel(Vertical):
         self._summary = Static(id="shards-summary")
         self._shown: tuple | None = None
         yield self._summary
-        self._hints = Static(HINTS, id="shards-hints")
+        self._hints = Static(HINTS + CONTROL_HINTS, id="shards-hints")
+        self._hints_gone = False
         yield self._hints
         self._table = ShardTable(self.shards, id="shards-table")
         yield self._table
@@ -78,6 +79,9 @@ class ShardsPanel(Vertical):
         order_changed = self.shards.update(m.shards[sid] for sid in changed)
         self._table.rows_changed(changed, order_changed)
         self._show_summary(m)
+        if m.gone != self._hints_gone:
+            self._hints_gone = m.gone
+            self._hints.update(HINTS if m.gone else HINTS + CONTROL_HINTS)
 
     def _show_summary(self, m: RunModel | None = None) -> None:
         brake = m.brake if m is not None else (self._shown[3] if self._shown else None)

@@ -4,16 +4,30 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Label, Log, Sparkline
+from textual.widgets import DataTable, Label, Log
 
 from console.batch_text import batch_text
 from console.cache_text import cache_text
 from console.tui.charts import TimeChart
-from console.tui.model import RunModel, Series, na
+from console.tui.model import RunModel, na
+from console.tui.sparkline import ScaledSparkline, on_scale
 from console.tui.widgets import selected_row_key, styled, sync_table
 
-COLUMNS = ["worker", "state", "gpus", "tok/s", "running", "queued", "in flight", "batch (source)", "cache hit",
-           "VRAM used/total", "util", "temp", "restarts", "error"]
+# numbers and states first, the text columns last: a narrow terminal scrolls them off, never the figures
+COLUMNS = ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util",
+           "temp", "restarts", "batch (source)", "cache hit", "error"]
+
+
+SPARK_POINTS = 120  # four minutes at the supervisor's 2 s tick
+SIMULATED_PREFIX = "simulated"
+
+
+def no_gpu_text(m: RunModel) -> str:
+    """Why the VRAM chart is empty, for its body."""
+    errors = sorted({(f"{g.host}: " if g.host else "") + g.error for g in m.gpus.values() if g.error})
+    if errors:
+        return "no GPU readings: " + "; ".join(errors)
+    return "no GPU readings yet" if not m.gpus else "no GPU memory readings"
 
 
 class WorkersPanel(Vertical):
@@ -51,36 +65,39 @@ class WorkersPanel(Vertical):
             used, total = g["mem_used_mb"], g["mem_total_mb"]
             vram = "N/A" if used is None or total is None else f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
             rows.append((w.name, (
-                w.name, styled(w.state), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"), na(w.running, "{:.0f}"),
-                na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}",
+                w.name, styled(w.state), na(w.pid), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
+                na(w.running, "{:.0f}"), na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}", vram,
+                na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts),
                 batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
-                cache_text(w.prompt_tokens, w.cached_tokens), vram, na(g["util_pct"], "{:.0f}%"),
-                na(g["temp_c"], "{:.0f}°C"), str(w.restarts), (w.error or "")[:60])))
+                cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])))
         sync_table(self._table, rows, COLUMNS)
         self._sparklines(m)
         series = [("all", m.throughput, 1.0)] + [(w.name, w.tok_history, 1.0)
                                                   for w in sorted(m.workers.values(), key=lambda w: w.name)]
         self.query_one("#throughput-chart", TimeChart).draw(series)
-        gpu_series = [(g.label, g.mem_history, 1 / 1024) for g in sorted(m.gpus.values(), key=lambda g: (g.host, g.index))]
+        gpus = sorted(m.gpus.values(), key=lambda g: (g.host, g.index))
         vram = self.query_one("#vram-chart", TimeChart)
-        if any(len(s) for _, s, _ in gpu_series):
-            vram.draw(gpu_series)
-            vram.border_subtitle = ""
-        else:
-            vram.clear()
-            errors = {(f"{g.host}: " if g.host else "") + g.error for g in m.gpus.values() if g.error}
-            vram.border_subtitle = ("N/A: " + "; ".join(sorted(errors))[:80]) if errors else "N/A: no GPU samples"
+        vram.draw([(g.label, g.mem_history, 1 / 1024) for g in gpus], empty=no_gpu_text(m))
+        simulated = sorted({g.name for g in gpus if g.name and g.name.startswith(SIMULATED_PREFIX)})
+        vram.border_subtitle = ", ".join(simulated)
 
     def _sparklines(self, m: RunModel) -> None:
+        """One scale for every worker (0 to the highest rate any of them showed), printed in the title: a slow
+        worker reads as slow next to a fast one."""
         box = self.query_one("#sparklines", VerticalScroll)
-        for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name)):
+        workers = sorted(m.workers.values(), key=lambda w: (w.host, w.name))
+        recent = {w.name: w.tok_history.values()[-SPARK_POINTS:] for w in workers}
+        top = max((max(v) for v in recent.values() if v), default=0.0)
+        length = max((len(v) for v in recent.values()), default=0)
+        box.border_title = f"tok/s per worker (scale 0–{top:,.0f})"
+        for w in workers:
             row_id = f"spark-{w.name.encode().hex()}"  # a multi-host name (h1.gpu0) is no valid widget id
             found = box.query(f"#{row_id}")
-            values = w.tok_history.values()[-120:] or [0.0]
+            values = on_scale(recent[w.name], top, length)
             if found:
-                found.first().query_one(Sparkline).data = values
+                found.first().query_one(ScaledSparkline).data = values
             else:
-                box.mount(Horizontal(Label(f"{w.name:>8} "), Sparkline(values), id=row_id, classes="spark-row"))
+                box.mount(Horizontal(Label(f"{w.name:>8} "), ScaledSparkline(values), id=row_id, classes="spark-row"))
 
     def show_log(self, worker: str, text: str, error: str = "") -> None:
         log = self.query_one("#worker-log", Log)

@@ -195,13 +195,18 @@ class HostSource:
         from probes.catalog import CATALOG
         from probes.runner import run_probes
 
+        connect_s = 0.0
         if self.transport is None:
+            started = time.monotonic()
             await self.connect()
+            connect_s = time.monotonic() - started
         cfg, ctx, live = await self._probe_context()
         # a running supervisor's workers hold the worker ports: "ports busy" would be a false FAIL
         catalog = [p for p in CATALOG if not (live and p.id == "ports")]
         if cfg is None or not cfg.hosts:
-            return await run_probes(self.transport, self.host, ctx, only, catalog=catalog)
+            report = await run_probes(self.transport, self.host, ctx, only, catalog=catalog)
+            report.connect_s = connect_s  # the summary says the whole wait, the connection's share with it
+            return report
         return await self._fleet_probes(cfg, only, catalog)
 
     async def _fleet_probes(self, cfg, only: set[str] | None, catalog) -> ProbeReport:

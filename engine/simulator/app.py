@@ -74,6 +74,7 @@ def build_app(server: "SimServer") -> web.Application:
         r.add_get("/model_info", handlers.model_info)
         r.add_get("/server_info", handlers.server_info)
     r.add_get("/get_load", handlers.get_load)
+    r.add_get("/sim/gpu", handlers.sim_gpu)  # the simulator's own: its modelled GPUs (engine/simulator/gpu.py)
     r.add_get("/get_weight_version", handlers.weight_version)
     r.add_get("/v1/models", handlers.models)
     r.add_post("/generate", handlers.generate)
@@ -150,6 +151,11 @@ class Handlers:
         return json_response({**args, "status": "ready" if s.status == "ready" else s.status,
                               "max_total_num_tokens": s.max_total_tokens, "max_req_input_len": s.max_req_input_len,
                               "internal_states": states, "version": s.profile.reported_version + "+sim"})
+
+    async def sim_gpu(self, request: web.Request) -> web.Response:
+        s = self.server
+        busy_s = s.scheduler.busy_s if s.scheduler is not None else 0.0
+        return json_response(s.gpus.readings(s.status in ("ready", "draining"), busy_s))
 
     async def get_load(self, request: web.Request) -> web.Response:
         sch = self.server.scheduler

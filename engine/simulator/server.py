@@ -17,6 +17,7 @@ from aiohttp import web
 
 from engine.simulator.config import SimConfig, read_model_config
 from engine.simulator.generator import OutputGenerator, OutputPlan, attempt_draw, load_tokenizer, request_key
+from engine.simulator.gpu import SimGpus
 from engine.simulator.metrics import SimMetrics
 from engine.simulator.protocol import ApiError, GenerateItem, bad_request, check_context
 from engine.simulator.stops import answer_text, apply_stops, rules_from_sampling
@@ -87,6 +88,7 @@ class SimServer:
         self.context_len = cfg.context_length or int(self.model_cfg.get("max_position_embeddings", 40960))
         self.mem = MemoryModel.from_config(self.model_cfg, cfg)
         self.max_total_tokens = cfg.max_total_tokens or self.mem.kv_tokens()
+        self.gpus = SimGpus.of(self)  # what NVML would read of its GPUs (GET /sim/gpu)
         # the longest request and prompt the scheduler takes (0.5.5 tp_worker.py:294-298)
         self.max_req_len = min(self.context_len - 1, self.max_total_tokens - 1)
         self.max_req_input_len = self.max_req_len - 5

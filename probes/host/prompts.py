@@ -324,9 +324,12 @@ def parquet_rows(path, limit):
             row += 1
 
 
-def count_rows(path, fmt, sampled_bytes, sampled_rows):
-    """(rows, exact) for the whole file: JSONL lines counted, Parquet from its metadata, else estimated."""
+def count_rows(path, fmt, sampled_bytes, sampled_rows, read_whole=False):
+    """(rows, exact) for the whole file: JSONL lines counted, Parquet from its metadata, a JSON array read to its
+    end (read_whole) counted, else estimated from the bytes per row sampled."""
     size = os.path.getsize(path)
+    if read_whole:
+        return sampled_rows, True
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -380,7 +383,10 @@ def sample_file(path, fmt, limit, keep_messages=False):
             out["user_turns"] += sum(1 for m in messages if m["role"] == "user")
             if keep_messages:
                 good.append((where, messages))
-        rows, exact = count_rows(path, fmt, out["bytes_sampled"], out["sampled"])
+        # a JSON array's sampling stops at its end, or at a row it cannot read (its kind then counted below)
+        stopped = set(out.get("malformed_by_kind", {})) & {"malformed_json", "invalid_utf8", "not_array"}
+        read_whole = fmt == "json" and out["sampled"] < limit and not stopped
+        rows, exact = count_rows(path, fmt, out["bytes_sampled"], out["sampled"], read_whole)
         out["rows"], out["rows_exact"] = rows, exact
     except RowError as exc:
         out["error"] = exc.reason

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any, Hashable, Iterable
 
 from rich.text import Text
-from textual.widgets import DataTable, Static
+from textual.widget import Widget
+from textual.widgets import DataTable
 
 from console.tui.model import RunModel, duration_text
 
@@ -22,8 +23,18 @@ def styled(text: str, style_key: str | None = None) -> Text:
     return Text(text, style=STATE_STYLE.get(style_key or text, ""))
 
 
-class RunHeader(Static):
-    """host, run, state, aggregate tok/s, done/total, ETA, elapsed, connection."""
+class RunHeader(Widget):
+    """host, run, state, aggregate tok/s, done/total, ETA, elapsed, connection.
+
+    Redrawn in place (one line, fixed height): Static.update would ask for a layout of the whole screen on every
+    tick and every telemetry batch."""
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self._text = Text()
+
+    def render(self) -> Text:
+        return self._text
 
     def show(self, m: RunModel, now: float, now_mono: float) -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
@@ -52,7 +63,9 @@ class RunHeader(Static):
         rej = m.rejects.total
         if rej:
             t.append(f"  rejects {rej}", style="yellow")
-        self.update(t)
+        if t != self._text:
+            self._text = t
+            self.refresh()
 
 
 def sync_table(table: DataTable, rows: Iterable[tuple[Hashable, tuple[Any, ...]]], columns: list[str]) -> None:

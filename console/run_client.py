@@ -44,6 +44,7 @@ class RunClient:
         self.run_dir = run_dir
         self.host_python = host_python
         self.engine_path = engine_path
+        self._ctl_lacks_no_shards = False
 
     def _command(self, *args: str) -> str:
         return engine_command(self.host_python, self.engine_path, ["-m", "engine.ctl", "--run-dir", self.run_dir, *args])
@@ -80,8 +81,18 @@ class RunClient:
                                  stderr=stderr)
         return reply.get("result") or {}
 
-    async def status(self) -> dict:
-        return await self._ctl("status")
+    async def status(self, shards: bool = True) -> dict:
+        """shards=False: without the shard list (a console that folds the shard events has it); an engine deployed
+        before the option existed refuses it (argparse), and the full status is asked for from then on."""
+        if shards or self._ctl_lacks_no_shards:
+            return await self._ctl("status")
+        try:
+            return await self._ctl("status", "--no-shards")
+        except NoSupervisor as exc:
+            if "unrecognized arguments: --no-shards" not in exc.stderr:
+                raise
+            self._ctl_lacks_no_shards = True
+            return await self._ctl("status")
 
     async def last_status(self) -> dict:
         """What the run dir last recorded, without a supervisor (a finished or killed run)."""

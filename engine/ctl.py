@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--timeout", type=float, default=30.0)
     sub = parser.add_subparsers(dest="op", required=True)
-    sub.add_parser("status")
+    p = sub.add_parser("status")
+    p.add_argument("--no-shards", action="store_true", help="without the shard list (the console follows shard events)")
     sub.add_parser("last-status")  # no supervisor needed: the last state the run dir recorded
     for name in ("pause", "resume"):
         p = sub.add_parser(name)
@@ -53,7 +54,9 @@ def op_of(args: argparse.Namespace) -> Op:
         return RestartWorker(worker=args.worker)
     if args.op in ("drain-host", "undrain-host"):
         return (DrainHost if args.op == "drain-host" else UndrainHost)(host=args.host)
-    return {"status": Status, "drain": Drain, "stop": Stop}[args.op]()
+    if args.op == "status":
+        return Status(shards=not args.no_shards)
+    return {"drain": Drain, "stop": Stop}[args.op]()
 
 
 def main(argv: list[str] | None = None) -> int:

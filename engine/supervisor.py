@@ -403,7 +403,10 @@ class Supervisor:
         """One control op (engine.run.control_ops), one method each; ControlError's text is the reply's error."""
         match op:
             case Status():
-                return self.status().to_dict()
+                status = self.status()
+                if not op.shards:
+                    status = dataclasses.replace(status, shards=[], shards_omitted=True)
+                return status.to_dict()
             case Pause() | Resume():
                 return self._set_paused(op)
             case RestartWorker():

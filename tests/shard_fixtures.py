@@ -45,6 +45,7 @@ class ShardsSource:
         self.run_dir = "/data/runs/big"
         self.shards = {s.id: s for s in frozen_shards(n)}
         self.requests: list[tuple[str, list[str] | None]] = []
+        self.status_asked: list[bool] = []  # each status() call: with its shard list or not
         total = sum(s.total for s in self.shards.values())
         done = sum(s.done for s in self.shards.values())
         self.dispatch = DispatchEvent(ts=T0, state="running", done=done, total=total, in_flight=16,
@@ -62,9 +63,11 @@ class ShardsSource:
             yield dataclasses.replace(s.event(), ts=T0)
         await asyncio.Event().wait()  # a live run: the stream stays open
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self, shards: bool = True) -> dict[str, Any]:
+        self.status_asked.append(shards)
         return RunStatus(run_dir=self.run_dir, state="running", dispatch=self.dispatch,
-                         shards=list(self.shards.values()), checked_at=T0 + 1).to_dict()
+                         shards=list(self.shards.values()) if shards else [], shards_omitted=not shards,
+                         checked_at=T0 + 1).to_dict()
 
     async def last_status(self) -> dict[str, Any]:
         return await self.status()

@@ -2,7 +2,13 @@
 requests engine.ctl sends for each command line."""
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
+
+from console.run_client import RunClient
+from probes.model import CommandResult
 
 from engine.control import ControlError
 from engine.ctl import build_parser, op_of
@@ -11,6 +17,7 @@ from engine.run.control_ops import (OPS, Drain, DrainHost, Pause, RestartWorker,
 
 WIRE = [
     ({"op": "status"}, Status()),
+    ({"op": "status", "shards": False}, Status(shards=False)),
     ({"op": "pause", "shards": "all"}, Pause(shards=None)),
     ({"op": "pause", "shards": ["s00001", "s00003"]}, Pause(shards=("s00001", "s00003"))),
     ({"op": "resume", "shards": "all"}, Resume(shards=None)),
@@ -43,6 +50,7 @@ def test_every_op_has_a_wire_case_and_pause_without_shards_means_all():
     ({"op": "resume", "shards": [1]}, '"shards" must be a list of shard ids or "all"'),
     ({"op": "restart_worker"}, '"worker" must be a worker\'s name, e.g. w0 (a string); got None'),
     ({"op": "drain_host", "host": 3}, '"host" must be a [[hosts]] name of the run config (a string); got 3'),
+    ({"op": "status", "shards": "no"}, '"shards" must be true or false; got \'no\''),
 ])
 def test_a_bad_request_is_refused_with_the_text_the_reply_carries(request_, error):
     with pytest.raises(ControlError) as exc:
@@ -52,6 +60,7 @@ def test_a_bad_request_is_refused_with_the_text_the_reply_carries(request_, erro
 
 @pytest.mark.parametrize("argv, sent", [
     (["status"], {"op": "status"}),
+    (["status", "--no-shards"], {"op": "status", "shards": False}),
     (["pause", "s00001", "s00002"], {"op": "pause", "shards": ["s00001", "s00002"]}),
     (["pause", "--all"], {"op": "pause", "shards": "all"}),
     (["resume", "--all"], {"op": "resume", "shards": "all"}),
@@ -63,3 +72,28 @@ def test_a_bad_request_is_refused_with_the_text_the_reply_carries(request_, erro
 ])
 def test_engine_ctl_sends_the_wire_request_of_each_command(argv, sent):
     assert to_request(op_of(build_parser().parse_args(["--run-dir", "/r", *argv]))) == sent
+
+
+class OldEngineTransport:
+    """A host whose deployed engine.ctl predates `status --no-shards` (argparse refuses it, exit 2)."""
+    name = "old-host"
+
+    def __init__(self):
+        self.commands: list[str] = []
+
+    async def run(self, command: str, *, timeout: float, stdin: bytes | None = None) -> CommandResult:
+        self.commands.append(command)
+        if "--no-shards" in command:
+            return CommandResult(command, 2, "", "usage: python -m engine.ctl [-h] ...\npython -m engine.ctl: error: "
+                                 "unrecognized arguments: --no-shards\n", 0.01)
+        reply = {"ok": True, "result": {"run_dir": "/r", "state": "running", "shards": [{"id": "s00000"}]}}
+        return CommandResult(command, 0, json.dumps(reply) + "\n", "", 0.01)
+
+
+def test_a_status_without_shards_falls_back_to_the_full_one_on_an_engine_that_predates_it():
+    transport = OldEngineTransport()
+    client = RunClient(transport, "/r")
+    first = asyncio.run(client.status(shards=False))
+    again = asyncio.run(client.status(shards=False))
+    assert first["shards"] == again["shards"] == [{"id": "s00000"}]
+    assert ["--no-shards" in c for c in transport.commands] == [True, False, False]  # asked once, then not again

@@ -443,3 +443,14 @@ def test_5xx_and_aborts_are_retried_until_every_sample_is_done(tmp_path, tiny_mo
     assert {r["finish_reason"] for r in rows} <= {"stop", "length"}
     assert final["done"] == len(rows) == len({r["sample_id"] for r in rows})
     assert "HTTP 503" in sup.log_text() and "aborted" in sup.log_text()
+
+
+def test_status_without_shards_keeps_the_figures_and_leaves_out_the_list(tmp_path, tiny_model_dir, supervisors):
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(make_config(run_dir, tiny_model_dir, sim=("--sim-step-ms", "40")))
+    full = wait_for(lambda: (st := status(run_dir)) and st["dispatch"] and st["shards"] and st, 60, "a status", sup)
+    r = ctl(run_dir, "status", "--no-shards")
+    assert r.returncode == 0, r.stderr
+    compact = json.loads(r.stdout)["result"]
+    assert compact["shards"] == [] and compact["shards_omitted"] is True and full["shards_omitted"] is False
+    assert compact["dispatch"]["total"] == full["dispatch"]["total"] and compact["workers"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from console.tui.app import CONTROL_CHUNK, RegenApp
+from console.tui.app import CONTROL_CHUNK, FULL_STATUS_EVERY_S, RegenApp
 from console.tui.shard_list import has_problem
 from console.tui.shard_table import COLUMNS, ShardTable
 from tests.shard_fixtures import SHARDS, T0, ShardsSource
@@ -142,3 +142,21 @@ async def test_the_command_palette_actions_reach_the_shards_tab():
         await wait_until(pilot, lambda: source.requests == [("pause", running)], "the pause of the 93 running shards")
         await app.run_action("shards('clear_selection')")
         await wait_until(pilot, lambda: "selected" not in summary(app), "the selection cleared")
+
+
+async def test_the_periodic_status_leaves_the_shard_list_out_but_a_full_one_comes_every_five_minutes():
+    source = ShardsSource()
+    now = [1000.0]
+    app = RegenApp(source, clock=lambda: T0 + 5, monotonic=lambda: now[0], live=False, run_probes_on_start=False)
+    async with app.run_test(size=SIZE) as pilot:
+        table = await shards_tab(pilot, app)  # the follower's status at connect: the whole of it
+        assert source.status_asked == [True]
+        app.poll_status()
+        await wait_until(pilot, lambda: len(source.status_asked) == 2, "a periodic status")
+        assert source.status_asked[1] is False
+        await pilot.pause()
+        assert table.row_count == SHARDS and app.model.shards["s00000"].state == "done"  # the list stays as it was
+        now[0] += FULL_STATUS_EVERY_S
+        app.poll_status()
+        await wait_until(pilot, lambda: len(source.status_asked) == 3, "the next periodic status")
+        assert source.status_asked[2] is True

@@ -35,6 +35,10 @@ from console.tui.widgets import RunHeader
 
 BATCH_INTERVAL_S = 0.25  # telemetry is posted at most 4 times a second
 STATUS_EVERY_S = 10.0
+# the periodic status leaves out the shard list (the shard events keep it; 10,000 shards are ~2 MB a reply): the
+# follower asks a full one at each (re)connect, and a poll does when none came for this long, in case an event was
+# lost (telemetry not writable)
+FULL_STATUS_EVERY_S = 300.0
 STATS_EVERY_S = 30.0
 LOG_EVERY_S = 5.0
 BACKFILL_S = 3600.0  # on first attach: the last hour of telemetry
@@ -101,6 +105,7 @@ class RegenApp(App):
         self._log_worker: str | None = None
         self.events_applied = 0
         self.last_event_on_screen: tuple[float, float] | None = None  # (event ts, wall time it was drawn)
+        self._full_status_at: float | None = None  # monotonic time of the last status with its shard list
         self._hints_gone = False  # the footer's hints are a gone run's (no pause/resume, plain Quit)
 
     # -- layout ------------------------------------------------------------------------------
@@ -279,6 +284,8 @@ class RegenApp(App):
                         timeout=10 if a.severity != "critical" else 30)
 
     def on_status_received(self, msg: StatusReceived) -> None:
+        if not msg.status.get("shards_omitted"):
+            self._full_status_at = self.monotonic()
         self._mark(self.model.apply_status(msg.status))
         self._notify_alerts()
 
@@ -308,8 +315,9 @@ class RegenApp(App):
     async def poll_status(self) -> None:
         if self.model.connection.state != "connected":
             return
+        full = self._full_status_at is None or self.monotonic() - self._full_status_at >= FULL_STATUS_EVERY_S
         try:
-            status = await self.source.status()
+            status = await self.source.status(shards=full)
         except SourceError as exc:
             if exc.kind == "no_supervisor":
                 self.post_message(ConnectionChanged("ended", error=str(exc)))

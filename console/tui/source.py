@@ -31,6 +31,7 @@ TAIL_TIMEOUT_S = 20.0
 
 
 class DataSource(FollowSource, Protocol):
+    async def status(self, shards: bool = True) -> dict[str, Any]: ...  # shards=False: without the shard list
     async def pause(self, shards: list[str] | None) -> dict[str, Any]: ...
     async def resume(self, shards: list[str] | None) -> dict[str, Any]: ...
     async def restart_worker(self, name: str) -> dict[str, Any]: ...
@@ -136,8 +137,9 @@ class HostSource:
         except RunClientError as exc:
             raise _classify(exc) from exc
 
-    async def status(self) -> dict[str, Any]:
-        return await self._call("status")
+    async def status(self, shards: bool = True) -> dict[str, Any]:
+        """shards=False: without the shard list (RunClient.status)."""
+        return await self._call("status", shards)
 
     async def last_status(self) -> dict[str, Any]:
         """What the run dir recorded (engine.ctl last-status): for a run whose supervisor is gone."""
@@ -301,7 +303,7 @@ class ReplaySource:
     async def reconnect(self) -> None:
         await self.connect()
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self, shards: bool = True) -> dict[str, Any]:
         if self._status is None or not self._status.get("running", not self._status.get("offline")):
             raise SourceError("replay: no supervisor (a recorded run)", "no_supervisor")
         return self._status

@@ -1,6 +1,6 @@
 """The control socket's operations as typed requests: parse_op reads one JSON request, to_request writes it.
 
-Wire format (one JSON object per line, engine.control): {"op": "status"} | {"op": "pause", "shards": [...] | "all"} |
+Wire format (one JSON object per line, engine.control): {"op": "status"[, "shards": false]} | {"op": "pause", "shards": [...] | "all"} |
 {"op": "resume", "shards": ...} | {"op": "restart_worker", "worker": name} | {"op": "drain_host", "host": name} |
 {"op": "undrain_host", "host": name} | {"op": "drain"} | {"op": "stop"}.
 """
@@ -16,7 +16,9 @@ class ControlError(Exception):
 
 @dataclass(frozen=True)
 class Status:
+    """The run's status; shards=False: without the shard list (its figures and the dispatch totals stay)."""
     op: ClassVar[str] = "status"
+    shards: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,11 @@ def parse_op(request: Any) -> Op:
         return RestartWorker(worker=_name(request, "worker", "a worker's name, e.g. w0"))
     if cls in (DrainHost, UndrainHost):
         return cls(host=_name(request, "host", "a [[hosts]] name of the run config"))
+    if cls is Status:
+        shards = request.get("shards", True)
+        if not isinstance(shards, bool):
+            raise ControlError(f'"shards" must be true or false; got {shards!r}')
+        return Status(shards=shards)
     return cls()
 
 
@@ -98,6 +105,8 @@ def to_request(op: Op) -> dict[str, Any]:
         return {"op": op.op, "worker": op.worker}
     if isinstance(op, (DrainHost, UndrainHost)):
         return {"op": op.op, "host": op.host}
+    if isinstance(op, Status) and not op.shards:
+        return {"op": op.op, "shards": False}
     return {"op": op.op}
 
 

@@ -207,6 +207,8 @@ class RunStatus:
     dispatch: DispatchEvent | None = None
     workers: list[WorkerEvent] = field(default_factory=list)
     shards: list[ShardStatus] = field(default_factory=list)
+    # asked without its shard list (a console that follows the shard events keeps its own, 10,000 shards are ~2 MB)
+    shards_omitted: bool = False
     gpus: list[GpuEvent] = field(default_factory=list)
     disk: list[DiskEvent] = field(default_factory=list)
     alerts: list[AlertEvent] = field(default_factory=list)
@@ -267,7 +269,7 @@ class RunStatus:
 
 
 _SCALARS = ("run_dir", "state", "offline", "phase", "pid", "started_at", "config_hash", "host", "last_state", "log",
-            "checked_at")
+            "checked_at", "shards_omitted")
 _SHARD_DEFAULTS = {"id": "", "state": "", "done": 0, "total": 0, "planned": 0, "output_tokens": 0, "empty": 0,
                    "truncated": 0, "failed": 0, "rejected": 0}
 T = TypeVar("T")

@@ -131,8 +131,11 @@ def tui_rows(tui: dict) -> list[str]:
                             f"{lat['max_ms']:.0f} ms | | | p95 ≤ {tui['budget']['p95_ms']:.0f} ms | "
                             f"{_yes(lat['p95_ms'] <= tui['budget']['p95_ms'])} |")
         sr = r["latency"]["status_reply"]
-        rows.append(f"| tui: status reply every 10 s, {sr['shards']:,} shards: size; console fold | "
-                    f"{sr['bytes'] / 1e6:.2f} MB; {sr['fold_ms']:.0f} ms | | | | n/a |")
+        rows.append(f"| tui: status with its shard list (each (re)connect, every 5 min), {sr['shards']:,} shards: "
+                    f"size; console fold | {sr['bytes'] / 1e6:.2f} MB; {sr['fold_ms']:.0f} ms | | | | n/a |")
+        if "periodic_bytes" in sr:
+            rows.append(f"| tui: periodic status (every 10 s, no shard list), {sr['shards']:,} shards: size | "
+                        f"{sr['periodic_bytes'] / 1e3:.1f} kB | | | | n/a |")
     return rows
 
 

@@ -64,6 +64,8 @@ def test_it_brakes_only_over_a_level_and_only_from_min_samples_on():
     assert any(c.startswith("chat template") for c in status.causes)
     assert any(c.startswith("prompt extraction") for c in status.causes)
     assert "regen resume HOST --run-dir /runs/r1 --all" in status.remedy
+    assert "regen resume 'ops@gpu box' --run-dir /runs/r1 --all" in status.remedy_for("ops@gpu box")  # quoted
+    assert "regen resume local --run-dir /runs/r1 --all" in status.remedy_for("local")
     assert brake.judge() is None  # braked once: not again
     assert brake.release() is status and brake.engaged is None and len(brake.window) == 0
 

@@ -65,7 +65,7 @@ async def test_the_tui_shows_the_brake_and_its_cause(tmp_path):
         await pilot.pause(0.3)
         quality = text_of(app.query_one("#quality-status", Static))
         assert "⚑ BRAKED: empty answers" in quality and "likely cause: enable_thinking" in quality
-        assert "regen resume HOST --run-dir /data/runs/r --all" in quality
+        assert "regen resume gpu-host --run-dir /data/runs/r --all" in quality  # the console's host, not HOST
 
 
 def test_the_model_takes_the_brake_from_status_replies_and_newer_alerts_only():

@@ -79,7 +79,7 @@ def run(args) -> int:
         else:
             console = status_console(args.wide)
             console.print(cause_block(status, args), soft_wrap=True)
-            console.print(render_status(status, console))
+            console.print(render_status(status, console, host=args.host))
         return exit_code_of(status)
 
     return run_with_client(args, call)
@@ -151,7 +151,7 @@ def status_console(wide: bool) -> Console:
     return console
 
 
-def render_status(s: RunStatus, console: Console | None = None) -> Group:
+def render_status(s: RunStatus, console: Console | None = None, host: str = "") -> Group:
     """The status as printed on `console` (its width decides which text columns fit; default: every column)."""
     console = console or Console(width=WIDE)
     d = s.dispatch
@@ -168,7 +168,7 @@ def render_status(s: RunStatus, console: Console | None = None) -> Group:
         head.append(f"  pid {s.pid}  up {up:.0f} s\n")
     head.append(progress_line(d, state, s.running) if d is not None else "no dispatch yet")
     if s.brake is not None:
-        head.append_text(brake_text(s.brake))
+        head.append_text(brake_text(s.brake, host))
     pending = [c for c in s.startup if c.state != "ok"]
     if s.running and pending:  # still starting (or a start check failed): which ones, and why
         head.append("\nstart checks not passed: " + "; ".join(
@@ -219,7 +219,7 @@ def render_status(s: RunStatus, console: Console | None = None) -> Group:
     return Group(*parts)
 
 
-def brake_text(b: BrakeStatus) -> Text:
+def brake_text(b: BrakeStatus, host: str = "") -> Text:
     """The data-quality brake: engaged, with the numbers, the likely causes and the remedy; else its window now."""
     text = Text()
     if b.engaged:
@@ -231,7 +231,7 @@ def brake_text(b: BrakeStatus) -> Text:
         text.append("\n  likely causes:")
         for cause in b.causes:
             text.append(f"\n    - {cause}")
-        text.append(f"\n  {b.remedy}", style="bold")
+        text.append(f"\n  {b.remedy_for(host)}", style="bold")
         return text
     if not b.enabled:
         return text.append("\nbrake: off ([brake] enabled = false)", style="dim")

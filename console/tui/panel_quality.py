@@ -86,7 +86,7 @@ def brake_lines(m: RunModel) -> list[Text]:
         lines += [Text(f"  also {sh.text()}", style="red") for sh in b.crossed[1:]]
         lines += [Text(f"  likely cause: {c}") for c in b.causes]
         if b.remedy:
-            lines.append(Text(f"  {b.remedy}", style="bold"))
+            lines.append(Text(f"  {b.remedy_for(m.host)}", style="bold"))
         return lines
     if not b.enabled:
         return [Text("brake: off ([brake] enabled = false)", style="dim")]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
@@ -95,6 +96,9 @@ class BrakeShare:
         return asdict(self)
 
 
+HOST_PLACEHOLDER = "HOST"  # the remedy's host: the engine does not know the name the operator's console uses
+
+
 @dataclass
 class BrakeStatus:
     """The brake in a status reply (RunStatus.brake) and its record in state.sqlite (engaged only).
@@ -124,6 +128,12 @@ class BrakeStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def remedy_for(self, host: str) -> str:
+        """The remedy with the console's host name (an ssh alias, user@host, `local`) in place of HOST."""
+        if not host:
+            return self.remedy
+        return self.remedy.replace(f"regen resume {HOST_PLACEHOLDER} ", f"regen resume {shlex.quote(host)} ")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BrakeStatus:
@@ -245,7 +255,7 @@ class RunBrake:
         self.engaged = BrakeStatus(
             enabled=True, engaged=True, since=time.time() if now is None else now, text=crossed[0].text(),
             crossed=crossed, causes=causes,
-            remedy=(f"fix the cause (regen stats {run_dir} shows the answers), then `regen resume HOST --run-dir "
+            remedy=(f"fix the cause (regen stats {run_dir} shows the answers), then `regen resume {HOST_PLACEHOLDER} --run-dir "
                     f"{run_dir} --all` (the window starts over); or change [brake] in the run config and start again; "
                     "brake.enabled = false turns it off"),
             settings=settings_of(self.settings))

@@ -27,6 +27,7 @@ GOOD = SampleShape(empty=False, finish_reason="stop", think="present")
 EMPTY = SampleShape(empty=True, finish_reason="stop", think="present")
 CUT = SampleShape(empty=False, finish_reason="length", think="unterminated")
 PLAIN = SampleShape(empty=False, finish_reason="stop", think="missing")
+LOOP = SampleShape(empty=False, finish_reason="repetition", think="unterminated")  # stopped inside its reasoning
 EMPTY_TEXT = "<think>\n\n</think>\n\nOK.<|im_end|>"
 
 
@@ -88,6 +89,12 @@ def test_a_cut_answer_counts_as_truncated_and_thinking_missing_each_with_its_own
     status = brake.judge()
     assert [(s.reason, s.share) for s in status.crossed] == [("truncated", 0.8)]
     assert any(c.startswith("sampling: max_new_tokens too small") for c in status.causes)
+
+
+def test_a_runaway_stopped_inside_its_reasoning_counts_once_as_repetition():
+    w = BrakeWindow(10)
+    w.add([LOOP, LOOP, CUT])
+    assert (w.count("repetition"), w.count("thinking_missing"), w.count("truncated")) == (2, 1, 1)
 
 
 def test_a_recorded_brake_is_kept_under_the_same_settings_and_lifted_under_others():

@@ -58,7 +58,8 @@ REASONS: tuple[Reason, ...] = (
             "chat template: no end-of-turn token the model stops on",
             "enable_thinking: reasoning longer than max_new_tokens allows")),
     Reason("thinking_missing", "thinking_missing_share", "reasoning missing or unclosed",
-           lambda s: s.think in ("missing", "unterminated"),
+           # a runaway the guard stopped inside its reasoning is unclosed because regen cut it: repetition says it
+           lambda s: s.think == "missing" or (s.think == "unterminated" and s.finish_reason != "repetition"),
            ("enable_thinking: the template ignores it, or the model does not think",
             "chat template: not the model's own, so the reasoning block is not opened or closed as the model expects",
             "sampling: max_new_tokens cuts the reasoning before </think>"),

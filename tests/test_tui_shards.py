@@ -5,7 +5,7 @@ from rich.console import Console
 
 from console.tui.app import CONTROL_CHUNK, FULL_STATUS_EVERY_S, RegenApp
 from console.tui.shard_list import has_problem
-from console.tui.shard_table import COLUMNS, ShardTable
+from console.tui.shard_table import COLUMNS, ShardTable, tokens_text
 from tests.shard_fixtures import SHARDS, T0, ShardsSource
 from tests.test_tui_app import wait_until
 
@@ -160,3 +160,22 @@ async def test_the_periodic_status_leaves_the_shard_list_out_but_a_full_one_come
         app.poll_status()
         await wait_until(pilot, lambda: len(source.status_asked) == 3, "the next periodic status")
         assert source.status_asked[2] is True
+
+
+async def test_at_80_columns_the_bar_goes_and_every_figure_stays_whole():
+    app, source = make_app()
+    async with app.run_test(size=(80, 30)) as pilot:
+        await pilot.press("3")
+        table = app.query_one("#shards-table", ShardTable)
+        await wait_until(pilot, lambda: table.row_count == SHARDS and table.narrow, "the narrow table drawn")
+        assert table.render_line(0).text.split() == ["shard", "state", "done", "samples", "tokens", "empty", "%",
+                                                     "trunc", "%", "loops"]
+        lines = [table.render_line(y).text for y in range(1, table.size.height)]
+        assert len(lines[0].rstrip()) <= 80 and not any("…" in ln for ln in lines)
+        first = next(s for s in source.shards.values() if s.id in lines[0])
+        assert f"{first.done}/{first.total}" in lines[0] and f"{first.output_tokens:,}" in lines[0]
+
+
+def test_a_token_count_that_does_not_fit_its_column_is_abbreviated_not_cut():
+    assert tokens_text(987_654, 9) == "987,654" and tokens_text(12_345_678, 9) == "12.3M"
+    assert tokens_text(12_345_678, 13) == "12,345,678" and len(tokens_text(98_765_432_100, 9)) <= 9

@@ -19,7 +19,28 @@ from console.tui.widgets import STATE_STYLE, bar, pct
 COLUMNS = [("", 2, False), ("shard", 8, False), ("state", 10, False), ("progress", 20, False),
            ("samples", 13, True), ("tokens", 13, True), ("empty %", 9, True), ("truncated %", 13, True),
            ("loops", 7, True)]
-WIDTH = sum(w for _, w, _ in COLUMNS) + len(COLUMNS) - 1
+# a terminal narrower than the full row (80 columns): the bar goes and the headers shorten, no figure is cut
+NARROW_COLUMNS = [("", 2, False), ("shard", 8, False), ("state", 10, False), ("done", 6, True),
+                  ("samples", 11, True), ("tokens", 9, True), ("empty %", 7, True), ("trunc %", 7, True),
+                  ("loops", 5, True)]
+
+
+def width_of(columns: list[tuple[str, int, bool]]) -> int:
+    return sum(w for _, w, _ in columns) + len(columns) - 1
+
+
+WIDTH = width_of(COLUMNS)
+NARROW_WIDTH = width_of(NARROW_COLUMNS)
+
+
+def tokens_text(n: int, width: int) -> str:
+    """A token count in `width` characters: whole with thousands separators, else in k / M / G."""
+    text = f"{n:,}"
+    for unit, size in (("k", 1e3), ("M", 1e6), ("G", 1e9)):
+        if len(text) <= width:
+            break
+        text = f"{n / size:.1f}{unit}"
+    return text
 
 
 @lru_cache(maxsize=64)
@@ -27,22 +48,22 @@ def _style(spec: str) -> Style:
     return Style.parse(spec) if spec else Style()
 
 
-def row_cells(s: ShardView, selected: bool) -> list[tuple[str, str]]:
-    """(text, style) per column: what a shard's row says."""
+def row_cells(s: ShardView, selected: bool, narrow: bool = False) -> list[tuple[str, str]]:
+    """(text, style) per column (COLUMNS, or NARROW_COLUMNS when narrow): what a shard's row says."""
     e, t = s.empty_share, s.truncated_share
     state = ("⏸ paused", "bold black on yellow") if s.state == "paused" else (s.state, STATE_STYLE.get(s.state, ""))
     mark = ("●" if selected else " ") + ("!" if has_problem(s) else " ")
     return [(mark.rstrip(), "bold magenta" if selected else "bold red"),
             (s.id, ""), state,
-            (f"{bar(s.fraction)} {100 * s.fraction:5.1f}%", ""), (f"{s.done}/{s.total}", ""),
-            (f"{s.output_tokens:,}", ""), (pct(e), "bold red" if e is not None and e > EMPTY_PROBLEM else ""),
+            (f"{100 * s.fraction:5.1f}%" if narrow else f"{bar(s.fraction)} {100 * s.fraction:5.1f}%", ""),
+            (f"{s.done}/{s.total}", ""), (tokens_text(s.output_tokens, 9 if narrow else 13), ""), (pct(e), "bold red" if e is not None and e > EMPTY_PROBLEM else ""),
             (pct(t), "yellow" if t is not None and t > TRUNCATED_PROBLEM else ""),
             (str(s.repetition) if s.repetition else "", "bold red")]
 
 
-def line_segments(cells: list[tuple[str, str]], base: Style) -> list[Segment]:
+def line_segments(cells: list[tuple[str, str]], base: Style, columns=COLUMNS) -> list[Segment]:
     out: list[Segment] = []
-    for (text, style), (_, width, right) in zip(cells, COLUMNS):
+    for (text, style), (_, width, right) in zip(cells, columns):
         text = text if len(text) <= width else text[:width - 1] + "…"
         text = text.rjust(width) if right else text.ljust(width)
         out.append(Segment(text, base + _style(style) if style else base))
@@ -84,13 +105,23 @@ class ShardTable(ScrollView, can_focus=True):
 
     def cells(self, sid: str) -> dict[str, str]:
         """A shard's row as shown, by column title (its text, whether or not it is scrolled into view)."""
-        cells = row_cells(self.shards.shard(sid), sid in self.shards.selected)
-        return {title or "mark": text for (title, _, _), (text, _) in zip(COLUMNS, cells)}
+        narrow = self.narrow
+        cells = row_cells(self.shards.shard(sid), sid in self.shards.selected, narrow)
+        return {title or "mark": text for (title, _, _), (text, _) in zip(NARROW_COLUMNS if narrow else COLUMNS, cells)}
+
+    @property
+    def narrow(self) -> bool:
+        """Too narrow for the full row (the bar and long headers go first, then it scrolls sideways)."""
+        return 0 < self.size.width < WIDTH
+
+    def on_resize(self) -> None:
+        self.virtual_size = Size(NARROW_WIDTH if self.narrow else WIDTH, len(self.shards) + 1)
+        self.refresh()
 
     def rows_changed(self, changed: set[str], order_changed: bool) -> None:
         """Redraw after a fold: the whole view when the order changed, else just the visible changed rows."""
         if order_changed:
-            self.virtual_size = Size(WIDTH, len(self.shards) + 1)
+            self.virtual_size = Size(NARROW_WIDTH if self.narrow else WIDTH, len(self.shards) + 1)
             row = self.shards.row_of(self._cursor_id) if self._cursor_id is not None else None
             self._set_cursor(self.cursor_row if row is None else row, follow=False)
             self.refresh()
@@ -103,9 +134,11 @@ class ShardTable(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         base = self.rich_style
+        narrow = self.narrow
+        columns = NARROW_COLUMNS if narrow else COLUMNS
         if y == 0:
             style = base + self.get_component_rich_style("shard-table--header")
-            strip = Strip(line_segments([(t, "") for t, _, _ in COLUMNS], style))
+            strip = Strip(line_segments([(t, "") for t, _, _ in columns], style, columns))
         else:
             row = self.scroll_offset.y + y - 1
             if row >= len(self.shards):
@@ -117,7 +150,7 @@ class ShardTable(ScrollView, can_focus=True):
                 style = style + self.get_component_rich_style("shard-table--selected")
             if row == self.cursor_row and self.has_focus:
                 style = style + self.get_component_rich_style("shard-table--cursor")
-            strip = Strip(line_segments(row_cells(self.shards.shard(sid), selected), style))
+            strip = Strip(line_segments(row_cells(self.shards.shard(sid), selected, narrow), style, columns))
         x = self.scroll_offset.x
         return strip.crop_extend(x, x + self.size.width, style)
 

@@ -36,11 +36,10 @@ NARROW_WIDTH = width_of(NARROW_COLUMNS)
 def tokens_text(n: int, width: int) -> str:
     """A token count in `width` characters: whole with thousands separators, else in k / M / G."""
     text = f"{n:,}"
-    for unit, size in (("k", 1e3), ("M", 1e6), ("G", 1e9)):
-        if len(text) <= width:
-            break
-        text = f"{n / size:.1f}{unit}"
-    return text
+    if len(text) <= width:
+        return text
+    unit, size = next((u, z) for u, z in (("G", 1e9), ("M", 1e6), ("k", 1e3)) if n >= z)
+    return f"{n / size:.1f}{unit}"
 
 
 @lru_cache(maxsize=64)

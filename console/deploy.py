@@ -15,7 +15,6 @@ not a log dump.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import shlex
 import shutil
@@ -161,7 +160,7 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
         try:
             for pkg in ("engine", "probes"):
                 await transport.put(tree / pkg, f"{engine_path}/{pkg}")
-            frozen = dataclasses.replace(cfg, run_dir=run_dir)
+            frozen = cfg.model_copy(update={"run_dir": run_dir})
             (Path(tmp) / "run.toml").write_text(dump_toml(frozen))
             await transport.put(Path(tmp) / "run.toml", f"{run_dir}/{NEXT_CONFIG}")
             (Path(tmp) / "launch.json").write_text(json.dumps({"host_python": python, "engine_path": engine_path,

@@ -8,7 +8,6 @@ only `endpoint`, the router.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Callable
@@ -39,7 +38,7 @@ class Fleet:
         forward = cfg.router.forward_base_port
         for host in cfg.hosts:
             if host.is_local:
-                local_cfg = dataclasses.replace(cfg, workers=host_workers(cfg, host))
+                local_cfg = cfg.model_copy(update={"workers": host_workers(cfg, host)})
                 for spec in named_specs(local_cfg.workers, host.name):
                     self.local_workers.append(Worker(spec=spec, cfg=local_cfg, run_dir=run_dir, session=session,
                                                      emit=emit, python=host.host_python,

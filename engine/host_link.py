@@ -92,10 +92,8 @@ def host_specs(cfg: RunConfig, host: Host) -> list[WorkerSpec]:
 
 def host_config(cfg: RunConfig, host: Host) -> RunConfig:
     """The config a host agent runs with: this host's workers and nothing of the others."""
-    import dataclasses
-
-    return dataclasses.replace(cfg, run_dir=host.work_dir, host_python=host.host_python,
-                               workers=host_workers(cfg, host), hosts=(), source_path=None)
+    return cfg.model_copy(update=dict(run_dir=host.work_dir, host_python=host.host_python,
+                                      workers=host_workers(cfg, host), hosts=())).with_source(None)
 
 
 def engine_tarball(engine_root: Path) -> bytes:

@@ -133,7 +133,7 @@ def build(cfg: RunConfig, *, kind: str, counts: Counts, files: list[FileRecord] 
     return Manifest(
         kind=kind, created_at=time.time(), regen_version=__version__, model=cfg.model, tokenizer=str(tok_dir),
         tokenizer_files=tokenizer_files, chat_template_sha256=chat_template_sha256(tok_dir, notes),
-        enable_thinking=cfg.enable_thinking, sampling=dataclasses.asdict(cfg.sampling), turns=cfg.turns,
+        enable_thinking=cfg.enable_thinking, sampling=cfg.sampling.model_dump(), turns=cfg.turns,
         config_hash=cfg.content_hash(), prompt_files=prompts, counts=counts, files=list(files or []),
         run_dir=cfg.run_dir, export=dict(export or {}), notes=notes)
 
@@ -204,7 +204,7 @@ def write_run_manifest(cfg: RunConfig, run_dir: Path) -> Path:
     counts = Counts(samples=samples, kept=samples,
                     dropped={"rejected": sum(p.rejected for p in progress), "failed": sum(p.failed for p in progress)},
                     tokens={"output": sum(p.output_tokens for p in progress)})
-    manifest = build(dataclasses.replace(cfg, run_dir=str(run_dir)), kind="run", counts=counts)
+    manifest = build(cfg.model_copy(update={"run_dir": str(run_dir)}), kind="run", counts=counts)
     manifest.notes.append("the run's part files and their rows are listed in state.sqlite (table parts); "
                           "`regen export` writes a manifest with every exported file's rows and sha256")
     return write(manifest, run_dir)

@@ -761,7 +761,7 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
             notifier = Notifier(cfg.notify, run_dir, telemetry.emit)
             telemetry.listeners.append(notifier.on_event)
             notifier.start()
-        cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+        cfg = cfg.model_copy(update={"run_dir": str(run_dir)})
         prepare_run_dir(cfg)
         startup.ok("run_dir", str(run_dir))
         _write_manifest(cfg, run_dir)

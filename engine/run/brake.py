@@ -160,7 +160,7 @@ def _share(data: dict[str, Any]) -> BrakeShare:
 
 def settings_of(b: Brake) -> str:
     """[brake] as canonical JSON: a recorded brake is kept by a start under the same settings only."""
-    return json.dumps(asdict(b), sort_keys=True)
+    return json.dumps(b.model_dump(), sort_keys=True)
 
 
 class BrakeWindow:

@@ -19,6 +19,7 @@ COMMANDS = [
     ("stats", "stats", "data-quality statistics of the shards"),
     ("export", "export", "export the shards for a drafter trainer (tokens, conversations, messages, hf) with a manifest"),
     ("tui", "tui", "the operations console"),
+    ("config", "config", "check a run.toml offline, or print its JSON Schema"),
 ]
 
 

@@ -112,7 +112,9 @@ def with_model_defaults(sampling: Sampling, generation_config: dict[str, Any] | 
                          f"regen's default {getattr(sampling, key)!r} is used")
             continue
         taken[key] = generation_config[key]
-    effective = Sampling.model_validate({**{k: getattr(sampling, k) for k in explicit}, **taken})
+    checked = Sampling.model_validate({**{k: getattr(sampling, k) for k in explicit}, **taken})
+    # the fields set stay run.toml's own: resolving again (the frozen copy, an export) names the same sources
+    effective = Sampling.model_construct(_fields_set=set(explicit), **checked.model_dump())
     sources = []
     for key in Sampling.model_fields:
         value = getattr(effective, key)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.config import RunConfig
+from engine.config import RunConfig, resolve_sampling
 from engine.ingest import PromptFileError, resolve_prompt_files
 
 MANIFEST = "manifest.json"
@@ -73,6 +73,7 @@ class Manifest:
     run_dir: str = ""
     export: dict[str, Any] = field(default_factory=dict)  # format and options (kind export)
     notes: list[str] = field(default_factory=list)
+    sampling_sources: dict[str, str] = field(default_factory=dict)  # key -> run.toml | generation_config.json | ...
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **dataclasses.asdict(self)}
@@ -112,6 +113,9 @@ def build(cfg: RunConfig, *, kind: str, counts: Counts, files: list[FileRecord] 
     """The manifest of a run made with `cfg`. A file that cannot be read is recorded as a note, not
     skipped in silence (the run itself reports its missing prompt files with their own errors)."""
     notes: list[str] = []
+    cfg, effective = resolve_sampling(cfg)  # the values sent, and where each came from
+    if effective.note:
+        notes.append(effective.note)
     tok_dir = Path(cfg.tokenizer_path).expanduser()
     tokenizer_files: dict[str, str] = {}
     for name in TOKENIZER_FILES:
@@ -135,7 +139,8 @@ def build(cfg: RunConfig, *, kind: str, counts: Counts, files: list[FileRecord] 
         tokenizer_files=tokenizer_files, chat_template_sha256=chat_template_sha256(tok_dir, notes),
         enable_thinking=cfg.enable_thinking, sampling=cfg.sampling.model_dump(), turns=cfg.turns,
         config_hash=cfg.content_hash(), prompt_files=prompts, counts=counts, files=list(files or []),
-        run_dir=cfg.run_dir, export=dict(export or {}), notes=notes)
+        run_dir=cfg.run_dir, export=dict(export or {}), notes=notes,
+        sampling_sources={s.key: s.source for s in effective.sources})
 
 
 def chat_template_sha256(tok_dir: Path, notes: list[str]) -> str | None:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.config import ConfigError, RunConfig, load_config
+from engine.config import ConfigError, RunConfig, load_config, resolve_sampling
 from engine.run.brake import BrakePlan, plan_of
 from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
 from engine.pilot import PilotError, PilotResult, run_pilot
@@ -126,6 +126,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     runaway: GuardProjection | None = None
     brake: BrakePlan | None = None  # the data-quality brake's settings ([brake])
+    sampling: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> {value, source}
+    sampling_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -406,6 +408,7 @@ def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None) 
 
 def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | None = None,
               python: str | None = None) -> Plan:
+    cfg, effective = resolve_sampling(cfg)  # what the run would send: run.toml, else the model's, else regen's
     sample_size = sample_conversations or cfg.plan.sample_conversations
     shard_plan, sample = scan_prompts(cfg, sample_size)
     renderer = _renderer(cfg)
@@ -434,7 +437,7 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
                    "used": result is None}
     guard = project_guard(cfg, projection, outputs if result is not None else None)
     return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
-                runaway=guard, brake=plan_of(cfg))
+                runaway=guard, brake=plan_of(cfg), sampling=effective.as_dict(), sampling_note=effective.note)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

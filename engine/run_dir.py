@@ -9,6 +9,7 @@ is rewritten with them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from pathlib import Path
 from engine.config import RunConfig, changed_content_fields, dump_toml
 from engine.rejects import REJECTS_FILE
 from engine.shard_store import SHARDS_DIR, STATE_DB, WRITER_LOCK, ShardStore
+
+log = logging.getLogger("regen.run_dir")
 
 META_CONTENT_HASH = "content_hash"
 DEPLOY_DIR = ".regen"  # `regen start` deploys the engine (and stages the config) here before the run dir is prepared
@@ -76,7 +79,7 @@ class ConfigChanged(RunDirError):
         super().__init__(
             f"run dir {run_dir} was started with another config; changed: {listed}. "
             "Its shards were generated with the old values, so it cannot be resumed with these. To proceed, "
-            "either set run_dir to a new directory for a new run, or revert "
+            "either set run_dir to a new directory to start over with these values, or revert "
             + ("this field" if len(changes) == 1 else "these fields")
             + " in the config to resume (the values the run was started with are the old ones above)."
         )
@@ -107,11 +110,19 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     new_hash = cfg.content_hash()
     with ShardStore(root) as store:
         old_hash = store.get_meta(META_CONTENT_HASH)
+        accepted = False
         if old_hash is not None and old_hash != new_hash:
             old_fields = json.loads(store.get_meta(META_CONTENT_FIELDS) or "{}")
-            raise ConfigChanged(root, _changes(old_fields, fields))
+            changes = _changes(old_fields, fields)
+            if store.committed_samples() > 0:
+                raise ConfigChanged(root, changes)
+            # nothing was made with the old values: a corrected config is a fresh start of the same run dir
+            log.warning("run dir %s has no committed sample: its config is changed (%s) and its earlier outcomes "
+                        "forgotten (%d)", root, ", ".join(f"{n} {_show(o)} -> {_show(v)}" for n, o, v in changes),
+                        store.forget_outcomes())
+            accepted = True
         _write_atomic(paths.run_toml, dump_toml(cfg))
-        if old_hash is None:
+        if old_hash is None or accepted:
             store.set_meta(META_CONTENT_FIELDS, json.dumps(fields, sort_keys=True))
             store.set_meta(META_CREATED_AT, repr(time.time()))
             store.set_meta(META_CONTENT_HASH, new_hash)  # last: its presence means the meta is complete

@@ -404,6 +404,22 @@ class ShardStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot clear the failed samples of an earlier run in {self.db_path}: {exc}") from exc
 
+    def forget_outcomes(self, sample_ids: list[str] | None = None) -> int:
+        """Outcomes that were the config's fault, not the samples' (a run refused run-wide, a corrected config on a
+        run dir with nothing committed): those samples are generated again. None: every outcome."""
+        try:
+            with self._lock, self._db:
+                if sample_ids is None:
+                    return self._db.execute("DELETE FROM outcomes").rowcount
+                return sum(self._db.execute("DELETE FROM outcomes WHERE sample_id=?", (s,)).rowcount
+                           for s in sample_ids)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot clear settled outcomes in {self.db_path}: {exc}") from exc
+
+    def committed_samples(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT count(*) FROM samples").fetchone()[0]
+
     def history(self, conversation_id: str) -> dict[int, str]:
         with self._lock:
             rows = self._db.execute(

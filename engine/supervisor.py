@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 
 from engine import safe_log
-from engine.config import ConfigError, RunConfig, load_config
+from engine.config import ConfigError, RunConfig, load_config, resolve_sampling
 from engine.control import ControlError, ControlServer
 from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous,
                           fallback_path, is_disk_full, record_for, write_fatal)
@@ -755,8 +755,10 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
         if why:
             log.warning("%s; a fatal record would go to %s", why, fallback_path(run_dir))
         telemetry = Telemetry(run_dir)
-        cfg = load_config(config_path)
+        cfg, effective = resolve_sampling(load_config(config_path))
         startup.ok("config", str(config_path))
+        log.info("sampling: %s%s", ", ".join(f"{s.key} {s.value!r} ({s.source})" for s in effective.sources),
+                 f"; {effective.note}" if effective.note else "")
         if cfg.notify.enabled:  # from here on a death or the run's end reaches an operator who is not looking
             notifier = Notifier(cfg.notify, run_dir, telemetry.emit)
             telemetry.listeners.append(notifier.on_event)

@@ -49,7 +49,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
-        print(f"regen plan: {exc}", file=sys.stderr)
+        if args.json:
+            sys.stdout.write(json.dumps({"schema": "regen.plan/1", "error": str(exc), "config_errors": exc.to_dict()},
+                                        indent=2) + "\n")
+        print(f"regen plan: {exc}\nno plan made (check the file alone with `regen config check {args.config}`)",
+              file=sys.stderr)
         return EXIT_FAILED
     if args.host == "local":
         from engine.plan import PlanError, make_plan
@@ -150,6 +154,15 @@ def render(d: dict[str, Any], console: Console) -> None:
     for src, n in sp["sources"].items():
         t.add_row(f"  source {src}", f"{n:,}")
     console.print(t)
+    if d.get("sampling"):
+        st = Table(title="sampling sent with every request", header_style="bold")
+        for col in ("key", "value", "from"):
+            st.add_column(col, justify="right" if col == "value" else "left")
+        for key, v in d["sampling"].items():
+            st.add_row(key, str(v["value"]), v["source"])
+        console.print(st)
+        if d.get("sampling_note"):
+            console.print(f"[dim]{d['sampling_note']}[/dim]")
     if pt["mean"] is not None:
         console.print(f"prompt tokens ({pt['samples_sampled']:,} prompts of {pt['conversations_sampled']:,} sampled "
                       f"conversations): mean {pt['mean']:.0f}, p50 {pt['p50']:.0f}, p90 {pt['p90']:.0f}, "

@@ -5,7 +5,10 @@ sglang-router) and every [[hosts]] entry is probed too, concurrently, for what i
 (python packages, GPUs, CUDA, model dir, shared memory, its work dir's disk, its ports); the
 report has one section per host.
 
-Exit status: 0 no FAIL/ERROR, 1 some FAIL/ERROR, 2 could not run at all (bad config, unknown
+With --config, the first probe is `config`: the file against the schema (FAIL: one line per error, and no host
+probe runs) and, when it passes, the effective sampling and template values with where each came from.
+
+Exit status: 0 no FAIL/ERROR, 1 some FAIL/ERROR (an invalid config included), 2 could not run at all (unknown
 probe id, host not reached: the report is still printed, with the connection probe saying why).
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 
 from rich.console import Console
 
+from console.config_probe import CONFIG_PROBE, config_failed_report, config_passed
 from console.hints import typed_again
 from console.ssh_options import add_ssh_options
 from engine.config import ConfigError, RunConfig, load_config
@@ -142,6 +146,7 @@ async def probe_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] |
 
 def run_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] | None) -> int:
     sections = asyncio.run(probe_fleet(args, cfg, only))
+    sections[0][2].results.insert(0, config_passed(cfg, sections[0][2]))
     if args.json:
         doc = {"schema": "regen.probe-fleet/1",
                "hosts": [{"name": n, "address": a, "reached": r, "report": rep.to_dict()} for n, a, rep, r in sections]}
@@ -162,13 +167,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             cfg = load_config(args.config)
         except ConfigError as exc:
-            text = str(exc) if args.config in str(exc) else f"bad run config {args.config}: {exc}"
-            print(f"regen probe: {text}", file=sys.stderr)
-            return 2
+            return print_report(args, config_failed_report(args.host, exc), Console())
         ctx = context_from_config(cfg)
     else:
         ctx = ProbeContext()
-    only = {s.strip() for s in args.only.split(",") if s.strip()} if args.only else None
+    only = {s.strip() for s in args.only.split(",") if s.strip() and s.strip() != CONFIG_PROBE} if args.only else None
     try:
         probes_for(ctx, only)
     except UnknownProbe as exc:
@@ -179,13 +182,24 @@ def run(args: argparse.Namespace) -> int:
     report, reached = asyncio.run(probe_host(args.host, ctx, only, accept_new=args.accept_new, timeout_s=args.timeout,
                                              ssh_config=args.ssh_config,
                                              accept_new_command=typed_again(args, accept_new=True)))
-    if args.json:
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
-    else:
-        render_report(report, Console())
+    if args.config:
+        report.results.insert(0, config_passed(cfg, report))
+    print_report(args, report, Console())
+    if args.config and not args.json:
+        print("effective sampling (where each value comes from):\n  " + "\n  ".join(
+            report.results[0].actual.splitlines()))
     if not reached:
         retry = next((r.data.get("accept_new_command") for r in report.results if r.id == "connection"), None)
         if retry:  # unwrapped, to paste (the report's panel may wrap it)
             print(f"if that fingerprint is {args.host}'s, record it and go on with:\n  {retry}", file=sys.stderr)
         return 2
+    return report.exit_code()
+
+
+def print_report(args: argparse.Namespace, report: ProbeReport, console: Console) -> int:
+    """The report as JSON or as the table; its exit code (an invalid config: 1, the `config` probe FAILed)."""
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        render_report(report, console)
     return report.exit_code()

@@ -27,7 +27,9 @@ from console.deploy import (EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunnin
 from console.hints import cannot_reach, hint_from_args, typed_again
 from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport
+from console.config_probe import config_failed_report, config_passed
 from engine.config import ConfigError, load_config
+from probes.render import render_report
 
 # what must hold on every host of a multi-host run for its servers to start
 PREFLIGHT = ("connection", "host.python", "ports", "disk.run_dir", "router.package", "prompts.paths",
@@ -53,7 +55,15 @@ def run(args) -> int:
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
-        print(f"regen start: {exc}", file=sys.stderr)
+        from rich.console import Console
+
+        report = config_failed_report(args.host, exc)
+        if args.json:
+            print(json.dumps(report.to_dict(), indent=2))
+        else:
+            render_report(report, Console(stderr=True))
+        print(f"regen start: {exc}\nnothing was started (check the file alone with `regen config check "
+              f"{args.config}`)", file=sys.stderr)
         return EXIT_ERROR
 
     if args.no_preflight:
@@ -117,16 +127,20 @@ def preflight_host(args, cfg) -> int | None:
 
     from console.commands.probe import context_from_config, probe_host
     from probes.model import Status
-    from probes.render import render_report
 
     only = {p.strip() for p in args.preflight.split(",") if p.strip()} if args.preflight else None
     report, reached = asyncio.run(probe_host(args.host, context_from_config(cfg), only, timeout_s=args.timeout,
                                              accept_new_command=typed_again(args, accept_new=True),
                                              **SshOptions.from_args(args).connect_kwargs()))
+    report.results.insert(0, config_passed(cfg, report))
     bad = [r.id for r in report.results if r.status in (Status.FAIL, Status.ERROR)]
     if reached and not bad:
         counts = ", ".join(f"{k} {v}" for k, v in report.summary().items() if v)
         print(f"preflight passed on {args.host} ({counts})", file=sys.stderr)
+        for r in report.results:
+            if r.status is Status.WARN:  # a warning is said, not only counted
+                print(f"  WARN {r.id}: {r.summary}" + (f"\n    remedy: {r.remedy}" if r.remedy else ""), file=sys.stderr)
+        print("  sampling: " + "; ".join(report.results[0].actual.splitlines()[:-1]), file=sys.stderr)
         return None
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -60,7 +60,8 @@ class _Job:
 
 class Committer:
     def __init__(self, store: ShardStore, ledger: CommitLedger, emit: Callable[[object], None], *,
-                 max_rows: int = Store.part_max_rows, max_age_s: float = Store.part_max_age_s, disk_ok: Callable[[], bool] = lambda: True):
+                 max_rows: int = Store.model_fields["part_max_rows"].default,
+                 max_age_s: float = Store.model_fields["part_max_age_s"].default, disk_ok: Callable[[], bool] = lambda: True):
         self.store = store
         self.ledger = ledger
         self.emit = emit

@@ -6,6 +6,7 @@ import re
 import sys
 
 args = json.loads(sys.argv[1])
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # engine.config.MODEL_SAMPLING_KEYS
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "special_tokens_map.json"]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -72,6 +73,13 @@ def describe_model(path):
             "num_hidden_layers": cfg.get("num_hidden_layers", text_cfg.get("num_hidden_layers")),
             "hidden_size": cfg.get("hidden_size", text_cfg.get("hidden_size")),
         }
+    # the model's recommended sampling: regen takes it for the [sampling] keys run.toml leaves out
+    if os.path.exists(os.path.join(path, "generation_config.json")):
+        gen = read_json(os.path.join(path, "generation_config.json"), out, "generation_config_error")
+        if isinstance(gen, dict):
+            out["generation_config"] = {k: gen[k] for k in SAMPLING_KEYS if k in gen}
+    else:
+        out["generation_config_error"] = "no generation_config.json in " + path
     weights = []
     for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf"):
         for w in sorted(glob.glob(os.path.join(path, pattern))):

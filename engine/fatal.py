@@ -39,6 +39,15 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 DISK_FULL_TEXTS = ("No space left on device", "database or disk is full", "Disk quota exceeded")
 
 
+class RunRefused(Exception):
+    """The servers refuse the run's requests run-wide (engine.run.refusals), or a run ended with no sample made: a
+    config mistake, not bad samples. `path` is the run config the key is in."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
 class WorkersFailed(Exception):
     """Every worker failed (crash loops, launch errors): the run cannot go on. `path` is the workers dir."""
 
@@ -126,6 +135,9 @@ REMEDIES: dict[str, str] = {
                    " template (`regen probe HOST --config run.toml --only model.dir`); " + AGAIN,
     "ConfigChanged": "set run_dir to a new directory for a new run, or revert the changed fields above to resume",
     "ConfigError": "fix the field named above in your run.toml; then `regen start HOST --config run.toml` again",
+    "RunRefused": "fix the run.toml key named above (the server's own words say which value it refuses; `regen probe HOST"
+                  " --config run.toml` checks the file), then `regen start HOST --config run.toml` again: a run dir"
+                  " with nothing committed takes the corrected config, and the refused samples are generated again",
     "RunDirError": "fix the run dir {path} as said above; " + AGAIN,
     "WorkersFailed": "read the server logs ({run_dir}/workers/<name>/server.log) for the cause; fix the launch (model"
                      " path, GPUs, ports, workers.launch / extra_args); " + AGAIN,

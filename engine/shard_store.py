@@ -404,15 +404,17 @@ class ShardStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot clear the failed samples of an earlier run in {self.db_path}: {exc}") from exc
 
-    def forget_outcomes(self, sample_ids: list[str] | None = None) -> int:
+    def forget_outcomes(self, reasons: tuple[str, ...] | None = None, since: float = 0.0) -> int:
         """Outcomes that were the config's fault, not the samples' (a run refused run-wide, a corrected config on a
-        run dir with nothing committed): those samples are generated again. None: every outcome."""
+        run dir with nothing committed): those samples are generated again. reasons: their reject kinds (None: any);
+        since: settled at or after this time."""
+        where, args = "settled_at >= ?", [since]
+        if reasons is not None:
+            where += f" AND reason IN ({','.join('?' * len(reasons))})"
+            args += list(reasons)
         try:
-            with self._lock, self._db:
-                if sample_ids is None:
-                    return self._db.execute("DELETE FROM outcomes").rowcount
-                return sum(self._db.execute("DELETE FROM outcomes WHERE sample_id=?", (s,)).rowcount
-                           for s in sample_ids)
+            with self._lock:
+                return self._db.execute(f"DELETE FROM outcomes WHERE {where}", args).rowcount
         except sqlite3.Error as exc:
             raise StoreError(f"cannot clear settled outcomes in {self.db_path}: {exc}") from exc
 

@@ -40,8 +40,8 @@ import psutil
 from engine import safe_log
 from engine.config import ConfigError, RunConfig, load_config, resolve_sampling
 from engine.control import ControlError, ControlServer
-from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous,
-                          fallback_path, is_disk_full, record_for, write_fatal)
+from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, RunRefused, SpaceReserve, WorkersFailed,
+                          archive_previous, fallback_path, is_disk_full, record_for, write_fatal)
 from engine.gpu import GpuSampler
 from engine.gpu_sim import SimGpuReader
 from engine.http_client import client_session
@@ -62,6 +62,7 @@ from engine.run.dispatcher import Dispatcher
 from engine.run.feed import Feed
 from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
+from engine.run.refusals import RefusalTrip
 from engine.run.prompt_limit import tightest
 from engine.run.status import Rejects, RunStatus, ShardStatus, build_run_status, dispatch_figures, shard_statuses
 from engine.run.watch import RunWatch
@@ -276,6 +277,7 @@ class Supervisor:
         ledger.want_more = feed.wake
         ledger.changed = self._dirty_shards.add
         ledger.on_brake = self._on_brake
+        ledger.on_refused = self._on_refused
         self._dirty_shards.update(ledger.shards)
         if ledger.brake_note:
             log.info("data-quality brake: %s", ledger.brake_note)
@@ -302,6 +304,11 @@ class Supervisor:
             self.emit(AlertEvent(severity="info", key=BRAKE_ALERT_KEY,
                                  text="cleared: data-quality brake released by resume --all; its window starts over",
                                  evidence=f"it braked on: {status.text}"))
+
+    def _on_refused(self, trip: RefusalTrip) -> None:
+        """The servers refuse the run's requests run-wide: a critical alert quoting them, and the run fails."""
+        self.emit(AlertEvent(severity="critical", key="refused", text=trip.text(), evidence=trip.evidence()))
+        self._fail(RunRefused(f"{trip.text()}; likely config key: {trip.key}", self.cfg.source_path))
 
     def _update_workers_check(self) -> None:
         """`workers launched`: every server launched (a pid, its port was free); refused or failed ones fail it."""
@@ -570,7 +577,13 @@ class Supervisor:
                 if (self.mode == "running" and self.ledger.finished and self.dispatcher.in_flight == 0
                         and self.committer.pending == 0):
                     log.info("all %d samples settled", self.ledger.total)
-                    self._begin_shutdown("done")
+                    if self.ledger.done == 0 and self.ledger.total > 0:
+                        self._fail(RunRefused(
+                            f"no sample was generated: all {self.ledger.total} samples were rejected or failed; the "
+                            f"last reason: {self.ledger.refusals.last_reason or 'see rejects.jsonl'}",
+                            self.cfg.source_path))
+                    else:
+                        self._begin_shutdown("done")
             except Exception:  # one bad tick must not end monitoring; the traceback goes to supervisor.log
                 log.exception("monitor tick failed")
             await asyncio.sleep(TICK_S)

@@ -2,7 +2,6 @@
 radix cache then serves its prefix (the shards' worker and cached_tokens columns), and the figures reach status."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -21,8 +20,8 @@ def test_a_conversations_turns_land_on_one_worker_and_its_cache_serves_their_pre
     # before the other is ready on a loaded machine
     cfg = make_config(run_dir, tiny_model_dir, gpus=2, sim=("--max-running-requests", "4", "--sim-step-ms", "25",
                                                             "--sim-output-mean", "200"))
-    cfg = dataclasses.replace(cfg, prompts=(str(prompts),),
-                              sampling=dataclasses.replace(cfg.sampling, max_new_tokens=64))
+    cfg = cfg.model_copy(update=dict(prompts=(str(prompts),),
+                                     sampling=cfg.sampling.model_copy(update=dict(max_new_tokens=64))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]
     rows = read_rows(run_dir)

@@ -3,7 +3,6 @@ holds dispatch while it is engaged; its [brake] config and its notification."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import sqlite3
 
@@ -33,7 +32,7 @@ EMPTY_TEXT = "<think>\n\n</think>\n\nOK.<|im_end|>"
 
 def cfg_with(enable_thinking: bool = True, **brake) -> RunConfig:
     return RunConfig(run_dir="/r", model="/m", prompts=("/p.jsonl",), enable_thinking=enable_thinking,
-                     brake=dataclasses.replace(Brake(), **brake))
+                     brake=Brake(**brake))
 
 
 # -- the window and the decision -------------------------------------------------------------------------------
@@ -47,7 +46,7 @@ def test_the_window_counts_each_reason_over_its_last_samples_only():
     assert len(w) == 0 and w.count("thinking_missing") == 0
     assert [r.name for r in REASONS] == ["empty", "truncated", "thinking_missing", "repetition"]
     # a reason is its REASONS entry and its level in [brake]: nothing else to keep in step
-    assert [r.level_key for r in REASONS] == [f.name for f in dataclasses.fields(Brake) if f.name.endswith("_share")]
+    assert [r.level_key for r in REASONS] == [k for k in Brake.model_fields if k.endswith("_share")]
 
 
 def test_it_brakes_only_over_a_level_and_only_from_min_samples_on():
@@ -158,7 +157,7 @@ def test_a_store_from_before_the_think_column_gets_it_and_its_old_samples_read_a
 # -- the ledger: braked at a commit, held at pull time, recorded, released by resume --all ----------------------
 def brake_ledger(tmp_path, **brake) -> Ledger:
     cfg = RunConfig(run_dir=str(tmp_path), model="/m", prompts=("/data/p.jsonl",), turns="last",
-                    brake=dataclasses.replace(Brake(), **brake))
+                    brake=Brake(**brake))
     ledger = Ledger(cfg, {"s00000": ShardCounts(total=40, conversations=40)}, ShardStore(tmp_path), RejectLog(tmp_path))
     ledger.open()
     return ledger
@@ -230,12 +229,12 @@ def test_brake_config_is_validated_with_errors_naming_the_fix_and_round_trips():
     assert config_from_dict(__import__("tomllib").loads(dump_toml(cfg)) | {}).brake == cfg.brake
     assert cfg.content_hash() == config_from_dict(base).content_hash()  # operational: not in the hash
     bad = [
-        ({"empty_share": 0.04}, f"brake.empty_share = 0.04 is not above alerts.empty_share = {Alerts.empty_share:g}"),
-        ({"truncated_share": 1.5}, "brake.truncated_share = 1.5: must be a share in (0, 1]"),
-        ({"min_samples": 600}, "brake.min_samples = 600 is more than brake.window = 500"),
-        ({"window": 0}, "brake.window = 0: must be an integer >= 1"),
-        ({"enabled": "yes"}, "brake.enabled = 'yes': must be true or false"),
-        ({"empty": 0.5}, "[brake]: unknown key(s) empty"),
+        ({"empty_share": 0.04}, f"[brake] empty_share: 0.04 is not above [alerts] empty_share = {Alerts().empty_share:g}"),
+        ({"truncated_share": 1.5}, "[brake] truncated_share: 1.5: must be in (0, 1]"),
+        ({"min_samples": 600}, "[brake] min_samples: 600 is more than window = 500"),
+        ({"window": 0}, "[brake] window: 0: must be greater than or equal to 1"),
+        ({"enabled": "yes"}, '[brake] enabled: "yes" (a string): expected true or false'),
+        ({"empty": 0.5}, "[brake] empty: unknown key; fix: did you mean `empty_share`?"),
     ]
     for section, words in bad:
         with pytest.raises(ConfigError) as err:

@@ -4,7 +4,6 @@ supervisor restart, continues on `regen resume --all` (its window starts over) a
 a run at a 2% empty share never brakes."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from engine.config import Brake
@@ -96,7 +95,7 @@ def test_an_87_percent_empty_run_brakes_itself_and_stays_braked_until_resumed(tm
     # a config change and restart continues: the brake turned off, the run goes to its end
     assert regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path).returncode == 0
     offline_status(run_dir, tmp_path)
-    off = dataclasses.replace(cfg, brake=dataclasses.replace(cfg.brake, enabled=False))
+    off = cfg.model_copy(update=dict(brake=cfg.brake.model_copy(update=dict(enabled=False))))
     start_local(off, tmp_path)
     wait_for(lambda: not (run_dir / "supervisor.pid").exists(), 180, "the run to end")
     done = offline_status(run_dir, tmp_path)

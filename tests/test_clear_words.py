@@ -3,7 +3,6 @@ refused config change names the changed fields first, a missing run dir says so 
 (`status`, `stop`, `stats`, over the local transport and over the real OpenSSH sshd)."""
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from pathlib import Path
 
@@ -88,7 +87,8 @@ def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first
     assert regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path).returncode == 0
     _no_supervisor(run_dir)
 
-    changed = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, temperature=0.7), shard_size=60)
+    changed = cfg.model_copy(update=dict(sampling=cfg.sampling.model_copy(update=dict(temperature=0.7)),
+                                     shard_size=60))
     changed_toml = str(_write(changed, tmp_path / "changed.toml"))
     # the preflight sees it first (run_dir.resume names the fields) and starts nothing
     probed = regen("start", "local", "--config", changed_toml, home=tmp_path, env={"COLUMNS": "400"})
@@ -108,7 +108,7 @@ def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first
     assert out[5] == f"  after the fix, start again: regen start local --config {changed_toml}"
     assert len(out) == 6 and "starting on" not in refused.stderr  # the old starts' log is not dumped
     # the refused config never replaced the run's own: the resume hint still names the accepted one
-    assert load_config(run_dir / "run.toml").content_hash() == dataclasses.replace(cfg, run_dir=str(run_dir)).content_hash()
+    assert load_config(run_dir / "run.toml").content_hash() == cfg.model_copy(update={"run_dir": str(run_dir)}).content_hash()
     resumed = regen(*shlex.split(lines[1])[1:], home=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path).returncode == 0

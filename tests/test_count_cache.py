@@ -8,7 +8,6 @@ of the full stream from there on.
 """
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 import logging
@@ -89,7 +88,7 @@ def make_cfg(run_dir: Path, prompts: list[Path], model: Path, **kw) -> RunConfig
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = RunConfig(run_dir=str(run_dir), model=str(model), prompts=tuple(str(p) for p in prompts),
                     turns="all", shard_size=4)
-    return dataclasses.replace(cfg, **kw)
+    return cfg.model_copy(update=kw)
 
 
 class Plan:
@@ -229,7 +228,7 @@ def test_a_counting_config_change_is_counted_again(tmp_path, tiny_model_dir, ren
     cfg = make_cfg(tmp_path / "run", [path], tiny_model_dir)
     _, _, all_turns = count(cfg, renderer)
     caplog.set_level(logging.INFO, logger="regen.feed")
-    _, _, last_turn = count(dataclasses.replace(cfg, turns="last"), renderer)
+    _, _, last_turn = count(cfg.model_copy(update=dict(turns="last")), renderer)
     assert "count cache: not used: config changed since the count: turns 'all' -> 'last'" in caplog.text
     assert sum(v[0] for v in last_turn.values()) < sum(v[0] for v in all_turns.values())
 

@@ -7,7 +7,6 @@ size and where it came from.
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import re
@@ -34,8 +33,8 @@ def unflagged(cfg: RunConfig, launch: str | None = None) -> RunConfig:
     while FLAG in args:
         i = args.index(FLAG)
         del args[i:i + 2]
-    workers = dataclasses.replace(cfg.workers, extra_args=tuple(args), launch=launch or cfg.workers.launch)
-    return dataclasses.replace(cfg, workers=workers)
+    workers = cfg.workers.model_copy(update=dict(extra_args=tuple(args), launch=launch or cfg.workers.launch))
+    return cfg.model_copy(update=dict(workers=workers))
 
 
 def worker_events(run_dir: Path, name: str) -> list[dict]:

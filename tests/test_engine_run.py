@@ -1,7 +1,6 @@
 """The supervisor end to end: real simulators as subprocesses, real sqlite and Parquet."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -34,9 +33,9 @@ def make_config(run_dir: Path, model: Path, *, prompts: int = 60, gpus: int = 2,
     prompt_dir = run_dir.parent / f"{run_dir.name}-prompts"
     files = write_prompts(prompt_dir, prompts, seed)
     cfg = demo_config(run_dir, model, files, gpus, list(FAST_SIM + tuple(sim)))
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, extra_args=cfg.workers.extra_args[:4]
-                                                                  + FAST_SIM + tuple(sim)))
-    return dataclasses.replace(cfg, **changes)
+    workers = cfg.workers.model_copy(update=dict(extra_args=cfg.workers.extra_args[:4] + FAST_SIM + tuple(sim)))
+    cfg = cfg.model_copy(update=dict(workers=workers))
+    return cfg.model_copy(update=changes)
 
 
 class SupervisorProc:
@@ -223,10 +222,10 @@ def test_run_to_done_rows_match_the_template(tmp_path, family_model_dir, supervi
     # some empty answers, and a max_new_tokens that cuts some answers inside their reasoning
     cfg = make_config(run_dir, family_model_dir, prompts=80,
                       sim=("--sim-empty-share", "0.2", "--sim-sglang-version", sglang_version))
-    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, max_new_tokens=30))
+    cfg = cfg.model_copy(update=dict(sampling=cfg.sampling.model_copy(update=dict(max_new_tokens=30))))
     shared_prom = tmp_path / "shared-prometheus"  # one dir in the operator's env: each server gets its own instead
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, api_key="k-s3cret-key",
-                                                               env={"PROMETHEUS_MULTIPROC_DIR": str(shared_prom)}))
+    cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(
+        api_key="k-s3cret-key", env={"PROMETHEUS_MULTIPROC_DIR": str(shared_prom)}))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 0, sup.log_text()[-3000:]
     assert all((run_dir / "workers" / w / "prometheus_multiproc").is_dir() for w in ("gpu0", "gpu1"))
@@ -384,7 +383,7 @@ def test_changed_content_config_is_refused_naming_the_field(tmp_path, tiny_model
     cfg = make_config(run_dir, tiny_model_dir, prompts=10)
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 0, sup.log_text()[-3000:]
-    changed = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, temperature=0.9))
+    changed = cfg.model_copy(update=dict(sampling=cfg.sampling.model_copy(update=dict(temperature=0.9))))
     sup = supervisors(run_dir).start(changed)
     assert sup.wait(60) == 3
     assert "sampling.temperature 0.6 -> 0.9" in sup.log_text()
@@ -399,7 +398,7 @@ def test_ctl_without_supervisor_exits_2(tmp_path):
 def test_workers_that_keep_crashing_fail_the_run_with_the_error_lines(tmp_path, tiny_model_dir, supervisors):
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-oom-after", "3", "--sim-output-mean", "300"))
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, max_restarts=1))
+    cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(max_restarts=1))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 1, sup.log_text()[-3000:]
     events = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
@@ -415,8 +414,9 @@ def test_workers_that_keep_crashing_fail_the_run_with_the_error_lines(tmp_path, 
 def test_hung_worker_is_killed_and_its_samples_requeued(tmp_path, tiny_model_dir, supervisors):
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=60, sim=("--sim-hang-after", "30"))
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, health_timeout_s=2.0, health_failures=2),
-                              dispatch=dataclasses.replace(cfg.dispatch, request_timeout_s=300.0))
+    cfg = cfg.model_copy(update=dict(
+        workers=cfg.workers.model_copy(update=dict(health_timeout_s=2.0, health_failures=2)),
+        dispatch=cfg.dispatch.model_copy(update=dict(request_timeout_s=300.0))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]
     events = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
@@ -433,7 +433,8 @@ def test_5xx_and_aborts_are_retried_until_every_sample_is_done(tmp_path, tiny_mo
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=60, sim=("--sim-5xx-rate", "0.2", "--sim-abort-rate", "0.1",
                                                                 "--sim-sglang-version", sglang_version))
-    cfg = dataclasses.replace(cfg, dispatch=dataclasses.replace(cfg.dispatch, max_retries=10, retry_backoff_s=0.05))
+    cfg = cfg.model_copy(update=dict(dispatch=cfg.dispatch.model_copy(update=dict(max_retries=10,
+                                                                                   retry_backoff_s=0.05))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 0, sup.log_text()[-3000:]
     events = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]

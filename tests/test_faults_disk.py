@@ -8,7 +8,6 @@ fixed time: "the supervisor lives on a full disk" is the supervisor answering, w
 reading of the full disk, for FULL_DISK_S of its own ticks."""
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import subprocess
@@ -125,7 +124,7 @@ def test_disk_full_pauses_dispatch_keeps_parts_whole_and_resumes(small_disk, tin
     run_dir = small_disk / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=100, gpus=1,
                       sim=("--sim-output-mean", "80", "--sim-step-ms", "6", "--max-running-requests", "8"))
-    cfg = dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, disk_free_min_gb=MIN_FREE_MB / 1024))
+    cfg = cfg.model_copy(update=dict(alerts=cfg.alerts.model_copy(update=dict(disk_free_min_gb=MIN_FREE_MB / 1024))))
     sup = supervisors(run_dir).start(cfg)
     held = _hold_last_shard(run_dir, sup)
     wait_for(lambda: (_status(run_dir).get("dispatch") or {}).get("done", 0) > 5, 90,
@@ -179,7 +178,7 @@ def test_sudden_enospc_mid_commit_keeps_rows_and_parts_whole(small_disk, tiny_mo
     run_dir = small_disk / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=100, gpus=1,
                       sim=("--sim-output-mean", "80", "--sim-step-ms", "6", "--max-running-requests", "8"))
-    cfg = dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, disk_free_min_gb=MIN_FREE_MB / 1024))
+    cfg = cfg.model_copy(update=dict(alerts=cfg.alerts.model_copy(update=dict(disk_free_min_gb=MIN_FREE_MB / 1024))))
     sup = supervisors(run_dir).start(cfg)
     held = _hold_last_shard(run_dir, sup)
     wait_for(lambda: (_status(run_dir).get("dispatch") or {}).get("done", 0) > 5, 90,

@@ -9,7 +9,6 @@ the preflight and the start (or an operator skip it): the supervisor itself must
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -78,7 +77,7 @@ def test_single_host_start_is_preflighted_and_refused_for_missing_prompts(tmp_pa
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=10, gpus=1)
     missing = tmp_path / "data" / "chat.jsonl"
-    cfg = dataclasses.replace(cfg, prompts=(str(missing),))
+    cfg = cfg.model_copy(update=dict(prompts=(str(missing),)))
     config = write_config(tmp_path, cfg)
     wide = {"COLUMNS": "400"}  # the report's panels unwrapped: a path is one piece of text
     r = regen("start", "local", "--config", str(config), home=tmp_path, env=wide)
@@ -118,7 +117,7 @@ async def test_missing_prompts_start_exits_with_the_cause_status_and_tui_show_it
     run_dir = tmp_path / "run"
     cleanup_runs.append(run_dir)
     missing = tmp_path / "data" / "chat.jsonl"
-    cfg = dataclasses.replace(make_config(run_dir, tiny_model_dir, prompts=10, gpus=1), prompts=(str(missing),))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=10, gpus=1).model_copy(update=dict(prompts=(str(missing),)))
     config = write_config(tmp_path, cfg)
     t0 = time.monotonic()
     r = start_fails(config, tmp_path)
@@ -188,7 +187,7 @@ def test_wrong_model_path_start_and_status_name_it(tmp_path, tiny_model_dir, cle
     run_dir = tmp_path / "run"
     cleanup_runs.append(run_dir)
     wrong = tmp_path / "models" / "Qwen3-typo"
-    cfg = dataclasses.replace(make_config(run_dir, tiny_model_dir, prompts=10, gpus=1), model=str(wrong))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=10, gpus=1).model_copy(update=dict(model=str(wrong)))
     config = write_config(tmp_path, cfg)
     r = start_fails(config, tmp_path)
     assert "failed: RenderError: tokenizer path " in r.stderr and str(wrong) in r.stderr
@@ -206,7 +205,7 @@ def test_disk_full_at_start_is_the_cause_start_and_status_show(small_disk, tiny_
     run_dir = small_disk / "run"
     cleanup_runs.append(run_dir)
     cfg = make_config(run_dir, tiny_model_dir, prompts=20, gpus=1, sim=("--sim-step-ms", "20"))
-    cfg = dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, disk_free_min_gb=1 / 1024))
+    cfg = cfg.model_copy(update=dict(alerts=cfg.alerts.model_copy(update=dict(disk_free_min_gb=1 / 1024))))
     config = write_config(tmp_path, cfg)
     env = {"PYTHONDONTWRITEBYTECODE": "1"}  # no .pyc in the deployed engine: the second deploy takes what the first did
     first = regen("start", "local", "--config", str(config), "--no-preflight", home=tmp_path, env=env)
@@ -241,8 +240,8 @@ def test_disk_full_mid_run_kills_nothing_silently(small_disk, tiny_model_dir, tm
     cleanup_runs.append(run_dir)
     cfg = make_config(run_dir, tiny_model_dir, prompts=300, gpus=1,
                       sim=("--sim-output-mean", "200", "--sim-step-ms", "20", "--max-running-requests", "4"))
-    cfg = dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, disk_free_min_gb=1 / 1024),
-                              workers=dataclasses.replace(cfg.workers, max_restarts=1))
+    cfg = cfg.model_copy(update=dict(alerts=cfg.alerts.model_copy(update=dict(disk_free_min_gb=1 / 1024)),
+                                     workers=cfg.workers.model_copy(update=dict(max_restarts=1))))
     config = write_config(tmp_path, cfg)
     started = regen("start", "local", "--config", str(config), "--no-preflight", home=tmp_path)
     assert started.returncode == 0, started.stderr
@@ -303,7 +302,7 @@ def test_missing_prompts_over_ssh(sshd, tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "ssh run"
     cleanup_runs.append(run_dir)
     missing = tmp_path / "nowhere" / "chat.jsonl"
-    cfg = dataclasses.replace(make_config(run_dir, tiny_model_dir, prompts=10, gpus=1), prompts=(str(missing),))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=10, gpus=1).model_copy(update=dict(prompts=(str(missing),)))
     config = write_config(tmp_path, cfg)
     ssh = ("--ssh-config", str(sshd.ssh_config_path))
     r = regen("start", sshd.alias, "--config", str(config), "--no-preflight", *ssh, home=tmp_path)

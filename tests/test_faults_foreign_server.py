@@ -6,7 +6,6 @@ remedy; nothing is sent to the other server and nothing is committed while it ho
 it is stopped the worker launches its own server and the run completes, every sample once."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import signal
@@ -141,7 +140,7 @@ def grabbing_config(run_dir: Path, model: Path, mode: str, state: Path, **worker
     state.mkdir(parents=True, exist_ok=True)
     cfg = make_config(run_dir, model, prompts=40, gpus=1)
     launch = f"{{python}} {shlex.quote(str(GRABBER))} {mode} {shlex.quote(str(state))} -- {SIMULATOR_LAUNCH}"
-    return dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, launch=launch, **workers))
+    return cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(launch=launch, **workers))))
 
 
 def holder_pid(state: Path) -> int:

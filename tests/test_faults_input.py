@@ -3,7 +3,6 @@ invalid UTF-8 and duplicate ids. Every bad row lands in rejects.jsonl with its r
 row is produced, and the counts show in `regen status --json` and on screen in `regen status`."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -60,7 +59,7 @@ def test_bad_rows_are_rejected_with_reasons_good_rows_produced_counts_shown(tmp_
     prompts = tmp_path / "mixed prompts.jsonl"
     good = write_bad_prompts(prompts)
     cfg = make_config(run_dir, tiny_model_dir, prompts=1, gpus=1, sim=("--sim-output-mean", "40"))
-    cfg = dataclasses.replace(cfg, prompts=(str(prompts),), turns="last")
+    cfg = cfg.model_copy(update=dict(prompts=(str(prompts),), turns="last"))
     config_path = tmp_path / "run.toml"
     config_path.write_text(dump_toml(cfg))
     cleanup_runs.append(run_dir)

@@ -3,7 +3,6 @@ injection through run dirs and prompt paths (local and over SSH), private modes 
 control socket, SGLang bound to loopback, and the SGLang API key never printed."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import stat
@@ -46,8 +45,8 @@ def _config_with_nasty_paths(tmp_path: Path, tiny_model_dir: Path, **workers):
         dst = prompt_dir / ("it's " + Path(p).name)
         Path(p).rename(dst)
         moved.append(str(dst))
-    cfg = dataclasses.replace(cfg, prompts=tuple(moved),
-                              workers=dataclasses.replace(cfg.workers, **workers) if workers else cfg.workers)
+    cfg = cfg.model_copy(update=dict(prompts=tuple(moved),
+                                     workers=cfg.workers.model_copy(update=workers) if workers else cfg.workers))
     config_path = tmp_path / "run.toml"
     config_path.write_text(dump_toml(cfg))
     return cfg, run_dir, config_path

@@ -2,7 +2,6 @@
 Each is retried or recorded in rejects.jsonl with its reason, and the run completes."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
@@ -20,7 +19,8 @@ def test_5xx_bursts_and_aborts_are_retried_and_the_run_completes(tmp_path, tiny_
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=60, gpus=1,
                       sim=("--sim-5xx-rate", "0.25", "--sim-abort-rate", "0.1", "--sim-seed", "7"))
-    cfg = dataclasses.replace(cfg, dispatch=dataclasses.replace(cfg.dispatch, retry_backoff_s=0.05, max_retries=8))
+    cfg = cfg.model_copy(update=dict(dispatch=cfg.dispatch.model_copy(update=dict(retry_backoff_s=0.05,
+                                                                                   max_retries=8))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]
     acc = sample_accounting(run_dir, cfg, renderer_for(cfg))
@@ -47,8 +47,8 @@ def test_request_timeouts_are_retried_or_recorded(tmp_path, tiny_model_dir, supe
     cfg = make_config(run_dir, tiny_model_dir, prompts=30, gpus=1,
                       sim=("--sim-output-mean", "60", "--sim-output-sigma", "1.2", "--sim-tokens-per-step", "1",
                            "--sim-step-ms", "8"))
-    cfg = dataclasses.replace(cfg, dispatch=dataclasses.replace(cfg.dispatch, request_timeout_s=1.5, max_retries=2,
-                                                                retry_backoff_s=0.05))
+    cfg = cfg.model_copy(update=dict(dispatch=cfg.dispatch.model_copy(update=dict(request_timeout_s=1.5, max_retries=2,
+                                                                                   retry_backoff_s=0.05))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]
     acc = sample_accounting(run_dir, cfg, renderer_for(cfg))

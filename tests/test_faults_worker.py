@@ -3,7 +3,6 @@ and a CUDA OOM logged before exit. Each time: detected, restarted and ready agai
 samples re-dispatched, and every sample present exactly once at the end."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import signal
@@ -87,8 +86,9 @@ def test_hung_worker_is_detected_killed_restarted_and_requeued(tmp_path, tiny_mo
     # 60 answers take ~3.6 s at 8 in flight: at least one 2 s /metrics scrape and telemetry tick see the worker
     # answering before it hangs (with 25, a fast start could hang it before the first tick)
     cfg = make_config(run_dir, tiny_model_dir, prompts=100, gpus=1, sim=SLOW_ANSWERS + ("--sim-hang-after", "60"))
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, health_timeout_s=2.0, health_failures=2),
-                              dispatch=dataclasses.replace(cfg.dispatch, request_timeout_s=300.0))
+    cfg = cfg.model_copy(update=dict(
+        workers=cfg.workers.model_copy(update=dict(health_timeout_s=2.0, health_failures=2)),
+        dispatch=cfg.dispatch.model_copy(update=dict(request_timeout_s=300.0))))
     sup = supervisors(run_dir).start(cfg)
     acc = _finish_and_account(sup, run_dir, cfg, renderer_for)
     evs = events(run_dir)

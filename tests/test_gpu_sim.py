@@ -1,7 +1,6 @@
 """A rehearsal's VRAM: the SGLang simulator's modelled GPUs, read by the supervisor where NVML is unavailable."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -34,7 +33,7 @@ def test_a_rehearsal_without_nvml_reports_the_simulators_gpus(tmp_path, tiny_mod
     # answers of ~300 tokens at 40 ms a step: the run lasts several 2 s ticks, each with a reading
     cfg = make_config(run_dir, tiny_model_dir, prompts=200,
                       sim=("--sim-step-ms", "40", "--sim-output-mean", "300", "--sim-gpu-mem-gb", "80"))
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, api_key="k-s3cret-key"))
+    cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(api_key="k-s3cret-key"))))
     sup = supervisors(run_dir).start(cfg)
 
     def simulated() -> dict[int, dict]:

@@ -10,7 +10,6 @@ those reached the server and are counted as before.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -78,7 +77,7 @@ class ClosingServer:
 
 def _dispatcher(session, url, guard: bool = True):
     d, w, plan, events = make_dispatcher(session, url)
-    d.cfg = dataclasses.replace(d.cfg, runaway=dataclasses.replace(d.cfg.runaway, enabled=guard))
+    d.cfg = d.cfg.model_copy(update=dict(runaway=d.cfg.runaway.model_copy(update=dict(enabled=guard))))
     outcomes: list[object] = []
     d.deliver = outcomes.append
     d.renderer = SimpleNamespace(answer_text=lambda ids, text, matched: (text, False), reasoning_tokens=lambda ids, prompt_opened=False: 0)

@@ -3,7 +3,6 @@ namespace with its own sshd and simulator workers (tests/netns_hosts.py): every 
 once, a host cut off mid-run loses nothing, and it gets work again when it comes back."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -40,14 +39,13 @@ def multihost_config(tmp_path, tiny_model_dir, hosts, *, prompts: int, sim: tupl
                      policy: str = "round_robin", names: list[str] | None = None):
     cfg = make_config(tmp_path / "run", tiny_model_dir, prompts=prompts, gpus=gpus, sim=sim)
     chosen = [h for h in hosts.hosts if names is None or h.name in names]
-    return dataclasses.replace(
-        cfg,
+    return cfg.model_copy(update=dict(
         hosts=tuple(Host(name=h.name, address=h.address, gpus=tuple(range(gpus)), work_dir=str(h.work_dir),
                          host_python=sys.executable, base_port=h.base_port,
                          ssh_options=("-F", str(hosts.ssh_config))) for h in chosen),
         router=Router(policy=policy, port=free_port(), prometheus_port=free_port(), python=sys.executable,
                       host_lost_after_s=4.0),
-    )
+    ))
 
 
 def regen_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ simulator (a worker crash loop, a disk-full pause, a finished run, an unreachabl
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -441,7 +440,8 @@ def _alerts(bodies: list[dict]) -> list[dict]:
 def test_finished_run_is_one_notification(tmp_path, tiny_model_dir, supervisors, receiver):
     r = receiver()
     run_dir = tmp_path / "run"
-    cfg = dataclasses.replace(make_config(run_dir, tiny_model_dir, prompts=20, gpus=1), notify=notify_table(r.url()))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=20, gpus=1).model_copy(update=dict(
+        notify=notify_table(r.url())))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 0, sup.log_text()[-3000:]
     (body,) = r.bodies()
@@ -457,8 +457,8 @@ def test_worker_crash_loop_is_one_notification_with_the_cause(tmp_path, tiny_mod
     # slow answers: the run outlasts the two crashes (it is stopped once the notification came)
     cfg = make_config(run_dir, tiny_model_dir, prompts=300, gpus=2,
                       sim=("--sim-output-mean", "400", "--sim-step-ms", "50", "--max-running-requests", "8"))
-    cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, max_restarts=1),
-                              notify=notify_table(r.url()))
+    cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(max_restarts=1)),
+                                     notify=notify_table(r.url())))
     sup = supervisors(run_dir).start(cfg)
     pid_file = run_dir / "workers" / "gpu0" / "server.pid"
 
@@ -485,8 +485,8 @@ def test_disk_full_pause_is_one_notification(tmp_path, tiny_model_dir, superviso
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=20, gpus=1)
     # a threshold above any disk's free space: the free-space guard pauses dispatch at its first tick
-    cfg = dataclasses.replace(cfg, alerts=dataclasses.replace(cfg.alerts, disk_free_min_gb=1e9),
-                              notify=notify_table(r.url()))
+    cfg = cfg.model_copy(update=dict(alerts=cfg.alerts.model_copy(update=dict(disk_free_min_gb=1e9)),
+                                     notify=notify_table(r.url())))
     sup = supervisors(run_dir).start(cfg)
     body = r.wait(lambda bs: next((b for b in bs if b["key"] == "disk-low"), None), 90, "the disk-low notification")
     assert body["severity"] == "critical" and "dispatch paused" in body["text"] and str(run_dir) in body["text"]
@@ -502,8 +502,8 @@ def test_disk_full_pause_is_one_notification(tmp_path, tiny_model_dir, superviso
 
 def test_unreachable_webhook_is_alerted_in_telemetry_and_exit_is_bounded(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
-    cfg = dataclasses.replace(make_config(run_dir, tiny_model_dir, prompts=10, gpus=1),
-                              notify=notify_table(f"http://127.0.0.1:{closed_port()}/hook"))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=10, gpus=1).model_copy(update=dict(
+                              notify=notify_table(f"http://127.0.0.1:{closed_port()}/hook")))
     sup = SupervisorProc(run_dir).start(cfg)
     try:
         assert sup.wait(120) == 0, sup.log_text()[-3000:]
@@ -521,7 +521,7 @@ def test_supervisor_death_is_one_notification_with_its_cause(tmp_path, tiny_mode
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, tiny_model_dir, prompts=10, gpus=1)
     missing = tmp_path / "moved" / "chat.jsonl"  # the prompts are not where the config says
-    cfg = dataclasses.replace(cfg, prompts=(str(missing),), notify=notify_table(r.url()))
+    cfg = cfg.model_copy(update=dict(prompts=(str(missing),), notify=notify_table(r.url())))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 5, sup.log_text()[-3000:]  # 5: prompts or tokenizer unreadable
     bodies = r.bodies()

@@ -6,7 +6,6 @@ capped at min(context_len - 1, max_total_num_tokens - 1) - len - 1.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -112,8 +111,8 @@ def test_a_simulated_server_with_a_small_kv_pool_gets_no_prompt_it_would_refuse(
              {"id": "at-limit", "messages": [{"role": "user", "content": " ".join(["token"] * (words + 1))}]}]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = dataclasses.replace(cfg, prompts=(str(prompts),), workers=dataclasses.replace(
-        cfg.workers, extra_args=cfg.workers.extra_args + ("--max-total-tokens", str(pool))))
+    cfg = cfg.model_copy(update=dict(prompts=(str(prompts),), workers=cfg.workers.model_copy(update=dict(
+        extra_args=cfg.workers.extra_args + ("--max-total-tokens", str(pool))))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(120) == 0, sup.log_text()[-3000:]
 

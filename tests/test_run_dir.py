@@ -9,12 +9,20 @@ import pytest
 from engine.config import config_from_dict, load_config
 from engine.run_dir import ConfigChanged, RunDirError, RunPaths, prepare_run_dir
 from engine.shard_store import ShardStore
+from tests.test_shard_store import make_row
 
 
 def cfg_for(run_dir, **kw):
     d = {"run_dir": str(run_dir), "model": "/models/Qwen3-27B", "prompts": ["/data/*.jsonl"]}
     d.update(kw)
     return config_from_dict(d)
+
+
+def with_one_committed_sample(run):
+    """A run dir with data made under its config (one with nothing committed accepts a changed config)."""
+    with ShardStore(run) as store:
+        store.ensure_shards({"s00000": 1})
+        store.commit("s00000", [make_row("a")])
 
 
 def test_fresh_run_dir_is_private_with_frozen_config_and_hash(tmp_path):
@@ -43,6 +51,7 @@ def test_same_content_resumes_and_operational_fields_may_change(tmp_path):
 def test_changed_content_is_refused_naming_each_field(tmp_path):
     run = tmp_path / "r"
     prepare_run_dir(cfg_for(run))
+    with_one_committed_sample(run)
     with pytest.raises(ConfigChanged) as exc:
         prepare_run_dir(cfg_for(run, sampling={"temperature": 0.7}, turns="last"))
     message = str(exc.value)
@@ -55,6 +64,7 @@ def test_changed_content_is_refused_naming_each_field(tmp_path):
 def test_changed_prompts_and_model(tmp_path):
     run = tmp_path / "r"
     prepare_run_dir(cfg_for(run))
+    with_one_committed_sample(run)
     with pytest.raises(ConfigChanged) as exc:
         prepare_run_dir(cfg_for(run, prompts=["/data/other.jsonl"], model="/models/other"))
     assert 'model "/models/Qwen3-27B" -> "/models/other"' in str(exc.value)

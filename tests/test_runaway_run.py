@@ -2,7 +2,6 @@
 stopped through /abort_request, committed with exact ids; and a SIGKILL of the supervisor while streams are open."""
 from __future__ import annotations
 
-import dataclasses
 import random
 import sqlite3
 import time
@@ -25,7 +24,7 @@ SIM = ("--sim-output-mean", "600", "--sim-loop-share", "0.25", "--sim-repetitive
 
 def config(run_dir: Path, model: Path, sim: tuple = (), **changes) -> RunConfig:
     cfg = make_config(run_dir, model, sim=SIM + sim, **changes)
-    return dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, max_new_tokens=MAX_NEW))
+    return cfg.model_copy(update=dict(sampling=cfg.sampling.model_copy(update=dict(max_new_tokens=MAX_NEW))))
 
 
 def generator(model: Path, cfg: RunConfig) -> OutputGenerator:
@@ -104,7 +103,7 @@ def test_loops_are_stopped_with_exact_ids_and_legit_repetition_is_kept(tmp_path,
 def test_guard_off_sends_plain_requests_and_lets_loops_run(tmp_path, tiny_model_dir, supervisors, renderer_for):
     run_dir = tmp_path / "run"
     cfg = config(run_dir, tiny_model_dir, prompts=20)
-    cfg = dataclasses.replace(cfg, runaway=dataclasses.replace(cfg.runaway, enabled=False))
+    cfg = cfg.model_copy(update=dict(runaway=cfg.runaway.model_copy(update=dict(enabled=False))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(240) == 0, sup.log_text()[-3000:]
     rows = read_rows(run_dir)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -33,11 +34,14 @@ from engine.run.brake import BrakeStatus, RunBrake
 from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
 from engine.run.ready_queue import ReadyQueue
+from engine.run.refusals import RefusalTrip, RefusalWatch
 from engine.shard_store import ShardStore
 
 log = logging.getLogger("regen.ledger")
 
 MIN_LOOKAHEAD = 32  # ready items kept queued, at least
+# the reject kinds of samples the servers refused or failed (and the later turns that chained on them)
+SERVER_REFUSALS = ("sglang_rejected", "generation_failed", "earlier_turn_rejected", "earlier_turn_failed")
 MIN_ACTIVE = 256  # conversations in progress, at least
 
 
@@ -104,10 +108,14 @@ class Ledger:
         self.on_brake: Callable[[BrakeStatus, bool], None] = lambda status, engaged: None  # braked / released
         self.brake = RunBrake(cfg, str(store.run_dir))
         self.brake_note = ""  # what open() found of a recorded brake (the supervisor logs and alerts it)
+        self.refusals = RefusalWatch()
+        self._opened_at = 0.0
+        self.on_refused: Callable[[RefusalTrip], None] = lambda trip: None  # the run fails with it (supervisor)
 
     def open(self) -> None:
         """The store's side of a start: planned totals recorded, earlier failures forgotten (generated again),
         the committed counts and the paused set loaded."""
+        self._opened_at = time.time()
         self.store.ensure_shards({sid: c.conversations for sid, c in self._shards.items()},
                                  {sid: c.total for sid, c in self._shards.items()})
         try:
@@ -164,8 +172,8 @@ class Ledger:
 
     @property
     def braked(self) -> bool:
-        """The data-quality brake holds dispatch run-wide."""
-        return self.brake.engaged is not None
+        """The data-quality brake, or the servers' refusals, hold dispatch run-wide."""
+        return self.brake.engaged is not None or self.refusals.tripped is not None
 
     @property
     def all_paused(self) -> bool:
@@ -350,6 +358,7 @@ class Ledger:
         part = outcome.part
         self._shards[part.shard_id].add_part(part)
         self.rate.add(part.output_tokens)
+        self.refusals.ok(len(outcome.samples))
         self.brake.window.add(part.shapes)
         self._judge()
         self.changed(part.shard_id)
@@ -376,8 +385,11 @@ class Ledger:
         progress = self._active.get(item.conv.conversation_id)
         reject = reject_for(item.conv, f"turn {item.turn}: {reason}", excerpt=excerpt,
                             kind="generation_failed" if kind == "failed" else "sglang_rejected")
+        trip = self.refusals.refused(item.sample_id, kind, reason)
         if progress is None:
             self._count(item.shard_id, kind, item.sample_id, reject)
+            if trip is not None:
+                self._refused_run_wide(trip)
             return
         progress.outstanding -= 1
         self._settle_turn(progress, item.turn, kind, reject)
@@ -387,6 +399,25 @@ class Ledger:
                 self._settle_turn(progress, later, kind, reject_for(
                     item.conv, f"turn {later}: not generated: turn {item.turn} {kind}", kind=f"earlier_turn_{kind}"))
         self._maybe_retire(progress)
+        if trip is not None:
+            self._refused_run_wide(trip)
+
+    def _refused_run_wide(self, trip: RefusalTrip) -> None:
+        """Dispatch stops (nothing more is pulled) and the refusals are unsettled: they were the config's fault, so the
+        next start generates them again; the counts move back with the store."""
+        log.error("the servers refuse the run's requests (%s): %s; likely key %s", trip.rule, trip.reason, trip.key)
+        try:
+            forgotten = self.store.forget_outcomes(reasons=SERVER_REFUSALS, since=self._opened_at)
+        except OSError as exc:
+            log.error("%s: the refused samples stay settled; a new run_dir generates them", exc)
+        else:
+            log.info("%d samples refused or failed in this start are unsettled: the next start generates them", forgotten)
+            for progress in self.store.progress():
+                if progress.shard_id in self._shards:
+                    counts = self._shards[progress.shard_id]
+                    counts.rejected, counts.failed = progress.rejected, progress.failed
+                    self.changed(progress.shard_id)
+        self.on_refused(trip)
 
     def _settle_turn(self, progress: ConvProgress, turn: int, kind: str, reject: Reject) -> None:
         if turn in progress.turns:

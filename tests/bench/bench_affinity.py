@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import random
 import shutil
@@ -138,9 +137,9 @@ def run_case(case: str, model: Path, prompts: Path, work: Path, gpus: int) -> di
         from tests.sshd_fixtures import free_port
 
         port, prom = free_port(), free_port()
-        cfg = dataclasses.replace(cfg, hosts=(Host(name="h0", address="local", gpus=tuple(range(gpus)),
-                                                   host_python=sys.executable),),
-                                  router=Router(policy=case.split("-", 1)[1], port=port, prometheus_port=prom))
+        cfg = cfg.model_copy(update=dict(hosts=(Host(name="h0", address="local", gpus=tuple(range(gpus)),
+                                                          host_python=sys.executable),),
+                                         router=Router(policy=case.split("-", 1)[1], port=port, prometheus_port=prom)))
     res = bc.run_supervisor(cfg, timeout=600)
     if res.exit_code != 0:
         raise RuntimeError(f"{case}: supervisor exited {res.exit_code}; see {run_dir}/supervisor.log")

@@ -24,7 +24,6 @@ ticks the size takes to double up from 64): the more requests, the less those fi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import sys
 import tempfile
@@ -67,7 +66,7 @@ def run_one(model: Path, prompts: Path, work: Path, *, case: str, gpus: int, bat
                         sampling=Sampling(max_new_tokens=MAX_NEW),
                         dispatch=Dispatch(request_timeout_s=600.0, max_in_flight_per_worker=OLD_CAP if old else None))
     if hide:
-        cfg = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, launch=HIDE_STARTUP_LINE))
+        cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(launch=HIDE_STARTUP_LINE))))
     res = bc.run_supervisor(cfg, timeout=1200)
     if res.exit_code != 0:
         tail = "\n".join(line for _, line in res.lines[-30:])

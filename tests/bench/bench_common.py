@@ -6,7 +6,6 @@ simulator on SIM_CPUS, so the engine's core is never shared with the servers it 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -277,7 +276,7 @@ def sim_config(model: Path, prompts: list[Path], run_dir: Path, *, gpus: int, si
                     host_python=sys.executable, turns="last", shard_size=1_000_000,
                     sampling=Sampling(), workers=workers, dispatch=Dispatch(request_timeout_s=600.0),
                     alerts=Alerts(disk_free_min_gb=1.0))
-    return dataclasses.replace(cfg, **overrides)
+    return cfg.model_copy(update=overrides)
 
 
 def machine() -> dict:

@@ -108,14 +108,12 @@ def build_run(base: Path, n: int, model: Path) -> tuple[Path, float]:
 
 def prime_count_cache(run_dir: Path) -> float:
     """The counting pass of the product (as the supervisor runs it at a start): writes count_cache.json."""
-    import dataclasses
-
     from engine.config import load_config
     from engine.rejects import RejectLog
     from engine.render import Renderer
     from engine.run.feed import Feed
 
-    cfg = dataclasses.replace(load_config(run_dir / "run.toml"), run_dir=str(run_dir))
+    cfg = load_config(run_dir / "run.toml").model_copy(update=dict(run_dir=str(run_dir)))
     renderer = Renderer(cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
     store = ShardStore(run_dir)
     rejects = RejectLog(run_dir)
@@ -140,9 +138,7 @@ def one_resume(template: Path, work: Path, n: int) -> dict:
     from engine.config import load_config
 
     cfg = load_config(run_dir / "run.toml")
-    import dataclasses
-
-    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    cfg = cfg.model_copy(update=dict(run_dir=str(run_dir)))
     res = bc.run_supervisor(cfg, timeout=600)
     if res.exit_code != 0:
         tail = "\n".join(line for _, line in res.lines[-30:])

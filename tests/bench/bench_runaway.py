@@ -27,7 +27,6 @@ before 25% of max_new_tokens. --incremental adds a guarded run against servers s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import re
 import shutil
@@ -188,7 +187,7 @@ def run(samples: int = 1200, gpus: int = 4, incremental: bool = False, keep: Pat
     legit = g["legit_stopped"] + cases.get("guard_incremental", {}).get("legit_stopped", 0)
     result = {
         "samples": samples, "gpus": gpus, "max_new_tokens": MAX_NEW, "seed": SEED, "sim_args": sim_args(False),
-        "runaway": dataclasses.asdict(Runaway()), "cases": cases, "detector": detector_cost(),
+        "runaway": Runaway().model_dump(), "cases": cases, "detector": detector_cost(),
         "gpu_time_saving_per_kept": saving, "loops_stopped_early_share": early, "legit_stopped": legit,
         "client_cpu_ratio_streamed_vs_plain": (g["cpu_s_per_m_tokens"] / n["cpu_s_per_m_tokens"]
                                                if g["cpu_s_per_m_tokens"] and n["cpu_s_per_m_tokens"] else None),

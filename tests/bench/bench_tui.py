@@ -73,7 +73,7 @@ class Latency:
 async def start(run_dir: Path, prompts: int, shard_size: int) -> StartedRun:
     model = build_tiny_model(Path.home() / ".cache" / "regen" / "tiny-model")
     files = write_prompts(run_dir / "prompts", prompts, 0)
-    cfg = dataclasses.replace(demo_config(run_dir, model, files, WORKERS, SIM_ARGS), shard_size=shard_size)
+    cfg = demo_config(run_dir, model, files, WORKERS, SIM_ARGS).model_copy(update=dict(shard_size=shard_size))
     t = LocalTransport()
     try:
         return await start_run(t, cfg, host_python=sys.executable)

@@ -873,6 +873,12 @@ def judge_ports(res: CommandResult, inp: JudgeInput) -> Verdict:
         if p["free"]:
             continue
         holders = p.get("holders") or []
+        if holders and all(h.get("run_worker") for h in holders):
+            # never "stop that process": it is this run's own server, and the run is live (run_dir.resume says so)
+            f.warn(f"port {p['port']} on {info['host']} is held by this run's own server "
+                   f"{holders[0]['run_worker']} (pid {holders[0]['pid']}): the run is live",
+                   "watch it with `regen status` / `regen tui`; to start it again, `regen stop` it first")
+            continue
         who = ", ".join(f"pid {h['pid']} ({h['cmdline']})" for h in holders) or (p.get("holders_note") or "holder unknown")
         f.fail(f"port {p['port']} on {info['host']} is busy ({p['error']}); held by {who}",
                "stop that process or set workers.base_port to a free range")
@@ -915,8 +921,8 @@ def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
     if not info.get("writable"):
         f.fail(f"{rd} is not writable by this user")
     if info.get("supervisor_alive"):
-        f.warn(f"a supervisor (pid {info['supervisor_pid']}) is running on {rd}",
-               "attach with `regen status` / `regen tui` instead of starting it again")
+        f.fail(f"a supervisor (pid {info['supervisor_pid']}) already runs this run dir {rd}",
+               "watch it with `regen status` / `regen tui`, or `regen stop` it before starting it again")
     if info.get("db_error"):
         f.fail(f"{rd}/state.sqlite: {info['db_error']}")
     stored = info.get("content_hash")
@@ -933,12 +939,24 @@ def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
         summary = f"resumable: {rd} was started with the same content (hash {stored[:12]}); " \
                   f"{info.get('samples_committed', 0)} samples committed"
     else:
-        mode = "changed"
         changes = changed_fields(info.get("content_fields") or {}, ctx.content_fields)
-        f.fail(f"not resumable: {rd} was started with another config; changed: "
-               + (", ".join(changes) or "(fields equal; hash recipe differs)"),
-               "set run_dir to a new directory for a new run, or revert these fields to resume")
-        summary = ""
+        from_model = [c for c in changes if c.split(" ")[0] in {f"sampling.{k}" for k in ctx.sampling_from_model}]
+        changes = [c for c in changes if c not in from_model]
+        note = (f" ({', '.join(c.split(' ')[0] for c in from_model)}: taken from the model's generation_config.json "
+                "on the host at the start, checked there)") if from_model else ""
+        if not changes:
+            mode = "resume"
+            summary = f"resumable: {rd}; {info.get('samples_committed', 0)} samples committed{note}"
+        elif not info.get("samples_committed"):
+            mode = "changed-empty"
+            summary = (f"{rd} has no committed sample: the changed config is taken (changed: {', '.join(changes)})"
+                       f"{note}")
+        else:
+            mode = "changed"
+            f.fail(f"not resumable: {rd} was started with another config and has {info.get('samples_committed')} "
+                   f"samples committed; changed: {', '.join(changes)}{note}",
+                   "set run_dir to a new directory to start over with these values, or revert these fields to resume")
+            summary = ""
     return f.verdict(summary, expected=expected, actual=f"stored hash {stored}, config hash {ctx.content_hash}",
                      data=dict(info, mode=mode))
 
@@ -990,7 +1008,8 @@ def _catalog() -> list[Probe]:
               lambda c: python_command(c, "prompts", prompts_args(c, "tokens")), judge_prompt_tokens,
               needs=("prompts.format", "model.dir"), timeout_s=180, script="prompts", config="config"),
         Probe("ports", "worker ports free", lambda c: python_command(c, "ports", {"host": c.bind_host,
-                                                                               "ports": c.worker_ports}),
+                                                                               "ports": c.worker_ports,
+                                                                               "run_dir": c.run_dir}),
               judge_ports, needs=py, timeout_s=20, script="ports", config="config"),
         Probe("router.package", "sglang-router for the multi-host router", router_command, judge_router,
               needs=("connection",), timeout_s=60, config="config", when=lambda c: bool(c.router_python)),

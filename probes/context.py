@@ -58,6 +58,9 @@ class ProbeContext:
     launch: str = ""  # workers.launch of the run config ("" without a config)
     launch_args: tuple[str, ...] = ()  # workers.extra_args, added to the launch line
     sampling_seed: int | None = None  # sampling.seed of the run config
+    # [sampling] keys run.toml leaves out that the host fills from the model's generation_config.json at the start:
+    # a stored content field that differs only there is the model's value, not a change the operator made
+    sampling_from_model: tuple[str, ...] = ()
 
     @property
     def seed_honoured_by_launch(self) -> bool:

@@ -26,7 +26,8 @@ def test_cause_first_lists_every_changed_field_and_the_remedy(tmp_path):
     assert lines[1:4] == ['  changed: prompts ["/d/a.jsonl", "/d/b.jsonl"] -> ["/d/a.jsonl"]',
                           "  changed: sampling.temperature 0.6 -> 0.7",
                           '  changed: model "/m/old, v1" -> "/m/new"']
-    assert lines[4].startswith("  remedy: either set run_dir to a new directory for a new run, or revert these fields")
+    assert lines[4].startswith("  remedy: either set run_dir to a new directory to start over with these values, "
+                               "or revert these fields in the config to resume")
     assert cause_first("2026-01-01 ERROR regen.supervisor: something else", "gpu1:/r") is None
 
 
@@ -104,7 +105,8 @@ def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first
     assert out[1] == (f"refused to resume local:{run_dir}: the config changed since the run was started"
                       " (its shards were generated with the old values):")
     assert sorted(out[2:4]) == ["  changed: sampling.temperature 0.6 -> 0.7", "  changed: shard_size 50 -> 60"]
-    assert out[4].startswith("  remedy: either set run_dir to a new directory for a new run, or revert these fields")
+    assert out[4].startswith("  remedy: either set run_dir to a new directory to start over with these values, "
+                             "or revert these fields in the config to resume")
     assert out[5] == f"  after the fix, start again: regen start local --config {changed_toml}"
     assert len(out) == 6 and "starting on" not in refused.stderr  # the old starts' log is not dumped
     # the refused config never replaced the run's own: the resume hint still names the accepted one

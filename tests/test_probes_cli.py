@@ -46,10 +46,10 @@ def test_cli_local_on_this_machine_fails_with_reasons(run_toml):
     report = json.loads(proc.stdout)
     assert report["schema"] == "regen.probe/1"
     st = statuses(report)
-    assert list(st) == ["connection", "host.python", "packages", "gpu.nvidia_smi", "gpu.nvml", "cuda.torch",
+    assert list(st) == ["config", "connection", "host.python", "packages", "gpu.nvidia_smi", "gpu.nvml", "cuda.torch",
                         "disk.run_dir", "disk.shm", "model.dir", "model.weights", "prompts.paths", "prompts.format",
                         "prompts.tokens", "ports", "run_dir.resume"]
-    assert st["connection"] == st["host.python"] == st["prompts.paths"] == st["ports"] == "PASS"
+    assert st["config"] == st["connection"] == st["host.python"] == st["prompts.paths"] == st["ports"] == "PASS"
     assert st["packages"] == st["gpu.nvidia_smi"] == st["gpu.nvml"] == st["cuda.torch"] == "FAIL"
     assert st["model.dir"] == "PASS"
     assert st["model.weights"] == "WARN"  # fit unknown without GPUs
@@ -79,23 +79,27 @@ def test_cli_human_report_and_only(run_toml):
     assert "regen probe local" in out
     assert "nvidia-smi not found (exit 127)" in out
     assert "prompts.paths" in out and "packages" not in out
-    assert "PASS 3  FAIL 1" in out  # connection, host.python, prompts.paths; gpu.nvidia_smi
+    assert "PASS 4  FAIL 1" in out  # config, connection, host.python, prompts.paths; gpu.nvidia_smi
 
 
 def test_cli_bad_config_and_unknown_probe(tmp_path, run_toml):
+    def config_probe(path: Path) -> dict:
+        """A config that cannot be used: the `config` probe FAILs (exit 1) and no host probe runs."""
+        proc = regen("probe", "local", "--config", str(path), "--json")
+        assert proc.returncode == 1, proc.stderr
+        probes = json.loads(proc.stdout)["probes"]
+        assert [(p["id"], p["status"]) for p in probes] == [("config", "FAIL")]
+        assert probes[0]["summary"].startswith(f"{path}: 1 error")
+        return probes[0]
+
     bad = tmp_path / "bad.toml"
     bad.write_text("run_dir = \n")
-    proc = regen("probe", "local", "--config", str(bad))
-    assert proc.returncode == 2
-    assert proc.stderr.startswith(f"regen probe: {bad}: not valid TOML: Invalid value (at line 1")
+    assert config_probe(bad)["stdout"].startswith("(file): is not valid TOML: Invalid value (at line 1")
     unknown = tmp_path / "unknown.toml"
     unknown.write_text(run_toml.read_text() + "gpu_count = 3\n")
-    proc = regen("probe", "local", "--config", str(unknown))
-    assert proc.returncode == 2
-    assert proc.stderr.startswith(f"regen probe: bad run config {unknown}: ") and "gpu_count" in proc.stderr
-    proc = regen("probe", "local", "--config", str(tmp_path / "missing.toml"))
-    assert proc.returncode == 2
-    assert "No such file or directory" in proc.stderr and "missing.toml" in proc.stderr
+    assert config_probe(unknown)["stdout"].startswith("gpu_count: unknown key")
+    missing = config_probe(tmp_path / "missing.toml")["stdout"]
+    assert "No such file or directory" in missing and "missing.toml" in missing
     proc = regen("probe", "local", "--config", str(run_toml), "--only", "gpus")
     assert proc.returncode == 2 and "unknown probe 'gpus'" in proc.stderr
 

@@ -24,7 +24,7 @@ from rich.console import Console
 from console.config_probe import CONFIG_PROBE, config_failed_report, config_passed
 from console.hints import typed_again
 from console.ssh_options import add_ssh_options
-from engine.config import ConfigError, RunConfig, load_config
+from engine.config import MODEL_SAMPLING_KEYS, ConfigError, RunConfig, load_config
 from probes.catalog import PROBE_IDS, UnknownProbe, probes_for
 from probes.context import GIB, ProbeContext
 from probes.model import ProbeReport
@@ -54,6 +54,7 @@ def context_from_config(cfg: RunConfig) -> ProbeContext:
         disk_floor_bytes=int(cfg.alerts.disk_free_min_gb * 10**9), shm_need_bytes=GIB * max(1, len(gpus)),
         content_hash=cfg.content_hash(), content_fields=cfg.content_fields(), launch=cfg.workers.launch,
         launch_args=tuple(cfg.workers.extra_args), sampling_seed=cfg.sampling.seed,
+        sampling_from_model=tuple(k for k in MODEL_SAMPLING_KEYS if k not in cfg.sampling.model_fields_set),
     )
 
 

@@ -133,6 +133,15 @@ def preflight_host(args, cfg) -> int | None:
                                              accept_new_command=typed_again(args, accept_new=True),
                                              **SshOptions.from_args(args).connect_kwargs()))
     report.results.insert(0, config_passed(cfg, report))
+    live = next((r.data for r in report.results if r.id == "run_dir.resume" and r.data.get("supervisor_alive")), None)
+    if live is not None:  # the cause first: never a ports FAIL whose remedy would stop the live run's servers
+        if args.json:
+            print(json.dumps(report.to_dict(), indent=2))
+        hints = watch_hints(args, cfg.run_dir) + [hint_from_args(args, "stop", "--run-dir", cfg.run_dir)]
+        print(f"regen start: a supervisor (pid {live.get('supervisor_pid')}) already runs this run dir "
+              f"{args.host}:{cfg.run_dir}; nothing was started. Watch it, or stop it, with:\n  " + "\n  ".join(hints),
+              file=sys.stderr)
+        return EXIT_ERROR
     bad = [r.id for r in report.results if r.status in (Status.FAIL, Status.ERROR)]
     if reached and not bad:
         counts = ", ".join(f"{k} {v}" for k, v in report.summary().items() if v)

@@ -17,11 +17,13 @@ from typing import Any, AsyncIterator, Protocol
 
 import orjson
 
+from console.config_probe import config_failed_report, config_passed
 from console.follow import FollowSource, SourceError
 from console.hints import regen_command
 from console.run_client import RunClient, RunClientError, engine_command
 from console.ssh_options import SshOptions
 from console.transport import Transport, TransportError, open_transport
+from engine.config import ConfigError
 from engine.telemetry_events import Event, parse_event
 from probes.model import ProbeReport
 
@@ -202,14 +204,20 @@ class HostSource:
             started = time.monotonic()
             await self.connect()
             connect_s = time.monotonic() - started
-        cfg, ctx, live = await self._probe_context()
+        try:
+            cfg, ctx, live = await self._probe_context()
+        except ConfigError as exc:  # the run's config fails the schema: the `config` probe says each error
+            return config_failed_report(self.host, exc)
         # a running supervisor's workers hold the worker ports: "ports busy" would be a false FAIL
         catalog = [p for p in CATALOG if not (live and p.id == "ports")]
         if cfg is None or not cfg.hosts:
             report = await run_probes(self.transport, self.host, ctx, only, catalog=catalog)
             report.connect_s = connect_s  # the summary says the whole wait, the connection's share with it
-            return report
-        return await self._fleet_probes(cfg, only, catalog)
+        else:
+            report = await self._fleet_probes(cfg, only, catalog)
+        if cfg is not None:
+            report.results.insert(0, config_passed(cfg, report))
+        return report
 
     async def _fleet_probes(self, cfg, only: set[str] | None, catalog) -> ProbeReport:
         """A multi-host run: the dispatch host's probes and each [[hosts]] entry's, in one report whose
@@ -252,7 +260,7 @@ class HostSource:
 
     async def _probe_context(self):
         from console.commands.probe import context_from_config
-        from engine.config import ConfigError, config_from_dict
+        from engine.config import config_from_dict
         from probes.context import ProbeContext
 
         python = self.client.host_python if self.client else self.host_python
@@ -263,9 +271,10 @@ class HostSource:
         if res.exit_status != 0:
             return None, ProbeContext(python=python), False
         try:
-            cfg = config_from_dict(tomllib.loads(res.stdout), source_path=path)
-        except (tomllib.TOMLDecodeError, ConfigError) as exc:
+            data = tomllib.loads(res.stdout)
+        except tomllib.TOMLDecodeError as exc:
             raise SourceError(f"{self.host}:{path} is not a usable run config: {exc}") from exc
+        cfg = config_from_dict(data, source_path=f"{self.host}:{path}")  # a ConfigError is the report's config FAIL
         live = True
         try:
             await self.status()

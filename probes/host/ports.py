@@ -57,6 +57,35 @@ def holders(inodes):
     return out, note
 
 
+def run_servers(run_dir):
+    """pid -> worker name, for the servers this run dir launched (workers/<name>/server.pid)."""
+    own = {}
+    base = os.path.join(os.path.expanduser(run_dir), "workers") if run_dir else None
+    if not base or not os.path.isdir(base):
+        return own
+    for name in sorted(os.listdir(base)):
+        try:
+            with open(os.path.join(base, name, "server.pid")) as f:
+                own[int(f.read().split()[0])] = name
+        except (OSError, ValueError, IndexError):
+            continue  # no pid file: that worker holds no port of this run
+    return own
+
+
+def ancestors(pid):
+    """pid and its parents (a server's listening process may be a child of the pid regen recorded)."""
+    chain = []
+    while pid > 1 and len(chain) < 16:
+        chain.append(pid)
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return chain
+
+
+own_servers = run_servers(args.get("run_dir"))
 table = None
 results = []
 for port in args["ports"]:
@@ -75,6 +104,10 @@ for port in args["ports"]:
         inodes = table.get(port, set()) if isinstance(table.get(port), set) else set()
         if inodes:
             rec["holders"], rec["holders_note"] = holders(inodes)
+            for h in rec["holders"]:
+                worker = next((own_servers[p] for p in ancestors(h["pid"]) if p in own_servers), None)
+                if worker:
+                    h["run_worker"] = worker  # this run's own server: the run is live
         else:
             rec["holders"], rec["holders_note"] = [], "no listening socket for this port in /proc/net/tcp*"
     else:

@@ -79,6 +79,7 @@ class StartedRun:
     host_python: str
     engine_path: str
     status: dict
+    warning: str = ""  # started, but not as configured: e.g. `started with 1 of 2 workers: gpu0 refused (...)`
 
     def client(self, transport: Transport) -> RunClient:
         return RunClient(transport, self.run_dir, host_python=self.host_python, engine_path=self.engine_path)
@@ -183,7 +184,21 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
 
     client = RunClient(transport, run_dir, host_python=python, engine_path=engine_path)
     status = await wait_started(transport, client, pid, wait_s, progress)
-    return StartedRun(run_dir=run_dir, pid=pid, host_python=python, engine_path=engine_path, status=status)
+    return StartedRun(run_dir=run_dir, pid=pid, host_python=python, engine_path=engine_path, status=status,
+                      warning=partial_start(status))
+
+
+LIVE_WORKER_STATES = ("starting", "loading", "ready")
+
+
+def partial_start(status: dict) -> str:
+    """`started with 1 of 2 workers: gpu0 refused (...)` when some workers did not launch, else ""."""
+    workers = status.get("workers") or []
+    down = [w for w in workers if w.get("state") not in LIVE_WORKER_STATES]
+    if not down:
+        return ""
+    return (f"started with {len(workers) - len(down)} of {len(workers)} workers: "
+            + "; ".join(f"{w.get('name')} {w.get('state')} ({w.get('error') or 'no error text'})" for w in down))
 
 
 async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s: float,
@@ -214,6 +229,8 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
                 # it lives on (a refused port waits for the operator, the other workers run); the start did not
                 # happen as configured. (If every worker failed it exits within the grace, with its cause.)
                 c = failed[0]
+                if any(w.get("state") in LIVE_WORKER_STATES for w in status.get("workers") or []):
+                    return status  # the run goes on with the others: a start, with a warning (partial_start)
                 raise StartFailed(f"the supervisor (pid {pid}) could not launch its workers: {c.get('detail')}; it is"
                                   f" still running on {transport.name}:{run_dir} (`regen stop` ends it)",
                                   pid=pid, run_dir=run_dir, check=c, alive=True)

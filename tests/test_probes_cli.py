@@ -97,7 +97,7 @@ def test_cli_bad_config_and_unknown_probe(tmp_path, run_toml):
     assert config_probe(bad)["stdout"].startswith("(file): is not valid TOML: Invalid value (at line 1")
     unknown = tmp_path / "unknown.toml"
     unknown.write_text(run_toml.read_text() + "gpu_count = 3\n")
-    assert config_probe(unknown)["stdout"].startswith("gpu_count: unknown key")
+    assert config_probe(unknown)["stdout"].startswith("[workers] gpu_count: unknown key")  # appended: in [workers]
     missing = config_probe(tmp_path / "missing.toml")["stdout"]
     assert "No such file or directory" in missing and "missing.toml" in missing
     proc = regen("probe", "local", "--config", str(run_toml), "--only", "gpus")

@@ -12,8 +12,10 @@ Then the supervisor is started and watched through its start checks (config, run
 files open, tokenizer loaded, count started, workers launched), one progress line each; a
 supervisor that dies during its start makes `start` exit 1 with its recorded cause and remedy.
 
-Exit status: 0 started; 1 not started (preflight refused, bad config, the supervisor failed its
-start: the cause is printed); 2 the host could not be reached.
+Exit status: 0 started (also when some workers could not launch while the others run: a warning line
+`started with 1 of 2 workers: gpu0 refused (...)` says which, and `regen status` shows it); 1 not started
+(preflight refused, bad config, a live supervisor on the run dir, the supervisor failed its start or none of its
+workers launched: the cause is printed); 2 the host could not be reached.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def add_arguments(parser) -> None:
                              f" HOST --config`; with [[hosts]]: {','.join(PREFLIGHT)} on every host)")
     parser.add_argument("--no-preflight", action="store_true", help="start without probing the host(s) first")
     parser.add_argument("--timeout", type=float, default=None, help="preflight: each probe's timeout")
-    parser.epilog = "exit status: 0 started; 1 not started (the cause is printed); 2 host not reached"
+    parser.epilog = ("exit status: 0 started (a warning names workers that did not launch); 1 not started (the cause is"
+                     " printed); 2 host not reached")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
@@ -102,9 +105,11 @@ def run(args) -> int:
             return EXIT_ERROR
         finally:
             await transport.close()
+        if started.warning:
+            print(f"regen start: warning: {started.warning}", file=sys.stderr)
         if args.json:
             print(json.dumps({"started": True, "run_dir": started.run_dir, "pid": started.pid,
-                              "status": started.status}, indent=2))
+                              "warning": started.warning, "status": started.status}, indent=2))
         else:
             print(f"started: supervisor pid {started.pid} on {args.host}:{started.run_dir} "
                   f"(state {started.status.get('state')}); watch it with:")

@@ -284,6 +284,9 @@ class Brake(Section):
     """Brake when the share of answers whose reasoning is missing or unclosed is above this (enable_thinking only)."""
     repetition_share: Real(0, 1, low_open=True) = 0.5
     """Brake when the share of answers the runaway guard stopped is above this."""
+    refused_share: Real(0, 1, low_open=True) = 0.25
+    """Brake when the share of samples the servers refused (HTTP 400) or failed (retries spent) is above this; a run
+    refused run-wide (20 in a row for one reason, or most of the last 200) fails instead."""
 
     @model_validator(mode="after")
     def _window_holds_min(self) -> Brake:

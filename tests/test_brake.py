@@ -44,7 +44,7 @@ def test_the_window_counts_each_reason_over_its_last_samples_only():
     assert (len(w), w.count("empty"), w.count("truncated"), w.count("thinking_missing")) == (4, 0, 1, 2)
     w.clear()
     assert len(w) == 0 and w.count("thinking_missing") == 0
-    assert [r.name for r in REASONS] == ["empty", "truncated", "thinking_missing", "repetition"]
+    assert [r.name for r in REASONS] == ["empty", "truncated", "thinking_missing", "repetition", "refused"]
     # a reason is its REASONS entry and its level in [brake]: nothing else to keep in step
     assert [r.level_key for r in REASONS] == [k for k in Brake.model_fields if k.endswith("_share")]
 
@@ -76,7 +76,8 @@ def test_thinking_missing_is_judged_only_with_enable_thinking_and_the_off_switch
     assert [s.reason for s in on.judge().crossed] == ["thinking_missing"]
     plain = RunBrake(cfg_with(enable_thinking=False, min_samples=10))
     plain.window.add([PLAIN] * 20)
-    assert plain.judge() is None and [s.reason for s in plain.status().window] == ["empty", "truncated", "repetition"]
+    assert plain.judge() is None and [s.reason for s in plain.status().window] == ["empty", "truncated", "repetition",
+                                                                                    "refused"]
     off = RunBrake(cfg_with(enabled=False, min_samples=10))
     off.window.add([EMPTY] * 20)
     assert off.judge() is None and off.status().enabled is False

@@ -98,3 +98,18 @@ def test_a_rehearsal_whose_server_refuses_every_request_fails_with_its_words_the
         assert "has no committed sample: its config is changed (sampling.repetition_penalty 0 -> 1.0)" in log
     finally:
         receiver.close()
+
+
+def test_refusals_count_in_the_brakes_window_beside_bad_answers():
+    from engine.answer_shape import SampleShape
+    from engine.config import config_from_dict
+    from engine.run.brake import REFUSED_SHAPE, RunBrake
+
+    cfg = config_from_dict({"run_dir": "/r", "model": "/m", "prompts": ["/p"], "brake": {"window": 40, "min_samples": 20}})
+    brake = RunBrake(cfg)
+    good = SampleShape(empty=False, finish_reason="stop", think="closed")
+    brake.window.add([good] * 29 + [REFUSED_SHAPE] * 11)  # 27.5% refused: over refused_share 0.25
+    status = brake.judge()
+    assert status is not None and [s.reason for s in status.crossed] == ["refused"]
+    assert status.text.startswith("samples refused or failed by the servers: 27.5% (11 of the last 40")
+    assert any("SGLang version refuses" in c for c in status.causes)

@@ -71,8 +71,16 @@ REASONS: tuple[Reason, ...] = (
             "chat template: not the model's own, so the model never sees where its turn ends",
             "model: weights or quantization that degrade long generations"),
            applies=lambda cfg: cfg.runaway.enabled),
+    Reason("refused", "refused_share", "samples refused or failed by the servers",
+           lambda s: s.finish_reason == "refused",
+           ("sampling: a value this SGLang version refuses (the server's words are in rejects.jsonl and the alert)",
+            "context_length / max_new_tokens: prompts longer than the servers take",
+            "the servers: crashing or timing out (workers/<name>/server.log)")),
 )
 REASON_BY_NAME = {r.name: r for r in REASONS}
+# a sample the servers refused or failed: in the window beside the committed answers (live only: a start rebuilds
+# the window from committed samples, and the failed ones are generated again)
+REFUSED_SHAPE = SampleShape(empty=False, finish_reason="refused", think=None)
 
 
 @dataclass

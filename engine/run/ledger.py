@@ -30,7 +30,7 @@ from engine.config import RunConfig
 from engine.ingest import Conversation, Reject
 from engine.rejects import RejectLog
 from engine.render import sample_id
-from engine.run.brake import BrakeStatus, RunBrake
+from engine.run.brake import REFUSED_SHAPE, BrakeStatus, RunBrake
 from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
 from engine.run.ready_queue import ReadyQueue
@@ -386,6 +386,9 @@ class Ledger:
         reject = reject_for(item.conv, f"turn {item.turn}: {reason}", excerpt=excerpt,
                             kind="generation_failed" if kind == "failed" else "sglang_rejected")
         trip = self.refusals.refused(item.sample_id, kind, reason)
+        self.brake.window.add([REFUSED_SHAPE])
+        if trip is None:
+            self._judge()
         if progress is None:
             self._count(item.shard_id, kind, item.sample_id, reject)
             if trip is not None:

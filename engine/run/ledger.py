@@ -382,6 +382,10 @@ class Ledger:
 
     def _not_generated(self, item: WorkItem, kind: str, reason: str, excerpt: str) -> None:
         """A sample that will not be generated in this run: failed (retries spent) or rejected (HTTP 400)."""
+        if self.refusals.tripped is not None:
+            # a request in flight when the run was refused run-wide: not settled, so the next start generates it
+            log.info("%s %s after the run-wide refusal: left unsettled (%s)", item.sample_id, kind, reason)
+            return
         progress = self._active.get(item.conv.conversation_id)
         reject = reject_for(item.conv, f"turn {item.turn}: {reason}", excerpt=excerpt,
                             kind="generation_failed" if kind == "failed" else "sglang_rejected")

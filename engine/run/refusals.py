@@ -41,6 +41,11 @@ def likely_key(reason: str) -> str:
     return next((key for words, key in LIKELY_KEYS if words in low), "the server's log (no run.toml key is named)")
 
 
+def server_words(reason: str) -> str:
+    """The server's own message, without the dispatcher's `rejected by SGLang (HTTP 400): ` lead."""
+    return re.sub(r"^rejected by SGLang \([^)]*\): ", "", reason)
+
+
 def reason_class(reason: str) -> str:
     """The reason without its numbers and sample-specific figures."""
     return re.sub(r"\d+(\.\d+)?", "#", reason)
@@ -54,7 +59,7 @@ class RefusalTrip:
     key: str  # the run.toml key the words point at
 
     def text(self) -> str:
-        return f"the servers refuse the run's requests ({self.rule}): {self.reason}"
+        return f"servers refuse the requests: {self.reason} ({self.rule})"
 
     def evidence(self) -> str:
         shown = ", ".join(self.samples[:SHOWN_SAMPLES]) + (f" and {len(self.samples) - SHOWN_SAMPLES} more"
@@ -85,6 +90,7 @@ class RefusalWatch:
         cls = reason_class(reason)
         self._push(cls)
         self._refused[sample_id] = kind
+        reason = server_words(reason)
         self.last_reason = reason
         self._streak = self._streak + 1 if cls == self._streak_class else 1
         self._streak_class = cls

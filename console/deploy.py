@@ -193,6 +193,8 @@ LIVE_WORKER_STATES = ("starting", "loading", "ready")
 
 def partial_start(status: dict) -> str:
     """`started with 1 of 2 workers: gpu0 refused (...)` when some workers did not launch, else ""."""
+    if status.get("state") == "done":
+        return ""
     workers = status.get("workers") or []
     down = [w for w in workers if w.get("state") not in LIVE_WORKER_STATES]
     if not down:
@@ -238,6 +240,12 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
                 return status
             # a failed input check: the supervisor is about to exit with the cause; wait for its record
         elif not await _alive(transport, pid):
+            try:
+                last = await client.last_status()
+            except RunClientError:
+                last = {}
+            if last.get("state") == "done" and not last.get("fatal"):
+                return last  # a short run finished before its start checks were all seen: it started, and is done
             raise await _died(transport, client, pid)
         await asyncio.sleep(0.5)
     pending = [f"{c['check']} ({c.get('detail') or c.get('state')})" for c in (status or {}).get("startup") or []

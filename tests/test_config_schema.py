@@ -271,3 +271,23 @@ def test_the_five_slips_are_refused_over_ssh_before_any_server_launches(sshd, tm
                                                            report["probes"][0]["data"]["errors"])
     assert not run_dir.exists(), "nothing may start from an invalid config"
     assert not Path(tmp_path / "run" / "workers").exists()
+
+
+async def test_the_tuis_preflight_shows_the_config_probe_for_a_run_dir_whose_config_fails(tmp_path):
+    import sys
+
+    from console.transport_local import LocalTransport
+    from console.tui.source import HostSource
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.toml").write_text(to_toml(doc_with("sampling", "temperature", "0.6")))
+    source = HostSource("local", str(run_dir), host_python=sys.executable, transport=LocalTransport())
+    try:
+        await source.connect()
+        report = await source.probes()
+    finally:
+        await source.close()
+    assert [r.id for r in report.results] == ["config"] and report.results[0].status.value == "FAIL"
+    assert '[sampling] temperature: "0.6" (a string): expected a number; fix: write 0.6 without quotes' in \
+        report.results[0].stdout

@@ -6,10 +6,11 @@ status op): `fatal` (engine.fatal.FatalRecord, or None), `running`, `state`, `lo
 """
 from __future__ import annotations
 
+from engine.wire import ENDED_RUN_STATES
 from engine.fatal import FatalRecord
 from engine.run.status import RunStatus
 
-NOT_RUNNING_STATES = ("done", "drained", "stopped", "failed", "dead")
+NOT_RUNNING_STATES = ENDED_RUN_STATES  # the wire's: nothing runs, no tok/s, no ETA
 
 
 def cause_headline(fatal: FatalRecord) -> str:

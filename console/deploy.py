@@ -32,6 +32,7 @@ from console.run_dir_lookup import locate_run_dir
 from console.ssh_options import SshOptions, add_ssh_options
 from console.startup_failure import cause_first, startup_failure_text
 from console.transport import Transport, TransportError, quote_argv
+from engine.wire import LIVE_WORKER_STATES, RunState
 from engine.config import RunConfig, dump_toml
 from engine.run.status import RunStatus
 from probes.shell import shell_path
@@ -188,12 +189,9 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
                       warning=partial_start(status))
 
 
-LIVE_WORKER_STATES = ("starting", "loading", "ready")
-
-
 def partial_start(status: dict) -> str:
     """`started with 1 of 2 workers: gpu0 refused (...)` when some workers did not launch, else ""."""
-    if status.get("state") == "done":
+    if status.get("state") == RunState.DONE:
         return ""
     workers = status.get("workers") or []
     down = [w for w in workers if w.get("state") not in LIVE_WORKER_STATES]

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
+from engine.wire import HostState
 from engine.capacity import BatchSize, ServerCapacity, configured_batch, discover
 from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
 from engine.host_readings import READINGS_FILE
@@ -65,14 +66,6 @@ SSH_TIMEOUT_S = 60.0
 FORWARD_READY_S = 20.0
 MAX_BACKOFF_S = 30.0
 IDENTITY_REFRESH_S = 2.0  # the agents' identity records are read over ssh at most this often
-
-
-class HostState:
-    CONNECTING = "connecting"
-    UP = "up"
-    DRAINED = "drained"  # up, but out of the router by the operator's choice
-    LOST = "lost"
-    STOPPED = "stopped"
 
 
 class HostError(Exception):

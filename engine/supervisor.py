@@ -64,7 +64,7 @@ from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
 from engine.run.refusals import RefusalTrip
 from engine.run.prompt_limit import tightest
-from engine.run.status import Rejects, RunStatus, ShardStatus, build_run_status, dispatch_figures, shard_statuses
+from engine.run.status import Rejects, levels_of, RunStatus, ShardStatus, build_run_status, dispatch_figures, shard_statuses
 from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent
 from engine.fleet import Fleet
@@ -491,7 +491,7 @@ class Supervisor:
             retried=d.retried if d is not None else 0, dispatched=d.dispatched if d is not None else None,
             last_dispatch=t.dispatch, rejects=Rejects(self.rejects.count, self.rejects.counts_by_reason()),
             running=True, phase=self.phase, startup=self.startup.in_order(), write_errors=write_errors,
-            pid=os.getpid(), started_at=self.started_at, config_hash=self.cfg.content_hash(),
+            pid=os.getpid(), started_at=self.started_at, config_hash=self.cfg.content_hash(), levels=levels_of(self.cfg),
             host=socket.gethostname(), log=str(self.run_dir / "supervisor.log"),
             workers=[w.snapshot() for w in self.workers], gpus=list(t.gpus.values()), disk=list(t.disk.values()),
             alerts=list(t.alerts), hosts=fleet.host_statuses() if fleet is not None else None,

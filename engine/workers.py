@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
+from engine.wire import WorkerState  # noqa: F401  (the workers' states are the wire's)
 from engine.capacity import BatchSize, ServerCapacity, batch_from_log, configured_batch, discover, parse_server_info
 from engine.config import RunConfig
 from engine.metrics_client import ServerMetrics, parse_metrics
@@ -59,18 +60,6 @@ HEALTH_INTERVAL_S = 5.0
 METRICS_INTERVAL_S = 2.0
 STOP_GRACE_S = 10.0
 MAX_ERROR_LINES = 8
-
-
-class WorkerState:
-    STARTING = "starting"
-    LOADING = "loading"
-    READY = "ready"
-    CRASHED = "crashed"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    # the port is held by a process regen did not launch, or the server that answers cannot prove it is
-    # the one launched: nothing is sent to it; `error` names the holder and the remedy
-    REFUSED = "refused"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ from console.tui.model import RunModel, ShardView
 from console.tui.shard_list import FILTERS, SORTS, ShardList, has_problem, sort_key
 from engine.run.status import RunStatus
 from engine.telemetry_events import ShardEvent
+from engine.wire import AlertLevels
 from tests.shard_fixtures import T0, ShardsSource, frozen_shards
+
+LEVELS = AlertLevels()  # the engine's defaults: [alerts] empty_share 0.05, truncated_share 0.10
 
 
 def view(sid: str, state: str = "running", done: int = 0, total: int = 20, empty: int = 0, truncated: int = 0,
@@ -21,18 +24,18 @@ def view(sid: str, state: str = "running", done: int = 0, total: int = 20, empty
 
 def brute(shards: list[ShardView], filter: str, sort: str) -> list[str]:
     """What the list must show, computed the slow way."""
-    keep = [s for s in shards if filter == "all" or (has_problem(s) if filter == "problems" else s.state == filter)]
+    keep = [s for s in shards if filter == "all" or (has_problem(s, LEVELS) if filter == "problems" else s.state == filter)]
     return [s.id for s in sorted(keep, key=lambda s: sort_key(s, sort))]
 
 
 def test_a_problem_is_an_empty_or_truncated_share_over_its_threshold_after_some_samples_or_a_runaway():
-    assert not has_problem(view("a", done=9, empty=9))  # too few samples to say
-    assert has_problem(view("a", done=10, empty=1))  # 10% > 5%
-    assert not has_problem(view("a", done=20, empty=1))  # 5% is not over 5%
-    assert has_problem(view("a", done=20, truncated=3))  # 15% > 10%
-    assert not has_problem(view("a", done=20, truncated=2))
-    assert has_problem(view("a", done=1, repetition=1))  # a runaway stopped says enough on its own
-    assert has_problem(view("a", state="done", done=2, total=2, empty=1))  # a small shard counts once complete
+    assert not has_problem(view("a", done=9, empty=9), LEVELS)  # too few samples to say
+    assert has_problem(view("a", done=10, empty=1), LEVELS)  # 10% > 5%
+    assert not has_problem(view("a", done=20, empty=1), LEVELS)  # 5% is not over 5%
+    assert has_problem(view("a", done=20, truncated=3), LEVELS)  # 15% > 10%
+    assert not has_problem(view("a", done=20, truncated=2), LEVELS)
+    assert has_problem(view("a", done=1, repetition=1), LEVELS)  # a runaway stopped says enough on its own
+    assert has_problem(view("a", state="done", done=2, total=2, empty=1), LEVELS)  # a small shard counts once complete
 
 
 def test_counts_by_state_and_problems():
@@ -62,7 +65,7 @@ def test_incremental_updates_keep_the_order_the_slow_way_would_give(filter, sort
         sl.update(shards[sid] for sid in changed)
         assert sl.ids() == brute(list(shards.values()), filter, sort)
     kinds = sl.summary()
-    assert kinds.problems == sum(has_problem(s) for s in shards.values())
+    assert kinds.problems == sum(has_problem(s, LEVELS) for s in shards.values())
     assert kinds.running == sum(s.state == "running" for s in shards.values())
 
 
@@ -143,3 +146,11 @@ def test_the_fake_source_pauses_and_resumes_what_it_is_asked():
     asyncio.run(src.resume(["s00100"]))
     assert src.requests == [("pause", ["s00100", "s00101"]), ("resume", ["s00100"])]
     assert (src.shards["s00100"].state, src.shards["s00101"].state) == ("pending", "paused")
+
+
+def test_the_run_levels_from_the_engine_move_the_problem_marks():
+    shards = ShardList()
+    shards.update([view("a", done=20, empty=2)])  # 10%: over the default 5%
+    assert shards.summary().problems == 1
+    assert shards.set_levels(AlertLevels(empty_share=0.2, truncated_share=0.3))
+    assert shards.summary().problems == 0 and not shards.set_levels(AlertLevels(empty_share=0.2, truncated_share=0.3))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from console.tui.model import RunModel, bytes_text, duration_text
+from console.tui.model import RunModel, bytes_text
+from engine.wire import duration_text
 from console.tui.series import COARSE_TIERS, HISTORY_POINTS, Series, downsample
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, ShardEvent, WorkerEvent,
                                      parse_event)
@@ -102,21 +103,29 @@ def test_disk_time_to_full_and_low_alert():
     assert abs(d.write_rate() - gib / 60) < 1
     assert abs(d.time_to_full() - 90 * 60) < 1  # 90 GiB left at 1 GiB/min
     m.apply(DiskEvent(ts=700.0, path="/run", free_bytes=5 * gib, total_bytes=200 * gib))
-    assert any(a.key == "console.disk:/run" and a.severity == "critical" for a in m.alerts)
+    assert not m.alerts  # the disk-low alert is the engine's (engine.run.watch, alerts.disk_free_min_gb)
     flat = RunModel()
     flat.apply(DiskEvent(ts=1, path="/dev/shm", free_bytes=gib, total_bytes=gib))
     flat.apply(DiskEvent(ts=2, path="/dev/shm", free_bytes=gib, total_bytes=gib))
     assert flat.disks[("", "/dev/shm")].time_to_full() is None
 
 
-def test_throughput_drop_and_empty_share_alerts():
+def test_the_console_judges_no_rule_of_its_own_it_shows_the_engines_alerts_and_levels():
+    """Rules are judged once, in the engine: a throughput drop and 20% empty answers raise no console-side alert
+    (the engine's telemetry and watch raise them, with the run's levels); the shards' problem marks use the levels
+    the engine sends with its status."""
     m = RunModel()
     m.apply(ShardEvent(ts=0, id="s0", state="running", done=100, total=200, empty=20))
     for i in range(40):
         m.apply(DispatchEvent(ts=float(i), done=100, total=200, tokens_per_s=1000.0, in_flight=8))
     m.apply(DispatchEvent(ts=41.0, done=100, total=200, tokens_per_s=100.0, in_flight=8))
-    keys = {a.key for a in m.alerts}
-    assert "console.throughput" in keys and "console.empty" in keys
+    assert not m.alerts
+    m.apply(AlertEvent(ts=42.0, severity="error", key="empty:s0",
+                       text="shard s0: 20% empty answers (threshold alerts.empty_share 5%)"))
+    assert [a.text for a in m.alerts] == ["shard s0: 20% empty answers (threshold alerts.empty_share 5%)"]
+    changed = m.apply_status({"run_dir": "/r", "state": "running", "levels": {"empty_share": 0.3,
+                                                                             "truncated_share": 0.4}})
+    assert "shards" in changed and m.levels.empty_share == 0.3 and m.levels.truncated_share == 0.4
 
 
 def test_recorded_run_folds_to_its_final_state():

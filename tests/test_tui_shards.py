@@ -58,7 +58,7 @@ async def test_filter_cycles_through_states_and_the_summary_counts_them():
         assert all(r["state"] == "running" for r in rows_on_screen(table))
         assert f"showing running ({len(running)})" in summary(app)
         await pilot.press("f", "f", "f", "f")  # paused, pending, done, problems
-        problems = sorted(s.id for s in app.model.shards.values() if has_problem(s))
+        problems = sorted(s.id for s in app.model.shards.values() if has_problem(s, app.model.levels))
         await wait_until(pilot, lambda: table.row_count == len(problems) == 28, "the shards with problems")
         assert [r["shard"] for r in rows_on_screen(table)] == problems
         await pilot.press("f")
@@ -84,7 +84,7 @@ async def test_n_jumps_to_the_next_shard_with_a_problem_and_wraps():
     app, _ = make_app()
     async with app.run_test(size=SIZE) as pilot:
         table = await shards_tab(pilot, app)
-        problems = sorted(s.id for s in app.model.shards.values() if has_problem(s))
+        problems = sorted(s.id for s in app.model.shards.values() if has_problem(s, app.model.levels))
         seen = []
         for _ in range(len(problems) + 1):
             await pilot.press("n")

@@ -23,6 +23,7 @@ from console.hints import hint_from_args
 from console.commands.status_hardware import hardware_parts
 from console.run_client import RunClientError
 from console.tui.model import bytes_text
+from engine.wire import duration_text
 from engine.run.brake import BrakeStatus
 from engine.run.status import RunStatus
 from engine.telemetry_events import DispatchEvent
@@ -90,12 +91,9 @@ def _na(value, fmt="{}") -> str:
 
 
 def eta_text(eta_s: float | None) -> str:
-    """The engine's ETA (engine.run.status: null until measurable and when the run is not running) or "-"."""
-    if eta_s is None or eta_s <= 0:
-        return "-"
-    seconds = eta_s
-    h, rem = divmod(int(seconds), 3600)
-    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+    """The engine's ETA (engine.run.status: null until measurable and when the run is not running) or "-", in the
+    one duration format the TUI uses too."""
+    return "-" if eta_s is None or eta_s <= 0 else duration_text(eta_s)
 
 
 def progress_line(d: DispatchEvent, state: str | None = None, running: bool = True) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from console.tui.series import Series
+from engine.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.status import Rejects, RunStatus
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
@@ -20,29 +21,10 @@ from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event
 
 ALERTS_KEPT = 500
 DISK_RATE_WINDOW_S = 600.0  # free-space slope over the last ten minutes
-THROUGHPUT_DROP_SHARE = 0.5  # console-side alert: tok/s under half of the recent median while work runs
-EMPTY_SHARE_ALERT = 0.05
-DISK_LOW_SHARE = 0.05
-ENDED_STATES = ("done", "drained", "stopped", "failed", "dead")  # no tok/s, no ETA: nothing runs
-LIVE_STATES = ("starting", "running", "paused", "draining", "stopping", "disk_full")
 
 
 def na(value: Any, fmt: str = "{}") -> str:
     return "N/A" if value is None else fmt.format(value)
-
-
-def duration_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "N/A"
-    seconds = max(0, int(seconds))
-    d, rem = divmod(seconds, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    if d:
-        return f"{d}d{h:02d}h{m:02d}m"
-    if h:
-        return f"{h}h{m:02d}m"
-    return f"{m}m{s:02d}s"
 
 
 def bytes_text(n: float | None) -> str:
@@ -203,8 +185,7 @@ class RunModel:
         self.gpus: dict[tuple[str, int], GpuView] = {}  # by (host, index): every host's
         self.shards: dict[str, ShardView] = {}
         self.changed_shards: set[str] = set()  # since the UI last took them (take_changed_shards)
-        self._shard_done = 0  # sums over the shards, kept as they change (not a pass over 10,000 shards a tick)
-        self._shard_empty = 0
+        self.levels = AlertLevels()  # the engine's alert levels (status `levels`): the shards' problem marks
         self.disks: dict[tuple[str, str], DiskView] = {}  # by (host, path)
         self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
         self._alert_by_key: dict[str, AlertView] = {}
@@ -216,7 +197,6 @@ class RunModel:
         self.stats_error: str = ""
         self.stats_at: float | None = None
         self.new_alerts: list[AlertView] = []  # raised since the UI last took them (for notifications)
-        self._console_conditions: set[str] = set()
         self.running: bool | None = None  # a supervisor answers / its events flow; False: it is gone; None: unknown
         self.fatal: dict[str, Any] | None = None  # the supervisor's recorded cause (engine.fatal.FatalRecord fields)
         self.run_end: RunEndEvent | None = None
@@ -286,8 +266,6 @@ class RunModel:
         if figures == (s.state, s.done, s.total, s.output_tokens, s.empty, s.truncated, s.repetition) \
                 and sid not in self.changed_shards:
             return set()  # a status snapshot repeating what the events said: nothing to redraw
-        self._shard_done += figures[1] - s.done
-        self._shard_empty += figures[4] - s.empty
         s.state, s.done, s.total, s.output_tokens, s.empty, s.truncated, s.repetition = figures
         self.changed_shards.add(sid)
         return {"shards"}
@@ -344,7 +322,7 @@ class RunModel:
     @property
     def is_running(self) -> bool:
         """False once the run ended or its supervisor is gone: no tok/s, no ETA then."""
-        return self.running is not False and self.state not in ENDED_STATES
+        return self.running is not False and self.state not in ENDED_RUN_STATES  # no tok/s, no ETA then
 
     def state_text(self) -> str:
         return f"failed: {self.cause_text()}" if self.fatal is not None else self.state
@@ -375,7 +353,7 @@ class RunModel:
                 self.throughput.add(ev.ts, ev.tokens_per_s)
             return {"workers"}
         if self.gone_since is not None:
-            if ev.ts > self.gone_since and ev.state in LIVE_STATES:  # a new supervisor took the run dir
+            if ev.ts > self.gone_since and ev.state in LIVE_RUN_STATES:  # a new supervisor took the run dir
                 self.run_end, self.fatal, self.running, self.gone_since = None, None, True, None
                 self.state = ev.state
         else:
@@ -383,21 +361,9 @@ class RunModel:
         self.dispatch = ev
         if ev.tokens_per_s is not None:  # None: not measured yet (or not running), no point on the chart
             self.throughput.add(ev.ts, ev.tokens_per_s)
-        changed = {"header", "workers"}
-        # console-side throughput drop: under half the median of the last ~5 minutes while work is running
-        recent = [v for t, v in self.throughput.points if t >= ev.ts - 300]
-        if ev.state == "running" and ev.in_flight > 0 and ev.tokens_per_s is not None and len(recent) >= 30:
-            median = sorted(recent)[len(recent) // 2]
-            dropped = median > 0 and ev.tokens_per_s < THROUGHPUT_DROP_SHARE * median
-            if self._condition("throughput", dropped, ev.ts, "warning",
-                               f"throughput {ev.tokens_per_s:.0f} tok/s, under half the 5-min median {median:.0f}"):
-                changed.add("alerts")
-        if ev.done >= 50:
-            share = self._shard_empty / max(1, self._shard_done)
-            if self._condition("empty", share > EMPTY_SHARE_ALERT, ev.ts, "error",
-                               f"empty answers {share:.1%} of samples (threshold {EMPTY_SHARE_ALERT:.0%})"):
-                changed.add("alerts")
-        return changed
+        # the throughput-drop, empty-share and disk alerts are the engine's (engine.telemetry, engine.run.watch):
+        # judged once, with the run's levels, and shown here as the engine sent them
+        return {"header", "workers"}
 
     def _disk(self, ev: DiskEvent) -> set[str]:
         key = (ev.host, ev.path)
@@ -407,25 +373,7 @@ class RunModel:
             return {"disk"}  # no reading: the figures shown go N/A, the history keeps the last real point
         d.free_bytes, d.total_bytes = ev.free_bytes, ev.total_bytes
         d.history.add(ev.ts, ev.free_bytes)
-        changed = {"disk"}
-        low = ev.total_bytes > 0 and ev.free_bytes < DISK_LOW_SHARE * ev.total_bytes
-        where = f"{ev.path} on {ev.host}" if ev.host else ev.path
-        if self._condition(f"disk:{d.label}", low, ev.ts, "critical",
-                           f"disk low: {bytes_text(ev.free_bytes)} free of {bytes_text(ev.total_bytes)} on {where}"):
-            changed.add("alerts")
-        return changed
-
-    def _condition(self, key: str, active: bool, ts: float, severity: str, text: str) -> bool:
-        """Raise a console alert when a condition starts (once); note when it clears. True if an alert was added."""
-        if active and key not in self._console_conditions:
-            self._console_conditions.add(key)
-            self.add_alert(AlertView(ts, severity, text, key=f"console.{key}", origin="console"))
-            return True
-        if not active and key in self._console_conditions:
-            self._console_conditions.discard(key)
-            self.add_alert(AlertView(ts, "info", f"cleared: {key}", key=f"console.{key}.cleared.{ts}", origin="console"))
-            return True
-        return False
+        return {"disk"}
 
     def add_alert(self, alert: AlertView) -> None:
         known = self._alert_by_key.get(alert.key)
@@ -479,6 +427,9 @@ class RunModel:
             changed.add("alerts")
         if reply.get("rejects") is not None:
             self.rejects = status.rejects
+        if status.levels != self.levels:
+            self.levels = status.levels
+            changed |= {"shards"}
         if status.brake is not None and status.checked_at >= self._brake_as_of:
             self.brake, self._brake_as_of = status.brake, status.checked_at
             changed |= {"shards", "stats"}

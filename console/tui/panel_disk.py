@@ -8,7 +8,8 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from console.tui.charts import TimeChart
-from console.tui.model import RunModel, bytes_text, duration_text
+from console.tui.model import RunModel, bytes_text
+from engine.wire import duration_text
 
 
 def size_unit(largest: float) -> tuple[str, float]:

@@ -76,7 +76,7 @@ class ShardsPanel(Vertical):
 
     def refresh_from(self, m: RunModel) -> None:
         changed = m.take_changed_shards()
-        order_changed = self.shards.update(m.shards[sid] for sid in changed)
+        order_changed = self.shards.set_levels(m.levels) | self.shards.update(m.shards[sid] for sid in changed)
         self._table.rows_changed(changed, order_changed)
         self._show_summary(m)
         if m.gone != self._hints_gone:

@@ -6,26 +6,26 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from console.tui.model import EMPTY_SHARE_ALERT, ShardView
+from console.tui.model import ShardView
+from engine.wire import AlertLevels
 
 FILTERS = ("all", "running", "paused", "pending", "done", "problems")
 SORTS = ("id", "progress", "empty", "truncated")
 SORT_TEXT = {"id": "id", "progress": "progress (least first)", "empty": "empty share (most first)",
              "truncated": "truncated share (most first)"}
-EMPTY_PROBLEM = EMPTY_SHARE_ALERT
-TRUNCATED_PROBLEM = 0.10
 PROBLEM_MIN_SAMPLES = 10  # shares of a handful of samples say little; a shard smaller than this counts when complete
 
 SortKey = tuple
 
 
-def has_problem(s: ShardView) -> bool:
-    """Empty share > 5% or truncated share > 10% (after some samples), or an answer the runaway guard stopped."""
+def has_problem(s: ShardView, levels: AlertLevels) -> bool:
+    """Empty or truncated share over the run's alert levels (the engine's [alerts], sent with the status; after some
+    samples), or an answer the runaway guard stopped."""
     if s.repetition > 0:
         return True
     if s.done < min(PROBLEM_MIN_SAMPLES, max(1, s.total)):
         return False
-    return s.empty / s.done > EMPTY_PROBLEM or s.truncated / s.done > TRUNCATED_PROBLEM
+    return s.empty / s.done > levels.empty_share or s.truncated / s.done > levels.truncated_share
 
 
 def _share_key(share: float | None, sid: str) -> SortKey:
@@ -70,6 +70,18 @@ class ShardList:
         self._problems = 0
         self._keys: dict[str, SortKey] = {}  # the listed shards' keys, as placed in _order
         self._order: list[SortKey] = []
+        self.levels = AlertLevels()  # the engine's, from the status (set_levels)
+
+    def set_levels(self, levels: AlertLevels) -> bool:
+        """The run's alert levels (a status reply): every shard judged again; True when anything changed."""
+        if levels == self.levels:
+            return False
+        self.levels = levels
+        shards, self._shards, self._kind, self._counts, self._problems = list(self._shards.values()), {}, {}, Counter(), 0
+        self._keys, self._order = {}, []
+        self.update(shards)
+        self.version += 1
+        return True
 
     # -- folding ----------------------------------------------------------------------------
     def update(self, shards: Iterable[ShardView]) -> bool:
@@ -81,7 +93,7 @@ class ShardList:
 
     def _upsert(self, s: ShardView) -> None:
         self._shards[s.id] = s
-        kind = (s.state, has_problem(s))
+        kind = (s.state, has_problem(s, self.levels))
         old = self._kind.get(s.id)
         if old != kind:
             if old is not None:

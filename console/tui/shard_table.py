@@ -12,7 +12,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from console.tui.model import ShardView
-from console.tui.shard_list import EMPTY_PROBLEM, TRUNCATED_PROBLEM, ShardList, has_problem
+from console.tui.shard_list import ShardList, has_problem
+from engine.wire import AlertLevels
 from console.tui.widgets import STATE_STYLE, bar, pct
 
 # (title, width, right-aligned)
@@ -47,16 +48,18 @@ def _style(spec: str) -> Style:
     return Style.parse(spec) if spec else Style()
 
 
-def row_cells(s: ShardView, selected: bool, narrow: bool = False) -> list[tuple[str, str]]:
-    """(text, style) per column (COLUMNS, or NARROW_COLUMNS when narrow): what a shard's row says."""
+def row_cells(s: ShardView, selected: bool, narrow: bool = False,
+              levels: AlertLevels = AlertLevels()) -> list[tuple[str, str]]:
+    """(text, style) per column (COLUMNS, or NARROW_COLUMNS when narrow): what a shard's row says; a share over the
+    run's alert level (the engine's) is coloured."""
     e, t = s.empty_share, s.truncated_share
     state = ("⏸ paused", "bold black on yellow") if s.state == "paused" else (s.state, STATE_STYLE.get(s.state, ""))
-    mark = ("●" if selected else " ") + ("!" if has_problem(s) else " ")
+    mark = ("●" if selected else " ") + ("!" if has_problem(s, levels) else " ")
     return [(mark.rstrip(), "bold magenta" if selected else "bold red"),
             (s.id, ""), state,
             (f"{100 * s.fraction:5.1f}%" if narrow else f"{bar(s.fraction)} {100 * s.fraction:5.1f}%", ""),
-            (f"{s.done}/{s.total}", ""), (tokens_text(s.output_tokens, 9 if narrow else 13), ""), (pct(e), "bold red" if e is not None and e > EMPTY_PROBLEM else ""),
-            (pct(t), "yellow" if t is not None and t > TRUNCATED_PROBLEM else ""),
+            (f"{s.done}/{s.total}", ""), (tokens_text(s.output_tokens, 9 if narrow else 13), ""), (pct(e), "bold red" if e is not None and e > levels.empty_share else ""),
+            (pct(t), "yellow" if t is not None and t > levels.truncated_share else ""),
             (str(s.repetition) if s.repetition else "", "bold red")]
 
 
@@ -105,7 +108,7 @@ class ShardTable(ScrollView, can_focus=True):
     def cells(self, sid: str) -> dict[str, str]:
         """A shard's row as shown, by column title (its text, whether or not it is scrolled into view)."""
         narrow = self.narrow
-        cells = row_cells(self.shards.shard(sid), sid in self.shards.selected, narrow)
+        cells = row_cells(self.shards.shard(sid), sid in self.shards.selected, narrow, self.shards.levels)
         return {title or "mark": text for (title, _, _), (text, _) in zip(NARROW_COLUMNS if narrow else COLUMNS, cells)}
 
     @property
@@ -149,7 +152,8 @@ class ShardTable(ScrollView, can_focus=True):
                 style = style + self.get_component_rich_style("shard-table--selected")
             if row == self.cursor_row and self.has_focus:
                 style = style + self.get_component_rich_style("shard-table--cursor")
-            strip = Strip(line_segments(row_cells(self.shards.shard(sid), selected, narrow), style, columns))
+            strip = Strip(line_segments(row_cells(self.shards.shard(sid), selected, narrow, self.shards.levels), style,
+                                        columns))
         x = self.scroll_offset.x
         return strip.crop_extend(x, x + self.size.width, style)
 

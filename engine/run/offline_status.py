@@ -12,14 +12,14 @@ from pathlib import Path
 
 import orjson
 
+from engine.wire import FINAL_RUN_STATES, AlertLevels
 from engine.fatal import read_fatal
 from engine.run.brake import BrakeStatus
-from engine.run.status import Rejects, RunStatus, build_run_status
+from engine.run.status import Rejects, RunStatus, build_run_status, levels_of
 from engine.telemetry_events import AlertEvent, DispatchEvent, Event, RunEndEvent, parse_event
 
 LOG_TAIL_LINES = 3
 ALERTS_KEPT = 20
-ENDED_STATES = ("done", "stopped", "failed")  # a last dispatch state that was final (before run_end events)
 
 
 class NotARunDir(Exception):
@@ -37,13 +37,13 @@ def offline_status(run_dir: Path) -> RunStatus:
     if not has_store and fatal is None and not log_path.exists():
         raise NotARunDir(f"{run_dir} holds no state.sqlite: not a run dir, or the run never started")
     progress, read_errors = [], []
-    brake = None
+    brake, levels = None, AlertLevels()
     if has_store:
         try:  # a full disk (the reason the run died, perhaps) must not hide its recorded cause
             store = ShardStore(run_dir)
             try:
                 progress = store.progress()
-                brake = _brake(run_dir, store, read_errors)
+                brake, levels = _brake(run_dir, store, read_errors)
             finally:
                 store.close()
         except OSError as exc:
@@ -61,7 +61,7 @@ def offline_status(run_dir: Path) -> RunStatus:
         state = "failed"
     elif ended is not None:
         state = ended.state or "stopped"
-    elif last_state in ENDED_STATES:
+    elif last_state in FINAL_RUN_STATES:  # a last dispatch state that was final (before run_end events)
         state = last_state  # a run from before run_end events
     else:
         state = "dead"
@@ -75,11 +75,12 @@ def offline_status(run_dir: Path) -> RunStatus:
         rejects=rejects, running=False, offline=True,
         fatal=fatal, run_end=ended, last_state=last_state, log=str(log_path),
         log_tail=_log_tail(log_path) if state == "dead" else [], started_at=started, host=os.uname().nodename,
-        alerts=alerts[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time(), brake=brake)
+        alerts=alerts[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time(), brake=brake, levels=levels)
 
 
-def _brake(run_dir: Path, store, read_errors: list[str]) -> BrakeStatus | None:
-    """The brake as the next start would load it: the store's record and last samples, run.toml's [brake]."""
+def _brake(run_dir: Path, store, read_errors: list[str]) -> tuple[BrakeStatus | None, AlertLevels]:
+    """The brake as the next start would load it (the store's record and last samples, run.toml's [brake]), and the
+    run's alert levels."""
     from engine.config import ConfigError, load_config
     from engine.run.brake import RunBrake
 
@@ -87,11 +88,11 @@ def _brake(run_dir: Path, store, read_errors: list[str]) -> BrakeStatus | None:
         cfg = load_config(run_dir / "run.toml")
     except ConfigError as exc:
         read_errors.append(f"run config (for the data-quality brake): {exc}")
-        return None
+        return None, AlertLevels()
     brake = RunBrake(cfg, str(run_dir))
     record, after = store.brake()
     brake.load(record, store.recent_shapes(cfg.brake.window, after))
-    return brake.status()
+    return brake.status(), levels_of(cfg)
 
 
 def _telemetry(path: Path) -> tuple[float | None, DispatchEvent | None, list[AlertEvent], RunEndEvent | None]:

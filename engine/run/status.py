@@ -66,11 +66,12 @@ from engine.run.brake import BrakeStatus
 from engine.startup import StartCheck
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,
                                      WorkerEvent)
+from engine.wire import DISPATCHING_RUN_STATES, AlertLevels
 
 if TYPE_CHECKING:  # the console reads this module: the ledger's (pyarrow via the shard store) stays out of its imports
+    from engine.config import RunConfig
     from engine.run.counts import CommitRate, ShardCounts
 
-DISPATCHING = ("running", "paused", "disk_full")  # run states in which shards with work left are being worked on
 STOPPING = ("draining", "stopping")
 
 
@@ -81,7 +82,7 @@ def shard_state(counts: ShardCounts, paused: bool, run_state: str, started: bool
     if paused:
         return "paused"
     started = started or counts.settled > 0
-    if run_state in DISPATCHING:
+    if run_state in DISPATCHING_RUN_STATES:  # shards with work left are being worked on
         return "running" if started else "pending"
     if run_state in STOPPING:
         return "draining" if started else "pending"
@@ -222,6 +223,7 @@ class RunStatus:
     hosts: list[HostStatus] | None = None  # multi-host runs only (with router)
     router: RouterStatus | None = None
     brake: BrakeStatus | None = None
+    levels: AlertLevels = field(default_factory=AlertLevels)  # the shares the engine alerts a shard above
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -233,7 +235,8 @@ class RunStatus:
                  alerts=[a.to_dict() for a in self.alerts], rejects=self.rejects.to_dict(),
                  run_end=self.run_end.to_dict() if self.run_end is not None else None,
                  write_errors=list(self.write_errors), log_tail=list(self.log_tail),
-                 read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None)
+                 read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None,
+                 levels=self.levels.to_dict())
         del d["hosts"], d["router"]
         if self.hosts is not None:
             d["hosts"] = [h.to_dict() for h in self.hosts]
@@ -265,7 +268,8 @@ class RunStatus:
             read_errors=list(data.get("read_errors") or []),
             hosts=[_known(HostStatus, h, name="", address="", state="") for h in hosts] if hosts is not None else None,
             router=_known(RouterStatus, router, url="", up=False, policy="") if router else None,
-            brake=BrakeStatus.from_dict(data["brake"]) if isinstance(data.get("brake"), dict) else None)
+            brake=BrakeStatus.from_dict(data["brake"]) if isinstance(data.get("brake"), dict) else None,
+            levels=AlertLevels.from_dict(data.get("levels") if isinstance(data.get("levels"), dict) else None))
 
 
 _SCALARS = ("run_dir", "state", "offline", "phase", "pid", "started_at", "config_hash", "host", "last_state", "log",
@@ -304,3 +308,9 @@ def build_run_status(*, run_dir: str, state: str, shards: Mapping[str, ShardCoun
         shard_list = shard_statuses(shards, paused, judged, dispatched)
         dispatch = dispatch_figures(shards, judged, rate=rate, in_flight=in_flight, retried=retried)
     return RunStatus(run_dir=run_dir, state=state, dispatch=dispatch, shards=shard_list, rejects=rejects, **parts)
+
+
+def levels_of(cfg: RunConfig) -> AlertLevels:
+    """The run's alert levels ([alerts], [runaway]) as the status carries them."""
+    return AlertLevels(empty_share=cfg.alerts.empty_share, truncated_share=cfg.alerts.truncated_share,
+                       repetition_share=cfg.runaway.alert_share)

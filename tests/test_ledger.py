@@ -145,7 +145,8 @@ def test_a_pause_holds_queued_items_at_pull_and_a_resume_puts_them_first_and_ask
         assert ledger.next_item().sample_id == "x#turn0"  # a and b are held, not handed out
         assert ledger.next_item() is None and ledger.paused == {"s00000"}
         assert ledger.store.paused() == {"s00000"}  # recorded: a restart keeps the pause
-        ledger.set_paused(None, False)
+        assert ledger.set_paused(None, False) == ["s00000"]  # --all: the one shard that was paused, not every shard
+        assert ledger.set_paused(["s00001"], False) == []  # not paused: nothing resumed
         assert resumed == ["s00000"]  # the feed streams again what it passed while the shard was paused
         assert [ledger.next_item().sample_id for _ in range(2)] == ["a#turn0", "b#turn0"]
 

@@ -103,7 +103,10 @@ async def test_pause_and_resume_a_selection_then_a_whole_filter():
         await pilot.press("f")  # running
         await wait_until(pilot, lambda: table.row_count == 93, "the running shards")
         picked = [table.shards.id_at(0), table.shards.id_at(1)]
-        await pilot.press("space", "space")
+        await pilot.press("space", "space")  # space toggles in place: selected, then not
+        assert [r["mark"] for r in rows_on_screen(table)[:3]] == ["", "", ""]
+        await pilot.press("space", "down", "space")
+        assert table.cursor_row == 1
         assert [r["mark"] for r in rows_on_screen(table)[:3]] == ["●", "●", ""]
         assert "2 selected" in summary(app)
         await pilot.press("p")

@@ -120,11 +120,12 @@ class ShardsPanel(Vertical):
         self._table.move_cursor(row)
 
     def action_toggle_select(self) -> None:
+        """space toggles the shard under the cursor and leaves the cursor there (Down, then space, is the shard
+        the operator sees highlighted)."""
         sid = self.selected_shard
         if sid is not None:
             self.shards.toggle(sid)
             self._table.refresh_cursor_row()
-            self._table.move_cursor(self._table.cursor_row + 1)
             self._show_summary()
 
     def action_select_listed(self) -> None:

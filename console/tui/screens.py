@@ -25,7 +25,7 @@ On reconnect (automatic, exponential backoff; `ctrl+r` now) the history is backf
 | f | Shards | next filter: all, running, paused, pending, done, problems |
 | s | Shards | next sort: id, progress, empty share, truncated share |
 | n | Shards | next shard with a problem (empty > 5%, truncated > 10%, a runaway) |
-| space / a / c | Shards | select the shard / every listed shard / clear the selection |
+| space / a / c | Shards | select or unselect the shard under the cursor (the cursor stays) / every listed shard / clear the selection |
 | p / r | Shards | pause / resume the selection, else the shard under the cursor |
 | P / R | Shards | pause all / resume all |
 | s | Data quality | compute the statistics now (else every 30 s while shown) |

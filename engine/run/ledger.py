@@ -262,12 +262,14 @@ class Ledger:
 
     # -- pause ------------------------------------------------------------------------------------
     def set_paused(self, shard_ids: list[str] | None, paused: bool) -> list[str]:
-        """Pause or resume shards (None: all); the store records it. Returns the shards whose state changed."""
+        """Pause or resume shards (None: all); the store records it. Returns the shards whose state changed (a resume
+        of --all with 2 paused shards changed 2, not every shard of the run)."""
         targets = list(self._shards) if shard_ids is None else shard_ids
         unknown = [s for s in targets if s not in self._shards]
         if unknown:
             raise KeyError(f"unknown shard(s): {', '.join(unknown)}; known: {self._shard_range()}")
-        changed = self.store.set_paused(targets if shard_ids is not None else None, paused)
+        changed = [sid for sid in dict.fromkeys(targets) if (sid in self._paused) != paused]
+        self.store.set_paused(targets if shard_ids is not None else None, paused)
         if shard_ids is None and not paused:
             self._release_brake()
         for sid in targets:
@@ -281,7 +283,7 @@ class Ledger:
                 self.on_resume(sid)
                 self.want_more()
             self.changed(sid)
-        return changed if changed is not None else targets
+        return changed
 
     # -- the data-quality brake ---------------------------------------------------------------------
     def _judge(self) -> None:

@@ -32,6 +32,7 @@ from console.run_dir_lookup import locate_run_dir
 from console.ssh_options import SshOptions, add_ssh_options
 from console.startup_failure import cause_first, startup_failure_text
 from console.transport import Transport, TransportError, quote_argv
+from console.start_record import START_RECORD, StartRecord
 from engine.wire import LIVE_WORKER_STATES, RunState
 from engine.config import RunConfig, dump_toml
 from engine.run.status import RunStatus
@@ -141,7 +142,8 @@ async def client_for(transport: Transport, run_dir: str, host_python: str = "pyt
 
 
 async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | None = None,
-                    wait_s: float = START_WAIT_S, progress: Callable[[str], None] = lambda s: None) -> StartedRun:
+                    wait_s: float = START_WAIT_S, progress: Callable[[str], None] = lambda s: None,
+                    record: StartRecord | None = None) -> StartedRun:
     python = host_python or cfg.host_python
     run_dir = await resolve_run_dir(transport, cfg.run_dir, create=True)
     engine_path = f"{run_dir}/.regen/engine"
@@ -168,6 +170,9 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
             (Path(tmp) / "launch.json").write_text(json.dumps({"host_python": python, "engine_path": engine_path,
                                                                "run_dir": run_dir}))
             await transport.put(Path(tmp) / "launch.json", f"{run_dir}/{LAUNCH_FILE}")
+            if record is not None:  # every later hint (status, TUI, start's own lines) is built from it
+                (Path(tmp) / "started.json").write_text(record.to_json())
+                await transport.put(Path(tmp) / "started.json", f"{run_dir}/{START_RECORD}")
         except TransportError as exc:
             raise DeployError(f"copying to {transport.name}:{run_dir} failed: {exc}") from exc
 

@@ -62,7 +62,8 @@ def assert_failed_status(run_dir: Path, home: Path, exc_type: str, message_part:
     first = human.stdout.splitlines()[0]
     assert first.startswith(f"failed: {exc_type}: "), human.stdout
     assert message_part in " ".join(human.stdout.split())
-    assert "remedy: " in human.stdout and "after the fix, start again: regen start local --config" in human.stdout
+    assert "remedy: " in human.stdout and "after the fix, start again: cd " in human.stdout
+    assert " && regen start local --config" in human.stdout  # from the run's start record, as typed
     assert not re.search(r"\d tok/s", human.stdout)  # no rate (the workers table's header is no figure)
     assert data["running"] is False and data["state"] == "failed"
     assert data["fatal"]["exc_type"] == exc_type and message_part in data["fatal"]["message"]
@@ -291,7 +292,8 @@ def test_killed_supervisor_says_no_cause_was_recorded(tmp_path, tiny_model_dir, 
     text = " ".join(human.stdout.split())
     assert text.startswith("supervisor not running (killed? no cause recorded; last log lines of "
                            f"{run_dir}/supervisor.log:)"), text
-    assert "resume with: regen start local --config" in text and "- tok/s" in text and "ETA -" in text
+    assert f"resume with: cd {tmp_path} && regen start local --config {config} --no-preflight" in text
+    assert "- tok/s" in text and "ETA -" in text
     assert data["state"] == "dead" and data["running"] is False and data["fatal"] is None
     assert 0 < len(data["log_tail"]) <= 3
 

@@ -62,3 +62,59 @@ def test_a_start_with_one_of_two_workers_refused_exits_0_with_a_warning(tmp_path
     wait_for(lambda: "gpu1" in _ready_workers(run_dir), 90, "the other server ready")
     stop = regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path)
     assert stop.returncode == 0, stop.stdout + stop.stderr
+
+
+def test_the_resume_hint_comes_from_the_runs_start_record_and_pasted_elsewhere_resumes_that_run(
+        tmp_path, tiny_model_dir, cleanup_runs):
+    """Started with a relative `--config run2.toml` in one directory; `regen status` typed in another prints the
+    hint from the run's record (`cd <that directory> && regen start ... --config run2.toml`), which, pasted there,
+    resumes this run, not the run.toml of wherever the operator happens to be."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_cli_run import REPO
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    run_dir = tmp_path / "run2"
+    cleanup_runs.append(run_dir)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, gpus=1, sim=("--sim-step-ms", "30"))
+    write_config(project, cfg, name="run2.toml")
+    decoy = make_config(tmp_path / "decoy-run", tiny_model_dir, prompts=10, gpus=1)
+    write_config(elsewhere, decoy, name="run.toml")  # what a guessed `--config run.toml` would start there
+    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(REPO))
+
+    def regen_in(cwd, *args):
+        return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+                              timeout=240, env=env, cwd=str(cwd))
+
+    started = regen_in(project, "start", "local", "--config", "run2.toml", "--no-preflight")
+    assert started.returncode == 0, started.stderr
+    pid = int((run_dir / "supervisor.pid").read_text())
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: not psutil_alive(pid), 30, "the killed supervisor gone")
+    status = regen_in(elsewhere, "status", "local", "--run-dir", str(run_dir))
+    assert status.returncode == 4, status.stdout + status.stderr
+    hint_line = next(line for line in status.stdout.splitlines() if "resume with: " in line)
+    hint = hint_line.split("resume with: ", 1)[1]
+    assert hint == f"cd {shlex.quote(str(project))} && regen start local --config run2.toml --no-preflight"
+    assert "as it was started on " in status.stdout
+    pasted = subprocess.run(["bash", "-c", hint.replace("regen start", f"{shlex.quote(sys.executable)} -m console.cli"
+                                                        " start", 1)],
+                            capture_output=True, text=True, timeout=240, env=env, cwd=str(elsewhere))
+    assert pasted.returncode == 0, pasted.stderr
+    assert f"{run_dir}" in pasted.stdout and not (tmp_path / "decoy-run").exists()
+    assert regen_in(elsewhere, "stop", "local", "--run-dir", str(run_dir)).returncode == 0
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

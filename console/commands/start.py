@@ -28,6 +28,7 @@ from console.deploy import (EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunnin
                             start_run)
 from console.hints import cannot_reach, hint_from_args, typed_again
 from console.ssh_options import SshOptions, add_ssh_options
+from console.start_record import StartRecord
 from console.transport import TransportError, open_transport
 from console.config_probe import config_failed_report, config_passed
 from engine.config import ConfigError, load_config
@@ -87,7 +88,8 @@ def run(args) -> int:
             print(cannot_reach(args.host, exc, args), file=sys.stderr)
             return EXIT_UNREACHABLE
         try:
-            started = await start_run(transport, cfg, progress=progress)
+            started = await start_run(transport, cfg, progress=progress,
+                                      record=StartRecord.of(["start", *args.argv[1:]]))
         except AlreadyRunning as exc:
             print(f"regen start: {exc}; watch it, or stop it, with:\n  {watch_hints(args, exc.run_dir)[0]}\n"
                   f"  {hint_from_args(args, 'stop', '--run-dir', exc.run_dir)}", file=sys.stderr)

@@ -16,6 +16,8 @@ from rich.text import Text
 
 from console.batch_text import batch_text
 from console.cache_text import cache_text
+from console import start_record
+from console.start_record import StartRecord
 from console.cause import NOT_RUNNING_STATES, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
 from console.fit_table import Col, fitted_table
@@ -79,7 +81,8 @@ def run(args) -> int:
             print(json.dumps(status.to_dict(), indent=2))
         else:
             console = status_console(args.wide)
-            console.print(cause_block(status, args), soft_wrap=True)
+            record = None if status.running else await start_record.read(client.transport, client.run_dir)
+            console.print(cause_block(status, args, record), soft_wrap=True)
             console.print(render_status(status, console, host=args.host))
         return exit_code_of(status)
 
@@ -109,23 +112,30 @@ def progress_line(d: DispatchEvent, state: str | None = None, running: bool = Tr
             f" rejected samples {d.rejected}, retried {d.retried}, ETA {eta}")
 
 
-def start_again(args, run_dir: str) -> tuple[str, str]:
-    """The `regen start` that resumes the run (shell-quoted, with the SSH options given), and a note: --config is
-    read where regen runs, so for another host it names the copy the host keeps."""
+def start_again(args, run_dir: str, record: tuple[StartRecord | None, str] | None = None) -> tuple[str, str]:
+    """The `regen start` that resumes the run and a note. From the run's start record when there is one (`cd DIR &&
+    regen start ...` as typed: the same --config, relative to where it was typed); else built from this command's
+    host and SSH options, and the note says the record is missing: --config is read where regen runs, so for
+    another host it names the copy the host keeps."""
+    started, why = record if record is not None else (None, "")
+    if started is not None:
+        return started.resume_hint(), f"({started.where()})"
     local = args.host == "local"
     hint = hint_from_args(args, "start", "--config", f"{run_dir}/run.toml" if local else "run.toml")
     note = "" if local else (f"(run.toml: the config the run was started with; {args.host} keeps a copy at "
                              f"{run_dir}/run.toml)")
+    if why:
+        note = f"({why}; this line is built from the run dir's frozen config) {note}".strip()
     return hint, note
 
 
-def cause_block(s: RunStatus, args) -> Text:
+def cause_block(s: RunStatus, args, record: tuple[StartRecord | None, str] | None = None) -> Text:
     """For a run whose supervisor is gone: why (or that nothing was recorded), and how to start it again. Printed
     first and unwrapped (soft_wrap), so paths and the command stay whole when copied."""
     text = Text()
     if s.running:
         return text
-    for line in not_running_lines(s, *start_again(args, s.run_dir or args.run_dir)):
+    for line in not_running_lines(s, *start_again(args, s.run_dir or args.run_dir, record)):
         text.append(line + "\n", style="bold red" if line.startswith("failed:") else
                     ("bold yellow" if not line.startswith("  ") else ""))
     return text

@@ -69,6 +69,9 @@ class ShardsSource:
                          shards=list(self.shards.values()) if shards else [], shards_omitted=not shards,
                          checked_at=T0 + 1).to_dict()
 
+    async def resume_hint(self) -> str:
+        return ""
+
     async def last_status(self) -> dict[str, Any]:
         return await self.status()
 

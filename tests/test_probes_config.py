@@ -275,6 +275,8 @@ def _run_config(tmp_path, model, prompts, **sampling):
 def test_resume_new_resumable_and_changed(tiny_model_dir, tmp_path):
     from console.commands.probe import context_from_config
     from engine.run_dir import prepare_run_dir
+    from engine.shard_store import ShardStore
+    from tests.test_shard_store import make_row
 
     prompts = [str(tmp_path / "p.jsonl")]
     cfg = _run_config(tmp_path, tiny_model_dir, prompts)
@@ -288,6 +290,9 @@ def test_resume_new_resumable_and_changed(tiny_model_dir, tmp_path):
     assert r.summary.startswith(f"resumable: {tmp_path / 'run'} was started with the same content")
     assert r.data["mode"] == "resume"
 
+    with ShardStore(tmp_path / "run") as store:  # data made under the old values (none: a change is accepted)
+        store.ensure_shards({"s00000": 1})
+        store.commit("s00000", [make_row("a")])
     changed = context_from_config(_run_config(tmp_path, tiny_model_dir, prompts, temperature=0.7))
     changed = dataclasses.replace(changed, python=ctx.python)
     r = run_local(changed, {"run_dir.resume"})["run_dir.resume"]

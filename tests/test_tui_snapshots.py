@@ -118,8 +118,8 @@ def test_panel_snapshot(tab, keys, frozen_telemetry, tmp_path, snap_compare):
 
 
 def test_shards_at_10000_snapshot(snap_compare):
-    """10,000 shards (tests/shard_fixtures.py), sorted by empty share, the cursor on the second problem, one
-    shard selected: the summary by state, the filter and sort line, the visible rows only."""
+    """10,000 shards (tests/shard_fixtures.py), sorted by empty share, the cursor on the first problem, selected
+    (space leaves the cursor where it is): the summary by state, the filter and sort line, the visible rows only."""
     from tests.shard_fixtures import SHARDS, T0, ShardsSource
 
     app = RegenApp(ShardsSource(), clock=lambda: T0 + 5, monotonic=lambda: 1000.0, live=False,

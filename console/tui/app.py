@@ -142,6 +142,15 @@ class RegenApp(App):
 
     def start_io(self) -> None:
         self.follow_telemetry()
+        self.fetch_resume_hint()
+
+    @work(group="hint", exit_on_error=False)
+    async def fetch_resume_hint(self) -> None:
+        """The run's start record, read once: a death shows the `regen start` that resumes this run."""
+        try:
+            self.model.resume_hint = await self.source.resume_hint()
+        except SourceError as exc:
+            self.model.resume_hint = f"the run's start record could not be read: {exc}"
         if self.run_probes_on_start:
             self.run_probes()
 
@@ -307,7 +316,11 @@ class RegenApp(App):
             self.model.add_alert(AlertView(now, "critical", msg.error, key=f"console.refused.{now}", origin="console"))
             self.notify(msg.error, title="connection refused", severity="error", timeout=REFUSED_TOAST_S)
         elif msg.state == "ended" and before != "ended" and msg.error:
-            self.model.add_alert(AlertView(now, "info", msg.error, key=f"console.ended.{msg.error}", origin="console"))
+            # the stream's end and the control socket's refusal: the supervisor is gone; dead unless it said otherwise
+            dead = getattr(self.source, "supervised", False) and self.model.mark_dead(now, msg.error)
+            if not dead:
+                self.model.add_alert(AlertView(now, "info", msg.error, key=f"console.ended.{msg.error}",
+                                               origin="console"))
         self._mark({"alerts", "header", "shards"})  # "shards": its control hints follow the run being gone
         self._notify_alerts()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from console.tui.series import Series
-from engine.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels
+from engine.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.status import Rejects, RunStatus
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
@@ -186,6 +186,7 @@ class RunModel:
         self.shards: dict[str, ShardView] = {}
         self.changed_shards: set[str] = set()  # since the UI last took them (take_changed_shards)
         self.levels = AlertLevels()  # the engine's alert levels (status `levels`): the shards' problem marks
+        self.resume_hint = ""  # from the run's start record (console.start_record), shown with a death
         self.disks: dict[tuple[str, str], DiskView] = {}  # by (host, path)
         self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
         self._alert_by_key: dict[str, AlertView] = {}
@@ -310,6 +311,22 @@ class RunModel:
         evidence = "\n".join([f"{k}: {fatal[k]}" for k in ("path", "remedy", "log", "phase") if fatal.get(k)] + more)
         self.add_alert(AlertView(ts, "critical", f"supervisor failed: {cause_text(fatal)}", evidence,
                                  f"fatal:{fatal.get('exc_type')}:{fatal.get('message')}", "host"))
+
+    def mark_dead(self, ts: float, why: str) -> set[str]:
+        """The follow stream ended and nothing answers at the control socket: the supervisor is gone now. Unless it
+        said how it ended (run_end, fatal), it died: `dead` at once, no figures, a critical alert with the resume hint
+        (the run dir's last status, read next, may still bring a recorded cause)."""
+        if self.running is False or self.run_end is not None or self.fatal is not None:
+            return set()
+        self.running, self.state = False, RunState.DEAD
+        self.gone_since = max(self.gone_since or 0.0, ts)
+        self._dead_alert(ts, why)
+        return {"header", "alerts", "workers", "shards"}
+
+    def _dead_alert(self, ts: float, why: str) -> None:
+        evidence = "\n".join(x for x in (why, self.resume_hint) if x)
+        self.add_alert(AlertView(ts, "critical", "supervisor dead: killed, no cause recorded", evidence,
+                                 f"dead:{self.gone_since}", "console"))
 
     def cause_text(self) -> str:
         return cause_text(self.fatal or {})

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Protocol
 
 import orjson
 
+from console import start_record
 from console.config_probe import config_failed_report, config_passed
 from console.follow import FollowSource, SourceError
 from console.hints import regen_command
@@ -40,7 +41,9 @@ class DataSource(FollowSource, Protocol):
     async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str: ...
     async def stats(self) -> dict[str, Any]: ...
     async def probes(self, only: set[str] | None = None) -> ProbeReport: ...
+    async def resume_hint(self) -> str: ...
     async def close(self) -> None: ...
+    supervised: bool  # a live supervisor answers here (HostSource), not a recording
 
 
 def _classify(exc: RunClientError) -> SourceError:
@@ -57,6 +60,8 @@ class HostSource:
     """A run on a host. `transport` may be given (tests, `regen demo`); otherwise it is opened from `host` with
     the SSH options `ssh`. accept_new_command: the command shown for a host not yet in known_hosts (default:
     `regen tui HOST --run-dir DIR ... --accept-new`)."""
+
+    supervised = True  # a live supervisor answers here: its disappearance is a death, not the end of a recording
 
     def __init__(self, host: str, run_dir: str | None, *, host_python: str = "python3",
                  transport: Transport | None = None, ssh: SshOptions = SshOptions(),
@@ -146,6 +151,13 @@ class HostSource:
     async def last_status(self) -> dict[str, Any]:
         """What the run dir recorded (engine.ctl last-status): for a run whose supervisor is gone."""
         return await self._call("last_status")
+
+    async def resume_hint(self) -> str:
+        """`cd DIR && regen start ...` from the run's start record, or why there is none (console.start_record)."""
+        if self.client is None:
+            await self.connect()
+        record, why = await start_record.read(self.transport, self.client.run_dir)
+        return f"resume with: {record.resume_hint()} ({record.where()})" if record is not None else why
 
     async def pause(self, shards: list[str] | None) -> dict[str, Any]:
         return await self._call("pause", shards)
@@ -293,6 +305,8 @@ class ReplaySource:
     follow() yields every recorded event (from `since`) and ends, like following a run whose
     supervisor has exited; control operations are refused with a message."""
 
+    supervised = False  # a recording ends; nothing died
+
     def __init__(self, telemetry: Path, *, status: dict[str, Any] | None = None, stats: dict[str, Any] | None = None,
                  logs: dict[str, str] | None = None, probe_report: ProbeReport | None = None, host: str = "replay",
                  run_dir: str | None = None):
@@ -316,6 +330,9 @@ class ReplaySource:
         if self._status is None or not self._status.get("running", not self._status.get("offline")):
             raise SourceError("replay: no supervisor (a recorded run)", "no_supervisor")
         return self._status
+
+    async def resume_hint(self) -> str:
+        return ""  # a replay is not resumed from here
 
     async def last_status(self) -> dict[str, Any]:
         """A recording with an offline status (running false) has one; otherwise there is nothing more to read."""

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from engine.config import ConfigError, EffectiveSampling, RunConfig, with_model_defaults
+from engine.config_schema import config_warnings
 from probes.model import ProbeReport, ProbeResult, Status
 
 CONFIG_PROBE = "config"
@@ -41,14 +42,17 @@ def effective_sampling(cfg: RunConfig, report: ProbeReport | None) -> EffectiveS
 
 
 def config_passed(cfg: RunConfig, report: ProbeReport | None) -> ProbeResult:
+    """PASS, or WARN with what is allowed but probably not meant (engine.config_schema.config_warnings)."""
     eff = effective_sampling(cfg, report)
+    warnings = [f"{key}: {text}" for key, text in config_warnings(cfg)]
     values = ", ".join(f"{s.key} {s.value}" for s in eff.sources)
     data: dict[str, Any] = {"sampling": eff.as_dict(), "note": eff.note,
                             "template": {"enable_thinking": cfg.enable_thinking, "turns": cfg.turns,
                                          "tokenizer": cfg.tokenizer_path, "context_length": cfg.context_length}}
     return ProbeResult(
-        id=CONFIG_PROBE, title=TITLE, status=Status.PASS,
-        summary=f"{cfg.source_path or 'run config'} valid; sampling: {values}",
+        id=CONFIG_PROBE, title=TITLE, status=Status.WARN if warnings else Status.PASS,
+        summary=f"{cfg.source_path or 'run config'} valid; " + ("; ".join(warnings) + "; " if warnings else "")
+        + f"sampling: {values}",
         expected="every key typed and in range (regen config schema)",
         actual="\n".join(sampling_lines(eff) + [f"enable_thinking {str(cfg.enable_thinking).lower()} (run.toml or "
                                                  f"default); turns {cfg.turns}; tokenizer {cfg.tokenizer_path}"]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import shlex
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -112,14 +113,54 @@ def _issue(err: dict[str, Any], data: dict[str, Any]) -> ConfigIssue:
         allowed = (err.get("ctx") or {}).get("expected", "")
         return ConfigIssue(key, f"{shown}: must be one of {allowed}", "")
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        return ConfigIssue(key, f"{shown}: {_lower(err['msg'])}", "")
+        return ConfigIssue(key, f"{shown}: {_range_words(loc, err)}{_about(loc)}", "")
     if kind in ("string_too_short", "too_short"):
         return ConfigIssue(key, f"{shown}: is empty", "give a value, or remove the key to take its default")
     if kind == "string_pattern_mismatch":
         return ConfigIssue(key, f"{shown}: letters, digits, - and _ only", "")
     if kind == "value_error":
-        return ConfigIssue(key, f"{shown}: {err['msg'].removeprefix('Value error, ')}", "")
+        return ConfigIssue(key, f"{shown}: {err['msg'].removeprefix('Value error, ')}{_about(loc)}", "")
     return ConfigIssue(key, f"{shown}: {_lower(err['msg'])}", "")
+
+
+def _field(loc: tuple[Any, ...]):
+    """The schema's FieldInfo of a key path (None for a path that is not a field)."""
+    from engine.config_schema import Host, RunConfig
+
+    model: Any = RunConfig
+    field = None
+    for part in (p for p in loc if not isinstance(p, int) and p not in _UNION_TAGS):
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        field = fields[part]
+        model = Host if part == "hosts" else field.annotation
+    return field
+
+
+def _about(loc: tuple[Any, ...]) -> str:
+    """` (default 512): what the key does.`: the default and the meaning, from the schema."""
+    field = _field(loc)
+    if field is None:
+        return ""
+    default = field.get_default(call_default_factory=False) if field.default_factory is None else None
+    shown = "" if default is None else f" (default {_show(list(default) if isinstance(default, tuple) else default)})"
+    about = (field.description or "").rstrip(".")
+    if about[:2].istitle():  # "The longest ..." reads on as "; the longest ..."
+        about = about[0].lower() + about[1:]
+    return shown + (f"; {about}" if about else "")
+
+
+def _range_words(loc: tuple[Any, ...], err: dict[str, Any]) -> str:
+    """`must be an integer in 1..4096` when both bounds are known, else pydantic's one bound in plain words."""
+    field = _field(loc)
+    low = high = None
+    for m in getattr(field, "metadata", []) or []:
+        low = getattr(m, "ge", low) if getattr(m, "ge", None) is not None else low
+        high = getattr(m, "le", high) if getattr(m, "le", None) is not None else high
+    if low is not None and high is not None:
+        return f"must be an integer in {low}..{high}"
+    return _lower(err["msg"])
 
 
 def _lower(msg: str) -> str:
@@ -159,6 +200,11 @@ def _type_fix(kind: str, expected: str, found: Any) -> str:
             items = [t.strip() for t in text.split(",") if t.strip()]
             if items and all(t.lstrip("-").isdigit() for t in items):
                 return f"write a list: [{', '.join(items)}]"
+            if " " in text and "," not in text:  # a command line: one item per word (argv, no shell)
+                try:
+                    return f"write a list, one item per word (argv, no shell): {json.dumps(shlex.split(text))}"
+                except ValueError:
+                    pass  # unbalanced quotes: the plain suggestion below
             return f"write a list: {json.dumps(items or [text])}"
     if kind == "int_type" and isinstance(found, float) and found.is_integer():
         return f"write {int(found)} (a whole number, no decimal point)"
@@ -183,7 +229,7 @@ def _unknown_fix(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
             break
         model = Host if part == "hosts" else field.annotation
     known = sorted(getattr(model, "model_fields", {}))
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.45)
     hint = f"did you mean `{close[0]}`? " if close else ""
     return f"{hint}remove it, or use a known key: {', '.join(known)}" if known else "remove it"
 

@@ -57,17 +57,18 @@ def _range_check(low: float | None, high: float | None, low_open: bool, high_ope
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and (value >= high if high_open else value > high)
         if too_low or too_high:
-            raise ValueError(f"must be in {_interval(low, high, low_open, high_open)}")
+            raise ValueError(f"must be {_interval(low, high, low_open, high_open)}")
         return value
     return check
 
 
 def _interval(low, high, low_open, high_open) -> str:
+    """`in [0, 1]`, `> 0`: the words after "must be"."""
     if high is None:
         return f"{'>' if low_open else '>='} {low:g}"
     if low is None:
         return f"{'<' if high_open else '<='} {high:g}"
-    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
 
 def Real(low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False):
@@ -364,8 +365,9 @@ class NotifyConfig(Section):
                 problems.append(("[notify] url", f"{redact_url(self.url)!r}: no host in the URL, e.g. "
                                                  "https://ntfy.sh/my-topic"))
         if "command" in self.model_fields_set and (not self.command or not self.command[0].strip()):
-            problems.append(("[notify] command", 'give the program and its arguments as a non-empty list of strings, '
-                                                 'e.g. command = ["/usr/local/bin/page-oncall", "--team", "ml"]'))
+            problems.append(("[notify] command", f"{list(self.command)!r}: give the program and its arguments (argv, no "
+                                                 'shell) as a non-empty list of strings, e.g. command = '
+                                                 '["/usr/local/bin/page-oncall", "--team", "ml"]'))
         if problems:
             raise ConfigRuleError(problems)
         return self
@@ -510,7 +512,7 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _rules_between_sections(self) -> RunConfig:
-        problems = brake_over_alerts(self) + seed_needs_flag(self) + context_fits_answer(self) + hosts_rules(self)
+        problems = brake_over_alerts(self) + seed_needs_flag(self) + hosts_rules(self)
         if "notify" in self.model_fields_set and not self.notify.enabled:
             problems.append(("[notify]", 'has neither url nor command: set url = "https://..." (a webhook) and/or '
                                          'command = ["/path/to/program", "arg"], or remove [notify]'))
@@ -541,12 +543,14 @@ def seed_needs_flag(cfg: RunConfig) -> list[tuple[str, str]]:
                                 "remove sampling.seed")]
 
 
-def context_fits_answer(cfg: RunConfig) -> list[tuple[str, str]]:
-    if cfg.context_length is None or cfg.sampling.max_new_tokens < cfg.context_length:
-        return []
-    return [("[sampling] max_new_tokens", f"{cfg.sampling.max_new_tokens} does not fit context_length = "
-                                          f"{cfg.context_length} with any prompt: lower max_new_tokens below "
-                                          "context_length, or raise context_length")]
+def config_warnings(cfg: RunConfig) -> list[tuple[str, str]]:
+    """What is allowed but probably not meant: said by the `config` probe (WARN) and `regen config check`."""
+    out = []
+    if cfg.context_length is not None and cfg.sampling.max_new_tokens >= cfg.context_length:
+        out.append(("[sampling] max_new_tokens", f"{cfg.sampling.max_new_tokens} is not below context_length = "
+                                                 f"{cfg.context_length}: every answer is capped at the context its "
+                                                 "prompt leaves (SGLang's own cap)"))
+    return out
 
 
 def hosts_rules(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -559,7 +563,7 @@ def hosts_rules(cfg: RunConfig) -> list[tuple[str, str]]:
     if sum(h.is_local for h in cfg.hosts) > 1:
         out.append(("[[hosts]] address", 'only one host can be "local" (the dispatch host)'))
     for i, h in enumerate(cfg.hosts, 1):
-        where = f"[[hosts]] #{i} ({h.name})"
+        where = f"[[hosts]] #{i}"
         if cfg.router.link == "lan" and not h.is_local and not h.lan_address:
             out.append((f"{where} lan_address", 'router.link = "lan" needs it: the address its workers bind and '
                                                 "the router reaches"))

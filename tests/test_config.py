@@ -39,7 +39,7 @@ def test_changed_fields_named():
         (base(bogus=1), "bogus: unknown key"),
         (base(workers={"gpus": [0, 1, 2], "tp_size": 2}), "not a multiple"),
         # SGLang's /health takes >= 1 s (contract 7.4): a 1 s wait would kill every healthy server as hung
-        (base(workers={"health_timeout_s": 1.0}), "[workers] health_timeout_s: 1.0: must be in > 1"),
+        (base(workers={"health_timeout_s": 1.0}), "[workers] health_timeout_s: 1.0: must be > 1"),
     ],
 )
 def test_bad_configs(data, needle):

@@ -291,3 +291,22 @@ async def test_the_tuis_preflight_shows_the_config_probe_for_a_run_dir_whose_con
     assert [r.id for r in report.results] == ["config"] and report.results[0].status.value == "FAIL"
     assert '[sampling] temperature: "0.6" (a string): expected a number; fix: write 0.6 without quotes' in \
         report.results[0].stdout
+
+
+def test_range_errors_say_the_whole_range_the_default_and_what_the_key_does():
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict({**BASE, "runaway": {"max_period": 0}, "notify": {"command": "page-me --now"}})
+    lines = exc.value.lines()
+    assert "[runaway] max_period: 0: must be an integer in 1..4096 (default 512); the longest token cycle the cycle " \
+           "signal looks for" in lines
+    assert '[notify] command: "page-me --now" (a string): expected a list [...]; fix: write a list, one item per ' \
+           'word (argv, no shell): ["page-me", "--now"]' in lines
+
+
+def test_a_max_new_tokens_over_the_context_is_a_warning_not_a_refusal(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(to_toml({**BASE, "context_length": 4096}))
+    r = regen("config", "check", str(path), home=tmp_path)
+    assert r.returncode == 0 and "valid" in r.stdout
+    assert "warning: [sampling] max_new_tokens: 32768 is not below context_length = 4096: every answer is capped" \
+        in r.stderr

@@ -50,10 +50,10 @@ def test_ssh_destination_splits_a_port():
     ([{"name": "a", "address": "x"}, {"name": "a", "address": "y"}], {}, "[[hosts]] name: 'a' is used twice"),
     ([{"name": "a", "address": "local"}, {"name": "b", "address": "local"}], {}, "only one host can be"),
     ([{"name": "a", "address": "x"}], {"policy": "fastest"}, '[router] policy: "fastest": must be one of'),
-    ([{"name": "a", "address": "x"}], {"link": "lan"}, '[[hosts]] #1 (a) lan_address: router.link = "lan" needs it'),
+    ([{"name": "a", "address": "x"}], {"link": "lan"}, '[[hosts]] #1 lan_address: router.link = "lan" needs it'),
     ([{"name": "a b", "address": "x"}], {}, "letters, digits"),
     ([{"name": "a", "address": "x", "gpus": [0, 1, 2], "tp_size": 2}], {},
-     "[[hosts]] #1 (a) gpus: has 3 GPUs, not a multiple of tp_size = 2"),
+     "[[hosts]] #1 gpus: has 3 GPUs, not a multiple of tp_size = 2"),
     ([{"name": "a", "adress": "x"}], {}, "[[hosts]] #1 adress: unknown key; fix: did you mean `address`?"),
 ])
 def test_bad_host_configs_are_refused_naming_the_field(hosts, router, message):

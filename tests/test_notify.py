@@ -410,7 +410,7 @@ def base(**kw):
     ({"url": "https://x.io/", "min_severity": "fatal"},
      "[notify] min_severity: \"fatal\": must be one of 'info', 'warning', 'error' or 'critical'"),
     ({"url": "https://x.io/", "retries": 0}, "[notify] retries: 0: must be greater than or equal to 1"),
-    ({"url": "https://x.io/", "flush_timeout_s": 0}, "[notify] flush_timeout_s: 0: must be in > 0"),
+    ({"url": "https://x.io/", "flush_timeout_s": 0}, "[notify] flush_timeout_s: 0: must be > 0"),
     ({"url": "https://x.io/", "headers": {"A": 1}}, "[notify] headers.A: 1 (an integer): expected a string"),
     ({"url": "https://x.io/", "webhook": "y"}, "[notify] webhook: unknown key"),
 ])

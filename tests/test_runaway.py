@@ -170,12 +170,12 @@ def test_runaway_config_defaults_and_overrides():
     ("enabled", "yes", '[runaway] enabled: "yes" (a string): expected true or false'),
     # the whole range and the default, not only the bound that was crossed
     ("max_period", 0, ("[runaway] max_period: 0: must be", "1", "4096", "default 512")),
-    ("min_repeats", 1, "[runaway] min_repeats: 1: must be greater than or equal to 2"),
+    ("min_repeats", 1, "[runaway] min_repeats: 1: must be an integer in 2..1000000"),
     # the range, the default, and what 1 does
     ("ngram_share", 0, ("[runaway] ngram_share: 0: must be in (0, 1]", "default 0.9",
                         "1 turns the n-gram signal off")),
     ("alert_share", 1.5, "[runaway] alert_share: 1.5: must be in (0, 1]"),
-    ("ngram_window", 10, "[runaway] ngram_window: 10: must be greater than or equal to 64"),
+    ("ngram_window", 10, "[runaway] ngram_window: 10: must be an integer in 64..1000000"),
     ("stream_interval", 2.5, "[runaway] stream_interval: 2.5 (a number): expected an integer"),
     ("nope", 1, "[runaway] nope: unknown key"),
 ])

@@ -10,7 +10,7 @@ import json
 import sys
 
 from engine.config import ConfigError, load_config
-from engine.config_schema import RunConfig
+from engine.config_schema import RunConfig, config_warnings
 
 SCHEMA_ID = "https://regen.invalid/run.toml.schema.json"
 
@@ -38,9 +38,13 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"regen config check: {exc}", file=sys.stderr)
         return 1
+    warnings = [f"{key}: {text}" for key, text in config_warnings(cfg)]
     if args.json:
-        sys.stdout.write(json.dumps({"valid": True, "path": args.file, "errors": []}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"valid": True, "path": args.file, "errors": [], "warnings": warnings}, indent=2)
+                         + "\n")
     else:
+        for line in warnings:
+            print(f"regen config check: warning: {line}", file=sys.stderr)
         where = f"{len(cfg.hosts)} hosts" if cfg.hosts else f"{len(cfg.workers.groups())} server(s) on GPUs " \
             f"{','.join(map(str, cfg.workers.gpus))}"
         print(f"{args.file}: valid ({where}; run_dir {cfg.run_dir})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
         started = time.monotonic()
         tests = sorted(str(p) for p in (REPO / "tests").glob("test_faults_*.py"))
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *tests], cwd=str(REPO))
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *tests], cwd=str(REPO),
+                           env={**os.environ, "REGEN_FAULT_FIGURES": str(FIGURES)})  # recorded: tests write here
         print(f"fault suite exited {r.returncode} after {time.monotonic() - started:.0f} s", file=sys.stderr)
         if r.returncode != 0:
             return r.returncode

@@ -117,3 +117,16 @@ async def test_again_keeps_its_place():
     source.refuse_reconnect = False  # the operator fixed it and pressed ctrl+r
     rest = await collect(follower, again=True)
     assert [e.to_json() for e in first + rest] == [e.to_json() for e in log]
+
+
+def test_follow_progress_never_goes_back():
+    """The status snapshot first, then only newer events: a backfilled event from before it is not shown."""
+    from console.commands.status_follow import Progress
+    from engine.telemetry_events import DispatchEvent
+
+    shown = Progress()
+    assert shown.take(DispatchEvent(ts=10.0, done=200, total=2750))
+    assert not shown.take(DispatchEvent(ts=9.5, done=182, total=2750))  # older than the snapshot
+    assert shown.take(DispatchEvent(ts=10.5, done=205, total=2750))
+    assert not shown.take(DispatchEvent(ts=11.0, done=190, total=2750))  # newer, but fewer committed: stale
+    assert shown.take(DispatchEvent(ts=12.0, done=206, total=2750))

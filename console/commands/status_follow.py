@@ -20,6 +20,24 @@ from engine.telemetry_events import DispatchEvent
 EXIT_INTERRUPTED = 130  # Ctrl-C: the run goes on, only the following stopped
 
 
+class Progress:
+    """The figures on screen move forward only: the status snapshot first, then only events newer than what was
+    shown (a backfill replays events from before the snapshot: 200/2750, then 182/2750 was one of them)."""
+
+    def __init__(self) -> None:
+        self.ts: float | None = None
+        self.done = -1
+        self.total = -1
+
+    def take(self, ev: DispatchEvent) -> bool:
+        if self.ts is not None and ev.ts <= self.ts:
+            return False
+        if ev.total == self.total and ev.done < self.done:
+            return False  # an older supervisor's last word arriving late: committed counts never go back
+        self.ts, self.done, self.total = ev.ts, ev.done, ev.total
+        return True
+
+
 def _stamp(line: str) -> str:
     return f"{time.strftime('%H:%M:%S')} {line}"
 
@@ -41,6 +59,7 @@ async def follow_status(args) -> int:
                                                           accept_new=True))
     last: RunStatus | None = None  # the latest status reply
     printed = [""]
+    shown = Progress()
 
     def show(line: str) -> None:
         if line != printed[0]:  # one line per change, not per event
@@ -54,7 +73,9 @@ async def follow_status(args) -> int:
             cause = cause_block(status, args).plain.rstrip()
             if cause:
                 print(cause, flush=True)
-        show(progress_line(status.dispatch or DispatchEvent(), status.state, status.running))
+        figures = status.dispatch or DispatchEvent()
+        if status.dispatch is None or shown.take(figures) or not status.running:
+            show(progress_line(figures, status.state, status.running))
 
     def on_state(st: FollowState) -> None:
         if st.state in ("reconnecting", "lost"):
@@ -67,7 +88,7 @@ async def follow_status(args) -> int:
                            on_warning=lambda text: print(text, file=sys.stderr, flush=True), watch_ended=False)
     try:
         async for ev in follower.events():
-            if isinstance(ev, DispatchEvent):
+            if isinstance(ev, DispatchEvent) and shown.take(ev):
                 show(progress_line(ev, ev.state, running=True))
     finally:
         await source.close()

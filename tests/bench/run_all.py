@@ -116,13 +116,17 @@ def tui_rows(tui: dict) -> list[str]:
     for n, r in tui["scales"].items():
         budget = tui["budget"][f"cpu_pct_{n}_shards"]
         tabs = r["tabs"]
-        worst = max(tabs, key=lambda t: tabs[t]["cpu_pct_median"])
-        per_tab = ", ".join(f"{t} {v['cpu_pct_median']:.1f}" for t, v in tabs.items())
+        worst = max(tabs, key=lambda t: tabs[t]["cpu_pct"])
+        per_tab = ", ".join(f"{t} {v['cpu_pct']:.1f}" for t, v in tabs.items())
         base = r.get("baseline_tabs")
-        base_text = ", ".join(f"{t} {v['cpu_pct_median']:.1f}" for t, v in base.items()) if base else ""
-        ok = r["run_state_at_end"] == "running" and tabs[worst]["cpu_pct_median"] <= budget
-        rows.append(f"| tui: console CPU, % of one core (median of 1 s samples), {r['workers']} workers, {int(n):,} shards, "
-                    f"per tab | {per_tab} | {base_text} | | ≤ {budget:.0f}% every tab | {_yes(ok)} |")
+        base_text = ", ".join(f"{t} {v['cpu_pct']:.1f}" for t, v in base.items()) if base else ""
+        ok = r["run_state_at_end"] == "running" and tabs[worst]["cpu_pct"] <= budget
+        libs = tui.get("libraries") or {}
+        load = max(v.get("load_avg", [0.0])[0] for v in tabs.values())
+        rows.append(f"| tui: console CPU, % of one core (CPU seconds over each tab's window; textual "
+                    f"{libs.get('textual', '?')}, textual-plot {libs.get('textual-plot', '?')}; load avg up to "
+                    f"{load:.1f}), {r['workers']} workers, {int(n):,} shards, per tab | {per_tab} | {base_text} | | "
+                    f"≤ {budget:.0f}% every tab | {_yes(ok)} |")
         for tab in ("workers", "shards"):
             lat = r["latency"].get(tab) or {}
             if lat.get("batches"):

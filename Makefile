@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench.run_all
+
+# the reference pages generated from the code (tests/test_reference.py checks them)
+docs: $(STAMP)
+	$(BIN)/python -m console.reference docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -2,28 +2,34 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# what the product needs (make demo), and that plus the test extras (make test, bench, docs)
+PRODUCT := $(VENV)/.installed-product
+TESTING := $(VENV)/.installed-test
 
 .PHONY: demo test bench docs clean
 
-$(STAMP): pyproject.toml
+$(PRODUCT): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	$(BIN)/pip install --quiet -e .
+	touch $(PRODUCT)
 
-demo: $(STAMP)
+$(TESTING): $(PRODUCT)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(TESTING)
+
+demo: $(PRODUCT)
 	$(BIN)/regen demo
 
-test: $(STAMP)
+test: $(TESTING)
 	$(BIN)/lint-imports
 	$(BIN)/pytest
 
-bench: $(STAMP)
+bench: $(TESTING)
 	$(BIN)/python -m tests.bench.run_all
 
 # the reference pages generated from the code (tests/test_reference.py checks them)
-docs: $(STAMP)
+docs: $(TESTING)
 	$(BIN)/python -m console.reference docs
 
 clean:

@@ -2,9 +2,11 @@
 messages-parquet (NeMo Automodel).
 
 Each sample becomes the conversation as the model saw it when it generated that turn: the prompt file's
-messages with the earlier user turns answered by the model's own regenerated answers (reasoning dropped,
-as the chat template drops it from history), then the generated turn: with `content` and the reasoning
+messages with the earlier user turns answered by the model's own regenerated answers, each written exactly as
+the chat template wrote it into the prompt (Renderer.history_content: a closed reasoning block dropped, a turn cut
+inside its reasoning kept raw, as the model saw it), then the generated turn: with `content` and the reasoning
 under --reasoning-key (conversations-jsonl), or the reasoning inline in the content (messages formats).
+Rendering a row's history with the model's template gives back the stored prompt ids.
 The prompt files are read once, in step with the shards (both are in input order).
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from engine.export.answers import Answer, answer_of
+from engine.export.answers import Answer, answer_of, strip_end
 from engine.export.files import JsonlFiles, ParquetFiles
 from engine.export.filters import ShardFilter
 from engine.export.options import CONVERSATIONS_JSONL, MESSAGES_JSONL, MESSAGES_PARQUET, ExportOptions
@@ -34,6 +36,18 @@ MESSAGES_SCHEMA = pa.schema([
     pa.field("messages", pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])),
              nullable=False),
 ])
+
+
+def as_seen(renderer: Renderer, end_tokens: list[str], text: str, prompt_opened: bool) -> str:
+    """A committed turn as the next turn's prompt held it: its history answer (the output without its
+    end-of-turn, after the think opening its prompt held), as the template writes an earlier turn."""
+    answer = strip_end(text, end_tokens)
+    if prompt_opened:
+        answer = renderer.opened_text + answer
+    try:
+        return renderer.history_content(answer)
+    except RenderError as exc:
+        raise ExportError(f"cannot write the history as the model saw it: {exc}") from exc
 
 
 class PromptCursor:
@@ -98,8 +112,11 @@ class ConversationWriter:
         texts = t.column("text").to_pylist()
         opened = t.column(OPENED_COLUMN).to_pylist()
         answers: dict[str, dict[int, Answer]] = {}
+        seen: dict[str, dict[int, str]] = {}  # per conversation: each turn as its later turns' prompts held it
         for cid, turn, text, prompt_opened in zip(conv_ids, turns, texts, opened):
             answers.setdefault(cid, {})[turn] = answer_of(text, self.end_tokens, prompt_opened)
+            if self.turns == "all":
+                seen.setdefault(cid, {})[turn] = as_seen(self.renderer, self.end_tokens, text, prompt_opened)
         rows: list[dict[str, Any]] = []
         for i in filt.keep.nonzero()[0].tolist():
             conv = convs.get(conv_ids[i])
@@ -109,9 +126,8 @@ class ConversationWriter:
                                   f"are now its conversation is {found}: the prompt files changed since the run. "
                                   "Put back the files the run read (manifest.json in the run dir lists their sizes "
                                   "and hashes), or export a token format (tokens-jsonl, hf), which needs no prompts")
-            visible = {k: a.content for k, a in answers[conv_ids[i]].items()}
             try:
-                history = self.renderer.build_messages(conv, turns[i], visible, self.turns)
+                history = self.renderer.build_messages(conv, turns[i], seen.get(conv_ids[i], {}), self.turns)
             except (KeyError, ValueError) as exc:
                 raise ExportError(f"sample {sample_ids[i]!r}: cannot rebuild its history: {exc}") from exc
             rows.append(self._row(sample_ids[i], conv_ids[i], turns[i], history, answers[conv_ids[i]][turns[i]]))

@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 TURN_MODES = ("all", "last", "first")
+# turns = "all": what becomes of a conversation's later turns once a turn ends at max_new_tokens (finish_reason
+# length) or is stopped by the runaway guard (repetition): "stop" settles them without generating them (rejected,
+# reject kind "after_cut"); "continue" generates them on the cut history, as the model was prompted with it
+TURNS_AFTER_CUT = ("stop", "continue")
 PROMPT_FORMATS = ("auto", "jsonl", "json", "parquet")
 
 DEFAULT_LAUNCH = (
@@ -273,6 +277,7 @@ class RunConfig:
     tokenizer: str | None = None  # defaults to model
     prompt_format: str = "auto"
     turns: str = "all"
+    turns_after_cut: str = "stop"  # TURNS_AFTER_CUT
     enable_thinking: bool = True
     shard_size: int = 1000  # conversations per shard
     context_length: int | None = None  # defaults to the model config's
@@ -304,6 +309,9 @@ class RunConfig:
             "enable_thinking": self.enable_thinking,
             "shard_size": self.shard_size,
             "sampling": dataclasses.asdict(self.sampling),
+            # in the hash only when not the default, so run dirs made before the key existed keep their hash; a run
+            # that switches policy between starts is refused (it changes which samples exist)
+            **({"turns_after_cut": self.turns_after_cut} if self.turns_after_cut != "stop" else {}),
         }
 
     def content_hash(self) -> str:
@@ -373,6 +381,10 @@ def config_from_dict(data: dict[str, Any], source_path: str | None = None) -> Ru
 def validate(cfg: RunConfig) -> None:
     if cfg.turns not in TURN_MODES:
         raise ConfigError(f"turns = {cfg.turns!r}: must be one of {', '.join(TURN_MODES)}")
+    if cfg.turns_after_cut not in TURNS_AFTER_CUT:
+        raise ConfigError(f"turns_after_cut = {cfg.turns_after_cut!r}: must be one of {', '.join(TURNS_AFTER_CUT)} "
+                          "(stop: a conversation's later turns are not generated once a turn ends at max_new_tokens "
+                          "or is stopped as a runaway; continue: they are, on the cut history)")
     if cfg.prompt_format not in PROMPT_FORMATS:
         raise ConfigError(f"prompt_format = {cfg.prompt_format!r}: must be one of {', '.join(PROMPT_FORMATS)}")
     if cfg.shard_size < 1:

@@ -73,6 +73,10 @@ class Manifest:
     run_dir: str = ""
     export: dict[str, Any] = field(default_factory=dict)  # format and options (kind export)
     notes: list[str] = field(default_factory=list)
+    turns_after_cut: str = "stop"  # the run's policy for later turns after a cut turn (engine.config)
+    # text exports: rows whose text, rendered with the model's template and re-tokenized, gives the stored ids back,
+    # and those that do not by kind of difference (engine.export.agreement); empty for token formats and runs
+    agreement: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **dataclasses.asdict(self)}
@@ -135,7 +139,7 @@ def build(cfg: RunConfig, *, kind: str, counts: Counts, files: list[FileRecord] 
         tokenizer_files=tokenizer_files, chat_template_sha256=chat_template_sha256(tok_dir, notes),
         enable_thinking=cfg.enable_thinking, sampling=dataclasses.asdict(cfg.sampling), turns=cfg.turns,
         config_hash=cfg.content_hash(), prompt_files=prompts, counts=counts, files=list(files or []),
-        run_dir=cfg.run_dir, export=dict(export or {}), notes=notes)
+        run_dir=cfg.run_dir, export=dict(export or {}), notes=notes, turns_after_cut=cfg.turns_after_cut)
 
 
 def chat_template_sha256(tok_dir: Path, notes: list[str]) -> str | None:
@@ -202,7 +206,9 @@ def write_run_manifest(cfg: RunConfig, run_dir: Path) -> Path:
         progress = store.progress()
     samples = sum(p.done_samples for p in progress)
     counts = Counts(samples=samples, kept=samples,
-                    dropped={"rejected": sum(p.rejected for p in progress), "failed": sum(p.failed for p in progress)},
+                    dropped={"rejected": sum(p.rejected for p in progress), "failed": sum(p.failed for p in progress),
+                             # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
+                             "after_cut": sum(p.after_cut for p in progress)},
                     tokens={"output": sum(p.output_tokens for p in progress)})
     manifest = build(dataclasses.replace(cfg, run_dir=str(run_dir)), kind="run", counts=counts)
     manifest.notes.append("the run's part files and their rows are listed in state.sqlite (table parts); "

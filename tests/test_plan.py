@@ -96,6 +96,10 @@ def test_plan_without_pilot_uses_marked_assumptions(tmp_path, tiny_model_dir, ca
     assert "data-quality brake: dispatch pauses run-wide when, over the last 500 committed samples" in " ".join(
         out.split())
     assert "files the run" in out and "part files per" in out
+    cut = d["turns_after_cut"]
+    assert (cut["policy"], cut["later_turns"], cut["cut_share"], cut["skipped"]) == ("stop", 10, None, 0.0)
+    assert "turns after a cut turn: stop (turns_after_cut): not estimated [no pilot: --pilot N measures" in " ".join(
+        out.split())
 
 
 def _long_answers(tmp_path: Path, *, answers: bool) -> list[Path]:
@@ -354,3 +358,12 @@ def test_pilot_answers_are_run_through_the_guard(tmp_path, tiny_model_dir, capsy
     assert d["pilot"]["finish_reasons"].get("length", 0) >= g["would_stop"]  # the loops ran to max_new_tokens
     assert 0.2 < g["tokens_saved_share"] < 0.9
     assert g["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * g["tokens_saved_share"])
+    # turns_after_cut = stop: each of the 10 second turns is skipped when its first turn is cut (share p)
+    cut = d["turns_after_cut"]
+    p = (d["pilot"]["finish_reasons"].get("length", 0) + d["pilot"]["finish_reasons"].get("repetition", 0)) / 30
+    assert cut["cut_share"] == pytest.approx(p) and p > 0
+    assert cut["skipped"] == pytest.approx(10 * p) and cut["skipped_share"] == pytest.approx(10 * p / 55)
+    assert cut["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * 10 * p / 55)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "30"]) == 0
+    assert f"turns after a cut turn: stop (turns_after_cut): saves ~{10 * p:,.0f} later turns" in " ".join(
+        capsys.readouterr().out.split())

@@ -188,6 +188,18 @@ class Renderer:
             return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
 
+    def conversation_ids_many(self, messages_list: Sequence[list[dict]]) -> list[list[int]]:
+        """Whole conversations (the last message an assistant turn) rendered as a trainer renders them: the template
+        without a generation prompt, then tokenized; batched as prompt_ids_many."""
+        if not messages_list:
+            return []
+        texts = self.tokenizer.apply_chat_template(
+            list(messages_list), tokenize=False, add_generation_prompt=False, enable_thinking=self.enable_thinking)
+        backend = self._backend_for_ids()
+        if backend is not None:
+            return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
+
     def _backend_for_ids(self):
         """The Rust tokenizer when calling it directly gives exactly the ids of tokenizer(texts,
         add_special_tokens=False): no truncation or padding set on it, special tokens handled as

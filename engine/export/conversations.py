@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from engine.export.agreement import AgreementCheck
 from engine.export.answers import Answer, answer_of, strip_end
 from engine.export.files import JsonlFiles, ParquetFiles
 from engine.export.filters import ShardFilter
@@ -27,7 +28,9 @@ from engine.manifest import FileRecord
 from engine.render import RenderError, Renderer
 from engine.stats import OPENED_COLUMN
 
-CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text", OPENED_COLUMN]
+# input_ids and prompt_len: each row's re-rendered text is compared with them (engine.export.agreement)
+CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text", OPENED_COLUMN, "input_ids",
+                        "prompt_len"]
 STEMS = {CONVERSATIONS_JSONL: "conversations", MESSAGES_JSONL: "messages", MESSAGES_PARQUET: "messages"}
 MESSAGES_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -95,6 +98,7 @@ class ConversationWriter:
         self.end_tokens = [t for t in self.renderer.tokenizer.convert_ids_to_tokens(self.renderer.eos_ids) if t]
         self.snap, self.opts, self.turns = snap, opts, cfg.turns
         self.prompts = PromptCursor(snap)
+        self.agreement = AgreementCheck(self.renderer, self.end_tokens)
         stem = STEMS[opts.fmt]
         if opts.fmt == MESSAGES_PARQUET:
             self.files: JsonlFiles | ParquetFiles = ParquetFiles(opts.out, stem, MESSAGES_SCHEMA,
@@ -118,7 +122,8 @@ class ConversationWriter:
             if self.turns == "all":
                 seen.setdefault(cid, {})[turn] = as_seen(self.renderer, self.end_tokens, text, prompt_opened)
         rows: list[dict[str, Any]] = []
-        for i in filt.keep.nonzero()[0].tolist():
+        kept = filt.keep.nonzero()[0].tolist()
+        for i in kept:
             conv = convs.get(conv_ids[i])
             if conv is None or conv.origin != origins[i]:
                 found = "not there" if conv is None else f"at {conv.origin}"
@@ -136,6 +141,21 @@ class ConversationWriter:
         else:
             for row in rows:
                 self.files.write(orjson.dumps(row))
+        if kept:
+            ids = t.column("input_ids").take(pa.array(kept)).to_pylist()
+            plens = t.column("prompt_len").take(pa.array(kept)).to_pylist()
+            self.agreement.add([sample_ids[i] for i in kept], [self._as_rendered(r) for r in rows], ids, plens)
+
+    def _as_rendered(self, row: dict[str, Any]) -> list[dict]:
+        """A written row's messages as a trainer hands them to the chat template (the reasoning key it reads is
+        `reasoning_content`; --reasoning-key renames it for trainers that map it back)."""
+        if self.opts.fmt != CONVERSATIONS_JSONL:
+            return row["messages"]
+        *history, final = row["conversations"]
+        last = {"role": "assistant", "content": final["content"]}
+        if self.opts.reasoning_key in final:
+            last["reasoning_content"] = final[self.opts.reasoning_key]
+        return [*history, last]
 
     def _row(self, sid: str, cid: str, turn: int, history: list[dict], answer: Answer) -> dict[str, Any]:
         history = [{"role": m["role"], "content": m["content"]} for m in history]

@@ -79,6 +79,7 @@ class Dispatcher:
         self._text_alerted: set[str] = set()
         self._abort_alerted: set[str] = set()
         self._unstreamed_alerted: set[str] = set()
+        self._cumulative_noted: set[str] = set()  # workers seen streaming every id so far in each chunk
         self.stopped_runaways = 0  # answers the guard stopped in this run (their outcome is their committed row)
         self._aborts: set[asyncio.Task] = set()  # /abort_request calls in flight (kept referenced until done)
         # per worker, (its url, the /generate URL, the request headers), built once in aiohttp's own types
@@ -389,6 +390,15 @@ class Dispatcher:
     def _handle_stream(self, w: Worker, item: WorkItem, answer: AnswerStream, latency: float) -> None:
         """A streamed answer: as a non-streamed one once it ended with its final chunk; an error event as the HTTP
         400 it stands for (a ValueError of SGLang's); a runaway the guard stopped, with every id delivered."""
+        if answer.cumulative_ids and w.name not in self._cumulative_noted:
+            self._cumulative_noted.add(w.name)
+            self.emit(AlertEvent(
+                severity="info", text=f"{w.name} streams every id so far in each chunk (no delta streaming): read "
+                "exactly, at a client CPU cost growing with the square of an answer's length",
+                evidence=f"{item.rid}: {answer.chunks} chunks, {len(answer.ids)} ids; SGLang 0.5.10+ streams deltas "
+                "when launched with --incremental-streaming-output (0.5.5: --stream-output), which regen adds when "
+                "it can read the server's version (workers/<name>/server.log shows the launch line)",
+                key=f"cumulative-stream:{w.name}"))
         if answer.verdict is not None:
             self.stopped_runaways += 1
             self._answered(w, item, answer.ids, answer.meta, answer.finish or {}, answer.text, latency,

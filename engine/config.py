@@ -140,11 +140,12 @@ class Runaway:
     ngram_window: int = 8192
     ngram_share: float = 0.9
     check_every: int = 512  # the ngram share is computed every this many tokens
-    # tokens per streamed chunk (sampling_params.stream_interval): SGLang 0.5.10+ streams every id so far in each
-    # chunk unless launched with --incremental-streaming-output (--stream-output), so a chunk every k tokens
-    # costs both ends ~n^2 / 2k ids per n-token answer; 256 keeps that near 1.5x a plain request for a 2,000-token
-    # answer and stops a loop at most 256 tokens later
-    stream_interval: int = 256
+    # tokens per streamed chunk (sampling_params.stream_interval). regen launches each server with its version's
+    # delta-streaming flag (engine.stream_flag), so a chunk carries only its new ids; each chunk still costs the
+    # client a read, a parse and a detector pass (tests/bench/bench_runaway.py: 1,024 keeps the client's CPU per
+    # token near a plain request's) and stops a loop at most 1,024 tokens later. A server that streams every id so
+    # far (SGLang 0.5.10+ without the flag) costs both ends ~n^2 / 2k ids per n-token answer
+    stream_interval: int = 1024
     alert_share: float = 0.05  # a shard whose repetition-stopped share is above this raises an alert
 
 

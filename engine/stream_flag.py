@@ -38,8 +38,8 @@ def flag_for(version: str) -> str | None:
 
 def simulated_version(argv: list[str]) -> str | None:
     """The SGLang version a simulator launch speaks (its --sim-sglang-version, else its default), or None when
-    the launch is not the simulator's."""
-    if SIMULATOR_MODULE not in argv:
+    the launch is not the simulator's: one that runs engine.simulator, or passes --sim-* flags (SGLang has none)."""
+    if SIMULATOR_MODULE not in argv and not any(w.startswith("--sim-") for w in argv):
         return None
     from engine.simulator.profiles import DEFAULT_VERSION
 

@@ -176,7 +176,7 @@ async def test_a_runaway_is_aborted_by_rid_and_committed_with_every_id_never_ret
     server = StreamingServer(streamed, hold=final + b"data: [DONE]\n\n")
     outcomes, item, events_, d = await run_one(server)
     assert server.aborts == [{"rid": "c1#turn0"}]
-    assert server.requests[0]["stream"] is True and server.requests[0]["sampling_params"]["stream_interval"] == 256
+    assert server.requests[0]["stream"] is True and server.requests[0]["sampling_params"]["stream_interval"] == 1024
     assert len(outcomes) == 1 and isinstance(outcomes[0], Generated)
     row = outcomes[0].row
     assert row.finish_reason == "repetition" and row.output_ids.tolist() == after

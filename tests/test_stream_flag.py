@@ -18,6 +18,8 @@ def test_the_simulator_speaks_its_profile_and_the_operator_line_wins():
     got = asyncio.run(choose(sim + ["--sim-sglang-version", "0.5.5"], sys.executable))
     assert (got.flag, got.version) == (LEGACY, "0.5.5")
     assert asyncio.run(choose(sim, sys.executable)).flag == INCREMENTAL  # the simulator's default, 0.5.23
+    wrapped = ["python", "bench/sim_ms.py", "--model-path", "m", "--sim-output-mean", "2000"]  # a wrapper script
+    assert asyncio.run(choose(wrapped, sys.executable)).flag == INCREMENTAL
     given = asyncio.run(choose(sim + ["--stream-output"], sys.executable))
     assert given.flag is None and given.how == "the launch line has --stream-output already"
 

@@ -20,7 +20,6 @@ import asyncio
 import collections
 import functools
 import logging
-import struct
 import time
 from array import array
 from typing import Callable, Protocol
@@ -34,7 +33,7 @@ from engine.capacity import BatchSize
 from engine.config import RunConfig
 from engine.http_client import ConnectionMark, dropped_idle, fresh_session
 from engine.render import Renderer
-from engine.run.answer_stream import AnswerStream, StreamError
+from engine.run.answer_stream import AnswerStream, StreamError, int32_array
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
 from engine.run.runaway import Repetition, RunawayDetector
@@ -490,22 +489,6 @@ async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
     return await resp.read()
 
 
-def int32_array(values: list) -> array:
-    """array("i", values), about twice as fast: struct packs the list in one C loop, array() checks and
-    converts item by item. A value that is no int32 makes struct refuse it; array() then raises its own
-    TypeError / OverflowError, so a bad reply gets the same error text as before."""
-    out = array("i")
-    try:
-        out.frombytes(_int32_packer(len(values)).pack(*values))
-    except struct.error:
-        return array("i", values)
-    return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _int32_packer(n: int) -> struct.Struct:
-    # struct's own cache of compiled formats holds 100: answer lengths vary over thousands of values
-    return struct.Struct(f"{n}i")
 
 
 def _margin(w, size: int) -> int:

@@ -378,11 +378,14 @@ def project_files(cfg: RunConfig, shard_plan: ShardPlan, out: Range, tps: Range,
     return FilesProjection(shard_plan.shards, per_shard, rpp, parts, cut_s, basis)
 
 
-def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None) -> GuardProjection:
-    """From a pilot's answers (each run through the detector as it would have streamed: a chunk every
-    runaway.stream_interval tokens), or from plan.loop_share: a looping answer runs to max_new_tokens and is
-    stopped where its cycle covers the guard's span, about min_span tokens after it began half-way through a
-    normal answer. GPU time saved is taken in proportion to the output tokens saved (decode at a full batch)."""
+def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None,
+                  pilot: PilotResult | None = None) -> GuardProjection:
+    """From a pilot's answers, or from plan.loop_share. A pilot with the guard on streamed its answers through it, so
+    its runaways were stopped as the run stops them (finish_reason repetition): each would have run to
+    max_new_tokens without it. A pilot without the guard: each answer is run through the detector as it would have
+    streamed (a chunk every runaway.stream_interval tokens). Assumed: a looping answer runs to max_new_tokens and is
+    stopped where its cycle covers the guard's span, about min_span tokens after it began half-way through a normal
+    answer. GPU time saved is taken in proportion to the output tokens saved (decode at a full batch)."""
     from engine.run.runaway import RunawayDetector
 
     r, max_new = cfg.runaway, cfg.sampling.max_new_tokens
@@ -390,6 +393,21 @@ def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None) 
                 f"n-gram ({r.ngram}) repeat share >= {r.ngram_share:.0%} over {r.ngram_window} tokens"
                 + ("" if r.enabled else " (off: runaway.enabled = false)"))
     gpu = projection.gpu_hours
+    stopped_in_pilot = pilot is not None and pilot.finish_reasons.get("repetition", 0) > 0
+    if outputs and stopped_in_pilot:
+        kept = sum(len(ids) for ids in outputs)
+        stopped = pilot.finish_reasons["repetition"]
+        saved = sum(max(0, max_new - len(ids)) for ids, fr in zip(outputs, getattr(pilot, "_finishes", [])) if fr == "repetition")
+        share = saved / (kept + saved) if kept + saved else 0.0
+        basis = (f"pilot: its {len(outputs)} answers streamed through the guard ({stopped} stopped, each taken to "
+                 "have run to max_new_tokens without it); GPU time in proportion to the output tokens")
+        loops, n = stopped / len(outputs), len(outputs)
+        # the projection's GPU time is already the guarded run's: what the guard saves is on top of it
+        hours_share = saved / kept if kept else 0.0
+        if not r.enabled:
+            share = hours_share = 0.0
+        hours = Range(gpu.value * hours_share, gpu.low * hours_share, gpu.high * hours_share, basis)
+        return GuardProjection(r.enabled, settings, basis, n, stopped, loops, share, hours)
     if outputs:
         total = saved = stopped = 0
         for ids in outputs:
@@ -474,7 +492,7 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
                    "tokens_per_s_per_gpu": cfg.plan.tokens_per_s_per_gpu,
                    "loop_share": cfg.plan.loop_share,
                    "used": result is None}
-    guard = project_guard(cfg, projection, outputs if result is not None else None)
+    guard = project_guard(cfg, projection, outputs if result is not None else None, result)
     return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
                 runaway=guard, brake=plan_of(cfg),
                 turns_after_cut=project_cut_policy(cfg, shard_plan, projection, result))

@@ -334,7 +334,8 @@ def test_pilot_with_fewer_prompts_than_the_batch_sends_them_all_and_says_the_bat
 
 def test_plan_says_what_the_runaway_guard_is_expected_to_save_as_an_estimate(tmp_path, tiny_model_dir, capsys):
     cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path),
-                       plan="[plan]\noutput_tokens_per_sample = 1000.0\ntokens_per_s_per_gpu = 500.0\n")
+                       plan="[plan]\noutput_tokens_per_sample = 1000.0\ntokens_per_s_per_gpu = 500.0\n"
+                            "[runaway]\nstream_interval = 256\n")
     assert cli_main(["plan", "local", "--config", str(cfg), "--json"]) == 0
     g = json.loads(capsys.readouterr().out)["runaway"]
     assert g["enabled"] and g["basis"].startswith("assumed: an estimate, plan.loop_share = 2.0%")
@@ -346,19 +347,24 @@ def test_plan_says_what_the_runaway_guard_is_expected_to_save_as_an_estimate(tmp
     assert "runaway guard: on" in out and "expected to save" in out and "an estimate" in out
 
 
-def test_pilot_answers_are_run_through_the_guard(tmp_path, tiny_model_dir, capsys):
+def test_pilot_answers_stream_through_the_guard_and_its_loops_are_stopped(tmp_path, tiny_model_dir, capsys):
     knobs = ["--sim-step-ms", "2", "--sim-step-ms-per-req", "0", "--sim-tokens-per-step", "16",
              "--sim-output-mean", "150", "--sim-loop-share", "0.3", "--sim-seed", "3"]
-    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs, in_flight=8)
+    # chunks of 256 tokens: answers of at most 2,000 tokens give the guard several looks at each loop
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs, in_flight=8,
+                       plan="[runaway]\nstream_interval = 256\n")
     assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "30", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     g = d["runaway"]
-    assert g["basis"].startswith("pilot: its 30 answers run through the detector")
-    assert g["answers"] == 30 and g["would_stop"] >= 3, g
-    assert d["pilot"]["finish_reasons"].get("length", 0) >= g["would_stop"]  # the loops ran to max_new_tokens
-    assert 0.2 < g["tokens_saved_share"] < 0.9
-    assert g["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * g["tokens_saved_share"])
-    # turns_after_cut = stop: each of the 10 second turns is skipped when its first turn is cut (share p)
+    assert g["basis"].startswith("pilot: its 30 answers streamed through the guard")
+    # the pilot stopped the simulated loops itself (aborted by rid), as the run does
+    stopped = d["pilot"]["finish_reasons"].get("repetition", 0)
+    assert g["answers"] == 30 and g["would_stop"] == stopped >= 3, g
+    assert 0.2 < g["tokens_saved_share"] < 0.99
+    saved_share = g["tokens_saved_share"] / (1 - g["tokens_saved_share"])  # on top of the guarded projection
+    assert g["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * saved_share)
+    # turns_after_cut = stop: each of the 10 second turns is skipped when its first turn is cut (share p: the
+    # answers that ended at max_new_tokens or were stopped as runaways)
     cut = d["turns_after_cut"]
     p = (d["pilot"]["finish_reasons"].get("length", 0) + d["pilot"]["finish_reasons"].get("repetition", 0)) / 30
     assert cut["cut_share"] == pytest.approx(p) and p > 0

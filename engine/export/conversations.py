@@ -116,11 +116,19 @@ class ConversationWriter:
         texts = t.column("text").to_pylist()
         opened = t.column(OPENED_COLUMN).to_pylist()
         answers: dict[str, dict[int, Answer]] = {}
-        seen: dict[str, dict[int, str]] = {}  # per conversation: each turn as its later turns' prompts held it
-        for cid, turn, text, prompt_opened in zip(conv_ids, turns, texts, opened):
+        at: dict[str, dict[int, int]] = {}  # per conversation: its turns' rows
+        for i, (cid, turn, text, prompt_opened) in enumerate(zip(conv_ids, turns, texts, opened)):
             answers.setdefault(cid, {})[turn] = answer_of(text, self.end_tokens, prompt_opened)
-            if self.turns == "all":
-                seen.setdefault(cid, {})[turn] = as_seen(self.renderer, self.end_tokens, text, prompt_opened)
+            at.setdefault(cid, {})[turn] = i
+        seen: dict[str, dict[int, str]] = {}  # per conversation: each earlier turn as the later prompts held it
+
+        def history_of(cid: str, turn: int) -> dict[int, str]:
+            """The turns before `turn` as seen, each rendered once (only turns some kept row has in its history)."""
+            mine = seen.setdefault(cid, {})
+            for k, j in at[cid].items():
+                if k < turn and k not in mine:
+                    mine[k] = as_seen(self.renderer, self.end_tokens, texts[j], opened[j])
+            return mine
         rows: list[dict[str, Any]] = []
         kept = filt.keep.nonzero()[0].tolist()
         for i in kept:
@@ -132,7 +140,8 @@ class ConversationWriter:
                                   "Put back the files the run read (manifest.json in the run dir lists their sizes "
                                   "and hashes), or export a token format (tokens-jsonl, hf), which needs no prompts")
             try:
-                history = self.renderer.build_messages(conv, turns[i], seen.get(conv_ids[i], {}), self.turns)
+                history = self.renderer.build_messages(
+                    conv, turns[i], history_of(conv_ids[i], turns[i]) if self.turns == "all" else {}, self.turns)
             except (KeyError, ValueError) as exc:
                 raise ExportError(f"sample {sample_ids[i]!r}: cannot rebuild its history: {exc}") from exc
             rows.append(self._row(sample_ids[i], conv_ids[i], turns[i], history, answers[conv_ids[i]][turns[i]]))

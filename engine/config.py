@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from engine.config_errors import ConfigError, ConfigIssue, issues_of
 from engine.config_schema import (DEFAULT_LAUNCH, DETERMINISTIC_FLAG, NOTIFY_FORMATS, PROMPT_FORMATS,
-                                  ROUTER_LINKS, ROUTER_POLICIES, SEVERITIES, SIMULATOR_LAUNCH, TURN_MODES, Alerts,
+                                  ROUTER_LINKS, ROUTER_POLICIES, SEVERITIES, SIMULATOR_LAUNCH, TURN_MODES,
+                                  TURNS_AFTER_CUT, Alerts,
                                   Brake, Dispatch, Host, NotifyConfig, PlanAssumptions, Router, RunConfig, Runaway,
                                   Sampling, Store, Workers, host_workers, launch_words, redact_url)
 
@@ -27,7 +28,8 @@ __all__ = ["ConfigError", "ConfigIssue", "RunConfig", "Sampling", "Workers", "Di
            "dump_toml", "changed_content_fields", "host_workers", "launch_words",
            "redact_url", "with_model_defaults", "SamplingSource", "EffectiveSampling", "MODEL_SAMPLING_KEYS",
            "DEFAULT_LAUNCH", "DETERMINISTIC_FLAG", "NOTIFY_FORMATS", "PROMPT_FORMATS", "ROUTER_LINKS", "ROUTER_POLICIES",
-           "SEVERITIES", "SIMULATOR_LAUNCH", "TURN_MODES", "resolve_sampling", "read_generation_config"]
+           "SEVERITIES", "SIMULATOR_LAUNCH", "TURN_MODES", "TURNS_AFTER_CUT", "resolve_sampling",
+           "read_generation_config"]
 
 # what SGLang's OpenAI API takes from generation_config.json (--sampling-defaults model; contract 2.5)
 MODEL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")

@@ -29,12 +29,14 @@ SIMULATOR_LAUNCH = (
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 TurnMode = Literal["all", "last", "first"]
+TurnsAfterCut = Literal["stop", "continue"]
 PromptFormat = Literal["auto", "jsonl", "json", "parquet"]
 NotifyFormat = Literal["generic", "slack", "discord", "ntfy"]
 Severity = Literal["info", "warning", "error", "critical"]
 RouterPolicy = Literal["cache_aware", "round_robin", "random", "power_of_two"]
 RouterLink = Literal["ssh", "lan"]
 TURN_MODES: tuple[str, ...] = TurnMode.__args__
+TURNS_AFTER_CUT: tuple[str, ...] = TurnsAfterCut.__args__
 PROMPT_FORMATS: tuple[str, ...] = PromptFormat.__args__
 NOTIFY_FORMATS: tuple[str, ...] = NotifyFormat.__args__
 SEVERITIES: tuple[str, ...] = Severity.__args__  # AlertEvent.severity, least to most severe
@@ -254,8 +256,10 @@ class Runaway(Section):
     """Share of repeated informative n-grams that stops an answer; 1 turns the n-gram signal off."""
     check_every: Int(1, 10**6) = 512
     """The n-gram share is computed every this many tokens."""
-    stream_interval: Int(1, 10**6) = 256
-    """Tokens per streamed chunk (SGLang's stream_interval); a loop is stopped at most this many tokens late."""
+    stream_interval: Int(1, 10**6) = 1024
+    """Tokens per streamed chunk (SGLang's stream_interval). Servers are launched with their version's delta-streaming
+    flag, so a chunk carries only its new ids; each chunk still costs the client a read, a parse and a detector pass,
+    and a loop is stopped at most this many tokens late."""
     alert_share: Real(0, 1, low_open=True) = 0.05
     """Alert when a shard's share of repetition-stopped answers is above this."""
 
@@ -457,6 +461,10 @@ class RunConfig(Section):
     """Prompt file format; auto decides by extension."""
     turns: TurnMode = "all"
     """Which user turns are answered: all (turn by turn on the model's own answers), last, or first."""
+    turns_after_cut: TurnsAfterCut = "stop"
+    """With turns = "all": once a turn ends at max_new_tokens or is stopped by the runaway guard, "stop" settles the
+    conversation's later turns without generating them (rejected, kind after_cut); "continue" generates them on the
+    cut history, as the model was prompted with it. A content field (in the hash only when not "stop")."""
     enable_thinking: bool = True
     """Passed to the chat template."""
     shard_size: Int(1) = 1000
@@ -501,6 +509,9 @@ class RunConfig(Section):
             "enable_thinking": self.enable_thinking,
             "shard_size": self.shard_size,
             "sampling": self.sampling.model_dump(),
+            # in the hash only when not the default, so run dirs made before the key existed keep their hash; a run
+            # that switches policy between starts is refused (it changes which samples exist)
+            **({"turns_after_cut": self.turns_after_cut} if self.turns_after_cut != "stop" else {}),
         }
 
     def content_hash(self) -> str:

@@ -74,6 +74,10 @@ class Manifest:
     export: dict[str, Any] = field(default_factory=dict)  # format and options (kind export)
     notes: list[str] = field(default_factory=list)
     sampling_sources: dict[str, str] = field(default_factory=dict)  # key -> run.toml | generation_config.json | ...
+    turns_after_cut: str = "stop"  # the run's policy for later turns after a cut turn (engine.config)
+    # text exports: rows whose text, rendered with the model's template and re-tokenized, gives the stored ids back,
+    # and those that do not by kind of difference (engine.export.agreement); empty for token formats and runs
+    agreement: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **dataclasses.asdict(self)}
@@ -140,7 +144,7 @@ def build(cfg: RunConfig, *, kind: str, counts: Counts, files: list[FileRecord] 
         enable_thinking=cfg.enable_thinking, sampling=cfg.sampling.model_dump(), turns=cfg.turns,
         config_hash=cfg.content_hash(), prompt_files=prompts, counts=counts, files=list(files or []),
         run_dir=cfg.run_dir, export=dict(export or {}), notes=notes,
-        sampling_sources={s.key: s.source for s in effective.sources})
+        sampling_sources={s.key: s.source for s in effective.sources}, turns_after_cut=cfg.turns_after_cut)
 
 
 def chat_template_sha256(tok_dir: Path, notes: list[str]) -> str | None:
@@ -207,7 +211,9 @@ def write_run_manifest(cfg: RunConfig, run_dir: Path) -> Path:
         progress = store.progress()
     samples = sum(p.done_samples for p in progress)
     counts = Counts(samples=samples, kept=samples,
-                    dropped={"rejected": sum(p.rejected for p in progress), "failed": sum(p.failed for p in progress)},
+                    dropped={"rejected": sum(p.rejected for p in progress), "failed": sum(p.failed for p in progress),
+                             # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
+                             "after_cut": sum(p.after_cut for p in progress)},
                     tokens={"output": sum(p.output_tokens for p in progress)})
     manifest = build(cfg.model_copy(update={"run_dir": str(run_dir)}), kind="run", counts=counts)
     manifest.notes.append("the run's part files and their rows are listed in state.sqlite (table parts); "

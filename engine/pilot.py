@@ -33,6 +33,7 @@ from engine.pilot_window import Completed, Reading, full_batch
 from engine.http_client import KEEPALIVE_S
 from engine.run.batch_feedback import margin_for
 from engine.run.prompt_limit import from_context, tightest
+from engine.shard_store import REPETITION
 
 BOOTSTRAP_ROUNDS = 2000
 ROUNDS = 2  # requests per in-flight slot: the first round fills the batch, the second keeps it full
@@ -97,6 +98,41 @@ class PilotResult:
     wall_s: float
     log_dir: str
     finish_reasons: dict[str, int]
+
+
+async def _follow(resp, cfg: RunConfig, url: str, stop: Callable[[], None]):
+    """A streamed pilot answer read through the runaway detector (engine.run.answer_stream); `stop()` once it fires.
+    A stream that breaks off after that is still the answer: what it delivered is exact."""
+    import aiohttp
+
+    from engine.run.answer_stream import AnswerStream, StreamError
+    from engine.run.runaway import RunawayDetector
+
+    answer = AnswerStream(RunawayDetector(cfg.runaway))
+    try:
+        async for data in resp.content.iter_any():
+            if answer.feed(data) is not None:
+                stop()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, StreamError) as exc:
+        if answer.verdict is None:
+            raise PilotError(f"pilot: {url}/generate stream broke off: {type(exc).__name__}: {exc}") from exc
+    return answer
+
+
+async def _abort(session, url: str, rid: str, notes: list[str]) -> None:
+    """POST /abort_request for a runaway the guard stopped; a failure is a note (the answer then runs on)."""
+    import aiohttp
+
+    try:
+        async with session.post(url + "/abort_request", json={"rid": rid},
+                                timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            text = await resp.text()
+            if resp.status == 200:
+                return
+            problem = f"HTTP {resp.status}: {text[:200]}"
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    notes.append(f"pilot: {url}/abort_request for runaway {rid} failed ({problem}): it ran to max_new_tokens")
 
 
 def bootstrap_mean_ci(values: np.ndarray, rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0) -> tuple[float, float]:
@@ -274,17 +310,37 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
             sending_over = asyncio.Event()
             started = time.monotonic()
 
-            async def one(w: int, prompt: list[int]) -> None:
+            guard = cfg.runaway.enabled  # answers stream through the runaway guard, as in the run
+            aborts: list[asyncio.Future] = []
+
+            async def one(w: int, prompt: list[int], rid: str) -> None:
                 url = servers.workers[w].url
                 params = cfg.sampling.as_sglang()
                 params["max_new_tokens"] = min(cfg.sampling.max_new_tokens, limit.room(len(prompt)))
+                if guard:
+                    params["stream_interval"] = cfg.runaway.stream_interval
                 sent = time.monotonic()
                 async with session.post(url + "/generate",
-                                        json={"input_ids": prompt, "sampling_params": params, "stream": False},
+                                        json={"rid": rid, "input_ids": prompt, "sampling_params": params,
+                                              "stream": guard},
                                         timeout=_timeout(cfg.dispatch.request_timeout_s)) as resp:
-                    body = await resp.text()
                     if resp.status != 200:
+                        body = await resp.text()
                         raise PilotError(f"pilot: {url}/generate answered HTTP {resp.status}: {body[:300]}")
+                    if guard and resp.content_type == "text/event-stream":
+                        answer = await _follow(resp, cfg, url, lambda: aborts.append(
+                            asyncio.ensure_future(_abort(session, url, rid, notes))))
+                        if answer.error is not None or (answer.finish is None and answer.verdict is None):
+                            raise PilotError(f"pilot: {url}/generate stream of {rid}: "
+                                             + (answer.error or f"ended without a final chunk ({answer.chunks} "
+                                                                 "chunks)"))
+                        out = answer.ids.tolist()
+                        fr = REPETITION if answer.verdict is not None else (answer.finish or {}).get("type", "unknown")
+                        completion = len(out) if answer.verdict is not None else int(
+                            answer.meta.get("completion_tokens", len(out)))
+                        done[w].append(Completed(sent, time.monotonic(), completion, fr, out))
+                        return
+                    body = await resp.text()
                 data = json.loads(body)
                 meta = data.get("meta_info") or {}
                 fr = (meta.get("finish_reason") or {}).get("type", "unknown")
@@ -296,8 +352,10 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
 
                 async def lane() -> None:
                     while queue:
-                        _, _, prompt = queue.pop(0)
-                        await one(w, prompt)
+                        conv, turn, prompt = queue.pop(0)
+                        # a rid per sample (the simulator's answer follows it, as in the run); "/" ends it, since
+                        # SGLang aborts every rid the aborted one prefixes, and the turns of one conversation run at once
+                        await one(w, prompt, f"regen-pilot-{conv.conversation_id}#turn{turn}/")
 
                 await asyncio.gather(*(lane() for _ in range(max(1, min(sizes[w].in_flight, len(queue))))))
 
@@ -336,6 +394,7 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
             finally:
                 sending_over.set()
                 await asyncio.gather(*readers, return_exceptions=True)
+                await asyncio.gather(*aborts)  # each notes its own failure
         except aiohttp.ClientError as exc:
             raise PilotError(f"pilot: request failed: {exc}{'; ' + servers.cause if servers.cause else ''};"
                              f" server logs in {log_dir}") from exc
@@ -368,4 +427,5 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
     result = PilotResult(n, needed, len(reqs), workers, float(lens.mean()), float(p50), float(p90), int(lens.max()),
                          bootstrap_mean_ci(lens), finish.get("length", 0) / len(reqs), wall, str(log_dir), finish)
     result._outputs = [r.output_ids for r in reqs]  # type: ignore[attr-defined]  # for the bytes/token sample
+    result._finishes = [r.finish for r in reqs]  # type: ignore[attr-defined]  # with _outputs: the guard projection
     return result, notes

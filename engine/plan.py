@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -56,6 +57,7 @@ class ShardPlan:
     shards: int
     last_shard_conversations: int
     sources: dict[str, int]  # conversations per source
+    user_turns: dict[int, int] = field(default_factory=dict)  # conversations by their number of user turns
 
 
 @dataclass
@@ -115,6 +117,20 @@ class GuardProjection:
 
 
 @dataclass
+class CutPolicyProjection:
+    """What turns_after_cut = "stop" saves: a conversation's turns after a cut one (length, or a runaway the guard
+    stops) are not generated. With a cut share p per turn, a conversation of n turns skips
+    sum_{k=1}^{n-1} (1 - (1 - p)^k) turns; GPU time saved in proportion to the samples (mean output per sample)."""
+    policy: str  # the config's turns_after_cut
+    basis: str  # "pilot: ..." | "no pilot: ..." | "turns = ...: no later turns are generated"
+    cut_share: float | None  # of the pilot's answers: ended at max_new_tokens or a runaway (None: no pilot)
+    later_turns: int  # samples after a conversation's first turn (what the policy can skip)
+    skipped: float  # expected samples not generated under "stop" (0 when not estimated)
+    skipped_share: float  # of the planned samples
+    gpu_hours_saved: Range  # under "stop" (with "continue": what "stop" would save)
+
+
+@dataclass
 class Plan:
     config: str | None
     run_dir: str
@@ -128,6 +144,7 @@ class Plan:
     brake: BrakePlan | None = None  # the data-quality brake's settings ([brake])
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> {value, source}
     sampling_note: str = ""
+    turns_after_cut: CutPolicyProjection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -146,6 +163,7 @@ def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0) -> tuple[Shard
     conversations = rejects = 0
     by_reason: dict[str, int] = {}
     samples = {"all": 0, "last": 0, "first": 0}
+    user_turns: dict[int, int] = {}
     sources: dict[str, int] = {}
     reservoir: list[Conversation] = []
     try:
@@ -160,6 +178,7 @@ def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0) -> tuple[Shard
             samples["all"] += n
             samples["last"] += 1 if n else 0
             samples["first"] += 1 if n else 0
+            user_turns[n] = user_turns.get(n, 0) + 1
             sources[item.source] = sources.get(item.source, 0) + 1
             if len(reservoir) < sample_size:
                 reservoir.append(item)
@@ -173,7 +192,7 @@ def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0) -> tuple[Shard
     shards = math.ceil(conversations / cfg.shard_size) if conversations else 0
     last = conversations - (shards - 1) * cfg.shard_size if shards else 0
     plan = ShardPlan(conversations, rejects, by_reason, samples, cfg.turns, samples[cfg.turns], cfg.shard_size,
-                     shards, last, dict(sorted(sources.items())))
+                     shards, last, dict(sorted(sources.items())), dict(sorted(user_turns.items())))
     reservoir.sort(key=lambda c: c.index)
     return plan, reservoir
 
@@ -361,11 +380,14 @@ def project_files(cfg: RunConfig, shard_plan: ShardPlan, out: Range, tps: Range,
     return FilesProjection(shard_plan.shards, per_shard, rpp, parts, cut_s, basis)
 
 
-def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None) -> GuardProjection:
-    """From a pilot's answers (each run through the detector as it would have streamed: a chunk every
-    runaway.stream_interval tokens), or from plan.loop_share: a looping answer runs to max_new_tokens and is
-    stopped where its cycle covers the guard's span, about min_span tokens after it began half-way through a
-    normal answer. GPU time saved is taken in proportion to the output tokens saved (decode at a full batch)."""
+def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None,
+                  pilot: PilotResult | None = None) -> GuardProjection:
+    """From a pilot's answers, or from plan.loop_share. A pilot with the guard on streamed its answers through it, so
+    its runaways were stopped as the run stops them (finish_reason repetition): each would have run to
+    max_new_tokens without it. A pilot without the guard: each answer is run through the detector as it would have
+    streamed (a chunk every runaway.stream_interval tokens). Assumed: a looping answer runs to max_new_tokens and is
+    stopped where its cycle covers the guard's span, about min_span tokens after it began half-way through a normal
+    answer. GPU time saved is taken in proportion to the output tokens saved (decode at a full batch)."""
     from engine.run.runaway import RunawayDetector
 
     r, max_new = cfg.runaway, cfg.sampling.max_new_tokens
@@ -373,6 +395,21 @@ def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None) 
                 f"n-gram ({r.ngram}) repeat share >= {r.ngram_share:.0%} over {r.ngram_window} tokens"
                 + ("" if r.enabled else " (off: runaway.enabled = false)"))
     gpu = projection.gpu_hours
+    stopped_in_pilot = pilot is not None and pilot.finish_reasons.get("repetition", 0) > 0
+    if outputs and stopped_in_pilot:
+        kept = sum(len(ids) for ids in outputs)
+        stopped = pilot.finish_reasons["repetition"]
+        saved = sum(max(0, max_new - len(ids)) for ids, fr in zip(outputs, getattr(pilot, "_finishes", [])) if fr == "repetition")
+        share = saved / (kept + saved) if kept + saved else 0.0
+        basis = (f"pilot: its {len(outputs)} answers streamed through the guard ({stopped} stopped, each taken to "
+                 "have run to max_new_tokens without it); GPU time in proportion to the output tokens")
+        loops, n = stopped / len(outputs), len(outputs)
+        # the projection's GPU time is already the guarded run's: what the guard saves is on top of it
+        hours_share = saved / kept if kept else 0.0
+        if not r.enabled:
+            share = hours_share = 0.0
+        hours = Range(gpu.value * hours_share, gpu.low * hours_share, gpu.high * hours_share, basis)
+        return GuardProjection(r.enabled, settings, basis, n, stopped, loops, share, hours)
     if outputs:
         total = saved = stopped = 0
         for ids in outputs:
@@ -401,6 +438,29 @@ def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None) 
         share = 0.0
     hours = Range(gpu.value * share, gpu.low * share, gpu.high * share, basis)
     return GuardProjection(r.enabled, settings, basis, n, stopped, loops, share, hours)
+
+
+def project_cut_policy(cfg: RunConfig, shard_plan: ShardPlan, projection: Projection,
+                       pilot: PilotResult | None) -> CutPolicyProjection:
+    """turns_after_cut: the later turns "stop" does not generate, from the pilot's share of cut answers."""
+    later = sum((n - 1) * c for n, c in shard_plan.user_turns.items() if n > 1) if cfg.turns == "all" else 0
+    none = Range(0.0, 0.0, 0.0, "")
+    if not later:
+        why = (f"turns = {cfg.turns!r}: no turn is built on an earlier answer" if cfg.turns != "all"
+               else "no conversation has more than one user turn")
+        return CutPolicyProjection(cfg.turns_after_cut, why, None, 0, 0.0, 0.0, dataclasses.replace(none, basis=why))
+    if pilot is None or not pilot.prompts:
+        why = "no pilot: --pilot N measures the share of answers cut at max_new_tokens"
+        return CutPolicyProjection(cfg.turns_after_cut, why, None, later, 0.0, 0.0, dataclasses.replace(none, basis=why))
+    cut = sum(pilot.finish_reasons.get(f, 0) for f in ("length", "repetition"))
+    p = cut / pilot.prompts
+    skipped = sum(c * sum(1 - (1 - p) ** k for k in range(1, n)) for n, c in shard_plan.user_turns.items() if n > 1)
+    share = skipped / shard_plan.samples if shard_plan.samples else 0.0
+    basis = (f"pilot: {cut} of {pilot.prompts} answers cut (max_new_tokens {cfg.sampling.max_new_tokens:,}); each "
+             "turn after a cut one not generated; GPU time in proportion to the samples")
+    gpu = projection.gpu_hours
+    return CutPolicyProjection(cfg.turns_after_cut, basis, p, later, skipped, share,
+                               Range(gpu.value * share, gpu.low * share, gpu.high * share, basis))
 
 
 # --- entry points ----------------------------------------------------------------------------
@@ -435,9 +495,10 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
                    "tokens_per_s_per_gpu": cfg.plan.tokens_per_s_per_gpu,
                    "loop_share": cfg.plan.loop_share,
                    "used": result is None}
-    guard = project_guard(cfg, projection, outputs if result is not None else None)
+    guard = project_guard(cfg, projection, outputs if result is not None else None, result)
     return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
-                runaway=guard, brake=plan_of(cfg), sampling=effective.as_dict(), sampling_note=effective.note)
+                runaway=guard, brake=plan_of(cfg), sampling=effective.as_dict(), sampling_note=effective.note,
+                turns_after_cut=project_cut_policy(cfg, shard_plan, projection, result))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

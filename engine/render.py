@@ -188,6 +188,18 @@ class Renderer:
             return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
 
+    def conversation_ids_many(self, messages_list: Sequence[list[dict]]) -> list[list[int]]:
+        """Whole conversations (the last message an assistant turn) rendered as a trainer renders them: the template
+        without a generation prompt, then tokenized; batched as prompt_ids_many."""
+        if not messages_list:
+            return []
+        texts = self.tokenizer.apply_chat_template(
+            list(messages_list), tokenize=False, add_generation_prompt=False, enable_thinking=self.enable_thinking)
+        backend = self._backend_for_ids()
+        if backend is not None:
+            return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
+
     def _backend_for_ids(self):
         """The Rust tokenizer when calling it directly gives exactly the ids of tokenizer(texts,
         add_special_tokens=False): no truncation or padding set on it, special tokens handled as
@@ -256,6 +268,33 @@ class Renderer:
         text = self.decode(self.strip_eos(output_ids))
         return self.opened_text + text if prompt_opened else text
 
+    def history_content(self, answer: str) -> str:
+        """What the chat template writes for an earlier assistant turn whose message is `answer` (a history
+        answer): the text between that turn's header and its end-of-turn, exactly as it sat in the next turn's
+        prompt. Qwen-family templates drop a closed reasoning block there and keep a block cut before its
+        `</think>` raw; Qwen3.5's also trims. Found by rendering the turn, so any template's rule holds; writing
+        this text back as the message renders the same prompt again (the templates' rules are idempotent)."""
+        head, tail = self._history_frame()
+        text = self.tokenizer.apply_chat_template(_framed(answer), tokenize=False, add_generation_prompt=False,
+                                                  enable_thinking=self.enable_thinking)
+        if len(text) < len(head) + len(tail) or not text.startswith(head) or not text.endswith(tail):
+            raise RenderError(f"{self.path}: the chat template renders an earlier assistant turn in a way regen cannot "
+                              "cut out of its frame (header and end-of-turn differ with its content)", self.path)
+        return text[len(head):len(text) - len(tail)]
+
+    def _history_frame(self) -> tuple[str, str]:
+        """The text the template writes before and after an earlier assistant turn's content (found once)."""
+        frame = getattr(self, "_frame", None)
+        if frame is None:
+            text = self.tokenizer.apply_chat_template(_framed(_SENTINEL), tokenize=False, add_generation_prompt=False,
+                                                      enable_thinking=self.enable_thinking)
+            if text.count(_SENTINEL) != 1:
+                raise RenderError(f"{self.path}: the chat template does not write an earlier assistant turn's "
+                                  "content as given; regen cannot tell what its history held", self.path)
+            head, _, tail = text.partition(_SENTINEL)
+            frame = self._frame = (head, tail)
+        return frame
+
     def reasoning_tokens(self, output_ids: Sequence[int] | array, prompt_opened: bool = False) -> int:
         """Tokens inside <think>..</think> (to the end when unclosed; eos excluded); when the prompt opened
         the block, from the first output token. An int32 array('i') of the ids is searched in numpy."""
@@ -282,6 +321,15 @@ class Renderer:
             # no block opened: a lone </think> still closes one (a prompt-opened block the caller did not name)
             return close if close is not None else 0
         return (close if close is not None else n) - start
+
+
+_SENTINEL = "REGENHISTORYSENTINEL"  # no spaces, no tags: every template writes it as given
+
+
+def _framed(answer: str) -> list[dict]:
+    """An assistant message between two user messages: how every earlier turn of a history sits."""
+    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": "q"}]
 
 
 def _list_finder(ids: Sequence[int]):

@@ -79,6 +79,11 @@ SHARD_FILE_RE = re.compile(r"^shard\.parquet(\.tmp)?$")
 # finish_reason of an answer the runaway guard stopped (engine.run.runaway): degenerate repetition, its ids exact up
 # to the stop; counted per shard like "length" (truncated), dropped by exports by default
 REPETITION = "repetition"
+# finish reasons of a cut turn: it ended at max_new_tokens, or the runaway guard stopped it (turns_after_cut)
+CUT_FINISHES = ("length", REPETITION)
+# the reject kind (outcomes.reason) of a later turn not generated because an earlier turn was cut (turns_after_cut
+# = "stop"): rejected, so a restart keeps the decision
+AFTER_CUT = "after_cut"
 # rows per row group of a compacted shard file: the rewrite holds this many rows in memory (a 4,000-token
 # sample is ~20 KB of ids and mask), and readers get row groups of a useful size, not one per part
 COMPACT_ROW_GROUP_ROWS = 1024
@@ -130,6 +135,7 @@ class ShardProgress:
     repetition: int = 0  # finish_reason "repetition": stopped by the runaway guard
     rejected: int = 0  # samples settled without a row, never generated: their input cannot be (outcomes table)
     failed: int = 0  # samples whose retries were spent in the last run (generated again by the next start)
+    after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
 
 
 @dataclass
@@ -365,8 +371,12 @@ class ShardStore:
             settled: dict[tuple[str, str], int] = {
                 (r[0], r[1]): r[2] for r in self._db.execute(
                     "SELECT shard_id, outcome, count(*) FROM outcomes GROUP BY shard_id, outcome")}
+            after_cut: dict[str, int] = {r[0]: r[1] for r in self._db.execute(
+                "SELECT shard_id, count(*) FROM outcomes WHERE outcome='rejected' AND reason=? GROUP BY shard_id",
+                (AFTER_CUT,))}
         return [ShardProgress(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], repetition=r[9],
-                              rejected=settled.get((r[0], "rejected"), 0), failed=settled.get((r[0], "failed"), 0))
+                              rejected=settled.get((r[0], "rejected"), 0), failed=settled.get((r[0], "failed"), 0),
+                              after_cut=after_cut.get(r[0], 0))
                 for r in rows]
 
     # --- samples -----------------------------------------------------------------------------
@@ -428,6 +438,15 @@ class ShardStore:
                 "SELECT turn, answer FROM samples WHERE conversation_id=? AND answer IS NOT NULL ORDER BY turn",
                 (conversation_id,)).fetchall()
         return {int(t): a for t, a in rows}
+
+    def cut_turn(self, conversation_id: str) -> tuple[int, str] | None:
+        """The conversation's first committed turn that was cut (CUT_FINISHES) and its finish reason, or None."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT turn, finish_reason FROM samples WHERE conversation_id=? AND finish_reason IN "
+                f"({','.join('?' * len(CUT_FINISHES))}) ORDER BY turn LIMIT 1",
+                (conversation_id, *CUT_FINISHES)).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
 
     def parts(self, shard_id: str | None = None) -> list[PartInfo]:
         with self._lock:
@@ -991,6 +1010,7 @@ class CommittedParts:
     parts: list[tuple[str, str, int]]  # (path relative to the run dir, shard_id, rows), by shard then path
     recorded: dict[str, tuple[int, int, int]]  # part path -> (samples, empty, truncated) recorded at commit
     shards: dict[str, tuple[int | None, bool]]  # shard_id -> (total conversations, paused)
+    not_generated: dict[str, int] = dataclasses.field(default_factory=dict)  # rejected | failed | after_cut -> samples
 
 
 def read_committed(run_dir: Path) -> CommittedParts:
@@ -1011,6 +1031,12 @@ def read_committed(run_dir: Path) -> CommittedParts:
         if {r[1] for r in db.execute("PRAGMA table_info(shards)")}:
             for sid, total, paused in db.execute("SELECT shard_id, total, paused FROM shards"):
                 shards[sid] = (int(total) if total is not None else None, bool(paused))
+        not_generated: dict[str, int] = {}
+        if {r[1] for r in db.execute("PRAGMA table_info(outcomes)")}:
+            for outcome, reason, n in db.execute("SELECT outcome, reason, count(*) FROM outcomes GROUP BY outcome, reason"):
+                not_generated[outcome] = not_generated.get(outcome, 0) + int(n)
+                if outcome == "rejected" and reason == AFTER_CUT:
+                    not_generated[AFTER_CUT] = int(n)
     finally:
         db.close()
-    return CommittedParts(parts, recorded, shards)
+    return CommittedParts(parts, recorded, shards, not_generated)

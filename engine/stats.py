@@ -209,6 +209,9 @@ class RunStats:
     integrity_errors: list[IntegrityError]
     integrity_error_count: int
     flags: list[Flag]
+    # samples planned and settled without a row (state.sqlite outcomes): rejected, failed, and of the rejected
+    # after_cut (later turns not generated after a cut turn, turns_after_cut = "stop"); {} without state.sqlite
+    not_generated: dict[str, int] = field(default_factory=dict)
 
     @property
     def quality_flagged(self) -> bool:
@@ -417,6 +420,7 @@ class _Listing:
     notes: list[str]
     # part path -> (samples, empty, truncated) as the store recorded them at commit (samples table)
     recorded: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    not_generated: dict[str, int] = field(default_factory=dict)  # engine.shard_store.CommittedParts.not_generated
 
 
 def _part_files_on_disk(run_dir: Path) -> list[str]:
@@ -453,7 +457,7 @@ def _list_parts(run_dir: Path) -> _Listing:
     if uncommitted:
         notes.append(f"{uncommitted} part file(s) under {SHARDS_DIR}/ are not committed in {STATE_DB} "
                      "(being written, or left by a crash): ignored")
-    return _Listing(STATE_DB, parts, shards, uncommitted, notes, recorded)
+    return _Listing(STATE_DB, parts, shards, uncommitted, notes, recorded, committed_parts.not_generated)
 
 
 def _mask_check_mode(requested: str, total_rows: int | None) -> str:
@@ -643,7 +647,8 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
                                 "output_len, checked against loss_mask (see mask_check)"),
         lengths={"output": distribution(output_len), "reasoning": distribution(reasoning), "prompt": distribution(prompt_len)},
         cut=cut, by_source=by_source, by_worker=by_worker, by_shard=by_shard, mask_check=mask,
-        integrity_errors=errors[:MAX_ERROR_EXAMPLES], integrity_error_count=len(errors), flags=[])
+        integrity_errors=errors[:MAX_ERROR_EXAMPLES], integrity_error_count=len(errors), flags=[],
+        not_generated=dict(listing.not_generated))
     if mode == "sample":
         stats.notes.append(f"loss_mask checked on the first {MASK_CHECK_HEAD_ROWS} rows of {mask.parts_checked} of "
                            f"{len(listing.parts)} parts spread over the run ({mask_rows} samples); "

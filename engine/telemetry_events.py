@@ -90,6 +90,7 @@ class DispatchEvent(Event):
     planned: int = 0
     eta_s: float | None = None  # None until measurable and whenever the run is not running
     repetition: int = 0  # committed samples the runaway guard stopped
+    after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
 
 
 @dataclass
@@ -116,6 +117,7 @@ class ShardEvent(Event):
     rejected: int = 0
     planned: int = 0
     repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
+    after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
 
 
 @dataclass

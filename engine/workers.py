@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
+from engine import stream_flag
 from engine.wire import WorkerState  # noqa: F401  (the workers' states are the wire's)
 from engine.capacity import BatchSize, ServerCapacity, batch_from_log, configured_batch, discover, parse_server_info
 from engine.config import RunConfig
@@ -315,6 +316,7 @@ class Worker:
         self._crash_times: list[float] = []
         self._stopping = False
         self._manual_restart = asyncio.Event()
+        self._stream_flag: stream_flag.StreamFlag | None = None  # chosen at the first launch (engine.stream_flag)
         self._ready_event = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._expected: Expected | None = None  # the identity of the current launch
@@ -494,6 +496,19 @@ class Worker:
         pid_path = self.log_path.parent / "server.pid"
         ours = served_name(self.cfg.run_dir, self.name, launch_token())
         argv = launch_argv(self.cfg, self.spec, self.python, served_model_name=ours)
+        if self.cfg.runaway.enabled:  # answers are streamed: have the server stream deltas where it can
+            if self._stream_flag is None:
+                self._stream_flag = await stream_flag.choose(argv, self.python)
+                chosen = self._stream_flag
+                if chosen.flag:
+                    log.info("worker %s: launched with %s (SGLang %s, from %s): streams carry only the new ids",
+                             self.name, chosen.flag, chosen.version, chosen.how)
+                elif "already" not in chosen.how:
+                    log.warning("worker %s: no delta-streaming flag added (%s): if the server streams every id "
+                                "so far in each chunk, regen reads that too, at a client CPU cost growing with the "
+                                "square of the answer's length", self.name, chosen.how)
+            if self._stream_flag.flag:
+                argv.append(self._stream_flag.flag)
         name = operator_served_name(argv) or ours
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)

@@ -20,7 +20,9 @@ def test_a_conversations_turns_land_on_one_worker_and_its_cache_serves_their_pre
     # before the other is ready on a loaded machine
     cfg = make_config(run_dir, tiny_model_dir, gpus=2, sim=("--max-running-requests", "4", "--sim-step-ms", "25",
                                                             "--sim-output-mean", "200"))
-    cfg = cfg.model_copy(update=dict(prompts=(str(prompts),),
+    # most answers end at max_new_tokens here: their later turns are generated all the same (turns_after_cut
+    # "continue"), since this test is about where a conversation's turns run
+    cfg = cfg.model_copy(update=dict(prompts=(str(prompts),), turns_after_cut="continue",
                                      sampling=cfg.sampling.model_copy(update=dict(max_new_tokens=64))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]

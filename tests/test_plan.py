@@ -89,13 +89,17 @@ def test_plan_without_pilot_uses_marked_assumptions(tmp_path, tiny_model_dir, ca
     assert d["assumptions"]["used"] is True and d["pilot"] is None
     assert d["brake"]["enabled"] and d["brake"]["min_samples"] == 200
     assert {lv["reason"]: lv["level"] for lv in d["brake"]["levels"]} == {
-        "empty": 0.5, "truncated": 0.5, "thinking_missing": 0.5, "repetition": 0.5}
+        "empty": 0.5, "truncated": 0.5, "thinking_missing": 0.5, "repetition": 0.5, "refused": 0.25}
     assert cli_main(["plan", "local", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "assumed" in out and "GPU-hours" in out and "shards" in out
     assert "data-quality brake: dispatch pauses run-wide when, over the last 500 committed samples" in " ".join(
         out.split())
     assert "files the run" in out and "part files per" in out
+    cut = d["turns_after_cut"]
+    assert (cut["policy"], cut["later_turns"], cut["cut_share"], cut["skipped"]) == ("stop", 10, None, 0.0)
+    assert "turns after a cut turn: stop (turns_after_cut): not estimated [no pilot: --pilot N measures" in " ".join(
+        out.split())
 
 
 def _long_answers(tmp_path: Path, *, answers: bool) -> list[Path]:
@@ -330,7 +334,8 @@ def test_pilot_with_fewer_prompts_than_the_batch_sends_them_all_and_says_the_bat
 
 def test_plan_says_what_the_runaway_guard_is_expected_to_save_as_an_estimate(tmp_path, tiny_model_dir, capsys):
     cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path),
-                       plan="[plan]\noutput_tokens_per_sample = 1000.0\ntokens_per_s_per_gpu = 500.0\n")
+                       plan="[plan]\noutput_tokens_per_sample = 1000.0\ntokens_per_s_per_gpu = 500.0\n"
+                            "[runaway]\nstream_interval = 256\n")
     assert cli_main(["plan", "local", "--config", str(cfg), "--json"]) == 0
     g = json.loads(capsys.readouterr().out)["runaway"]
     assert g["enabled"] and g["basis"].startswith("assumed: an estimate, plan.loop_share = 2.0%")
@@ -342,15 +347,29 @@ def test_plan_says_what_the_runaway_guard_is_expected_to_save_as_an_estimate(tmp
     assert "runaway guard: on" in out and "expected to save" in out and "an estimate" in out
 
 
-def test_pilot_answers_are_run_through_the_guard(tmp_path, tiny_model_dir, capsys):
+def test_pilot_answers_stream_through_the_guard_and_its_loops_are_stopped(tmp_path, tiny_model_dir, capsys):
     knobs = ["--sim-step-ms", "2", "--sim-step-ms-per-req", "0", "--sim-tokens-per-step", "16",
              "--sim-output-mean", "150", "--sim-loop-share", "0.3", "--sim-seed", "3"]
-    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs, in_flight=8)
+    # chunks of 256 tokens: answers of at most 2,000 tokens give the guard several looks at each loop
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs, in_flight=8,
+                       plan="[runaway]\nstream_interval = 256\n")
     assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "30", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     g = d["runaway"]
-    assert g["basis"].startswith("pilot: its 30 answers run through the detector")
-    assert g["answers"] == 30 and g["would_stop"] >= 3, g
-    assert d["pilot"]["finish_reasons"].get("length", 0) >= g["would_stop"]  # the loops ran to max_new_tokens
-    assert 0.2 < g["tokens_saved_share"] < 0.9
-    assert g["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * g["tokens_saved_share"])
+    assert g["basis"].startswith("pilot: its 30 answers streamed through the guard")
+    # the pilot stopped the simulated loops itself (aborted by rid), as the run does
+    stopped = d["pilot"]["finish_reasons"].get("repetition", 0)
+    assert g["answers"] == 30 and g["would_stop"] == stopped >= 3, g
+    assert 0.2 < g["tokens_saved_share"] < 0.99
+    saved_share = g["tokens_saved_share"] / (1 - g["tokens_saved_share"])  # on top of the guarded projection
+    assert g["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * saved_share)
+    # turns_after_cut = stop: each of the 10 second turns is skipped when its first turn is cut (share p: the
+    # answers that ended at max_new_tokens or were stopped as runaways)
+    cut = d["turns_after_cut"]
+    p = (d["pilot"]["finish_reasons"].get("length", 0) + d["pilot"]["finish_reasons"].get("repetition", 0)) / 30
+    assert cut["cut_share"] == pytest.approx(p) and p > 0
+    assert cut["skipped"] == pytest.approx(10 * p) and cut["skipped_share"] == pytest.approx(10 * p / 55)
+    assert cut["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * 10 * p / 55)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "30"]) == 0
+    assert f"turns after a cut turn: stop (turns_after_cut): saves ~{10 * p:,.0f} later turns" in " ".join(
+        capsys.readouterr().out.split())

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from engine.config import RunConfig
 from engine.simulator.generator import OutputGenerator, request_key
 from engine.stats import compute_stats
-from tests.run_helpers import (check_rows, make_config, quick_state, read_rows, sample_accounting, status,
+from tests.run_helpers import (check_rows, events, make_config, quick_state, read_rows, sample_accounting, status,
                                wait_for)
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
 
@@ -98,6 +98,13 @@ def test_loops_are_stopped_with_exact_ids_and_legit_repetition_is_kept(tmp_path,
     assert not any(r["finish_reason"] == "abort" for r in rows)
     server_log = "".join(p.read_text() for p in (run_dir / "workers").glob("*/server.log"))
     assert '"POST /abort_request HTTP/1.1" 200' in server_log
+    # every server streams deltas: launched with its version's flag (once), so no stream was cumulative
+    flag = "--stream-output" if sglang_version == "0.5.5" else "--incremental-streaming-output"
+    launches = [line for line in server_log.splitlines() if "launching:" in line]
+    assert launches and all(line.count(flag) == 1 for line in launches), launches
+    if not incremental:
+        assert f"launched with {flag} (SGLang {sglang_version}, from the simulator's --sim-sglang-version)" in log
+    assert not [e for e in events(run_dir) if e["type"] == "alert" and e["key"].startswith("cumulative-stream")]
 
 
 def test_guard_off_sends_plain_requests_and_lets_loops_run(tmp_path, tiny_model_dir, supervisors, renderer_for):

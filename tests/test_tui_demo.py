@@ -52,7 +52,8 @@ async def test_the_demo_console_shows_every_shard_done_with_its_parquet_sums_and
                                  "the run done and its supervisor gone", timeout=240)
                 total = app.model.total
                 await wait_until(pilot, lambda: f"{total:,}/{total:,} (100.0%)" in header(app)
-                                 and "rejects 4" in header(app), "the header at 100% with the rejects apart")
+                                 and f"rejects {4 + app.model.dispatch.after_cut}" in header(app),
+                                 "the header at 100% with the rejects apart")
                 seen["header"] = header(app)
                 await pilot.press("3")
                 table = app.query_one("#shards-table", ShardTable)
@@ -74,10 +75,13 @@ async def test_the_demo_console_shows_every_shard_done_with_its_parquet_sums_and
         stop_supervisor(run_dir)
     st = json.loads(status_cli(run_dir, tmp_path, "--json").stdout)
     d = st["dispatch"]
-    assert st["state"] == "done" and d["done"] == d["total"] > 0 and d["rejected"] == 1, d
-    assert st["rejects"]["total"] == 4, st["rejects"]
-    # the header: done N/N at 100%, the 4 rejects (3 bad input rows, 1 prompt too long for the context) apart
-    assert f"{d['done']:,}/{d['total']:,} (100.0%)" in seen["header"] and "rejects 4" in seen["header"], seen["header"]
+    cut = d["after_cut"]  # later turns after a turn cut at max_new_tokens (turns_after_cut = "stop")
+    assert st["state"] == "done" and d["done"] == d["total"] > 0 and d["rejected"] == 1 + cut, d
+    assert st["rejects"]["total"] == 4 + cut, st["rejects"]
+    # the header: done N/N at 100%, the rejects (3 bad input rows, 1 prompt too long for the context, the turns
+    # after a cut one) apart
+    assert f"{d['done']:,}/{d['total']:,} (100.0%)" in seen["header"] and f"rejects {4 + cut}" in seen["header"], \
+        seen["header"]
     # every shard row: done, its samples and tokens those of its committed Parquet rows
     sums = seen["sums"]
     totals = {sh["id"]: sh["total"] for sh in st["shards"]}

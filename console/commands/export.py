@@ -194,6 +194,8 @@ def render(d: dict[str, Any], console: Console) -> None:
     console.print(f"kept tokens: {tokens.get('prompt', 0):,} prompt, {tokens.get('supervised', 0):,} supervised")
     for w in d["warnings"]:
         console.print(f"[bold yellow]warning:[/bold yellow] {w}")
+    for line in d.get("agreement_lines") or []:  # text formats: how close re-rendering comes to the stored ids
+        console.print(line)
     for f in d["files"]:
         console.print(f"  {f['path']}  {f['rows']:,} rows  {f['bytes']:,} bytes  sha256 {f['sha256'][:16]}...")
     rate = d["samples"] / d["elapsed_s"] if d["elapsed_s"] else 0.0

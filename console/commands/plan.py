@@ -218,6 +218,9 @@ def render(d: dict[str, Any], console: Console) -> None:
                            f"{_hours(saved['high'])}), {guard['tokens_saved_share']:.1%} of the output tokens; "
                            f"loops {guard['loop_share']:.1%} of answers  [{guard['basis']}]",
                            style="yellow" if assumed else ""))
+    policy = d.get("turns_after_cut")
+    if policy:
+        console.print(cut_policy_line(policy))
     console.print(f"[dim]bytes per token: prompt {pr['bytes_per_prompt_token']:.2f}, output "
                   f"{pr['bytes_per_output_token']:.2f} ({pr['bytes_per_token_basis']})[/dim]")
     if d["assumptions"]["used"]:
@@ -229,6 +232,19 @@ def render(d: dict[str, Any], console: Console) -> None:
         console.print(brake_line(d["brake"]))
     for note in d.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def cut_policy_line(c: dict[str, Any]) -> Text:
+    """turns_after_cut: the later turns "stop" does not generate after a cut turn, from the pilot."""
+    stop = c["policy"] == "stop"
+    head = f"turns after a cut turn: {c['policy']} (turns_after_cut)"
+    if c["cut_share"] is None:
+        return Text(f"{head}: not estimated [{c['basis']}]", style="dim" if not c["later_turns"] else "yellow")
+    saved = c["gpu_hours_saved"]
+    verb = "saves" if stop else "would save (with stop)"
+    return Text(f"{head}: {verb} ~{c['skipped']:,.0f} later turns ({c['skipped_share']:.1%} of the samples), "
+                f"{_hours(saved['value'])} GPU-hours ({_hours(saved['low'])}-{_hours(saved['high'])}); "
+                f"{c['cut_share']:.1%} of the pilot's answers cut  [{c['basis']}]")
 
 
 def brake_line(b: dict[str, Any]) -> Text:

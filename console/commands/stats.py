@@ -191,6 +191,12 @@ def render(d: dict[str, Any], console: Console) -> None:
     for name in ("present", "missing", "unterminated"):
         row(f"reasoning {name}", d["reasoning"][name])
     console.print(t)
+    gone = d.get("not_generated") or {}
+    if gone:  # planned samples settled without a row (state.sqlite): not in the shards, counted here
+        console.print(f"not generated: {gone.get('rejected', 0):,} rejected"
+                      + (f" (of which {gone['after_cut']:,} later turns after a cut turn, turns_after_cut = stop)"
+                         if gone.get("after_cut") else "")
+                      + f", {gone.get('failed', 0):,} failed")
 
     _render_histogram(d["loss_mask"], console)
 

@@ -109,7 +109,8 @@ def progress_line(d: DispatchEvent, state: str | None = None, running: bool = Tr
              else "- in flight, - tok/s")
     eta = eta_text(d.eta_s) if moving else "-"
     return (f"{state}: {d.done}/{d.total} samples ({pct:.1f}%), {rates}, failed {d.failed},"
-            f" rejected samples {d.rejected}, retried {d.retried}, ETA {eta}")
+            f" rejected samples {d.rejected}" + (f" ({d.after_cut} after a cut turn)" if d.after_cut else "")
+            + f", retried {d.retried}, ETA {eta}")
 
 
 def start_again(args, run_dir: str, record: tuple[StartRecord | None, str] | None = None) -> tuple[str, str]:

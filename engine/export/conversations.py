@@ -2,9 +2,11 @@
 messages-parquet (NeMo Automodel).
 
 Each sample becomes the conversation as the model saw it when it generated that turn: the prompt file's
-messages with the earlier user turns answered by the model's own regenerated answers (reasoning dropped,
-as the chat template drops it from history), then the generated turn: with `content` and the reasoning
+messages with the earlier user turns answered by the model's own regenerated answers, each written exactly as
+the chat template wrote it into the prompt (Renderer.history_content: a closed reasoning block dropped, a turn cut
+inside its reasoning kept raw, as the model saw it), then the generated turn: with `content` and the reasoning
 under --reasoning-key (conversations-jsonl), or the reasoning inline in the content (messages formats).
+Rendering a row's history with the model's template gives back the stored prompt ids.
 The prompt files are read once, in step with the shards (both are in input order).
 """
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from engine.export.answers import Answer, answer_of
+from engine.export.agreement import AgreementCheck
+from engine.export.answers import Answer, answer_of, strip_end
 from engine.export.files import JsonlFiles, ParquetFiles
 from engine.export.filters import ShardFilter
 from engine.export.options import CONVERSATIONS_JSONL, MESSAGES_JSONL, MESSAGES_PARQUET, ExportOptions
@@ -25,7 +28,9 @@ from engine.manifest import FileRecord
 from engine.render import RenderError, Renderer
 from engine.stats import OPENED_COLUMN
 
-CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text", OPENED_COLUMN]
+# input_ids and prompt_len: each row's re-rendered text is compared with them (engine.export.agreement)
+CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text", OPENED_COLUMN, "input_ids",
+                        "prompt_len"]
 STEMS = {CONVERSATIONS_JSONL: "conversations", MESSAGES_JSONL: "messages", MESSAGES_PARQUET: "messages"}
 MESSAGES_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -34,6 +39,18 @@ MESSAGES_SCHEMA = pa.schema([
     pa.field("messages", pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])),
              nullable=False),
 ])
+
+
+def as_seen(renderer: Renderer, end_tokens: list[str], text: str, prompt_opened: bool) -> str:
+    """A committed turn as the next turn's prompt held it: its history answer (the output without its
+    end-of-turn, after the think opening its prompt held), as the template writes an earlier turn."""
+    answer = strip_end(text, end_tokens)
+    if prompt_opened:
+        answer = renderer.opened_text + answer
+    try:
+        return renderer.history_content(answer)
+    except RenderError as exc:
+        raise ExportError(f"cannot write the history as the model saw it: {exc}") from exc
 
 
 class PromptCursor:
@@ -81,6 +98,7 @@ class ConversationWriter:
         self.end_tokens = [t for t in self.renderer.tokenizer.convert_ids_to_tokens(self.renderer.eos_ids) if t]
         self.snap, self.opts, self.turns = snap, opts, cfg.turns
         self.prompts = PromptCursor(snap)
+        self.agreement = AgreementCheck(self.renderer, self.end_tokens)
         stem = STEMS[opts.fmt]
         if opts.fmt == MESSAGES_PARQUET:
             self.files: JsonlFiles | ParquetFiles = ParquetFiles(opts.out, stem, MESSAGES_SCHEMA,
@@ -98,10 +116,22 @@ class ConversationWriter:
         texts = t.column("text").to_pylist()
         opened = t.column(OPENED_COLUMN).to_pylist()
         answers: dict[str, dict[int, Answer]] = {}
-        for cid, turn, text, prompt_opened in zip(conv_ids, turns, texts, opened):
+        at: dict[str, dict[int, int]] = {}  # per conversation: its turns' rows
+        for i, (cid, turn, text, prompt_opened) in enumerate(zip(conv_ids, turns, texts, opened)):
             answers.setdefault(cid, {})[turn] = answer_of(text, self.end_tokens, prompt_opened)
+            at.setdefault(cid, {})[turn] = i
+        seen: dict[str, dict[int, str]] = {}  # per conversation: each earlier turn as the later prompts held it
+
+        def history_of(cid: str, turn: int) -> dict[int, str]:
+            """The turns before `turn` as seen, each rendered once (only turns some kept row has in its history)."""
+            mine = seen.setdefault(cid, {})
+            for k, j in at[cid].items():
+                if k < turn and k not in mine:
+                    mine[k] = as_seen(self.renderer, self.end_tokens, texts[j], opened[j])
+            return mine
         rows: list[dict[str, Any]] = []
-        for i in filt.keep.nonzero()[0].tolist():
+        kept = filt.keep.nonzero()[0].tolist()
+        for i in kept:
             conv = convs.get(conv_ids[i])
             if conv is None or conv.origin != origins[i]:
                 found = "not there" if conv is None else f"at {conv.origin}"
@@ -109,9 +139,9 @@ class ConversationWriter:
                                   f"are now its conversation is {found}: the prompt files changed since the run. "
                                   "Put back the files the run read (manifest.json in the run dir lists their sizes "
                                   "and hashes), or export a token format (tokens-jsonl, hf), which needs no prompts")
-            visible = {k: a.content for k, a in answers[conv_ids[i]].items()}
             try:
-                history = self.renderer.build_messages(conv, turns[i], visible, self.turns)
+                history = self.renderer.build_messages(
+                    conv, turns[i], history_of(conv_ids[i], turns[i]) if self.turns == "all" else {}, self.turns)
             except (KeyError, ValueError) as exc:
                 raise ExportError(f"sample {sample_ids[i]!r}: cannot rebuild its history: {exc}") from exc
             rows.append(self._row(sample_ids[i], conv_ids[i], turns[i], history, answers[conv_ids[i]][turns[i]]))
@@ -120,6 +150,21 @@ class ConversationWriter:
         else:
             for row in rows:
                 self.files.write(orjson.dumps(row))
+        if kept:
+            ids = t.column("input_ids").take(pa.array(kept)).to_pylist()
+            plens = t.column("prompt_len").take(pa.array(kept)).to_pylist()
+            self.agreement.add([sample_ids[i] for i in kept], [self._as_rendered(r) for r in rows], ids, plens)
+
+    def _as_rendered(self, row: dict[str, Any]) -> list[dict]:
+        """A written row's messages as a trainer hands them to the chat template (the reasoning key it reads is
+        `reasoning_content`; --reasoning-key renames it for trainers that map it back)."""
+        if self.opts.fmt != CONVERSATIONS_JSONL:
+            return row["messages"]
+        *history, final = row["conversations"]
+        last = {"role": "assistant", "content": final["content"]}
+        if self.opts.reasoning_key in final:
+            last["reasoning_content"] = final[self.opts.reasoning_key]
+        return [*history, last]
 
     def _row(self, sid: str, cid: str, turn: int, history: list[dict], answer: Answer) -> dict[str, Any]:
         history = [{"role": m["role"], "content": m["content"]} for m in history]

@@ -49,6 +49,10 @@ class ExportResult:
     manifest: str
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    # text formats: the rows re-rendered with the model's template and re-tokenized, against the stored ids
+    # (engine.export.agreement.Agreement.to_dict); None for the token formats, which carry the ids
+    agreement: dict[str, Any] | None = None
+    agreement_lines: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -85,6 +89,9 @@ def export_run(opts: ExportOptions, progress: Progress | None = None) -> ExportR
                              "filters": filter_lines(opts, thinking)})
     manifest.run_dir = str(snap.run_dir)
     manifest.notes += list(snap.notes)
+    agreement = writer.agreement.result if isinstance(writer, ConversationWriter) else None
+    if agreement is not None:
+        manifest.agreement = agreement.to_dict()
     try:
         path = write(manifest, opts.out)
     except ManifestError as exc:
@@ -93,7 +100,9 @@ def export_run(opts: ExportOptions, progress: Progress | None = None) -> ExportR
         out=str(opts.out), format=opts.fmt, run_dir=str(snap.run_dir), parts=snap.parts, samples=totals.samples,
         kept=totals.kept, dropped=dropped, filters=filter_lines(opts, thinking), warnings=_warnings(opts, totals),
         rows_cut=totals.rows_cut, supervised_lost=totals.supervised_lost, tokens=counts.tokens, files=files,
-        manifest=str(path), elapsed_s=time.monotonic() - started, notes=list(snap.notes))
+        manifest=str(path), elapsed_s=time.monotonic() - started, notes=list(snap.notes),
+        agreement=agreement.to_dict() if agreement is not None else None,
+        agreement_lines=agreement.lines() if agreement is not None else [])
 
 
 def _write_rows(snap: Snapshot, opts: ExportOptions, writer: Writer, totals: FilterTotals,

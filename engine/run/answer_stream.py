@@ -11,6 +11,8 @@ with the whole text; the text kept is the one the chunks prove (each starting wi
 """
 from __future__ import annotations
 
+import functools
+import struct
 from array import array
 
 import orjson
@@ -63,7 +65,10 @@ class AnswerStream:
             fired = fired or verdict
 
     def _event(self, event: bytes) -> Repetition | None:
-        payload = b"".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
+        if event.startswith(b"data: ") and b"\n" not in event:
+            payload = event[6:]  # SGLang's one-line event
+        else:
+            payload = b"".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
         if not payload:
             return None  # an SSE comment or keep-alive
         if payload == b"[DONE]":
@@ -128,7 +133,7 @@ class AnswerStream:
                                       "streamed before")
                 self.ids.extend(ids[have:])
             else:
-                self.ids.extend(ids)
+                self.ids.extend(int32_array(ids))
         except (TypeError, OverflowError) as exc:
             raise StreamError(f"chunk {self.chunks}: output_ids are not int32 token ids: {exc}") from None
 
@@ -158,3 +163,21 @@ class AnswerStream:
     def cumulative_ids(self) -> bool | None:
         """What the server streams: True all ids so far, False only the new ones, None not yet known."""
         return self._cumulative_ids
+
+
+def int32_array(values: list) -> array:
+    """array("i", values), about twice as fast: struct packs the list in one C loop, array() checks and
+    converts item by item. A value that is no int32 makes struct refuse it; array() then raises its own
+    TypeError / OverflowError, so a bad reply gets the same error text as before."""
+    out = array("i")
+    try:
+        out.frombytes(_int32_packer(len(values)).pack(*values))
+    except struct.error:
+        return array("i", values)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _int32_packer(n: int) -> struct.Struct:
+    # struct's own cache of compiled formats holds 100: answer lengths vary over thousands of values
+    return struct.Struct(f"{n}i")

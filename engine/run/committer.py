@@ -28,7 +28,7 @@ from typing import Callable, Protocol
 
 from engine.config import Store
 from engine.run.items import Committed, Generated, WorkItem
-from engine.shard_store import DuplicateSample, PartInfo, ShardStore
+from engine.shard_store import CUT_FINISHES, DuplicateSample, PartInfo, ShardStore
 from engine.telemetry_events import AlertEvent
 
 log = logging.getLogger("regen.committer")
@@ -240,7 +240,9 @@ class Committer:
             sums[0] += len(g.row.prompt_ids)
             sums[1] += g.row.cached_tokens
         self.ledger.settle(Committed(part, tuple((g.item, g.answer) for g in entries),
-                                     tuple((name, p, c) for name, (p, c) in served.items())))
+                                     tuple((name, p, c) for name, (p, c) in served.items()),
+                                     cut={g.item.sample_id: g.row.finish_reason for g in entries
+                                          if g.row.finish_reason in CUT_FINISHES}))
 
 
 def _commit(store: ShardStore, shard_id: str, entries: list[Generated]) -> PartInfo:

@@ -9,7 +9,8 @@ as before it, and no figure lags a commit.
 Outcomes of a planned sample:
   committed  its row is in a committed part (`done`)
   rejected   never generated: its input cannot be (template error, prompt longer than the context, SGLang
-             HTTP 400, or an earlier turn of its conversation rejected); stays settled across restarts
+             HTTP 400, or an earlier turn of its conversation rejected), or, with turns_after_cut = "stop", an
+             earlier turn of its conversation was cut (`after_cut`, counted apart too); stays settled across restarts
   failed     its retries were spent in this run (`dispatch.max_retries`); the next start generates it again
   retried    not an outcome: an attempt that failed and went back to the queue (counted by the dispatcher)
 """
@@ -37,6 +38,7 @@ class ShardCounts:
     empty: int = 0
     truncated: int = 0
     repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
+    after_cut: int = 0  # of the rejected: not generated because an earlier turn was cut (turns_after_cut = "stop")
     first_index: int = 0
     end_index: int = 0  # one past the last conversation index
 
@@ -70,6 +72,7 @@ class ShardCounts:
         self.done, self.output_tokens, self.empty, self.truncated = p.done_samples, p.output_tokens, p.empty, p.truncated
         self.repetition = p.repetition
         self.rejected, self.failed = p.rejected, p.failed
+        self.after_cut = p.after_cut
 
 
 @dataclass

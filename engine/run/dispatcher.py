@@ -20,7 +20,6 @@ import asyncio
 import collections
 import functools
 import logging
-import struct
 import time
 from array import array
 from typing import Callable, Protocol
@@ -34,7 +33,7 @@ from engine.capacity import BatchSize
 from engine.config import RunConfig
 from engine.http_client import ConnectionMark, dropped_idle, fresh_session
 from engine.render import Renderer
-from engine.run.answer_stream import AnswerStream, StreamError
+from engine.run.answer_stream import AnswerStream, StreamError, int32_array
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
 from engine.run.runaway import Repetition, RunawayDetector
@@ -79,6 +78,7 @@ class Dispatcher:
         self._text_alerted: set[str] = set()
         self._abort_alerted: set[str] = set()
         self._unstreamed_alerted: set[str] = set()
+        self._cumulative_noted: set[str] = set()  # workers seen streaming every id so far in each chunk
         self.stopped_runaways = 0  # answers the guard stopped in this run (their outcome is their committed row)
         self._aborts: set[asyncio.Task] = set()  # /abort_request calls in flight (kept referenced until done)
         # per worker, (its url, the /generate URL, the request headers), built once in aiohttp's own types
@@ -389,6 +389,15 @@ class Dispatcher:
     def _handle_stream(self, w: Worker, item: WorkItem, answer: AnswerStream, latency: float) -> None:
         """A streamed answer: as a non-streamed one once it ended with its final chunk; an error event as the HTTP
         400 it stands for (a ValueError of SGLang's); a runaway the guard stopped, with every id delivered."""
+        if answer.cumulative_ids and w.name not in self._cumulative_noted:
+            self._cumulative_noted.add(w.name)
+            self.emit(AlertEvent(
+                severity="info", text=f"{w.name} streams every id so far in each chunk (no delta streaming): read "
+                "exactly, at a client CPU cost growing with the square of an answer's length",
+                evidence=f"{item.rid}: {answer.chunks} chunks, {len(answer.ids)} ids; SGLang 0.5.10+ streams deltas "
+                "when launched with --incremental-streaming-output (0.5.5: --stream-output), which regen adds when "
+                "it can read the server's version (workers/<name>/server.log shows the launch line)",
+                key=f"cumulative-stream:{w.name}"))
         if answer.verdict is not None:
             self.stopped_runaways += 1
             self._answered(w, item, answer.ids, answer.meta, answer.finish or {}, answer.text, latency,
@@ -480,22 +489,6 @@ async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
     return await resp.read()
 
 
-def int32_array(values: list) -> array:
-    """array("i", values), about twice as fast: struct packs the list in one C loop, array() checks and
-    converts item by item. A value that is no int32 makes struct refuse it; array() then raises its own
-    TypeError / OverflowError, so a bad reply gets the same error text as before."""
-    out = array("i")
-    try:
-        out.frombytes(_int32_packer(len(values)).pack(*values))
-    except struct.error:
-        return array("i", values)
-    return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _int32_packer(n: int) -> struct.Struct:
-    # struct's own cache of compiled formats holds 100: answer lengths vary over thousands of values
-    return struct.Struct(f"{n}i")
 
 
 def _margin(w, size: int) -> int:

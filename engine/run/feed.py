@@ -287,6 +287,7 @@ class Feed:
         ledger = self.ledger
         store = ledger.store
         pending: list[ConvProgress] = []
+        after_cut: list[tuple[ConvProgress, tuple[int, str]]] = []  # resumed conversations that ended at a cut turn
         for conv in batch:
             sid = shard_id_for(conv.index, self.cfg.shard_size)
             counts = ledger.shards.get(sid)
@@ -306,8 +307,16 @@ class Feed:
                 continue
             progress = ConvProgress(conv=conv, shard_id=sid, turns=remaining)
             if self.cfg.turns == "all" and remaining[0] != turns[0]:
+                cut = store.cut_turn(conv.conversation_id) if ledger.stop_after_cut_turns else None
+                if cut is not None and cut[0] < remaining[0]:
+                    after_cut.append((progress, cut))  # settled at once: a restart keeps the decision
+                    continue
                 progress.answers = dict(store.history(conv.conversation_id))
             pending.append(progress)
+        if after_cut:
+            ledger.begin([p for p, _ in after_cut])
+            for progress, (turn, finish) in after_cut:
+                ledger.stop_after_cut(progress, turn, finish)
         if not pending:
             return
         ledger.begin(pending)

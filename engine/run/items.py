@@ -10,7 +10,7 @@ A dispatched item comes back as exactly one outcome: `Generated` (an answer, for
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from engine.ingest import Conversation
@@ -127,6 +127,8 @@ class Committed:
     samples: tuple[tuple[WorkItem, str | None], ...]  # each item with its history answer
     # per worker (the rows' `worker`): its name, the part's prompt tokens it was sent and how many it had cached
     served: tuple[tuple[str, int, int], ...] = ()
+    # the part's samples that were cut (shard_store.CUT_FINISHES), with their finish reason: turns_after_cut
+    cut: dict[str, str] = field(default_factory=dict)
 
 
 Outcome = Union[Generated, Retry, Failed, Rejected, Committed]

@@ -15,7 +15,10 @@ and are committed) and is recorded in the store, so a restart stays braked; `set
 --all`) releases it and starts the window over.
 
 turns = "all": turn k+1 is built from the committed answer of turn k, so it is asked of the feed
-(`build_turn`) when turn k's part is committed.
+(`build_turn`) when turn k's part is committed. With turns_after_cut = "stop", a turn committed cut (it ended at
+max_new_tokens, or the runaway guard stopped it) ends its conversation: the turns left are settled as rejected, reject
+kind `after_cut` (`stop_after_cut`; the feed asks the same at a restart for a conversation whose committed turns
+end with a cut one, so a crash between the commit and the settling loses nothing).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
 from engine.run.ready_queue import ReadyQueue
 from engine.run.refusals import RefusalTrip, RefusalWatch
-from engine.shard_store import ShardStore
+from engine.shard_store import AFTER_CUT, ShardStore
 
 log = logging.getLogger("regen.ledger")
 
@@ -86,6 +89,7 @@ def reject_for(conv: Conversation, reason: str, excerpt: str = "", kind: str = "
 class Ledger:
     def __init__(self, cfg: RunConfig, shards: dict[str, ShardCounts], store: ShardStore, rejects: RejectLog):
         self.turns = cfg.turns
+        self.stop_after_cut_turns = cfg.turns == "all" and cfg.turns_after_cut == "stop"
         self.store = store
         self.rejects = rejects
         self._shards = shards
@@ -376,11 +380,25 @@ class Ledger:
             progress.worker = item.served_by or None
             if item.turn in progress.turns:
                 progress.turns.remove(item.turn)
+            if self.stop_after_cut_turns and progress.turns and item.sample_id in outcome.cut:
+                self.stop_after_cut(progress, item.turn, outcome.cut[item.sample_id])
+                continue
             if self.turns == "all" and progress.turns:
                 progress.answers[item.turn] = answer or ""
                 self.admit(progress, [self.build_turn(progress, progress.turns[0])], front=True)
                 continue
             self._maybe_retire(progress)
+
+    def stop_after_cut(self, progress: ConvProgress, cut_turn: int, finish_reason: str = "") -> None:
+        """turns_after_cut = "stop": turn `cut_turn` was committed cut, so the conversation's turns left are not
+        generated; each is settled as rejected (kind after_cut), with the reason in rejects.jsonl."""
+        how = "was stopped as a runaway" if finish_reason == "repetition" else (
+            "ended at max_new_tokens" if finish_reason == "length" else "was cut (max_new_tokens or runaway)")
+        for later in list(progress.turns):
+            self._settle_turn(progress, later, "rejected", reject_for(
+                progress.conv, f"turn {later}: not generated: turn {cut_turn} {how} (turns_after_cut = \"stop\")",
+                kind=AFTER_CUT))
+        self._maybe_retire(progress)
 
     def _not_generated(self, item: WorkItem, kind: str, reason: str, excerpt: str) -> None:
         """A sample that will not be generated in this run: failed (retries spent) or rejected (HTTP 400)."""
@@ -443,6 +461,7 @@ class Ledger:
         counts = self._shards[shard_id]
         if kind == "rejected":
             counts.rejected += 1
+            counts.after_cut += reject.kind == AFTER_CUT
         else:
             counts.failed += 1
         self.changed(shard_id)

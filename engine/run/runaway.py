@@ -1,16 +1,19 @@
 """The runaway detector: follows one answer's output ids as they stream in and says when its tail is degenerate
 repetition (the two signals and their defaults: engine.config.Runaway).
 
-Incremental, and numpy per chunk rather than Python per token: for every period p <= max_period it keeps
-`run[p]`, how many of the latest tokens equal the token p before them; the tail is one cycle of period p
-repeated when run[p] + p covers max(min_span, min_repeats x p) tokens. A chunk of c new tokens updates every
-run at once from a c x max_period comparison of the chunk against the tokens before it. The n-gram signal
+Numpy per chunk rather than Python per token, and O(max_period) work per chunk rather than per token: the tail
+is one cycle of period p repeated when each of its last need[p] = max(min_span, min_repeats x p) - p tokens
+equals the token p before it. At the end of each chunk (of at most BLOCK tokens) the periods whose last TAIL
+tokens already repeat are found in one comparison of the tail against its max_period shifts (every true period
+passes it: need[p] >= TAIL); only those few are checked over their whole span, smallest first. So the detector
+fires at the same chunk end, on the same period, as one that followed every token. The n-gram signal
 hashes the last ngram_window n-grams (64-bit) every check_every tokens and counts the
 share of the informative ones that occurred earlier in the window. The detector reads the caller's id array
 (it never copies the whole answer) and keeps O(max_period) state.
 """
 from __future__ import annotations
 
+import functools
 from array import array
 from dataclasses import dataclass
 
@@ -19,8 +22,12 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.config import Runaway
 
-BLOCK = 1024  # tokens compared at once: bounds the comparison matrix (BLOCK x max_period booleans)
-_PAD = -1  # before the first token: equal to no token id
+BLOCK = 1024  # the longest chunk judged at its end: a longer one is judged every BLOCK tokens
+TAIL = 16  # the tokens a period must already repeat at the chunk's end to be checked over its span
+SAMPLE = 4  # the n-gram share is counted over the hashes in the lowest SAMPLE-th of the hash space
+_SAMPLED_BELOW = np.uint64(2**64 // SAMPLE)
+_NO_HASHES = np.zeros(0, dtype=np.uint64)  # a detector's first state (shared: only ever replaced, never written)
+_NO_FLAGS = np.zeros(0, dtype=bool)
 LOCAL = 4  # a token equal to one of the 4 before it is part of a short run, not of a sentence
 
 
@@ -43,19 +50,18 @@ class Repetition:
 class RunawayDetector:
     """One per streamed answer: `feed(ids, start)` after each chunk (ids[start:] new), a Repetition once."""
 
-    __slots__ = ("cfg", "seen", "_run", "_need", "_mult", "_next_check", "_ngram_on")
+    __slots__ = ("cfg", "seen", "_need", "_tail", "_gather", "_mult", "_next_check", "_ngram_on", "_hashes",
+                 "_informative", "_hashed")
 
     def __init__(self, cfg: Runaway):
         self.cfg = cfg
         self.seen = 0  # output tokens fed so far
-        periods = np.arange(1, cfg.max_period + 1, dtype=np.int64)
-        self._run = np.zeros(cfg.max_period, dtype=np.int64)
-        # run[p] needed: the periodic tail (run + p tokens) covers max(min_span, min_repeats x p)
-        self._need = np.maximum(cfg.min_span, cfg.min_repeats * periods) - periods
+        self._need, self._tail, self._gather, self._mult = _tables(cfg)
         self._ngram_on = cfg.ngram_share < 1.0
-        rng = np.random.default_rng(0x5EED)
-        self._mult = rng.integers(1, 2**63, size=cfg.ngram, dtype=np.uint64) | np.uint64(1)
         self._next_check = cfg.ngram_window + cfg.ngram - 1 + LOCAL  # the first check: a full window
+        self._hashes = _NO_HASHES  # the latest n-grams' hashes (at most ngram_window)
+        self._informative = _NO_FLAGS
+        self._hashed = 0  # n-grams ending before this token are hashed
 
     def feed(self, ids: array | list, start: int) -> Repetition | None:
         """ids: every output id so far; ids[start:] arrived since the last call (start == tokens fed before)."""
@@ -76,47 +82,94 @@ class RunawayDetector:
 
     # -- the cycle signal ------------------------------------------------------------------------------------
     def _cycle(self, ids, lo: int, hi: int) -> Repetition | None:
-        p_max = self.cfg.max_period
-        back = max(0, lo - p_max)
-        buf = _ints(ids, back, hi)
-        if lo - back < p_max:  # fewer than max_period tokens before the chunk: pad
-            buf = np.concatenate([np.full(p_max - (lo - back), _PAD, dtype=np.int64), buf])
-        win = sliding_window_view(buf, p_max + 1)  # row j: the p_max tokens before new token j, then it
-        eq = win[:, p_max - 1::-1] == win[:, p_max:]  # eq[j, p - 1]: new token j equals the token p before it
-        c = hi - lo
-        trailing = np.argmin(eq[::-1], axis=0)  # trues at the chunk's end (0 when every one is true: fixed below)
-        self._run = np.where(eq.all(axis=0), self._run + c, trailing)
-        hit = np.flatnonzero(self._run >= self._need)
-        if not hit.size:
+        """Judged at token `hi` (the chunk's end): the smallest period whose tail repeats over its whole need."""
+        p_max, t = self.cfg.max_period, self._tail
+        if hi < t + 1:
             return None
-        p = int(hit[0]) + 1
-        return Repetition("cycle", hi, period=p, span=int(self._run[p - 1]) + p)
+        back = max(0, hi - t - p_max)
+        buf = _ints(ids, back, hi)
+        if len(buf) < t + p_max:  # fewer tokens than the shifts reach: those periods cannot repeat yet
+            buf = np.concatenate([np.full(t + p_max - len(buf), -1, dtype=np.int64), buf])
+        latest = buf[t + p_max - 1 - np.arange(t)][:, None]
+        candidates = np.flatnonzero((buf[self._gather] == latest).all(axis=0))
+        for c in candidates.tolist():
+            p, need = c + 1, int(self._need[c])
+            if hi - p < need:
+                continue  # the tail cannot be that long yet
+            span = _ints(ids, hi - need - p, hi)
+            if np.array_equal(span[p:], span[:-p]):
+                return Repetition("cycle", hi, period=p, span=_periodic_tail(ids, hi, p))
+        return None
 
     # -- the n-gram signal -----------------------------------------------------------------------------------
     def _share(self, ids) -> Repetition | None:
-        """The repeated share of the informative n-grams among the last ngram_window (hashed from the caller's ids
-        at each check: no state kept between checks, and nothing at all for the many answers shorter than the
-        window). An n-gram is informative when most of its tokens differ from the 4 tokens before them: the runs
-        of a zero matrix or a ruler line ("0 & 0 & 0", "-----") repeat without being a loop."""
+        """The repeated share of the informative n-grams among the last ngram_window. The n-grams are hashed once
+        each, at the first check after they arrived (nothing at all for the many answers shorter than the window),
+        and kept for the window. An n-gram is informative when most of its tokens differ from the 4 tokens before
+        them: the runs of a zero matrix or a ruler line ("0 & 0 & 0", "-----") repeat without being a loop. The
+        share is counted over the informative n-grams whose hash falls in one SAMPLE-th of the hash space: equal
+        n-grams are sampled together, so it estimates the share over all of them, at a SAMPLE-th of the sort."""
         cfg = self.cfg
         self._next_check = self.seen + cfg.check_every
-        n, w = cfg.ngram, cfg.ngram_window
-        tokens = _ints(ids, self.seen - w - n + 1 - LOCAL, self.seen)
+        self._hash_upto(ids, self.seen)
+        hashes, informative = self._hashes[-cfg.ngram_window:], self._informative[-cfg.ngram_window:]
+        if np.count_nonzero(informative) < cfg.ngram_window // 4:
+            return None  # mostly runs of a few tokens: judged by the cycle signal alone
+        sampled = hashes[informative & (hashes < _SAMPLED_BELOW)]
+        if len(sampled) < 2:
+            return None
+        ordered = np.sort(sampled)  # a sort and a compare: np.unique costs ten times more
+        share = float(np.count_nonzero(ordered[1:] == ordered[:-1])) / len(sampled)
+        if share >= cfg.ngram_share:
+            return Repetition("ngram", self.seen, share=share)
+        return None
+
+    def _hash_upto(self, ids, hi: int) -> None:
+        """Hash the n-grams ending before token `hi` not hashed yet (the first one ends at ngram - 1 + LOCAL, where
+        its tokens have their 4 predecessors); keep the last ngram_window of them."""
+        n = self.cfg.ngram
+        lo = max(self._hashed, n - 1 + LOCAL)
+        if lo >= hi:
+            return
+        tokens = _ints(ids, lo - n + 1 - LOCAL, hi)
         low = np.zeros(len(tokens), dtype=np.int32)
         for k in range(1, LOCAL + 1):
             low[k:] |= tokens[k:] == tokens[:-k]
         tokens, low = tokens[LOCAL:], low[LOCAL:]
         grams = sliding_window_view(tokens.astype(np.uint64), n)
         lows = np.concatenate([[0], np.cumsum(low)])
-        informative = (lows[n:] - lows[:-n]) * 2 < n
-        hashes = grams[informative] @ self._mult  # wraps modulo 2**64
-        if len(hashes) < w // 4:
-            return None  # mostly runs of a few tokens: judged by the cycle signal alone
-        ordered = np.sort(hashes)  # a sort and a compare: np.unique costs ten times more
-        share = float(np.count_nonzero(ordered[1:] == ordered[:-1])) / len(hashes)
-        if share >= cfg.ngram_share:
-            return Repetition("ngram", self.seen, share=share)
-        return None
+        keep = self.cfg.ngram_window
+        self._hashes = np.concatenate([self._hashes, grams @ self._mult])[-keep:]  # wraps modulo 2**64
+        self._informative = np.concatenate([self._informative, (lows[n:] - lows[:-n]) * 2 < n])[-keep:]
+        self._hashed = hi
+
+
+@functools.lru_cache(maxsize=8)
+def _tables(cfg: Runaway) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """What every detector of one [runaway] config reads and none changes (built once: one per answer cost more
+    than a chunk's judgement): need per period, the tail length, the tail's gather indices, the n-gram hash
+    multipliers."""
+    periods = np.arange(1, cfg.max_period + 1, dtype=np.int64)
+    # need[p - 1]: the latest tokens that must each equal the token p before them (the periodic tail, need + p
+    # tokens, covers max(min_span, min_repeats x p))
+    need = np.maximum(cfg.min_span, cfg.min_repeats * periods) - periods
+    tail = int(min(TAIL, need.min()))
+    # over the last tail + max_period tokens: row k, column p - 1 is the token p before the k-th latest one
+    k = np.arange(tail)[:, None]
+    gather = (tail + cfg.max_period - 1 - k) - periods[None, :]
+    mult = np.random.default_rng(0x5EED).integers(1, 2**63, size=cfg.ngram, dtype=np.uint64) | np.uint64(1)
+    for table in (need, gather, mult):
+        table.setflags(write=False)
+    return need, tail, gather, mult
+
+
+def _periodic_tail(ids, hi: int, p: int) -> int:
+    """How many of the tokens up to `hi` the period-p tail covers: the trailing tokens equal to the one p before
+    them, plus the p they start from (once, when a runaway is found)."""
+    a = _ints(ids, 0, hi)
+    eq = a[p:] == a[:-p]
+    run = len(eq) if eq.all() else int(np.argmin(eq[::-1]))
+    return run + p
 
 
 def _ints(ids, lo: int, hi: int) -> np.ndarray:

@@ -39,6 +39,8 @@ Figure meanings (in `dispatch` and in each shard), the same names everywhere:
   planned        samples the input plans (generated turns of the good conversations)
   rejected       samples never generated because their input cannot be (engine.run.counts); input rows refused
                  when read are not samples: they are in `rejects` (rejects.jsonl, by reason) with the rest
+  after_cut      of the rejected: later turns not generated because an earlier turn of their conversation was cut
+                 (ended at max_new_tokens or stopped as a runaway) and turns_after_cut = "stop"
   failed         samples whose retries were spent in this run (the next start generates them again)
   retried        attempts that failed and went back to the queue (not an outcome)
   in_flight      requests sent and not answered; while draining, what is left to drain
@@ -105,12 +107,13 @@ class ShardStatus:
     rejected: int
     dispatched: int = 0  # requests sent for it by this supervisor
     repetition: int = 0  # stopped by the runaway guard
+    after_cut: int = 0  # of the rejected: not generated after a cut turn
 
     def event(self) -> ShardEvent:
         return ShardEvent(id=self.id, state=self.state, done=self.done, total=self.total,
                           output_tokens=self.output_tokens, empty=self.empty, truncated=self.truncated,
                           failed=self.failed, rejected=self.rejected, planned=self.planned,
-                          repetition=self.repetition)
+                          repetition=self.repetition, after_cut=self.after_cut)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,7 +123,8 @@ def shard_status(sid: str, counts: ShardCounts, paused: bool, run_state: str, di
     return ShardStatus(id=sid, state=shard_state(counts, paused, run_state, dispatched > 0), done=counts.done,
                        total=counts.to_generate, planned=counts.total, output_tokens=counts.output_tokens,
                        empty=counts.empty, truncated=counts.truncated, failed=counts.failed,
-                       rejected=counts.rejected, dispatched=dispatched, repetition=counts.repetition)
+                       rejected=counts.rejected, dispatched=dispatched, repetition=counts.repetition,
+                       after_cut=counts.after_cut)
 
 
 def shard_statuses(shards: Mapping[str, ShardCounts], paused: Iterable[str], run_state: str,
@@ -143,6 +147,7 @@ def dispatch_figures(shards: Mapping[str, ShardCounts], state: str, *, rate: Com
                          retried=retried, rejected=sum(c.rejected for c in shards.values()), total=total,
                          planned=sum(c.total for c in shards.values()), output_tokens=tokens,
                          repetition=sum(c.repetition for c in shards.values()),
+                         after_cut=sum(c.after_cut for c in shards.values()),
                          tokens_per_s=round(tok_s, 1) if tok_s is not None else None,
                          eta_s=eta_s(total - done, done, tokens, tok_s) if state == "running" else None, state=state)
 

@@ -1,0 +1,88 @@
+"""Which launch flag makes an SGLang server stream deltas, so a streamed answer costs O(n) on both ends.
+
+SGLang 0.5.10+ streams every output id so far in each chunk unless launched with --incremental-streaming-output;
+0.5.5 streams only the new ids, and its --stream-output (0.5.10+: a deprecated alias of the new flag) also makes the
+text a delta (contract 1.1, 2.4, 7.6). The version is read from the launch's python (importlib.metadata, without
+importing sglang); the simulator's from its --sim-sglang-version (its profiles say which versions have the flag).
+A version that cannot be read gets no flag: its streams are cumulative, which the client reads too (and notes).
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+
+INCREMENTAL = "--incremental-streaming-output"
+LEGACY = "--stream-output"
+FLAGS = (INCREMENTAL, LEGACY)
+INCREMENTAL_FROM = (0, 5, 10)
+SIMULATOR_MODULE = "engine.simulator"
+VERSION_CODE = "import importlib.metadata as m; print(m.version('sglang'))"
+
+
+@dataclass(frozen=True)
+class StreamFlag:
+    """The flag added to a launch (None: none), the SGLang version it was chosen for, and how that was found."""
+    flag: str | None
+    version: str | None
+    how: str
+
+
+def flag_for(version: str) -> str | None:
+    """The delta-streaming flag of an SGLang version, or None when the version cannot be parsed."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    if m is None:
+        return None
+    return INCREMENTAL if tuple(int(x) for x in m.groups()) >= INCREMENTAL_FROM else LEGACY
+
+
+def simulated_version(argv: list[str]) -> str | None:
+    """The SGLang version a simulator launch speaks (its --sim-sglang-version, else its default), or None when
+    the launch is not the simulator's: one that runs engine.simulator, or passes --sim-* flags (SGLang has none)."""
+    if SIMULATOR_MODULE not in argv and not any(w.startswith("--sim-") for w in argv):
+        return None
+    from engine.simulator.profiles import DEFAULT_VERSION
+
+    for i, word in enumerate(argv):
+        if word == "--sim-sglang-version" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--sim-sglang-version="):
+            return word.split("=", 1)[1]
+    return DEFAULT_VERSION
+
+
+async def choose(argv: list[str], python: str, timeout: float = 60.0) -> StreamFlag:
+    """The flag for this launch: none when the operator's line has one already; else by the version."""
+    given = next((w for w in argv if w in FLAGS), None)
+    if given is not None:
+        return StreamFlag(None, None, f"the launch line has {given} already")
+    version = simulated_version(argv)
+    how = "the simulator's --sim-sglang-version"
+    if version is None:
+        version, how = await _installed_version(python, timeout)
+    if version is None:
+        return StreamFlag(None, None, how)
+    flag = flag_for(version)
+    if flag is None:
+        return StreamFlag(None, version, f"SGLang {version} ({how}): not a version regen can compare")
+    return StreamFlag(flag, version, how)
+
+
+async def _installed_version(python: str, timeout: float) -> tuple[str | None, str]:
+    """(the sglang version the python has, how it was read) or (None, why not)."""
+    shown = f"{python} -c {VERSION_CODE!r}"
+    try:
+        proc = await asyncio.create_subprocess_exec(python, "-c", VERSION_CODE, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    except OSError as exc:
+        return None, f"cannot read the SGLang version ({shown}: {type(exc).__name__}: {exc})"
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return None, f"cannot read the SGLang version ({shown}: no answer in {timeout:g} s)"
+    if proc.returncode != 0:
+        last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        return None, f"cannot read the SGLang version ({shown} exited {proc.returncode}: {last})"
+    return out.decode().strip(), f"{shown}"

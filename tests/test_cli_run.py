@@ -45,7 +45,7 @@ def cleanup_runs():
 def test_demo_headless_until_done(tmp_path, cleanup_runs):
     run_dir = tmp_path / "demo run"
     cleanup_runs.append(run_dir)
-    r = regen("demo", "--headless", "--until-done", "--gpus", "2", "--prompts", "500", "--run-dir", str(run_dir),
+    r = regen("demo", "--quick", "--headless", "--until-done", "--gpus", "2", "--prompts", "500", "--run-dir", str(run_dir),
               "--sim-arg=--sim-step-ms", "--sim-arg=3", home=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "run done" in r.stdout and f"{run_dir}/shards" in r.stdout

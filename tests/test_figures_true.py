@@ -302,7 +302,7 @@ def test_the_demo_ends_at_done_equal_total_with_every_shard_done_and_its_last_ev
     """The demo's too-long prompt is rejected at dispatch time (it does not fit the context): it settles its shard,
     counts apart as a rejected sample, and is one of the rows of rejects.jsonl (with the three bad input rows)."""
     run_dir = tmp_path / "demo"
-    r = regen("demo", "--headless", "--until-done", "--gpus", "2", "--prompts", "120", "--run-dir", str(run_dir),
+    r = regen("demo", "--quick", "--headless", "--until-done", "--gpus", "2", "--prompts", "120", "--run-dir", str(run_dir),
               "--sim-arg=--sim-step-ms", "--sim-arg=2", home=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = status_cli(run_dir, tmp_path, "--json")

@@ -20,7 +20,7 @@ def test_stats_on_a_demo_run_report_the_configured_shares_exactly(tmp_path, clea
     run_dir = tmp_path / "demo"
     cleanup_runs.append(run_dir)
     sim = ["--sim-empty-share", "0.2", "--sim-output-mean", "700", "--sim-output-sigma", "1.0", "--sim-step-ms", "3"]
-    r = regen("demo", "--headless", "--until-done", "--gpus", "2", "--prompts", "300", "--run-dir", str(run_dir),
+    r = regen("demo", "--quick", "--headless", "--until-done", "--gpus", "2", "--prompts", "300", "--run-dir", str(run_dir),
               *[f"--sim-arg={a}" for a in sim], home=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -50,7 +50,7 @@ def test_stats_on_a_qwen35_demo_count_cut_reasoning_as_unterminated(tmp_path, cl
     cleanup_runs.append(run_dir)
     sim = ["--sim-empty-share", "0.2", "--sim-output-mean", "1000", "--sim-output-sigma", "0.8",
            "--sim-step-ms", "1", "--sim-tokens-per-step", "64"]  # the demo's max_new_tokens (1024) cuts ~40%
-    r = regen("demo", "--headless", "--until-done", "--gpus", "1", "--prompts", "40", "--template", "qwen3.5",
+    r = regen("demo", "--quick", "--headless", "--until-done", "--gpus", "1", "--prompts", "40", "--template", "qwen3.5",
               "--run-dir", str(run_dir), *[f"--sim-arg={a}" for a in sim], home=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 

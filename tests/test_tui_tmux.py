@@ -80,8 +80,11 @@ def test_operator_switches_tabs_pauses_and_resumes_a_shard(demo_in_tmux):
     tmux("send-keys", "-t", SESSION, "5")
     wait_screen(lambda s: "/dev/shm" in s and "full in" in s, "the Disk tab")
     tmux("send-keys", "-t", SESSION, "q")
-    wait_screen(lambda s: "Workers" not in s, "the console closed")
-    assert ctl_status(run_dir)["state"] in ("starting", "running", "paused", "done")  # quitting the console left the run alone
+    text = wait_screen(lambda s: "stop it now? [Y/n]" in s, "the demo asking whether to stop its run")
+    assert "Workers" not in text and "the demo run is still going (supervisor pid " in text
+    tmux("send-keys", "-t", SESSION, "n", "Enter")
+    wait_screen(lambda s: "left running; stop it with:" in s, "the demo leaving its run, with the stop command")
+    assert ctl_status(run_dir)["state"] in ("starting", "running", "paused")  # answered no: the run goes on
 
 
 @pytest.fixture
@@ -108,7 +111,8 @@ def test_operator_filters_1000_shards_to_running_pauses_a_selection_and_resumes_
     text = wait_screen(lambda s: re.search(r"showing running \([1-9]", s), "the running shards listed")
     rows = [ln for ln in text.splitlines() if re.match(r"^\s*[!●]?\s*s\d{5}\s", ln)]
     assert rows and all(" running " in ln for ln in rows), text
-    tmux("send-keys", "-t", SESSION, "Space")
+    tmux("send-keys", "-t", SESSION, "Space")  # space selects the shard under the cursor and leaves it there
+    tmux("send-keys", "-t", SESSION, "Down")
     tmux("send-keys", "-t", SESSION, "Space")
     text = wait_screen(lambda s: "2 selected" in s and len(marked_ids(s)) == 2, "two shards selected")
     picked = marked_ids(text)

@@ -1,8 +1,10 @@
-"""regen demo [--gpus N] [--prompts N] [--shard-size N] [--run-dir DIR] [--headless --until-done]
+"""regen demo [--gpus N] [--prompts N] [--shard-size N] [--run-dir DIR] [--quick] [--headless --until-done]
 
 The whole flow on this machine: a tiny Qwen3-style model, synthetic chat prompts (single and
 multi-turn, two sources, a few deliberately bad rows), one SGLang simulator per simulated GPU,
-started over the `local` transport exactly like `regen start`.
+started over the `local` transport exactly like `regen start`. By default the simulated GPUs run at a pace that
+leaves a few minutes to switch tabs, pause and resume a shard and watch the charts move; --quick keeps the short
+run (tests, scripts). Quitting the console of a demo whose run still goes asks whether to stop it.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from console.commands.status import progress_line
 from console.deploy import EXIT_ERROR, EXIT_OK, DeployError, start_run
 from console.hints import regen_command
+from console.run_client import RunClientError
 from console.transport import TransportError, open_transport
 from engine.config import SIMULATOR_LAUNCH, RunConfig, Sampling, Workers, Alerts, Dispatch
 from engine.telemetry_events import AlertEvent, DispatchEvent
@@ -24,13 +27,16 @@ from engine.telemetry_events import AlertEvent, DispatchEvent
 CACHE = Path.home() / ".cache" / "regen"
 DEMO_CONTEXT = 4096
 DEMO_SHARD_SIZE = 50
-# fast enough that 500 prompts finish in a minute or two on 2 cores, slow enough to watch batching
+# --quick: fast enough that 500 prompts finish in a minute or two on 2 cores, slow enough to watch batching
 DEMO_SIM_ARGS = (
     "--max-running-requests", "32", "--context-length", str(DEMO_CONTEXT),
     "--sim-step-ms", "12", "--sim-step-ms-per-req", "0.2", "--sim-tokens-per-step", "2",
     "--sim-output-mean", "160", "--sim-output-sigma", "0.7", "--sim-empty-share", "0.02",
     "--sim-load-s", "1",
 )
+
+# the default demo: ~10x slower decode steps, so the default run lasts about 3-4 minutes (time to try the keys)
+WATCHABLE_PACE = ("--sim-step-ms", "120")
 
 TOPICS = ("prime numbers", "a python list", "the attention layer", "gpu memory", "a test case", "the cache",
           "an array index error", "the square root of two", "batch size", "a string function")
@@ -50,6 +56,8 @@ def add_arguments(parser) -> None:
                         help="chat template family of the tiny model: qwen3 (the model opens <think>) or qwen3.5 "
                              "(Qwen3.5/3.6 style: the generation prompt ends with <think>)")
     parser.add_argument("--sim-arg", action="append", default=[], help="extra simulator argument (repeatable)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the short run (about half a minute; tests, scripts) instead of a few minutes to watch")
 
 
 def free_port_block(n: int) -> int:
@@ -132,7 +140,8 @@ def run(args) -> int:
     model = build_tiny_model(model_dir, template=template)
     run_dir.mkdir(parents=True, exist_ok=True)
     prompts = write_prompts(run_dir / "prompts", args.prompts, args.seed)
-    cfg = demo_config(run_dir, model, prompts, args.gpus, args.sim_arg, args.shard_size)
+    pace = [] if args.quick else list(WATCHABLE_PACE)  # --sim-arg after it wins
+    cfg = demo_config(run_dir, model, prompts, args.gpus, pace + list(args.sim_arg), args.shard_size)
     if not args.headless:
         try:
             from console.tui.app import run_tui
@@ -156,6 +165,7 @@ async def _demo(args, cfg: RunConfig, run_tui) -> int:
         result = run_tui("local", started.run_dir, host_python=started.host_python)
         if asyncio.iscoroutine(result):
             result = await result
+        await offer_to_stop(started)
         return int(result or 0)
     if args.headless and not args.until_done:
         print(f"watch it with:\n  {regen_command('status', 'local', '--run-dir', started.run_dir)}")
@@ -163,6 +173,31 @@ async def _demo(args, cfg: RunConfig, run_tui) -> int:
         return EXIT_OK
     try:
         return await follow_until_done(started.client(transport), started.run_dir)
+    finally:
+        await transport.close()
+
+
+async def offer_to_stop(started) -> None:
+    """The console was quit while the demo's run goes on: ask (a terminal) whether to stop it, and say what stays."""
+    transport = await open_transport("local")
+    try:
+        client = started.client(transport)
+        try:
+            status = await client.status()
+        except RunClientError:
+            print(f"the demo run has ended; its run dir stays at {started.run_dir}", file=sys.stderr)
+            return
+        print(f"the demo run is still going (supervisor pid {started.pid}, state {status.get('state')}).",
+              file=sys.stderr)
+        answer = "y"
+        if sys.stdin.isatty():
+            answer = (await asyncio.to_thread(input, "stop it now? [Y/n] ")).strip().lower() or "y"
+        if answer.startswith("y"):
+            await client.stop()
+            print(f"stopped the demo run; its run dir stays at {started.run_dir}", file=sys.stderr)
+        else:
+            print(f"left running; stop it with:\n  {regen_command('stop', 'local', '--run-dir', started.run_dir)}",
+                  file=sys.stderr)
     finally:
         await transport.close()
 

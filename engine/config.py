@@ -25,7 +25,7 @@ from engine.config_schema import (DEFAULT_LAUNCH, DETERMINISTIC_FLAG, NOTIFY_FOR
 
 __all__ = ["ConfigError", "ConfigIssue", "RunConfig", "Sampling", "Workers", "Dispatch", "Alerts", "Runaway", "Brake",
            "Store", "PlanAssumptions", "NotifyConfig", "Host", "Router", "load_config", "config_from_dict",
-           "dump_toml", "changed_content_fields", "host_workers", "launch_words",
+           "dump_toml", "toml_value", "changed_content_fields", "host_workers", "launch_words",
            "redact_url", "with_model_defaults", "SamplingSource", "EffectiveSampling", "MODEL_SAMPLING_KEYS",
            "DEFAULT_LAUNCH", "DETERMINISTIC_FLAG", "NOTIFY_FORMATS", "PROMPT_FORMATS", "ROUTER_LINKS", "ROUTER_POLICIES",
            "SEVERITIES", "SIMULATOR_LAUNCH", "TURN_MODES", "TURNS_AFTER_CUT", "resolve_sampling",
@@ -168,26 +168,22 @@ def dump_toml(cfg: RunConfig) -> str:
         if isinstance(value, dict):
             tables[key] = value
         elif value is not None:
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{key} = {toml_value(value)}")
     for name, table in tables.items():
         lines.append("")
         lines.append(f"[{name}]")
         for key, value in table.items():
-            if value is None:
-                continue
-            if isinstance(value, dict):
-                inner = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
-                lines.append(f"{key} = {{{inner}}}")
-            else:
-                lines.append(f"{key} = {_toml_value(value)}")
+            if value is not None:
+                lines.append(f"{key} = {toml_value(value)}")
     for host in hosts:
         lines.append("")
         lines.append("[[hosts]]")
-        lines += [f"{key} = {_toml_value(value)}" for key, value in host.items() if value is not None]
+        lines += [f"{key} = {toml_value(value)}" for key, value in host.items() if value is not None]
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """One TOML value (inline tables for dicts)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -195,5 +191,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")

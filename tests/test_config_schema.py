@@ -17,27 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from console.cli import main as regen_main
-from engine.config import ConfigError, config_from_dict, with_model_defaults
+from engine.config import ConfigError, config_from_dict, toml_value, with_model_defaults
 from engine.config_schema import RunConfig, Sampling
 from tests.test_cli_run import regen
 
 BASE: dict[str, Any] = {"run_dir": "/nonexistent/regen-run", "model": "/nonexistent/model",
                         "prompts": ["/nonexistent/prompts/*.jsonl"]}
 SECTIONS = ("sampling", "workers", "dispatch", "alerts", "plan", "store", "runaway", "brake", "router", "notify")
-
-
-def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(type(v))
 
 
 def to_toml(doc: dict[str, Any]) -> str:

@@ -156,6 +156,9 @@ class LocalTransport:
             err_reader.cancel()
             self._live.discard(proc)
 
+    async def open_process(self, command: str) -> "LocalProcess":
+        return LocalProcess(self, command, await self._spawn(command, stdin_pipe=True))
+
     async def put(self, local: Path, remote: str) -> None:
         await asyncio.to_thread(_copy, Path(local), Path(remote), f"put {local} -> {self.name}:{remote}")
 
@@ -166,6 +169,49 @@ class LocalTransport:
         for proc in list(self._live):
             _kill_group(proc.pid)
         self._live.clear()
+
+
+class LocalProcess:
+    """A command on this machine with its stdin open; implements console.transport.Process."""
+
+    def __init__(self, transport: LocalTransport, command: str, proc: asyncio.subprocess.Process):
+        self.command = command
+        self.pid = proc.pid  # the process group's leader
+        self._transport = transport
+        self._proc = proc
+        self._err = bytearray()
+        self._err_reader = asyncio.ensure_future(_read_all(proc.stderr, self._err))
+
+    async def write(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise TransportError(f"`{self.command}` on {self._transport.name} closed its stdin: {exc}",
+                                 kind="closed") from exc
+
+    async def readline(self) -> bytes:
+        assert self._proc.stdout is not None
+        return await self._proc.stdout.readline()
+
+    async def ended(self) -> str:
+        try:
+            returncode = await asyncio.wait_for(self._proc.wait(), _DRAIN_AFTER_KILL_S)
+        except asyncio.TimeoutError:
+            return f"closed its stdout but still runs (pid {self.pid})"
+        await asyncio.wait([self._err_reader], timeout=_DRAIN_AFTER_KILL_S)
+        how = f"exited with status {returncode}" if returncode >= 0 else f"was killed by {signal_name(-returncode)}"
+        return f"{how}; stderr: {self._err.decode('utf-8', errors='replace').strip() or '(empty)'}"
+
+    async def close(self) -> None:
+        if self._proc.returncode is None:
+            error = _kill_group(self.pid)
+            if error:
+                raise TransportError(f"ending `{self.command}`: {error}", kind="error")
+            await self._proc.wait()
+        self._err_reader.cancel()
+        self._transport._live.discard(self._proc)
 
 
 def _copy(src: Path, dst: Path, what: str) -> None:

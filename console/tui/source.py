@@ -20,7 +20,8 @@ import orjson
 from console.config_probe import config_failed_report, config_passed
 from console.follow import FollowSource, SourceError
 from console.hints import regen_command
-from console.run_client import RunClient, RunClientError, engine_command
+from console.remote_engine import engine_command
+from console.run_client import RunClient, RunClientError
 from console.ssh_options import SshOptions
 from console.transport import Transport, TransportError, open_transport
 from engine.config import ConfigError
@@ -182,8 +183,8 @@ class HostSource:
 
     async def stats(self) -> dict[str, Any]:
         client = self._need_client()
-        command = engine_command(client.host_python, client.engine_path,
-                                 ["-m", "engine.stats", client.run_dir, "--json"])
+        command = engine_command(client.host_python, ["-m", "engine.stats", client.run_dir, "--json"],
+                                 engine_path=client.engine_path)
         res = await self._run(command, STATS_TIMEOUT_S, "stats")
         # exit 0: fine, 1: quality flagged (both print the stats JSON); 2: the run dir could not be read
         last = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith("{")), None)

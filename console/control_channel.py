@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from console.transport import Process, Transport, TransportError
+from console.transport import Ended, Process, Transport, TransportError
 from engine.protocol import (PROTOCOL_VERSION, ChannelOp, Hello, HelloResult, ProtocolError, Reply, Request,
                              decode_reply, encode_request)
 
 HELLO_TIMEOUT_S = 30.0  # a new interpreter and its imports on a loaded host
+READER_END_WAIT_S = 5.0  # a send failed: how long the reader may take to say how the process ended
 
 
 class ChannelClosed(Exception):
-    """The channel's process ended or its connection broke (the text says how); `transport` when the connection did."""
+    """The channel's process ended (`ended`) or its connection broke (`transport`); the text says how."""
 
-    def __init__(self, message: str, transport: TransportError | None = None):
+    def __init__(self, message: str, transport: TransportError | None = None, ended: Ended | None = None):
         super().__init__(message)
         self.transport = transport
+        self.ended = ended
 
 
 class OlderProtocol(Exception):
@@ -55,8 +57,7 @@ class ControlChannel:
             await channel.close()
             if exc.transport is not None:
                 raise  # the connection broke: not the engine's answer
-            raise OlderProtocol(f"engine at {where} speaks an older protocol (no control channel: `engine.ctl serve` "
-                                f"{_last_words(str(exc))}): one process per op") from exc
+            raise OlderProtocol(_no_hello_note(where, exc.ended)) from exc
         except (ProtocolError, asyncio.TimeoutError, TransportError, asyncio.CancelledError):
             await channel.close()
             raise
@@ -79,6 +80,8 @@ class ControlChannel:
                 try:
                     await self.process.write(encode_request(Request(rid, op)))
                 except TransportError as exc:
+                    # the process may have ended before reading: the reader says how (its exit status, its stderr)
+                    await asyncio.wait([self._reader], timeout=READER_END_WAIT_S)
                     self._fail(ChannelClosed(f"control channel to {self.where}: {exc}", exc))
             try:
                 return await asyncio.wait_for(asyncio.shield(waiter), timeout)
@@ -109,8 +112,9 @@ class ControlChannel:
                     return
                 if not waiter.done():
                     waiter.set_result(reply)
-            self._fail(ChannelClosed(f"control channel to {self.where} closed: `engine.ctl serve` "
-                                     f"{await self.process.ended()}"))
+            ended = await self.process.ended()
+            self._fail(ChannelClosed(f"control channel to {self.where} closed: `engine.ctl serve` {ended}",
+                                     ended=ended))
         except TransportError as exc:
             self._fail(ChannelClosed(f"control channel to {self.where}: {exc}", exc))
 
@@ -132,9 +136,14 @@ class ControlChannel:
             await asyncio.wait([self._reader])
 
 
-def _last_words(ended: str) -> str:
-    """`exited with status 2 (...: invalid choice: 'serve' ...)`: how the process ended, its last stderr line."""
-    how, _, stderr = ended.partition("; stderr: ")
-    how = how.rsplit("`engine.ctl serve` ", 1)[-1]
-    last = stderr.strip().splitlines()[-1] if stderr.strip() else "(empty)"
-    return f"{how}: {last}"
+def _no_hello_note(where: str, ended: Ended | None) -> str:
+    """The operator's note for an engine that ended the channel without answering hello. Exit status 2 is argparse's
+    usage error: an engine.ctl without `serve`, i.e. an engine deployed before the channel."""
+    if ended is None:
+        return f"engine at {where} did not answer hello: one process per op"
+    lines = ended.stderr.strip().splitlines()
+    said = lines[-1] if lines else "(no stderr)"
+    if ended.exit_status == 2:
+        return (f"engine at {where} speaks an older protocol (its engine.ctl has no `serve`: {said}): "
+                "one process per op")
+    return f"engine at {where} did not answer hello (`engine.ctl serve` {ended.how}: {said}): one process per op"

@@ -64,6 +64,17 @@ def quote_argv(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How a Process ended: exit_status (None: killed by a signal, or no status came), `how` in words, its stderr."""
+    exit_status: int | None
+    how: str
+    stderr: str
+
+    def __str__(self) -> str:
+        return f"{self.how}; stderr: {self.stderr.strip() or '(empty)'}"
+
+
 class Process(Protocol):
     """A long-running command with its stdin open (Transport.open_process): lines in, lines out."""
 
@@ -77,7 +88,7 @@ class Process(Protocol):
         """Its next stdout line with the newline; b"" once stdout closed; TransportError when the connection broke."""
         ...
 
-    async def ended(self) -> str:
+    async def ended(self) -> Ended:
         """After readline() gave b"": how it ended (exit status or signal, and its stderr), waiting a little for it;
         TransportError when the connection was lost (the command may still run on the host)."""
         ...

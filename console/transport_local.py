@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-from console.transport import TransportError
+from console.transport import Ended, TransportError
 from probes.model import CommandResult
 
 # After the group is killed, how long to wait for its pipes to reach EOF. A process that
@@ -168,6 +168,8 @@ class LocalTransport:
     async def close(self) -> None:
         for proc in list(self._live):
             _kill_group(proc.pid)
+            if proc.stdin is not None:
+                proc.stdin.close()  # an open_process's: its pipe would outlive the loop
         self._live.clear()
 
 
@@ -195,16 +197,21 @@ class LocalProcess:
         assert self._proc.stdout is not None
         return await self._proc.stdout.readline()
 
-    async def ended(self) -> str:
+    async def ended(self) -> Ended:
+        stderr = self._err.decode("utf-8", errors="replace")
         try:
             returncode = await asyncio.wait_for(self._proc.wait(), _DRAIN_AFTER_KILL_S)
         except asyncio.TimeoutError:
-            return f"closed its stdout but still runs (pid {self.pid})"
+            return Ended(None, f"closed its stdout but still runs (pid {self.pid})", stderr)
         await asyncio.wait([self._err_reader], timeout=_DRAIN_AFTER_KILL_S)
-        how = f"exited with status {returncode}" if returncode >= 0 else f"was killed by {signal_name(-returncode)}"
-        return f"{how}; stderr: {self._err.decode('utf-8', errors='replace').strip() or '(empty)'}"
+        stderr = self._err.decode("utf-8", errors="replace")
+        if returncode >= 0:
+            return Ended(returncode, f"exited with status {returncode}", stderr)
+        return Ended(None, f"was killed by {signal_name(-returncode)}", stderr)
 
     async def close(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
         if self._proc.returncode is None:
             error = _kill_group(self.pid)
             if error:

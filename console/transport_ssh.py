@@ -29,7 +29,7 @@ from typing import AsyncIterator, Sequence
 import asyncssh
 from asyncssh.public_key import decode_ssh_public_key
 
-from console.transport import HostSpec, TransportError
+from console.transport import Ended, HostSpec, TransportError
 from probes.model import CommandResult
 
 DEFAULT_MAX_CHANNELS = 8  # OpenSSH's MaxSessions is 10 by default; keep 2 for kills and SFTP
@@ -588,7 +588,7 @@ class SshProcess:
             raise TransportError(f"`{self.command}` on {self._t.name} broke: {exc}; stderr: "
                                  f"{self._s.stderr_text() or '(empty)'}", kind="closed") from exc
 
-    async def ended(self) -> str:
+    async def ended(self) -> Ended:
         proc = self._s.proc
         await asyncio.wait([self._s.err_task], timeout=_DRAIN_AFTER_KILL_S)
         await asyncio.wait([asyncio.ensure_future(proc.wait_closed())], timeout=_DRAIN_AFTER_KILL_S)
@@ -601,8 +601,8 @@ class SshProcess:
                 raise TransportError(f"`{self.command}`: {self._t._lost_text()}", kind="closed")
             how = "its channel closed without an exit status"
         else:
-            how = f"exited with status {status}"
-        return f"{how}; stderr: {self._s.stderr_text().strip() or '(empty)'}"
+            return Ended(status, f"exited with status {status}", self._s.stderr_text())
+        return Ended(None, how, self._s.stderr_text())
 
     async def close(self) -> None:
         if self._released:

@@ -286,8 +286,16 @@ class RegenApp(App):
     def on_status_received(self, msg: StatusReceived) -> None:
         if not msg.status.get("shards_omitted"):
             self._full_status_at = self.monotonic()
+        self._take_source_notes()
         self._mark(self.model.apply_status(msg.status))
         self._notify_alerts()
+
+    def _take_source_notes(self) -> None:
+        """What the source saw on its way (an engine without the control channel, a channel reopened): alerts; the
+        engine's protocol note also stays in the header."""
+        self.model.protocol_note = self.source.protocol_note
+        for note in self.source.take_notes():
+            self.model.add_alert(AlertView(self.clock(), note.severity, note.text, key=note.key, origin="console"))
 
     def on_connection_changed(self, msg: ConnectionChanged) -> None:
         conn = self.model.connection
@@ -308,6 +316,7 @@ class RegenApp(App):
             self.notify(msg.error, title="connection refused", severity="error", timeout=REFUSED_TOAST_S)
         elif msg.state == "ended" and before != "ended" and msg.error:
             self.model.add_alert(AlertView(now, "info", msg.error, key=f"console.ended.{msg.error}", origin="console"))
+        self._take_source_notes()
         self._mark({"alerts", "header", "shards"})  # "shards": its control hints follow the run being gone
         self._notify_alerts()
 
@@ -356,6 +365,8 @@ class RegenApp(App):
         self.post_message(StatusReceived(status))
 
     def on_control_done(self, msg: ControlDone) -> None:
+        self._take_source_notes()
+        self._mark({"alerts", "header"})
         self.notify(msg.text, title="control", severity="information" if msg.ok else "error",
                     timeout=5 if msg.ok else 15)
 

@@ -117,6 +117,9 @@ class ControlChannel:
                                      ended=ended))
         except TransportError as exc:
             self._fail(ChannelClosed(f"control channel to {self.where}: {exc}", exc))
+        except Exception as exc:  # e.g. a line over the reader's limit: every waiting call must hear it, none hang
+            self._fail(ChannelClosed(f"control channel to {self.where}: reading the replies failed: "
+                                     f"{type(exc).__name__}: {exc}"))
 
     def _fail(self, closed: ChannelClosed) -> None:
         if self.closed is None:

@@ -19,6 +19,7 @@ from probes.model import CommandResult
 # After the group is killed, how long to wait for its pipes to reach EOF. A process that
 # escaped the group (setsid) and holds our pipes would otherwise block us forever.
 _DRAIN_AFTER_KILL_S = 2.0
+PROCESS_LINE_LIMIT = 1 << 28  # the longest stdout line an open_process may send
 
 
 def signal_name(signum: int) -> str:
@@ -53,7 +54,7 @@ class LocalTransport:
         self.name = name
         self._live: set[asyncio.subprocess.Process] = set()
 
-    async def _spawn(self, command: str, *, stdin_pipe: bool) -> asyncio.subprocess.Process:
+    async def _spawn(self, command: str, *, stdin_pipe: bool, line_limit: int = 1 << 16) -> asyncio.subprocess.Process:
         try:
             proc = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", command,
@@ -61,6 +62,7 @@ class LocalTransport:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
+                limit=line_limit,
             )
         except OSError as exc:
             raise TransportError(f"could not start /bin/sh for {command!r}: {exc}", kind="error") from exc
@@ -157,7 +159,8 @@ class LocalTransport:
             self._live.discard(proc)
 
     async def open_process(self, command: str) -> "LocalProcess":
-        return LocalProcess(self, command, await self._spawn(command, stdin_pipe=True))
+        # one reply is one line: a status with 10,000 shards is ~2 MB
+        return LocalProcess(self, command, await self._spawn(command, stdin_pipe=True, line_limit=PROCESS_LINE_LIMIT))
 
     async def put(self, local: Path, remote: str) -> None:
         await asyncio.to_thread(_copy, Path(local), Path(remote), f"put {local} -> {self.name}:{remote}")

@@ -24,7 +24,8 @@ from engine.run.control_ops import Drain, DrainHost, Pause, RestartWorker, Resum
 from tests.waiting import await_until
 
 REPO = Path(__file__).resolve().parents[1]
-BEFORE_CHANNEL = "0760363"  # main before the channel: its engine.ctl has no serve, no hello
+BEFORE_CHANNEL = "0760363"
+BIG_REPLY_BYTES = 3_000_000  # a full status of 10,000 shards is ~2 MB: one line  # main before the channel: its engine.ctl has no serve, no hello
 
 
 def old_engine_copy(dst: Path) -> Path:
@@ -53,7 +54,8 @@ class FakeSupervisor:
             from engine.control import ControlError
             raise ControlError("unknown worker 'nope'; workers: w0")
         shards = op.shards if isinstance(op, (Pause, Resume)) else None
-        return {"op": op.op, "n": len(self.ops), "shards": list(shards or [])}
+        big = {"big": "x" * BIG_REPLY_BYTES} if isinstance(op, Status) and op.shards else {}
+        return {"op": op.op, "n": len(self.ops), "shards": list(shards or []), **big}
 
 
 def test_codec_round_trips_every_op_and_reply():
@@ -142,6 +144,7 @@ def test_the_client_carries_concurrent_ops_over_one_process_and_matches_replies_
 
     results, refused, hello, opened, ran, ops = asyncio.run(go())
     assert [r["op"] for r in results] == ["pause", "status", "resume", "drain_host", "status"]
+    assert len(results[4]["big"]) == BIG_REPLY_BYTES and "big" not in results[1]
     assert results[0]["shards"] == [f"s{i:05d}" for i in range(10)]
     assert refused.kind == "error"
     assert hello.protocol == PROTOCOL_VERSION and hello.engine_version == engine.__version__

@@ -150,8 +150,9 @@ class HostSource:
         if channel is not None and channel.closed is None:
             return
         if channel is not None:
-            self._notes.append(SourceNote("warning", f"{channel.closed}; opening a new one",
-                                          key=f"console.channel.{time.time()}"))
+            if channel.closed.transport is None:  # a lost connection has its own alert (connection lost)
+                self._notes.append(SourceNote("warning", f"{channel.closed}; opening a new one",
+                                              key=f"console.channel.{time.time()}"))
             await client.close_channel()
         try:
             await client.open_channel()

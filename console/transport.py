@@ -79,6 +79,7 @@ class Process(Protocol):
     """A long-running command with its stdin open (Transport.open_process): lines in, lines out."""
 
     command: str
+    pid: int | None  # its process group on the host (None until known)
 
     async def write(self, data: bytes) -> None:
         """Send bytes to its stdin; TransportError (kind closed) when the command or the connection is gone."""

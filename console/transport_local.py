@@ -53,6 +53,7 @@ class LocalTransport:
     def __init__(self, name: str = "local"):
         self.name = name
         self._live: set[asyncio.subprocess.Process] = set()
+        self._processes: set[LocalProcess] = set()  # open_process's, until closed
 
     async def _spawn(self, command: str, *, stdin_pipe: bool, line_limit: int = 1 << 16) -> asyncio.subprocess.Process:
         try:
@@ -160,7 +161,9 @@ class LocalTransport:
 
     async def open_process(self, command: str) -> "LocalProcess":
         # one reply is one line: a status with 10,000 shards is ~2 MB
-        return LocalProcess(self, command, await self._spawn(command, stdin_pipe=True, line_limit=PROCESS_LINE_LIMIT))
+        process = LocalProcess(self, command, await self._spawn(command, stdin_pipe=True, line_limit=PROCESS_LINE_LIMIT))
+        self._processes.add(process)
+        return process
 
     async def put(self, local: Path, remote: str) -> None:
         await asyncio.to_thread(_copy, Path(local), Path(remote), f"put {local} -> {self.name}:{remote}")
@@ -169,10 +172,10 @@ class LocalTransport:
         await asyncio.to_thread(_copy, Path(remote), Path(local), f"get {self.name}:{remote} -> {local}")
 
     async def close(self) -> None:
+        for process in list(self._processes):
+            await process.close()  # killed, its pipes closed and its exit waited for: nothing outlives the loop
         for proc in list(self._live):
             _kill_group(proc.pid)
-            if proc.stdin is not None:
-                proc.stdin.close()  # an open_process's: its pipe would outlive the loop
         self._live.clear()
 
 
@@ -222,6 +225,7 @@ class LocalProcess:
             await self._proc.wait()
         self._err_reader.cancel()
         self._transport._live.discard(self._proc)
+        self._transport._processes.discard(self)
 
 
 def _copy(src: Path, dst: Path, what: str) -> None:

@@ -11,7 +11,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import orjson
 import pytest
 
 import engine

@@ -4,7 +4,6 @@ connection reconnects with a new channel; a run whose deployed engine predates t
 before it) shows the note and is still paused and resumed, one process per op."""
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal

@@ -58,7 +58,7 @@ class ControlChannel:
             if exc.transport is not None:
                 raise  # the connection broke: not the engine's answer
             raise OlderProtocol(_no_hello_note(where, exc.ended)) from exc
-        except (ProtocolError, asyncio.TimeoutError, TransportError, asyncio.CancelledError):
+        except (OlderProtocol, ProtocolError, asyncio.TimeoutError, TransportError, asyncio.CancelledError):
             await channel.close()
             raise
         if channel.hello.protocol != PROTOCOL_VERSION:

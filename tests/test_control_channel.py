@@ -220,3 +220,48 @@ def test_a_channel_whose_process_dies_fails_the_op_in_flight_and_a_new_one_carri
     assert lost.kind == "unreachable" and "not sent again" in str(lost)
     assert again["op"] == "status"
     assert len(opened) == 2
+
+
+class NewerEngineProcess:
+    """An engine.ctl serve that answers hello with another protocol version (console.transport.Process)."""
+
+    command = "engine.ctl serve"
+    pid = None
+
+    def __init__(self):
+        self.lines: asyncio.Queue[bytes] = asyncio.Queue()
+        self.closed = False
+
+    async def write(self, data: bytes) -> None:
+        request = decode_request(data)
+        await self.lines.put(encode_reply(Reply(request.id, True, {"engine": "9.0.0", "protocol": PROTOCOL_VERSION + 1})))
+
+    async def readline(self) -> bytes:
+        return await self.lines.get()
+
+    async def ended(self):
+        raise AssertionError("not asked: the process did not end by itself")
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.lines.put(b"")
+
+
+def test_an_engine_of_another_protocol_version_gets_the_note_and_its_channel_is_closed():
+    process = NewerEngineProcess()
+
+    class Transport:
+        name = "gpu1"
+
+        async def open_process(self, command: str):
+            return process
+
+    async def go():
+        client = RunClient(Transport(), "/r")
+        await client.open_channel()
+        return client
+
+    client = asyncio.run(go())
+    assert client.channel is None and process.closed
+    assert client.protocol_note == (f"engine 9.0.0 at gpu1:/r speaks protocol {PROTOCOL_VERSION + 1}, this console "
+                                    f"{PROTOCOL_VERSION}: one process per op")

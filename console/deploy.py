@@ -27,7 +27,8 @@ from typing import Callable
 import engine
 import probes
 from console.cause import cause_lines
-from console.run_client import NoSupervisor, RunClient, RunClientError, engine_command
+from console.remote_engine import engine_command
+from console.run_client import NoSupervisor, RunClient, RunClientError
 from console.run_dir_lookup import locate_run_dir
 from console.ssh_options import SshOptions, add_ssh_options
 from console.startup_failure import cause_first, startup_failure_text
@@ -177,8 +178,8 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
             raise DeployError(f"copying to {transport.name}:{run_dir} failed: {exc}") from exc
 
     rd = shlex.quote(run_dir)
-    supervisor = engine_command(python, engine_path, ["-m", "engine.supervisor", "--run-dir", run_dir,
-                                                      "--config", f"{run_dir}/{NEXT_CONFIG}"])
+    supervisor = engine_command(python, ["-m", "engine.supervisor", "--run-dir", run_dir,
+                                         "--config", f"{run_dir}/{NEXT_CONFIG}"], engine_path=engine_path)
     supervisor = supervisor.replace(f"{quote_argv([python])} ", f"setsid nohup {quote_argv([python])} ", 1)
     command = f"cd -- {rd} && {{ {supervisor} >> supervisor.log 2>&1 < /dev/null & }} && echo $!"
     progress(f"starting the supervisor: {command}")

@@ -1,4 +1,4 @@
-"""A command line that runs one of the engine's modules on a host, and the JSON report it prints last."""
+"""The one command line that runs an engine module on a host (engine_command), and the JSON report it prints last."""
 from __future__ import annotations
 
 import json
@@ -13,13 +13,17 @@ def deployed_engine(run_dir: str) -> str:
     return f"{run_dir.rstrip('/')}/.regen/engine"
 
 
-def engine_command(run_dir: str | None, argv: list[str]) -> str:
-    """`argv` (python -m engine.X ...) run with the run dir's deployed engine first on PYTHONPATH when there is one,
-    so the host needs no regen installed and runs the version that wrote the run dir."""
+def engine_command(python: str, argv: list[str], *, engine_path: str | None = None, run_dir: str | None = None) -> str:
+    """`python argv...` (argv: -m engine.X ...) as a shell command for the host, with the engine it must run first
+    on PYTHONPATH: `engine_path` (recorded at start) when given; else the run dir's deployed engine when there is one,
+    so the host needs no regen installed and runs the version that wrote the run dir; else the python's own."""
+    cmd = quote_argv([python, *argv])
+    if engine_path:
+        return f"PYTHONPATH={quote_argv([engine_path])} {cmd}"
     if not run_dir:
-        return "exec " + quote_argv(argv)
+        return "exec " + cmd
     q = shlex.quote(deployed_engine(run_dir))
-    return f"if [ -d {q} ]; then PYTHONPATH={q}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH; fi; exec {quote_argv(argv)}"
+    return f"if [ -d {q} ]; then PYTHONPATH={q}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH; fi; exec {cmd}"
 
 
 def last_json_object(stdout: str) -> dict[str, Any] | None:

@@ -1,12 +1,18 @@
-"""Console side of the control socket: runs `<host_python> -m engine.ctl --run-dir D ...` on the host
-through a Transport and parses its JSON; follow() streams telemetry events (one stream: the loop that reconnects
-and backfills is console/follow.py)."""
+"""Console side of the control socket: each op runs `<host_python> -m engine.ctl --run-dir D OP ...` on the host
+(one process per op: the CLI's one-shot commands), or, once open_channel() opened it, goes over one long-lived
+`engine.ctl serve` process (console/control_channel.py: an attached console); both read replies with
+engine.protocol's codec. follow() streams telemetry events (one stream: the loop that reconnects and backfills is
+console/follow.py)."""
 from __future__ import annotations
 
-import json
+import asyncio
 from typing import AsyncIterator
 
-from console.transport import Transport, TransportError, quote_argv
+from console.control_channel import ChannelClosed, ControlChannel, OlderProtocol
+from console.remote_engine import engine_command
+from console.transport import Transport, TransportError
+from engine.protocol import (ChannelOp, ErrorKind, LastStatus, ProtocolError, Reply, ctl_argv, decode_reply)
+from engine.run.control_ops import Drain, DrainHost, Pause, RestartWorker, Resume, Status, Stop, UndrainHost
 from engine.telemetry_events import Event, parse_event
 
 CTL_TIMEOUT_S = 60.0
@@ -29,14 +35,6 @@ class NoSupervisor(RunClientError):
         super().__init__(message, kind="unreachable", stderr=stderr)
 
 
-def engine_command(host_python: str, engine_path: str | None, argv: list[str]) -> str:
-    """A shell command running `host_python argv...` with the deployed engine on PYTHONPATH."""
-    cmd = quote_argv([host_python, *argv])
-    if engine_path:
-        cmd = f"PYTHONPATH={quote_argv([engine_path])} {cmd}"
-    return cmd
-
-
 class RunClient:
     def __init__(self, transport: Transport, run_dir: str, host_python: str = "python3",
                  engine_path: str | None = None):
@@ -45,9 +43,64 @@ class RunClient:
         self.host_python = host_python
         self.engine_path = engine_path
         self._ctl_lacks_no_shards = False
+        self.channel: ControlChannel | None = None  # open_channel(): ops go over it
+        self.protocol_note = ""  # open_channel() found an engine without the channel: why ops go one process each
 
     def _command(self, *args: str) -> str:
-        return engine_command(self.host_python, self.engine_path, ["-m", "engine.ctl", "--run-dir", self.run_dir, *args])
+        return engine_command(self.host_python, ["-m", "engine.ctl", "--run-dir", self.run_dir, *args],
+                              engine_path=self.engine_path)
+
+    @property
+    def where(self) -> str:
+        return f"{self.transport.name}:{self.run_dir}"
+
+    async def open_channel(self) -> None:
+        """Carry every op over one `engine.ctl serve` process from now on. An engine that does not answer its hello
+        (deployed before the channel) keeps the one-process form, and protocol_note says so."""
+        if self.channel is not None:
+            await self.close_channel()
+        try:
+            self.channel = await ControlChannel.open(self.transport, self._command("serve"), self.where)
+            self.protocol_note = ""
+        except OlderProtocol as exc:
+            self.channel, self.protocol_note = None, str(exc)
+        except ChannelClosed as exc:
+            raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc.transport
+        except TransportError as exc:
+            raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc
+        except asyncio.TimeoutError as exc:
+            raise RunClientError(f"control channel to {self.where}: `engine.ctl serve` did not answer hello",
+                                 kind="unreachable") from exc
+        except ProtocolError as exc:
+            raise RunClientError(f"control channel to {self.where}: {exc}", kind="unreachable") from exc
+
+    async def close_channel(self) -> None:
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            try:
+                await channel.close()
+            except TransportError as exc:
+                raise RunClientError(f"closing the control channel to {self.where}: {exc}") from exc
+
+    async def _op(self, op: ChannelOp) -> dict:
+        if self.channel is None:
+            return await self._ctl(*ctl_argv(op))
+        try:
+            reply = await self.channel.call(op, timeout=CTL_TIMEOUT_S)
+        except ChannelClosed as exc:
+            raise RunClientError(f"{exc}; {op.op} may or may not have been done (not sent again)",
+                                 kind="unreachable") from exc.transport
+        except asyncio.TimeoutError as exc:
+            raise RunClientError(f"control channel to {self.where}: no reply to {op.op} in {CTL_TIMEOUT_S:g} s; "
+                                 "it may or may not have been done (not sent again)", kind="unreachable") from exc
+        return self._result(reply)
+
+    def _result(self, reply: Reply, stderr: str = "") -> dict:
+        if reply.ok:
+            return reply.result or {}
+        if reply.kind is ErrorKind.NO_SUPERVISOR:
+            raise NoSupervisor(f"no supervisor at {self.where}: {reply.error}", stderr=stderr or reply.error)
+        raise RunClientError(f"{self.where}: {reply.error or stderr or 'error reply'}", kind="error", stderr=stderr)
 
     async def _ctl(self, *args: str) -> dict:
         command = self._command(*args)
@@ -55,20 +108,19 @@ class RunClient:
             result = await self.transport.run(command, timeout=CTL_TIMEOUT_S)
         except TransportError as exc:
             raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc
-        where = f"{self.transport.name}:{self.run_dir}"
         stderr = result.stderr.strip()
         if result.exit_status is None:
             why = "timed out" if result.timed_out else (result.error or "no exit status")
             raise RunClientError(f"`{command}` on {self.transport.name}: {why}; stderr: {stderr or '(empty)'}",
                                  kind="unreachable", stderr=stderr)
         if result.exit_status == EXIT_UNREACHABLE:
-            raise NoSupervisor(f"no supervisor at {where}: {stderr or '(no stderr)'}", stderr=stderr)
+            raise NoSupervisor(f"no supervisor at {self.where}: {stderr or '(no stderr)'}", stderr=stderr)
         reply = None
         for line in reversed(result.stdout.splitlines()):
             if line.strip().startswith("{"):
                 try:
-                    reply = json.loads(line)
-                except json.JSONDecodeError:
+                    reply = decode_reply(line)
+                except ProtocolError:
                     continue
                 break
         if reply is None:
@@ -76,45 +128,42 @@ class RunClient:
                 f"`{command}` on {self.transport.name} exited {result.exit_status} without a JSON reply;"
                 f" stderr: {stderr or '(empty)'}; stdout: {result.stdout.strip()[:500] or '(empty)'}",
                 kind="unreachable" if result.exit_status != EXIT_ERROR_REPLY else "error", stderr=stderr)
-        if not reply.get("ok"):
-            raise RunClientError(f"{where}: {reply.get('error') or stderr or 'error reply'}", kind="error",
-                                 stderr=stderr)
-        return reply.get("result") or {}
+        return self._result(reply, stderr)
 
     async def status(self, shards: bool = True) -> dict:
         """shards=False: without the shard list (a console that folds the shard events has it); an engine deployed
         before the option existed refuses it (argparse), and the full status is asked for from then on."""
         if shards or self._ctl_lacks_no_shards:
-            return await self._ctl("status")
+            return await self._op(Status())
         try:
-            return await self._ctl("status", "--no-shards")
+            return await self._op(Status(shards=False))
         except NoSupervisor as exc:
-            if "unrecognized arguments: --no-shards" not in exc.stderr:
+            if self.channel is not None or "unrecognized arguments: --no-shards" not in exc.stderr:
                 raise
             self._ctl_lacks_no_shards = True
-            return await self._ctl("status")
+            return await self._op(Status())
 
     async def last_status(self) -> dict:
         """What the run dir last recorded, without a supervisor (a finished or killed run)."""
-        return await self._ctl("last-status")
+        return await self._op(LastStatus())
 
     async def pause(self, shards: list[str] | None) -> dict:
-        return await self._ctl("pause", *(["--all"] if shards is None else shards))
+        return await self._op(Pause(shards=None if shards is None else tuple(shards)))
 
     async def resume(self, shards: list[str] | None) -> dict:
-        return await self._ctl("resume", *(["--all"] if shards is None else shards))
+        return await self._op(Resume(shards=None if shards is None else tuple(shards)))
 
     async def restart_worker(self, name: str) -> dict:
-        return await self._ctl("restart-worker", name)
+        return await self._op(RestartWorker(worker=name))
 
     async def drain(self) -> dict:
-        return await self._ctl("drain")
+        return await self._op(Drain())
 
     async def drain_host(self, host: str, undo: bool = False) -> dict:
-        return await self._ctl("undrain-host" if undo else "drain-host", host)
+        return await self._op(UndrainHost(host=host) if undo else DrainHost(host=host))
 
     async def stop(self) -> dict:
-        return await self._ctl("stop")
+        return await self._op(Stop())
 
     async def follow(self, since: float | None = None) -> AsyncIterator[Event]:
         args = ["follow"] + (["--since", repr(float(since))] if since is not None else [])

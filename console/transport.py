@@ -64,6 +64,41 @@ def quote_argv(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How a Process ended: exit_status (None: killed by a signal, or no status came), `how` in words, its stderr."""
+    exit_status: int | None
+    how: str
+    stderr: str
+
+    def __str__(self) -> str:
+        return f"{self.how}; stderr: {self.stderr.strip() or '(empty)'}"
+
+
+class Process(Protocol):
+    """A long-running command with its stdin open (Transport.open_process): lines in, lines out."""
+
+    command: str
+    pid: int | None  # its process group on the host (None until known)
+
+    async def write(self, data: bytes) -> None:
+        """Send bytes to its stdin; TransportError (kind closed) when the command or the connection is gone."""
+        ...
+
+    async def readline(self) -> bytes:
+        """Its next stdout line with the newline; b"" once stdout closed; TransportError when the connection broke."""
+        ...
+
+    async def ended(self) -> Ended:
+        """After readline() gave b"": how it ended (exit status or signal, and its stderr), waiting a little for it;
+        TransportError when the connection was lost (the command may still run on the host)."""
+        ...
+
+    async def close(self) -> None:
+        """End the command (its process group) if it still runs."""
+        ...
+
+
 class Transport(Protocol):
     name: str  # what the user typed (for messages)
 
@@ -76,6 +111,10 @@ class Transport(Protocol):
 
         Raises TransportError if the connection drops; stderr is kept and put in that error.
         """
+        ...
+
+    async def open_process(self, command: str) -> Process:
+        """Start a long-running command whose stdin stays open (the console's control channel)."""
         ...
 
     async def put(self, local: Path, remote: str) -> None:

@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-from console.transport import TransportError
+from console.transport import Ended, TransportError
 from probes.model import CommandResult
 
 # After the group is killed, how long to wait for its pipes to reach EOF. A process that
 # escaped the group (setsid) and holds our pipes would otherwise block us forever.
 _DRAIN_AFTER_KILL_S = 2.0
+PROCESS_LINE_LIMIT = 1 << 28  # the longest stdout line an open_process may send
 
 
 def signal_name(signum: int) -> str:
@@ -52,8 +53,9 @@ class LocalTransport:
     def __init__(self, name: str = "local"):
         self.name = name
         self._live: set[asyncio.subprocess.Process] = set()
+        self._processes: set[LocalProcess] = set()  # open_process's, until closed
 
-    async def _spawn(self, command: str, *, stdin_pipe: bool) -> asyncio.subprocess.Process:
+    async def _spawn(self, command: str, *, stdin_pipe: bool, line_limit: int = 1 << 16) -> asyncio.subprocess.Process:
         try:
             proc = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", command,
@@ -61,6 +63,7 @@ class LocalTransport:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
+                limit=line_limit,
             )
         except OSError as exc:
             raise TransportError(f"could not start /bin/sh for {command!r}: {exc}", kind="error") from exc
@@ -156,6 +159,12 @@ class LocalTransport:
             err_reader.cancel()
             self._live.discard(proc)
 
+    async def open_process(self, command: str) -> "LocalProcess":
+        # one reply is one line: a status with 10,000 shards is ~2 MB
+        process = LocalProcess(self, command, await self._spawn(command, stdin_pipe=True, line_limit=PROCESS_LINE_LIMIT))
+        self._processes.add(process)
+        return process
+
     async def put(self, local: Path, remote: str) -> None:
         await asyncio.to_thread(_copy, Path(local), Path(remote), f"put {local} -> {self.name}:{remote}")
 
@@ -163,9 +172,60 @@ class LocalTransport:
         await asyncio.to_thread(_copy, Path(remote), Path(local), f"get {self.name}:{remote} -> {local}")
 
     async def close(self) -> None:
+        for process in list(self._processes):
+            await process.close()  # killed, its pipes closed and its exit waited for: nothing outlives the loop
         for proc in list(self._live):
             _kill_group(proc.pid)
         self._live.clear()
+
+
+class LocalProcess:
+    """A command on this machine with its stdin open; implements console.transport.Process."""
+
+    def __init__(self, transport: LocalTransport, command: str, proc: asyncio.subprocess.Process):
+        self.command = command
+        self.pid = proc.pid  # the process group's leader
+        self._transport = transport
+        self._proc = proc
+        self._err = bytearray()
+        self._err_reader = asyncio.ensure_future(_read_all(proc.stderr, self._err))
+
+    async def write(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise TransportError(f"`{self.command}` on {self._transport.name} closed its stdin: {exc}",
+                                 kind="closed") from exc
+
+    async def readline(self) -> bytes:
+        assert self._proc.stdout is not None
+        return await self._proc.stdout.readline()
+
+    async def ended(self) -> Ended:
+        stderr = self._err.decode("utf-8", errors="replace")
+        try:
+            returncode = await asyncio.wait_for(self._proc.wait(), _DRAIN_AFTER_KILL_S)
+        except asyncio.TimeoutError:
+            return Ended(None, f"closed its stdout but still runs (pid {self.pid})", stderr)
+        await asyncio.wait([self._err_reader], timeout=_DRAIN_AFTER_KILL_S)
+        stderr = self._err.decode("utf-8", errors="replace")
+        if returncode >= 0:
+            return Ended(returncode, f"exited with status {returncode}", stderr)
+        return Ended(None, f"was killed by {signal_name(-returncode)}", stderr)
+
+    async def close(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
+        if self._proc.returncode is None:
+            error = _kill_group(self.pid)
+            if error:
+                raise TransportError(f"ending `{self.command}`: {error}", kind="error")
+            await self._proc.wait()
+        self._err_reader.cancel()
+        self._transport._live.discard(self._proc)
+        self._transport._processes.discard(self)
 
 
 def _copy(src: Path, dst: Path, what: str) -> None:

@@ -29,7 +29,7 @@ from typing import AsyncIterator, Sequence
 import asyncssh
 from asyncssh.public_key import decode_ssh_public_key
 
-from console.transport import HostSpec, TransportError
+from console.transport import Ended, HostSpec, TransportError
 from probes.model import CommandResult
 
 DEFAULT_MAX_CHANNELS = 8  # OpenSSH's MaxSessions is 10 by default; keep 2 for kills and SFTP
@@ -489,6 +489,18 @@ class SshTransport:
         if not outcome.ok:
             log.warning("closing the stream of `%s` on %s: %s", command, self.name, outcome.text)
 
+    async def open_process(self, command: str) -> "SshProcess":
+        """One channel held for the command's life (a slot of max_channels); close() ends the remote command."""
+        await self._slots.acquire()
+        try:
+            proc = await self._open_process(wrap_remote(command))
+        except BaseException:
+            self._slots.release()
+            raise
+        s = _Session(proc, stream_stdout=True)
+        self._streams[s] = command  # a close() of the transport ends it
+        return SshProcess(self, command, s)
+
     # -- SFTP -------------------------------------------------------------------------------
 
     async def put(self, local: Path, remote: str) -> None:
@@ -544,6 +556,65 @@ class SshTransport:
             await asyncio.wait_for(self._conn.wait_closed(), 5.0)
         except asyncio.TimeoutError:
             self._conn.abort()
+
+
+class SshProcess:
+    """A remote command with its stdin open, on its own channel; implements console.transport.Process."""
+
+    def __init__(self, transport: SshTransport, command: str, session: "_Session"):
+        self.command = command
+        self._t = transport
+        self._s = session
+        self._released = False
+
+    @property
+    def pid(self) -> int | None:
+        """The remote process group's pid, once its marker arrived."""
+        return self._s.pid()
+
+    async def write(self, data: bytes) -> None:
+        try:
+            self._s.proc.stdin.write(data)
+            await self._s.proc.stdin.drain()
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(f"`{self.command}` on {self._t.name}: cannot send ({exc}); "
+                                 f"{self._t._lost_text() if self._t.is_closed else 'its channel closed'}",
+                                 kind="closed") from exc
+
+    async def readline(self) -> bytes:
+        try:
+            return await self._s.proc.stdout.readline()
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(f"`{self.command}` on {self._t.name} broke: {exc}; stderr: "
+                                 f"{self._s.stderr_text() or '(empty)'}", kind="closed") from exc
+
+    async def ended(self) -> Ended:
+        proc = self._s.proc
+        await asyncio.wait([self._s.err_task], timeout=_DRAIN_AFTER_KILL_S)
+        await asyncio.wait([asyncio.ensure_future(proc.wait_closed())], timeout=_DRAIN_AFTER_KILL_S)
+        status, sig = proc.exit_status, proc.exit_signal
+        if sig is not None:
+            how = f"was killed by signal {sig[0]}"
+        elif status is None or status < 0:
+            await asyncio.sleep(0)  # let a pending connection_lost land before we judge
+            if self._t.is_closed:
+                raise TransportError(f"`{self.command}`: {self._t._lost_text()}", kind="closed")
+            how = "its channel closed without an exit status"
+        else:
+            return Ended(status, f"exited with status {status}", self._s.stderr_text())
+        return Ended(None, how, self._s.stderr_text())
+
+    async def close(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            if self._t._streams.pop(self._s, None) is not None and self._s.proc.exit_status is None \
+                    and self._s.proc.exit_signal is None and not self._t.is_closed:
+                await self._t._end_stream(self.command, self._s)
+        finally:
+            self._s.close()
+            self._t._slots.release()
 
 
 class _SftpSession:

@@ -1,6 +1,7 @@
 """Host-side control CLI: `python -m engine.ctl --run-dir D status|pause S..|--all|resume ..|
-restart-worker W|drain-host H|undrain-host H|drain|stop` prints the supervisor's JSON reply (exit 0 ok, 1 error reply,
-2 no supervisor at that run dir); `... follow [--since TS]` prints telemetry.jsonl lines with
+restart-worker W|drain-host H|undrain-host H|drain|stop|hello` prints the reply (engine.protocol; exit 0 ok, 1 error
+reply, 2 no supervisor at that run dir); `... serve` answers a console's requests (JSON lines with ids, engine.protocol)
+on stdin until it closes: one process for many ops; `... follow [--since TS]` prints telemetry.jsonl lines with
 ts >= since, then follows the file until the supervisor has exited and every line is printed.
 """
 from __future__ import annotations
@@ -14,8 +15,11 @@ from pathlib import Path
 import orjson
 import psutil
 
+import engine
 from engine.control import request
-from engine.run.control_ops import (Drain, DrainHost, Op, Pause, RestartWorker, Resume, Status, Stop, UndrainHost,
+from engine.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Hello, HelloResult, LastStatus, ProtocolError,
+                             Reply, decode_request, encode_reply)
+from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, Status, Stop, UndrainHost,
                                     to_request)
 
 EXIT_OK, EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 0, 1, 2
@@ -40,13 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("host")
     sub.add_parser("drain")
     sub.add_parser("stop")
+    sub.add_parser("hello")  # this engine's version and protocol (engine.protocol)
+    sub.add_parser("serve")  # the console's control channel: requests on stdin, replies on stdout
     p = sub.add_parser("follow")
     p.add_argument("--since", type=float, default=None)
     p.add_argument("--poll", type=float, default=0.2)
     return parser
 
 
-def op_of(args: argparse.Namespace) -> Op:
+def op_of(args: argparse.Namespace) -> ChannelOp:
     """The control op a parsed command line asks for."""
     if args.op in ("pause", "resume"):
         return (Pause if args.op == "pause" else Resume)(shards=None if args.all else tuple(args.shards))
@@ -56,7 +62,9 @@ def op_of(args: argparse.Namespace) -> Op:
         return (DrainHost if args.op == "drain-host" else UndrainHost)(host=args.host)
     if args.op == "status":
         return Status(shards=not args.no_shards)
-    return {"drain": Drain, "stop": Stop}[args.op]()
+    if args.op == "last-status":
+        return LastStatus()
+    return {"drain": Drain, "stop": Stop, "hello": Hello}[args.op]()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,39 +72,69 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir).expanduser()
     if args.op == "follow":
         return follow(run_dir, args.since, args.poll)
-    if args.op == "last-status":
-        return last_status(run_dir)
+    if args.op == "serve":
+        return serve(run_dir, args.timeout)
     if args.op in ("pause", "resume"):
         if args.all == bool(args.shards):
             print(f"{args.op}: give shard ids or --all (not both)", file=sys.stderr)
             return EXIT_ERROR_REPLY
-    sock = run_dir / "control.sock"
-    try:
-        reply = request(sock, to_request(op_of(args)), timeout=args.timeout)
-    except FileNotFoundError:
-        print(f"{sock} does not exist (no supervisor has this run dir open)", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except (ConnectionRefusedError, ConnectionError, TimeoutError, OSError) as exc:
-        print(f"nothing answers at {sock}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    sys.stdout.write(orjson.dumps(reply).decode() + "\n")
-    if not reply.get("ok"):
-        print(reply.get("error", "error reply without text"), file=sys.stderr)
-        return EXIT_ERROR_REPLY
+    reply = answer(run_dir, op_of(args), None, args.timeout)
+    if reply.ok or reply.kind is ErrorKind.REFUSED:
+        sys.stdout.write(encode_reply(reply).decode())
+    if not reply.ok:
+        print(reply.error, file=sys.stderr)
+        return EXIT_UNREACHABLE if reply.kind is ErrorKind.NO_SUPERVISOR else EXIT_ERROR_REPLY
     return EXIT_OK
 
 
-def last_status(run_dir: Path) -> int:
-    """Print the status the run dir recorded (engine.run.offline_status), for a run whose supervisor has exited."""
+def answer(run_dir: Path, op: ChannelOp, rid: int | None, timeout: float) -> Reply:
+    """The reply to one op: hello and last_status answered here, the others by the supervisor's control socket."""
+    if isinstance(op, Hello):
+        return Reply(rid, True, HelloResult(engine.__version__, PROTOCOL_VERSION).to_dict())
+    if isinstance(op, LastStatus):
+        return last_status(run_dir, rid)
+    sock = run_dir / "control.sock"
+    try:
+        data = request(sock, to_request(op), timeout=timeout)
+    except FileNotFoundError:
+        return Reply(rid, False, error=f"{sock} does not exist (no supervisor has this run dir open)",
+                     kind=ErrorKind.NO_SUPERVISOR)
+    except (ConnectionRefusedError, ConnectionError, TimeoutError, OSError) as exc:
+        return Reply(rid, False, error=f"nothing answers at {sock}: {type(exc).__name__}: {exc}",
+                     kind=ErrorKind.NO_SUPERVISOR)
+    except orjson.JSONDecodeError as exc:
+        return Reply(rid, False, error=f"the supervisor at {sock} replied with no JSON: {exc}")
+    if data.get("ok"):
+        return Reply(rid, True, data.get("result") or {})
+    return Reply(rid, False, error=str(data.get("error") or "error reply without text"))
+
+
+def serve(run_dir: Path, timeout: float) -> int:
+    """Answer request lines from stdin, in order, until stdin closes (engine.protocol)."""
+    out = sys.stdout.buffer
+    while line := sys.stdin.buffer.readline():
+        if not line.strip():
+            continue
+        try:
+            req = decode_request(line)
+        except ProtocolError as exc:
+            reply = Reply(exc.id, False, error=str(exc), kind=ErrorKind.BAD_REQUEST)
+        else:
+            reply = answer(run_dir, req.op, req.id, timeout)
+        out.write(encode_reply(reply))
+        out.flush()
+    return EXIT_OK
+
+
+def last_status(run_dir: Path, rid: int | None) -> Reply:
+    """The status the run dir recorded (engine.run.offline_status), for a run whose supervisor has exited."""
     from engine.run.offline_status import NotARunDir, offline_status
 
     try:
         status = offline_status(run_dir)
     except NotARunDir as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_UNREACHABLE
-    sys.stdout.write(orjson.dumps({"ok": True, "result": status.to_dict()}).decode() + "\n")
-    return EXIT_OK
+        return Reply(rid, False, error=str(exc), kind=ErrorKind.NO_SUPERVISOR)
+    return Reply(rid, True, status.to_dict())
 
 
 def supervisor_alive(run_dir: Path) -> bool:

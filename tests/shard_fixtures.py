@@ -50,6 +50,10 @@ class ShardsSource:
         done = sum(s.done for s in self.shards.values())
         self.dispatch = DispatchEvent(ts=T0, state="running", done=done, total=total, in_flight=16,
                                       tokens_per_s=5200.0)
+        self.protocol_note = ""  # speaks the console's protocol
+
+    def take_notes(self) -> list:
+        return []
 
     async def connect(self) -> None:
         return None

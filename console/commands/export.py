@@ -133,7 +133,7 @@ async def _remote(host: str, path: str, args: argparse.Namespace) -> dict[str, A
                 raise RemoteExportError(str(exc)) from exc
             argv_tail = [run_dir, *_export_argv(args)]
         python = args.python or (await recorded_python(transport, run_dir) if run_dir else None) or "python3"
-        command = engine_command(run_dir, [python, "-m", "engine.export", *argv_tail, "--json"])
+        command = engine_command(python, ["-m", "engine.export", *argv_tail, "--json"], run_dir=run_dir)
         return await engine_report(
             transport, command, where=f"{host}:{path}", timeout=REMOTE_TIMEOUT_S,
             no_engine=f"{python} on {host} cannot import engine (ModuleNotFoundError): give a run dir started by "

@@ -125,13 +125,13 @@ async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> di
         except RunClientError as exc:
             raise RemoteStatsError(str(exc)) from exc
         python = args.python or await recorded_python(transport, run_dir) or "python3"
-        argv = [python, "-m", "engine.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
+        argv = ["-m", "engine.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
                 "--empty-threshold", str(args.empty_threshold), "--truncated-threshold", str(args.truncated_threshold),
                 "--mask-check", args.mask_check]
         if args.repetition_threshold != REPETITION_THRESHOLD:  # an engine deployed before the flag lacks it
             argv += ["--repetition-threshold", str(args.repetition_threshold)]
         data = await engine_report(
-            transport, engine_command(run_dir, argv), where=f"{host}:{run_dir}", timeout=REMOTE_TIMEOUT_S,
+            transport, engine_command(python, argv, run_dir=run_dir), where=f"{host}:{run_dir}", timeout=REMOTE_TIMEOUT_S,
             no_engine=f"not a run dir started by `regen start` (checked {deployed_engine(run_dir)}: no engine deployed "
                       f"there) and {python} on {host} cannot import engine (ModuleNotFoundError). Check the run dir "
                       f"(`regen start` printed it: started: ... on HOST:DIR), or pass --python PY, a python on {host} "

@@ -66,8 +66,14 @@ async def follow_status(args) -> int:
             printed[0] = line
             print(_stamp(line), flush=True)
 
+    def say_notes() -> None:
+        """What the source saw on its way (an engine without the control channel, a channel reopened)."""
+        for note in source.take_notes():
+            print(_stamp(f"{note.severity}: {note.text}"), file=sys.stderr, flush=True)
+
     def on_status(reply: dict[str, Any]) -> None:
         nonlocal last
+        say_notes()
         status = last = RunStatus.from_dict(reply)
         if not status.running:
             cause = cause_block(status, args).plain.rstrip()
@@ -78,6 +84,7 @@ async def follow_status(args) -> int:
             show(progress_line(figures, status.state, status.running))
 
     def on_state(st: FollowState) -> None:
+        say_notes()
         if st.state in ("reconnecting", "lost"):
             print(_stamp(f"connection {st.state}: {st.error}; next try in {st.retry_in_s:.0f} s"), file=sys.stderr,
                   flush=True)

@@ -295,8 +295,19 @@ class RegenApp(App):
     def on_status_received(self, msg: StatusReceived) -> None:
         if not msg.status.get("shards_omitted"):
             self._full_status_at = self.monotonic()
+        self._take_source_notes()
         self._mark(self.model.apply_status(msg.status))
         self._notify_alerts()
+
+    def _take_source_notes(self) -> bool:
+        """What the source saw on its way (an engine without the control channel, a channel reopened): alerts; the
+        engine's protocol note also stays in the header. Whether anything changed."""
+        notes = self.source.take_notes()
+        changed = bool(notes) or self.model.protocol_note != self.source.protocol_note
+        self.model.protocol_note = self.source.protocol_note
+        for note in notes:
+            self.model.add_alert(AlertView(self.clock(), note.severity, note.text, key=note.key, origin="console"))
+        return changed
 
     def on_connection_changed(self, msg: ConnectionChanged) -> None:
         conn = self.model.connection
@@ -321,6 +332,7 @@ class RegenApp(App):
             if not dead:
                 self.model.add_alert(AlertView(now, "info", msg.error, key=f"console.ended.{msg.error}",
                                                origin="console"))
+        self._take_source_notes()
         self._mark({"alerts", "header", "shards"})  # "shards": its control hints follow the run being gone
         self._notify_alerts()
 
@@ -369,6 +381,8 @@ class RegenApp(App):
         self.post_message(StatusReceived(status))
 
     def on_control_done(self, msg: ControlDone) -> None:
+        if self._take_source_notes():
+            self._mark({"alerts", "header"})
         self.notify(msg.text, title="control", severity="information" if msg.ok else "error",
                     timeout=5 if msg.ok else 15)
 

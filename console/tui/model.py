@@ -194,6 +194,7 @@ class RunModel:
         self.throughput = Series()
         self.last_ts: float | None = None
         self.connection = Connection()
+        self.protocol_note = ""  # the engine has no control channel: ops go one process each (console.tui.source)
         self.stats: dict[str, Any] | None = None
         self.stats_error: str = ""
         self.stats_at: float | None = None

@@ -12,6 +12,7 @@ import asyncio
 import shlex
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
 
@@ -21,7 +22,8 @@ from console import start_record
 from console.config_probe import config_failed_report, config_passed
 from console.follow import FollowSource, SourceError
 from console.hints import regen_command
-from console.run_client import RunClient, RunClientError, engine_command
+from console.remote_engine import engine_command
+from console.run_client import RunClient, RunClientError
 from console.ssh_options import SshOptions
 from console.transport import Transport, TransportError, open_transport
 from engine.config import ConfigError
@@ -33,7 +35,18 @@ STATS_TIMEOUT_S = 300.0
 TAIL_TIMEOUT_S = 20.0
 
 
+@dataclass(frozen=True)
+class SourceNote:
+    """Something the source saw that the operator should know, though nothing failed (the app lists it as an alert)."""
+    severity: str  # info | warning
+    text: str
+    key: str  # one alert per key
+
+
 class DataSource(FollowSource, Protocol):
+    protocol_note: str  # non-empty: the engine has no control channel, ops go one process each (the header says so)
+
+    def take_notes(self) -> list[SourceNote]: ...  # the notes since the last call
     async def status(self, shards: bool = True) -> dict[str, Any]: ...  # shards=False: without the shard list
     async def pause(self, shards: list[str] | None) -> dict[str, Any]: ...
     async def resume(self, shards: list[str] | None) -> dict[str, Any]: ...
@@ -79,6 +92,15 @@ class HostSource:
         self._connecting = asyncio.Lock()  # the telemetry and probe workers both connect at start
         self.refused: SourceError | None = None  # kept until reconnect(): the host refused us, retrying cannot help
         self.close_error = ""
+        self._notes: list[SourceNote] = []
+
+    @property
+    def protocol_note(self) -> str:
+        return self.client.protocol_note if self.client is not None else ""
+
+    def take_notes(self) -> list[SourceNote]:
+        notes, self._notes = self._notes, []
+        return notes
 
     def _refusal(self, exc: TransportError) -> SourceError:
         text = f"{self.host} refused the connection: {exc}"
@@ -101,8 +123,14 @@ class HostSource:
                     self.refused = self._refusal(exc)
                     raise self.refused from exc
                 raise SourceError(f"cannot connect to {self.host}: {exc}", "connection") from exc
-        if self.run_dir is None or self.client is not None:
+        if self.run_dir is None:
             return
+        if self.client is None:
+            await self._make_client()
+        self.client.transport = self.transport  # after a reconnect: the new connection
+        await self._ensure_channel()
+
+    async def _make_client(self) -> None:
         from console.deploy import client_for  # reads .regen/launch.json: the python and engine the run uses
         from console.run_dir_lookup import NoSuchRunDir
 
@@ -116,8 +144,34 @@ class HostSource:
             # not started by `regen start` (or unreadable launch file): the configured python, no PYTHONPATH
             self.client = RunClient(self.transport, self.run_dir, host_python=self.host_python)
 
+    async def _ensure_channel(self) -> None:
+        """The ops of an attached console go over one control channel (RunClient.open_channel). One whose process
+        ended is opened again here, before the next op; the op that was in flight then is never sent again. An
+        engine without the channel (protocol_note) is asked again only after a reconnect."""
+        client = self.client
+        if client is None or client.protocol_note:
+            return
+        channel = client.channel
+        if channel is not None and channel.closed is None:
+            return
+        if channel is not None:
+            if channel.closed.transport is None:  # a lost connection has its own alert (connection lost)
+                self._notes.append(SourceNote("warning", f"{channel.closed}; opening a new one",
+                                              key=f"console.channel.{time.time()}"))
+            await client.close_channel()
+        try:
+            await client.open_channel()
+        except RunClientError as exc:
+            raise _classify(exc) from exc
+        if client.protocol_note:
+            self._notes.append(SourceNote("warning", client.protocol_note, key="console.protocol"))
+
     async def reconnect(self) -> None:
         self.refused = None  # the operator asked again (ctrl+r): maybe the cause was fixed
+        if self.client is not None:
+            self.client.protocol_note = ""  # say hello again: the run may have been started again with a newer engine
+            if self._owns_transport:  # its channel runs on the connection about to be closed
+                await self._close_channel()
         if self._owns_transport and self.transport is not None:
             old, self.transport = self.transport, None
             try:
@@ -137,8 +191,16 @@ class HostSource:
                               else "connection")
         return self.client
 
+    async def _close_channel(self) -> None:
+        try:
+            await self.client.close_channel()
+        except RunClientError as exc:  # its process is gone with the connection anyway; say so
+            self.close_error = str(exc)
+
     async def _call(self, op: str, *args):
         client = self._need_client()
+        async with self._connecting:
+            await self._ensure_channel()
         try:
             return await getattr(client, op)(*args)
         except RunClientError as exc:
@@ -194,8 +256,8 @@ class HostSource:
 
     async def stats(self) -> dict[str, Any]:
         client = self._need_client()
-        command = engine_command(client.host_python, client.engine_path,
-                                 ["-m", "engine.stats", client.run_dir, "--json"])
+        command = engine_command(client.host_python, ["-m", "engine.stats", client.run_dir, "--json"],
+                                 engine_path=client.engine_path)
         res = await self._run(command, STATS_TIMEOUT_S, "stats")
         # exit 0: fine, 1: quality flagged (both print the stats JSON); 2: the run dir could not be read
         last = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith("{")), None)
@@ -295,6 +357,8 @@ class HostSource:
         return cfg, context_from_config(cfg), live
 
     async def close(self) -> None:
+        if self.client is not None:
+            await self._close_channel()
         if self._owns_transport and self.transport is not None:
             await self.transport.close()
 
@@ -318,6 +382,10 @@ class ReplaySource:
         self._logs = logs or {}
         self._report = probe_report
         self.requests: list[tuple[str, Any]] = []
+        self.protocol_note = ""
+
+    def take_notes(self) -> list[SourceNote]:
+        return []
 
     async def connect(self) -> None:
         if not self.telemetry.exists():

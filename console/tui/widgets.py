@@ -64,6 +64,8 @@ class RunHeader(Widget):
         rej = m.rejects.total
         if rej:
             t.append(f"  rejects {rej}", style="yellow")
+        if m.protocol_note:  # the whole note is in the Alerts tab
+            t.append("  older engine: one process per op", style="yellow")
         if t != self._text:
             self._text = t
             self.refresh()

@@ -1,8 +1,8 @@
 """All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, prefix affinity,
-resume, stats, export, probe latency, runaway guard, console cost (tui).
+resume, stats, export, probe latency, runaway guard, console cost (tui), control-op latency (control).
 
     .venv/bin/python -m tests.bench.run_all [--quick]
-        [--only ingest,occupancy,capacity,affinity,resume,stats,export,probe,runaway,tui]
+        [--only ingest,occupancy,capacity,affinity,resume,stats,export,probe,runaway,tui,control]
 
 Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
 (the one in README.md "## Benchmarks"). Medians of --repeats runs (3; --quick: 1). The resume
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.bench import bench_common as bc
 
-ALL = ("ingest", "occupancy", "capacity", "affinity", "resume", "stats", "export", "probe", "runaway", "tui")
+ALL = ("ingest", "occupancy", "capacity", "affinity", "resume", "stats", "export", "probe", "runaway", "tui", "control")
 
 
 def _sub(argv: list[str], timeout: float) -> None:
@@ -101,6 +101,25 @@ def run_runaway(quick: bool) -> dict:
 def run_probe(quick: bool) -> dict:
     _sub(["tests.bench.bench_probe_latency", "--runs", "3" if quick else "5"], timeout=600)
     return json.loads((bc.RESULTS_DIR / "probe_latency.json").read_text())
+
+
+def run_control(quick: bool) -> dict:
+    from tests.bench import bench_control
+
+    res = bench_control.run(ops=10 if quick else 50)
+    bc.write_result("control", res)
+    return res
+
+
+def control_rows(ctl: dict) -> list[str]:
+    rows = []
+    for kind, label in (("pause_10_shards", "a pause of 10 shards"), ("status", "status (with the shard list)")):
+        c, p = ctl["forms"]["channel"][kind], ctl["forms"]["process_per_op"][kind]
+        ratio = ctl["ratio_process_over_channel"][kind]
+        rows.append(f"| control over the real sshd: {label}, median of {c['ops']} ops, the console's channel vs one "
+                    f"`engine.ctl` process per op | {c['median_ms']:.1f} ms | {p['median_ms']:.0f} ms | {ratio:.0f}x "
+                    f"| ≥ 10x | {_yes(ratio >= 10)} |")
+    return rows
 
 
 def run_tui(quick: bool) -> dict:
@@ -236,6 +255,8 @@ def table(results: dict) -> str:
                     f"{_yes(rw['met'])} |")
     if results.get("tui"):
         rows += tui_rows(results["tui"])
+    if results.get("control"):
+        rows += control_rows(results["control"])
     return "\n".join(rows)
 
 
@@ -252,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
     runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "affinity": run_affinity,
                "resume": run_resume, "stats": run_stats, "export": run_export, "probe": run_probe,
-               "runaway": run_runaway, "tui": run_tui}
+               "runaway": run_runaway, "tui": run_tui, "control": run_control}
     out = bc.RESULTS_DIR / "bench.json"
     results: dict = {}
     failures: dict[str, str] = {}
@@ -260,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json",
              "affinity": "affinity.json",
              "resume": "resume.json", "stats": "stats.json", "export": "export.json",
-             "probe": "probe_latency.json", "runaway": "runaway.json", "tui": "tui.json"}
+             "probe": "probe_latency.json", "runaway": "runaway.json", "tui": "tui.json", "control": "control.json"}
     for name in wanted if args.from_results else []:
         path = bc.RESULTS_DIR / files[name]
         try:

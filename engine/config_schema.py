@@ -312,6 +312,23 @@ class Store(Section):
     """Seconds after which a part is committed however few rows it has (a crash loses at most this much)."""
 
 
+class Metrics(Section):
+    """[metrics]: the run's figures served to Prometheus by the supervisor (GET /metrics), derived from the same
+    committed state as `regen status`. Operational (not in the content hash). A busy port does not stop the run: it
+    is an alert, and `regen status` says why nothing is served."""
+    enabled: bool = True
+    """Serve the metrics endpoint; false: not served (`regen status` says so)."""
+    host: Annotated[StrictStr, Field(min_length=1)] = "127.0.0.1"
+    """Address the endpoint binds: loopback by default, like the servers; a scraper on another machine needs the
+    host's address (or an SSH tunnel)."""
+    port: Int(1, 65535) = 9433
+    """Port of the endpoint. 9433: clear of the exporters a GPU host already runs (node 9100, DCGM 9400) and of
+    SGLang's server (30000+) and router (29000, 30500+) ports; two runs on one host need two ports."""
+    per_shard: bool = False
+    """Also export each shard's done and to-generate samples (a `shard` label: one series per shard, 10,000 for a
+    10^7-sample run); off, shards are counted by state."""
+
+
 class PlanAssumptions(Section):
     """[plan]: what `regen plan` without --pilot assumes (printed as "assumed"); a pilot measures them."""
     output_tokens_per_sample: Real(0, low_open=True) = 2000.0
@@ -483,6 +500,7 @@ class RunConfig(Section):
     """[[hosts]]: GPU hosts of a multi-host run; empty: one host, the supervisor's own ([workers])."""
     router: Router = Field(default_factory=Router)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
+    metrics: Metrics = Field(default_factory=Metrics)
     _source_path: str | None = PrivateAttr(default=None)  # where it was loaded from (not part of the content)
 
     @property

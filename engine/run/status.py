@@ -28,6 +28,8 @@ RunStatus fields (the JSON keys of the reply):
   checked_at     when this status was taken
   read_errors    offline: run-dir files that could not be read (so figures may be missing); live: []
   hosts, router  multi-host runs only (keys absent otherwise): each host (HostStatus) and the router (RouterStatus)
+  metrics        live: where the run's Prometheus metrics are served (MetricsStatus: url), or why not (error:
+                 the port is busy, [metrics] enabled = false); offline: null
   brake          the data-quality brake (engine.run.brake.BrakeStatus): engaged (dispatch paused run-wide: `state`
                  is paused) with its cause, numbers, likely causes and remedy, and the shares over its window now;
                  offline: the same, from the store's record and last samples under run.toml's [brake]; null before
@@ -196,6 +198,26 @@ class RouterStatus:
 
 
 @dataclass
+class MetricsStatus:
+    """Where the supervisor serves the run's Prometheus metrics ([metrics]), or why it does not."""
+    enabled: bool = True
+    address: str = ""  # host:port from [metrics]
+    url: str | None = None  # http://host:port/metrics while served
+    error: str | None = None  # why not served although enabled (the port is busy: who holds it)
+
+    def text(self) -> str:
+        """One line for the operator: `metrics: http://...` or why there are none."""
+        if not self.enabled:
+            return "metrics: not served ([metrics] enabled = false)"
+        if self.url:
+            return f"metrics: {self.url} (Prometheus)"
+        return f"metrics: not served on {self.address}: {self.error or 'not started yet'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class RunStatus:
     """The status reply (field meanings: this module's docstring)."""
     run_dir: str
@@ -228,6 +250,7 @@ class RunStatus:
     hosts: list[HostStatus] | None = None  # multi-host runs only (with router)
     router: RouterStatus | None = None
     brake: BrakeStatus | None = None
+    metrics: MetricsStatus | None = None  # live only
     levels: AlertLevels = field(default_factory=AlertLevels)  # the shares the engine alerts a shard above
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,6 +264,7 @@ class RunStatus:
                  run_end=self.run_end.to_dict() if self.run_end is not None else None,
                  write_errors=list(self.write_errors), log_tail=list(self.log_tail),
                  read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None,
+                 metrics=self.metrics.to_dict() if self.metrics is not None else None,
                  levels=self.levels.to_dict())
         del d["hosts"], d["router"]
         if self.hosts is not None:
@@ -274,6 +298,7 @@ class RunStatus:
             hosts=[_known(HostStatus, h, name="", address="", state="") for h in hosts] if hosts is not None else None,
             router=_known(RouterStatus, router, url="", up=False, policy="") if router else None,
             brake=BrakeStatus.from_dict(data["brake"]) if isinstance(data.get("brake"), dict) else None,
+            metrics=_known(MetricsStatus, data["metrics"]) if isinstance(data.get("metrics"), dict) else None,
             levels=AlertLevels.from_dict(data.get("levels") if isinstance(data.get("levels"), dict) else None))
 
 

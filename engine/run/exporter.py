@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from engine.config import Metrics
@@ -31,6 +31,9 @@ from engine.wire import RunState, Severity, ShardState, WorkerState
 log = logging.getLogger("regen.metrics")
 
 PATH = "/metrics"
+# the text format every Prometheus reads (prometheus-client >= 0.22 says version=1.0.0, which Prometheus 2 does not
+# name; regen's names are plain ASCII, so the two formats are the same text)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ALERT_KEY = "metrics-port"
 # the shard states shard_state can say (engine.run.status), each always exported (0 included) so a panel keeps its lines
 SHARD_STATES: tuple[str, ...] = (*ShardState, "draining")
@@ -242,7 +245,7 @@ class MetricsServer:
         except Exception as exc:  # a scrape that cannot be answered says why (and the traceback goes to the log)
             log.exception("metrics scrape failed")
             return web.Response(status=500, text=f"regen: the status could not be read: {type(exc).__name__}: {exc}\n")
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def close(self) -> None:
         if self._runner is not None:

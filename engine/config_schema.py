@@ -321,9 +321,11 @@ class Metrics(Section):
     host: Annotated[StrictStr, Field(min_length=1)] = "127.0.0.1"
     """Address the endpoint binds: loopback by default, like the servers; a scraper on another machine needs the
     host's address (or an SSH tunnel)."""
+    # 9433: clear of the exporters a GPU host already runs (node_exporter 9100, NVIDIA's DCGM exporter 9400) and of
+    # SGLang's own ports (servers 30000+, router 30500+, the router's metrics 29000 by default)
     port: Int(1, 65535) = 9433
-    """Port of the endpoint. 9433: clear of the exporters a GPU host already runs (node 9100, DCGM 9400) and of
-    SGLang's server (30000+) and router (29000, 30500+) ports; two runs on one host need two ports."""
+    """Port of the endpoint (default clear of node_exporter's 9100 and the DCGM exporter's 9400); two runs on one
+    host need two ports."""
     per_shard: bool = False
     """Also export each shard's done and to-generate samples (a `shard` label: one series per shard, 10,000 for a
     10^7-sample run); off, shards are counted by state."""

@@ -25,7 +25,6 @@ from engine.telemetry_events import DispatchEvent
 from tests.run_helpers import events
 from tests.test_cli_run import cleanup_runs, regen, start_local  # noqa: F401  (cleanup_runs: a fixture)
 from tests.test_engine_run import make_config, supervisors, wait_for  # noqa: F401  (supervisors: a fixture)
-from tests.waiting import wait_until
 
 FAST_STORE = Store(part_max_age_s=0.3)  # parts committed soon after their last answer: quiet points come quickly
 # the counters (monotone by contract), by sample name as the parser gives them
@@ -133,7 +132,8 @@ def test_scrape_equals_status_json_and_parquet_sums(tmp_path, tiny_model_dir, cl
     assert one(scraped, "regen_samples_rejected_total") == d["rejected"]
     assert one(scraped, "regen_samples_failed") == d["failed"]
     assert one(scraped, "regen_requests_in_flight") == 0
-    assert one(scraped, "regen_run_state", state="paused") == 1 and one(scraped, "regen_run_state", state="running") == 0
+    assert one(scraped, "regen_run_state", state="paused") == 1
+    assert one(scraped, "regen_run_state", state="running") == 0
     assert ("regen_eta_seconds", ()) not in scraped  # not running: no ETA, as the status says (null)
     by_state: dict[str, int] = {}
     for sh in st["shards"]:

@@ -249,3 +249,37 @@ def test_a_starting_supervisor_sends_no_figure_that_would_read_as_a_counter_rese
     assert by_name["regen_samples_done_total"] == 7 and by_name["regen_output_tokens_total"] == 700
     assert by_name["regen_output_tokens_per_second"] == 35.0 and by_name["regen_eta_seconds"] == 60.0
     assert not any(name.endswith("_created") for name in by_name)  # no created time: a restart is no reset
+
+
+def full_status() -> RunStatus:
+    """A status with every part the exporter reads: figures, shards, workers, the brake, rejects, alerts, disk."""
+    from engine.run.brake import BrakeShare, BrakeStatus
+    from engine.run.status import ShardStatus
+    from engine.telemetry_events import AlertEvent, DiskEvent, WorkerEvent
+    return RunStatus(
+        run_dir="/r", state="running", started_at=1.0, rejects=Rejects(1, {"malformed_json": 1}),
+        dispatch=DispatchEvent(done=7, total=10, output_tokens=700, tokens_per_s=35.0, eta_s=60.0),
+        shards=[ShardStatus(id="shard-00000", state="running", done=7, total=10, planned=10, output_tokens=700,
+                            empty=1, truncated=1, failed=0, rejected=0)],
+        workers=[WorkerEvent(name="w0", state="ready", in_flight=3, capacity=8)],
+        brake=BrakeStatus(window=[BrakeShare("empty", 1, 7, 1 / 7, 0.5)]),
+        alerts=[AlertEvent(severity="warning", text="x")], disk=[DiskEvent(path="/r", free_bytes=1, total_bytes=2)])
+
+
+def test_the_grafana_dashboard_plots_series_that_exist():
+    """docs/grafana-regen.json: every regen_ series it queries is exported, every sglang: one is SGLang's (as the
+    simulator, measured against SGLang, serves it)."""
+    import re
+
+    from engine.simulator.metrics import SimMetrics
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "docs" / "grafana-regen.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\b(regen_\w+|sglang:\w+)", e)}
+    exported = {s.name for fam in families(full_status(), per_shard=True) for s in fam.samples}
+    sglang = {s.name for fam in SimMetrics("m").registry.collect() for s in fam.samples}
+    assert {m for m in used if m.startswith("regen_")} <= exported
+    assert {m for m in used if m.startswith("sglang:")} <= sglang
+    assert {"sglang:gen_throughput", "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"} <= used
+    assert {"regen_samples_done_total", "regen_output_tokens_per_second", "regen_eta_seconds", "regen_committed_share",
+            "regen_brake_engaged", "regen_worker_state", "regen_shards", "regen_rejects_total", "regen_alerts",
+            "regen_disk_free_bytes"} <= used

@@ -37,7 +37,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ALERT_KEY = "metrics-port"
 # the shard states shard_state can say (engine.run.status), each always exported (0 included) so a panel keeps its lines
 SHARD_STATES: tuple[str, ...] = (*ShardState, "draining")
-SHARE_KINDS = ("empty", "truncated", "repetition")
+SHARE_KINDS = ("empty", "truncated", "repetition", "unclosed_reasoning")
 
 
 class RunCollector:
@@ -97,14 +97,16 @@ def _figures(s: RunStatus) -> Iterable[Metric]:
     if s.shards_omitted:
         return
     kinds = {"empty": sum(sh.empty for sh in s.shards), "truncated": sum(sh.truncated for sh in s.shards),
-             "repetition": d.repetition}
+             "repetition": d.repetition, "unclosed_reasoning": sum(sh.unclosed_reasoning for sh in s.shards)}
     docs = {"empty": "Committed samples whose answer is empty.",
             "truncated": "Committed samples cut at max_new_tokens (finish_reason length).",
-            "repetition": "Committed samples the runaway guard stopped (finish_reason repetition)."}
+            "repetition": "Committed samples the runaway guard stopped (finish_reason repetition).",
+            "unclosed_reasoning": "Committed samples whose reasoning block was opened and never closed (not by the "
+                                  "runaway guard; a cut at max_new_tokens inside the reasoning counts)."}
     for kind in SHARE_KINDS:
         yield _counter(f"regen_samples_{kind}", docs[kind], kinds[kind])
     share = GaugeMetricFamily("regen_committed_share", "Share of the committed samples of each kind (empty, truncated, "
-                              "repetition); absent before the first commit.", labels=["kind"])
+                              "repetition, unclosed_reasoning); absent before the first commit.", labels=["kind"])
     if d.done:
         for kind in SHARE_KINDS:
             share.add_metric([kind], kinds[kind] / d.done)

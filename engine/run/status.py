@@ -47,7 +47,8 @@ Figure meanings (in `dispatch` and in each shard), the same names everywhere:
   retried        attempts that failed and went back to the queue (not an outcome)
   in_flight      requests sent and not answered; while draining, what is left to drain
   output_tokens, empty, truncated, repetition   sums over the committed samples (repetition: answers the runaway
-                 guard stopped, finish_reason "repetition")
+                 guard stopped, finish_reason "repetition"); per shard also unclosed_reasoning (a reasoning block
+                 opened and never closed, not by the runaway guard)
   tokens_per_s   output tokens committed per second over the last minute of this start; null until measurable
                  and when not running
   eta_s          seconds left at that rate (remaining samples x committed tokens per sample); null until
@@ -110,12 +111,14 @@ class ShardStatus:
     dispatched: int = 0  # requests sent for it by this supervisor
     repetition: int = 0  # stopped by the runaway guard
     after_cut: int = 0  # of the rejected: not generated after a cut turn
+    unclosed_reasoning: int = 0  # committed answers whose reasoning was never closed (not a runaway)
 
     def event(self) -> ShardEvent:
         return ShardEvent(id=self.id, state=self.state, done=self.done, total=self.total,
                           output_tokens=self.output_tokens, empty=self.empty, truncated=self.truncated,
                           failed=self.failed, rejected=self.rejected, planned=self.planned,
-                          repetition=self.repetition, after_cut=self.after_cut)
+                          repetition=self.repetition, after_cut=self.after_cut,
+                          unclosed_reasoning=self.unclosed_reasoning)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +129,7 @@ def shard_status(sid: str, counts: ShardCounts, paused: bool, run_state: str, di
                        total=counts.to_generate, planned=counts.total, output_tokens=counts.output_tokens,
                        empty=counts.empty, truncated=counts.truncated, failed=counts.failed,
                        rejected=counts.rejected, dispatched=dispatched, repetition=counts.repetition,
-                       after_cut=counts.after_cut)
+                       after_cut=counts.after_cut, unclosed_reasoning=counts.unclosed_reasoning)
 
 
 def shard_statuses(shards: Mapping[str, ShardCounts], paused: Iterable[str], run_state: str,

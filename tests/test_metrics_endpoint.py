@@ -84,8 +84,9 @@ def parquet_sums(run_dir: Path) -> dict[str, int]:
         sums["empty"] += sum(_is_empty(x, o) for x, o in zip(cols["text"], cols["prompt_opened"]))
         sums["truncated"] += sum(fr == "length" for fr in cols["finish_reason"])
         sums["repetition"] += sum(fr == "repetition" for fr in cols["finish_reason"])
-        sums["unclosed_reasoning"] += sum(think_state(x, o) == "unterminated" and fr != "repetition"
-                                          for x, o, fr in zip(cols["text"], cols["prompt_opened"], cols["finish_reason"]))
+        sums["unclosed_reasoning"] += sum(
+            think_state(x, o) == "unterminated" and fr != "repetition"
+            for x, o, fr in zip(cols["text"], cols["prompt_opened"], cols["finish_reason"]))
     return sums
 
 
@@ -121,7 +122,8 @@ def test_scrape_equals_status_json_and_parquet_sums(tmp_path, tiny_model_dir, cl
             return None
         after = scrape(port)
         assert st["state"] == "paused", f"the run is {st['state']}, not paused: it must outlast the pause"
-        if before is None or st["dispatch"]["in_flight"] or before != after or sums["samples"] != st["dispatch"]["done"]:
+        d = st["dispatch"]
+        if before is None or d["in_flight"] or before != after or sums["samples"] != d["done"]:
             return None
         return after, st, sums
 

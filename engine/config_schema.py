@@ -323,9 +323,9 @@ class Metrics(Section):
     host's address (or an SSH tunnel)."""
     # 9433: clear of the exporters a GPU host already runs (node_exporter 9100, NVIDIA's DCGM exporter 9400) and of
     # SGLang's own ports (servers 30000+, router 30500+, the router's metrics 29000 by default)
-    port: Int(1, 65535) = 9433
+    port: Int(0, 65535) = 9433
     """Port of the endpoint (default clear of node_exporter's 9100 and the DCGM exporter's 9400); two runs on one
-    host need two ports."""
+    host need two ports; 0: a free port the system picks (`regen status` says which)."""
     per_shard: bool = False
     """Also export each shard's done and to-generate samples (a `shard` label: one series per shard, 10,000 for a
     10^7-sample run); off, shards are counted by state."""

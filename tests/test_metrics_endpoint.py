@@ -314,3 +314,18 @@ def test_unclosed_reasoning_counted_at_commit_equals_the_stores_count_at_a_resta
     finally:
         store.close()
     assert live.unclosed_reasoning == loaded.unclosed_reasoning == 2
+
+
+def test_port_0_serves_on_a_port_the_system_picks_and_says_which():
+    async def serve() -> tuple[MetricsStatus, dict | None]:
+        server = MetricsServer(Metrics(port=0), lambda: RunStatus(run_dir="", state="running"),
+                               emit=lambda ev: pytest.fail(f"an alert: {ev}"))
+        state = await server.start()
+        port = int(state.address.rpartition(":")[2])
+        scraped = await asyncio.to_thread(scrape, port)
+        await server.close()
+        return state, scraped
+
+    state, scraped = asyncio.run(serve())
+    assert state.address != "127.0.0.1:0" and state.url == f"http://{state.address}/metrics"
+    assert scraped is not None and one(scraped, "regen_run_state", state="running") == 1

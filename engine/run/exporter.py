@@ -14,6 +14,7 @@ port is an alert and a status note (MetricsStatus.error, naming the holder), nev
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -209,8 +210,13 @@ class MetricsServer:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> MetricsStatus:
+        """Serve, or say why not: the state as of now (a copy)."""
+        await self._start()
+        return dataclasses.replace(self.state)
+
+    async def _start(self) -> None:
         if not self.cfg.enabled:
-            return self.state
+            return
         app = web.Application()
         app.router.add_get(PATH, self._serve)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -220,12 +226,13 @@ class MetricsServer:
         except OSError as exc:
             await runner.cleanup()
             self._refused(exc)
-            return self.state
+            return
         self._runner = runner
+        port = runner.addresses[0][1]  # the bound one: [metrics] port = 0 lets the system pick
         host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
-        self.state.url = f"http://{host}:{self.cfg.port}{PATH}"
+        self.state.address = f"{self.cfg.host}:{port}"
+        self.state.url = f"http://{host}:{port}{PATH}"
         log.info("metrics served at %s", self.state.url)
-        return self.state
 
     def _refused(self, exc: OSError) -> None:
         """The port is busy (or the address cannot be bound): said, named, and the run goes on."""

@@ -20,7 +20,8 @@ from engine.config_errors import ConfigError, ConfigIssue, issues_of
 from engine.config_schema import (DEFAULT_LAUNCH, DETERMINISTIC_FLAG, NOTIFY_FORMATS, PROMPT_FORMATS,
                                   ROUTER_LINKS, ROUTER_POLICIES, SEVERITIES, SIMULATOR_LAUNCH, TURN_MODES,
                                   TURNS_AFTER_CUT, Alerts,
-                                  Brake, Dispatch, Host, Metrics, NotifyConfig, PlanAssumptions, Router, RunConfig, Runaway,
+                                  Brake, Dispatch, Host, Metrics, NotifyConfig, PlanAssumptions, Router, RunConfig,
+                                  Runaway,
                                   Sampling, Store, Workers, host_workers, launch_words, redact_url)
 
 __all__ = ["ConfigError", "ConfigIssue", "RunConfig", "Sampling", "Workers", "Dispatch", "Alerts", "Runaway", "Brake",

@@ -5,7 +5,9 @@ committed counts, rejects.jsonl, the latest telemetry snapshots) and yields it a
 cannot disagree with `regen status`. The committed totals (samples done, output tokens, empty / truncated /
 repetition answers, rejected samples, rejects by reason) are exported as counters whose value IS the committed total
 in state.sqlite / rejects.jsonl: a supervisor killed and restarted resumes them where they were, never from 0, and
-no `_created` sample is sent, so Prometheus sees one series that never went backwards. Before the ledger is loaded
+no `_created` sample is sent, so Prometheus sees one series that never went backwards (the one exception is data
+lost for real: a committed part file deleted from disk is un-committed at the next start, and the figures say so).
+Before the ledger is loaded
 (a starting supervisor) the run's figures are left out rather than sent as 0. Everything that belongs to one start
 (in flight, failed this start, restarts, rates, ETA) is a gauge.
 

@@ -7,9 +7,8 @@ repetition answers, rejected samples, rejects by reason) are exported as counter
 in state.sqlite / rejects.jsonl: a supervisor killed and restarted resumes them where they were, never from 0, and
 no `_created` sample is sent, so Prometheus sees one series that never went backwards (the one exception is data
 lost for real: a committed part file deleted from disk is un-committed at the next start, and the figures say so).
-Before the ledger is loaded
-(a starting supervisor) the run's figures are left out rather than sent as 0. Everything that belongs to one start
-(in flight, failed this start, restarts, rates, ETA) is a gauge.
+Before the ledger is loaded (a starting supervisor) the run's figures are left out rather than sent as 0. Everything
+that belongs to one start (in flight, failed this start, restarts, rates, ETA) is a gauge.
 
 Served from the supervisor's event loop (aiohttp), so the status is read on the same thread that moves it. A busy
 port is an alert and a status note (MetricsStatus.error, naming the holder), never the run's failure.

@@ -55,6 +55,12 @@ class SampleShape:
     finish_reason: str
     think: ThinkState | None
 
+    @property
+    def reasoning_unclosed(self) -> bool:
+        """The reasoning block was opened and never closed, and not because regen's runaway guard cut the answer
+        (the store counts the same in SQL: engine.shard_store.UNCLOSED_SQL)."""
+        return self.think == "unterminated" and self.finish_reason != "repetition"
+
 
 def prompt_opens_think(prompt_text: str) -> bool:
     """Whether a rendered prompt ends inside an opened, unclosed think block (`...<think>\\n`)."""

@@ -76,7 +76,7 @@ def key_path(loc: tuple[Any, ...]) -> str:
 
 
 _SECTIONS = {"sampling", "workers", "dispatch", "alerts", "plan", "store", "runaway", "brake", "router", "notify",
-             "hosts"}
+             "metrics", "hosts"}
 
 
 def issues_of(exc: ValidationError, data: dict[str, Any]) -> list[ConfigIssue]:

@@ -312,6 +312,25 @@ class Store(Section):
     """Seconds after which a part is committed however few rows it has (a crash loses at most this much)."""
 
 
+class Metrics(Section):
+    """[metrics]: the run's figures served to Prometheus by the supervisor (GET /metrics), derived from the same
+    committed state as `regen status`. Operational (not in the content hash). A busy port does not stop the run: it
+    is an alert, and `regen status` says why nothing is served."""
+    enabled: bool = True
+    """Serve the metrics endpoint; false: not served (`regen status` says so)."""
+    host: Annotated[StrictStr, Field(min_length=1)] = "127.0.0.1"
+    """Address the endpoint binds: loopback by default, like the servers; a scraper on another machine needs the
+    host's address (or an SSH tunnel)."""
+    # 9433: clear of the exporters a GPU host already runs (node_exporter 9100, NVIDIA's DCGM exporter 9400) and of
+    # SGLang's own ports (servers 30000+, router 30500+, the router's metrics 29000 by default)
+    port: Int(0, 65535) = 9433
+    """Port of the endpoint (default clear of node_exporter's 9100 and the DCGM exporter's 9400); two runs on one
+    host need two ports; 0: a free port the system picks (`regen status` says which)."""
+    per_shard: bool = False
+    """Also export each shard's done and to-generate samples (a `shard` label: one series per shard, 10,000 for a
+    10^7-sample run); off, shards are counted by state."""
+
+
 class PlanAssumptions(Section):
     """[plan]: what `regen plan` without --pilot assumes (printed as "assumed"); a pilot measures them."""
     output_tokens_per_sample: Real(0, low_open=True) = 2000.0
@@ -483,6 +502,7 @@ class RunConfig(Section):
     """[[hosts]]: GPU hosts of a multi-host run; empty: one host, the supervisor's own ([workers])."""
     router: Router = Field(default_factory=Router)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
+    metrics: Metrics = Field(default_factory=Metrics)
     _source_path: str | None = PrivateAttr(default=None)  # where it was loaded from (not part of the content)
 
     @property

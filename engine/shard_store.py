@@ -79,6 +79,8 @@ SHARD_FILE_RE = re.compile(r"^shard\.parquet(\.tmp)?$")
 # finish_reason of an answer the runaway guard stopped (engine.run.runaway): degenerate repetition, its ids exact up
 # to the stop; counted per shard like "length" (truncated), dropped by exports by default
 REPETITION = "repetition"
+# SampleShape.reasoning_unclosed over the samples table (counted per shard when the store's progress is read)
+UNCLOSED_SQL = f"think={THINK_STATES.index('unterminated')} AND finish_reason!='{REPETITION}'"
 # finish reasons of a cut turn: it ended at max_new_tokens, or the runaway guard stopped it (turns_after_cut)
 CUT_FINISHES = ("length", REPETITION)
 # the reject kind (outcomes.reason) of a later turn not generated because an earlier turn was cut (turns_after_cut
@@ -136,6 +138,7 @@ class ShardProgress:
     rejected: int = 0  # samples settled without a row, never generated: their input cannot be (outcomes table)
     failed: int = 0  # samples whose retries were spent in the last run (generated again by the next start)
     after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
+    unclosed_reasoning: int = 0  # reasoning opened and never closed (SampleShape.reasoning_unclosed)
 
 
 @dataclass
@@ -374,9 +377,11 @@ class ShardStore:
             after_cut: dict[str, int] = {r[0]: r[1] for r in self._db.execute(
                 "SELECT shard_id, count(*) FROM outcomes WHERE outcome='rejected' AND reason=? GROUP BY shard_id",
                 (AFTER_CUT,))}
+            unclosed: dict[str, int] = {r[0]: r[1] for r in self._db.execute(
+                f"SELECT shard_id, count(*) FROM samples WHERE {UNCLOSED_SQL} GROUP BY shard_id")}
         return [ShardProgress(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], repetition=r[9],
                               rejected=settled.get((r[0], "rejected"), 0), failed=settled.get((r[0], "failed"), 0),
-                              after_cut=after_cut.get(r[0], 0))
+                              after_cut=after_cut.get(r[0], 0), unclosed_reasoning=unclosed.get(r[0], 0))
                 for r in rows]
 
     # --- samples -----------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from engine.run.committer import Committer
 from engine.run.compactor import Compactor
 from engine.run.control_ops import Drain, DrainHost, Op, Pause, RestartWorker, Resume, Status, Stop, UndrainHost
 from engine.run.dispatcher import Dispatcher
+from engine.run.exporter import MetricsServer
 from engine.run.feed import Feed
 from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
@@ -120,6 +121,7 @@ class Supervisor:
         self.committer: Committer | None = None
         self.compactor: Compactor | None = None
         self.fleet: Fleet | None = None
+        self.metrics: MetricsServer | None = None
 
     # -- main -------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -133,9 +135,12 @@ class Supervisor:
         self.rejects = RejectLog(self.run_dir)
         self.control = ControlServer(self.run_dir / "control.sock", self.handle)
         await self.control.start()
+        self.metrics = MetricsServer(self.cfg.metrics, self.status, self.emit)
+        await self.metrics.start()  # a busy port is an alert and a status note, not the run's end
         try:
             return await self._run()
         finally:
+            await self.metrics.close()
             await self.control.close()
 
     async def _run(self) -> int:
@@ -496,7 +501,8 @@ class Supervisor:
             workers=[w.snapshot() for w in self.workers], gpus=list(t.gpus.values()), disk=list(t.disk.values()),
             alerts=list(t.alerts), hosts=fleet.host_statuses() if fleet is not None else None,
             router=fleet.router_status() if fleet is not None else None,
-            brake=ledger.brake.status() if ledger is not None else None)
+            brake=ledger.brake.status() if ledger is not None else None,
+            metrics=dataclasses.replace(self.metrics.state) if self.metrics is not None else None)
 
     # -- shutdown ---------------------------------------------------------------------------
     def _begin_shutdown(self, how: str) -> None:

@@ -118,6 +118,7 @@ class ShardEvent(Event):
     planned: int = 0
     repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
     after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
+    unclosed_reasoning: int = 0  # committed answers whose reasoning was never closed (not by the runaway guard)
 
 
 @dataclass

@@ -98,8 +98,9 @@ def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_ru
     assert gone.returncode == 4, gone.stderr  # not running, no fault recorded
     assert "state drained" in gone.stdout and "supervisor not running" in gone.stdout
     said = " ".join(gone.stdout.split())
+    # the resume line from the run's start record: the start as it was typed, in the directory it was typed in
     assert said.startswith("drained: drain requested over the control socket (regen stop --drain); resume with: "
-                           f"regen start local --config {shlex.quote(str(run_dir) + '/run.toml')}"), said
+                           f"cd {shlex.quote(str(tmp_path))} && regen start local --config "), said
     assert "- tok/s" in said and "ETA -" in said
     last = json.loads(regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path).stdout)
     assert last["offline"] and last["state"] == "drained" and last["running"] is False and last["fatal"] is None

@@ -23,7 +23,8 @@ from tests.test_cli_run import regen
 
 BASE: dict[str, Any] = {"run_dir": "/nonexistent/regen-run", "model": "/nonexistent/model",
                         "prompts": ["/nonexistent/prompts/*.jsonl"]}
-SECTIONS = ("sampling", "workers", "dispatch", "alerts", "plan", "store", "runaway", "brake", "router", "notify")
+SECTIONS = ("sampling", "workers", "dispatch", "alerts", "plan", "store", "runaway", "brake", "router", "notify",
+            "metrics")
 
 
 def to_toml(doc: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from console.commands.demo import demo_config, write_prompts
-from engine.config import RunConfig, dump_toml
+from engine.config import Metrics, RunConfig, dump_toml
 from engine.ingest import Conversation, iter_prompts
 from engine.render import Renderer, sample_id
 from engine.shard_store import ShardStore
@@ -34,7 +34,8 @@ def make_config(run_dir: Path, model: Path, *, prompts: int = 60, gpus: int = 2,
     files = write_prompts(prompt_dir, prompts, seed)
     cfg = demo_config(run_dir, model, files, gpus, list(FAST_SIM + tuple(sim)))
     workers = cfg.workers.model_copy(update=dict(extra_args=cfg.workers.extra_args[:4] + FAST_SIM + tuple(sim)))
-    cfg = cfg.model_copy(update=dict(workers=workers))
+    # the metrics endpoint on a port the system picks: runs of tests side by side never find 9433 busy
+    cfg = cfg.model_copy(update=dict(workers=workers, metrics=Metrics(port=0)))
     return cfg.model_copy(update=changes)
 
 

@@ -178,6 +178,8 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     head.append(progress_line(d, state, s.running) if d is not None else "no dispatch yet")
     if s.brake is not None:
         head.append_text(brake_text(s.brake, host))
+    if s.metrics is not None:  # where the run's Prometheus metrics are served, or why not
+        head.append("\n" + s.metrics.text(), style="dim" if s.metrics.url or not s.metrics.enabled else "yellow")
     pending = [c for c in s.startup if c.state != "ok"]
     if s.running and pending:  # still starting (or a start check failed): which ones, and why
         head.append("\nstart checks not passed: " + "; ".join(

@@ -39,6 +39,7 @@ class ShardCounts:
     truncated: int = 0
     repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
     after_cut: int = 0  # of the rejected: not generated because an earlier turn was cut (turns_after_cut = "stop")
+    unclosed_reasoning: int = 0  # committed answers whose reasoning was opened and never closed (not a runaway)
     first_index: int = 0
     end_index: int = 0  # one past the last conversation index
 
@@ -67,12 +68,14 @@ class ShardCounts:
         self.empty += part.empty
         self.truncated += part.truncated
         self.repetition += part.repetition
+        self.unclosed_reasoning += sum(1 for s in part.shapes if s.reasoning_unclosed)
 
     def load(self, p: ShardProgress) -> None:
         self.done, self.output_tokens, self.empty, self.truncated = p.done_samples, p.output_tokens, p.empty, p.truncated
         self.repetition = p.repetition
         self.rejected, self.failed = p.rejected, p.failed
         self.after_cut = p.after_cut
+        self.unclosed_reasoning = p.unclosed_reasoning
 
 
 @dataclass

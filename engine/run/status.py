@@ -28,6 +28,8 @@ RunStatus fields (the JSON keys of the reply):
   checked_at     when this status was taken
   read_errors    offline: run-dir files that could not be read (so figures may be missing); live: []
   hosts, router  multi-host runs only (keys absent otherwise): each host (HostStatus) and the router (RouterStatus)
+  metrics        live: where the run's Prometheus metrics are served (MetricsStatus: url), or why not (error:
+                 the port is busy, [metrics] enabled = false); offline: null
   brake          the data-quality brake (engine.run.brake.BrakeStatus): engaged (dispatch paused run-wide: `state`
                  is paused) with its cause, numbers, likely causes and remedy, and the shares over its window now;
                  offline: the same, from the store's record and last samples under run.toml's [brake]; null before
@@ -45,7 +47,8 @@ Figure meanings (in `dispatch` and in each shard), the same names everywhere:
   retried        attempts that failed and went back to the queue (not an outcome)
   in_flight      requests sent and not answered; while draining, what is left to drain
   output_tokens, empty, truncated, repetition   sums over the committed samples (repetition: answers the runaway
-                 guard stopped, finish_reason "repetition")
+                 guard stopped, finish_reason "repetition"); per shard also unclosed_reasoning (a reasoning block
+                 opened and never closed, not by the runaway guard)
   tokens_per_s   output tokens committed per second over the last minute of this start; null until measurable
                  and when not running
   eta_s          seconds left at that rate (remaining samples x committed tokens per sample); null until
@@ -108,12 +111,14 @@ class ShardStatus:
     dispatched: int = 0  # requests sent for it by this supervisor
     repetition: int = 0  # stopped by the runaway guard
     after_cut: int = 0  # of the rejected: not generated after a cut turn
+    unclosed_reasoning: int = 0  # committed answers whose reasoning was never closed (not a runaway)
 
     def event(self) -> ShardEvent:
         return ShardEvent(id=self.id, state=self.state, done=self.done, total=self.total,
                           output_tokens=self.output_tokens, empty=self.empty, truncated=self.truncated,
                           failed=self.failed, rejected=self.rejected, planned=self.planned,
-                          repetition=self.repetition, after_cut=self.after_cut)
+                          repetition=self.repetition, after_cut=self.after_cut,
+                          unclosed_reasoning=self.unclosed_reasoning)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,7 +129,7 @@ def shard_status(sid: str, counts: ShardCounts, paused: bool, run_state: str, di
                        total=counts.to_generate, planned=counts.total, output_tokens=counts.output_tokens,
                        empty=counts.empty, truncated=counts.truncated, failed=counts.failed,
                        rejected=counts.rejected, dispatched=dispatched, repetition=counts.repetition,
-                       after_cut=counts.after_cut)
+                       after_cut=counts.after_cut, unclosed_reasoning=counts.unclosed_reasoning)
 
 
 def shard_statuses(shards: Mapping[str, ShardCounts], paused: Iterable[str], run_state: str,
@@ -196,6 +201,26 @@ class RouterStatus:
 
 
 @dataclass
+class MetricsStatus:
+    """Where the supervisor serves the run's Prometheus metrics ([metrics]), or why it does not."""
+    enabled: bool = True
+    address: str = ""  # host:port from [metrics]
+    url: str | None = None  # http://host:port/metrics while served
+    error: str | None = None  # why not served although enabled (the port is busy: who holds it)
+
+    def text(self) -> str:
+        """One line for the operator: `metrics: http://...` or why there are none."""
+        if not self.enabled:
+            return "metrics: not served ([metrics] enabled = false)"
+        if self.url:
+            return f"metrics: {self.url} (Prometheus)"
+        return f"metrics: not served on {self.address}: {self.error or 'not started yet'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class RunStatus:
     """The status reply (field meanings: this module's docstring)."""
     run_dir: str
@@ -228,6 +253,7 @@ class RunStatus:
     hosts: list[HostStatus] | None = None  # multi-host runs only (with router)
     router: RouterStatus | None = None
     brake: BrakeStatus | None = None
+    metrics: MetricsStatus | None = None  # live only
     levels: AlertLevels = field(default_factory=AlertLevels)  # the shares the engine alerts a shard above
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,6 +267,7 @@ class RunStatus:
                  run_end=self.run_end.to_dict() if self.run_end is not None else None,
                  write_errors=list(self.write_errors), log_tail=list(self.log_tail),
                  read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None,
+                 metrics=self.metrics.to_dict() if self.metrics is not None else None,
                  levels=self.levels.to_dict())
         del d["hosts"], d["router"]
         if self.hosts is not None:
@@ -274,6 +301,7 @@ class RunStatus:
             hosts=[_known(HostStatus, h, name="", address="", state="") for h in hosts] if hosts is not None else None,
             router=_known(RouterStatus, router, url="", up=False, policy="") if router else None,
             brake=BrakeStatus.from_dict(data["brake"]) if isinstance(data.get("brake"), dict) else None,
+            metrics=_known(MetricsStatus, data["metrics"]) if isinstance(data.get("metrics"), dict) else None,
             levels=AlertLevels.from_dict(data.get("levels") if isinstance(data.get("levels"), dict) else None))
 
 

@@ -34,6 +34,7 @@ from console.ssh_options import SshOptions, add_ssh_options
 from console.startup_failure import cause_first, startup_failure_text
 from console.transport import Transport, TransportError, quote_argv
 from console.start_record import START_RECORD, StartRecord
+from console.start_record import read as start_record_read
 from engine.wire import LIVE_WORKER_STATES, RunState
 from engine.config import RunConfig, dump_toml
 from engine.run.status import RunStatus
@@ -171,9 +172,6 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
             (Path(tmp) / "launch.json").write_text(json.dumps({"host_python": python, "engine_path": engine_path,
                                                                "run_dir": run_dir}))
             await transport.put(Path(tmp) / "launch.json", f"{run_dir}/{LAUNCH_FILE}")
-            if record is not None:  # every later hint (status, TUI, start's own lines) is built from it
-                (Path(tmp) / "started.json").write_text(record.to_json())
-                await transport.put(Path(tmp) / "started.json", f"{run_dir}/{START_RECORD}")
         except TransportError as exc:
             raise DeployError(f"copying to {transport.name}:{run_dir} failed: {exc}") from exc
 
@@ -191,8 +189,23 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
 
     client = RunClient(transport, run_dir, host_python=python, engine_path=engine_path)
     status = await wait_started(transport, client, pid, wait_s, progress)
+    # only a start that was accepted: a refused one must not replace the run's own record
+    not_recorded = await _put_record(transport, run_dir, record) if record is not None else ""
     return StartedRun(run_dir=run_dir, pid=pid, host_python=python, engine_path=engine_path, status=status,
-                      warning=partial_start(status))
+                      warning="; ".join(w for w in (partial_start(status), not_recorded) if w))
+
+
+async def _put_record(transport: Transport, run_dir: str, record: StartRecord) -> str:
+    """Every later resume hint (status, the TUI) is built from this record; "" when written, else why not."""
+    with tempfile.TemporaryDirectory(prefix="regen-record-") as tmp:
+        path = Path(tmp) / "started.json"
+        path.write_text(record.to_json())
+        try:
+            await transport.put(path, f"{run_dir}/{START_RECORD}")
+        except TransportError as exc:
+            return (f"the start record could not be written to {transport.name}:{run_dir}/{START_RECORD} ({exc}): "
+                    "resume hints will be built from the frozen config")
+    return ""
 
 
 def partial_start(status: dict) -> str:
@@ -331,7 +344,8 @@ def run_with_client(args, op) -> int:
             client = await client_for(transport, args.run_dir)
             return await op(client)
         except NoSupervisor as exc:
-            print(f"regen {args.command}: {no_supervisor_text(args, client.run_dir, exc)}", file=sys.stderr)
+            record, _ = await start_record_read(transport, client.run_dir)
+            print(f"regen {args.command}: {no_supervisor_text(args, client.run_dir, exc, record)}", file=sys.stderr)
             return EXIT_UNREACHABLE
         except RunClientError as exc:
             print(str(exc), file=sys.stderr)
@@ -342,17 +356,21 @@ def run_with_client(args, op) -> int:
     return asyncio.run(main())
 
 
-def no_supervisor_text(args, run_dir: str, exc: NoSupervisor) -> str:
-    """A run whose supervisor is not running, and the `regen start` that resumes it (run_dir: absolute)."""
+def no_supervisor_text(args, run_dir: str, exc: NoSupervisor, record: StartRecord | None = None) -> str:
+    """A run whose supervisor is not running, and the `regen start` that resumes it (run_dir: absolute): from the
+    run's start record when there is one, else built from the frozen config (and said so)."""
     from console.hints import hint_from_args
 
     local = args.host == "local"
     config = f"{run_dir}/run.toml" if local else "run.toml"
+    hint = record.resume_hint() if record is not None else hint_from_args(args, "start", "--config", config)
     text = (f"no supervisor runs in {args.host}:{run_dir} (the run is stopped or finished); "
-            f"to resume it:\n  {hint_from_args(args, 'start', '--config', config)}")
+            f"to resume it:\n  {hint}")
     if "does not exist" not in exc.stderr:  # e.g. a socket left by a killed supervisor: what answered
         text += f"\n  (the control socket: {exc.stderr or exc})"
-    if not local:
+    if record is not None:
+        text += f"\n  ({record.where()})"
+    elif not local:
         text += (f"\n  (run.toml: the config the run was started with; {args.host} keeps a copy at "
                  f"{run_dir}/run.toml)")
     return text

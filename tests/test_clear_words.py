@@ -11,7 +11,7 @@ import pytest
 from console.startup_failure import cause_first, startup_failure_text
 from engine.config import dump_toml, load_config
 from engine.run_dir import ConfigChanged
-from tests.run_helpers import make_config, wait_for
+from tests.run_helpers import make_config, status, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 
 
@@ -78,13 +78,16 @@ def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first
         lines = r.stderr.strip().splitlines()
         assert lines[0] == (f"regen {op[0]}: no supervisor runs in local:{run_dir} (the run is stopped or finished);"
                             " to resume it:"), r.stderr
-        assert shlex.split(lines[1]) == ["regen", "start", "local", "--config", f"{run_dir}/run.toml"]
+        # the start as it was typed (the run's start record), in the directory it was typed in
+        assert shlex.split(lines[1]) == ["cd", str(tmp_path), "&&", "regen", "start", "local", "--config", str(config)]
         assert "Traceback" not in r.stderr
 
     # the hint, pasted (the `regen` of the hint is this checkout's console.cli): the run resumes
-    resumed = regen(*shlex.split(lines[1])[1:], home=tmp_path)
+    resumed = regen(*shlex.split(lines[1])[4:], home=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "started: supervisor pid" in resumed.stdout
+    # samples committed: from now on a changed config is refused (a run dir with none would take it)
+    wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) > 0, 120, "a committed sample")
     assert regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path).returncode == 0
     _no_supervisor(run_dir)
 
@@ -111,7 +114,7 @@ def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first
     assert len(out) == 6 and "starting on" not in refused.stderr  # the old starts' log is not dumped
     # the refused config never replaced the run's own: the resume hint still names the accepted one
     assert load_config(run_dir / "run.toml").content_hash() == cfg.model_copy(update={"run_dir": str(run_dir)}).content_hash()
-    resumed = regen(*shlex.split(lines[1])[1:], home=tmp_path)
+    resumed = regen(*shlex.split(lines[1])[4:], home=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert regen("stop", "local", "--run-dir", str(run_dir), home=tmp_path).returncode == 0
     _no_supervisor(run_dir)

@@ -196,6 +196,13 @@ def test_a_relaunched_server_starts_again_from_what_it_reports():
     assert w.batch is None
     w.state, w.metrics = WorkerState.READY, ServerMetrics()
     d.adjust_capacity()
+    # before any answer, a request is expected to hold what SGLang itself first reserves (0.7 x 4,096 tokens):
+    # the 281,029-token pool holds 98 of them, fewer than the 256 reported
+    assert w.batch == BatchSize(98, BatchSource.KV_POOL) and w.capacity == 98 + 12
+    for _ in range(16):  # answers of 400 tokens to prompts of 100: the pool holds 562, more than the batch
+        d.request_size.sent(100, 32768)
+        d.request_size.answered(400)
+    d.adjust_capacity()
     assert w.batch == BatchSize(256, BatchSource.LOG) and w.capacity == 288
 
 

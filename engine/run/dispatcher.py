@@ -4,9 +4,16 @@ Each ready worker runs its own loop that pulls an item from the ledger's ready q
 has a free slot, so a slow worker never holds the others back. Every item sent comes back as one
 outcome (engine.run.items), handed to `deliver`: the run routes `Generated` to the committer and
 the rest to the ledger; the dispatcher settles nothing itself. A worker's slot count is
-`dispatch.max_in_flight_per_worker` (the operator's fixed override), or the server's batch size
-(discovered: engine/capacity.py) plus a small queue margin, the size corrected from the server's own
-sglang:num_queue_reqs (engine/run/batch_feedback.py) so its queue stays short but non-empty.
+`dispatch.max_in_flight_per_worker` (the operator's fixed override), or what the server can run now plus a
+small queue margin: its batch size (discovered: engine/capacity.py) cut to what its KV pool holds (prompt plus
+expected output: engine/run/request_size.py), then corrected from the server's own running / queued / token
+usage gauges (engine/run/batch_feedback.py) so its queue stays short but non-empty. Work waits in regen's queue,
+where any server can take it.
+
+Work is spread: while regen's queue holds fewer items than the ready servers have free slots (a run's start, its
+tail), a worker takes an item only while it holds less than its fair share of the work left (in flight plus
+queued, split by capacity), counting servers still starting for START_GRACE_S after the first was ready, so a
+server that is ready a few seconds late still gets its share and the last samples end together.
 
 With the runaway guard on ([runaway] enabled, the default) each answer is streamed (`stream: true`, a chunk every
 runaway.stream_interval tokens) and followed by engine.run.answer_stream, which keeps the ids exact and feeds the
@@ -30,13 +37,14 @@ import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
-from engine.capacity import BatchSize
+from engine.capacity import BatchSize, BatchSource, kv_fit
 from engine.config import RunConfig
 from engine.http_client import ConnectionMark, dropped_idle, fresh_session
 from engine.render import Renderer
 from engine.run.answer_stream import AnswerStream, StreamError
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
+from engine.run.request_size import RequestSize
 from engine.run.runaway import Repetition, RunawayDetector
 from engine.shard_store import REPETITION
 from engine.telemetry_events import AlertEvent
@@ -45,6 +53,8 @@ from engine.workers import Worker, WorkerState
 log = logging.getLogger("regen.dispatch")
 
 DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is already running
+START_GRACE_S = 10.0  # a server still starting counts in the fair share this long after the first one was ready
+STRANDED_ALERT_S = 5.0  # a server idle this long while another's own queue holds work: an alert
 
 
 class WorkQueue(Protocol):
@@ -53,6 +63,9 @@ class WorkQueue(Protocol):
     def next_item(self, worker: str | None = None) -> WorkItem | None: ...
     async def wait_item(self, timeout: float) -> None: ...
     def worker_ready(self, name: str, ready: bool) -> None: ...
+    @property
+    def queued(self) -> int: ...
+    def queued_for(self, worker: str) -> int: ...
 
 
 class Dispatcher:
@@ -87,6 +100,10 @@ class Dispatcher:
         self._generate_target: dict[str, tuple[str, URL, CIMultiDict]] = {}
         self._request_timeout = aiohttp.ClientTimeout(total=cfg.dispatch.request_timeout_s)
         self._fresh: aiohttp.ClientSession | None = None  # one-connection-per-request, for a resend after an idle drop
+        self.request_size = RequestSize()  # prompt + expected output of a request, from this run's requests
+        self._first_ready: float | None = None  # when the first worker was ready (START_GRACE_S counts from it)
+        self._idle_since: dict[str, float] = {}  # per ready worker with nothing in flight: since when
+        self._stranded_alerted = False
         for w in workers:
             w.listeners.append(self._on_worker_state)
 
@@ -94,6 +111,8 @@ class Dispatcher:
     def start(self) -> None:
         for w in self.workers:
             self.queue.worker_ready(w.name, w.state == WorkerState.READY)
+            if w.state == WorkerState.READY and self._first_ready is None:
+                self._first_ready = time.monotonic()
             self._loops.append(asyncio.create_task(self._worker_loop(w), name=f"dispatch-{w.name}"))
 
     async def close(self) -> None:
@@ -150,8 +169,18 @@ class Dispatcher:
         fixed = self.cfg.dispatch.max_in_flight_per_worker
         if fixed:
             return fixed
-        batch = self._batch.get(w.name) or w.capacity_info.batch()
+        batch = self._batch.get(w.name) or self._starting_size(w, w.capacity_info.batch())
         return batch.size + _margin(w, batch.size)
+
+    def _starting_size(self, w: Worker, discovered: BatchSize) -> BatchSize:
+        """The reported batch cut to what the server's KV pool holds of this run's requests (engine.capacity.kv_fit);
+        the pool is per server, so a router target (its discovered size is its servers' sum) is not cut."""
+        if getattr(w, "queue_margin", None):
+            return discovered
+        fits = kv_fit(w.capacity_info.max_total_num_tokens, self.request_size.tokens(self.cfg.sampling.max_new_tokens))
+        if fits is not None and fits < discovered.size:
+            return BatchSize(fits, BatchSource.KV_POOL)
+        return discovered
 
     def adjust_capacity(self) -> None:
         """Called every metrics tick: keep each server full, its queue short but never empty while work is left."""
@@ -166,14 +195,17 @@ class Dispatcher:
                 self._discovered.pop(w.name, None)
                 w.batch = None
                 continue
-            if self._discovered.get(w.name) != discovered:
-                # a relaunched server, or a router whose servers joined or left: start from its new size
+            if self._discovered.get(w.name) != discovered or self._batch[w.name].source != BatchSource.FEEDBACK:
+                # a relaunched server, or a router whose servers joined or left: start from its new size; until its
+                # own gauges have corrected it, the KV estimate follows the answers so far
                 self._discovered[w.name] = discovered
-                self._batch[w.name] = discovered
+                self._batch[w.name] = discovered if fixed else self._starting_size(w, discovered)
             batch = self._batch[w.name]
             if not fixed:
+                ceiling = discovered.size if discovered.source in BatchSource.REPORTED else None
                 batch = corrected(batch, margin=_margin(w, batch.size), in_flight=w.in_flight,
-                                  running=w.metrics.running_reqs, queued=w.metrics.queued_reqs)
+                                  running=w.metrics.running_reqs, queued=w.metrics.queued_reqs,
+                                  token_usage=w.metrics.token_usage, ceiling=ceiling)
                 if batch != self._batch[w.name]:
                     log.info("%s: batch size %d (%s) -> %d from its queue (running %s, queued %s, in flight %d)",
                              w.name, self._batch[w.name].size, self._batch[w.name].source, batch.size,
@@ -181,6 +213,50 @@ class Dispatcher:
                 self._batch[w.name] = batch
             w.batch = batch
             w.capacity = self.capacity_for(w)
+        self._watch_stranded()
+
+    def _watch_stranded(self) -> None:
+        """An alert while a server's own queue holds work that another server, idle for STRANDED_ALERT_S, could run."""
+        now = time.monotonic()
+        ready = [w for w in self.workers if w.state == WorkerState.READY]
+        for w in ready:
+            if self.inflight[w.name] or (w.metrics.running_reqs or 0) > 0:
+                self._idle_since.pop(w.name, None)
+            else:
+                self._idle_since.setdefault(w.name, now)
+        idle = [w for w in ready if now - self._idle_since.get(w.name, now) >= STRANDED_ALERT_S]
+        queued = [w for w in ready if (w.metrics.queued_reqs or 0) >= 1]
+        if idle and queued and self._accepting:
+            if not self._stranded_alerted:
+                self._stranded_alerted = True
+                held = ", ".join(f"{w.name} {int(w.metrics.queued_reqs or 0)}" for w in queued)
+                self.emit(AlertEvent(
+                    severity="warning", key="stranded-queue",
+                    text=f"work waits in a server's own queue while {', '.join(w.name for w in idle)} idles",
+                    evidence=f"queued in SGLang: {held}; idle for {STRANDED_ALERT_S:.0f} s or more"))
+        elif self._stranded_alerted:
+            self._stranded_alerted = False
+            self.emit(AlertEvent(severity="info", key="stranded-queue",
+                                 text="cleared: no server idles while another's queue holds work"))
+
+    def _within_share(self, w: Worker) -> bool:
+        """May `w` take one more item? Always while regen's queue holds more than the ready servers' free slots;
+        otherwise only while it holds less than its share of the work left (in flight plus queued, split by
+        capacity over the ready servers and those still starting within START_GRACE_S of the first ready one)."""
+        queued = self.queue.queued
+        ready = [x for x in self.workers if x.state == WorkerState.READY]
+        caps = {x.name: self.capacity_for(x) for x in ready}
+        if queued > sum(max(0, caps[x.name] - len(self.inflight[x.name])) for x in ready):
+            return True
+        work = queued + sum(len(self.inflight[x.name]) for x in ready)
+        total = sum(caps.values())
+        if self._first_ready is not None and time.monotonic() - self._first_ready < START_GRACE_S:
+            starting = [x for x in self.workers if x.state in (WorkerState.STARTING, WorkerState.LOADING)]
+            total += len(starting) * (total / len(ready)) if ready else 0
+        if total <= 0:
+            return True
+        share = -(-work * caps.get(w.name, 0) // total)  # ceil: the shares cover the work
+        return len(self.inflight[w.name]) < max(1, share)
 
     # -- per-worker pull loop ---------------------------------------------------------------
     async def _worker_loop(self, w: Worker) -> None:
@@ -191,7 +267,7 @@ class Dispatcher:
                 continue
             cap = self.capacity_for(w)
             w.capacity = cap
-            if len(self.inflight[w.name]) >= cap:
+            if len(self.inflight[w.name]) >= cap or not self._within_share(w):
                 slot.clear()
                 try:
                     await asyncio.wait_for(slot.wait(), timeout=0.5)
@@ -202,6 +278,7 @@ class Dispatcher:
             if item is None:
                 await self.queue.wait_item(0.25)
                 continue
+            self.request_size.sent(len(item.prompt_ids), item.max_new_tokens)
             task = asyncio.create_task(self._send(w, item), name=f"gen-{item.rid}")
             self.inflight[w.name][task] = item
             self.dispatched[item.shard_id] += 1
@@ -222,6 +299,10 @@ class Dispatcher:
     def _on_worker_state(self, w: Worker, state: str) -> None:
         self.queue.worker_ready(w.name, state == WorkerState.READY)
         if state == WorkerState.READY:
+            if self._first_ready is None:
+                self._first_ready = time.monotonic()
+            for other in self.workers:
+                self._slot_freed[other.name].set()  # the shares changed: every loop looks again
             return
         # crashed / failed / stopped / relaunched after a restart: its in-flight requests will never
         # answer; re-queue them now rather than after their timeouts
@@ -434,6 +515,7 @@ class Dispatcher:
             return
         completion = meta.get("completion_tokens")
         n = len(ids32)
+        self.request_size.answered(n)
         if verdict is not None and finish_type is None:
             completion = n  # the stream broke off after the stop: the ids delivered are the answer
         if completion != n and w.name not in self._mismatch_alerted:

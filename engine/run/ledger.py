@@ -167,6 +167,15 @@ class Ledger:
         return bool(self._ready)
 
     @property
+    def queued(self) -> int:
+        """Items in the ready queue (what no server holds yet)."""
+        return len(self._ready)
+
+    def queued_for(self, worker: str) -> int:
+        """Items of the ready queue held or preferred for `worker` (prefix affinity)."""
+        return self._ready.held_for(worker)
+
+    @property
     def braked(self) -> bool:
         """The data-quality brake holds dispatch run-wide."""
         return self.brake.engaged is not None

@@ -53,6 +53,7 @@ from engine.workers import Worker, WorkerState
 log = logging.getLogger("regen.dispatch")
 
 DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is already running
+CAPACITY_TICK_S = 0.5  # each server's size is corrected from its gauges this often (a fresh reading each time)
 START_GRACE_S = 10.0  # a server still starting counts in the fair share this long after the first one was ready
 STRANDED_ALERT_S = 5.0  # a server idle this long while another's own queue holds work: an alert
 
@@ -87,6 +88,7 @@ class Dispatcher:
         self._loops: list[asyncio.Task] = []
         self._batch: dict[str, BatchSize] = {}  # per worker: the size in use, corrected by feedback
         self._discovered: dict[str, BatchSize] = {}  # per worker: what discovery said when _batch began
+        self._read: dict[str, object] = {}  # per worker: the gauges reading feedback last used (each is used once)
         self._cancelled_for_requeue: set[asyncio.Task] = set()
         self._mismatch_alerted: set[str] = set()
         self._text_alerted: set[str] = set()
@@ -114,6 +116,15 @@ class Dispatcher:
             if w.state == WorkerState.READY and self._first_ready is None:
                 self._first_ready = time.monotonic()
             self._loops.append(asyncio.create_task(self._worker_loop(w), name=f"dispatch-{w.name}"))
+        self._loops.append(asyncio.create_task(self._capacity_loop(), name="dispatch-capacity"))
+
+    async def _capacity_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CAPACITY_TICK_S)
+            try:
+                self.adjust_capacity()
+            except Exception:  # one bad tick must not end the feedback; the traceback goes to supervisor.log
+                log.exception("capacity tick failed")
 
     async def close(self) -> None:
         for task in self._loops:
@@ -187,6 +198,7 @@ class Dispatcher:
         fixed = self.cfg.dispatch.max_in_flight_per_worker
         for w in self.workers:
             w.in_flight = len(self.inflight[w.name])
+            w.held = self.queue.queued_for(w.name) if self.queue is not None else 0
             discovered = w.capacity_info.batch()
             if w.state != WorkerState.READY:
                 # its size is read again when it becomes ready: a size kept from before (or the default)
@@ -195,13 +207,19 @@ class Dispatcher:
                 self._discovered.pop(w.name, None)
                 w.batch = None
                 continue
-            if self._discovered.get(w.name) != discovered or self._batch[w.name].source != BatchSource.FEEDBACK:
-                # a relaunched server, or a router whose servers joined or left: start from its new size; until its
-                # own gauges have corrected it, the KV estimate follows the answers so far
+            if self._discovered.get(w.name) != discovered:
+                # a relaunched server, or a router whose servers joined or left: start from its new size
                 self._discovered[w.name] = discovered
                 self._batch[w.name] = discovered if fixed else self._starting_size(w, discovered)
+            elif not fixed and self._batch[w.name].source != BatchSource.FEEDBACK:
+                # until its own gauges have corrected it, the KV estimate follows the answers so far, downwards only:
+                # the first answers back are the shortest, and growing is the gauges' business (batch_feedback)
+                estimate = self._starting_size(w, discovered)
+                if estimate.size < self._batch[w.name].size:
+                    self._batch[w.name] = estimate
             batch = self._batch[w.name]
-            if not fixed:
+            if not fixed and self._read.get(w.name) is not w.metrics:
+                self._read[w.name] = w.metrics
                 ceiling = discovered.size if discovered.source in BatchSource.REPORTED else None
                 batch = corrected(batch, margin=_margin(w, batch.size), in_flight=w.in_flight,
                                   running=w.metrics.running_reqs, queued=w.metrics.queued_reqs,
@@ -583,7 +601,7 @@ def _int32_packer(n: int) -> struct.Struct:
 def _margin(w, size: int) -> int:
     """Requests kept queued beyond the server's running batch, so a finished slot is refilled at once.
     A router target says its own (it spreads requests without seeing the slots: each server needs its own
-    queue); a server gets an eighth of its batch."""
+    queue); a server gets a quarter of its batch (engine.run.batch_feedback.margin_for)."""
     own = getattr(w, "queue_margin", None)
     return own if own else margin_for(size)
 

@@ -199,19 +199,19 @@ def test_a_relaunched_server_starts_again_from_what_it_reports():
     # before any answer, a request is expected to hold what SGLang itself first reserves (0.7 x 4,096 tokens):
     # the 281,029-token pool holds 98 of them, fewer than the 256 reported
     assert w.batch == BatchSize(98, BatchSource.KV_POOL) and w.capacity == 98 + 24
-    for _ in range(16):  # answers of 400 tokens to prompts of 100: the pool would hold 562
+    for _ in range(16):  # answers of 400 tokens to prompts of 100: SGLang still reserves its first guess
         d.request_size.sent(100, 32768)
         d.request_size.answered(400)
     d.adjust_capacity()
-    assert w.batch == BatchSize(98, BatchSource.KV_POOL)  # the first answers back are the shortest: no jump up
+    assert w.batch == BatchSize(94, BatchSource.KV_POOL)  # 100 + 2,867 each: no jump up, growing is the gauges' business
     # the server runs all it was sent, with no queue and its pool 30% full: it grows by what the pool's free share
     # says, at most 1.5x a reading, never past the 256 it reported
-    d.inflight["gpu0"] = dict.fromkeys(range(122))
-    w.metrics = ServerMetrics(running_reqs=122, queued_reqs=0, token_usage=0.3)
+    d.inflight["gpu0"] = dict.fromkeys(range(94 + 23))
+    w.metrics = ServerMetrics(running_reqs=94 + 23, queued_reqs=0, token_usage=0.3)
     d.adjust_capacity()
-    assert w.batch == BatchSize(183, BatchSource.FEEDBACK)
-    d.inflight["gpu0"] = dict.fromkeys(range(183 + 45))
-    w.metrics = ServerMetrics(running_reqs=183 + 45, queued_reqs=0, token_usage=0.3)
+    assert w.batch == BatchSize(175, BatchSource.FEEDBACK)
+    d.inflight["gpu0"] = dict.fromkeys(range(175 + 43))
+    w.metrics = ServerMetrics(running_reqs=175 + 43, queued_reqs=0, token_usage=0.3)
     d.adjust_capacity()
     assert w.batch == BatchSize(256, BatchSource.FEEDBACK) and w.capacity == 320
     # its pool full: no growth, whatever it runs
@@ -219,6 +219,18 @@ def test_a_relaunched_server_starts_again_from_what_it_reports():
     w.metrics = ServerMetrics(running_reqs=320, queued_reqs=0, token_usage=0.95)
     d.adjust_capacity()
     assert w.batch == BatchSize(256, BatchSource.FEEDBACK)
+
+
+def test_long_answers_lower_the_kv_estimate_of_a_server_not_yet_corrected():
+    w = target("gpu0", discover(parse_server_info(server_info("0.5.23", effective=4096)), None, None))
+    d = dispatcher([w])
+    d.adjust_capacity()
+    assert w.batch == BatchSize(98, BatchSource.KV_POOL)  # 281,029 // (0.7 x 4,096): SGLang's first reservation
+    for _ in range(16):  # thinking answers of 9,000 tokens to prompts of 1,000
+        d.request_size.sent(1000, 32768)
+        d.request_size.answered(9000)
+    d.adjust_capacity()
+    assert w.batch == BatchSize(28, BatchSource.KV_POOL) and w.capacity == 28 + 7  # 281,029 // 10,000
 
 
 def test_the_operators_fixed_cap_is_kept_and_the_discovered_size_still_shown():

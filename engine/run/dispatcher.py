@@ -212,8 +212,8 @@ class Dispatcher:
                 self._discovered[w.name] = discovered
                 self._batch[w.name] = discovered if fixed else self._starting_size(w, discovered)
             elif not fixed and self._batch[w.name].source != BatchSource.FEEDBACK:
-                # until its own gauges have corrected it, the KV estimate follows the answers so far, downwards only:
-                # the first answers back are the shortest, and growing is the gauges' business (batch_feedback)
+                # until its own gauges have corrected it, the KV estimate follows the answers so far, downwards only
+                # (long answers): growing is the gauges' business (batch_feedback)
                 estimate = self._starting_size(w, discovered)
                 if estimate.size < self._batch[w.name].size:
                     self._batch[w.name] = estimate

@@ -1,8 +1,10 @@
 """What one request is expected to hold in a server's KV pool: its prompt plus its expected output.
 
-The output is expected from the answers of this run so far (their mean, once MIN_ANSWERS came back), else as
-SGLang's own scheduler first guesses it (`min(max_new_tokens, 4096) x 0.7`, its initial new-token ratio):
-before any answer regen knows no better than the server, and no worse.
+The output is expected as SGLang's own scheduler first reserves it (`min(max_new_tokens, 4096) x 0.7`, its initial
+new-token ratio: what a server just started admits, whatever the answers turn out to be), or as the answers of
+this run so far say (their mean, once MIN_ANSWERS came back) when that is more: long thinking answers fill a pool
+sooner than SGLang's first guess. Shorter answers let a server run more as its own estimate decays; the gauges
+find that (engine.run.batch_feedback), never this estimate alone.
 """
 from __future__ import annotations
 
@@ -35,9 +37,8 @@ class RequestSize:
         return self.answers >= MIN_ANSWERS
 
     def expected_output(self, max_new_tokens: int) -> float:
-        if self.measured:
-            return self.output_tokens / self.answers
-        return min(max_new_tokens, FIRST_GUESS_CLIP) * FIRST_GUESS_RATIO
+        first = min(max_new_tokens, FIRST_GUESS_CLIP) * FIRST_GUESS_RATIO
+        return max(first, self.output_tokens / self.answers) if self.measured else first
 
     def tokens(self, max_new_tokens: int) -> float:
         """Prompt plus expected output of one request (the prompts sent so far; 0 before the first)."""

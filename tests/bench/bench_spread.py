@@ -67,13 +67,23 @@ def sim_args() -> list[str]:
 
 
 # -- figures from the servers' step logs ---------------------------------------------------------------------
-def server_steps(log: Path) -> tuple[list[tuple[float, float, int, int]], list[tuple[float, int]]]:
-    """((start, end, running, queued) of every decode step, (time, #new-seq) of every admission) after ready."""
-    steps, adm = [], []
-    ready, prev_end = False, None
+def server_steps(log: Path) -> tuple[list[tuple[float, float, int, int]], list[tuple[float, int]],
+                                     list[tuple[float, float]]]:
+    """((start, end, running, queued) of every decode step, (time, #new-seq) of every admission) after ready, and
+    the (start, end) of each time it was down: from its last step before a relaunch to the relaunch's ready line."""
+    steps, adm, down = [], [], []
+    ready, prev_end, down_from = False, None, None
     for t, line in bc.sim_lines(log):
         if not ready:
             ready = "fired up and ready" in line
+            continue
+        if "server_args=" in line and down_from is None:  # relaunched: down until its ready line (its warmup too)
+            down_from = prev_end if prev_end is not None else t
+            continue
+        if down_from is not None:
+            if "fired up and ready" in line:
+                down.append((down_from, t))
+                down_from, prev_end = None, None
             continue
         m = _PREFILL.search(line)
         if m:
@@ -85,13 +95,13 @@ def server_steps(log: Path) -> tuple[list[tuple[float, float, int, int]], list[t
             if prev_end is not None and running > 0 and t - prev_end < MAX_STEP_S:
                 steps.append((prev_end, t, running, queued))
             prev_end = t
-    return steps, adm
+    return steps, adm, down
 
 
 def figures(logs: list[Path], requests: int, output_tokens: int) -> dict:
     per = [server_steps(p) for p in logs]
-    served = [sum(n for _, n in adm) for _, adm in per]
-    active = [(steps, adm) for steps, adm in per if steps and adm]
+    served = [sum(n for _, n in adm) for _, adm, _ in per]
+    active = [(steps, adm) for steps, adm, _ in per if steps and adm]
     if not active:
         raise RuntimeError(f"no decode steps in {', '.join(map(str, logs))}")
     first = min(adm[0][0] for _, adm in active)
@@ -105,12 +115,12 @@ def figures(logs: list[Path], requests: int, output_tokens: int) -> dict:
             t_end = t
             break
     shares = []
-    for steps, adm in per:
+    for steps, adm, down in per:
         if not steps or not adm:
             shares.append(0.0)  # a server that never served: none of the window was full
             continue
         t0 = adm[0][0]
-        window = t_end - t0
+        window = t_end - t0 - sum(max(0.0, min(b, t_end) - max(a, t0)) for a, b in down)  # a relaunch: not the client's
         full = sum(min(b, t_end) - max(a, t0) for a, b, running, queued in steps
                    if min(b, t_end) > max(a, t0) and (queued > 0 or running >= REPORTED_BATCH))
         shares.append(full / window if window > 0 else 1.0)
@@ -120,8 +130,9 @@ def figures(logs: list[Path], requests: int, output_tokens: int) -> dict:
     return {"output_tokens": output_tokens, "wall_s": wall, "tokens_per_s": output_tokens / wall,
             "served": served, "full_share": shares, "full_share_min": min(shares),
             "tail_s": max(tails), "tail_ratio": max(tails) / mean_tail if mean_tail > 0 else 1.0,
-            "peak_running": [max(r for _, _, r, _ in steps) if steps else 0 for steps, _ in per],
-            "peak_queued": [max((q for _, _, _, q in steps), default=0) for steps, _ in per]}
+            "peak_running": [max(r for _, _, r, _ in steps) if steps else 0 for steps, _, _ in per],
+            "peak_queued": [max((q for _, _, _, q in steps), default=0) for steps, _, _ in per],
+            "down_s": [sum(b - a for a, b in down) for _, _, down in per]}
 
 
 # -- regen ------------------------------------------------------------------------------------------------------
@@ -134,7 +145,7 @@ def launch_for(variant: str, base_port: int, mark: Path) -> str:
                  f"echo --sim-crash-after {CRASH_AFTER}; fi )")
     else:
         return bc.SIM_LAUNCH
-    return "sh -c '" + bc.SIM_LAUNCH + " " + extra + " \"$@\"' regen-sim"
+    return "sh -c '" + bc.SIM_LAUNCH + " \"$@\" " + extra + "' regen-sim"  # after the extra args: these win
 
 
 def run_regen(model: Path, prompts: Path, work: Path, gpus: int, variant: str, requests: int) -> dict:

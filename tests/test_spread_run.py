@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.run_helpers import make_config, read_rows, status, supervisors, wait_for  # noqa: F401  (fixture)
+from tests.run_helpers import (  # noqa: F401  (fixture)
+    check_rows, expected_samples, make_config, read_rows, renderer_for, status, supervisors, wait_for,
+)
 from tests.test_engine_capacity import unflagged
 
 pytestmark = pytest.mark.timeout(300)
@@ -69,3 +71,35 @@ def test_a_server_ready_late_gets_its_share_at_once(tmp_path, tiny_model_dir, su
     assert len({r["sample_id"] for r in rows}) == len(rows) >= prompts  # every sample once (the demo's turns)
     late = sum(1 for r in rows if r["worker"] == "gpu1")
     assert late >= len(rows) // 5, late  # a share of the work, not the leftovers
+
+
+def test_work_moved_off_a_servers_queue_is_generated_exactly_once(tmp_path, tiny_model_dir, supervisors,
+                                                                  renderer_for):
+    run_dir = tmp_path / "run"
+    base = unflagged(make_config(run_dir, tiny_model_dir, prompts=200, gpus=2, sim=SIM))
+    # gpu0: a pool of 8,000 tokens (~10-25 of these requests run at once); gpu1: 200,000, and it loads 12 s longer,
+    # past the fair share's grace. The operator's fixed cap (400) lets gpu0 take every request while it is alone:
+    # they wait in gpu0's own queue until gpu1, with room to spare, is ready and work is moved to it
+    i = f"({{port}} - {base.workers.base_port})"
+    launch = ("sh -c '" + base.workers.launch + f" \"$@\" --sim-load-s $(( {i} * 12 ))"
+              f" --max-total-tokens $(( 8000 + {i} * 192000 ))' regen-sim")
+    cfg = dataclasses.replace(base, workers=dataclasses.replace(base.workers, launch=launch),
+                              dispatch=dataclasses.replace(base.dispatch, max_in_flight_per_worker=400))
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(240) == 0, sup.log_text()[-3000:]
+    log = sup.log_text()
+    moved = re.findall(r"gpu0: (\S+) moved off its queue \(Abort in waiting queue\)", log)
+    assert moved, log[-3000:]
+    # each move is one abort answered once: a request re-queued at most once per abort sent for it
+    assert all(moved.count(rid) <= log.count(f"gpu0: moving {rid} off its queue") for rid in set(moved))
+    rows = read_rows(run_dir)
+    ids = [r["sample_id"] for r in rows]
+    assert len(set(ids)) == len(ids)  # every sample committed once
+    by_id = {r["sample_id"]: r for r in rows}
+    assert all(rid in by_id for rid in moved)  # a moved request is generated (its rid is its sample id: no attempt)
+    assert any(by_id[rid]["worker"] == "gpu1" for rid in moved)  # by the server that had room
+    renderer = renderer_for(cfg)
+    expected = expected_samples(cfg, renderer)[0]
+    # every sample but the demo's prompt too long for any server (rejected up front)
+    assert set(ids) <= expected and {sid.split("#")[0] for sid in expected - set(ids)} == {"too-long"}
+    check_rows(rows, cfg, renderer)  # each exact, on the model's own earlier answers

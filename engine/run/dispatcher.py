@@ -15,6 +15,13 @@ tail), a worker takes an item only while it holds less than its fair share of th
 queued, split by capacity), counting servers still starting for START_GRACE_S after the first was ready, so a
 server that is ready a few seconds late still gets its share and the last samples end together.
 
+Work already sent can be moved: when regen's queue is empty, a server has run under its batch with an empty
+queue of its own for MOVE_AFTER_S while another server's own queue holds requests, the latest requests sent to
+that one which have produced no output yet are stopped with POST /abort_request {"rid"}. A request still waiting
+comes back unrun ("Abort in waiting queue") and is re-queued at the front, once, by its rid, without counting an
+attempt (logged "moved"); one that had started meanwhile comes back with what it generated and is retried as any
+aborted answer; one that finished first is committed as usual. Each request sent has exactly one outcome either way.
+
 With the runaway guard on ([runaway] enabled, the default) each answer is streamed (`stream: true`, a chunk every
 runaway.stream_interval tokens) and followed by engine.run.answer_stream, which keeps the ids exact and feeds the
 detector (engine.run.runaway); once it fires, the request is stopped with POST /abort_request {"rid"}. The server
@@ -56,6 +63,7 @@ DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is a
 CAPACITY_TICK_S = 0.5  # each server's size is corrected from its gauges this often (a fresh reading each time)
 START_GRACE_S = 10.0  # a server still starting counts in the fair share this long after the first one was ready
 STRANDED_ALERT_S = 5.0  # a server idle this long while another's own queue holds work: an alert
+MOVE_AFTER_S = 1.0  # a server under its batch with an empty queue this long takes work waiting in another's queue
 
 
 class WorkQueue(Protocol):
@@ -105,7 +113,12 @@ class Dispatcher:
         self.request_size = RequestSize()  # prompt + expected output of a request, from this run's requests
         self._first_ready: float | None = None  # when the first worker was ready (START_GRACE_S counts from it)
         self._idle_since: dict[str, float] = {}  # per ready worker with nothing in flight: since when
-        self._stranded_alerted = False
+        self._stranded_alerted = False  # the alert is out (cleared once no server idles beside a queue)
+        self._underused_since: dict[str, float] = {}  # per ready worker running under its batch with no queue
+        self._moving: dict[str, str] = {}  # rid -> the worker it is being moved off (its abort sent)
+        self._output_seen: set[str] = set()  # rids of requests in flight that have streamed output (they run)
+        self.moved = 0  # requests moved off a server's queue in this run
+        self._no_pull_until: dict[str, float] = {}  # a worker work was just moved off takes none for MOVE_AFTER_S
         for w in workers:
             w.listeners.append(self._on_worker_state)
 
@@ -123,8 +136,47 @@ class Dispatcher:
             await asyncio.sleep(CAPACITY_TICK_S)
             try:
                 self.adjust_capacity()
+                self._move_stranded()
             except Exception:  # one bad tick must not end the feedback; the traceback goes to supervisor.log
                 log.exception("capacity tick failed")
+
+    def _move_stranded(self) -> None:
+        """Move requests waiting in a server's own queue to a server that has had room for MOVE_AFTER_S (see the
+        module doc): at most as many as the servers with room can take and the queue holds."""
+        now = time.monotonic()
+        ready = [w for w in self.workers if w.state == WorkerState.READY]
+        room = 0
+        for w in ready:
+            batch = self._batch.get(w.name)
+            running = w.metrics.running_reqs
+            if batch is not None and running is not None and running < batch.size and not w.metrics.queued_reqs \
+                    and len(self.inflight[w.name]) < self.capacity_for(w):
+                since = self._underused_since.setdefault(w.name, now)
+                if now - since >= MOVE_AFTER_S:
+                    room += min(batch.size - int(running), self.capacity_for(w) - len(self.inflight[w.name]))
+            else:
+                self._underused_since.pop(w.name, None)
+        # work in regen's queue that a server with room can take is taken that way (items a lane holds for another
+        # server's cache are not: they wait for it, up to dispatch.affinity_hold_s)
+        if room <= 0 or not self._accepting or self.queue.queued > sum(self.queue.queued_for(w.name) for w in ready):
+            return
+        for w in sorted(ready, key=lambda x: -(x.metrics.queued_reqs or 0)):
+            moving = sum(1 for name in self._moving.values() if name == w.name)
+            waiting = int(w.metrics.queued_reqs or 0) - moving
+            if waiting <= 0 or room <= 0:
+                break
+            # the latest sent without output yet: the likeliest still in its waiting queue
+            candidates = [item for item in reversed(list(self.inflight[w.name].values()))
+                          if item.rid not in self._output_seen and item.rid not in self._moving]
+            for item in candidates[:min(waiting, room)]:
+                self._moving[item.rid] = w.name
+                self._no_pull_until[w.name] = now + MOVE_AFTER_S  # or its own freed slot pulls it straight back
+                room -= 1
+                log.info("%s: moving %s off its queue (%d waiting there; another server has room)", w.name, item.rid,
+                         waiting)
+                task = asyncio.create_task(self._abort_one(w, item.rid, why="moving"), name=f"move-{item.rid}")
+                self._aborts.add(task)
+                task.add_done_callback(self._aborts.discard)
 
     async def close(self) -> None:
         for task in self._loops:
@@ -285,7 +337,8 @@ class Dispatcher:
                 continue
             cap = self.capacity_for(w)
             w.capacity = cap
-            if len(self.inflight[w.name]) >= cap or not self._within_share(w):
+            if len(self.inflight[w.name]) >= cap or not self._within_share(w) \
+                    or time.monotonic() < self._no_pull_until.get(w.name, 0.0):
                 slot.clear()
                 try:
                     await asyncio.wait_for(slot.wait(), timeout=0.5)
@@ -304,7 +357,10 @@ class Dispatcher:
             task.add_done_callback(lambda t, w=w: self._finished(w, t))
 
     def _finished(self, w: Worker, task: asyncio.Task) -> None:
-        self.inflight[w.name].pop(task, None)
+        item = self.inflight[w.name].pop(task, None)
+        if item is not None:
+            self._output_seen.discard(item.rid)
+            self._moving.pop(item.rid, None)
         self._cancelled_for_requeue.discard(task)
         w.in_flight = len(self.inflight[w.name])
         self._slot_freed[w.name].set()
@@ -430,6 +486,7 @@ class Dispatcher:
         answer = AnswerStream(RunawayDetector(self.cfg.runaway))
         try:
             async for data in resp.content.iter_any():
+                self._output_seen.add(item.rid)
                 verdict = answer.feed(data)
                 if verdict is not None:
                     self._stop_runaway(w, item, verdict)
@@ -446,7 +503,7 @@ class Dispatcher:
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
-    async def _abort_one(self, w: Worker, rid: str) -> None:
+    async def _abort_one(self, w: Worker, rid: str, why: str = "runaway") -> None:
         """POST /abort_request {"rid"}: SGLang ends the request at its next step and streams the final chunk. The
         scheduler matches rids by prefix; no other request in flight starts with this one (a later turn of the same
         conversation, the only rid it prefixes, waits for this answer)."""
@@ -461,7 +518,10 @@ class Dispatcher:
             problem = f"{type(exc).__name__}: {exc}"
         if problem is None:
             return
-        log.warning("%s: /abort_request for runaway %s failed: %s", w.name, rid, problem)
+        log.warning("%s: /abort_request for %s %s failed: %s", w.name, why, rid, problem)
+        if why == "moving":
+            self._moving.pop(rid, None)  # it stays where it is and is answered there
+            return
         if w.name not in self._abort_alerted:
             self._abort_alerted.add(w.name)
             self.emit(AlertEvent(
@@ -528,8 +588,16 @@ class Dispatcher:
         if finish_type == "abort" and verdict is None:
             if self._aborting:
                 return
+            moving = self._moving.pop(item.rid, None) is not None
+            if moving and not len(ids32):
+                # moved off this server's queue unrun: once, by its rid, not a fault (no attempt counted)
+                self.moved += 1
+                log.info("%s: %s moved off its queue (%s): re-queued for any server", w.name, item.rid,
+                         finish.get("message", "") if isinstance(finish, dict) else finish)
+                self.deliver(Retry(item, 0.0))
+                return
             item.last_error = f"{w.name}: aborted: {finish.get('message', '')}"
-            self._retry_or_fail(item)
+            self._retry_or_fail(item, immediate=moving)  # moving, it had started: retried at once
             return
         completion = meta.get("completion_tokens")
         n = len(ids32)

@@ -10,10 +10,10 @@ expected output: engine/run/request_size.py), then corrected from the server's o
 usage gauges (engine/run/batch_feedback.py) so its queue stays short but non-empty. Work waits in regen's queue,
 where any server can take it.
 
-Work is spread: while regen's queue holds fewer items than the ready servers have free slots (a run's start, its
-tail), a worker takes an item only while it holds less than its fair share of the work left (in flight plus
-queued, split by capacity), counting servers still starting for START_GRACE_S after the first was ready, so a
-server that is ready a few seconds late still gets its share and the last samples end together.
+Work is spread (engine/run/spread.py): while regen's queue holds fewer items than the ready servers have free slots
+(a run's start, its tail), a worker takes an item only while it holds less than its fair share of the work left,
+counting servers still starting for START_GRACE_S after the first was ready, so a server that is ready a few
+seconds late still gets its share and the last samples end together.
 
 Work already sent can be moved: when regen's queue is empty, a server has run under its batch with an empty
 queue of its own for MOVE_AFTER_S while another server's own queue holds requests, the latest requests sent to
@@ -53,6 +53,7 @@ from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
 from engine.run.request_size import RequestSize
 from engine.run.runaway import Repetition, RunawayDetector
+from engine.run.spread import ServerLoad, StrandedWatch, room, within_share
 from engine.shard_store import REPETITION
 from engine.telemetry_events import AlertEvent
 from engine.workers import Worker, WorkerState
@@ -62,7 +63,6 @@ log = logging.getLogger("regen.dispatch")
 DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is already running
 CAPACITY_TICK_S = 0.5  # each server's size is corrected from its gauges this often (a fresh reading each time)
 START_GRACE_S = 10.0  # a server still starting counts in the fair share this long after the first one was ready
-STRANDED_ALERT_S = 5.0  # a server idle this long while another's own queue holds work: an alert
 MOVE_AFTER_S = 1.0  # a server under its batch with an empty queue this long takes work waiting in another's queue
 
 
@@ -112,8 +112,7 @@ class Dispatcher:
         self._fresh: aiohttp.ClientSession | None = None  # one-connection-per-request, for a resend after an idle drop
         self.request_size = RequestSize()  # prompt + expected output of a request, from this run's requests
         self._first_ready: float | None = None  # when the first worker was ready (START_GRACE_S counts from it)
-        self._idle_since: dict[str, float] = {}  # per ready worker with nothing in flight: since when
-        self._stranded_alerted = False  # the alert is out (cleared once no server idles beside a queue)
+        self._stranded = StrandedWatch()
         self._underused_since: dict[str, float] = {}  # per ready worker running under its batch with no queue
         self._moving: dict[str, str] = {}  # rid -> the worker it is being moved off (its abort sent)
         self._output_seen: set[str] = set()  # rids of requests in flight that have streamed output (they run)
@@ -141,40 +140,37 @@ class Dispatcher:
                 log.exception("capacity tick failed")
 
     def _move_stranded(self) -> None:
-        """Move requests waiting in a server's own queue to a server that has had room for MOVE_AFTER_S (see the
-        module doc): at most as many as the servers with room can take and the queue holds."""
+        """Move requests waiting in a server's own queue to servers that have had room for MOVE_AFTER_S (see the
+        module doc): at most as many as those can start now and the queue holds."""
         now = time.monotonic()
-        ready = [w for w in self.workers if w.state == WorkerState.READY]
-        room = 0
-        for w in ready:
-            batch = self._batch.get(w.name)
-            running = w.metrics.running_reqs
-            if batch is not None and running is not None and running < batch.size and not w.metrics.queued_reqs \
-                    and len(self.inflight[w.name]) < self.capacity_for(w):
-                since = self._underused_since.setdefault(w.name, now)
-                if now - since >= MOVE_AFTER_S:
-                    room += min(batch.size - int(running), self.capacity_for(w) - len(self.inflight[w.name]))
+        loads = self._loads()
+        space = 0
+        for x in loads:
+            if room(x):
+                since = self._underused_since.setdefault(x.name, now)
+                space += room(x) if now - since >= MOVE_AFTER_S else 0
             else:
-                self._underused_since.pop(w.name, None)
+                self._underused_since.pop(x.name, None)
         # work in regen's queue that a server with room can take is taken that way (items a lane holds for another
         # server's cache are not: they wait for it, up to dispatch.affinity_hold_s)
-        if room <= 0 or not self._accepting or self.queue.queued > sum(self.queue.queued_for(w.name) for w in ready):
+        if space <= 0 or not self._accepting or self.queue.queued > sum(self.queue.queued_for(x.name) for x in loads):
             return
-        for w in sorted(ready, key=lambda x: -(x.metrics.queued_reqs or 0)):
-            moving = sum(1 for name in self._moving.values() if name == w.name)
-            waiting = int(w.metrics.queued_reqs or 0) - moving
-            if waiting <= 0 or room <= 0:
+        by_name = {w.name: w for w in self.workers}
+        for x in sorted(loads, key=lambda x: -(x.queued or 0)):
+            waiting = int(x.queued or 0) - sum(1 for name in self._moving.values() if name == x.name)
+            if waiting <= 0 or space <= 0:
                 break
             # the latest sent without output yet: the likeliest still in its waiting queue
-            candidates = [item for item in reversed(list(self.inflight[w.name].values()))
+            candidates = [item for item in reversed(list(self.inflight[x.name].values()))
                           if item.rid not in self._output_seen and item.rid not in self._moving]
-            for item in candidates[:min(waiting, room)]:
-                self._moving[item.rid] = w.name
-                self._no_pull_until[w.name] = now + MOVE_AFTER_S  # or its own freed slot pulls it straight back
-                room -= 1
-                log.info("%s: moving %s off its queue (%d waiting there; another server has room)", w.name, item.rid,
+            for item in candidates[:min(waiting, space)]:
+                self._moving[item.rid] = x.name
+                self._no_pull_until[x.name] = now + MOVE_AFTER_S  # or its own freed slot pulls it straight back
+                space -= 1
+                log.info("%s: moving %s off its queue (%d waiting there; another server has room)", x.name, item.rid,
                          waiting)
-                task = asyncio.create_task(self._abort_one(w, item.rid, why="moving"), name=f"move-{item.rid}")
+                task = asyncio.create_task(self._abort_one(by_name[x.name], item.rid, why="moving"),
+                                           name=f"move-{item.rid}")
                 self._aborts.add(task)
                 task.add_done_callback(self._aborts.discard)
 
@@ -283,50 +279,33 @@ class Dispatcher:
                 self._batch[w.name] = batch
             w.batch = batch
             w.capacity = self.capacity_for(w)
-        self._watch_stranded()
+        alert = self._stranded.check(self._loads(), time.monotonic()) if self._accepting else None
+        if alert is not None:
+            self.emit(alert)
 
-    def _watch_stranded(self) -> None:
-        """An alert while a server's own queue holds work that another server, idle for STRANDED_ALERT_S, could run."""
-        now = time.monotonic()
-        ready = [w for w in self.workers if w.state == WorkerState.READY]
-        for w in ready:
-            if self.inflight[w.name] or (w.metrics.running_reqs or 0) > 0:
-                self._idle_since.pop(w.name, None)
-            else:
-                self._idle_since.setdefault(w.name, now)
-        idle = [w for w in ready if now - self._idle_since.get(w.name, now) >= STRANDED_ALERT_S]
-        queued = [w for w in ready if (w.metrics.queued_reqs or 0) >= 1]
-        if idle and queued and self._accepting:
-            if not self._stranded_alerted:
-                self._stranded_alerted = True
-                held = ", ".join(f"{w.name} {int(w.metrics.queued_reqs or 0)}" for w in queued)
-                self.emit(AlertEvent(
-                    severity="warning", key="stranded-queue",
-                    text=f"work waits in a server's own queue while {', '.join(w.name for w in idle)} idles",
-                    evidence=f"queued in SGLang: {held}; idle for {STRANDED_ALERT_S:.0f} s or more"))
-        elif self._stranded_alerted:
-            self._stranded_alerted = False
-            self.emit(AlertEvent(severity="info", key="stranded-queue",
-                                 text="cleared: no server idles while another's queue holds work"))
+    def _loads(self) -> list[ServerLoad]:
+        """What dispatch knows of each ready server now (engine.run.spread)."""
+        out = []
+        for w in self.workers:
+            if w.state != WorkerState.READY:
+                continue
+            batch = self._batch.get(w.name)
+            out.append(ServerLoad(name=w.name, capacity=self.capacity_for(w), in_flight=len(self.inflight[w.name]),
+                                  batch=batch.size if batch is not None else None, running=w.metrics.running_reqs,
+                                  queued=w.metrics.queued_reqs))
+        return out
 
     def _within_share(self, w: Worker) -> bool:
-        """May `w` take one more item? Always while regen's queue holds more than the ready servers' free slots;
-        otherwise only while it holds less than its share of the work left (in flight plus queued, split by
-        capacity over the ready servers and those still starting within START_GRACE_S of the first ready one)."""
-        queued = self.queue.queued
-        ready = [x for x in self.workers if x.state == WorkerState.READY]
-        caps = {x.name: self.capacity_for(x) for x in ready}
-        if queued > sum(max(0, caps[x.name] - len(self.inflight[x.name])) for x in ready):
-            return True
-        work = queued + sum(len(self.inflight[x.name]) for x in ready)
-        total = sum(caps.values())
+        """May `w` take one more item (engine.run.spread.within_share)? Servers still starting count for
+        START_GRACE_S after the first one was ready."""
+        loads = self._loads()
+        me = next((x for x in loads if x.name == w.name), None)
+        if me is None:
+            return False
+        starting = 0
         if self._first_ready is not None and time.monotonic() - self._first_ready < START_GRACE_S:
-            starting = [x for x in self.workers if x.state in (WorkerState.STARTING, WorkerState.LOADING)]
-            total += len(starting) * (total / len(ready)) if ready else 0
-        if total <= 0:
-            return True
-        share = -(-work * caps.get(w.name, 0) // total)  # ceil: the shares cover the work
-        return len(self.inflight[w.name]) < max(1, share)
+            starting = sum(1 for x in self.workers if x.state in (WorkerState.STARTING, WorkerState.LOADING))
+        return within_share(me, loads, self.queue.queued, starting)
 
     # -- per-worker pull loop ---------------------------------------------------------------
     async def _worker_loop(self, w: Worker) -> None:

@@ -174,9 +174,12 @@ class Store:
     chained turns of turns = "all", committed within 0.2 s so the next turn can start), so the run dir is
     bounded by compaction instead: each shard, once finished, is rewritten as one file (engine.shard_store),
     and a run leaves one file per shard (~1,000 conversations), with parts only for the shards in progress.
-    The rows bound caps a part's memory while it waits (1,024 rows of 4,000-token answers: ~40 MB) and only
-    binds above ~200 samples/s (short answers, the simulator)."""
-    part_max_rows: int = 1024
+    The rows bound caps a part's memory while it waits (256 rows of 4,000-token answers: ~10 MB) and only
+    binds above ~50 samples/s (short answers, the simulator). It also bounds how long one commit holds the
+    engine's interpreter (the rows made into Arrow columns): at 1,024 rows the dispatch loop stalled long enough
+    for the servers' own queues to run dry at each commit (tests/bench/bench_capacity.py, 2 x 256 slots at ~200
+    samples/s: 82% full-batch share against 94% with 256, issue 25)."""
+    part_max_rows: int = 256
     part_max_age_s: float = 5.0
 
 

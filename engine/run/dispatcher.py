@@ -62,6 +62,7 @@ log = logging.getLogger("regen.dispatch")
 
 DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is already running
 CAPACITY_TICK_S = 0.5  # each server's size is corrected from its gauges this often (a fresh reading each time)
+SHARE_POLL_S = 0.05  # a worker at its fair share looks again this often
 START_GRACE_S = 10.0  # a server still starting counts in the fair share this long after the first one was ready
 MOVE_AFTER_S = 1.0  # a server under its batch with an empty queue this long takes work waiting in another's queue
 
@@ -316,13 +317,16 @@ class Dispatcher:
                 continue
             cap = self.capacity_for(w)
             w.capacity = cap
-            if len(self.inflight[w.name]) >= cap or not self._within_share(w) \
-                    or time.monotonic() < self._no_pull_until.get(w.name, 0.0):
+            if len(self.inflight[w.name]) >= cap or time.monotonic() < self._no_pull_until.get(w.name, 0.0):
                 slot.clear()
                 try:
                     await asyncio.wait_for(slot.wait(), timeout=0.5)
                 except asyncio.TimeoutError:
                     pass  # re-check capacity and state
+                continue
+            if not self._within_share(w):
+                # its share grows as the feed queues more (a run's start) or others take theirs: looked at again soon
+                await asyncio.sleep(SHARE_POLL_S)
                 continue
             item = self.queue.next_item(w.name)
             if item is None:

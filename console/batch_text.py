@@ -11,3 +11,10 @@ def batch_text(size: int | None, source: str, discovered: int | None = None, dis
     if source == "feedback" and discovered is not None:
         text = f"{size} (feedback; {discovered_source or 'reported'}: {discovered})"
     return text
+
+
+def queued_text(queued: float | None, held: int = 0) -> str:
+    """The work waiting for a server: in its own queue (SGLang's sglang:num_queue_reqs; N/A unknown), and, when
+    regen's queue holds items for it (prefix affinity, not sent: any server may still take them), `3 +40 held`."""
+    text = "N/A" if queued is None else f"{queued:.0f}"
+    return f"{text} +{held} held" if held else text

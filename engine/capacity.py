@@ -31,7 +31,10 @@ class BatchSource:
     SERVER_INFO = "server_info"
     FLAG = "flag"
     FEEDBACK = "feedback"
+    KV_POOL = "kv_pool"  # the reported batch cut to what the KV pool holds (kv_fit)
     DEFAULT = "default"
+
+    REPORTED = (INTERNAL_STATES, LOG, SERVER_INFO, FLAG)  # a size the server runs at most
 
 
 # scheduler.py (0.5.5 L411, 0.5.23 L1268-1276): "max_total_num_tokens=N, chunked_prefill_size=N, max_prefill_tokens=N,
@@ -139,6 +142,14 @@ def discover(reported: ServerCapacity | None, log_batch: int | None, flag_batch:
     if flag_batch:
         return dataclasses.replace(info, max_running_requests=flag_batch, batch_source=BatchSource.FLAG)
     return dataclasses.replace(info, max_running_requests=None, batch_source=BatchSource.DEFAULT)
+
+
+def kv_fit(max_total_num_tokens: int | None, tokens_per_request: float) -> int | None:
+    """Requests a KV pool of `max_total_num_tokens` holds at once, each `tokens_per_request` (its prompt plus its
+    expected output: engine.run.request_size); None when the pool is not known."""
+    if not max_total_num_tokens or tokens_per_request <= 0:
+        return None
+    return max(1, int(max_total_num_tokens // tokens_per_request))
 
 
 def configured_batch(launch: str, extra_args: Sequence[str]) -> int | None:

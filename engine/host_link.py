@@ -114,6 +114,7 @@ class RemoteWorker:
     capacity_info: ServerCapacity = field(default_factory=ServerCapacity)
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     in_flight: int = 0
+    held: int = 0
     capacity: int = 0
     batch: BatchSize | None = None  # set by a dispatcher that sends to it directly (the router's members: never)
     listeners: list[Callable[["RemoteWorker", str], None]] = field(default_factory=list)

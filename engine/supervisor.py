@@ -296,6 +296,7 @@ class Supervisor:
         """The dispatcher's outcomes: an answer to the committer, every other outcome to the ledger."""
         if isinstance(outcome, Generated):
             self.committer.add(outcome)
+            self.ledger.generated(outcome.item)
         else:
             self.ledger.settle(outcome)
 

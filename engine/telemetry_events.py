@@ -55,6 +55,7 @@ class WorkerEvent(Event):
     gen_throughput: float | None = None  # tokens/s from sglang:gen_throughput
     token_usage: float | None = None  # KV pool fraction
     in_flight: int = 0  # requests this dispatcher has outstanding on it
+    held: int = 0  # items regen's own queue holds for it (prefix affinity), not sent yet: any server may still take them
     capacity: int = 0  # in-flight target: the batch size plus a queue margin
     # the server's running batch size dispatch works with and where it came from (engine/capacity.py:
     # internal_states | log | server_info | flag | default, or feedback once its queue corrected it);

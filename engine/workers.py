@@ -58,7 +58,7 @@ REFUSED_RECHECK_S = (1.0, 30.0)  # first and longest wait between checks of a re
 IDENTITY_FILE = "identity.json"
 RESTART_WINDOW_S = 600.0
 HEALTH_INTERVAL_S = 5.0
-METRICS_INTERVAL_S = 2.0
+METRICS_INTERVAL_S = 0.5  # the dispatcher's feedback reads each server's queue this often (engine.run.batch_feedback)
 STOP_GRACE_S = 10.0
 MAX_ERROR_LINES = 8
 
@@ -277,7 +277,8 @@ def worker_event(w, *, host: str = "", remote: bool = False) -> WorkerEvent:
     return with_batch(WorkerEvent(
         name=w.name, state=w.state, url=w.url, gpus=list(w.spec.gpus), pid=w.pid, restarts=w.restarts,
         running_reqs=m.running_reqs, queued_reqs=m.queued_reqs, gen_throughput=m.gen_throughput,
-        token_usage=m.token_usage, in_flight=w.in_flight, capacity=w.capacity, error=w.error, host=host,
+        token_usage=m.token_usage, in_flight=w.in_flight, held=getattr(w, "held", 0), capacity=w.capacity,
+        error=w.error, host=host,
         remote=remote, **served_fields(w.served)), w)
 
 
@@ -303,6 +304,7 @@ class Worker:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     error: str | None = None
     in_flight: int = 0  # maintained by the dispatcher
+    held: int = 0  # maintained by the dispatcher: regen's queued items held for it
     capacity: int = 0  # maintained by the dispatcher
     batch: BatchSize | None = None  # maintained by the dispatcher: the batch size it works with
     listeners: list[Callable[["Worker", str], None]] = field(default_factory=list)

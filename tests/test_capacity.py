@@ -125,7 +125,7 @@ def serve(true_batch: int, start: BatchSize, ticks: int, in_flight_of=lambda cap
 def test_an_unknown_size_is_found_from_the_64_default_in_a_few_ticks_and_holds(true_batch):
     seen = serve(true_batch, BatchSize(DEFAULT_MAX_RUNNING, BatchSource.DEFAULT), ticks=12)
     final = seen[-1]
-    assert final.source == BatchSource.FEEDBACK and seen.index(final) <= 7  # doubling: thousands in a few ticks
+    assert final.source == BatchSource.FEEDBACK and seen.index(final) <= 11  # x1.5 a reading: thousands in 5 s
     margin = margin_for(final.size)
     cap = final.size + margin
     # the server runs its full batch with a short, non-empty queue (between one and two margins): the
@@ -173,22 +173,22 @@ def test_the_dispatcher_grows_an_unreported_server_and_the_snapshot_says_so():
     w = target("gpu0", discover(parse_server_info(server_info("0.5.5")), None, None))
     d = dispatcher([w])
     d.adjust_capacity()
-    assert (w.capacity, w.batch) == (72, BatchSize(64, BatchSource.DEFAULT))  # 64 is only where it starts
-    d.inflight["gpu0"] = dict.fromkeys(range(72))  # the cap is full
-    w.metrics = ServerMetrics(running_reqs=72, queued_reqs=0)
+    assert (w.capacity, w.batch) == (80, BatchSize(64, BatchSource.DEFAULT))  # 64 is only where it starts
+    d.inflight["gpu0"] = dict.fromkeys(range(80))  # the cap is full
+    w.metrics = ServerMetrics(running_reqs=80, queued_reqs=0)
     d.adjust_capacity()
-    assert w.batch == BatchSize(144, BatchSource.FEEDBACK) and w.capacity == 162
+    assert w.batch == BatchSize(120, BatchSource.FEEDBACK) and w.capacity == 150
     ev = w.snapshot()
     assert (ev.batch_size, ev.batch_source, ev.discovered_batch, ev.discovered_source) == (
-        144, "feedback", 64, "default")
-    assert ev.in_flight == 72 and ev.capacity == 162
+        120, "feedback", 64, "default")
+    assert ev.in_flight == 80 and ev.capacity == 150
 
 
 def test_a_relaunched_server_starts_again_from_what_it_reports():
     w = target("gpu0", discover(parse_server_info(server_info("0.5.5")), 256, None))
     d = dispatcher([w])
-    d.inflight["gpu0"] = dict.fromkeys(range(288))
-    w.metrics = ServerMetrics(running_reqs=200, queued_reqs=88)
+    d.inflight["gpu0"] = dict.fromkeys(range(320))
+    w.metrics = ServerMetrics(running_reqs=200, queued_reqs=120)
     d.adjust_capacity()
     assert w.batch == BatchSize(200, BatchSource.FEEDBACK)
     w.state = WorkerState.CRASHED
@@ -196,7 +196,41 @@ def test_a_relaunched_server_starts_again_from_what_it_reports():
     assert w.batch is None
     w.state, w.metrics = WorkerState.READY, ServerMetrics()
     d.adjust_capacity()
-    assert w.batch == BatchSize(256, BatchSource.LOG) and w.capacity == 288
+    # before any answer, a request is expected to hold what SGLang itself first reserves (0.7 x 4,096 tokens):
+    # the 281,029-token pool holds 98 of them, fewer than the 256 reported
+    assert w.batch == BatchSize(98, BatchSource.KV_POOL) and w.capacity == 98 + 24
+    for _ in range(16):  # answers of 400 tokens to prompts of 100: SGLang still reserves its first guess
+        d.request_size.sent(100, 32768)
+        d.request_size.answered(400)
+    d.adjust_capacity()
+    assert w.batch == BatchSize(94, BatchSource.KV_POOL)  # 100 + 2,867 each: no jump up, growing is the gauges' business
+    # the server runs all it was sent, with no queue and its pool 30% full: it grows by what the pool's free share
+    # says, at most 1.5x a reading, never past the 256 it reported
+    d.inflight["gpu0"] = dict.fromkeys(range(94 + 23))
+    w.metrics = ServerMetrics(running_reqs=94 + 23, queued_reqs=0, token_usage=0.3)
+    d.adjust_capacity()
+    assert w.batch == BatchSize(175, BatchSource.FEEDBACK)
+    d.inflight["gpu0"] = dict.fromkeys(range(175 + 43))
+    w.metrics = ServerMetrics(running_reqs=175 + 43, queued_reqs=0, token_usage=0.3)
+    d.adjust_capacity()
+    assert w.batch == BatchSize(256, BatchSource.FEEDBACK) and w.capacity == 320
+    # its pool full: no growth, whatever it runs
+    d.inflight["gpu0"] = dict.fromkeys(range(320))
+    w.metrics = ServerMetrics(running_reqs=320, queued_reqs=0, token_usage=0.95)
+    d.adjust_capacity()
+    assert w.batch == BatchSize(256, BatchSource.FEEDBACK)
+
+
+def test_long_answers_lower_the_kv_estimate_of_a_server_not_yet_corrected():
+    w = target("gpu0", discover(parse_server_info(server_info("0.5.23", effective=4096)), None, None))
+    d = dispatcher([w])
+    d.adjust_capacity()
+    assert w.batch == BatchSize(98, BatchSource.KV_POOL)  # 281,029 // (0.7 x 4,096): SGLang's first reservation
+    for _ in range(16):  # thinking answers of 9,000 tokens to prompts of 1,000
+        d.request_size.sent(1000, 32768)
+        d.request_size.answered(9000)
+    d.adjust_capacity()
+    assert w.batch == BatchSize(28, BatchSource.KV_POOL) and w.capacity == 28 + 7  # 281,029 // 10,000
 
 
 def test_the_operators_fixed_cap_is_kept_and_the_discovered_size_still_shown():

@@ -19,6 +19,7 @@ from rich.console import Console
 from console.commands.status import render_status
 from engine.capacity import batch_from_log
 from engine.config import RunConfig
+from engine.run.batch_feedback import margin_for
 from engine.run.status import RunStatus
 from tests.run_helpers import events, make_config, status, supervisors, wait_for  # noqa: F401  (fixture)
 
@@ -72,13 +73,13 @@ def test_an_unreported_batch_is_read_from_the_start_up_line_and_filled(tmp_path,
 
     st = wait_for(lambda: full(status(run_dir)), 120, "every worker with 32 requests in flight", sup)
     for w in st["workers"]:
-        assert (w["batch_size"], w["batch_source"], w["capacity"]) == (32, "log", 36)  # 32 + a margin of 4
+        assert (w["batch_size"], w["batch_source"], w["capacity"]) == (32, "log", 40)  # 32 + a margin of 8
         info = server_info(run_dir, st, w["name"])
         assert info["max_running_requests"] is None and info["version"].startswith("0.5.5")
     assert "32 (log)" in status_text(st)
     assert sup.wait(180) == 0, sup.log_text()[-3000:]
     for name in ("gpu0", "gpu1"):
-        assert max(e["in_flight"] for e in worker_events(run_dir, name)) == 36
+        assert max(e["in_flight"] for e in worker_events(run_dir, name)) == 40
         log = (run_dir / "workers" / name / "server.log").read_text()
         assert "max_running_requests=32, context_len=4096" in log
         # what a multi-host run's dispatch host reads over ssh (it cannot read this log)
@@ -111,4 +112,4 @@ def test_a_batch_nobody_says_is_found_from_the_server_s_queue(tmp_path, tiny_mod
     assert max(batches((run_dir / "workers" / "gpu0" / "server.log").read_text())) == 96
     final = [e for e in seen if e["batch_source"] == "feedback"][-1]
     # within a queue margin of the truth (SGLang's running gauge, read at an admission, lags by the admitted)
-    assert abs(final["batch_size"] - 96) <= 12 and final["capacity"] > 96
+    assert abs(final["batch_size"] - 96) <= margin_for(96) and final["capacity"] > 96

@@ -187,3 +187,26 @@ def test_an_unfit_turn_is_rejected_and_settles_its_shard(tmp_path):
         assert ledger.finished and ledger.shards["s00000"].rejected == 1 and not ledger.is_active("a")
 
     asyncio.run(main())
+
+
+def test_answers_waiting_for_their_commit_do_not_hold_back_the_feed(tmp_path):
+    """Issue 25: a finished answer waits up to [store] part_max_age_s in the committer's buffer; its conversation
+    must not count against the conversations in progress, or the freed slots find no work until the commit."""
+    async def main():
+        ledger = open_ledger(tmp_path, {"s00000": 600})
+        ledger.size_for(1)  # _max_active = MIN_ACTIVE
+        cap = ledger._max_active
+        items = [work(f"c{i}") for i in range(cap)]
+        for item in items:
+            admit(ledger, item)
+        taken = [ledger.next_item() for _ in range(cap)]
+        assert not ledger.needs_work()  # every conversation in progress needs a server
+        for item in taken[:10]:
+            ledger.generated(item)  # answered: in the committer's buffer, not committed
+        assert ledger.needs_work()  # ten conversations only wait for their commit: the feed may admit ten more
+        assert ledger.shards["s00000"].done == 0  # nothing is settled before its commit
+        part = ledger.store.commit("s00000", [make_row(i.conv.conversation_id, output_len=3) for i in taken[:10]])
+        ledger.settle(Committed(part, tuple((i, None) for i in taken[:10])))
+        assert ledger.shards["s00000"].done == 10 and ledger.needs_work()
+
+    asyncio.run(main())

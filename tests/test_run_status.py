@@ -173,3 +173,22 @@ def test_status_shows_each_workers_prefix_cache_hit_share_in_text_and_json():
     rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines()
             if line.count("│") > 3 and "gpu" in line}
     assert "83% of 1.2M" in rows["gpu0"] and " - " in rows["gpu1"] and "N/A" in rows["h2.gpu0"]
+
+
+def test_status_shows_per_server_what_runs_what_waits_in_its_queue_and_what_regen_holds_for_it():
+    from rich.console import Console
+
+    from console.commands.status import render_status
+
+    workers = [WorkerEvent(name="gpu0", state="ready", running_reqs=96, queued_reqs=3, in_flight=99, capacity=120,
+                           held=40),
+               WorkerEvent(name="gpu1", state="ready", running_reqs=90, queued_reqs=0, in_flight=90, capacity=120)]
+    status = RunStatus.from_dict({"run_dir": "/r", "state": "running", "workers": [w.to_dict() for w in workers]})
+    assert [(w["running_reqs"], w["queued_reqs"], w["held"]) for w in status.to_dict()["workers"]] == [
+        (96, 3, 40), (90, 0, 0)]  # --json
+    console = Console(width=240, record=True)
+    console.print(render_status(status))
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines()
+            if line.count("│") > 3 and "gpu" in line}
+    assert "│ 96 " in rows["gpu0"] and "3 +40 held" in rows["gpu0"] and "99/120" in rows["gpu0"]
+    assert "held" not in rows["gpu1"]

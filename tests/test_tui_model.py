@@ -154,3 +154,15 @@ def test_status_reply_with_event_dicts_folds():
     m.apply_status({"state": "running", "dispatch": d, "workers": [w], "alerts": [a], "rejects": {"total": 2}})
     assert (m.done, m.total, m.workers["gpu0"].state, m.rejects.total) == (3, 9, "ready", 2)
     assert [x.text for x in m.alerts] == ["t"]
+
+
+def test_a_workers_row_says_what_it_runs_what_waits_in_its_queue_and_what_regen_holds_for_it():
+    from console.batch_text import queued_text
+
+    m = RunModel("h", "/r")
+    m.apply(WorkerEvent(ts=1, name="gpu0", state="ready", running_reqs=96, queued_reqs=3, in_flight=99, capacity=120,
+                        held=40))
+    w = m.workers["gpu0"]
+    assert (w.running, w.queued, w.held, w.in_flight) == (96, 3, 40, 99)
+    assert queued_text(w.queued, w.held) == "3 +40 held"  # the Workers tab's queued cell, as regen status says it
+    assert queued_text(None) == "N/A" and queued_text(0.0) == "0"

@@ -14,7 +14,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from console.batch_text import batch_text
+from console.batch_text import batch_text, queued_text
 from console.cache_text import cache_text
 from console import start_record
 from console.start_record import StartRecord
@@ -195,7 +195,7 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
         batch = batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source)
         worker_rows.append([*([w.host or ""] if multi else []), w.name, w.state, ",".join(map(str, w.gpus)),
                             _na(w.pid), str(w.restarts), f"{w.in_flight}/{w.capacity}", batch,
-                            _na(w.running_reqs, "{:.0f}"), _na(w.queued_reqs, "{:.0f}"),
+                            _na(w.running_reqs, "{:.0f}"), queued_text(w.queued_reqs, w.held),
                             _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"),
                             cache_text(w.prompt_tokens, w.cached_tokens), w.error or ""])
     workers = fitted_table(console, ([Col("host", drop=4)] if multi else []) + WORKER_COLUMNS, worker_rows,

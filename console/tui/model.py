@@ -54,6 +54,7 @@ class WorkerView:
     tok_s: float | None = None
     token_usage: float | None = None
     in_flight: int = 0
+    held: int = 0  # regen's queued items held for it (not sent)
     capacity: int = 0
     batch_size: int | None = None  # the server's running batch dispatch works with, and where it came from
     batch_source: str = ""
@@ -350,7 +351,7 @@ class RunModel:
         before = w.state
         w.state, w.gpus, w.pid, w.restarts, w.url = ev.state, list(ev.gpus), ev.pid, ev.restarts, ev.url
         w.running, w.queued, w.tok_s, w.token_usage = ev.running_reqs, ev.queued_reqs, ev.gen_throughput, ev.token_usage
-        w.in_flight, w.capacity, w.error = ev.in_flight, ev.capacity, ev.error
+        w.in_flight, w.capacity, w.error, w.held = ev.in_flight, ev.capacity, ev.error, ev.held
         w.batch_size, w.batch_source = ev.batch_size, ev.batch_source
         w.discovered_batch, w.discovered_source = ev.discovered_batch, ev.discovered_source
         w.host, w.remote = getattr(ev, "host", ""), getattr(ev, "remote", False)

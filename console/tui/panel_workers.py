@@ -6,7 +6,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, Log
 
-from console.batch_text import batch_text
+from console.batch_text import batch_text, queued_text
 from console.cache_text import cache_text
 from console.tui.charts import TimeChart
 from console.tui.model import RunModel, na
@@ -66,7 +66,7 @@ class WorkersPanel(Vertical):
             vram = "N/A" if used is None or total is None else f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
             rows.append((w.name, (
                 w.name, styled(w.state), na(w.pid), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
-                na(w.running, "{:.0f}"), na(w.queued, "{:.0f}"), f"{w.in_flight}/{w.capacity}", vram,
+                na(w.running, "{:.0f}"), queued_text(w.queued, w.held), f"{w.in_flight}/{w.capacity}", vram,
                 na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts),
                 batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
                 cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])))

@@ -233,7 +233,8 @@ class Committer:
         buf.entries[:0] = entries
 
     def _committed(self, part: PartInfo, entries: list[Generated]) -> None:
-        log.debug("committed %s: %d rows", part.path, part.rows)
+        log.info("committed %s: %d rows, %d output tokens, at %.3f", part.path, part.rows, part.output_tokens,
+                 part.committed_at)
         served: dict[str, list[int]] = {}
         for g in entries:
             sums = served.setdefault(g.row.worker, [0, 0])

@@ -4,9 +4,23 @@ Each ready worker runs its own loop that pulls an item from the ledger's ready q
 has a free slot, so a slow worker never holds the others back. Every item sent comes back as one
 outcome (engine.run.items), handed to `deliver`: the run routes `Generated` to the committer and
 the rest to the ledger; the dispatcher settles nothing itself. A worker's slot count is
-`dispatch.max_in_flight_per_worker` (the operator's fixed override), or the server's batch size
-(discovered: engine/capacity.py) plus a small queue margin, the size corrected from the server's own
-sglang:num_queue_reqs (engine/run/batch_feedback.py) so its queue stays short but non-empty.
+`dispatch.max_in_flight_per_worker` (the operator's fixed override), or what the server can run now plus a
+small queue margin: its batch size (discovered: engine/capacity.py) cut to what its KV pool holds (prompt plus
+expected output: engine/run/request_size.py), then corrected from the server's own running / queued / token
+usage gauges (engine/run/batch_feedback.py) so its queue stays short but non-empty. Work waits in regen's queue,
+where any server can take it.
+
+Work is spread (engine/run/spread.py): while regen's queue holds fewer items than the ready servers have free slots
+(a run's start, its tail), a worker takes an item only while it holds less than its fair share of the work left,
+counting servers still starting for START_GRACE_S after the first was ready, so a server that is ready a few
+seconds late still gets its share and the last samples end together.
+
+Work already sent can be moved: when regen's queue is empty, a server has run under its batch with an empty
+queue of its own for MOVE_AFTER_S while another server's own queue holds requests, the latest requests sent to
+that one which have produced no output yet are stopped with POST /abort_request {"rid"}. A request still waiting
+comes back unrun ("Abort in waiting queue") and is re-queued at the front, once, by its rid, without counting an
+attempt (logged "moved"); one that had started meanwhile comes back with what it generated and is retried as any
+aborted answer; one that finished first is committed as usual. Each request sent has exactly one outcome either way.
 
 With the runaway guard on ([runaway] enabled, the default) each answer is streamed (`stream: true`, a chunk every
 runaway.stream_interval tokens) and followed by engine.run.answer_stream, which keeps the ids exact and feeds the
@@ -29,14 +43,16 @@ import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
-from engine.capacity import BatchSize
+from engine.capacity import BatchSize, BatchSource, kv_fit
 from engine.config import RunConfig
 from engine.http_client import ConnectionMark, dropped_idle, fresh_session
 from engine.render import Renderer
 from engine.run.answer_stream import AnswerStream, StreamError, int32_array
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
+from engine.run.request_size import RequestSize
 from engine.run.runaway import Repetition, RunawayDetector
+from engine.run.spread import ServerLoad, StrandedWatch, room, within_share
 from engine.shard_store import REPETITION
 from engine.telemetry_events import AlertEvent
 from engine.workers import Worker, WorkerState
@@ -44,6 +60,10 @@ from engine.workers import Worker, WorkerState
 log = logging.getLogger("regen.dispatch")
 
 DUPLICATE_RID = "Duplicate request ID"  # SGLang 0.5.10+ refuses a rid that is already running
+CAPACITY_TICK_S = 0.5  # each server's size is corrected from its gauges this often (a fresh reading each time)
+SHARE_POLL_S = 0.05  # a worker at its fair share looks again this often
+START_GRACE_S = 10.0  # a server still starting counts in the fair share this long after the first one was ready
+MOVE_AFTER_S = 1.0  # a server under its batch with an empty queue this long takes work waiting in another's queue
 
 
 class WorkQueue(Protocol):
@@ -52,6 +72,9 @@ class WorkQueue(Protocol):
     def next_item(self, worker: str | None = None) -> WorkItem | None: ...
     async def wait_item(self, timeout: float) -> None: ...
     def worker_ready(self, name: str, ready: bool) -> None: ...
+    @property
+    def queued(self) -> int: ...
+    def queued_for(self, worker: str) -> int: ...
 
 
 class Dispatcher:
@@ -73,6 +96,7 @@ class Dispatcher:
         self._loops: list[asyncio.Task] = []
         self._batch: dict[str, BatchSize] = {}  # per worker: the size in use, corrected by feedback
         self._discovered: dict[str, BatchSize] = {}  # per worker: what discovery said when _batch began
+        self._read: dict[str, object] = {}  # per worker: the gauges reading feedback last used (each is used once)
         self._cancelled_for_requeue: set[asyncio.Task] = set()
         self._mismatch_alerted: set[str] = set()
         self._text_alerted: set[str] = set()
@@ -87,6 +111,14 @@ class Dispatcher:
         self._generate_target: dict[str, tuple[str, URL, CIMultiDict]] = {}
         self._request_timeout = aiohttp.ClientTimeout(total=cfg.dispatch.request_timeout_s)
         self._fresh: aiohttp.ClientSession | None = None  # one-connection-per-request, for a resend after an idle drop
+        self.request_size = RequestSize()  # prompt + expected output of a request, from this run's requests
+        self._first_ready: float | None = None  # when the first worker was ready (START_GRACE_S counts from it)
+        self._stranded = StrandedWatch()
+        self._underused_since: dict[str, float] = {}  # per ready worker running under its batch with no queue
+        self._moving: dict[str, str] = {}  # rid -> the worker it is being moved off (its abort sent)
+        self._output_seen: set[str] = set()  # rids of requests in flight that have streamed output (they run)
+        self.moved = 0  # requests moved off a server's queue in this run
+        self._no_pull_until: dict[str, float] = {}  # a worker work was just moved off takes none for MOVE_AFTER_S
         for w in workers:
             w.listeners.append(self._on_worker_state)
 
@@ -94,7 +126,54 @@ class Dispatcher:
     def start(self) -> None:
         for w in self.workers:
             self.queue.worker_ready(w.name, w.state == WorkerState.READY)
+            if w.state == WorkerState.READY and self._first_ready is None:
+                self._first_ready = time.monotonic()
             self._loops.append(asyncio.create_task(self._worker_loop(w), name=f"dispatch-{w.name}"))
+        self._loops.append(asyncio.create_task(self._capacity_loop(), name="dispatch-capacity"))
+
+    async def _capacity_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CAPACITY_TICK_S)
+            try:
+                self.adjust_capacity()
+                self._move_stranded()
+            except Exception:  # one bad tick must not end the feedback; the traceback goes to supervisor.log
+                log.exception("capacity tick failed")
+
+    def _move_stranded(self) -> None:
+        """Move requests waiting in a server's own queue to servers that have had room for MOVE_AFTER_S (see the
+        module doc): at most as many as those can start now and the queue holds."""
+        now = time.monotonic()
+        loads = self._loads()
+        space = 0
+        for x in loads:
+            if room(x):
+                since = self._underused_since.setdefault(x.name, now)
+                space += room(x) if now - since >= MOVE_AFTER_S else 0
+            else:
+                self._underused_since.pop(x.name, None)
+        # work in regen's queue that a server with room can take is taken that way (items a lane holds for another
+        # server's cache are not: they wait for it, up to dispatch.affinity_hold_s)
+        if space <= 0 or not self._accepting or self.queue.queued > sum(self.queue.queued_for(x.name) for x in loads):
+            return
+        by_name = {w.name: w for w in self.workers}
+        for x in sorted(loads, key=lambda x: -(x.queued or 0)):
+            waiting = int(x.queued or 0) - sum(1 for name in self._moving.values() if name == x.name)
+            if waiting <= 0 or space <= 0:
+                break
+            # the latest sent without output yet: the likeliest still in its waiting queue
+            candidates = [item for item in reversed(list(self.inflight[x.name].values()))
+                          if item.rid not in self._output_seen and item.rid not in self._moving]
+            for item in candidates[:min(waiting, space)]:
+                self._moving[item.rid] = x.name
+                self._no_pull_until[x.name] = now + MOVE_AFTER_S  # or its own freed slot pulls it straight back
+                space -= 1
+                log.info("%s: moving %s off its queue (%d waiting there; another server has room)", x.name, item.rid,
+                         waiting)
+                task = asyncio.create_task(self._abort_one(by_name[x.name], item.rid, why="moving"),
+                                           name=f"move-{item.rid}")
+                self._aborts.add(task)
+                task.add_done_callback(self._aborts.discard)
 
     async def close(self) -> None:
         for task in self._loops:
@@ -150,14 +229,25 @@ class Dispatcher:
         fixed = self.cfg.dispatch.max_in_flight_per_worker
         if fixed:
             return fixed
-        batch = self._batch.get(w.name) or w.capacity_info.batch()
+        batch = self._batch.get(w.name) or self._starting_size(w, w.capacity_info.batch())
         return batch.size + _margin(w, batch.size)
+
+    def _starting_size(self, w: Worker, discovered: BatchSize) -> BatchSize:
+        """The reported batch cut to what the server's KV pool holds of this run's requests (engine.capacity.kv_fit);
+        the pool is per server, so a router target (its discovered size is its servers' sum) is not cut."""
+        if getattr(w, "queue_margin", None):
+            return discovered
+        fits = kv_fit(w.capacity_info.max_total_num_tokens, self.request_size.tokens(self.cfg.sampling.max_new_tokens))
+        if fits is not None and fits < discovered.size:
+            return BatchSize(fits, BatchSource.KV_POOL)
+        return discovered
 
     def adjust_capacity(self) -> None:
         """Called every metrics tick: keep each server full, its queue short but never empty while work is left."""
         fixed = self.cfg.dispatch.max_in_flight_per_worker
         for w in self.workers:
             w.in_flight = len(self.inflight[w.name])
+            w.held = self.queue.queued_for(w.name) if self.queue is not None else 0
             discovered = w.capacity_info.batch()
             if w.state != WorkerState.READY:
                 # its size is read again when it becomes ready: a size kept from before (or the default)
@@ -169,11 +259,20 @@ class Dispatcher:
             if self._discovered.get(w.name) != discovered:
                 # a relaunched server, or a router whose servers joined or left: start from its new size
                 self._discovered[w.name] = discovered
-                self._batch[w.name] = discovered
+                self._batch[w.name] = discovered if fixed else self._starting_size(w, discovered)
+            elif not fixed and self._batch[w.name].source != BatchSource.FEEDBACK:
+                # until its own gauges have corrected it, the KV estimate follows the answers so far, downwards only
+                # (long answers): growing is the gauges' business (batch_feedback)
+                estimate = self._starting_size(w, discovered)
+                if estimate.size < self._batch[w.name].size:
+                    self._batch[w.name] = estimate
             batch = self._batch[w.name]
-            if not fixed:
+            if not fixed and self._read.get(w.name) is not w.metrics:
+                self._read[w.name] = w.metrics
+                ceiling = discovered.size if discovered.source in BatchSource.REPORTED else None
                 batch = corrected(batch, margin=_margin(w, batch.size), in_flight=w.in_flight,
-                                  running=w.metrics.running_reqs, queued=w.metrics.queued_reqs)
+                                  running=w.metrics.running_reqs, queued=w.metrics.queued_reqs,
+                                  token_usage=w.metrics.token_usage, ceiling=ceiling)
                 if batch != self._batch[w.name]:
                     log.info("%s: batch size %d (%s) -> %d from its queue (running %s, queued %s, in flight %d)",
                              w.name, self._batch[w.name].size, self._batch[w.name].source, batch.size,
@@ -181,6 +280,33 @@ class Dispatcher:
                 self._batch[w.name] = batch
             w.batch = batch
             w.capacity = self.capacity_for(w)
+        alert = self._stranded.check(self._loads(), time.monotonic()) if self._accepting else None
+        if alert is not None:
+            self.emit(alert)
+
+    def _loads(self) -> list[ServerLoad]:
+        """What dispatch knows of each ready server now (engine.run.spread)."""
+        out = []
+        for w in self.workers:
+            if w.state != WorkerState.READY:
+                continue
+            batch = self._batch.get(w.name)
+            out.append(ServerLoad(name=w.name, capacity=self.capacity_for(w), in_flight=len(self.inflight[w.name]),
+                                  batch=batch.size if batch is not None else None, running=w.metrics.running_reqs,
+                                  queued=w.metrics.queued_reqs))
+        return out
+
+    def _within_share(self, w: Worker) -> bool:
+        """May `w` take one more item (engine.run.spread.within_share)? Servers still starting count for
+        START_GRACE_S after the first one was ready."""
+        loads = self._loads()
+        me = next((x for x in loads if x.name == w.name), None)
+        if me is None:
+            return False
+        starting = 0
+        if self._first_ready is not None and time.monotonic() - self._first_ready < START_GRACE_S:
+            starting = sum(1 for x in self.workers if x.state in (WorkerState.STARTING, WorkerState.LOADING))
+        return within_share(me, loads, self.queue.queued, starting)
 
     # -- per-worker pull loop ---------------------------------------------------------------
     async def _worker_loop(self, w: Worker) -> None:
@@ -191,17 +317,22 @@ class Dispatcher:
                 continue
             cap = self.capacity_for(w)
             w.capacity = cap
-            if len(self.inflight[w.name]) >= cap:
+            if len(self.inflight[w.name]) >= cap or time.monotonic() < self._no_pull_until.get(w.name, 0.0):
                 slot.clear()
                 try:
                     await asyncio.wait_for(slot.wait(), timeout=0.5)
                 except asyncio.TimeoutError:
                     pass  # re-check capacity and state
                 continue
+            if not self._within_share(w):
+                # its share grows as the feed queues more (a run's start) or others take theirs: looked at again soon
+                await asyncio.sleep(SHARE_POLL_S)
+                continue
             item = self.queue.next_item(w.name)
             if item is None:
                 await self.queue.wait_item(0.25)
                 continue
+            self.request_size.sent(len(item.prompt_ids), item.max_new_tokens)
             task = asyncio.create_task(self._send(w, item), name=f"gen-{item.rid}")
             self.inflight[w.name][task] = item
             self.dispatched[item.shard_id] += 1
@@ -209,7 +340,10 @@ class Dispatcher:
             task.add_done_callback(lambda t, w=w: self._finished(w, t))
 
     def _finished(self, w: Worker, task: asyncio.Task) -> None:
-        self.inflight[w.name].pop(task, None)
+        item = self.inflight[w.name].pop(task, None)
+        if item is not None:
+            self._output_seen.discard(item.rid)
+            self._moving.pop(item.rid, None)
         self._cancelled_for_requeue.discard(task)
         w.in_flight = len(self.inflight[w.name])
         self._slot_freed[w.name].set()
@@ -222,6 +356,10 @@ class Dispatcher:
     def _on_worker_state(self, w: Worker, state: str) -> None:
         self.queue.worker_ready(w.name, state == WorkerState.READY)
         if state == WorkerState.READY:
+            if self._first_ready is None:
+                self._first_ready = time.monotonic()
+            for other in self.workers:
+                self._slot_freed[other.name].set()  # the shares changed: every loop looks again
             return
         # crashed / failed / stopped / relaunched after a restart: its in-flight requests will never
         # answer; re-queue them now rather than after their timeouts
@@ -331,6 +469,7 @@ class Dispatcher:
         answer = AnswerStream(RunawayDetector(self.cfg.runaway))
         try:
             async for data in resp.content.iter_any():
+                self._output_seen.add(item.rid)
                 verdict = answer.feed(data)
                 if verdict is not None:
                     self._stop_runaway(w, item, verdict)
@@ -347,7 +486,7 @@ class Dispatcher:
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
-    async def _abort_one(self, w: Worker, rid: str) -> None:
+    async def _abort_one(self, w: Worker, rid: str, why: str = "runaway") -> None:
         """POST /abort_request {"rid"}: SGLang ends the request at its next step and streams the final chunk. The
         scheduler matches rids by prefix; no other request in flight starts with this one (a later turn of the same
         conversation, the only rid it prefixes, waits for this answer)."""
@@ -362,7 +501,10 @@ class Dispatcher:
             problem = f"{type(exc).__name__}: {exc}"
         if problem is None:
             return
-        log.warning("%s: /abort_request for runaway %s failed: %s", w.name, rid, problem)
+        log.warning("%s: /abort_request for %s %s failed: %s", w.name, why, rid, problem)
+        if why == "moving":
+            self._moving.pop(rid, None)  # it stays where it is and is answered there
+            return
         if w.name not in self._abort_alerted:
             self._abort_alerted.add(w.name)
             self.emit(AlertEvent(
@@ -438,11 +580,20 @@ class Dispatcher:
         if finish_type == "abort" and verdict is None:
             if self._aborting:
                 return
+            moving = self._moving.pop(item.rid, None) is not None
+            if moving and not len(ids32):
+                # moved off this server's queue unrun: once, by its rid, not a fault (no attempt counted)
+                self.moved += 1
+                log.info("%s: %s moved off its queue (%s): re-queued for any server", w.name, item.rid,
+                         finish.get("message", "") if isinstance(finish, dict) else finish)
+                self.deliver(Retry(item, 0.0))
+                return
             item.last_error = f"{w.name}: aborted: {finish.get('message', '')}"
-            self._retry_or_fail(item)
+            self._retry_or_fail(item, immediate=moving)  # moving, it had started: retried at once
             return
         completion = meta.get("completion_tokens")
         n = len(ids32)
+        self.request_size.answered(n)
         if verdict is not None and finish_type is None:
             completion = n  # the stream broke off after the stop: the ids delivered are the answer
         if completion != n and w.name not in self._mismatch_alerted:
@@ -494,7 +645,7 @@ async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
 def _margin(w, size: int) -> int:
     """Requests kept queued beyond the server's running batch, so a finished slot is refilled at once.
     A router target says its own (it spreads requests without seeing the slots: each server needs its own
-    queue); a server gets an eighth of its batch."""
+    queue); a server gets a quarter of its batch (engine.run.batch_feedback.margin_for)."""
     own = getattr(w, "queue_margin", None)
     return own if own else margin_for(size)
 

@@ -56,6 +56,7 @@ class ConvProgress:
     turns: list[int]  # turns still to settle, in order
     answers: dict[int, str] = field(default_factory=dict)  # committed answers (history of later turns)
     outstanding: int = 0  # items made and not yet settled
+    finished: int = 0  # of those, answers generated and waiting in the committer's buffer (not settled yet)
     worker: str | None = None  # the worker that served the last committed turn (its cache holds the prefix)
 
 
@@ -99,6 +100,9 @@ class Ledger:
         self._served: dict[str, ServedTokens] = {}  # per worker, over the samples committed in this start
         self._held: dict[str, collections.deque[WorkItem]] = collections.defaultdict(collections.deque)
         self._active: dict[str, ConvProgress] = {}
+        # conversations whose every outstanding item is answered and waits only for its commit: they hold no
+        # slot and no queued work, so they do not count against _max_active (a.k.a. the look-ahead)
+        self._parked: set[str] = set()
         self._low_water = MIN_LOOKAHEAD
         self._max_active = MIN_ACTIVE
         self._item_ready = asyncio.Event()
@@ -175,6 +179,15 @@ class Ledger:
         return bool(self._ready)
 
     @property
+    def queued(self) -> int:
+        """Items in the ready queue (what no server holds yet)."""
+        return len(self._ready)
+
+    def queued_for(self, worker: str) -> int:
+        """Items of the ready queue held or preferred for `worker` (prefix affinity)."""
+        return self._ready.held_for(worker)
+
+    @property
     def braked(self) -> bool:
         """The data-quality brake, or the servers' refusals, hold dispatch run-wide."""
         return self.brake.engaged is not None or self.refusals.tripped is not None
@@ -208,7 +221,11 @@ class Ledger:
         self._max_active = max(MIN_ACTIVE, 4 * capacity)
 
     def needs_work(self) -> bool:
-        return len(self._ready) < self._low_water and len(self._active) < self._max_active
+        """The feed should admit more: the queue is below its low water and fewer conversations than _max_active
+        still need a server. A conversation whose answers only wait for their commit (up to [store] part_max_age_s)
+        is not counted: counted, 5 s of finished answers filled the cap and the servers' freed slots found nothing
+        to take until the commit (issue 25: occupancy 98% -> 57%)."""
+        return len(self._ready) < self._low_water and len(self._active) - len(self._parked) < self._max_active
 
     def is_active(self, conversation_id: str) -> bool:
         return conversation_id in self._active
@@ -344,6 +361,24 @@ class Ledger:
         self._maybe_retire(progress)
 
     # -- settling ---------------------------------------------------------------------------------
+    def generated(self, item: WorkItem) -> None:
+        """An answer was generated and handed to the committer: its slot is free; the sample is not settled until
+        its part is committed (`settle(Committed)`), so a crash before that generates it again."""
+        progress = self._active.get(item.conv.conversation_id)
+        if progress is None:
+            return
+        progress.finished += 1
+        self._park(progress)
+
+    def _park(self, progress: ConvProgress) -> None:
+        cid = progress.conv.conversation_id
+        if 0 < progress.outstanding <= progress.finished and cid in self._active:
+            if cid not in self._parked:
+                self._parked.add(cid)
+                self.want_more()
+        else:
+            self._parked.discard(cid)
+
     def settle(self, outcome: Outcome) -> None:
         """Every outcome but `Generated` (the committer's) ends here."""
         if isinstance(outcome, Committed):
@@ -377,6 +412,7 @@ class Ledger:
             if progress is None:
                 continue
             progress.outstanding -= 1
+            progress.finished = max(0, progress.finished - 1)
             progress.worker = item.served_by or None
             if item.turn in progress.turns:
                 progress.turns.remove(item.turn)
@@ -386,8 +422,10 @@ class Ledger:
             if self.turns == "all" and progress.turns:
                 progress.answers[item.turn] = answer or ""
                 self.admit(progress, [self.build_turn(progress, progress.turns[0])], front=True)
+                self._park(progress)
                 continue
             self._maybe_retire(progress)
+            self._park(progress)
 
     def stop_after_cut(self, progress: ConvProgress, cut_turn: int, finish_reason: str = "") -> None:
         """turns_after_cut = "stop": turn `cut_turn` was committed cut, so the conversation's turns left are not
@@ -399,6 +437,7 @@ class Ledger:
                 progress.conv, f"turn {later}: not generated: turn {cut_turn} {how} (turns_after_cut = \"stop\")",
                 kind=AFTER_CUT))
         self._maybe_retire(progress)
+        self._park(progress)
 
     def _not_generated(self, item: WorkItem, kind: str, reason: str, excerpt: str) -> None:
         """A sample that will not be generated in this run: failed (retries spent) or rejected (HTTP 400)."""
@@ -426,6 +465,7 @@ class Ledger:
                 self._settle_turn(progress, later, kind, reject_for(
                     item.conv, f"turn {later}: not generated: turn {item.turn} {kind}", kind=f"earlier_turn_{kind}"))
         self._maybe_retire(progress)
+        self._park(progress)
         if trip is not None:
             self._refused_run_wide(trip)
 
@@ -472,5 +512,6 @@ class Ledger:
     def _maybe_retire(self, progress: ConvProgress) -> None:
         if progress.outstanding <= 0 and not progress.turns:
             self._active.pop(progress.conv.conversation_id, None)
+            self._parked.discard(progress.conv.conversation_id)
             self.want_more()
 

@@ -77,6 +77,11 @@ class ReadyQueue:
     def __bool__(self) -> bool:
         return self._len > 0
 
+    def held_for(self, worker: str) -> int:
+        """Items in `worker`'s lane (held for its cache, or preferred for it by their prefix)."""
+        lane = self._lanes.get(worker)
+        return len(lane) if lane is not None else 0
+
     # -- workers -------------------------------------------------------------------------------
     def worker_ready(self, name: str, ready: bool) -> None:
         if ready:

@@ -224,7 +224,9 @@ class Handlers:
         s.check_request(items)  # a duplicate may have arrived while we waited
         reqs = []
         for item in items:
-            reqs.append(SimRequest(rid=item.rid, prompt_ids=item.prompt_ids, plan=s.plan_for(item),
+            plan = s.plan_for(item)
+            reqs.append(SimRequest(rid=item.rid, prompt_ids=item.prompt_ids, plan=plan,
+                                   max_new_tokens=s.max_new_for(item),
                                    skip_special_tokens=item.sampling["skip_special_tokens"],
                                    no_stop_trim=item.sampling["no_stop_trim"], priority=item.priority))
         for req in reqs:
@@ -258,7 +260,7 @@ class Handlers:
         now = time.time()
         profile = self.server.profile
         meta = {"id": req.rid, "finish_reason": req.finish_reason if final else None,
-                "prompt_tokens": req.prompt_len, "weight_version": "default", profile.retractions_key: 0,
+                "prompt_tokens": req.prompt_len, "weight_version": "default", profile.retractions_key: req.retractions,
                 "completion_tokens": n, "cached_tokens": req.cached_tokens}
         if profile.reports_reasoning_tokens:
             meta["reasoning_tokens"] = self._reasoning_tokens(req, completion_tokens)

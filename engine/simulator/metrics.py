@@ -77,6 +77,10 @@ class SimMetrics:
         self._set("max_total_num_tokens", max_total_num_tokens)
         self._set("context_len", context_len)
 
+    def set_retracted(self, count: int) -> None:
+        """Requests the last retraction sent back to the waiting queue (the pool ran out mid-decode)."""
+        self._set("num_retracted_reqs", count)
+
     def set_scheduler_gauges(self, *, running: int, queued: int, used_tokens: int, token_usage: float,
                              gen_throughput: float | None = None, cache_hit_rate: float | None = None,
                              cuda_graph: bool = True, by_priority: dict[str, tuple[int, int]] | None = None) -> None:

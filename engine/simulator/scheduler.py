@@ -13,10 +13,20 @@ and gives every running request `tokens_per_step` tokens, so
 which grows with B and saturates at 1000 * tokens_per_step / step_ms_per_req.
 
 Requests join at step boundaries while fewer than max_running_requests run, the KV pool has room
-for their prompt plus their (known) output, and the step's new prompt tokens stay under
+for their prompt plus their *estimated* output, and the step's new prompt tokens stay under
 max_prefill_tokens; a finished request leaves at the end of the step that produced its last
 token. Per-request progress is never stepped token by token: each running request records the
 step it joined and the step it will finish, kept in a heap.
+
+The KV pool, as SGLang runs it (contract 1.3): admission does not know an answer's length, it reserves
+`min(max_new_tokens, CLIP_MAX_NEW_TOKENS) * new_token_ratio` per request, the ratio starting at
+INIT_NEW_TOKEN_RATIO and decaying each step towards its floor, so the batch grows past what the pool can
+finish. When a decode step finds no room for the running batch's next tokens, requests are retracted
+back to the front of the waiting queue (the least advanced first), their KV freed: their output so far
+is recomputed (prefilled again) when they are admitted again, and the ratio is raised to what the batch
+really used. The log says `KV cache pool is full. Retract requests. #retracted_reqs: N, #new_token_ratio:
+a -> b`; meta_info counts a request's retractions under the profile's key. An abort of a retracted request
+still waiting ends it "Abort in waiting queue", with no output, like any waiting request.
 """
 from __future__ import annotations
 
@@ -35,6 +45,13 @@ from engine.simulator.prefix_cache import PrefixCache
 from engine.simulator.simlog import SimLog
 
 CUDA_GRAPH_MAX_BS = 256
+# SGLang's defaults (SGLANG_INIT_NEW_TOKEN_RATIO, ..._MIN_NEW_TOKEN_RATIO_FACTOR, ..._NEW_TOKEN_RATIO_DECAY_STEPS,
+# CLIP_MAX_NEW_TOKENS, SGLANG_RETRACT_DECODE_STEPS), as values: the mechanism is modelled, not copied
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
 
 
 @dataclass(eq=False)
@@ -47,6 +64,7 @@ class SimRequest:
     priority: int | None = None
     stream: bool = False
     stream_interval: int = 1  # streaming: a chunk once this many new tokens are out (sampling_params.stream_interval)
+    max_new_tokens: int = CLIP_MAX_NEW_TOKENS  # what admission estimates the answer from (it does not know plan)
     log_metrics: bool = True
     created: float = field(default_factory=time.time)
     created_mono: float = field(default_factory=time.monotonic)
@@ -59,6 +77,8 @@ class SimRequest:
     output_ids: list[int] | None = None  # set when finished
     finish_reason: dict | None = None
     aborted_in_queue: bool = False
+    retractions: int = 0  # times the KV pool ran out while it ran (meta_info's retraction count)
+    resume_tokens: int = 0  # retracted: the output it had, recomputed when it runs again
     overwritten: bool = False  # 0.5.5: a later request with the same rid took its place (no answer)
     done: asyncio.Future | None = None
     progress: asyncio.Event | None = None  # streaming: set after every step that advanced it
@@ -98,7 +118,11 @@ class Scheduler:
         self.step = 0  # completed decode steps
         self._sum_start = 0
         self._prompt_sum = 0
-        self._reserved = 0
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.min_new_token_ratio = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
+        self._ratio_decay = (self.new_token_ratio - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.retracted_total = 0  # requests retracted since the start
+        self.last_retracted = 0  # in the last retraction (sglang:num_retracted_reqs)
         self._wake = asyncio.Event()
         self._frozen = False
         self._held = False
@@ -153,7 +177,7 @@ class Scheduler:
         if req.state == "finished":
             return len(req.output_ids or ())
         if req.state != "running":
-            return 0
+            return req.resume_tokens  # waiting: 0, or what it had when it was retracted
         return min(req.planned_len, (self.step - req.start_step) * self.tps)
 
     def abort(self, rid: str, abort_all: bool = False) -> int:
@@ -218,11 +242,13 @@ class Scheduler:
     def _leave(self, req: SimRequest) -> None:
         # its KV stays in the radix cache: the prompt and what it generated, less the last token (never fed back)
         self.cache.insert(req.prompt_ids + req.plan.output_ids[: self.generated_running(req)][:-1])
+        self._free(req)
+
+    def _free(self, req: SimRequest) -> None:
         del self.running[req]
         self._streaming.discard(req)
         self._sum_start -= req.start_step
         self._prompt_sum -= req.prompt_len
-        self._reserved -= req.prompt_len + req.planned_len
 
     def _finish(self, req: SimRequest, output_ids: list[int], finish_reason: dict) -> None:
         req.state = "finished"
@@ -240,18 +266,26 @@ class Scheduler:
         new_seq = new_tokens = cached = 0
         running_before = len(self.running)
         now = time.monotonic()
+        ratio = self.new_token_ratio
+        promised = self.used_tokens() + ratio * sum(  # what the running batch is expected to need still
+            max(0, min(r.max_new_tokens, CLIP_MAX_NEW_TOKENS) - self.generated_running(r)) for r in self.running) \
+            if self.waiting else 0.0
         while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
-            need = req.prompt_len + req.planned_len
-            if self.running and self._reserved + need > self.max_total_tokens:
-                break  # KV pool full: wait for requests to leave
-            if new_seq and new_tokens + req.prompt_len > self.max_prefill_tokens:
+            recompute = req.resume_tokens
+            need = req.prompt_len + recompute + ratio * max(0, min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) - recompute)
+            if self.running and promised + need > self.max_total_tokens:
+                break  # KV pool full (as estimated): wait for requests to leave
+            if new_seq and new_tokens + req.prompt_len + recompute > self.max_prefill_tokens:
                 break
             self.waiting.popleft()
+            promised += need
             req.cached_tokens = self.cache.match_and_insert(req.prompt_ids)
             req.state = "running"
-            req.start_step = self.step
-            req.finish_step = self.step + max(1, math.ceil(req.planned_len / self.tps))
+            # a retracted request goes on from the output it had (recomputed in this prefill)
+            req.start_step = self.step - recompute // self.tps
+            req.resume_tokens = 0
+            req.finish_step = req.start_step + max(1, math.ceil(req.planned_len / self.tps))
             req.queue_time = now - req.created_mono
             self.running[req] = None
             if req.stream:
@@ -259,10 +293,9 @@ class Scheduler:
             heapq.heappush(self._heap, (req.finish_step, next(self._seq), req))
             self._sum_start += req.start_step
             self._prompt_sum += req.prompt_len
-            self._reserved += need
             admitted.append(req)
             new_seq += 1
-            new_tokens += req.prompt_len - req.cached_tokens
+            new_tokens += req.prompt_len + recompute - req.cached_tokens
             cached += req.cached_tokens
             if self.metrics is not None and req.log_metrics:
                 self.metrics.queue_time.observe(req.queue_time)
@@ -288,9 +321,9 @@ class Scheduler:
         for req in admitted:  # the prefill step produced their first token
             req.first_token_mono = now
         while heap and heap[0][0] <= self.step:
-            _, _, req = heapq.heappop(heap)
-            if req.state != "running":
-                continue  # aborted earlier; lazily dropped from the heap
+            finish_step, _, req = heapq.heappop(heap)
+            if req.state != "running" or finish_step != req.finish_step:
+                continue  # aborted or retracted earlier (a retracted one has a newer entry); lazily dropped
             made -= (req.finish_step - req.start_step) * self.tps - req.planned_len
             self._leave(req)
             self._finish(req, req.plan.output_ids, req.plan.finish_reason)
@@ -299,6 +332,40 @@ class Scheduler:
                 req.first_token_mono = now
             req.progress.set()
         return made
+
+    def _retract_if_full(self) -> None:
+        """Before a decode step: no room in the pool for the batch's next tokens -> retract the least advanced
+        requests (the longest prompt first among equals) to the front of the waiting queue until the rest can run
+        RETRACT_DECODE_STEPS more steps, and raise the admission ratio to what the batch really used."""
+        if not self.running or not self.max_total_tokens:
+            return
+        if self.used_tokens() + len(self.running) * self.tps <= self.max_total_tokens:
+            return
+        order = sorted(self.running, key=lambda r: (self.generated_running(r), -r.prompt_len))
+        retracted: list[SimRequest] = []
+        for req in order:
+            if len(self.running) <= 1 or \
+                    self.used_tokens() + len(self.running) * self.tps * RETRACT_DECODE_STEPS <= self.max_total_tokens:
+                break
+            req.resume_tokens = self.generated_running(req)
+            req.retractions += 1
+            self._free(req)  # its KV is freed (not kept in the radix cache): its output is recomputed later
+            req.state = "waiting"
+            retracted.append(req)
+        if not retracted:
+            return
+        self.waiting.extendleft(reversed(retracted))
+        old = self.new_token_ratio
+        decoded = sum(self.generated_running(r) for r in self.running)
+        wanted = sum(min(r.max_new_tokens, CLIP_MAX_NEW_TOKENS) for r in self.running)
+        if wanted:
+            self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * self.tps * len(self.running)) / wanted)
+        self.retracted_total += len(retracted)
+        self.last_retracted = len(retracted)
+        self.log.sched(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}, "
+                       f"#new_token_ratio: {old:.4f} -> {self.new_token_ratio:.4f}")
+        if self.metrics is not None:
+            self.metrics.set_retracted(len(retracted))
 
     def _by_priority(self) -> dict[str, tuple[int, int]] | None:
         """(running, queued) per request priority, when the metrics export per-priority series."""
@@ -353,6 +420,8 @@ class Scheduler:
                 continue
             self._idle_reported = False
             admitted, new_tokens = self._admit()
+            self._retract_if_full()
+            self.new_token_ratio = max(self.min_new_token_ratio, self.new_token_ratio - self._ratio_decay)
             batch = len(self.running)
             step_s = (self.step_ms + self.step_ms_per_req * batch) / 1000.0
             step_s += self.prefill_ms_per_1k * new_tokens / 1e6

@@ -253,7 +253,8 @@ class SimServer:
             self.log.access("127.0.0.1:0", "GET", self.profile.warmup_info_path, 200)
             ids = self.tokenizer.encode("The capital city of France is")
             plan = self.generator.plan(b"warmup", ids, 8)
-            req = SimRequest(rid="WARMUP_" + os.urandom(4).hex(), prompt_ids=ids, plan=plan, log_metrics=False)
+            req = SimRequest(rid="WARMUP_" + os.urandom(4).hex(), prompt_ids=ids, plan=plan, max_new_tokens=8,
+                             log_metrics=False)
             if cfg.sim_instant:
                 pass  # instant servers have no batching delay to warm up
             else:
@@ -308,11 +309,14 @@ class SimServer:
             return request_key(self.cfg.sim_seed, f"sampling_seed:{seed}", item.prompt_ids)
         return request_key(self.cfg.sim_seed, item.rid if item.rid_given else None, item.prompt_ids)
 
+    def max_new_for(self, item: GenerateItem) -> int:
+        """max_new_tokens silently capped to what the request may still hold (0.5.5 scheduler.py:1171-1179)."""
+        cap = max(0, self.max_req_len - len(item.prompt_ids) - 1)
+        return cap if item.sampling["max_new_tokens"] is None else min(item.sampling["max_new_tokens"], cap)
+
     def plan_for(self, item: GenerateItem) -> OutputPlan:
         sp = item.sampling
-        # max_new_tokens silently capped to what the request may still hold (0.5.5 scheduler.py:1171-1179)
-        cap = max(0, self.max_req_len - len(item.prompt_ids) - 1)
-        max_new = cap if sp["max_new_tokens"] is None else min(sp["max_new_tokens"], cap)
+        max_new = self.max_new_for(item)
         key = self.key_for(item)
         if self.cfg.sim_instant and not sp["ignore_eos"] and not sp["min_new_tokens"] and not self.cfg.sim_abort_rate \
                 and not self.cfg.sim_loop_share and not self.cfg.sim_repetitive_share:
@@ -341,7 +345,7 @@ class SimServer:
             return 503
         ids = [0]
         req = SimRequest(rid=f"HEALTH_CHECK_{time.time()}", prompt_ids=ids,
-                         plan=self.generator.plan(b"health", ids, 1), log_metrics=False)
+                         plan=self.generator.plan(b"health", ids, 1), max_new_tokens=1, log_metrics=False)
         tic = time.monotonic()
         self.scheduler.submit(req)  # also on the --sim-instant path: the check runs through the scheduler
         try:

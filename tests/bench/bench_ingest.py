@@ -28,6 +28,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -39,11 +40,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
+from engine.config import Store
 from tests.bench import bench_common as bc
 
 TARGET_TOKENS_PER_S = 1_000_000
 TARGET_RATIO = 10.0
 FULL_PART_ROWS = 256
+_COMMITTED = re.compile(r"committed \S+: (\d+) rows, (\d+) output tokens, at ([\d.]+)")
 
 
 def sim_args(output_mean: int) -> list[str]:
@@ -55,16 +58,21 @@ def sim_args(output_mean: int) -> list[str]:
 def run_regen(model: Path, prompts: Path, work: Path, gpus: int, output_mean: int,
               profile: Path | None = None) -> dict:
     run_dir = work / "run"
-    cfg = bc.sim_config(model, [prompts], run_dir, gpus=gpus, sim_args=sim_args(output_mean))
+    # parts of FULL_PART_ROWS rows: the figure is the rate between the first and the last commit, so it needs
+    # several parts; the run's default (1,024 rows or 5 s) made one part of a quick run ([store], engine.config)
+    cfg = bc.sim_config(model, [prompts], run_dir, gpus=gpus, sim_args=sim_args(output_mean),
+                        store=Store(part_max_rows=FULL_PART_ROWS, part_max_age_s=2.0))
     res = bc.run_supervisor(cfg, timeout=600, profile=profile)
     if res.exit_code != 0:
         tail = "\n".join(line for _, line in res.lines[-30:])
         raise RuntimeError(f"supervisor exited {res.exit_code}; {run_dir}/supervisor.log:\n{tail}")
     db = sqlite3.connect(run_dir / "state.sqlite")
-    parts = db.execute("SELECT p.committed_at, p.rows, sum(s.output_len) FROM parts p JOIN samples s"
-                       " ON s.part_path = p.path GROUP BY p.path ORDER BY p.committed_at").fetchall()
     samples, tokens = db.execute("SELECT count(*), sum(output_len) FROM samples").fetchone()
     db.close()
+    # each part's commit as the committer logged it: a finished shard is compacted into one file at the run's end,
+    # so state.sqlite no longer lists the parts
+    parts = sorted((float(m.group(3)), int(m.group(1)), int(m.group(2))) for _, line in res.lines
+                   if (m := _COMMITTED.search(line)))
     if len(parts) < 3:
         raise RuntimeError(f"only {len(parts)} parts committed: use more --samples")
     # steady state: the parts after the first, over the time between the first and the last commit

@@ -1,8 +1,8 @@
-"""All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, prefix affinity,
-resume, stats, export, probe latency, runaway guard, console cost (tui), control-op latency (control).
+"""All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, work spread,
+prefix affinity, resume, stats, export, probe latency, runaway guard, console cost (tui), control-op latency (control).
 
     .venv/bin/python -m tests.bench.run_all [--quick]
-        [--only ingest,occupancy,capacity,affinity,resume,stats,export,probe,runaway,tui,control]
+        [--only ingest,occupancy,capacity,spread,affinity,resume,stats,export,probe,runaway,tui,control]
 
 Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
 (the one in README.md "## Benchmarks"). Medians of --repeats runs (3; --quick: 1). The resume
@@ -16,11 +16,11 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from tests.bench import bench_common as bc
 
-ALL = ("ingest", "occupancy", "capacity", "affinity", "resume", "stats", "export", "probe", "runaway", "tui", "control")
+ALL = ("ingest", "occupancy", "capacity", "spread", "affinity", "resume", "stats", "export", "probe", "runaway", "tui",
+       "control")
 
 
 def _sub(argv: list[str], timeout: float) -> None:
@@ -56,6 +56,15 @@ def run_capacity(quick: bool) -> dict:
     res = bench_capacity.run(requests=4000 if quick else 12000, gpus=2, batch=256, repeats=1, step_ms=20.0,
                              cases=list(bench_capacity.CASES))
     bc.write_result("capacity", res)
+    return res
+
+
+def run_spread(quick: bool) -> dict:
+    from tests.bench import bench_spread
+
+    res = bench_spread.run(requests=1000 if quick else 1500, gpus=2, repeats=1 if quick else 3,
+                           variants=list(bench_spread.VARIANTS))
+    bc.write_result("spread", res)
     return res
 
 
@@ -199,6 +208,25 @@ def table(results: dict) -> str:
                         f"{m['full_batch_share_min']['regen']:.1%} ({m['mean_fill']['regen']:.1%}) | "
                         f"{m['full_batch_share_min']['old']:.1%} ({m['mean_fill']['old']:.1%}) | "
                         f"{c['wall_ratio']:.2f}x wall | {target} | {_yes(c['met'])} |")
+    spr = results.get("spread")
+    if spr:
+        m = spr["median"]
+        best = max(("baseline_64", "baseline_batch"), key=lambda n: m[n]["tokens_per_s"])
+        rows.append(f"| spread: output tok/s, {spr['simulators']} servers reporting batch {spr['reported_batch']:,} with a "
+                    f"KV pool of {spr['kv_pool']:,} tokens ({spr['requests']['kv']} requests); baseline: thread pool of N "
+                    f"concurrent chat requests, round-robin, best N ({m[best]['tokens_per_s']:,.0f} at "
+                    f"{'64' if best == 'baseline_64' else 'the reported batch'}; other "
+                    f"{m['baseline_batch' if best == 'baseline_64' else 'baseline_64']['tokens_per_s']:,.0f}) | "
+                    f"{m['kv']['tokens_per_s']:,.0f} | {m[best]['tokens_per_s']:,.0f} | "
+                    f"{spr['speedup_vs_best_baseline']:.2f}x | ≥ 1.2x | {_yes(spr['met'].get('speedup'))} |")
+        labels = {"kv": "batch reported > KV pool", "late": "servers ready 5 s apart",
+                  "small": f"work < capacity ({spr['requests'].get('small', '')} requests)",
+                  "restart": "a server restarted mid-run"}
+        for v in ("kv", "late", "small", "restart"):
+            if v in m:
+                rows.append(f"| spread: {labels[v]}: worst server's full-batch share while work remains; tail (last "
+                            f"server vs the servers' mean) | {m[v]['full_share_min']:.1%}; {m[v]['tail_ratio']:.2f}x | "
+                            f"| | ≥ 95%; ≤ 1.2x | {_yes(spr['met'].get(v))} |")
     aff = results.get("affinity")
     if aff:
         m = aff["median"]
@@ -271,14 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(wanted) - set(ALL))
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
-    runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "affinity": run_affinity,
+    runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "spread": run_spread,
+               "affinity": run_affinity,
                "resume": run_resume, "stats": run_stats, "export": run_export, "probe": run_probe,
                "runaway": run_runaway, "tui": run_tui, "control": run_control}
     out = bc.RESULTS_DIR / "bench.json"
     results: dict = {}
     failures: dict[str, str] = {}
     started = time.monotonic()
-    files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json",
+    files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json", "spread": "spread.json",
              "affinity": "affinity.json",
              "resume": "resume.json", "stats": "stats.json", "export": "export.json",
              "probe": "probe_latency.json", "runaway": "runaway.json", "tui": "tui.json", "control": "control.json"}

@@ -1,0 +1,47 @@
+"""The simulator runs out of KV as SGLang does: admission estimates answers, a full pool retracts mid-decode."""
+from __future__ import annotations
+
+import asyncio
+
+from engine.simulator.profiles import PROFILES
+from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
+from tests.test_simulator import get, metric_samples, post
+
+
+def payload(rid: str, max_new: int) -> dict:
+    return {"rid": rid, "input_ids": [11, 12, 13, 14], "sampling_params": {"max_new_tokens": max_new}}
+
+
+async def test_a_pool_too_small_for_the_admitted_answers_retracts_and_every_answer_still_completes(start_sim):
+    # a 4,000-token pool; answers of 1,500 tokens; admission reserves max_new_tokens x a decaying ratio, so it
+    # admits more than the pool can finish: the pool fills mid-decode and requests go back to the waiting queue
+    sim = await start_sim(max_total_tokens=4000, sim_output_mean=1500, sim_output_sigma=0.0, sim_tokens_per_step=16,
+                          sim_step_ms=1.0, enable_metrics=True)
+    replies = await asyncio.wait_for(asyncio.gather(*(post(sim.url + "/generate", payload(f"r{i}", 4000))
+                                                      for i in range(12))), timeout=120)
+    key = PROFILES["0.5.23"].retractions_key
+    assert all(status == 200 for status, _ in replies), replies
+    assert all(body["meta_info"]["finish_reason"]["type"] != "abort" for _, body in replies)
+    assert all(len(body["output_ids"]) == body["meta_info"]["completion_tokens"] > 0 for _, body in replies)
+    assert "KV cache pool is full. Retract requests. #retracted_reqs: " in sim.log
+    assert sum(body["meta_info"][key] for _, body in replies) >= 1
+    status, text = await get(sim.url + "/metrics")
+    assert status == 200 and metric_samples(text)["sglang:num_retracted_reqs"] >= 1
+
+
+async def test_a_retracted_request_aborted_while_waiting_ends_in_the_waiting_queue(start_sim):
+    sim = await start_sim(max_total_tokens=4000, sim_output_mean=1500, sim_output_sigma=0.0, sim_tokens_per_step=16,
+                          sim_step_ms=2.0)
+    sch = sim.server.scheduler
+    tasks = [asyncio.create_task(post(sim.url + "/generate", payload(f"r{i}", 4000))) for i in range(12)]
+    deadline = asyncio.get_running_loop().time() + 60
+    while not any(r.retractions and r.state == "waiting" for r in sch.waiting):
+        assert asyncio.get_running_loop().time() < deadline, "no request was retracted"
+        await asyncio.sleep(0.002)
+    victim = next(r for r in sch.waiting if r.retractions)
+    status, _ = await post(sim.url + "/abort_request", {"rid": victim.rid})
+    assert status == 200
+    replies = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+    body = next(b for _, b in replies if b["meta_info"]["id"] == victim.rid)
+    assert body["meta_info"] == {"id": victim.rid, "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+                                 "completion_tokens": 0}

@@ -22,7 +22,7 @@ def config_failed(exc: ConfigError) -> ProbeResult:
     return ProbeResult(
         id=CONFIG_PROBE, title=TITLE, status=Status.FAIL,
         summary=f"{exc.path or 'the run config'}: {n} error{'s' if n != 1 else ''}; nothing was started or probed",
-        expected="every key typed and in range (regen config schema)", actual="\n".join(exc.lines()),
+        expected="every key typed and in range (regen config schema)", actual=f"{n} error{'s' if n != 1 else ''}",
         stdout="\n".join(exc.lines()), remedy="fix each key named above, then check with `regen config check "
         f"{exc.path or 'run.toml'}`", data=exc.to_dict())
 

@@ -172,6 +172,10 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
             (Path(tmp) / "launch.json").write_text(json.dumps({"host_python": python, "engine_path": engine_path,
                                                                "run_dir": run_dir}))
             await transport.put(Path(tmp) / "launch.json", f"{run_dir}/{LAUNCH_FILE}")
+            if record is not None and (await start_record_read(transport, run_dir))[0] is None:
+                # a first start: its hint is this command even if the start fails (an accepted start writes it again;
+                # a refused change of an existing run keeps the run's own record)
+                await _put_record(transport, run_dir, record)
         except TransportError as exc:
             raise DeployError(f"copying to {transport.name}:{run_dir} failed: {exc}") from exc
 

@@ -188,6 +188,7 @@ class RunModel:
         self.changed_shards: set[str] = set()  # since the UI last took them (take_changed_shards)
         self.levels = AlertLevels()  # the engine's alert levels (status `levels`): the shards' problem marks
         self.resume_hint = ""  # from the run's start record (console.start_record), shown with a death
+        self._dead_alerted = False  # one death alert per death (the live signal, then the recorded last state)
         self.disks: dict[tuple[str, str], DiskView] = {}  # by (host, path)
         self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
         self._alert_by_key: dict[str, AlertView] = {}
@@ -317,8 +318,9 @@ class RunModel:
     def mark_dead(self, ts: float, why: str) -> set[str]:
         """The follow stream ended and nothing answers at the control socket: the supervisor is gone now. Unless it
         said how it ended (run_end, fatal), it died: `dead` at once, no figures, a critical alert with the resume hint
-        (the run dir's last status, read next, may still bring a recorded cause)."""
-        if self.running is False or self.run_end is not None or self.fatal is not None:
+        (the run dir's last status, read next, may still bring a recorded cause). Only a supervisor seen alive dies
+        here: attaching to a run that has already ended, its recorded last state says how (apply_status)."""
+        if self.running is not True or self.run_end is not None or self.fatal is not None:
             return set()
         self.running, self.state = False, RunState.DEAD
         self.gone_since = max(self.gone_since or 0.0, ts)
@@ -326,9 +328,12 @@ class RunModel:
         return {"header", "alerts", "workers", "shards"}
 
     def _dead_alert(self, ts: float, why: str) -> None:
+        if self._dead_alerted:
+            return
+        self._dead_alerted = True
         evidence = "\n".join(x for x in (why, self.resume_hint) if x)
         self.add_alert(AlertView(ts, "critical", "supervisor dead: killed, no cause recorded", evidence,
-                                 f"dead:{self.gone_since}", "console"))
+                                 f"dead:{ts}", "console"))
 
     def cause_text(self) -> str:
         return cause_text(self.fatal or {})
@@ -419,12 +424,14 @@ class RunModel:
         status = RunStatus.from_dict(reply)
         self.running = status.running
         if status.running:
-            self.fatal, self.run_end, self.gone_since = None, None, None
+            self.fatal, self.run_end, self.gone_since, self._dead_alerted = None, None, None, False
         else:
             self.gone_since = max(self.gone_since or 0.0, status.checked_at)
             if status.fatal is not None:
                 self._fatal(status.fatal.to_dict(), self.gone_since)
         self.state = status.state or self.state
+        if not status.running and status.state == RunState.DEAD and status.fatal is None:
+            self._dead_alert(status.checked_at, "the run dir records no end: its supervisor was killed")
         self.pid = status.pid
         if status.started_at is not None:
             self.started_at = status.started_at

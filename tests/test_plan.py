@@ -320,14 +320,14 @@ def test_pilot_with_fewer_prompts_than_the_batch_sends_them_all_and_says_the_bat
     assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "10", "--sample", "10", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     p = d["pilot"]
-    assert (p["requested"], p["needed"], p["prompts"]) == (10, 144, 55)
+    assert (p["requested"], p["needed"], p["prompts"]) == (10, 160, 55)
     (w,) = p["workers"]
-    assert (w["batch"], w["in_flight"], w["batch_reached"], w["requests"]) == (64, 72, 55, 55), w
+    assert (w["batch"], w["in_flight"], w["batch_reached"], w["requests"]) == (64, 80, 55, 55), w
     assert w["tokens_per_s"] > 0
     notes = d["notes"]
-    assert any(n.startswith("pilot: 10 prompts cannot fill the servers' batches; raised to 144 (2 x the requests "
-                            "kept in flight per worker: gpu0 64 (internal_states) + 8 queued)") for n in notes), notes
-    assert "pilot: the prompt files hold 55 samples, fewer than the 144 asked; all of them were sent" in notes
+    assert any(n.startswith("pilot: 10 prompts cannot fill the servers' batches; raised to 160 (2 x the requests "
+                            "kept in flight per worker: gpu0 64 (internal_states) + 16 queued)") for n in notes), notes
+    assert "pilot: the prompt files hold 55 samples, fewer than the 160 asked; all of them were sent" in notes
     assert ("pilot: gpu0 ran at most 55 requests at once, below its batch of 64; its throughput is measured at 55"
             in notes), notes
 

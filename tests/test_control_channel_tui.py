@@ -160,8 +160,16 @@ async def test_an_engine_before_the_channel_shows_the_note_and_still_pauses(tmp_
     dump = console.deploy.dump_toml
     # the old engine's config refuses keys added since (at their defaults here): the frozen config leaves them out
     added = ("refused_share =", "turns_after_cut =")
-    monkeypatch.setattr(console.deploy, "dump_toml", lambda cfg: "\n".join(
-        line for line in dump(cfg).splitlines() if not line.startswith(added)) + "\n")
+
+    def old_toml(cfg) -> str:
+        kept, in_metrics = [], False  # and the [metrics] table (added since)
+        for line in dump(cfg).splitlines():
+            if line.startswith("["):
+                in_metrics = line == "[metrics]"
+            if not in_metrics and not line.startswith(added):
+                kept.append(line)
+        return "\n".join(kept) + "\n"
+    monkeypatch.setattr(console.deploy, "dump_toml", old_toml)
     run_dir = tmp_path / "old run"
     cleanup_runs.append(run_dir)
     cfg = make_config(run_dir, tiny_model_dir, prompts=150, gpus=1, sim=SLOW_SIM, shard_size=10)

@@ -133,7 +133,8 @@ def test_probe_plan_and_start_refuse_before_anything_starts(tmp_path_factory, ca
     tmp = tmp_path_factory.mktemp("cfg")
     path = tmp / "run.toml"
     doc = doc_with(section, key, value)
-    doc["run_dir"] = str(tmp / "run")
+    if (section, key) != ("", "run_dir"):  # the case itself when it is run_dir's
+        doc["run_dir"] = str(tmp / "run")
     path.write_text(to_toml(doc))
     argv = [command, "local", "--config", str(path)]
     code = regen_main(argv)
@@ -297,3 +298,20 @@ def test_a_max_new_tokens_over_the_context_is_a_warning_not_a_refusal(tmp_path):
     assert r.returncode == 0 and "valid" in r.stdout
     assert "warning: [sampling] max_new_tokens: 32768 is not below context_length = 4096: every answer is capped" \
         in r.stderr
+
+
+@pytest.mark.parametrize("command", ["probe", "plan", "start"])
+def test_probe_plan_and_start_refuse_every_wrong_kind_of_every_key(tmp_path, capsys, command):
+    """Every case of the schema, through each command that takes --config: non-zero, the key named, no traceback,
+    nothing started (in-process: each refuses before it connects anywhere)."""
+    for i, (section, key, value, kind) in enumerate(CASES):
+        path = tmp_path / f"run{i}.toml"
+        doc = doc_with(section, key, value)
+        if (section, key) != ("", "run_dir"):  # the case itself when it is run_dir's
+            doc["run_dir"] = str(tmp_path / f"run{i}")
+        path.write_text(to_toml(doc))
+        code = regen_main([command, "local", "--config", str(path)])
+        out = capsys.readouterr()
+        shown = out.out + out.err
+        assert code != 0 and key_named(section, key) in shown and "Traceback" not in shown, (section, key, kind, shown)
+        assert not (tmp_path / f"run{i}").exists(), (section, key, kind)

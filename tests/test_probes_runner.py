@@ -46,7 +46,7 @@ def test_runner_that_never_returns_is_error(monkeypatch):
         async def run(self, command, *, timeout, stdin=None):
             if command.startswith("id -un"):
                 return CommandResult(command, 0, "me\nbox\nLinux 6\n", "", 0.0)
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # never set: a command that never returns (the probe's timeout ends it)
 
     stuck = Probe("stuck", "stuck", lambda c: "true", _echo_judge, needs=("connection",), timeout_s=0.3)
     report = asyncio.run(run_probes(StuckRunner(), "h", context(), catalog=[probe("connection"), stuck]))

@@ -6,6 +6,7 @@ import asyncio
 from engine.simulator.profiles import PROFILES
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 from tests.test_simulator import get, metric_samples, post
+from tests.waiting import await_until
 
 
 def payload(rid: str, max_new: int) -> dict:
@@ -34,11 +35,9 @@ async def test_a_retracted_request_aborted_while_waiting_ends_in_the_waiting_que
                           sim_step_ms=2.0)
     sch = sim.server.scheduler
     tasks = [asyncio.create_task(post(sim.url + "/generate", payload(f"r{i}", 4000))) for i in range(12)]
-    deadline = asyncio.get_running_loop().time() + 60
-    while not any(r.retractions and r.state == "waiting" for r in sch.waiting):
-        assert asyncio.get_running_loop().time() < deadline, "no request was retracted"
-        await asyncio.sleep(0.002)
-    victim = next(r for r in sch.waiting if r.retractions)
+    # a retracted request is back in the waiting queue only until its next admission: polled often
+    victim = await await_until(lambda: next((r for r in sch.waiting if r.retractions and r.state == "waiting"), None),
+                               60, "a request retracted to the waiting queue", interval=0.002)
     status, _ = await post(sim.url + "/abort_request", {"rid": victim.rid})
     assert status == 200
     replies = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)

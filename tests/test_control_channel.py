@@ -122,13 +122,19 @@ def test_serve_with_no_supervisor_replies_with_an_error_that_names_the_socket(tm
     assert proc.returncode == 0, err
 
 
+async def open_client(run_dir) -> tuple[FakeSupervisor, CountingLocalTransport, RunClient]:
+    """A fake supervisor at run_dir and a RunClient whose channel is open to it (the engine of this checkout)."""
+    sup = FakeSupervisor(run_dir)
+    await sup.server.start()
+    transport = CountingLocalTransport()
+    client = RunClient(transport, str(run_dir), host_python=sys.executable, engine_path=str(REPO))
+    await client.open_channel()
+    return sup, transport, client
+
+
 def test_the_client_carries_concurrent_ops_over_one_process_and_matches_replies_by_id(tmp_path):
     async def go():
-        sup = FakeSupervisor(tmp_path)
-        await sup.server.start()
-        transport = CountingLocalTransport()
-        client = RunClient(transport, str(tmp_path), host_python=sys.executable, engine_path=str(REPO))
-        await client.open_channel()
+        sup, transport, client = await open_client(tmp_path)
         results = await asyncio.gather(client.pause([f"s{i:05d}" for i in range(10)]), client.status(shards=False),
                                        client.resume(["s00001"]), client.drain_host("h1"), client.status())
         with pytest.raises(RunClientError, match="unknown worker 'nope'") as refused:
@@ -199,11 +205,7 @@ def test_an_engine_before_the_channel_gets_the_note_and_is_served_one_process_pe
 
 def test_a_channel_whose_process_dies_fails_the_op_in_flight_and_a_new_one_carries_the_next(tmp_path):
     async def go():
-        sup = FakeSupervisor(tmp_path)
-        await sup.server.start()
-        transport = CountingLocalTransport()
-        client = RunClient(transport, str(tmp_path), host_python=sys.executable, engine_path=str(REPO))
-        await client.open_channel()
+        sup, transport, client = await open_client(tmp_path)
         first = client.channel
         os.killpg(first.process.pid, signal.SIGKILL)
         await await_until(lambda: first.closed is not None, 10, "the channel to see its process die")

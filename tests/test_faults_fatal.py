@@ -35,6 +35,13 @@ from tests.waiting import await_until
 FROZEN_NOW = 1_800_000_000.0
 
 
+def frozen_console(run_dir: Path, tmp_path: Path) -> tuple[HostSource, RegenApp]:
+    """The TUI attached to a local run dir, its clock frozen (what a gone run's screen says)."""
+    source = HostSource("local", str(run_dir), host_python=sys.executable, transport=LocalTransport())
+    return source, RegenApp(source, clock=lambda: FROZEN_NOW, monotonic=lambda: 1000.0, run_probes_on_start=False,
+                            live=False, export_dir=tmp_path)
+
+
 def write_config(tmp_path: Path, cfg: RunConfig, name: str = "run.toml") -> Path:
     path = tmp_path / name
     path.write_text(dump_toml(cfg))
@@ -136,9 +143,7 @@ async def test_missing_prompts_start_exits_with_the_cause_status_and_tui_show_it
     assert "Logging error" not in log
 
     children_before = {c.pid for c in psutil.Process().children()}
-    source = HostSource("local", str(run_dir), host_python=sys.executable, transport=LocalTransport())
-    app = RegenApp(source, clock=lambda: FROZEN_NOW, monotonic=lambda: 1000.0, run_probes_on_start=False,
-                   live=False, export_dir=tmp_path)
+    source, app = frozen_console(run_dir, tmp_path)
     try:
         async with app.run_test(size=(160, 40)) as pilot:
             await wait_until(pilot, lambda: "failed: PromptFileError" in header(app), "the cause in the header")

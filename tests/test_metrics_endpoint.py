@@ -18,12 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.commands.status import render_status
 from engine.answer_shape import think_state
 from engine.config import Metrics, Sampling, Store
-from engine.control import request
 from engine.run.exporter import ALERT_KEY, MetricsServer, families
 from engine.run.status import MetricsStatus, Rejects, RunStatus
 from engine.shard_store import ShardStore, _is_empty
 from engine.telemetry_events import DispatchEvent
 from tests.run_helpers import events
+from tests.test_figures_true import live_status
 from tests.test_cli_run import cleanup_runs, regen, start_local  # noqa: F401  (cleanup_runs: a fixture)
 from tests.test_engine_run import make_config, supervisors, wait_for  # noqa: F401  (supervisors: a fixture)
 
@@ -57,15 +57,6 @@ def scrape(port: int) -> dict[tuple[str, tuple], float] | None:
 
 def one(scraped: dict, name: str, **labels: str) -> float:
     return scraped[(name, tuple(sorted(labels.items())))]
-
-
-def live_status(run_dir: Path) -> dict | None:
-    """The supervisor's status over its control socket, in-process (polled)."""
-    try:
-        reply = request(run_dir / "control.sock", {"op": "status"}, timeout=5)
-    except (OSError, ValueError):
-        return None
-    return reply.get("result") if reply.get("ok") else None
 
 
 def parquet_sums(run_dir: Path) -> dict[str, int]:

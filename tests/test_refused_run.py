@@ -8,15 +8,11 @@ the servers' version, takes it), and SGLang 0.5.23, the simulator's default prof
 from __future__ import annotations
 
 import json
-import sys
 
 from engine.run.refusals import RefusalWatch, likely_key
 from tests.run_helpers import events, make_config, read_rows, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
-from console.transport_local import LocalTransport
-from console.tui.app import RegenApp
-from console.tui.source import HostSource
-from tests.test_faults_fatal import FROZEN_NOW, write_config
+from tests.test_faults_fatal import frozen_console, write_config
 from tests.test_tui_app import header, wait_until
 from tests.test_notify import Receiver, notify_table
 
@@ -85,9 +81,7 @@ async def test_a_rehearsal_whose_server_refuses_every_request_fails_with_its_wor
         wait_for(lambda: any("repetition_penalty must be in (0, 2]" in json.dumps(m) for m in receiver.bodies()),
                  30, "the notification quoting the server")
 
-        source = HostSource("local", str(run_dir), host_python=sys.executable, transport=LocalTransport())
-        app = RegenApp(source, clock=lambda: FROZEN_NOW, monotonic=lambda: 1000.0, run_probes_on_start=False,
-                       live=False, export_dir=tmp_path)
+        source, app = frozen_console(run_dir, tmp_path)
         try:
             async with app.run_test(size=(200, 40)) as pilot:
                 await wait_until(pilot, lambda: "failed: RunRefused" in header(app), "the cause in the TUI header")

@@ -282,3 +282,34 @@ def sim_config(model: Path, prompts: list[Path], run_dir: Path, *, gpus: int, si
 def machine() -> dict:
     return {"cpus": os.cpu_count(), "engine_cpus": sorted(ENGINE_CPUS), "sim_cpus": sorted(SIM_CPUS),
             "load_avg_1m": os.getloadavg()[0], "python": sys.version.split()[0]}
+
+
+# -- the peer-like baseline clients' pieces (bench_occupancy, bench_spread, bench_ingest) ---------------------------
+def first_rows(prompts: Path, n: int) -> list[dict]:
+    """The first n rows of a JSONL prompt file."""
+    rows = []
+    with open(prompts) as f:
+        for line in f:
+            rows.append(json.loads(line))
+            if len(rows) >= n:
+                break
+    return rows
+
+
+def chat_completion(url: str, row: dict, max_tokens: int, timeout: float) -> int:
+    """One blocking `/v1/chat/completions` request as a peer's regeneration client sends it; its completion tokens."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    body = json.dumps({"model": "default", "messages": row["messages"], "max_tokens": max_tokens,
+                       "temperature": 0.6, "top_p": 0.95, "rid": f"{row['id']}#turn0"})
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = json.loads(resp.read())
+    conn.close()
+    if resp.status != 200:
+        raise RuntimeError(f"{url}: HTTP {resp.status}: {data}")
+    return data["usage"]["completion_tokens"]
+

@@ -94,12 +94,7 @@ def run_regen(model: Path, prompts: Path, work: Path, gpus: int, output_mean: in
 # -- baseline (runs in its own process, pinned like the engine) ---------------------------------------
 def baseline_client(urls: list[str], prompts: Path, n: int, threads: int, out: Path, model: str,
                     max_tokens: int) -> dict:
-    rows = []
-    with open(prompts) as f:
-        for line in f:
-            rows.append(json.loads(line))
-            if len(rows) >= n:
-                break
+    rows = bc.first_rows(prompts, n)
     local = threading.local()
     lock = threading.Lock()
     sink = open(out, "w")

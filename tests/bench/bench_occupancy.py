@@ -25,7 +25,6 @@ fill, and total wall time (first admission to last finish), which includes the t
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
@@ -36,7 +35,6 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlparse
 
 from engine.config import Sampling
 from tests.bench import bench_common as bc
@@ -150,26 +148,11 @@ def run_regen(model: Path, prompts: Path, work: Path, gpus: int, step_ms: float)
 
 
 def baseline_client(urls: list[str], prompts: Path, n: int, per_server: int) -> dict:
-    rows = []
-    with open(prompts) as f:
-        for line in f:
-            rows.append(json.loads(line))
-            if len(rows) >= n:
-                break
+    rows = bc.first_rows(prompts, n)
     chunks = [rows[i::len(urls)] for i in range(len(urls))]  # round-robin, assigned up front
 
     def one(url: str, row: dict) -> int:
-        u = urlparse(url)
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
-        body = json.dumps({"model": "default", "messages": row["messages"], "max_tokens": MAX_NEW,
-                           "temperature": 0.6, "top_p": 0.95, "rid": f"{row['id']}#turn0"})
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = json.loads(resp.read())
-        conn.close()
-        if resp.status != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status}: {data}")
-        return data["usage"]["completion_tokens"]
+        return bc.chat_completion(url, row, MAX_NEW, timeout=600)
 
     t0 = time.perf_counter()
     pools = [ThreadPoolExecutor(max_workers=per_server) for _ in urls]

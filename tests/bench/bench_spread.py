@@ -28,7 +28,6 @@ against their mean (1.0: they all ended together, an even split); requests each 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
@@ -38,7 +37,6 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlparse
 
 from engine.config import Sampling
 from tests.bench import bench_common as bc
@@ -169,25 +167,10 @@ def run_regen(model: Path, prompts: Path, work: Path, gpus: int, variant: str, r
 
 # -- baseline (its own process, pinned like the engine) --------------------------------------------------------
 def baseline_client(urls: list[str], prompts: Path, n: int, threads: int) -> dict:
-    rows = []
-    with open(prompts) as f:
-        for line in f:
-            rows.append(json.loads(line))
-            if len(rows) >= n:
-                break
+    rows = bc.first_rows(prompts, n)
 
     def one(i: int, row: dict) -> int:
-        u = urlparse(urls[i % len(urls)])
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=900)
-        body = json.dumps({"model": "default", "messages": row["messages"], "max_tokens": MAX_NEW,
-                           "temperature": 0.6, "top_p": 0.95, "rid": f"{row['id']}#turn0"})
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = json.loads(resp.read())
-        conn.close()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {data}")
-        return data["usage"]["completion_tokens"]
+        return bc.chat_completion(urls[i % len(urls)], row, MAX_NEW, timeout=900)
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         tokens = sum(pool.map(one, range(len(rows)), rows))

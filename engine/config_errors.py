@@ -123,8 +123,8 @@ def _issue(err: dict[str, Any], data: dict[str, Any]) -> ConfigIssue:
     return ConfigIssue(key, f"{shown}: {_lower(err['msg'])}", "")
 
 
-def _field(loc: tuple[Any, ...]):
-    """The schema's FieldInfo of a key path (None for a path that is not a field)."""
+def _walk(loc: tuple[Any, ...]) -> tuple[Any, Any]:
+    """(the section model, the FieldInfo) a key path leads to through the schema; (None, None) off the schema."""
     from engine.config_schema import Host, RunConfig
 
     model: Any = RunConfig
@@ -132,10 +132,15 @@ def _field(loc: tuple[Any, ...]):
     for part in (p for p in loc if not isinstance(p, int) and p not in _UNION_TAGS):
         fields = getattr(model, "model_fields", None)
         if not fields or part not in fields:
-            return None
+            return None, None
         field = fields[part]
         model = Host if part == "hosts" else field.annotation
-    return field
+    return model, field
+
+
+def _field(loc: tuple[Any, ...]):
+    """The schema's FieldInfo of a key path (None for a path that is not a field)."""
+    return _walk(loc)[1]
 
 
 def _about(loc: tuple[Any, ...]) -> str:
@@ -218,16 +223,7 @@ def _type_fix(kind: str, expected: str, found: Any) -> str:
 
 
 def _unknown_fix(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
-    from engine.config_schema import Host, RunConfig
-
-    model: Any = RunConfig
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
-        if field is None:
-            break
-        model = Host if part == "hosts" else field.annotation
+    model, _ = _walk(loc[:-1])  # the section the unknown key was written in
     known = sorted(getattr(model, "model_fields", {}))
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.45)
     hint = f"did you mean `{close[0]}`? " if close else ""

@@ -315,3 +315,14 @@ def test_probe_plan_and_start_refuse_every_wrong_kind_of_every_key(tmp_path, cap
         shown = out.out + out.err
         assert code != 0 and key_named(section, key) in shown and "Traceback" not in shown, (section, key, kind, shown)
         assert not (tmp_path / f"run{i}").exists(), (section, key, kind)
+
+
+def test_the_model_dir_probe_reads_the_sampling_keys_the_engine_takes_from_the_model():
+    """probes/host/model_dir.py keeps its own copy (probes never import the engine): pinned here."""
+    import re
+
+    from engine.config import MODEL_SAMPLING_KEYS
+
+    script = (Path(__file__).resolve().parents[1] / "probes" / "host" / "model_dir.py").read_text()
+    copied = re.search(r"^SAMPLING_KEYS = \((.*?)\)", script, re.M).group(1)
+    assert tuple(k.strip().strip('"') for k in copied.split(",") if k.strip()) == MODEL_SAMPLING_KEYS

@@ -1,5 +1,5 @@
 """Honest text formats: each text export reports how many rows re-tokenize to the stored ids with the model's own
-template and what differs by kind; and the README's trainer advice, checked against SpecForge's template definitions
+template and what differs by kind; and docs/export.md's trainer advice, checked against SpecForge's template definitions
 (recorded below as facts, read from its repository), reproduces the stored prompt ids where it says it does."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.history_fixtures import answered_run
 from tests.test_history_as_seen import DEFECT
 
 pytestmark = pytest.mark.timeout(120)
-README = Path(__file__).resolve().parents[1] / "README.md"
+EXPORT_DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 KEEP_ALL = ("--keep", "length,thinking,empty", "--min-supervised", "0")
 
 
@@ -74,7 +74,7 @@ SPECFORGE_TEMPLATES = {
 }
 
 # per template family and SpecForge template: (the unsupervised part is the stored prompt, every generated token is
-# supervised); the README's table says the same
+# supervised); docs/export.md's table says the same
 EXPECTED = {
     ("qwen3", "qwen3.5"): (False, False),  # the header swallows the <think>\n the model generated: not supervised
     ("qwen3", "qwen3-thinking"): (False, True),  # a system prompt the model never saw
@@ -100,7 +100,7 @@ def specforge_prefix(renderer: Renderer, conversation: list[dict], template: dic
 
 
 @pytest.mark.parametrize("template", list(SPECFORGE_TEMPLATES))
-def test_specforge_templates_reproduce_the_stored_prompt_where_the_readme_says(family_model_dir, tmp_path, template):
+def test_specforge_templates_reproduce_the_stored_prompt_where_the_export_doc_says(family_model_dir, tmp_path, template):
     family = "qwen3.5" if "3.5" in family_model_dir.name else "qwen3"
     run_dir, rows = answered_run(tmp_path, family_model_dir, DEFECT)
     assert cli_main(["export", str(run_dir), "--format", "conversations-jsonl", "--out", str(tmp_path / "c")]) == 0
@@ -120,8 +120,8 @@ def test_specforge_templates_reproduce_the_stored_prompt_where_the_readme_says(f
     assert (prompt_ok, gen_ok) == EXPECTED[(family, template)]
 
 
-def test_the_readme_gives_the_tested_specforge_setting_per_family():
-    text = " ".join(README.read_text().split())
+def test_the_export_doc_gives_the_tested_specforge_setting_per_family():
+    text = " ".join(EXPORT_DOC.read_text().split())
     assert "| Qwen3.5 / Qwen3.6 style (the prompt opens `<think>`) | `chat_template: qwen3.5` |" in text
     assert "| Qwen3 (the model opens `<think>`) | `prompts_path` with `tokens-jsonl`" in text
     assert "`qwen3-thinking` puts the system prompt \"You are a helpful assistant.\"" in text

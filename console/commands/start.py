@@ -13,9 +13,10 @@ files open, tokenizer loaded, count started, workers launched), one progress lin
 supervisor that dies during its start makes `start` exit 1 with its recorded cause and remedy.
 
 Exit status: 0 started (also when some workers could not launch while the others run: a warning line
-`started with 1 of 2 workers: gpu0 refused (...)` says which, and `regen status` shows it); 1 not started
-(preflight refused, bad config, a live supervisor on the run dir, the supervisor failed its start or none of its
-workers launched: the cause is printed); 2 the host could not be reached.
+`started with 1 of 2 workers: gpu0 refused (...)` says which, and `regen status` shows it); 1 not started as
+configured (preflight refused, bad config, a live supervisor on the run dir, the supervisor failed its start: the
+cause is printed; none of its workers launched, or its start checks did not pass in time: the supervisor may live
+on, and the message says so and that `regen stop` ends it); 2 the host could not be reached.
 """
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def add_arguments(parser) -> None:
                              f" HOST --config`; with [[hosts]]: {','.join(PREFLIGHT)} on every host)")
     parser.add_argument("--no-preflight", action="store_true", help="start without probing the host(s) first")
     parser.add_argument("--timeout", type=float, default=None, help="preflight: each probe's timeout")
-    parser.epilog = ("exit status: 0 started (a warning names workers that did not launch); 1 not started (the cause is"
-                     " printed); 2 host not reached")
+    parser.epilog = ("exit status: 0 started (a warning names workers that did not launch); 1 not started as configured"
+                     " (the cause is printed; when the supervisor lives on, e.g. none of its workers launched, it says"
+                     " so and how to stop it); 2 host not reached")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 

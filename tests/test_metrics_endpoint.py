@@ -91,8 +91,9 @@ def test_scrape_equals_status_json_and_parquet_sums(tmp_path, tiny_model_dir, cl
     cleanup_runs.append(run_dir)
     port = free_port()
     # some answers empty, some cut at max_new_tokens: every share has something to count
-    cfg = make_config(run_dir, tiny_model_dir, prompts=600, sim=("--sim-output-mean", "80", "--sim-step-ms", "20",
-                                                                  "--sim-empty-share", "0.05"),
+    # a run of ~20 s: it must outlast `regen pause` on a loaded machine (at 20 ms steps it ended first, seen at load 6)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=1200, sim=("--sim-output-mean", "80", "--sim-step-ms", "100",
+                                                                   "--sim-empty-share", "0.05"),
                       metrics=Metrics(port=port), store=FAST_STORE, sampling=Sampling(max_new_tokens=120))
     start_local(cfg, tmp_path)  # as the operator does: `regen status` then finds the run's python
     wait_for(lambda: (s := scrape(port)) and figures(s).get("regen_samples_done_total", 0) >= 40, 120,

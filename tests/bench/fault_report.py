@@ -3,7 +3,7 @@
 Each case in tests/test_faults_*.py records its figures in tests/bench/results/faults.json
 (tests/run_helpers.record_figures). This script (optionally running the suite first) adds the
 totals (faults injected, survived, samples lost / duplicated, part files corrupted, bad rows tried
-and rejected with a reason) under "summary" and prints the table the README's Reliability section shows.
+and rejected with a reason) under "summary" and prints the table docs/reliability.md shows.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ prefix affinity, resume, stats, export, probe latency, runaway guard, console co
         [--only ingest,occupancy,capacity,spread,affinity,resume,stats,export,probe,runaway,tui,control]
 
 Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
-(the one in README.md "## Benchmarks"). Medians of --repeats runs (3; --quick: 1). The resume
+(the rows of docs/benchmarks.md). Medians of --repeats runs (3; --quick: 1). The resume
 run dir (1,000,000 committed samples) and the stats data (1,000,000 samples) are built once and
 cached under $TMPDIR/regen-bench-cache (the first run pays for building them).
 """

@@ -34,6 +34,7 @@ from engine.capacity import BatchSize, ServerCapacity, batch_from_log, configure
 from engine.config import RunConfig
 from engine.metrics_client import ServerMetrics, parse_metrics
 from engine.port_holder import PortCheck, check_port
+from engine.server_ranks import ServerRank, rank_argv
 from engine.server_identity import (
     SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, launch_token, operator_served_name,
     served_name,
@@ -49,7 +50,9 @@ READY_LINE = "The server is fired up and ready to roll!"
 ERROR_PATTERN = re.compile(
     r"out of memory|OutOfMemoryError|Not enough memory|CUDA error|Scheduler hit an exception|Received sigquit"
     r"|SIGQUIT received|[Ww]atchdog timeout|is dead|died during initialization|Initialization failed"
-)  # 0.5.23: a lowercase `watchdog timeout (...)`, and `Rank N scheduler died during initialization` for `is dead`
+    r"|NCCL error|Connection closed by remote peer|DistNetworkError|DistStoreError"
+)  # 0.5.23: a lowercase `watchdog timeout (...)`, and `Rank N scheduler died during initialization` for `is dead`;
+# a server across nodes: NCCL's remote error naming the peer that went, torch's rendezvous errors
 PROMETHEUS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
 LOADING_HINTS = ("server_args=", "Load weight begin", "Init torch distributed", "Loading")
 # uvicorn's line when the port was taken between regen's check and the server's bind
@@ -69,6 +72,12 @@ class WorkerSpec:
     gpus: tuple[int, ...]
     host: str
     port: int
+    rank: ServerRank | None = None  # this node's part of a server across nodes (engine/server_ranks.py)
+
+    @property
+    def tp_size(self) -> int:
+        """The server's TP size: its GPUs here, times the nodes when it spans several."""
+        return self.rank.tp_size if self.rank else len(self.gpus)
 
     @property
     def url(self) -> str:
@@ -92,7 +101,7 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name
         "model": cfg.model,
         "host": spec.host,
         "port": str(spec.port),
-        "tp": str(len(spec.gpus)),
+        "tp": str(spec.tp_size),
         "gpus": ",".join(str(g) for g in spec.gpus),
     }
     argv = [word.format(**fields) for word in shlex.split(cfg.workers.launch)]
@@ -101,7 +110,7 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name
         argv += [SERVED_NAME_FLAG, served_model_name]
     if cfg.workers.api_key and "--api-key" not in argv:
         argv += ["--api-key", cfg.workers.api_key]
-    return argv
+    return rank_argv(argv, spec.rank) if spec.rank else argv
 
 
 def die_with_parent() -> None:

@@ -53,6 +53,8 @@ ERROR_PATTERN = re.compile(
     r"|NCCL error|Connection closed by remote peer|DistNetworkError|DistStoreError"
 )  # 0.5.23: a lowercase `watchdog timeout (...)`, and `Rank N scheduler died during initialization` for `is dead`;
 # a server across nodes: NCCL's remote error naming the peer that went, torch's rendezvous errors
+# fatal lines that only say the server is going, not why: a crash's error quotes the last line that says why
+WRAPPER_LINES = re.compile(r"Received sigquit|SIGQUIT received|Scheduler hit an exception: Traceback")
 PROMETHEUS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
 LOADING_HINTS = ("server_args=", "Load weight begin", "Init torch distributed", "Loading")
 # uvicorn's line when the port was taken between regen's check and the server's bind
@@ -219,6 +221,10 @@ class IdentityRecord:
     # the per-DP-rank batch size in this launch's start-up log line, read where the log is (the dispatch
     # host cannot read it): one of the sources of the server's batch size (engine/capacity.py)
     startup_batch: int | None = None
+    # the process that wrote it (a host agent): a record of an agent that has gone since is stale
+    agent_pid: int | None = None
+    restarts: int = 0
+    last_words: tuple[str, ...] = ()  # crashed or failed: the server's fatal lines (or its log's tail)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -226,10 +232,16 @@ class IdentityRecord:
     @classmethod
     def from_json(cls, text: str) -> "IdentityRecord":
         data = json.loads(text)
-        batch = data.get("startup_batch")
+        words = data.get("last_words")
         return cls(name=str(data["name"]), state=str(data["state"]), served_model_name=data.get("served_model_name"),
                    pid=data.get("pid"), port=int(data["port"]), error=data.get("error"),
-                   startup_batch=batch if isinstance(batch, int) and not isinstance(batch, bool) else None)
+                   startup_batch=_int_or_none(data.get("startup_batch")), agent_pid=_int_or_none(data.get("agent_pid")),
+                   restarts=_int_or_none(data.get("restarts")) or 0,
+                   last_words=tuple(str(w) for w in words) if isinstance(words, list) else ())
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def write_identity(path: Path, record: IdentityRecord) -> None:
@@ -333,6 +345,7 @@ class Worker:
         self._expected: Expected | None = None  # the identity of the current launch
         self._proxy_warned = False
         self._startup_batch: int | None = None  # from the current launch's start-up log line
+        self.last_error_lines: list[str] = []  # the last crash's fatal lines (or its log's tail)
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -395,9 +408,11 @@ class Worker:
 
     def _record_identity(self) -> None:
         expected = self._expected
+        ended = self.state in (WorkerState.CRASHED, WorkerState.FAILED)
         record = IdentityRecord(name=self.name, state=self.state, pid=self.pid, port=self.spec.port, error=self.error,
                                 served_model_name=expected.served_model_name if expected else None,
-                                startup_batch=self._startup_batch)
+                                startup_batch=self._startup_batch, agent_pid=os.getpid(), restarts=self.restarts,
+                                last_words=tuple(self.last_error_lines) if ended else ())
         try:
             write_identity(self.log_path.parent / IDENTITY_FILE, record)
         except OSError as exc:
@@ -466,6 +481,7 @@ class Worker:
                 await self._launch()
             except OSError as exc:
                 self.error = f"cannot launch: {exc}"
+                self.last_error_lines = [self.error]
                 self._set_state(WorkerState.CRASHED)
                 self._alert("error", f"worker {self.name} could not be launched", str(exc), "launch")
             else:
@@ -489,7 +505,7 @@ class Worker:
                     "critical",
                     f"worker {self.name} failed: {len(self._crash_times)} crashes in {RESTART_WINDOW_S:.0f} s,"
                     f" not restarted again",
-                    "\n".join([self.error or ""] + list(getattr(self, "last_error_lines", []))), "failed",
+                    "\n".join([self.error or ""] + self.last_error_lines), "failed",
                 )
                 return
             delay = min(60.0, 2.0 ** (len(self._crash_times) - 1))
@@ -651,7 +667,8 @@ class Worker:
         evidence_lines = lines or log_tail(self.log_path, self._log_offset)
         code = "unknown" if returncode is None else (
             f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}")
-        self.error = (reason + "; " if reason else "") + f"{code}" + (f": {lines[-1]}" if lines else "")
+        cause = next((line for line in reversed(lines) if not WRAPPER_LINES.search(line)), lines[-1] if lines else "")
+        self.error = (reason + "; " if reason else "") + f"{code}" + (f": {cause}" if cause else "")
         self.last_error_lines = evidence_lines
         self._set_state(WorkerState.CRASHED)
         self._alert("error", f"worker {self.name} crashed ({code})", "\n".join(evidence_lines), "crash")

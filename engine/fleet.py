@@ -128,9 +128,10 @@ class Fleet:
                                      evidence="a server of it is ready"))
         if by_host and set(self.failed_hosts) >= set(by_host) and not self._ended:
             self._ended = True
-            self.on_failed(HostsFailed(
-                "every server of every host failed: " + " | ".join(self.failed_hosts[h] for h in by_host).replace(
-                    "\n", "; "), self._workers_dir(next(iter(by_host)))))
+            self.on_failed(HostsFailed("every server of every host failed: " + " | ".join(
+                f"host {h}: " + "; ".join(f"{w.name}: {w.error or 'no error text'} (log {self._log_of(w)})"
+                                          for w in servers) for h, servers in by_host.items()),
+                self._workers_dir(next(iter(by_host)))))
 
     def _log_of(self, w) -> str:
         link = next((x for x in self.links if any(m is w for m in x.members)), None)

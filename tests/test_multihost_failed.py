@@ -93,7 +93,8 @@ def test_when_no_host_can_serve_the_run_ends_with_the_hosts_last_words(tmp_path,
     assert sup.wait(120) == 1, sup.log_text()[-4000:]
     fatal = json.loads((run_dir / "fatal.json").read_text())
     assert fatal["exc_type"] == "HostsFailed"
-    assert "every server of every host failed: host h1:" in fatal["message"] and "h1.gpu0" in fatal["message"]
+    assert "every server of every host failed: host h1: h1.gpu0: exit code 1: RuntimeError: Not enough memory" \
+        in fatal["message"] and "(log h1:" in fatal["message"]
     assert "Not enough memory" in fatal["message"]
     assert "read each host's server logs" in fatal["remedy"]
     alerts = [e for e in events(run_dir) if e["type"] == "alert" and e.get("key") == "host-failed:h1"]

@@ -560,9 +560,9 @@ class HostLink:
             return self._records
         self._records_at = time.monotonic()
         # the agent's pid only if it lives (`kill -0` says why not on stderr, read with the rest)
-        command = (f"cd {shell_path(self.host.work_dir)} && if [ -f agent.pid ] && p=$(cat agent.pid) && kill -0 \"$p\";"
-                   f' then echo "{AGENT_LINE}$p"; else echo "{AGENT_LINE}none"; fi; for f in workers/*/{IDENTITY_FILE};'
-                   ' do [ -e "$f" ] || continue; cat "$f"; echo; done')
+        command = (f"cd {shell_path(self.host.work_dir)} && if [ -f agent.pid ] && p=$(cat agent.pid)"
+                   f' && kill -0 "$p"; then echo "{AGENT_LINE}$p"; else echo "{AGENT_LINE}none"; fi;'
+                   f' for f in workers/*/{IDENTITY_FILE}; do [ -e "$f" ] || continue; cat "$f"; echo; done')
         try:
             rc, out, err = await self.ssh(command, timeout=20)
         except HostError as exc:

@@ -54,7 +54,8 @@ class ServerRank:
         return range(self.node_rank * len(self.gpus), (self.node_rank + 1) * len(self.gpus))
 
     def flags(self) -> list[str]:
-        return ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--dist-init-addr", str(self.dist_init)]
+        return ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
+                "--dist-init-addr", str(self.dist_init)]
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from engine.metrics_client import ServerMetrics, parse_metrics
 from engine.port_holder import PortCheck, check_port
 from engine.server_ranks import ServerRank, rank_argv
 from engine.server_identity import (
-    SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, launch_token, operator_served_name,
-    served_name,
+    SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, judge_health_only, launch_token,
+    operator_served_name, served_name, socket_owner,
 )
 from engine.telemetry_events import AlertEvent, WorkerEvent
 
@@ -591,7 +591,8 @@ class Worker:
                 if ready:  # by its log line or /health: either way, only once it proves it is this launch
                     check = await self._prove_identity()
                     if check.verdict == Verdict.PROVEN:
-                        await self._read_capacity()
+                        if self.serves_http:
+                            await self._read_capacity()
                         self._set_state(WorkerState.READY)
                     elif check.verdict == Verdict.FOREIGN:
                         self._refuse(check.reason, self._identity_evidence(check))
@@ -608,7 +609,7 @@ class Worker:
                     await self._kill(STOP_GRACE_S)
                     return self._crashed(proc.returncode, reason=self.error)
             else:
-                if now >= next_metrics:
+                if now >= next_metrics and self.serves_http:
                     next_metrics = now + METRICS_INTERVAL_S
                     await self._scrape_metrics()
                 if now >= next_health:
@@ -628,9 +629,18 @@ class Worker:
             except asyncio.TimeoutError:
                 pass  # poll tick
 
+    @property
+    def serves_http(self) -> bool:
+        """False for a rank > 0 of a server across nodes: only a dummy /health, no API, no metrics, no name."""
+        return self.spec.rank is None or self.spec.rank.serves_http
+
     async def _prove_identity(self) -> IdentityCheck:
         assert self._expected is not None
-        check = await check_identity(self.session, self.url, self.headers, self._expected)
+        if self.serves_http:
+            check = await check_identity(self.session, self.url, self.headers, self._expected)
+        else:
+            owner = await asyncio.to_thread(socket_owner, self._expected.host, self._expected.port, self._expected.pid)
+            check = judge_health_only(self._expected, owner)
         log.info("worker %s: identity %s: %s", self.name, check.verdict, check.reason)
         if check.warning and not self._proxy_warned:
             self._proxy_warned = True

@@ -2,6 +2,10 @@
 and the launch line regen builds from run.toml for one rank (engine.workers.launch_argv)."""
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+
 import pytest
 
 from engine.config import RunConfig, Workers
@@ -53,3 +57,43 @@ def test_a_launch_line_that_sets_a_rank_flag_is_refused():
     rank = plan_server("s", ["a", "b"], [0], port=30000, dist_init_port=5000).ranks[0]
     with pytest.raises(RankPlanError, match="sets --nnodes: remove it from workers.launch / extra_args"):
         rank_argv(["python", "-m", "sglang.launch_server", "--nnodes=2"], rank)
+
+
+async def test_two_workers_launch_one_server_across_two_ranks_and_rank0_ends_with_rank1(tmp_path, tiny_model_dir):
+    """What a placement backend does, on one machine: a Worker per rank (rank 1's own --port on 127.0.0.1 here);
+    rank 1 is ready by its dummy /health and its socket, rank 0 by its name once rank 1 joined; rank 1 lost ends
+    rank 0 with NCCL's error naming it."""
+    import aiohttp
+
+    from engine.telemetry_events import AlertEvent
+    from engine.workers import Worker, WorkerState
+    from tests.run_helpers import make_config
+    from tests.sshd_fixtures import free_port
+    from tests.waiting import await_until
+
+    cfg = make_config(tmp_path / "run", tiny_model_dir, prompts=1, gpus=1)
+    cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(max_restarts=0))))
+    server = plan_server("big", ["127.0.0.1", "also-127.0.0.1"], [0], port=free_port(), dist_init_port=free_port(),
+                         dist_init_host="127.0.0.1")
+    events: list = []
+    async with aiohttp.ClientSession() as session:
+        workers = [Worker(spec=WorkerSpec(name=f"big.rank{r.node_rank}", gpus=r.gpus, host="127.0.0.1",
+                                          port=server.port if r.serves_http else free_port(), rank=r),
+                          cfg=cfg, run_dir=tmp_path / "run", session=session, emit=events.append)
+                   for r in server.ranks]
+        head, other = workers
+        try:
+            head.start()
+            await await_until(lambda: head.state == WorkerState.LOADING, 30, "rank 0 loading")
+            other.start()
+            await await_until(lambda: head.state == WorkerState.READY and other.state == WorkerState.READY, 60,
+                              "both ranks ready", describe=lambda: f"{head.state} {head.error}; {other.state} {other.error}")
+            assert "--node-rank 1" in (tmp_path / "run" / "workers" / "big.rank1" / "server.log").read_text()
+            assert head.capacity_info.discovered and not other.capacity_info.discovered  # no API on rank 1
+            os.killpg(other.pid, signal.SIGKILL)
+            await await_until(lambda: head.state in (WorkerState.CRASHED, WorkerState.FAILED), 30, "rank 0 ended")
+            assert "Connection closed by remote peer" in head.error and "(node rank 1, TP ranks 1-1)" in head.error
+            crash = next(e for e in events if isinstance(e, AlertEvent) and e.key == "worker:big.rank0:crash")
+            assert "remote process exited or there was a network error" in crash.evidence
+        finally:
+            await asyncio.gather(*(w.stop() for w in workers))

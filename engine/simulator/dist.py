@@ -1,4 +1,4 @@
-"""A multi-node server's rendezvous (`--nnodes N --node-rank i --dist-init-addr HOST:PORT`), as torch.distributed does it.
+"""A multi-node server's rendezvous (`--nnodes N --node-rank i --dist-init-addr HOST:PORT`), as torch.distributed's.
 
 Rank 0 listens on the dist-init address and waits until every other node rank has joined; each rank > 0 connects
 to it (retrying until rank 0 listens) and keeps the connection for the server's life. Either side seeing the other's

@@ -49,6 +49,7 @@ def status_json(run_dir, code: int = 0) -> dict:
     return json.loads(shown.stdout)
 
 
+@pytest.mark.slow  # ~30 s: two hosts, h2 crashes twice, then the run finishes on h1
 def test_a_host_whose_servers_all_fail_is_alerted_and_the_run_goes_on(tmp_path, tiny_model_dir, two_hosts,
                                                                         supervisors, renderer_for):  # noqa: F811
     cfg = config(tmp_path, tiny_model_dir, two_hosts, {"h1": 2, "h2": 1}, prompts=30,

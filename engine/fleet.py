@@ -169,9 +169,10 @@ class Fleet:
         hosts = [link.status() for link in self.links]
         for h in self.cfg.hosts:
             if h.is_local:
-                failed = self.failed_hosts.get(h.name)
+                failed = h.name in self.failed_hosts
+                error = "every server failed: " + "; ".join(f"{w.name}: {w.error}" for w in self.local_workers)
                 hosts.insert(0, HostStatus(name=h.name, address="local", state=HostState.FAILED if failed else "up",
-                                           error=failed.splitlines()[0] if failed else None,
+                                           error=error if failed else None,
                                            workers=[w.name for w in self.local_workers], work_dir=self.cfg.run_dir))
         return hosts
 

@@ -15,7 +15,7 @@ from tests.test_engine_run import (REPO, ctl, expected_samples, make_config, rea
                                    status, supervisors, wait_for)
 from tests.test_multihost import events, regen_cli
 
-pytestmark = [pytest.mark.sshd, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 NO_ROOM = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
 
 
@@ -49,6 +49,7 @@ def status_json(run_dir, code: int = 0) -> dict:
     return json.loads(shown.stdout)
 
 
+@pytest.mark.sshd
 @pytest.mark.slow  # ~30 s: two hosts, h2 crashes twice, then the run finishes on h1
 def test_a_host_whose_servers_all_fail_is_alerted_and_the_run_goes_on(tmp_path, tiny_model_dir, two_hosts,
                                                                         supervisors, renderer_for):  # noqa: F811
@@ -56,9 +57,8 @@ def test_a_host_whose_servers_all_fail_is_alerted_and_the_run_goes_on(tmp_path, 
                  sim=("--sim-step-ms", "20", "--max-running-requests", "8", "--sim-output-mean", "80"))
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
-    # h1 serves; the run is held there so that it is still running when h2 has failed (~10 s)
-    wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 1, 120, "a first sample", sup)
-    assert ctl(run_dir, "pause", "--all").returncode == 0
+    # held from the start (paused once the ledger is open), so that it still runs when h2 has failed
+    wait_for(lambda: ctl(run_dir, "pause", "--all").returncode == 0, 60, "the run paused", sup)
     alert = wait_for(lambda: (run_dir / "telemetry.jsonl").exists() and next(
         (e for e in events(run_dir) if e["type"] == "alert" and e.get("key") == "host-failed:h2"), None),
         120, "the host-failed alert", sup)
@@ -86,6 +86,7 @@ def test_a_host_whose_servers_all_fail_is_alerted_and_the_run_goes_on(tmp_path, 
     assert len({r["sample_id"] for r in rows}) == len(rows) and len(rows) + rejected == len(expected)
 
 
+@pytest.mark.sshd
 def test_when_no_host_can_serve_the_run_ends_with_the_hosts_last_words(tmp_path, tiny_model_dir, two_hosts,
                                                                          supervisors):  # noqa: F811
     cfg = config(tmp_path, tiny_model_dir, two_hosts, {"h1": 1}, prompts=10)
@@ -104,3 +105,19 @@ def test_when_no_host_can_serve_the_run_ends_with_the_hosts_last_words(tmp_path,
     st = status_json(run_dir, code=3)  # the run failed, its cause recorded
     assert st["state"] == "failed"
     assert st["fatal"]["exc_type"] == "HostsFailed" and "Not enough memory" in st["fatal"]["message"]
+
+
+def test_a_local_host_whose_servers_all_fail_ends_the_run_the_same_way(tmp_path, tiny_model_dir,
+                                                                       supervisors):  # noqa: F811
+    cfg = make_config(tmp_path / "run", tiny_model_dir, prompts=10, sim=("--sim-gpu-mem-gb", "48"))
+    cfg = cfg.model_copy(update=dict(
+        workers=cfg.workers.model_copy(update=dict(max_restarts=0)),
+        hosts=(Host(name="here", address="local", gpus=(0,), tp_size=1, host_python=sys.executable),),
+        router=Router(policy="round_robin", port=free_port(), prometheus_port=free_port(), python=sys.executable)))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    assert sup.wait(120) == 1, sup.log_text()[-4000:]
+    fatal = json.loads((run_dir / "fatal.json").read_text())
+    assert fatal["exc_type"] == "HostsFailed" and fatal["path"] == str(run_dir / "workers")
+    assert "host here: here.gpu0: exit code 1: RuntimeError: Not enough memory" in fatal["message"]
+    assert f"(log {run_dir / 'workers' / 'here.gpu0' / 'server.log'})" in fatal["message"]

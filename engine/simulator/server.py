@@ -111,7 +111,7 @@ class SimServer:
         self.chunked_prefill_size = cfg.chunked_prefill_size or 8192
         self.max_prefill_tokens = 16384
         self.metrics = SimMetrics(
-            cfg.model_name, tp_ranks=cfg.tp_size if cfg.enable_metrics_for_all_schedulers else 1,
+            cfg.model_name, tp_ranks=cfg.tp_per_node if cfg.enable_metrics_for_all_schedulers else 1,  # its node's
             priority=cfg.enable_priority_scheduling and self.profile.priority_labelled_metrics,
         ) if cfg.enable_metrics else None
         self.tokenizer = None

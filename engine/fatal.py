@@ -56,6 +56,10 @@ class WorkersFailed(Exception):
         self.path = path
 
 
+class HostsFailed(WorkersFailed):
+    """Every server of every [[hosts]] entry failed; `path` is the first host's workers dir (address:path)."""
+
+
 @dataclass
 class FatalRecord:
     exc_type: str
@@ -141,6 +145,9 @@ REMEDIES: dict[str, str] = {
     "RunDirError": "fix the run dir {path} as said above; " + AGAIN,
     "WorkersFailed": "read the server logs ({run_dir}/workers/<name>/server.log) for the cause; fix the launch (model"
                      " path, GPUs, ports, workers.launch / extra_args); " + AGAIN,
+    "HostsFailed": "read each host's server logs (named above, on the host: <work_dir>/workers/<name>/server.log) for"
+                   " the cause; fix the launch for those hosts (model path, GPUs and tp_size, ports, workers.launch /"
+                   " extra_args); " + AGAIN,
     "PermissionError": "give user {user}, who runs the supervisor, access to {path} (`ls -ld {qpath}`); " + AGAIN,
     "OSError": "check {path}: the error above is the operating system's; " + AGAIN,
 }

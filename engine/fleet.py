@@ -19,10 +19,22 @@ from engine.config import RunConfig, host_workers
 from engine.host_link import HostLink, named_specs
 from engine.router import RouterEndpoint, RouterError, RouterProcess
 from engine.run.status import HostStatus, RouterStatus
+from engine.fatal import HostsFailed
 from engine.telemetry_events import AlertEvent
+from engine.wire import HostState
 from engine.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.fleet")
+
+
+def host_last_words(host: str, servers: list, log_of: Callable[[object], str]) -> str:
+    """What a failed host's servers said: each one's error, fatal lines and log, one per line under the host."""
+    lines = [f"host {host}:"]
+    for w in servers:
+        lines.append(f"{w.name}: {w.error or 'no error text'}")
+        lines += [f"  {line}" for line in w.last_error_lines[-4:]]
+        lines.append(f"  log: {log_of(w)}")
+    return "\n".join(lines)
 
 
 class Fleet:
@@ -54,6 +66,9 @@ class Fleet:
         self._changes: set[asyncio.Task] = set()
         self._stopped = False
         self.on_change: Callable[[], None] = lambda: None  # the router's membership changed
+        self.on_failed: Callable[[HostsFailed], None] = lambda exc: None  # every host's servers failed: the run ends
+        self.failed_hosts: dict[str, str] = {}  # host -> what its servers said when the last of them failed
+        self._ended = False
 
     async def start(self) -> None:
         try:
@@ -81,6 +96,50 @@ class Fleet:
         task = asyncio.get_running_loop().create_task(self._sync(w, state), name=f"router-sync-{w.name}")
         self._changes.add(task)
         task.add_done_callback(self._changes.discard)
+        if not self._stopped:
+            self._judge_hosts()
+
+    def servers_by_host(self) -> dict[str, list]:
+        by_host: dict[str, list] = {h.name: [] for h in self.cfg.hosts}
+        for w in self.local_workers:
+            by_host[w.host_name].append(w)
+        for link in self.links:
+            by_host[link.host.name] = list(link.members)
+        return by_host
+
+    def _judge_hosts(self) -> None:
+        """A host whose every server failed (crashed past workers.max_restarts, on the agent's word for a remote
+        one) is a critical alert with their last words, and the run goes on with the others; when no host is left
+        to serve, the run ends with them (on_failed)."""
+        by_host = self.servers_by_host()
+        for name, servers in by_host.items():
+            failed = bool(servers) and all(w.state == WorkerState.FAILED for w in servers)
+            if failed and name not in self.failed_hosts:
+                self.failed_hosts[name] = host_last_words(name, servers, self._log_of)
+                others = [h for h in by_host if h != name and h not in self.failed_hosts]
+                self.emit(AlertEvent(
+                    severity="critical", key=f"host-failed:{name}",
+                    text=f"host {name}: every server failed, not restarted again; " + (
+                        f"the run goes on with {', '.join(others)}" if others else "no host is left to serve"),
+                    evidence=self.failed_hosts[name]))
+            elif not failed and name in self.failed_hosts and any(w.state == WorkerState.READY for w in servers):
+                del self.failed_hosts[name]
+                self.emit(AlertEvent(severity="info", key=f"host-failed:{name}", text=f"host {name} serves again",
+                                     evidence="a server of it is ready"))
+        if by_host and set(self.failed_hosts) >= set(by_host) and not self._ended:
+            self._ended = True
+            self.on_failed(HostsFailed("every server of every host failed: " + " | ".join(
+                f"host {h}: " + "; ".join(f"{w.name}: {w.error or 'no error text'} (log {self._log_of(w)})"
+                                          for w in servers) for h, servers in by_host.items()),
+                self._workers_dir(next(iter(by_host)))))
+
+    def _log_of(self, w) -> str:
+        link = next((x for x in self.links if any(m is w for m in x.members)), None)
+        return f"{link.host.name}:{link.server_log(w)}" if link else str(w.log_path)
+
+    def _workers_dir(self, host_name: str) -> str:
+        link = next((x for x in self.links if x.host.name == host_name), None)
+        return f"{link.host.address}:{link.host.work_dir}/workers" if link else str(Path(self.cfg.run_dir) / "workers")
 
     async def _sync(self, w, state: str) -> None:
         try:
@@ -110,7 +169,10 @@ class Fleet:
         hosts = [link.status() for link in self.links]
         for h in self.cfg.hosts:
             if h.is_local:
-                hosts.insert(0, HostStatus(name=h.name, address="local", state="up", error=None,
+                failed = h.name in self.failed_hosts
+                error = "every server failed: " + "; ".join(f"{w.name}: {w.error}" for w in self.local_workers)
+                hosts.insert(0, HostStatus(name=h.name, address="local", state=HostState.FAILED if failed else "up",
+                                           error=error if failed else None,
                                            workers=[w.name for w in self.local_workers], work_dir=self.cfg.run_dir))
         return hosts
 

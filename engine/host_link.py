@@ -66,6 +66,7 @@ SSH_TIMEOUT_S = 60.0
 FORWARD_READY_S = 20.0
 MAX_BACKOFF_S = 30.0
 IDENTITY_REFRESH_S = 2.0  # the agents' identity records are read over ssh at most this often
+ENDED = (WorkerState.CRASHED, WorkerState.FAILED)
 
 
 class HostError(Exception):
@@ -121,6 +122,8 @@ class RemoteWorker:
     unhealthy_since: float | None = None
     ready_this_join: bool = False
     served_model_name: str | None = None  # the proven name it was admitted with (None: not admitted)
+    last_error_lines: list[str] = field(default_factory=list)  # its last crash's fatal lines, as its agent read them
+    agent_seen: tuple = ()  # the agent's (state, restarts, pid) last mirrored: each crash is told once
     served: ServedTokens | None = None  # the ledger's ServedTokens when it is a dispatch target (behind a router: None)
 
     @property
@@ -176,6 +179,21 @@ def parse_identity_records(text: str) -> tuple[dict[str, IdentityRecord], list[s
             continue
         records[rec.name] = rec
     return records, bad
+
+
+AGENT_LINE = "agent "
+
+
+def live_records(text: str) -> tuple[dict[str, IdentityRecord], list[str]]:
+    """The records of the live agent from `_identity_records`' output: its first line `agent <pid>` (`agent none`
+    when no agent runs), then the records. A record another agent wrote (one that has gone since, whose servers'
+    failures are not this run's) is dropped; one from an agent before the field is kept."""
+    head, _, rest = text.partition("\n")
+    pid_text = head.removeprefix(AGENT_LINE).strip() if head.startswith(AGENT_LINE) else ""
+    if not pid_text.isdigit():
+        return {}, [] if head.startswith(AGENT_LINE) else [f"no agent line: {head[:120]!r}"]
+    records, bad = parse_identity_records(rest)
+    return {k: r for k, r in records.items() if r.agent_pid in (None, int(pid_text))}, bad
 
 
 def _free_local_port(preferred: int) -> int:
@@ -257,7 +275,17 @@ class HostLink:
             elif not drained and m.state == HostState.DRAINED:
                 m.set_state(WorkerState.STARTING)  # the next health pass makes it ready: back in the router
 
+    @property
+    def failed(self) -> bool:
+        """Reached, and every server of it failed: nothing more comes from it unless restarted."""
+        return bool(self.members) and all(m.state == WorkerState.FAILED for m in self.members)
+
     def status(self) -> HostStatus:
+        if self.failed and self.state in (HostState.UP, HostState.DRAINED):
+            return HostStatus(name=self.host.name, address=self.host.address, state=HostState.FAILED,
+                              error="every server failed: " + "; ".join(f"{m.name}: {m.error}" for m in self.members),
+                              workers=[m.name for m in self.members], work_dir=self.host.work_dir, joins=self.joins,
+                              lost=self.lost_count)
         return HostStatus(name=self.host.name, address=self.host.address, state=self.state, error=self.error,
                           workers=[m.name for m in self.members], work_dir=self.host.work_dir, joins=self.joins,
                           lost=self.lost_count)
@@ -462,11 +490,12 @@ class HostLink:
                         m.set_state(WorkerState.LOADING, why)  # out of the router until healthy again
                     elif m.state == WorkerState.REFUSED:
                         await self._recheck_refused(m)
-                    else:
+                    elif not self._mirror_agent(m, (await self._identity_records()).get(m.name)):
                         m.error = why
             # servers still loading (minutes for a 27B model) are not a lost host; ready ones that all
-            # stop answering are (a cut link is usually caught sooner: ssh's ServerAlive ends the forwards)
-            if any(m.ready_this_join for m in self.members) and all(
+            # stop answering are (a cut link is usually caught sooner: ssh's ServerAlive ends the forwards),
+            # unless the agent says they crashed: then the host answers, its servers do not
+            if any(m.ready_this_join for m in self.members) and not any(m.state in ENDED for m in self.members) and all(
                     m.unhealthy_since is not None and now - m.unhealthy_since >= lost_after for m in self.members):
                 return f"no server answered /health for {lost_after:.0f} s: " + "; ".join(
                     f"{m.name}: {m.error}" for m in self.members)
@@ -476,6 +505,35 @@ class HostLink:
                 await asyncio.gather(*(self._scrape(m) for m in ready), *(self._still_admitted(m) for m in ready))
             await asyncio.sleep(POLL_S)
         return "stopping"
+
+    def _mirror_agent(self, m: RemoteWorker, record: IdentityRecord | None) -> bool:
+        """An unanswering server whose host agent says it crashed or failed takes that state, its error and last
+        words, each crash told once as an alert here (the agent's own alerts stay on its host); one the agent
+        launched again is starting. False when the record says nothing of that (the caller keeps the /health
+        reason)."""
+        if record is None:
+            return False
+        if record.state in ENDED:
+            seen = (record.state, record.restarts, record.pid)
+            if m.agent_seen != seen:
+                m.agent_seen, m.restarts, m.last_error_lines = seen, record.restarts, list(record.last_words)
+                m.set_state(record.state, record.error)
+                failed = record.state == WorkerState.FAILED
+                self.emit(AlertEvent(
+                    severity="critical" if failed else "error",
+                    text=f"worker {m.name} {'failed, not restarted again' if failed else 'crashed'} on host "
+                         f"{self.host.name}: {record.error}",
+                    evidence="\n".join([*record.last_words, f"log: {self.host.name}:{self.server_log(m)}"]),
+                    key=f"worker:{m.name}:{'failed' if failed else 'crash'}"))
+            return True
+        if m.state in ENDED and record.state in (WorkerState.STARTING, WorkerState.LOADING):
+            m.restarts = record.restarts
+            m.set_state(record.state, f"the host agent's server: {record.state} (restart {record.restarts})")
+            return True
+        return False
+
+    def server_log(self, m: RemoteWorker) -> str:
+        return f"{self.host.work_dir}/workers/{m.name}/server.log"
 
     # -- the agent's readings of its host -----------------------------------------------------
     async def _fetch_readings(self) -> str:
@@ -501,8 +559,10 @@ class HostLink:
         if not fresh and time.monotonic() - self._records_at < IDENTITY_REFRESH_S:
             return self._records
         self._records_at = time.monotonic()
-        command = (f"cd {shell_path(self.host.work_dir)} && for f in workers/*/{IDENTITY_FILE}; do"
-                   ' [ -e "$f" ] || continue; cat "$f"; echo; done')
+        # the agent's pid only if it lives (`kill -0` says why not on stderr, read with the rest)
+        command = (f"cd {shell_path(self.host.work_dir)} && if [ -f agent.pid ] && p=$(cat agent.pid)"
+                   f' && kill -0 "$p"; then echo "{AGENT_LINE}$p"; else echo "{AGENT_LINE}none"; fi;'
+                   f' for f in workers/*/{IDENTITY_FILE}; do [ -e "$f" ] || continue; cat "$f"; echo; done')
         try:
             rc, out, err = await self.ssh(command, timeout=20)
         except HostError as exc:
@@ -511,7 +571,7 @@ class HostLink:
         if rc != 0:
             self._records_error = f"reading the host agent's identity records failed (exit {rc}): {err.strip()}"
             return self._records
-        self._records, bad = parse_identity_records(out)
+        self._records, bad = live_records(out)
         self._records_error = ""
         for line in bad:
             log.warning("host %s: unreadable identity record %s", self.host.name, line)

@@ -182,6 +182,20 @@ def judge(expected: Expected, owner: SocketOwner, answer: ServedNames) -> Identi
                          f"(pid {expected.pid}): {said}", holders=owner.hidden, names=answer.names)
 
 
+def judge_health_only(expected: Expected, owner: SocketOwner) -> IdentityCheck:
+    """A rank > 0 of a server across nodes serves only SGLang's dummy /health, which says no name: it is the launch
+    when the launched process tree listens on its port, and nothing of another process may answer there."""
+    where = f"port {expected.port} on {expected.host}"
+    if owner.foreign or owner.hidden:
+        holders = owner.foreign + owner.hidden
+        return IdentityCheck(Verdict.FOREIGN, f"{where} is listened on by {', '.join(h.describe() for h in holders)}, "
+                             f"not only by the server rank regen launched (pid {expected.pid})", holders=holders)
+    if owner.ours:
+        return IdentityCheck(Verdict.PROVEN, f"{where}: the rank's health server, listened on by the launched pid(s) "
+                             f"{', '.join(map(str, owner.ours))}")
+    return IdentityCheck(Verdict.PENDING, f"{where}: nobody listens (yet)" + (f" ({owner.note})" if owner.note else ""))
+
+
 async def check_identity(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
                          expected: Expected) -> IdentityCheck:
     answer = await read_served_names(session, url, headers)

@@ -246,6 +246,7 @@ class Supervisor:
     def _fleet_targets(self) -> list:
         self.fleet = Fleet(self.cfg, self.run_dir, self.session, self.emit)
         self.fleet.on_change = self._resize
+        self.fleet.on_failed = self._fail
         self.workers = self.fleet.workers
         return [self.fleet.endpoint]
 

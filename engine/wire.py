@@ -61,6 +61,7 @@ class HostState(StrEnum):
     UP = "up"
     DRAINED = "drained"  # up, but out of the router by the operator's choice
     LOST = "lost"
+    FAILED = "failed"  # reached, but every server of it failed (crashed past workers.max_restarts): no work
     STOPPED = "stopped"
 
 

@@ -34,9 +34,10 @@ from engine.capacity import BatchSize, ServerCapacity, batch_from_log, configure
 from engine.config import RunConfig
 from engine.metrics_client import ServerMetrics, parse_metrics
 from engine.port_holder import PortCheck, check_port
+from engine.server_ranks import ServerRank, rank_argv
 from engine.server_identity import (
-    SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, launch_token, operator_served_name,
-    served_name,
+    SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, judge_health_only, launch_token,
+    operator_served_name, served_name, socket_owner,
 )
 from engine.telemetry_events import AlertEvent, WorkerEvent
 
@@ -49,7 +50,11 @@ READY_LINE = "The server is fired up and ready to roll!"
 ERROR_PATTERN = re.compile(
     r"out of memory|OutOfMemoryError|Not enough memory|CUDA error|Scheduler hit an exception|Received sigquit"
     r"|SIGQUIT received|[Ww]atchdog timeout|is dead|died during initialization|Initialization failed"
-)  # 0.5.23: a lowercase `watchdog timeout (...)`, and `Rank N scheduler died during initialization` for `is dead`
+    r"|NCCL error|Connection closed by remote peer|DistNetworkError|DistStoreError"
+)  # 0.5.23: a lowercase `watchdog timeout (...)`, and `Rank N scheduler died during initialization` for `is dead`;
+# a server across nodes: NCCL's remote error naming the peer that went, torch's rendezvous errors
+# fatal lines that only say the server is going, not why: a crash's error quotes the last line that says why
+WRAPPER_LINES = re.compile(r"Received sigquit|SIGQUIT received|Scheduler hit an exception: Traceback")
 PROMETHEUS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
 LOADING_HINTS = ("server_args=", "Load weight begin", "Init torch distributed", "Loading")
 # uvicorn's line when the port was taken between regen's check and the server's bind
@@ -69,6 +74,12 @@ class WorkerSpec:
     gpus: tuple[int, ...]
     host: str
     port: int
+    rank: ServerRank | None = None  # this node's part of a server across nodes (engine/server_ranks.py)
+
+    @property
+    def tp_size(self) -> int:
+        """The server's TP size: its GPUs here, times the nodes when it spans several."""
+        return self.rank.tp_size if self.rank else len(self.gpus)
 
     @property
     def url(self) -> str:
@@ -92,7 +103,7 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name
         "model": cfg.model,
         "host": spec.host,
         "port": str(spec.port),
-        "tp": str(len(spec.gpus)),
+        "tp": str(spec.tp_size),
         "gpus": ",".join(str(g) for g in spec.gpus),
     }
     argv = [word.format(**fields) for word in shlex.split(cfg.workers.launch)]
@@ -101,7 +112,7 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name
         argv += [SERVED_NAME_FLAG, served_model_name]
     if cfg.workers.api_key and "--api-key" not in argv:
         argv += ["--api-key", cfg.workers.api_key]
-    return argv
+    return rank_argv(argv, spec.rank) if spec.rank else argv
 
 
 def die_with_parent() -> None:
@@ -210,6 +221,10 @@ class IdentityRecord:
     # the per-DP-rank batch size in this launch's start-up log line, read where the log is (the dispatch
     # host cannot read it): one of the sources of the server's batch size (engine/capacity.py)
     startup_batch: int | None = None
+    # the process that wrote it (a host agent): a record of an agent that has gone since is stale
+    agent_pid: int | None = None
+    restarts: int = 0
+    last_words: tuple[str, ...] = ()  # crashed or failed: the server's fatal lines (or its log's tail)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -217,10 +232,16 @@ class IdentityRecord:
     @classmethod
     def from_json(cls, text: str) -> "IdentityRecord":
         data = json.loads(text)
-        batch = data.get("startup_batch")
+        words = data.get("last_words")
         return cls(name=str(data["name"]), state=str(data["state"]), served_model_name=data.get("served_model_name"),
                    pid=data.get("pid"), port=int(data["port"]), error=data.get("error"),
-                   startup_batch=batch if isinstance(batch, int) and not isinstance(batch, bool) else None)
+                   startup_batch=_int_or_none(data.get("startup_batch")), agent_pid=_int_or_none(data.get("agent_pid")),
+                   restarts=_int_or_none(data.get("restarts")) or 0,
+                   last_words=tuple(str(w) for w in words) if isinstance(words, list) else ())
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def write_identity(path: Path, record: IdentityRecord) -> None:
@@ -324,6 +345,7 @@ class Worker:
         self._expected: Expected | None = None  # the identity of the current launch
         self._proxy_warned = False
         self._startup_batch: int | None = None  # from the current launch's start-up log line
+        self.last_error_lines: list[str] = []  # the last crash's fatal lines (or its log's tail)
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -386,9 +408,11 @@ class Worker:
 
     def _record_identity(self) -> None:
         expected = self._expected
+        ended = self.state in (WorkerState.CRASHED, WorkerState.FAILED)
         record = IdentityRecord(name=self.name, state=self.state, pid=self.pid, port=self.spec.port, error=self.error,
                                 served_model_name=expected.served_model_name if expected else None,
-                                startup_batch=self._startup_batch)
+                                startup_batch=self._startup_batch, agent_pid=os.getpid(), restarts=self.restarts,
+                                last_words=tuple(self.last_error_lines) if ended else ())
         try:
             write_identity(self.log_path.parent / IDENTITY_FILE, record)
         except OSError as exc:
@@ -457,6 +481,7 @@ class Worker:
                 await self._launch()
             except OSError as exc:
                 self.error = f"cannot launch: {exc}"
+                self.last_error_lines = [self.error]
                 self._set_state(WorkerState.CRASHED)
                 self._alert("error", f"worker {self.name} could not be launched", str(exc), "launch")
             else:
@@ -480,7 +505,7 @@ class Worker:
                     "critical",
                     f"worker {self.name} failed: {len(self._crash_times)} crashes in {RESTART_WINDOW_S:.0f} s,"
                     f" not restarted again",
-                    "\n".join([self.error or ""] + list(getattr(self, "last_error_lines", []))), "failed",
+                    "\n".join([self.error or ""] + self.last_error_lines), "failed",
                 )
                 return
             delay = min(60.0, 2.0 ** (len(self._crash_times) - 1))
@@ -566,7 +591,8 @@ class Worker:
                 if ready:  # by its log line or /health: either way, only once it proves it is this launch
                     check = await self._prove_identity()
                     if check.verdict == Verdict.PROVEN:
-                        await self._read_capacity()
+                        if self.serves_http:
+                            await self._read_capacity()
                         self._set_state(WorkerState.READY)
                     elif check.verdict == Verdict.FOREIGN:
                         self._refuse(check.reason, self._identity_evidence(check))
@@ -583,7 +609,7 @@ class Worker:
                     await self._kill(STOP_GRACE_S)
                     return self._crashed(proc.returncode, reason=self.error)
             else:
-                if now >= next_metrics:
+                if now >= next_metrics and self.serves_http:
                     next_metrics = now + METRICS_INTERVAL_S
                     await self._scrape_metrics()
                 if now >= next_health:
@@ -603,9 +629,18 @@ class Worker:
             except asyncio.TimeoutError:
                 pass  # poll tick
 
+    @property
+    def serves_http(self) -> bool:
+        """False for a rank > 0 of a server across nodes: only a dummy /health, no API, no metrics, no name."""
+        return self.spec.rank is None or self.spec.rank.serves_http
+
     async def _prove_identity(self) -> IdentityCheck:
         assert self._expected is not None
-        check = await check_identity(self.session, self.url, self.headers, self._expected)
+        if self.serves_http:
+            check = await check_identity(self.session, self.url, self.headers, self._expected)
+        else:
+            owner = await asyncio.to_thread(socket_owner, self._expected.host, self._expected.port, self._expected.pid)
+            check = judge_health_only(self._expected, owner)
         log.info("worker %s: identity %s: %s", self.name, check.verdict, check.reason)
         if check.warning and not self._proxy_warned:
             self._proxy_warned = True
@@ -642,7 +677,8 @@ class Worker:
         evidence_lines = lines or log_tail(self.log_path, self._log_offset)
         code = "unknown" if returncode is None else (
             f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}")
-        self.error = (reason + "; " if reason else "") + f"{code}" + (f": {lines[-1]}" if lines else "")
+        cause = next((line for line in reversed(lines) if not WRAPPER_LINES.search(line)), lines[-1] if lines else "")
+        self.error = (reason + "; " if reason else "") + f"{code}" + (f": {cause}" if cause else "")
         self.last_error_lines = evidence_lines
         self._set_state(WorkerState.CRASHED)
         self._alert("error", f"worker {self.name} crashed ({code})", "\n".join(evidence_lines), "crash")

@@ -2,6 +2,7 @@
 membership-derived capacity, and how status and the TUI show hosts."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from pathlib import Path
@@ -13,7 +14,7 @@ from rich.console import Console
 from console.commands.status import render_status
 from console.tui.model import RunModel
 from engine.config import ConfigError, Host, config_from_dict, dump_toml, host_workers
-from engine.host_link import HostLink, RemoteWorker, admit_remote, host_specs, parse_identity_records
+from engine.host_link import HostLink, RemoteWorker, admit_remote, host_specs, live_records, parse_identity_records
 from engine.capacity import ServerCapacity
 from engine.metrics_client import ServerMetrics
 from engine.router import RouterEndpoint, router_argv
@@ -181,7 +182,7 @@ async def test_a_remote_server_joins_only_as_the_agents_proven_launch(start_sim)
 
     async def fake_ssh(command, stdin=None, timeout=60.0):
         assert "identity.json" in command
-        return 0, agent["record"].to_json() + "\n", ""
+        return 0, "agent 4242\n" + agent["record"].to_json() + "\n", ""
 
     async with aiohttp.ClientSession() as session:
         link = HostLink(cfg, cfg.hosts[0], engine_root=Path("."), session=session, emit=emitted.append,
@@ -219,7 +220,7 @@ async def test_a_remote_server_s_batch_comes_from_its_agent_s_record_of_the_star
                             port=30000, startup_batch=40)
 
     async def fake_ssh(command, stdin=None, timeout=60.0):
-        return 0, record.to_json() + "\n", ""
+        return 0, "agent 4242\n" + record.to_json() + "\n", ""
 
     async with aiohttp.ClientSession() as session:
         link = HostLink(cfg, cfg.hosts[0], engine_root=Path("."), session=session, emit=lambda _: None,
@@ -232,3 +233,41 @@ async def test_a_remote_server_s_batch_comes_from_its_agent_s_record_of_the_star
     assert (m.capacity_info.max_running_requests, m.capacity_info.batch_source) == (40, source)
     ev = m.snapshot()
     assert (ev.batch_size, ev.batch_source, ev.host) == (40, source, "h1")
+
+
+# -- a remote server that crashes: the agent's record says so, and the dispatch host tells the operator ---------
+def test_only_the_live_agents_records_count():
+    mine = dataclasses.replace(_record("failed"), agent_pid=11)
+    gone = dataclasses.replace(_record("failed"), name="h1.gpu1", agent_pid=10)  # a previous agent's: stale
+    older = dataclasses.replace(_record("ready"), name="h1.gpu2")  # an agent from before the field
+    text = "\n".join(r.to_json() for r in (mine, gone, older))
+    assert live_records("agent 11\n" + text) == ({"h1.gpu0": mine, "h1.gpu2": older}, [])
+    assert live_records("agent none\n" + text) == ({}, [])
+    assert live_records(text)[1] == [f"no agent line: {mine.to_json()[:120]!r}"]
+
+
+async def test_a_crashed_then_failed_remote_server_is_shown_and_alerted_once_each():
+    cfg = cfg_with([{"name": "h1", "address": "x", "work_dir": "/w"}])
+    emitted: list = []
+    words = ("[ts] Scheduler hit an exception: Traceback (most recent call last):", "RuntimeError: Not enough memory.")
+    async with aiohttp.ClientSession() as session:
+        link = HostLink(cfg, cfg.hosts[0], engine_root=Path("."), session=session, emit=emitted.append,
+                        forward_base=45000)
+        link.state = "up"
+        [m] = link.members
+        crashed = dataclasses.replace(_record("crashed", error="exit code 1: RuntimeError: Not enough memory."),
+                                      last_words=words, restarts=0)
+        assert link._mirror_agent(m, crashed) and link._mirror_agent(m, crashed)
+        assert (m.state, m.error, m.last_error_lines) == ("crashed", crashed.error, list(words))
+        [alert] = [e for e in emitted if isinstance(e, AlertEvent)]  # told once
+        assert alert.severity == "error" and alert.key == "worker:h1.gpu0:crash"
+        assert alert.text == "worker h1.gpu0 crashed on host h1: exit code 1: RuntimeError: Not enough memory."
+        assert alert.evidence.splitlines() == [*words, "log: h1:/w/workers/h1.gpu0/server.log"]
+        assert link._mirror_agent(m, dataclasses.replace(_record("loading"), restarts=1))
+        assert (m.state, m.restarts) == ("loading", 1)
+        assert not link._mirror_agent(m, dataclasses.replace(_record("loading"), restarts=1))  # nothing new to say
+        assert link.status().state == "up"
+        link._mirror_agent(m, dataclasses.replace(crashed, state="failed", restarts=1))
+        assert m.state == "failed" and emitted[-1].severity == "critical" and emitted[-1].key == "worker:h1.gpu0:failed"
+        st = link.status()
+        assert st.state == "failed" and st.error == f"every server failed: h1.gpu0: {crashed.error}"

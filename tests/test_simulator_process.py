@@ -164,3 +164,13 @@ async def test_api_key_never_printed_by_the_process(launch):
     sim.proc.send_signal(signal.SIGTERM)
     assert await sim.wait_exit() == -signal.SIGKILL
     assert secret not in sim.log and "server_args=ServerArgs(" in sim.log
+
+
+async def test_weights_that_leave_no_kv_room_fail_at_start_with_not_enough_memory(launch):
+    sim = await launch("--sim-gpu-mem-gb", "48")  # the tiny model's config is a 27B's: 57 GB of weights at TP 1
+    assert await sim.wait_exit() == 1
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in sim.log
+    assert ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+            "self.server_args.mem_fraction_static=0.88") in sim.log
+    assert "Received sigquit from a child process. It usually means the child failed." in sim.log
+    assert "Uvicorn running" not in sim.log

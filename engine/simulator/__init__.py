@@ -5,6 +5,8 @@ startup, ready and error lines, and models continuous batching. With B running r
 
     tokens/s = B * tokens_per_step / ((step_ms + step_ms_per_req * B) / 1000)
 
+One server across nodes is one process per node rank (`--nnodes --node-rank --dist-init-addr`; dist.py).
+
 Plays one real SGLang version (`--sim-sglang-version 0.5.5|0.5.10|0.5.23`, default the newest; profiles.py).
 
 CLI: `python -m engine.simulator --model-path DIR [SGLang flags] [--sim-* knobs]`.

@@ -6,7 +6,7 @@ import signal
 import sys
 
 from engine.simulator.config import parse_args
-from engine.simulator.server import SimServer, format_exception
+from engine.simulator.server import SimServer, StartupFailure, format_exception
 from engine.simulator.simlog import SimLog
 
 
@@ -30,6 +30,9 @@ async def _serve(server: SimServer) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         await server.start()
+    except StartupFailure:  # its lines are logged
+        await server.stop()
+        return 1
     except OSError as exc:
         if "while attempting to bind" not in str(exc):
             server.log.error(f"Simulator startup failed: {format_exception(exc)}")

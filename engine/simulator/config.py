@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.simulator.dist import parse_dist_addr
 from engine.simulator.profiles import DEFAULT_VERSION, PROFILES, Profile, profile_for
 
 
@@ -24,6 +25,12 @@ class SimConfig:
     tp_size: int = 1
     dp_size: int = 1
     base_gpu_id: int = 0
+    # one server across nodes: every node runs this launch line with its own --node-rank; tp_size is the total over
+    # the nodes (tp_size / nnodes GPUs on each); rank 0 serves HTTP once every rank joined at dist_init_addr
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    dist_timeout: int | None = None  # seconds the rendezvous may take; None: torch's 600
     enable_metrics: bool = False
     max_running_requests: int | None = None  # None: derived from the KV pool (batch_limits), reported as null
     max_total_tokens: int | None = None  # KV pool size; None -> derived from GPU memory and config.json
@@ -91,6 +98,10 @@ class SimConfig:
         return self.served_model_name or self.model_path
 
     @property
+    def tp_per_node(self) -> int:
+        return max(1, self.tp_size // max(1, self.nnodes))
+
+    @property
     def profile(self) -> Profile:
         return profile_for(self.sim_sglang_version)
 
@@ -117,6 +128,14 @@ class SimConfig:
              f"--incremental-streaming-output: not a flag of SGLang {self.sim_sglang_version} (added in 0.5.10); "
              "that version's --stream-output streams deltas"),
             (self.tp_size >= 1, f"--tp-size {self.tp_size}: must be >= 1"),
+            (self.nnodes >= 1, f"--nnodes {self.nnodes}: must be >= 1"),
+            (0 <= self.node_rank < self.nnodes,
+             f"--node-rank {self.node_rank}: must be in 0..{self.nnodes - 1} (--nnodes {self.nnodes})"),
+            (self.nnodes == 1 or self.dist_init_addr is not None,
+             f"--nnodes {self.nnodes}: please provide --dist-init-addr as host:port of head node"),
+            (self.nnodes < 1 or self.tp_size % self.nnodes == 0,
+             f"--tp-size {self.tp_size} --nnodes {self.nnodes}: the TP size is the total over every node and must be "
+             f"a multiple of --nnodes (each node runs tp_size / nnodes GPUs)"),
             (self.page_size >= 1, f"--page-size {self.page_size}: must be >= 1"),
             (self.decode_log_interval >= 1, f"--decode-log-interval {self.decode_log_interval}: must be >= 1"),
             (self.sim_instant_pool >= 1, f"--sim-instant-pool {self.sim_instant_pool}: must be >= 1"),
@@ -131,6 +150,8 @@ class SimConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.dist_init_addr is not None:
+            parse_dist_addr(self.dist_init_addr)
         if not Path(self.tokenizer).is_dir():
             raise ValueError(
                 f"--model-path/--tokenizer-path {self.tokenizer}: not a directory (the simulator loads the real "
@@ -154,6 +175,9 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--host": ("host", str),
     "--port": ("port", int),
     "--base-gpu-id": ("base_gpu_id", int),
+    "--nnodes": ("nnodes", int),
+    "--node-rank": ("node_rank", int),
+    "--dist-timeout": ("dist_timeout", int),
     "--max-running-requests": ("max_running_requests", int),
     "--max-total-tokens": ("max_total_tokens", int),
     "--context-length": ("context_length", int),
@@ -223,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-path", "--model", dest="model_path", required=True)
     parser.add_argument("--tensor-parallel-size", "--tp-size", dest="tp_size", type=int, default=1)
     parser.add_argument("--data-parallel-size", "--dp-size", dest="dp_size", type=int, default=1)
+    parser.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None,
+                        help="rank 0's rendezvous address, HOST:PORT, the same on every node")
     defaults = {f.name: f.default for f in dataclasses.fields(SimConfig)}
     for flag, (dest, typ) in _VALUE_FLAGS.items():
         parser.add_argument(flag, dest=dest, type=typ, default=defaults[dest])

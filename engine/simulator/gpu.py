@@ -34,7 +34,7 @@ class SimGpus:
     @classmethod
     def of(cls, server) -> "SimGpus":
         cfg = server.cfg
-        ranks = max(1, cfg.tp_size) * max(1, cfg.dp_size)
+        ranks = cfg.tp_per_node * max(1, cfg.dp_size)  # this node's GPUs
         kv_gb = server.max_total_tokens * server.mem.kv_bytes_per_token / (1 << 30)
         return cls(gpu_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), cfg.base_gpu_id, ranks), server.mem.total_gb,
                    server.mem.weight_gb, kv_gb)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from engine.simulator.config import SimConfig, read_model_config
+from engine.simulator.dist import DEFAULT_TIMEOUT_S, DistError, Joiner, Member, Rendezvous, parse_dist_addr
 from engine.simulator.generator import OutputGenerator, OutputPlan, attempt_draw, load_tokenizer, request_key
 from engine.simulator.gpu import SimGpus
 from engine.simulator.metrics import SimMetrics
@@ -74,16 +75,28 @@ class MemoryModel:
         kv = layers * kv_heads * head_dim * 2 * 2 // tp  # K and V, bf16
         return cls(params * 2 / BYTES_PER_GB / tp, max(1, kv), cfg.sim_gpu_mem_gb, cfg.mem_fraction_static or 0.88)
 
+    @property
+    def free_gb(self) -> float:
+        """What the static fraction leaves for the KV pool once the weights are loaded."""
+        return self.total_gb * self.mem_fraction - self.weight_gb
+
     def kv_tokens(self) -> int:
-        free = self.total_gb * self.mem_fraction - self.weight_gb
-        return max(4096, int(free * BYTES_PER_GB / self.kv_bytes_per_token))
+        return max(4096, int(self.free_gb * BYTES_PER_GB / self.kv_bytes_per_token))
+
+
+class StartupFailure(Exception):
+    """The server died before it served (its scheduler's exception and the SIGQUIT line are logged)."""
 
 
 class SimServer:
     def __init__(self, cfg: SimConfig, log: SimLog | None = None):
         self.cfg = cfg
         self.log = log or SimLog(cfg.log_level, cfg.log_level_http)
-        self.log.rank_prefix = "".join(f" {tag}0" for tag, size in (("DP", cfg.dp_size), ("TP", cfg.tp_size)) if size > 1)
+        # a node's first scheduler process is TP rank node_rank * tp_size / nnodes (SGLang's tp_rank_range)
+        first_tp = cfg.node_rank * cfg.tp_per_node
+        self.log.rank_prefix = "".join(f" {tag}{rank}" for tag, size, rank in
+                                       (("DP", cfg.dp_size, 0), ("TP", cfg.tp_size, first_tp)) if size > 1)
+        self.dist: Rendezvous | Member | None = None  # --nnodes > 1: the node ranks' rendezvous (dist.py)
         self.model_cfg = read_model_config(cfg.model_path)
         self.context_len = cfg.context_length or int(self.model_cfg.get("max_position_embeddings", 40960))
         self.mem = MemoryModel.from_config(self.model_cfg, cfg)
@@ -98,7 +111,7 @@ class SimServer:
         self.chunked_prefill_size = cfg.chunked_prefill_size or 8192
         self.max_prefill_tokens = 16384
         self.metrics = SimMetrics(
-            cfg.model_name, tp_ranks=cfg.tp_size if cfg.enable_metrics_for_all_schedulers else 1,
+            cfg.model_name, tp_ranks=cfg.tp_per_node if cfg.enable_metrics_for_all_schedulers else 1,  # its node's
             priority=cfg.enable_priority_scheduling and self.profile.priority_labelled_metrics,
         ) if cfg.enable_metrics else None
         self.tokenizer = None
@@ -152,6 +165,8 @@ class SimServer:
         if self.scheduler is not None:
             self.scheduler.abort("", abort_all=True)
             await self.scheduler.stop()
+        if self.dist is not None:
+            await self.dist.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -170,6 +185,8 @@ class SimServer:
                                        self.tokenizer.convert_ids_to_tokens(self.tokenizer.all_special_ids)))
         log.info("Using default HuggingFace chat template with detected content format: string")
         log.sched("Init torch distributed begin.")
+        if cfg.nnodes > 1:
+            await self._rendezvous()
         log.sched("Init torch distributed ends. mem usage=0.00 GB")
         avail = self.mem.total_gb - 0.5
         log.sched(f"Load weight begin. avail mem={avail:.2f} GB")
@@ -182,6 +199,11 @@ class SimServer:
         arch = (self.model_cfg.get("architectures") or ["Qwen3ForCausalLM"])[0]
         log.sched(f"Load weight end. type={arch}, dtype=torch.bfloat16, avail mem={avail:.2f} GB, "
                  f"mem usage={self.mem.weight_gb:.2f} GB.")
+        if cfg.max_total_tokens is None and self.mem.free_gb <= 0:  # the weights leave no room for a KV pool
+            self._startup_failed(self._init_lines(
+                "model_executor/model_runner.py", 1788, "init_memory_pool",
+                "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+                f"self.server_args.mem_fraction_static={self.mem.mem_fraction}"))
         kv_gb = self.max_total_tokens * self.mem.kv_bytes_per_token / BYTES_PER_GB
         log.sched(f"KV Cache is allocated. #tokens: {self.max_total_tokens}, K size: {kv_gb / 2:.2f} GB, "
                  f"V size: {kv_gb / 2:.2f} GB")
@@ -205,6 +227,9 @@ class SimServer:
         self.scheduler.start()
         self.scheduler.add_done_callback(self._scheduler_ended)
         self._bind()
+        if cfg.node_rank > 0:  # no tokenizer manager, no API: SGLang's dummy health server, until rank 0 goes
+            await self._serve_dummy_health()
+            return
         from engine.simulator.app import build_app  # app imports this module's types
 
         self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None,
@@ -217,6 +242,74 @@ class SimServer:
         log.uvicorn("Application startup complete.")
         log.uvicorn(f"Uvicorn running on http://{self.host}:{self.port} (Press CTRL+C to quit)")
         self._tasks.append(asyncio.get_running_loop().create_task(self._warmup(), name="sim-warmup"))
+
+    async def _rendezvous(self) -> None:
+        """Rank 0 waits for every other node rank at the dist-init address; a rank > 0 joins it. Either end losing
+        the other later is fatal (_rank_lost)."""
+        cfg = self.cfg
+        addr = parse_dist_addr(cfg.dist_init_addr)
+        timeout = float(cfg.dist_timeout or DEFAULT_TIMEOUT_S)
+        try:
+            if cfg.node_rank == 0:
+                self.dist = Rendezvous(addr, cfg.nnodes, cfg.tp_size, self._rank_lost)
+                await self.dist.open()
+                await self.dist.wait_all(timeout)
+            else:
+                self.dist = Member(addr, cfg.node_rank, cfg.nnodes, cfg.tp_size, lambda: self._rank_lost(None))
+                await self.dist.join(timeout)
+        except DistError as exc:
+            self._startup_failed(self._init_lines("distributed/parallel_state.py", 1288,
+                                                  "init_distributed_environment", str(exc)))
+
+    def _rank_lost(self, joiner: Joiner | None) -> None:
+        """A node rank's connection closed (`joiner` None: rank 0's, seen from a rank > 0): the next collective fails
+        with NCCL's remote-error, the scheduler dies and takes the server with it, as in SGLang."""
+        if self.status in ("stopped", "crashed"):
+            return
+        tpn = self.cfg.tp_per_node
+        rank = joiner.node_rank if joiner else 0
+        peer = joiner.peer if joiner else f"{self.dist.addr.host}<{self.dist.addr.port}>"
+        error = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+                 "ProcessGroupNCCL.cpp:3356, remote process exited or there was a network error, NCCL version 2.21.5\n"
+                 "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+                 "prematurely.\nLast error:\n"
+                 f"socketProgress: Connection closed by remote peer {peer} (node rank {rank}, TP ranks "
+                 f"{rank * tpn}-{rank * tpn + tpn - 1})")
+        sigquit = ("SIGQUIT received. signum=None, frame=None. It usually means one child failed." if joiner else
+                   "Received sigquit from a child process. It usually means the child failed.")
+        self._fatal_soon(self._crash_lines(error), sigquit)
+
+    async def _serve_dummy_health(self) -> None:
+        """A rank > 0 answers only /health and /health_generate (and /ping), each 200, on its --host/--port
+        (SGLang's launch_dummy_health_check_server); no ready line."""
+        async def ok(request: web.Request) -> web.Response:
+            return web.Response(status=200)
+
+        app = web.Application()
+        for path in ("/health", "/health_generate", "/ping"):
+            app.router.add_get(path, ok)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=KEEPALIVE_TIMEOUT_S)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self._sock).start()
+        self.log.info(f"Starting dummy health check server at {self.host}:{self.port}")
+        self.status = "ready"
+        self._ready.set()
+
+    def _startup_failed(self, traceback_text: str) -> None:
+        """The scheduler died while initializing: its exception, the launcher's SIGQUIT line, and no server."""
+        self.status = "crashed"
+        self.exit_code = 1
+        self.log.sched_error(f"Scheduler hit an exception: {traceback_text.rstrip()}")
+        self.log.error("Received sigquit from a child process. It usually means the child failed.")
+        raise StartupFailure(traceback_text.rstrip().splitlines()[-1])
+
+    @staticmethod
+    def _init_lines(path: str, line: int, func: str, final: str) -> str:
+        return ("Traceback (most recent call last):\n"
+                '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2700, '
+                "in run_scheduler_process\n    scheduler = Scheduler(\n"
+                f'  File "/sgl-workspace/sglang/python/sglang/srt/{path}", line {line}, in {func}\n'
+                f"{final}\n")
 
     def _build_generator(self) -> OutputGenerator:
         cfg = self.cfg

@@ -39,7 +39,7 @@ class AnswerStream:
         self.verdict: Repetition | None = None  # set once, when the detector fires
         self.chunks = 0
         self._detector = detector
-        self._buf = bytearray()
+        self._buf = bytearray()  # the start of an event the network cut (empty between whole events)
         self._scan = 0  # where to look for the next event end in _buf
         self._cumulative_ids: bool | None = None
         self._last_text = ""
@@ -51,24 +51,31 @@ class AnswerStream:
     # -- input -------------------------------------------------------------------------------------------------
     def feed(self, data: bytes) -> Repetition | None:
         """Bytes of the response body; the detector's verdict the first time it fires, else None."""
-        self._buf += data
+        if self._buf:  # an event cut by the network: completed here, then read from one bytes object
+            self._buf += data
+            if self._buf.find(b"\n\n", self._scan) < 0:
+                self._scan = len(self._buf) - 1
+                return None
+            data = bytes(self._buf)
+            self._buf.clear()
         fired = None
-        while True:
-            end = self._buf.find(b"\n\n", self._scan)
-            if end < 0:
-                self._scan = max(0, len(self._buf) - 1)
-                return fired
-            event = bytes(self._buf[:end])
-            del self._buf[:end + 2]
-            self._scan = 0
-            verdict = self._event(event)
+        start = 0
+        while (end := data.find(b"\n\n", start)) >= 0:
+            verdict = self._event(data, start, end)
             fired = fired or verdict
+            start = end + 2
+        if start < len(data):
+            self._buf += data[start:] if start else data
+            self._scan = len(self._buf) - 1
+        return fired
 
-    def _event(self, event: bytes) -> Repetition | None:
-        if event.startswith(b"data: ") and b"\n" not in event:
-            payload = event[6:]  # SGLang's one-line event
+    def _event(self, data: bytes, start: int, end: int) -> Repetition | None:
+        """The event data[start:end] (read in place: a chunk of a long answer is tens of kB)."""
+        if data.startswith(b"data: ", start) and data.find(b"\n", start, end) < 0:
+            payload = memoryview(data)[start + 6:end]  # SGLang's one-line event
         else:
-            payload = b"".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
+            payload = b"".join(line[5:].lstrip(b" ") for line in data[start:end].split(b"\n")
+                               if line.startswith(b"data:"))
         if not payload:
             return None  # an SSE comment or keep-alive
         if payload == b"[DONE]":
@@ -79,9 +86,9 @@ class AnswerStream:
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
-            raise StreamError(f"an event that is not JSON ({exc}): {payload[:200]!r}") from None
+            raise StreamError(f"an event that is not JSON ({exc}): {bytes(payload[:200])!r}") from None
         if not isinstance(chunk, dict):
-            raise StreamError(f"an event that is not a JSON object: {payload[:200]!r}")
+            raise StreamError(f"an event that is not a JSON object: {bytes(payload[:200])!r}")
         if "error" in chunk:
             err = chunk["error"]
             self.error = str(err.get("message", err)) if isinstance(err, dict) else str(err)

@@ -52,11 +52,12 @@ SEED = 17
 TARGET_SAVING = 0.20
 TARGET_EARLY = 0.95
 TARGET_CPU_RATIO = 1.2  # client CPU per token, streamed over plain (issue 27)
+LOOP_SHARE = 0.02
 GPU_LINE = re.compile(r"Simulator: simulated GPU time ([0-9.]+) s busy, (\d+) steps, (\d+) tokens")
 
 
-def sim_args(incremental: bool) -> list[str]:
-    args = ["--sim-output-mean", "2000", "--sim-output-sigma", "0.8", "--sim-loop-share", "0.02",
+def sim_args(incremental: bool, loop_share: float = LOOP_SHARE) -> list[str]:
+    args = ["--sim-output-mean", "2000", "--sim-output-sigma", "0.8", "--sim-loop-share", str(loop_share),
             "--sim-repetitive-share", "0.01", "--sim-tokens-per-step", "8", "--sim-step-ms", "1.0",
             "--sim-step-ms-per-req", "0.05", "--sim-prefill-ms-per-1k", "0", "--max-running-requests", "128",
             "--sim-seed", str(SEED), "--log-level-http", "warning", "--decode-log-interval", "400"]
@@ -103,7 +104,7 @@ def classify(run_dir: Path, model: Path, args: list[str]) -> dict:
         for sid, ids, plen, fr in zip(cols["sample_id"], cols["input_ids"], cols["prompt_len"], cols["finish_reason"]):
             prompt, answer = ids[:plen], ids[plen:]
             # the rid of the attempt that answered (a retry sends sid@k): the one whose plan the answer follows
-            for attempt in range(Dispatch.max_retries + 1):
+            for attempt in range(Dispatch().max_retries + 1):
                 plan = gen.plan(request_key(SEED, sid if attempt == 0 else f"{sid}@{attempt}", prompt), prompt,
                                 MAX_NEW)
                 if answer == plan.output_ids[: len(answer)]:
@@ -120,7 +121,7 @@ def classify(run_dir: Path, model: Path, args: list[str]) -> dict:
                     out["loops_stopped"] += 1
                     out["loops_stopped_early"] += len(answer) < EARLY
                     out["loop_stop_at"].append(len(answer))
-                    need = plan.loop_onset + max(Runaway.min_span, Runaway.min_repeats * plan.loop_period)
+                    need = plan.loop_onset + max(Runaway().min_span, Runaway().min_repeats * plan.loop_period)
                     out["loop_stop_late_by"].append(len(answer) - need)
             else:
                 out["repetitive"] += plan.kind == "repetitive"
@@ -134,9 +135,10 @@ def classify(run_dir: Path, model: Path, args: list[str]) -> dict:
     return out
 
 
-def run_case(model: Path, prompts: Path, work: Path, *, name: str, gpus: int, guard: bool, incremental: bool) -> dict:
+def run_case(model: Path, prompts: Path, work: Path, *, name: str, gpus: int, guard: bool, incremental: bool,
+             loop_share: float = LOOP_SHARE) -> dict:
     run_dir = work / name
-    args = sim_args(incremental)
+    args = sim_args(incremental, loop_share)
     cfg = bc.sim_config(model, [prompts], run_dir, gpus=gpus, sim_args=args,
                         sampling=Sampling(max_new_tokens=MAX_NEW), dispatch=Dispatch(request_timeout_s=900.0),
                         runaway=Runaway(enabled=guard))

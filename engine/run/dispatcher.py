@@ -468,7 +468,8 @@ class Dispatcher:
             return await resp.read()
         answer = AnswerStream(RunawayDetector(self.cfg.runaway))
         try:
-            async for data in resp.content.iter_any():
+            read = resp.content.readany
+            while data := await read():
                 self._output_seen.add(item.rid)
                 verdict = answer.feed(data)
                 if verdict is not None:

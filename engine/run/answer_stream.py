@@ -51,17 +51,17 @@ class AnswerStream:
     # -- input -------------------------------------------------------------------------------------------------
     def feed(self, data: bytes) -> Repetition | None:
         """Bytes of the response body; the detector's verdict the first time it fires, else None."""
-        if self._buf:  # an event cut by the network: completed here, then read from one bytes object
+        if self._buf:  # an event the network cut: completed here, then read from one bytes object
             self._buf += data
-            if self._buf.find(b"\n\n", self._scan) < 0:
+            if _event_end(self._buf, self._scan) < 0:
                 self._scan = len(self._buf) - 1
                 return None
             data = bytes(self._buf)
             self._buf.clear()
         fired = None
         start = 0
-        while (end := data.find(b"\n\n", start)) >= 0:
-            verdict = self._event(data, start, end)
+        while (end := _event_end(data, start)) >= 0:
+            verdict = self._event(data[start:end])
             fired = fired or verdict
             start = end + 2
         if start < len(data):
@@ -69,13 +69,11 @@ class AnswerStream:
             self._scan = len(self._buf) - 1
         return fired
 
-    def _event(self, data: bytes, start: int, end: int) -> Repetition | None:
-        """The event data[start:end] (read in place: a chunk of a long answer is tens of kB)."""
-        if data.startswith(b"data: ", start) and data.find(b"\n", start, end) < 0:
-            payload = memoryview(data)[start + 6:end]  # SGLang's one-line event
+    def _event(self, event: bytes) -> Repetition | None:
+        if event.startswith(b"data: ") and b"\n" not in event:
+            payload = event[6:]  # SGLang's one-line event
         else:
-            payload = b"".join(line[5:].lstrip(b" ") for line in data[start:end].split(b"\n")
-                               if line.startswith(b"data:"))
+            payload = b"".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
         if not payload:
             return None  # an SSE comment or keep-alive
         if payload == b"[DONE]":
@@ -86,9 +84,9 @@ class AnswerStream:
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
-            raise StreamError(f"an event that is not JSON ({exc}): {bytes(payload[:200])!r}") from None
+            raise StreamError(f"an event that is not JSON ({exc}): {payload[:200]!r}") from None
         if not isinstance(chunk, dict):
-            raise StreamError(f"an event that is not a JSON object: {bytes(payload[:200])!r}")
+            raise StreamError(f"an event that is not a JSON object: {payload[:200]!r}")
         if "error" in chunk:
             err = chunk["error"]
             self.error = str(err.get("message", err)) if isinstance(err, dict) else str(err)
@@ -170,6 +168,19 @@ class AnswerStream:
     def cumulative_ids(self) -> bool | None:
         """What the server streams: True all ids so far, False only the new ones, None not yet known."""
         return self._cumulative_ids
+
+
+def _event_end(buf: bytes | bytearray, pos: int) -> int:
+    """Where the event going on at `pos` ends (the first newline of the blank line after it), or -1 when its end has
+    not arrived. Searched newline by newline: a one-byte find is memchr, a search for b"\\n\\n" scans ~70x slower
+    (35 us over a 4,000-id chunk)."""
+    while (nl := buf.find(b"\n", pos)) >= 0:
+        if nl + 1 >= len(buf):
+            return -1
+        if buf[nl + 1] == 10:  # b"\n"
+            return nl
+        pos = nl + 1
+    return -1
 
 
 def int32_array(values: list) -> array:

@@ -282,11 +282,14 @@ def table(results: dict) -> str:
     rw = results.get("runaway")
     if rw:
         g, n = rw["cases"]["guard"], rw["cases"]["no_guard"]
+        # this row's own targets (rw["met"] also holds the client CPU one, on the next row)
+        gpu_met = (rw["gpu_time_saving_per_kept"] >= 0.2 and (rw["loops_stopped_early_share"] or 0) >= 0.95
+                   and rw["legit_stopped"] == 0)
         rows.append(f"| runaway: simulated GPU-s per kept sample, 2% loops, 1% legit repetitive, {rw['gpus']} GPUs, "
                     f"max_new_tokens {rw['max_new_tokens']:,} (loops stopped before 25%; legit stopped) | "
                     f"{g['gpu_s_per_kept']:.4f} ({rw['loops_stopped_early_share']:.0%}; {rw['legit_stopped']}) | "
                     f"{n['gpu_s_per_kept']:.4f} | {rw['gpu_time_saving_per_kept']:.0%} less | ≥ 20% less, ≥ 95%, 0 | "
-                    f"{_yes(rw['met'])} |")
+                    f"{_yes(gpu_met)} |")
         c = rw.get("client_cpu")
         if c:
             rows.append(f"| runaway: client CPU s per 1M tokens received, answers streamed through the guard vs plain "

@@ -31,7 +31,8 @@ _MARK: ContextVar[ConnectionMark | None] = ContextVar("regen_connection_mark", d
 
 @contextlib.contextmanager
 def marking(mark: ConnectionMark) -> Iterator[ConnectionMark]:
-    """Requests sent in this block (by this task) set `mark.reused` when they ride a pooled connection."""
+    """Requests sent in this block (by this task, and by tasks it creates meanwhile: they inherit the context) set
+    `mark.reused` when they ride a pooled connection. The mark is read only for a failure before any answer."""
     token = _MARK.set(mark)
     try:
         yield mark

@@ -1,6 +1,7 @@
 """Reading an SGLang server's /metrics gauges (its capacity: engine/capacity.py)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -13,6 +14,10 @@ SUMMED_GAUGES = {
     "sglang:gen_throughput": "gen_throughput",
 }
 MAX_GAUGES = {"sglang:token_usage": "token_usage"}
+# the lines of those gauges' families (HELP, TYPE, samples): a server exports ~10x more lines (histogram buckets)
+# than these, and the parser costs per line
+_WANTED_LINES = re.compile(r"^(?:# (?:HELP|TYPE) )?(?:%s)[ {].*$" % "|".join(
+    re.escape(name) for name in (*SUMMED_GAUGES, *MAX_GAUGES)), re.MULTILINE)
 
 # SGLang's scheduler labels (0.5.23 observability/scheduler_metrics_mixin.py init_metrics): model_name,
 # engine_type, tp_rank, pp_rank, moe_ep_rank, dp_rank (only when DP > 1), and `priority` on each gauge with
@@ -36,7 +41,7 @@ def parse_metrics(text: str) -> ServerMetrics:
     Each gauge counts once per DP rank: the total series when it is split by priority, one TP rank's series
     (the lowest, tp_rank 0) when every rank exports (--enable-metrics-for-all-schedulers), never their sum."""
     series: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families("\n".join(_WANTED_LINES.findall(text)) + "\n"):
         for sample in family.samples:
             if sample.name in SUMMED_GAUGES or sample.name in MAX_GAUGES:
                 series.setdefault(sample.name, []).append((sample.labels, float(sample.value)))

@@ -89,6 +89,22 @@ def test_an_error_event_and_a_stream_cut_before_its_end():
     assert cut.ids.tolist() == list(range(5, 5 + len(cut.ids)))
 
 
+def test_every_cut_between_and_inside_the_blank_line_and_multi_line_events_read_the_same():
+    """An event ends at its blank line, found newline by newline: a cut between its two newlines, a line break
+    inside an event (SSE's multi-line data, a comment line) and a keep-alive comment read as one whole body."""
+    ids = list(range(7, 60))
+    body = (b": keep-alive\n\n" + events(ids[:20], 20, cumulative=False, final=STOP)[:-len(b"data: [DONE]\n\n")]
+            .replace(b'"finish_reason": {"type": "stop", "matched": 2}', b'"finish_reason": null'))
+    body += (b'data: {"output_ids": ' + json.dumps(ids[20:]).encode() + b',\ndata: "text": "",\n: a comment\n'
+             b'data: "meta_info": {"completion_tokens": 53, "finish_reason": {"type": "stop", "matched": 2}}}\n\n'
+             b"data: [DONE]\n\n")
+    for cut in range(1, len(body)):
+        a = AnswerStream(None)
+        a.feed(body[:cut])
+        a.feed(body[cut:])
+        assert a.ids.tolist() == ids and a.finish == STOP and a.done, cut
+
+
 def test_the_detector_fires_on_a_chunk_and_the_ids_after_it_are_kept():
     loop = list(range(100, 120)) * 200
     a = read(events(loop, 64, cumulative=True, final={"type": "abort", "message": "Aborted"}), 50,

@@ -45,7 +45,7 @@ from yarl import URL
 
 from engine.capacity import BatchSize, BatchSource, kv_fit
 from engine.config import RunConfig
-from engine.http_client import ConnectionMark, dropped_idle, fresh_session
+from engine.http_client import ConnectionMark, dropped_idle, fresh_session, marking
 from engine.render import Renderer
 from engine.run.answer_stream import AnswerStream, StreamError, int32_array
 from engine.run.batch_feedback import corrected, margin_for
@@ -438,10 +438,10 @@ class Dispatcher:
         sent = time.monotonic()
         answered = False
         try:
-            async with self.session.post(url, data=data, headers=headers, timeout=self._request_timeout,
-                                         trace_request_ctx=mark) as resp:
-                answered = True
-                return resp.status, await read(resp)
+            with marking(mark):
+                async with self.session.post(url, data=data, headers=headers, timeout=self._request_timeout) as resp:
+                    answered = True
+                    return resp.status, await read(resp)
         except (aiohttp.ClientError, OSError) as exc:
             if answered or not dropped_idle(exc, mark, time.monotonic() - sent):
                 raise
@@ -468,7 +468,8 @@ class Dispatcher:
             return await resp.read()
         answer = AnswerStream(RunawayDetector(self.cfg.runaway))
         try:
-            async for data in resp.content.iter_any():
+            read = resp.content.readany
+            while data := await read():
                 self._output_seen.add(item.rid)
                 verdict = answer.feed(data)
                 if verdict is not None:

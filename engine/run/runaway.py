@@ -4,8 +4,9 @@ repetition (the two signals and their defaults: engine.config.Runaway).
 Numpy per chunk rather than Python per token, and O(max_period) work per chunk rather than per token: the tail
 is one cycle of period p repeated when each of its last need[p] = max(min_span, min_repeats x p) - p tokens
 equals the token p before it. At the end of each chunk (of at most BLOCK tokens) the periods whose last TAIL
-tokens already repeat are found in one comparison of the tail against its max_period shifts (every true period
-passes it: need[p] >= TAIL); only those few are checked over their whole span, smallest first. So the detector
+tokens already repeat are found by comparing the latest token with the max_period before it, then the rest of
+the tail for the few periods that pass (every true period passes: need[p] >= TAIL); only those are checked over
+their whole span, smallest first. So the detector
 fires at the same chunk end, on the same period, as one that followed every token. The n-gram signal
 hashes the last ngram_window n-grams (64-bit) every check_every tokens and counts the
 share of the informative ones that occurred earlier in the window. The detector reads the caller's id array
@@ -18,6 +19,7 @@ from array import array
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.random  # noqa: F401  imported with the engine, not by the first answer streamed (~0.1 s of its dispatch)
 from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.config import Runaway
@@ -50,13 +52,13 @@ class Repetition:
 class RunawayDetector:
     """One per streamed answer: `feed(ids, start)` after each chunk (ids[start:] new), a Repetition once."""
 
-    __slots__ = ("cfg", "seen", "_need", "_tail", "_gather", "_mult", "_next_check", "_ngram_on", "_hashes",
+    __slots__ = ("cfg", "seen", "_need", "_tail", "_mult", "_next_check", "_ngram_on", "_hashes",
                  "_informative", "_hashed")
 
     def __init__(self, cfg: Runaway):
         self.cfg = cfg
         self.seen = 0  # output tokens fed so far
-        self._need, self._tail, self._gather, self._mult = _tables(cfg)
+        self._need, self._tail, self._mult = _tables(cfg)
         self._ngram_on = cfg.ngram_share < 1.0
         self._next_check = cfg.ngram_window + cfg.ngram - 1 + LOCAL  # the first check: a full window
         self._hashes = _NO_HASHES  # the latest n-grams' hashes (at most ngram_window)
@@ -87,11 +89,15 @@ class RunawayDetector:
         if hi < t + 1:
             return None
         back = max(0, hi - t - p_max)
-        buf = _ints(ids, back, hi)
-        if len(buf) < t + p_max:  # fewer tokens than the shifts reach: those periods cannot repeat yet
-            buf = np.concatenate([np.full(t + p_max - len(buf), -1, dtype=np.int64), buf])
-        latest = buf[t + p_max - 1 - np.arange(t)][:, None]
-        candidates = np.flatnonzero((buf[self._gather] == latest).all(axis=0))
+        buf = _ints32(ids, back, hi)
+        last = len(buf) - 1
+        reach = min(p_max, last + 1 - t)  # the longest period whose shifts of the tail lie in the buffer
+        # the periods p whose token p before the latest equals it (a reversed slice: buf[last - p] for p = 1..),
+        # then of those the ones whose whole tail of t tokens repeats (a gather of t x the few survivors)
+        candidates = np.flatnonzero(buf[last - 1::-1][:reach] == buf[last])
+        if len(candidates) and t > 1:
+            rows = (last - np.arange(1, t))[:, None] - 1 - candidates[None, :]
+            candidates = candidates[(buf[rows] == buf[last - t + 1:last][::-1, None]).all(axis=0)]
         for c in candidates.tolist():
             p, need = c + 1, int(self._need[c])
             if hi - p < need:
@@ -145,22 +151,18 @@ class RunawayDetector:
 
 
 @functools.lru_cache(maxsize=8)
-def _tables(cfg: Runaway) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+def _tables(cfg: Runaway) -> tuple[np.ndarray, int, np.ndarray]:
     """What every detector of one [runaway] config reads and none changes (built once: one per answer cost more
-    than a chunk's judgement): need per period, the tail length, the tail's gather indices, the n-gram hash
-    multipliers."""
+    than a chunk's judgement): need per period, the tail length, the n-gram hash multipliers."""
     periods = np.arange(1, cfg.max_period + 1, dtype=np.int64)
     # need[p - 1]: the latest tokens that must each equal the token p before them (the periodic tail, need + p
     # tokens, covers max(min_span, min_repeats x p))
     need = np.maximum(cfg.min_span, cfg.min_repeats * periods) - periods
     tail = int(min(TAIL, need.min()))
-    # over the last tail + max_period tokens: row k, column p - 1 is the token p before the k-th latest one
-    k = np.arange(tail)[:, None]
-    gather = (tail + cfg.max_period - 1 - k) - periods[None, :]
     mult = np.random.default_rng(0x5EED).integers(1, 2**63, size=cfg.ngram, dtype=np.uint64) | np.uint64(1)
-    for table in (need, gather, mult):
+    for table in (need, mult):
         table.setflags(write=False)
-    return need, tail, gather, mult
+    return need, tail, mult
 
 
 def _periodic_tail(ids, hi: int, p: int) -> int:
@@ -170,6 +172,15 @@ def _periodic_tail(ids, hi: int, p: int) -> int:
     eq = a[p:] == a[:-p]
     run = len(eq) if eq.all() else int(np.argmin(eq[::-1]))
     return run + p
+
+
+def _ints32(ids, lo: int, hi: int) -> np.ndarray:
+    """ids[lo:hi] as int32 or int64 as they come (a copy: numpy must never hold a view of the caller's array,
+    which the next chunk extends)."""
+    part = ids[lo:hi]
+    if isinstance(part, array) and part.itemsize == 4:
+        return np.frombuffer(part, dtype=np.int32)
+    return np.asarray(part, dtype=np.int64)
 
 
 def _ints(ids, lo: int, hi: int) -> np.ndarray:

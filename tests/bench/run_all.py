@@ -102,7 +102,7 @@ def run_export(quick: bool) -> dict:
 def run_runaway(quick: bool) -> dict:
     from tests.bench import bench_runaway
 
-    res = bench_runaway.run(samples=300 if quick else 1200, gpus=4)
+    res = bench_runaway.run(samples=300 if quick else 1200, gpus=4, cpu_repeats=1 if quick else 3)
     bc.write_result("runaway", res)
     return res
 
@@ -185,8 +185,14 @@ def table(results: dict) -> str:
         rows.append(f"| ingest: output tokens/s committed, wall clock (engine pinned to 1 core; got {share:.0%} of it) | "
                     f"{r['tokens_per_s_median']:,.0f} | {b['tokens_per_s_median']:,.0f} | {ing['ratio']:.1f}x | "
                     f"≥ 1,000,000 and ≥ 10x | {_yes(r['tokens_per_s_median'] >= 1e6 and ing['ratio'] >= 10)} |")
-        rows.append(f"| ingest: output tokens per engine CPU-second (one core to itself) | {cpu:,.0f} | | | ≥ 1,000,000 | "
-                    f"{_yes(cpu >= 1e6)} |")
+        if "ratio_cpu" in ing:  # the baseline's CPU too (its process: requests + re-tokenizing)
+            rows.append(f"| ingest: output tokens per CPU-second (regen: the engine over its steady window; baseline: "
+                        f"its whole client) | {r['tokens_per_cpu_s_median']:,.0f} | "
+                        f"{b['tokens_per_cpu_s_median']:,.0f} | {ing['ratio_cpu']:.1f}x | ≥ 1,000,000 and ≥ 10x | "
+                        f"{_yes(ing['met_cpu'])} |")
+        else:
+            rows.append(f"| ingest: output tokens per engine CPU-second (one core to itself) | {cpu:,.0f} | | | "
+                        f"≥ 1,000,000 | {_yes(cpu >= 1e6)} |")
     occ = results.get("occupancy")
     if occ:
         m = occ["median"]
@@ -276,11 +282,20 @@ def table(results: dict) -> str:
     rw = results.get("runaway")
     if rw:
         g, n = rw["cases"]["guard"], rw["cases"]["no_guard"]
+        # this row's own targets (rw["met"] also holds the client CPU one, on the next row)
+        gpu_met = (rw["gpu_time_saving_per_kept"] >= 0.2 and (rw["loops_stopped_early_share"] or 0) >= 0.95
+                   and rw["legit_stopped"] == 0)
         rows.append(f"| runaway: simulated GPU-s per kept sample, 2% loops, 1% legit repetitive, {rw['gpus']} GPUs, "
                     f"max_new_tokens {rw['max_new_tokens']:,} (loops stopped before 25%; legit stopped) | "
                     f"{g['gpu_s_per_kept']:.4f} ({rw['loops_stopped_early_share']:.0%}; {rw['legit_stopped']}) | "
                     f"{n['gpu_s_per_kept']:.4f} | {rw['gpu_time_saving_per_kept']:.0%} less | ≥ 20% less, ≥ 95%, 0 | "
-                    f"{_yes(rw['met'])} |")
+                    f"{_yes(gpu_met)} |")
+        c = rw.get("client_cpu")
+        if c:
+            rows.append(f"| runaway: client CPU s per 1M tokens received, answers streamed through the guard vs plain "
+                        f"requests, the same answers (no loops; medians of {c['repeats']} pairs) | "
+                        f"{c['streamed_cpu_s_per_m_tokens_median']:.3f} | {c['plain_cpu_s_per_m_tokens_median']:.3f} | "
+                        f"{c['ratio']:.2f}x | ≤ 1.2x | {_yes(c['ratio'] <= 1.2 and c['same_tokens_received'])} |")
     if results.get("tui"):
         rows += tui_rows(results["tui"])
     if results.get("control"):

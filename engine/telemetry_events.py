@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import orjson
+
+from engine.wire import ShardFigures
 
 
 @dataclass
@@ -105,21 +107,13 @@ class DiskEvent(Event):
 
 
 @dataclass
-class ShardEvent(Event):
+class ShardEvent(Event, ShardFigures):
+    """A shard's figures (engine.wire.ShardFigures: the status's shard too) as of `ts`."""
     type: ClassVar[str] = "shard"
-    id: str = ""
-    state: str = "pending"  # pending | running | paused | draining | stopped | done (engine.run.status.shard_state)
-    done: int = 0
-    total: int = 0  # to generate: planned less rejected and failed
-    output_tokens: int = 0
-    empty: int = 0
-    truncated: int = 0
-    failed: int = 0
-    rejected: int = 0
-    planned: int = 0
-    repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
-    after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
-    unclosed_reasoning: int = 0  # committed answers whose reasoning was never closed (not by the runaway guard)
+
+    @classmethod
+    def of(cls, figures: ShardFigures, ts: float | None = None) -> ShardEvent:
+        return cls(**asdict(figures), **({} if ts is None else {"ts": ts}))
 
 
 @dataclass

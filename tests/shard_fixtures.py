@@ -5,15 +5,16 @@ import asyncio
 import dataclasses
 from typing import Any, AsyncIterator
 
-from engine.run.status import RunStatus, ShardStatus
-from engine.telemetry_events import DispatchEvent, Event
+from engine.run.status import RunStatus
+from engine.wire import ShardFigures
+from engine.telemetry_events import DispatchEvent, Event, ShardEvent
 
 T0 = 1796220000.0
 SHARDS = 10_000
 SHARD_SIZE = 2
 
 
-def frozen_shards(n: int = SHARDS) -> list[ShardStatus]:
+def frozen_shards(n: int = SHARDS) -> list[ShardFigures]:
     """Deterministic figures: the first tenth done, every 97th running, every 331st paused, the rest pending; a few
     shards with empty or truncated answers, or a runaway stopped."""
     out = []
@@ -30,7 +31,7 @@ def frozen_shards(n: int = SHARDS) -> list[ShardStatus]:
         empty = 1 if done and i % 113 == 0 else 0
         truncated = 1 if done and i % 149 == 0 else 0
         repetition = 1 if state == "running" and i % 7 == 0 else 0
-        out.append(ShardStatus(id=sid, state=state, done=done, total=SHARD_SIZE, planned=SHARD_SIZE,
+        out.append(ShardFigures(id=sid, state=state, done=done, total=SHARD_SIZE, planned=SHARD_SIZE,
                                output_tokens=done * (150 + i % 400), empty=empty, truncated=truncated, failed=0,
                                rejected=0, repetition=repetition))
     return out
@@ -64,7 +65,7 @@ class ShardsSource:
     async def follow(self, since: float | None) -> AsyncIterator[Event]:
         yield self.dispatch
         for s in self.shards.values():
-            yield dataclasses.replace(s.event(), ts=T0)
+            yield ShardEvent.of(s, ts=T0)
         await asyncio.Event().wait()  # a live run: the stream stays open
 
     async def status(self, shards: bool = True) -> dict[str, Any]:

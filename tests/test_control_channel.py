@@ -19,7 +19,9 @@ from console.transport_local import LocalTransport
 from engine.control import ControlServer
 from engine.protocol import (PROTOCOL_VERSION, ErrorKind, Hello, LastStatus, Reply, Request, ctl_argv, decode_reply,
                              decode_request, encode_reply, encode_request)
-from engine.run.control_ops import Drain, DrainHost, Pause, RestartWorker, Resume, Status, Stop, UndrainHost
+from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
+                                    Stop, UndrainHost)
+from engine.run.status import HostStatus, RunStatus
 from tests.waiting import await_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,9 +54,14 @@ class FakeSupervisor:
         if isinstance(op, RestartWorker) and op.worker == "nope":
             from engine.control import ControlError
             raise ControlError("unknown worker 'nope'; workers: w0")
-        shards = op.shards if isinstance(op, (Pause, Resume)) else None
-        big = {"big": "x" * BIG_REPLY_BYTES} if isinstance(op, Status) and op.shards else {}
-        return {"op": op.op, "n": len(self.ops), "shards": list(shards or []), **big}
+        if isinstance(op, (Pause, Resume)):
+            return ShardsChanged(op=op.op, shards=list(op.shards or []), state="running").to_dict()
+        if isinstance(op, DrainHost):
+            return HostStatus(name=op.host, address="gpu1.example", state="drained").to_dict()
+        if isinstance(op, Status):  # the full status: one line of over 3 MB
+            return RunStatus(run_dir=str(self.run_dir), state="running", shards_omitted=not op.shards,
+                             log_tail=["x" * BIG_REPLY_BYTES] if op.shards else []).to_dict()
+        return RunEnding(state="stopping").to_dict()
 
 
 def test_codec_round_trips_every_op_and_reply():
@@ -103,7 +110,7 @@ def test_serve_answers_many_ops_in_order_with_their_ids_and_says_each_error(tmp_
     assert [r.id for r in replies] == [10, 11, 12, 13, None, 14, 15]
     assert replies[0].result == {"engine": engine.__version__, "protocol": PROTOCOL_VERSION}
     assert replies[1].ok and replies[1].result["shards"] == [f"s{i}" for i in range(10)]
-    assert replies[2].ok and replies[2].result["op"] == "status"
+    assert replies[2].ok and replies[2].result["shards_omitted"] is True
     assert not replies[3].ok and replies[3].kind is ErrorKind.BAD_REQUEST and "unknown op 'explode'" in replies[3].error
     assert not replies[4].ok and "not JSON" in replies[4].error
     assert not replies[5].ok and replies[5].kind is ErrorKind.REFUSED and "unknown worker 'nope'" in replies[5].error
@@ -148,9 +155,10 @@ def test_the_client_carries_concurrent_ops_over_one_process_and_matches_replies_
         return results, refused.value, hello, transport.opened, transport.ran, sup.ops
 
     results, refused, hello, opened, ran, ops = asyncio.run(go())
-    assert [r["op"] for r in results] == ["pause", "status", "resume", "drain_host", "status"]
-    assert len(results[4]["big"]) == BIG_REPLY_BYTES and "big" not in results[1]
-    assert results[0]["shards"] == [f"s{i:05d}" for i in range(10)]
+    assert [type(r) for r in results] == [ShardsChanged, RunStatus, ShardsChanged, HostStatus, RunStatus]
+    assert len(results[4].log_tail[0]) == BIG_REPLY_BYTES and results[1].shards_omitted and not results[1].log_tail
+    assert results[0].shards == [f"s{i:05d}" for i in range(10)] and results[2].op == "resume"
+    assert results[3].state == "drained"
     assert refused.kind == "error"
     assert hello.protocol == PROTOCOL_VERSION and hello.engine_version == engine.__version__
     assert len(opened) == 1 and opened[0].endswith("serve")  # six ops, one process
@@ -199,7 +207,7 @@ def test_an_engine_before_the_channel_gets_the_note_and_is_served_one_process_pe
     assert client.protocol_note.startswith(f"engine at local:{run_dir} speaks an older protocol")
     assert "invalid choice: 'serve'" in client.protocol_note  # the old engine's own words
     assert client.protocol_note.endswith("one process per op")
-    assert paused["shards"] == ["s00001", "s00002"] and status["op"] == "status"
+    assert paused.shards == ["s00001", "s00002"] and status.run_dir == str(run_dir) and status.shards_omitted
     assert len(transport.ran) == 2 and all(" engine.ctl " in c for c in transport.ran)
 
 
@@ -220,7 +228,7 @@ def test_a_channel_whose_process_dies_fails_the_op_in_flight_and_a_new_one_carri
 
     lost, again, opened = asyncio.run(go())
     assert lost.kind == "unreachable" and "not sent again" in str(lost)
-    assert again["op"] == "status"
+    assert again.state == "running"
     assert len(opened) == 2
 
 

@@ -105,25 +105,25 @@ async def test_shards_pause_resume_reach_the_supervisor(live_run, tmp_path):
         await pilot.press("p")
 
         async def paused_on_host():
-            return any(s["id"] == sid and s["state"] == "paused" for s in (await client.status())["shards"])
+            return any(s.id == sid and s.state == "paused" for s in (await client.status()).shards)
 
         await wait_until(pilot, lambda: "paused" in table.cells(sid)["state"], f"{sid} shown paused")
         assert await paused_on_host()
         assert "⏸" in table.cells(sid)["state"]
         await pilot.press("r")
         await wait_until(pilot, lambda: "paused" not in table.cells(sid)["state"], f"{sid} shown resumed")
-        assert not any(s["id"] == sid and s["state"] == "paused" for s in (await client.status())["shards"])
+        assert not any(s.id == sid and s.state == "paused" for s in (await client.status()).shards)
         await pilot.press("P")
         await wait_until(pilot, lambda: app.model.state == "paused" or all(
             s.state in ("paused", "done") for s in app.model.shards.values()), "every shard paused")
         st = await client.status()
-        assert all(s["state"] in ("paused", "done") for s in st["shards"])
+        assert all(s.state in ("paused", "done") for s in st.shards)
         await pilot.press("R")
         await wait_until(pilot, lambda: not app.model.paused_shards(), "every shard resumed")
-        assert not [s for s in (await client.status())["shards"] if s["state"] == "paused"]
+        assert not [s for s in (await client.status()).shards if s.state == "paused"]
     await app.source.transport.close()
     # quitting the console left the run alone
-    assert (await client.status())["state"] in ("running", "starting", "paused")
+    assert (await client.status()).state in ("running", "starting", "paused")
 
 
 async def test_workers_table_log_tail_and_restart_with_confirmation(live_run, tmp_path):
@@ -213,7 +213,7 @@ async def test_connection_drop_reconnects_and_backfills(live_run, tmp_path):
         assert any(t.startswith("connection lost") for t in texts)
         assert any("connection regained" in t for t in texts)
     await app.source.transport.close()
-    assert (await client.status())["state"] in ("running", "paused", "starting")
+    assert (await client.status()).state in ("running", "paused", "starting")
 
 
 async def test_command_palette_runs_actions(live_run, tmp_path):

@@ -14,7 +14,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, NoReturn, Protocol
 
 import orjson
 
@@ -27,6 +27,8 @@ from console.run_client import RunClient, RunClientError
 from console.ssh_options import SshOptions
 from console.transport import Transport, TransportError, open_transport
 from engine.config import ConfigError
+from engine.run.control_ops import ShardsChanged, WorkerRestarted
+from engine.run.status import RunStatus
 from engine.telemetry_events import Event, parse_event
 from probes.model import ProbeReport
 
@@ -47,10 +49,10 @@ class DataSource(FollowSource, Protocol):
     protocol_note: str  # non-empty: the engine has no control channel, ops go one process each (the header says so)
 
     def take_notes(self) -> list[SourceNote]: ...  # the notes since the last call
-    async def status(self, shards: bool = True) -> dict[str, Any]: ...  # shards=False: without the shard list
-    async def pause(self, shards: list[str] | None) -> dict[str, Any]: ...
-    async def resume(self, shards: list[str] | None) -> dict[str, Any]: ...
-    async def restart_worker(self, name: str) -> dict[str, Any]: ...
+    async def status(self, shards: bool = True) -> RunStatus: ...  # shards=False: without the shard list
+    async def pause(self, shards: list[str] | None) -> ShardsChanged: ...
+    async def resume(self, shards: list[str] | None) -> ShardsChanged: ...
+    async def restart_worker(self, name: str) -> WorkerRestarted: ...
     async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str: ...
     async def stats(self) -> dict[str, Any]: ...
     async def probes(self, only: set[str] | None = None) -> ProbeReport: ...
@@ -206,11 +208,11 @@ class HostSource:
         except RunClientError as exc:
             raise _classify(exc) from exc
 
-    async def status(self, shards: bool = True) -> dict[str, Any]:
+    async def status(self, shards: bool = True) -> RunStatus:
         """shards=False: without the shard list (RunClient.status)."""
         return await self._call("status", shards)
 
-    async def last_status(self) -> dict[str, Any]:
+    async def last_status(self) -> RunStatus:
         """What the run dir recorded (engine.ctl last-status): for a run whose supervisor is gone."""
         return await self._call("last_status")
 
@@ -221,13 +223,13 @@ class HostSource:
         record, why = await start_record.read(self.transport, self.client.run_dir)
         return f"resume with: {record.resume_hint()} ({record.where()})" if record is not None else why
 
-    async def pause(self, shards: list[str] | None) -> dict[str, Any]:
+    async def pause(self, shards: list[str] | None) -> ShardsChanged:
         return await self._call("pause", shards)
 
-    async def resume(self, shards: list[str] | None) -> dict[str, Any]:
+    async def resume(self, shards: list[str] | None) -> ShardsChanged:
         return await self._call("resume", shards)
 
-    async def restart_worker(self, name: str) -> dict[str, Any]:
+    async def restart_worker(self, name: str) -> WorkerRestarted:
         return await self._call("restart_worker", name)
 
     async def follow(self, since: float | None) -> AsyncIterator[Event]:
@@ -371,7 +373,7 @@ class ReplaySource:
 
     supervised = False  # a recording ends; nothing died
 
-    def __init__(self, telemetry: Path, *, status: dict[str, Any] | None = None, stats: dict[str, Any] | None = None,
+    def __init__(self, telemetry: Path, *, status: RunStatus | None = None, stats: dict[str, Any] | None = None,
                  logs: dict[str, str] | None = None, probe_report: ProbeReport | None = None, host: str = "replay",
                  run_dir: str | None = None):
         self.telemetry = Path(telemetry)
@@ -394,21 +396,21 @@ class ReplaySource:
     async def reconnect(self) -> None:
         await self.connect()
 
-    async def status(self, shards: bool = True) -> dict[str, Any]:
-        if self._status is None or not self._status.get("running", not self._status.get("offline")):
+    async def status(self, shards: bool = True) -> RunStatus:
+        if self._status is None or not self._status.running:
             raise SourceError("replay: no supervisor (a recorded run)", "no_supervisor")
         return self._status
 
     async def resume_hint(self) -> str:
         return ""  # a replay is not resumed from here
 
-    async def last_status(self) -> dict[str, Any]:
+    async def last_status(self) -> RunStatus:
         """A recording with an offline status (running false) has one; otherwise there is nothing more to read."""
-        if self._status is not None and not self._status.get("running", not self._status.get("offline")):
+        if self._status is not None and not self._status.running:
             return self._status
         raise SourceError("replay: no last status recorded", "no_supervisor")
 
-    def _refuse(self, op: str, arg: Any) -> dict[str, Any]:
+    def _refuse(self, op: str, arg: Any) -> NoReturn:
         self.requests.append((op, arg))
         raise SourceError(f"{op}: a replay of {self.telemetry} is read-only")
 

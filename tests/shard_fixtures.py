@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 from typing import Any, AsyncIterator
 
+from engine.run.control_ops import ShardsChanged, WorkerRestarted
 from engine.run.status import RunStatus
 from engine.wire import ShardFigures
 from engine.telemetry_events import DispatchEvent, Event, ShardEvent
@@ -68,33 +69,33 @@ class ShardsSource:
             yield ShardEvent.of(s, ts=T0)
         await asyncio.Event().wait()  # a live run: the stream stays open
 
-    async def status(self, shards: bool = True) -> dict[str, Any]:
+    async def status(self, shards: bool = True) -> RunStatus:
         self.status_asked.append(shards)
         return RunStatus(run_dir=self.run_dir, state="running", dispatch=self.dispatch,
                          shards=list(self.shards.values()) if shards else [], shards_omitted=not shards,
-                         checked_at=T0 + 1).to_dict()
+                         checked_at=T0 + 1)
 
     async def resume_hint(self) -> str:
         return ""
 
-    async def last_status(self) -> dict[str, Any]:
+    async def last_status(self) -> RunStatus:
         return await self.status()
 
-    def _set(self, op: str, ids: list[str] | None, state_of) -> dict[str, Any]:
+    def _set(self, op: str, ids: list[str] | None, state_of) -> ShardsChanged:
         self.requests.append((op, None if ids is None else list(ids)))
         for sid in self.shards if ids is None else ids:
             s = self.shards[sid]
             if s.state != "done":
                 self.shards[sid] = dataclasses.replace(s, state=state_of(s))
-        return {"shards": ids}
+        return ShardsChanged(op=op, shards=list(self.shards) if ids is None else list(ids), state="running")
 
-    async def pause(self, shards: list[str] | None) -> dict[str, Any]:
+    async def pause(self, shards: list[str] | None) -> ShardsChanged:
         return self._set("pause", shards, lambda s: "paused")
 
-    async def resume(self, shards: list[str] | None) -> dict[str, Any]:
+    async def resume(self, shards: list[str] | None) -> ShardsChanged:
         return self._set("resume", shards, lambda s: "running" if s.done else "pending")
 
-    async def restart_worker(self, name: str) -> dict[str, Any]:
+    async def restart_worker(self, name: str) -> WorkerRestarted:
         raise NotImplementedError("no workers in this fake")
 
     async def log_tail(self, worker: str, lines: int = 200) -> str:

@@ -7,19 +7,36 @@ events (one stream: the loop that reconnects and backfills is console/follow.py)
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, TypeVar
+from typing import Any, AsyncIterator, Callable
 
 from console.control_channel import ChannelClosed, ControlChannel, OlderProtocol
 from console.remote_engine import engine_command
 from console.transport import Transport, TransportError
-from engine.protocol import (ChannelOp, ErrorKind, LastStatus, ProtocolError, Reply, ctl_argv, decode_reply)
+from engine.protocol import (ChannelOp, ErrorKind, Hello, HelloResult, LastStatus, ProtocolError, Reply, ctl_argv,
+                             decode_reply)
 from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
                                     Stop, UndrainHost, WorkerRestarted)
 from engine.run.status import HostStatus, RunStatus
-from engine.telemetry_events import Event, parse_event
+from engine.telemetry_events import Event, UnknownEventType, parse_event
 from engine.wire import WireError, decode
 
-T = TypeVar("T")
+# the wire type of each op's result
+REPLY_TYPES: dict[type, type] = {Hello: HelloResult, Status: RunStatus, LastStatus: RunStatus, Pause: ShardsChanged,
+                                 Resume: ShardsChanged, RestartWorker: WorkerRestarted, Drain: RunEnding,
+                                 Stop: RunEnding, DrainHost: HostStatus, UndrainHost: HostStatus}
+
+
+def decode_result(op: ChannelOp, data: Any, what: str) -> Any:
+    """An op's result (decoded JSON) as its wire type; WireError names a malformed field."""
+    cls = REPLY_TYPES[type(op)]
+    if cls is RunStatus:
+        return RunStatus.from_dict(data, what)
+    if cls is HelloResult:
+        try:
+            return HelloResult.from_dict(data)
+        except ProtocolError as exc:
+            raise WireError(f"{what}: {exc}") from exc
+    return decode(cls, data, what)
 
 CTL_TIMEOUT_S = 60.0
 EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 1, 2
@@ -88,13 +105,11 @@ class RunClient:
             except TransportError as exc:
                 raise RunClientError(f"closing the control channel to {self.where}: {exc}") from exc
 
-    async def _decoded(self, op: ChannelOp, cls: type[T]) -> T:
-        """The op's reply as its wire type; a reply that is not one (a field of the wrong type) is an error naming the
-        field, not a screen that shows half of it."""
-        result = (await self._op(op)).result
-        what = f"{op.op} reply from {self.where}"
+    async def _decoded(self, op: ChannelOp) -> Any:
+        """The op's reply as its wire type (REPLY_TYPES); a reply that is not one (a field of the wrong type) is an
+        error naming the field, not a screen that shows half of it."""
         try:
-            return RunStatus.from_dict(result, what) if cls is RunStatus else decode(cls, result, what)
+            return decode_result(op, (await self._op(op)).result, f"{op.op} reply from {self.where}")
         except WireError as exc:
             raise RunClientError(f"{exc} (is the engine there another version than this console's?)") from exc
 
@@ -151,43 +166,48 @@ class RunClient:
         """shards=False: without the shard list (a console that folds the shard events has it); an engine deployed
         before the option existed refuses it (argparse), and the full status is asked for from then on."""
         if shards or self._ctl_lacks_no_shards:
-            return await self._decoded(Status(), RunStatus)
+            return await self._decoded(Status())
         try:
-            return await self._decoded(Status(shards=False), RunStatus)
+            return await self._decoded(Status(shards=False))
         except NoSupervisor as exc:
             if self.channel is not None or "unrecognized arguments: --no-shards" not in exc.stderr:
                 raise
             self._ctl_lacks_no_shards = True
-            return await self._decoded(Status(), RunStatus)
+            return await self._decoded(Status())
 
     async def last_status(self) -> RunStatus:
         """What the run dir last recorded, without a supervisor (a finished or killed run)."""
-        return await self._decoded(LastStatus(), RunStatus)
+        return await self._decoded(LastStatus())
 
     async def pause(self, shards: list[str] | None) -> ShardsChanged:
-        return await self._decoded(Pause(shards=None if shards is None else tuple(shards)), ShardsChanged)
+        return await self._decoded(Pause(shards=None if shards is None else tuple(shards)))
 
     async def resume(self, shards: list[str] | None) -> ShardsChanged:
-        return await self._decoded(Resume(shards=None if shards is None else tuple(shards)), ShardsChanged)
+        return await self._decoded(Resume(shards=None if shards is None else tuple(shards)))
 
     async def restart_worker(self, name: str) -> WorkerRestarted:
-        return await self._decoded(RestartWorker(worker=name), WorkerRestarted)
+        return await self._decoded(RestartWorker(worker=name))
 
     async def drain(self) -> RunEnding:
-        return await self._decoded(Drain(), RunEnding)
+        return await self._decoded(Drain())
 
     async def drain_host(self, host: str, undo: bool = False) -> HostStatus:
-        return await self._decoded(UndrainHost(host=host) if undo else DrainHost(host=host), HostStatus)
+        return await self._decoded(UndrainHost(host=host) if undo else DrainHost(host=host))
 
     async def stop(self) -> RunEnding:
-        return await self._decoded(Stop(), RunEnding)
+        return await self._decoded(Stop())
 
-    async def follow(self, since: float | None = None) -> AsyncIterator[Event]:
+    async def follow(self, since: float | None = None,
+                     on_malformed: Callable[[str], None] = lambda why: None) -> AsyncIterator[Event]:
+        """The run's telemetry events from `since`; a line that is not an event of this console's wire (a field of
+        the wrong type) is skipped and said to on_malformed, an event type newer than this console skipped quietly."""
         args = ["follow"] + (["--since", repr(float(since))] if since is not None else [])
         async for line in self.transport.stream_lines(self._command(*args)):
             if not line.strip():
                 continue
             try:
                 yield parse_event(line)
-            except ValueError:
-                continue  # an event type newer than this console: skipped, the rest still shows
+            except UnknownEventType:
+                continue  # a newer engine's event: the rest still shows
+            except ValueError as exc:
+                on_malformed(f"telemetry from {self.where}: {exc}")

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from engine.wire import ShardFigures
+from engine.wire import ShardFigures, decode
 
 
 @dataclass
@@ -153,12 +153,17 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
+class UnknownEventType(ValueError):
+    """A line whose `type` this version does not know (a newer engine's event): skipped by readers, not an error."""
+
+
 def parse_event(line: bytes | str) -> Event:
-    """Parse one telemetry line; unknown fields are dropped, an unknown type raises ValueError."""
+    """One telemetry line as its event, checked field by field (engine.wire.decode): a field of the wrong type raises
+    WireError naming it, an unknown field is dropped, a missing one takes its default; an unknown type raises
+    UnknownEventType (both are ValueErrors, as a line that is not JSON is)."""
     data = orjson.loads(line)
-    kind = data.pop("type", None)
-    cls = EVENT_TYPES.get(kind)
+    kind = data.pop("type", None) if isinstance(data, dict) else None
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"unknown telemetry event type {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+        raise UnknownEventType(f"unknown telemetry event type {kind!r}")
+    return decode(cls, data, f"{kind} event")

@@ -279,6 +279,8 @@ class RegenApp(App):
 
     def on_telemetry_batch(self, msg: TelemetryBatch) -> None:
         changed = self.model.apply_all(msg.events)
+        if self._take_source_notes():  # e.g. a telemetry line skipped as malformed
+            changed |= {"alerts", "header"}
         self.events_applied += len(msg.events)
         self._mark(changed)
         self._notify_alerts()

@@ -29,7 +29,7 @@ from console.transport import Transport, TransportError, open_transport
 from engine.config import ConfigError
 from engine.run.control_ops import ShardsChanged, WorkerRestarted
 from engine.run.status import RunStatus
-from engine.telemetry_events import Event, parse_event
+from engine.telemetry_events import Event, UnknownEventType, parse_event
 from probes.model import ProbeReport
 
 LOG_TAIL_LINES = 200
@@ -235,10 +235,14 @@ class HostSource:
     async def follow(self, since: float | None) -> AsyncIterator[Event]:
         client = self._need_client()
         try:
-            async for ev in client.follow(since):
+            async for ev in client.follow(since, on_malformed=self._malformed):
                 yield ev
         except TransportError as exc:
             raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}", "connection") from exc
+
+    def _malformed(self, why: str) -> None:
+        """A telemetry line that is not an event of this console's wire: skipped, and said once per kind of fault."""
+        self._notes.append(SourceNote("warning", f"{why} (line skipped)", key=f"console.malformed.{why[:120]}"))
 
     async def _run(self, command: str, timeout: float, what: str):
         assert self.transport is not None
@@ -385,9 +389,11 @@ class ReplaySource:
         self._report = probe_report
         self.requests: list[tuple[str, Any]] = []
         self.protocol_note = ""
+        self._notes: list[SourceNote] = []
 
     def take_notes(self) -> list[SourceNote]:
-        return []
+        notes, self._notes = self._notes, []
+        return notes
 
     async def connect(self) -> None:
         if not self.telemetry.exists():
@@ -430,8 +436,12 @@ class ReplaySource:
                     continue
                 try:
                     ev = parse_event(line)
-                except ValueError:
+                except UnknownEventType:
                     continue  # an event type this console does not know
+                except ValueError as exc:
+                    self._notes.append(SourceNote("warning", f"{self.telemetry}: {exc} (line skipped)",
+                                                  key=f"console.malformed.{str(exc)[:120]}"))
+                    continue
                 if since is None or ev.ts >= since:
                     yield ev
 

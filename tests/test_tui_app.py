@@ -150,7 +150,7 @@ async def test_workers_table_log_tail_and_restart_with_confirmation(live_run, tm
         await pilot.press("y")
         await wait_until(pilot, lambda: app.model.workers["gpu1"].restarts >= 1, "the restart in status")
         st = await client.status()
-        assert next(w for w in st["workers"] if w["name"] == "gpu1")["restarts"] >= 1
+        assert next(w for w in st.workers if w.name == "gpu1").restarts >= 1
     await app.source.transport.close()
 
 

@@ -3,21 +3,24 @@
 `engine.ctl serve` process (console/control_channel.py: an attached console); both read replies with
 engine.protocol's codec. Each reply is decoded once, here, into its wire type (engine.wire.decode: a malformed field
 is an error naming it): RunStatus, ShardsChanged, WorkerRestarted, RunEnding, HostStatus. follow() streams telemetry
-events (one stream: the loop that reconnects and backfills is console/follow.py)."""
+events, over the open channel when its engine carries them (else one `engine.ctl follow` process); the loop that
+reconnects and backfills is console/follow.py."""
 from __future__ import annotations
 
 import asyncio
 from typing import Any, AsyncIterator, Callable
 
-from console.control_channel import ChannelClosed, ControlChannel, OlderProtocol
+import orjson
+
+from console.control_channel import ChannelClosed, ControlChannel, FollowRefused, OlderProtocol
 from console.remote_engine import engine_command
 from console.transport import Transport, TransportError
-from engine.protocol import (ChannelOp, ErrorKind, Hello, HelloResult, LastStatus, ProtocolError, Reply, ctl_argv,
-                             decode_reply)
+from engine.protocol import (ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus, ProtocolError, Reply,
+                             ctl_argv, decode_reply)
 from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
                                     Stop, UndrainHost, WorkerRestarted)
 from engine.run.status import HostStatus, RunStatus
-from engine.telemetry_events import Event, UnknownEventType, parse_event
+from engine.telemetry_events import Event, UnknownEventType, event_from_dict
 from engine.wire import WireError, decode
 
 # the wire type of each op's result
@@ -199,15 +202,41 @@ class RunClient:
 
     async def follow(self, since: float | None = None,
                      on_malformed: Callable[[str], None] = lambda why: None) -> AsyncIterator[Event]:
-        """The run's telemetry events from `since`; a line that is not an event of this console's wire (a field of
-        the wrong type) is skipped and said to on_malformed, an event type newer than this console skipped quietly."""
+        """The run's telemetry events from `since`, until the supervisor has exited and every event was sent: over the
+        open channel (protocol 2), else one `engine.ctl follow` process. A line that is not an event of this
+        console's wire (a field of the wrong type) is skipped and said to on_malformed, an event type newer than this
+        console skipped quietly. The stream's loss raises TransportError (the connection) or RunClientError."""
+        channel = self.channel
+        if channel is not None and channel.can_follow:
+            try:
+                async for data in channel.follow(Follow(since=since)):
+                    ev = self._event(data, on_malformed)
+                    if ev is not None:
+                        yield ev
+            except ChannelClosed as exc:
+                if exc.transport is not None:
+                    raise exc.transport
+                raise RunClientError(f"{exc}; following again", kind="unreachable") from exc
+            except FollowRefused as exc:  # as the one-process follow's exit status 2: checked again, later
+                raise RunClientError(f"telemetry of {self.where}: {exc}", kind="unreachable") from exc
+            return
         args = ["follow"] + (["--since", repr(float(since))] if since is not None else [])
         async for line in self.transport.stream_lines(self._command(*args)):
             if not line.strip():
                 continue
             try:
-                yield parse_event(line)
-            except UnknownEventType:
-                continue  # a newer engine's event: the rest still shows
-            except ValueError as exc:
-                on_malformed(f"telemetry from {self.where}: {exc}")
+                ev = self._event(orjson.loads(line), on_malformed)
+            except orjson.JSONDecodeError as exc:
+                on_malformed(f"telemetry from {self.where}: not JSON: {exc}")
+                continue
+            if ev is not None:
+                yield ev
+
+    def _event(self, data: Any, on_malformed: Callable[[str], None]) -> Event | None:
+        try:
+            return event_from_dict(data)
+        except UnknownEventType:
+            return None  # a newer engine's event: the rest still shows
+        except WireError as exc:
+            on_malformed(f"telemetry from {self.where}: {exc}")
+            return None

@@ -158,11 +158,16 @@ class UnknownEventType(ValueError):
 
 
 def parse_event(line: bytes | str) -> Event:
-    """One telemetry line as its event, checked field by field (engine.wire.decode): a field of the wrong type raises
-    WireError naming it, an unknown field is dropped, a missing one takes its default; an unknown type raises
-    UnknownEventType (both are ValueErrors, as a line that is not JSON is)."""
-    data = orjson.loads(line)
-    kind = data.pop("type", None) if isinstance(data, dict) else None
+    """One telemetry line as its event (event_from_dict); a line that is not JSON raises orjson's JSONDecodeError (a
+    ValueError too)."""
+    return event_from_dict(orjson.loads(line))
+
+
+def event_from_dict(data: Any) -> Event:
+    """A decoded telemetry line as its event, checked field by field (engine.wire.decode): a field of the wrong type
+    raises WireError naming it, an unknown field is dropped, a missing one takes its default; an unknown type raises
+    UnknownEventType (both are ValueErrors)."""
+    kind = data.get("type") if isinstance(data, dict) else None
     cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise UnknownEventType(f"unknown telemetry event type {kind!r}")

@@ -11,6 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import orjson
 import pytest
 
 import engine
@@ -167,12 +168,18 @@ def test_the_client_carries_concurrent_ops_over_one_process_and_matches_replies_
 
 
 class CountingLocalTransport(LocalTransport):
-    """LocalTransport that lists each command it starts: `opened` (open_process), `ran` (run)."""
+    """LocalTransport that lists each command it starts: `opened` (open_process), `ran` (run), `streamed`
+    (stream_lines)."""
 
     def __init__(self):
         super().__init__()
         self.opened: list[str] = []
         self.ran: list[str] = []
+        self.streamed: list[str] = []
+
+    def stream_lines(self, command: str):
+        self.streamed.append(command)
+        return super().stream_lines(command)
 
     async def open_process(self, command: str):
         self.opened.append(command)
@@ -198,17 +205,21 @@ def test_an_engine_before_the_channel_gets_the_note_and_is_served_one_process_pe
         await client.open_channel()
         paused = await client.pause(["s00001", "s00002"])
         status = await client.status(shards=False)
+        events = [ev async for ev in client.follow(since=None)]  # no supervisor.pid: ends once the file is sent
         await sup.server.close()
         await transport.close()
-        return client, paused, status, transport
+        return client, paused, status, transport, events
 
-    client, paused, status, transport = asyncio.run(go())
+    (run_dir / "telemetry.jsonl").write_bytes(b"\n".join(RECORDED_EVENTS) + b"\n")
+    client, paused, status, transport, events = asyncio.run(go())
     assert client.channel is None
     assert client.protocol_note.startswith(f"engine at local:{run_dir} speaks an older protocol")
     assert "invalid choice: 'serve'" in client.protocol_note  # the old engine's own words
     assert client.protocol_note.endswith("one process per op")
     assert paused.shards == ["s00001", "s00002"] and status.run_dir == str(run_dir) and status.shards_omitted
     assert len(transport.ran) == 2 and all(" engine.ctl " in c for c in transport.ran)
+    assert [ev.to_dict() for ev in events] == [orjson.loads(line) for line in RECORDED_EVENTS]
+    assert len(transport.streamed) == 1 and transport.streamed[0].endswith(" follow")  # its own process
 
 
 def test_a_channel_whose_process_dies_fails_the_op_in_flight_and_a_new_one_carries_the_next(tmp_path):
@@ -275,3 +286,76 @@ def test_an_engine_of_another_protocol_version_gets_the_note_and_its_channel_is_
     assert client.channel is None and process.closed
     assert client.protocol_note == (f"engine 9.0.0 at gpu1:/r speaks protocol {PROTOCOL_VERSION + 1}, this console "
                                     f"{PROTOCOL_VERSION}: one process per op")
+
+
+RECORDED_EVENTS = (REPO / "tests" / "data" / "wire" / "telemetry.jsonl").read_bytes().splitlines()
+
+
+def fake_supervisor_pid(run_dir: Path) -> subprocess.Popen:
+    """A process engine.ctl takes for the run's supervisor (its command line names engine.supervisor): while it lives,
+    a follow waits for more lines."""
+    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", "engine.supervisor"])
+    (run_dir / "supervisor.pid").write_text(str(proc.pid))
+    return proc
+
+
+def test_the_follow_goes_over_the_open_channel_beside_the_ops_tails_the_file_and_ends_with_the_supervisor(tmp_path):
+    telemetry = tmp_path / "telemetry.jsonl"
+    telemetry.write_bytes(b"\n".join(RECORDED_EVENTS[:4]) + b"\n")
+    holder = fake_supervisor_pid(tmp_path)
+
+    async def go():
+        sup, transport, client = await open_client(tmp_path)
+        try:
+            first = client.follow(since=None)
+            got = [await anext(first) for _ in range(2)]
+            await first.aclose()  # left early: its lines are dropped, the next follow ends it on the host
+            since = orjson.loads(RECORDED_EVENTS[2])["ts"]
+            stream = client.follow(since=since)
+            again = [await anext(stream) for _ in range(2)]
+            status = await client.status()  # an op while the follow streams
+            with open(telemetry, "ab") as f:  # the supervisor writes on: the follow tails it
+                f.write(RECORDED_EVENTS[4] + b"\n")
+            appended = await asyncio.wait_for(anext(stream), 30)
+            holder.kill()
+            holder.wait()
+            rest = [ev async for ev in stream]  # the supervisor is gone and the file sent: the follow ends
+            return got, again, status, appended, rest, client.channel.closed, transport
+        finally:
+            await client.close_channel()
+            await sup.server.close()
+            await transport.close()
+
+    try:
+        got, again, status, appended, rest, closed, transport = asyncio.run(go())
+    finally:
+        holder.kill()
+        holder.wait()
+    recorded = [orjson.loads(line) for line in RECORDED_EVENTS]
+    assert [ev.to_dict() for ev in got] == recorded[:2]
+    assert [ev.to_dict() for ev in again] == [x for x in recorded[:4] if x["ts"] >= recorded[2]["ts"]][:2]
+    assert status.run_dir == str(tmp_path)
+    assert appended.to_dict() == recorded[4] and rest == []
+    assert closed is None  # the channel outlived both follows
+    assert len(transport.opened) == 1 and transport.streamed == [] and transport.ran == []  # one process for all
+
+
+def test_a_follow_with_nothing_to_follow_is_said_and_the_channel_goes_on(tmp_path):
+    async def go():
+        transport = CountingLocalTransport()
+        client = RunClient(transport, str(tmp_path / "no-such-run"), host_python=sys.executable,
+                           engine_path=str(REPO))
+        await client.open_channel()
+        try:
+            with pytest.raises(RunClientError, match="no run dir .*no-such-run") as refused:
+                async for _ in client.follow(since=None):
+                    pass
+            with pytest.raises(NoSupervisor):
+                await client.status()
+            return refused.value, client.channel.closed, transport.opened
+        finally:
+            await client.close_channel()
+            await transport.close()
+
+    refused, closed, opened = asyncio.run(go())
+    assert refused.kind == "unreachable" and closed is None and len(opened) == 1

@@ -239,6 +239,8 @@ class HostSource:
                 yield ev
         except TransportError as exc:
             raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}", "connection") from exc
+        except RunClientError as exc:
+            raise _classify(exc) from exc
 
     def _malformed(self, why: str) -> None:
         """A telemetry line that is not an event of this console's wire: skipped, and said once per kind of fault."""

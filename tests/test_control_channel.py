@@ -249,13 +249,16 @@ class NewerEngineProcess:
     command = "engine.ctl serve"
     pid = None
 
-    def __init__(self):
+    def __init__(self, protocol: int = PROTOCOL_VERSION + 1):
         self.lines: asyncio.Queue[bytes] = asyncio.Queue()
         self.closed = False
+        self.protocol = protocol
+        self.requests: list = []
 
     async def write(self, data: bytes) -> None:
         request = decode_request(data)
-        await self.lines.put(encode_reply(Reply(request.id, True, {"engine": "9.0.0", "protocol": PROTOCOL_VERSION + 1})))
+        self.requests.append(request.op)
+        await self.lines.put(encode_reply(Reply(request.id, True, {"engine": "9.0.0", "protocol": self.protocol})))
 
     async def readline(self) -> bytes:
         return await self.lines.get()
@@ -359,3 +362,32 @@ def test_a_follow_with_nothing_to_follow_is_said_and_the_channel_goes_on(tmp_pat
 
     refused, closed, opened = asyncio.run(go())
     assert refused.kind == "unreachable" and closed is None and len(opened) == 1
+
+
+def test_an_engine_of_protocol_1_keeps_the_channel_for_the_ops_and_follows_one_process():
+    process = NewerEngineProcess(protocol=1)
+
+    class Transport:
+        name = "gpu1"
+        streamed: list[str] = []
+
+        async def open_process(self, command: str):
+            return process
+
+        async def stream_lines(self, command: str):
+            self.streamed.append(command)
+            for line in RECORDED_EVENTS[:3]:
+                yield line.decode()
+
+    async def go():
+        transport = Transport()
+        client = RunClient(transport, "/r")
+        await client.open_channel()
+        events = [ev async for ev in client.follow(since=None)]
+        return client, events, transport.streamed
+
+    client, events, streamed = asyncio.run(go())
+    assert client.channel is not None and not client.channel.can_follow and client.protocol_note == ""
+    assert process.requests == [Hello()]  # the follow did not go over the channel
+    assert len(streamed) == 1 and streamed[0].endswith(" follow")
+    assert [ev.to_dict() for ev in events] == [orjson.loads(line) for line in RECORDED_EVENTS[:3]]

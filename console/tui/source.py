@@ -23,6 +23,7 @@ from console.config_probe import config_failed_report, config_passed
 from console.follow import FollowSource, SourceError
 from console.hints import regen_command
 from console.remote_engine import engine_command
+from console.control_channel import ChannelClosed
 from console.run_client import RunClient, RunClientError
 from console.ssh_options import SshOptions
 from console.transport import Transport, TransportError, open_transport
@@ -233,14 +234,26 @@ class HostSource:
         return await self._call("restart_worker", name)
 
     async def follow(self, since: float | None) -> AsyncIterator[Event]:
+        """The run's events (RunClient.follow). A control channel whose process ended while the connection holds is
+        opened again here (the operator is told) and the follow goes on from the last event's ts: a new connection
+        is for a lost one."""
         client = self._need_client()
-        try:
-            async for ev in client.follow(since, on_malformed=self._malformed):
-                yield ev
-        except TransportError as exc:
-            raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}", "connection") from exc
-        except RunClientError as exc:
-            raise _classify(exc) from exc
+        reopened = False  # the channel was opened again and no event came since: its next end is not retried here
+        while True:
+            try:
+                async for ev in client.follow(since, on_malformed=self._malformed):
+                    since, reopened = ev.ts, False
+                    yield ev
+                return
+            except TransportError as exc:
+                raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}", "connection") from exc
+            except RunClientError as exc:
+                ended = exc.__cause__
+                if not (isinstance(ended, ChannelClosed) and ended.transport is None) or reopened:
+                    raise _classify(exc) from exc
+                reopened = True
+                async with self._connecting:
+                    await self._ensure_channel()
 
     def _malformed(self, why: str) -> None:
         """A telemetry line that is not an event of this console's wire: skipped, and said once per kind of fault."""

@@ -3,8 +3,8 @@
 Requests carry ids (engine.protocol); a reader task hands each reply to the call that waits for it, and a follow's
 event lines to the stream that reads them. The channel opens with hello: an engine that does not answer it (deployed
 before the channel existed) or speaks a protocol this console does not raises OlderProtocol, and the caller goes one
-process per op; one of protocol 1 carries the ops but not the follow (can_follow). Once the channel's process ends or its
-connection breaks, every waiting call and every later one raises ChannelClosed with how it ended; an op in flight
+process per op; one of protocol 1 carries the ops but not the follow (can_follow). Once the channel's process ends or
+its connection breaks, every waiting call and every later one raises ChannelClosed with how it ended; an op in flight
 then is never sent again (the caller opens a new channel for the next op).
 """
 from __future__ import annotations
@@ -110,13 +110,15 @@ class ControlChannel:
 
     async def follow(self, op: Follow) -> AsyncIterator[dict[str, Any]]:
         """A follow's events (decoded JSON, one per telemetry line) until its last reply: ends when the supervisor
-        has exited and every event was sent; an error reply (nothing to follow) raises FollowRefused; ChannelClosed when the channel ends first. Closing the iterator early leaves the stream (its
-        lines are dropped; the next follow on the channel ends it on the host)."""
+        has exited and every event was sent; an error reply (nothing to follow) raises FollowRefused, the channel's
+        end ChannelClosed. Closing the iterator early leaves the stream: its lines are dropped, and the next follow
+        on the channel ends it on the host."""
         if self.closed is not None:
             raise self.closed
         rid = next(self._ids)
         queue: asyncio.Queue[Reply | ChannelClosed] = asyncio.Queue()
         self._streams[rid] = queue
+        ended = False  # its last reply came: nothing more will
         try:
             async with self._send_lock:
                 try:
@@ -131,11 +133,13 @@ class ControlChannel:
                 if item.event is not None:
                     yield item.event
                     continue
+                ended = True
                 if not item.ok:
                     raise FollowRefused(item.error)
                 return
         finally:
-            if self._streams.pop(rid, None) is not None and self.closed is None:
+            self._streams.pop(rid, None)
+            if not ended and self.closed is None:
                 self._left.add(rid)
 
     async def _read(self) -> None:

@@ -12,8 +12,8 @@ line, in the order the requests came:
 
 `op` is a control op as engine.run.control_ops writes it, or a channel op served by engine.ctl itself (hello,
 last_status, follow: no supervisor needed). Replies to other requests go on while a follow streams; a new follow
-ends the one before it (its last reply says so). A one-shot `python -m engine.ctl --run-dir D OP ...` prints the same reply
-without an id (an engine deployed before this module printed {"ok", "result" | "error"}: the same shape).
+ends the one before it (its last reply says so). A one-shot `python -m engine.ctl --run-dir D OP ...` prints the same
+reply without an id (an engine deployed before this module printed {"ok", "result" | "error"}: the same shape).
 Bump PROTOCOL_VERSION when a request or reply changes meaning; a console that gets another version in hello's reply
 uses the one-shot form.
 """

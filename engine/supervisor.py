@@ -57,8 +57,8 @@ from engine.telemetry import Telemetry
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
-from engine.run.control_ops import (Drain, DrainHost, Op, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
-                                    Stop, UndrainHost, WorkerRestarted)
+from engine.run.control_ops import (Drain, DrainHost, Op, Pause, RestartWorker, Resume, RunEnding, ShardsChanged,
+                                    Status, Stop, UndrainHost, WorkerRestarted)
 from engine.run.dispatcher import Dispatcher
 from engine.run.exporter import MetricsServer
 from engine.run.feed import Feed

@@ -18,8 +18,8 @@ import engine
 from console.run_client import NoSupervisor, RunClient, RunClientError
 from console.transport_local import LocalTransport
 from engine.control import ControlServer
-from engine.protocol import (PROTOCOL_VERSION, ErrorKind, Hello, LastStatus, Reply, Request, ctl_argv, decode_reply,
-                             decode_request, encode_reply, encode_request)
+from engine.protocol import (PROTOCOL_VERSION, ErrorKind, Follow, Hello, LastStatus, Reply, Request, ctl_argv,
+                             decode_reply, decode_request, encode_event_line, encode_reply, encode_request)
 from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
                                     Stop, UndrainHost)
 from engine.run.status import HostStatus, RunStatus
@@ -68,13 +68,16 @@ class FakeSupervisor:
 def test_codec_round_trips_every_op_and_reply():
     ops = [Hello(), LastStatus(), Status(), Status(shards=False), Pause(), Pause(shards=("a", "b")), Resume(),
            Resume(shards=("c",)), RestartWorker(worker="w0"), DrainHost(host="h1"), UndrainHost(host="h1"), Drain(),
-           Stop()]
+           Stop(), Follow(), Follow(since=1796220000.5)]
     for i, op in enumerate(ops):
         assert decode_request(encode_request(Request(i, op))) == Request(i, op)
         assert ctl_argv(op)  # every op has a one-shot form
     for reply in (Reply(3, True, {"x": 1}), Reply(None, True, {}), Reply(4, False, error="gone",
                                                                          kind=ErrorKind.NO_SUPERVISOR)):
         assert decode_reply(encode_reply(reply)) == reply
+    # a follow's event line carries the telemetry line as written
+    assert decode_reply(encode_event_line(7, b'{"type":"dispatch","ts":1.5}\n')) == Reply(
+        7, True, event={"type": "dispatch", "ts": 1.5})
     # an engine before the channel prints {"ok", "result"} / {"ok", "error"}: the same codec reads it
     assert decode_reply(b'{"ok": false, "error": "unknown worker"}') == Reply(None, False, error="unknown worker")
 

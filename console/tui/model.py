@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from console.tui.series import Series
-from engine.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState
+from engine.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, ShardFigures
 from engine.fatal import FatalRecord
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.status import Rejects, RunStatus
@@ -234,7 +234,7 @@ class RunModel:
         if isinstance(ev, DispatchEvent):
             return self._dispatch(ev)
         if isinstance(ev, ShardEvent):
-            return self._shard(ev)
+            return self._fold_shard(ev, ev.ts)
         if isinstance(ev, DiskEvent):
             return self._disk(ev)
         if isinstance(ev, AlertEvent):
@@ -257,12 +257,10 @@ class RunModel:
             return {"header", "workers"}
         return set()
 
-    def _shard(self, ev: ShardEvent) -> set[str]:
-        return self._fold_shard(ev.id, ev.ts, (ev.state, ev.done, ev.total, ev.output_tokens, ev.empty,
-                                               ev.truncated, ev.repetition))
-
-    def _fold_shard(self, sid: str, ts: float, figures: tuple) -> set[str]:
-        """figures: (state, done, total, output_tokens, empty, truncated, repetition) as of host time ts."""
+    def _fold_shard(self, sh: ShardFigures, ts: float) -> set[str]:
+        """A shard's figures (a shard event's, or a status reply's shard) as of host time ts."""
+        sid = sh.id
+        figures = (sh.state, sh.done, sh.total, sh.output_tokens, sh.empty, sh.truncated, sh.repetition)
         s = self.shards.get(sid)
         if s is None:
             s = self.shards[sid] = ShardView(sid)
@@ -447,8 +445,7 @@ class RunModel:
         for ev in status.workers + status.gpus:
             changed |= self._snapshot(ev)
         for sh in status.shards:  # folded as figures, not as 10,000 events: a snapshot every STATUS_EVERY_S
-            changed |= self._fold_shard(sh.id, as_of, (sh.state, sh.done, sh.total, sh.output_tokens, sh.empty,
-                                                       sh.truncated, sh.repetition))
+            changed |= self._fold_shard(sh, as_of)
         for ev in status.disk:
             changed |= self._snapshot(ev)
         for ev in status.alerts:

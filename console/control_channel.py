@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from console.transport import Ended, Process, Transport, TransportError
 from engine.protocol import (PROTOCOL_VERSION, SUPPORTED_PROTOCOLS, ChannelOp, Follow, Hello, HelloResult,
@@ -108,8 +108,8 @@ class ControlChannel:
         """The engine streams the telemetry over the channel (protocol 2)."""
         return self.hello is not None and self.hello.protocol >= 2
 
-    async def follow(self, op: Follow) -> AsyncIterator[dict[str, Any]]:
-        """A follow's events (decoded JSON, one per telemetry line) until its last reply: ends when the supervisor
+    async def follow(self, op: Follow) -> AsyncIterator[Reply]:
+        """A follow's event lines (Reply.event: one telemetry line, for the caller to decode) until its last reply: ends when the supervisor
         has exited and every event was sent; an error reply (nothing to follow) raises FollowRefused, the channel's
         end ChannelClosed. Closing the iterator early leaves the stream: its lines are dropped, and the next follow
         on the channel ends it on the host."""
@@ -131,7 +131,7 @@ class ControlChannel:
                 if isinstance(item, ChannelClosed):
                     raise item
                 if item.event is not None:
-                    yield item.event
+                    yield item
                     continue
                 ended = True
                 if not item.ok:

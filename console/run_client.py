@@ -209,8 +209,8 @@ class RunClient:
         channel = self.channel
         if channel is not None and channel.can_follow:
             try:
-                async for data in channel.follow(Follow(since=since)):
-                    ev = self._event(data, on_malformed)
+                async for line in channel.follow(Follow(since=since)):
+                    ev = self._event(line.event, on_malformed)
                     if ev is not None:
                         yield ev
             except ChannelClosed as exc:

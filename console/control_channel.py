@@ -1,19 +1,21 @@
 """One long-lived `engine.ctl serve` process on the host (one SSH exec) carrying an attached console's control ops.
 
-Requests carry ids (engine.protocol); a reader task hands each reply to the call that waits for it. The channel
-opens with hello: an engine that does not answer it (deployed before the channel existed) or speaks another
-protocol raises OlderProtocol, and the caller goes one process per op. Once the channel's process ends or its
-connection breaks, every waiting call and every later one raises ChannelClosed with how it ended; an op in flight
+Requests carry ids (engine.protocol); a reader task hands each reply to the call that waits for it, and a follow's
+event lines to the stream that reads them. The channel opens with hello: an engine that does not answer it (deployed
+before the channel existed) or speaks a protocol this console does not raises OlderProtocol, and the caller goes one
+process per op; one of protocol 1 carries the ops but not the follow (can_follow). Once the channel's process ends or
+its connection breaks, every waiting call and every later one raises ChannelClosed with how it ended; an op in flight
 then is never sent again (the caller opens a new channel for the next op).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import AsyncIterator
 
 from console.transport import Ended, Process, Transport, TransportError
-from engine.protocol import (PROTOCOL_VERSION, ChannelOp, Hello, HelloResult, ProtocolError, Reply, Request,
-                             decode_reply, encode_request)
+from engine.protocol import (PROTOCOL_VERSION, SUPPORTED_PROTOCOLS, ChannelOp, Follow, Hello, HelloResult,
+                             ProtocolError, Reply, Request, decode_reply, encode_request)
 
 HELLO_TIMEOUT_S = 30.0  # a new interpreter and its imports on a loaded host
 READER_END_WAIT_S = 5.0  # a send failed: how long the reader may take to say how the process ended
@@ -28,6 +30,10 @@ class ChannelClosed(Exception):
         self.ended = ended
 
 
+class FollowRefused(Exception):
+    """The engine answered a follow with an error (no run dir, no telemetry and no supervisor): the text says which."""
+
+
 class OlderProtocol(Exception):
     """The engine does not speak this console's channel; the text is the note for the operator."""
 
@@ -40,6 +46,8 @@ class ControlChannel:
         self.closed: ChannelClosed | None = None  # set once the channel can carry nothing more
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Reply]] = {}
+        self._streams: dict[int, asyncio.Queue[Reply | ChannelClosed]] = {}  # a follow's events, then its last reply
+        self._left: set[int] = set()  # follows whose reader stopped listening: their lines are dropped
         self._send_lock = asyncio.Lock()
         self._reader = asyncio.ensure_future(self._read())
 
@@ -61,7 +69,7 @@ class ControlChannel:
         except (OlderProtocol, ProtocolError, asyncio.TimeoutError, TransportError, asyncio.CancelledError):
             await channel.close()
             raise
-        if channel.hello.protocol != PROTOCOL_VERSION:
+        if channel.hello.protocol not in SUPPORTED_PROTOCOLS:
             await channel.close()
             raise OlderProtocol(f"engine {channel.hello.engine_version} at {where} speaks protocol "
                                 f"{channel.hello.protocol}, this console {PROTOCOL_VERSION}: one process per op")
@@ -95,6 +103,45 @@ class ControlChannel:
         finally:
             self._waiting.pop(rid, None)
 
+    @property
+    def can_follow(self) -> bool:
+        """The engine streams the telemetry over the channel (protocol 2)."""
+        return self.hello is not None and self.hello.protocol >= 2
+
+    async def follow(self, op: Follow) -> AsyncIterator[Reply]:
+        """A follow's event lines (Reply.event: one telemetry line, for the caller to decode) until its last reply: ends when the supervisor
+        has exited and every event was sent; an error reply (nothing to follow) raises FollowRefused, the channel's
+        end ChannelClosed. Closing the iterator early leaves the stream: its lines are dropped, and the next follow
+        on the channel ends it on the host."""
+        if self.closed is not None:
+            raise self.closed
+        rid = next(self._ids)
+        queue: asyncio.Queue[Reply | ChannelClosed] = asyncio.Queue()
+        self._streams[rid] = queue
+        ended = False  # its last reply came: nothing more will
+        try:
+            async with self._send_lock:
+                try:
+                    await self.process.write(encode_request(Request(rid, op)))
+                except TransportError as exc:
+                    await asyncio.wait([self._reader], timeout=READER_END_WAIT_S)
+                    self._fail(ChannelClosed(f"control channel to {self.where}: {exc}", exc))
+            while True:
+                item = await queue.get()
+                if isinstance(item, ChannelClosed):
+                    raise item
+                if item.event is not None:
+                    yield item
+                    continue
+                ended = True
+                if not item.ok:
+                    raise FollowRefused(item.error)
+                return
+        finally:
+            self._streams.pop(rid, None)
+            if not ended and self.closed is None:
+                self._left.add(rid)
+
     async def _read(self) -> None:
         try:
             while line := await self.process.readline():
@@ -105,6 +152,14 @@ class ControlChannel:
                 except ProtocolError as exc:
                     self._fail(ChannelClosed(f"control channel to {self.where} sent a line that is not a reply: {exc}"))
                     return
+                stream = self._streams.get(reply.id) if reply.id is not None else None
+                if stream is not None:
+                    stream.put_nowait(reply)
+                    continue
+                if reply.id in self._left:
+                    if reply.event is None:
+                        self._left.discard(reply.id)  # its last reply: nothing more comes for it
+                    continue
                 waiter = self._waiting.get(reply.id) if reply.id is not None else None
                 if waiter is None:
                     self._fail(ChannelClosed(f"control channel to {self.where} answered request {reply.id}, which "
@@ -127,6 +182,8 @@ class ControlChannel:
         for waiter in self._waiting.values():
             if not waiter.done():
                 waiter.set_exception(self.closed)
+        for stream in self._streams.values():
+            stream.put_nowait(self.closed)
 
     async def close(self) -> None:
         """End the remote process (the reader stops with it)."""

@@ -37,7 +37,9 @@ from console.start_record import START_RECORD, StartRecord
 from console.start_record import read as start_record_read
 from engine.wire import LIVE_WORKER_STATES, RunState
 from engine.config import RunConfig, dump_toml
+from engine.fatal import FatalRecord
 from engine.run.status import RunStatus
+from engine.startup import StartCheck
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0
@@ -57,15 +59,16 @@ class StartFailed(DeployError):
     """The supervisor was launched but the run did not start: it died (`fatal` is its recorded cause, or None when
     it recorded none: `log_tail`), or a start check failed while it lives (`check`)."""
 
-    def __init__(self, message: str, *, pid: int, run_dir: str, fatal: dict | None = None,
-                 log_tail: list[str] | None = None, check: dict | None = None, alive: bool = False):
+    def __init__(self, message: str, *, pid: int, run_dir: str, fatal: FatalRecord | None = None,
+                 log_tail: list[str] | None = None, check: StartCheck | None = None, alive: bool = False):
         super().__init__(message)
         self.pid, self.run_dir, self.fatal, self.check, self.alive = pid, run_dir, fatal, check, alive
         self.log_tail = log_tail or []
 
     def to_dict(self) -> dict:
         return {"started": False, "run_dir": self.run_dir, "pid": self.pid, "supervisor_alive": self.alive,
-                "error": str(self), "fatal": self.fatal, "failed_check": self.check, "log_tail": self.log_tail}
+                "error": str(self), "fatal": self.fatal.to_dict() if self.fatal is not None else None,
+                "failed_check": self.check.to_dict() if self.check is not None else None, "log_tail": self.log_tail}
 
 
 class AlreadyRunning(DeployError):
@@ -82,7 +85,7 @@ class StartedRun:
     pid: int
     host_python: str
     engine_path: str
-    status: dict
+    status: RunStatus  # its first status once its start checks passed
     warning: str = ""  # started, but not as configured: e.g. `started with 1 of 2 workers: gpu0 refused (...)`
 
     def client(self, transport: Transport) -> RunClient:
@@ -155,8 +158,8 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
     except RunClientError:
         status = None  # nothing answers there: the normal case for a start
     if status is not None:
-        raise AlreadyRunning(f"a supervisor (pid {status.get('pid')}) already runs on {transport.name}:{run_dir}"
-                             f" (state {status.get('state')})", run_dir)
+        raise AlreadyRunning(f"a supervisor (pid {status.pid}) already runs on {transport.name}:{run_dir}"
+                             f" (state {status.state})", run_dir)
 
     progress(f"deploying the engine to {transport.name}:{engine_path}")
     await _run_checked(transport, f"rm -rf -- {shlex.quote(engine_path)} && mkdir -p -- {shlex.quote(engine_path)}",
@@ -212,20 +215,20 @@ async def _put_record(transport: Transport, run_dir: str, record: StartRecord) -
     return ""
 
 
-def partial_start(status: dict) -> str:
+def partial_start(status: RunStatus) -> str:
     """`started with 1 of 2 workers: gpu0 refused (...)` when some workers did not launch, else ""."""
-    if status.get("state") == RunState.DONE:
+    if status.state == RunState.DONE:
         return ""
-    workers = status.get("workers") or []
-    down = [w for w in workers if w.get("state") not in LIVE_WORKER_STATES]
+    workers = status.workers
+    down = [w for w in workers if w.state not in LIVE_WORKER_STATES]
     if not down:
         return ""
     return (f"started with {len(workers) - len(down)} of {len(workers)} workers: "
-            + "; ".join(f"{w.get('name')} {w.get('state')} ({w.get('error') or 'no error text'})" for w in down))
+            + "; ".join(f"{w.name} {w.state} ({w.error or 'no error text'})" for w in down))
 
 
 async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s: float,
-                       progress: Callable[[str], None]) -> dict:
+                       progress: Callable[[str], None]) -> RunStatus:
     """Poll the supervisor until its start checks pass (returns its status), it died (StartFailed with the cause),
     a check failed while it lives (StartFailed), or wait_s passed (DeployError naming the checks still pending)."""
     run_dir = client.run_dir
@@ -238,39 +241,38 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
         except RunClientError as exc:
             last_error, status = str(exc), None
         if status is not None:
-            checks = status.get("startup")
-            if checks is None:
-                return status  # an engine that does not publish start checks: answering is all it says
+            # an engine that does not publish start checks sends none: answering is all it says
+            checks = status.startup
             for c in checks:
-                if c.get("state") == "ok" and shown.get(c["check"]) != c.get("detail"):
-                    shown[c["check"]] = c.get("detail")
-                    progress(f"supervisor: {c.get('title') or c['check']}" + (f": {c['detail']}" if c.get("detail") else ""))
-            failed = [c for c in checks if c.get("state") == "failed"]
-            if failed and failed[0]["check"] == "workers":
+                if c.state == "ok" and shown.get(c.check) != c.detail:
+                    shown[c.check] = c.detail
+                    progress(f"supervisor: {c.title or c.check}" + (f": {c.detail}" if c.detail else ""))
+            failed = [c for c in checks if c.state == "failed"]
+            if failed and failed[0].check == "workers":
                 failed_at = failed_at or time.monotonic()
-            if failed and failed[0]["check"] == "workers" and time.monotonic() - failed_at > WORKERS_FAILED_GRACE_S:
+            if failed and failed[0].check == "workers" and time.monotonic() - failed_at > WORKERS_FAILED_GRACE_S:
                 # it lives on (a refused port waits for the operator, the other workers run); the start did not
                 # happen as configured. (If every worker failed it exits within the grace, with its cause.)
                 c = failed[0]
-                if any(w.get("state") in LIVE_WORKER_STATES for w in status.get("workers") or []):
+                if any(w.state in LIVE_WORKER_STATES for w in status.workers):
                     return status  # the run goes on with the others: a start, with a warning (partial_start)
-                raise StartFailed(f"the supervisor (pid {pid}) could not launch its workers: {c.get('detail')}; it is"
+                raise StartFailed(f"the supervisor (pid {pid}) could not launch its workers: {c.detail}; it is"
                                   f" still running on {transport.name}:{run_dir} (`regen stop` ends it)",
                                   pid=pid, run_dir=run_dir, check=c, alive=True)
-            if all(c.get("state") == "ok" for c in checks):
+            if all(c.state == "ok" for c in checks):
                 return status
             # a failed input check: the supervisor is about to exit with the cause; wait for its record
         elif not await _alive(transport, pid):
             try:
                 last = await client.last_status()
             except RunClientError:
-                last = {}
-            if last.get("state") == "done" and not last.get("fatal"):
+                last = None
+            if last is not None and last.state == "done" and not last.fatal:
                 return last  # a short run finished before its start checks were all seen: it started, and is done
             raise await _died(transport, client, pid)
         await asyncio.sleep(0.5)
-    pending = [f"{c['check']} ({c.get('detail') or c.get('state')})" for c in (status or {}).get("startup") or []
-               if c.get("state") != "ok"]
+    pending = [f"{c.check} ({c.detail or c.state})" for c in (status.startup if status is not None else [])
+               if c.state != "ok"]
     raise DeployError(f"the supervisor (pid {pid}) did not pass its start checks within {wait_s:.0f} s"
                       + (f"; not passed: {', '.join(pending)}" if pending else f": {last_error}")
                       + f"; it may still be running: `regen status` / `regen stop` on {transport.name}:{run_dir}")
@@ -300,7 +302,7 @@ async def _died(transport: Transport, client: RunClient, pid: int) -> StartFaile
     where = f"{transport.name}:{run_dir}"
     read_error = ""
     try:
-        last = RunStatus.from_dict(await client.last_status())
+        last = await client.last_status()
     except RunClientError as exc:
         last, read_error = RunStatus(run_dir=run_dir, state="dead", running=False, offline=True), str(exc)
     fatal = last.fatal
@@ -308,7 +310,7 @@ async def _died(transport: Transport, client: RunClient, pid: int) -> StartFaile
         lines = cause_first(fatal.message, where) if fatal.exc_type == "ConfigChanged" else None
         text = "\n".join(lines) if lines else "\n".join(cause_lines(fatal))
         return StartFailed(f"the supervisor (pid {pid}) exited during its start:\n{text}", pid=pid, run_dir=run_dir,
-                           fatal=fatal.to_dict())
+                           fatal=fatal)
     if last.state in ("done", "stopped", "drained"):
         cause = last.run_end.cause if last.run_end is not None else ""
         return StartFailed(f"the supervisor (pid {pid}) ended during its start: {last.state}"

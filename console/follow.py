@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Protocol
 
+from engine.run.status import RunStatus
 from engine.telemetry_events import Event
 
 
@@ -33,8 +34,8 @@ class FollowSource(Protocol):
 
     async def connect(self) -> None: ...
     async def reconnect(self) -> None: ...
-    async def status(self) -> dict[str, Any]: ...
-    async def last_status(self) -> dict[str, Any]: ...
+    async def status(self) -> RunStatus: ...
+    async def last_status(self) -> RunStatus: ...
     def follow(self, since: float | None) -> AsyncIterator[Event]: ...
 
 
@@ -68,7 +69,7 @@ class RunFollower:
 
     def __init__(self, source: FollowSource, *, since: float | None,
                  on_state: Callable[[FollowState], None] = _ignore,
-                 on_status: Callable[[dict[str, Any]], None] = _ignore,
+                 on_status: Callable[[RunStatus], None] = _ignore,
                  on_warning: Callable[[str], None] = _ignore,
                  backoff: Backoff = Backoff(), ended_check_s: float = 15.0, watch_ended: bool = True,
                  wake: asyncio.Event | None = None):

@@ -1,19 +1,45 @@
 """Console side of the control socket: each op runs `<host_python> -m engine.ctl --run-dir D OP ...` on the host
 (one process per op: the CLI's one-shot commands), or, once open_channel() opened it, goes over one long-lived
 `engine.ctl serve` process (console/control_channel.py: an attached console); both read replies with
-engine.protocol's codec. follow() streams telemetry events (one stream: the loop that reconnects and backfills is
-console/follow.py)."""
+engine.protocol's codec. Each reply is decoded once, here, into its wire type (engine.wire.decode: a malformed field
+is an error naming it): RunStatus, ShardsChanged, WorkerRestarted, RunEnding, HostStatus. follow() streams telemetry
+events, over the open channel when its engine carries them (else one `engine.ctl follow` process); the loop that
+reconnects and backfills is console/follow.py."""
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
-from console.control_channel import ChannelClosed, ControlChannel, OlderProtocol
+import orjson
+
+from console.control_channel import ChannelClosed, ControlChannel, FollowRefused, OlderProtocol
 from console.remote_engine import engine_command
 from console.transport import Transport, TransportError
-from engine.protocol import (ChannelOp, ErrorKind, LastStatus, ProtocolError, Reply, ctl_argv, decode_reply)
-from engine.run.control_ops import Drain, DrainHost, Pause, RestartWorker, Resume, Status, Stop, UndrainHost
-from engine.telemetry_events import Event, parse_event
+from engine.protocol import (ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus, ProtocolError, Reply,
+                             ctl_argv, decode_reply)
+from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
+                                    Stop, UndrainHost, WorkerRestarted)
+from engine.run.status import HostStatus, RunStatus
+from engine.telemetry_events import Event, UnknownEventType, event_from_dict
+from engine.wire import WireError, decode
+
+# the wire type of each op's result
+REPLY_TYPES: dict[type, type] = {Hello: HelloResult, Status: RunStatus, LastStatus: RunStatus, Pause: ShardsChanged,
+                                 Resume: ShardsChanged, RestartWorker: WorkerRestarted, Drain: RunEnding,
+                                 Stop: RunEnding, DrainHost: HostStatus, UndrainHost: HostStatus}
+
+
+def decode_result(op: ChannelOp, data: Any, what: str) -> Any:
+    """An op's result (decoded JSON) as its wire type; WireError names a malformed field."""
+    cls = REPLY_TYPES[type(op)]
+    if cls is RunStatus:
+        return RunStatus.from_dict(data, what)
+    if cls is HelloResult:
+        try:
+            return HelloResult.from_dict(data)
+        except ProtocolError as exc:
+            raise WireError(f"{what}: {exc}") from exc
+    return decode(cls, data, what)
 
 CTL_TIMEOUT_S = 60.0
 EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 1, 2
@@ -82,7 +108,16 @@ class RunClient:
             except TransportError as exc:
                 raise RunClientError(f"closing the control channel to {self.where}: {exc}") from exc
 
-    async def _op(self, op: ChannelOp) -> dict:
+    async def _decoded(self, op: ChannelOp) -> Any:
+        """The op's reply as its wire type (REPLY_TYPES); a reply that is not one (a field of the wrong type) is an
+        error naming the field, not a screen that shows half of it."""
+        try:
+            return decode_result(op, (await self._op(op)).result, f"{op.op} reply from {self.where}")
+        except WireError as exc:
+            raise RunClientError(f"{exc} (is the engine there another version than this console's?)") from exc
+
+    async def _op(self, op: ChannelOp) -> Reply:
+        """The op's ok reply (an error reply raises); its result's wire type comes from _decoded."""
         if self.channel is None:
             return await self._ctl(*ctl_argv(op))
         try:
@@ -95,14 +130,14 @@ class RunClient:
                                  "it may or may not have been done (not sent again)", kind="unreachable") from exc
         return self._result(reply)
 
-    def _result(self, reply: Reply, stderr: str = "") -> dict:
+    def _result(self, reply: Reply, stderr: str = "") -> Reply:
         if reply.ok:
-            return reply.result or {}
+            return reply
         if reply.kind is ErrorKind.NO_SUPERVISOR:
             raise NoSupervisor(f"no supervisor at {self.where}: {reply.error}", stderr=stderr or reply.error)
         raise RunClientError(f"{self.where}: {reply.error or stderr or 'error reply'}", kind="error", stderr=stderr)
 
-    async def _ctl(self, *args: str) -> dict:
+    async def _ctl(self, *args: str) -> Reply:
         command = self._command(*args)
         try:
             result = await self.transport.run(command, timeout=CTL_TIMEOUT_S)
@@ -130,47 +165,78 @@ class RunClient:
                 kind="unreachable" if result.exit_status != EXIT_ERROR_REPLY else "error", stderr=stderr)
         return self._result(reply, stderr)
 
-    async def status(self, shards: bool = True) -> dict:
+    async def status(self, shards: bool = True) -> RunStatus:
         """shards=False: without the shard list (a console that folds the shard events has it); an engine deployed
         before the option existed refuses it (argparse), and the full status is asked for from then on."""
         if shards or self._ctl_lacks_no_shards:
-            return await self._op(Status())
+            return await self._decoded(Status())
         try:
-            return await self._op(Status(shards=False))
+            return await self._decoded(Status(shards=False))
         except NoSupervisor as exc:
             if self.channel is not None or "unrecognized arguments: --no-shards" not in exc.stderr:
                 raise
             self._ctl_lacks_no_shards = True
-            return await self._op(Status())
+            return await self._decoded(Status())
 
-    async def last_status(self) -> dict:
+    async def last_status(self) -> RunStatus:
         """What the run dir last recorded, without a supervisor (a finished or killed run)."""
-        return await self._op(LastStatus())
+        return await self._decoded(LastStatus())
 
-    async def pause(self, shards: list[str] | None) -> dict:
-        return await self._op(Pause(shards=None if shards is None else tuple(shards)))
+    async def pause(self, shards: list[str] | None) -> ShardsChanged:
+        return await self._decoded(Pause(shards=None if shards is None else tuple(shards)))
 
-    async def resume(self, shards: list[str] | None) -> dict:
-        return await self._op(Resume(shards=None if shards is None else tuple(shards)))
+    async def resume(self, shards: list[str] | None) -> ShardsChanged:
+        return await self._decoded(Resume(shards=None if shards is None else tuple(shards)))
 
-    async def restart_worker(self, name: str) -> dict:
-        return await self._op(RestartWorker(worker=name))
+    async def restart_worker(self, name: str) -> WorkerRestarted:
+        return await self._decoded(RestartWorker(worker=name))
 
-    async def drain(self) -> dict:
-        return await self._op(Drain())
+    async def drain(self) -> RunEnding:
+        return await self._decoded(Drain())
 
-    async def drain_host(self, host: str, undo: bool = False) -> dict:
-        return await self._op(UndrainHost(host=host) if undo else DrainHost(host=host))
+    async def drain_host(self, host: str, undo: bool = False) -> HostStatus:
+        return await self._decoded(UndrainHost(host=host) if undo else DrainHost(host=host))
 
-    async def stop(self) -> dict:
-        return await self._op(Stop())
+    async def stop(self) -> RunEnding:
+        return await self._decoded(Stop())
 
-    async def follow(self, since: float | None = None) -> AsyncIterator[Event]:
+    async def follow(self, since: float | None = None,
+                     on_malformed: Callable[[str], None] = lambda why: None) -> AsyncIterator[Event]:
+        """The run's telemetry events from `since`, until the supervisor has exited and every event was sent: over the
+        open channel (protocol 2), else one `engine.ctl follow` process. A line that is not an event of this
+        console's wire (a field of the wrong type) is skipped and said to on_malformed, an event type newer than this
+        console skipped quietly. The stream's loss raises TransportError (the connection) or RunClientError."""
+        channel = self.channel
+        if channel is not None and channel.can_follow:
+            try:
+                async for line in channel.follow(Follow(since=since)):
+                    ev = self._event(line.event, on_malformed)
+                    if ev is not None:
+                        yield ev
+            except ChannelClosed as exc:
+                if exc.transport is not None:
+                    raise exc.transport
+                raise RunClientError(f"{exc}; following again", kind="unreachable") from exc
+            except FollowRefused as exc:  # as the one-process follow's exit status 2: checked again, later
+                raise RunClientError(f"telemetry of {self.where}: {exc}", kind="unreachable") from exc
+            return
         args = ["follow"] + (["--since", repr(float(since))] if since is not None else [])
         async for line in self.transport.stream_lines(self._command(*args)):
             if not line.strip():
                 continue
             try:
-                yield parse_event(line)
-            except ValueError:
-                continue  # an event type newer than this console: skipped, the rest still shows
+                ev = self._event(orjson.loads(line), on_malformed)
+            except orjson.JSONDecodeError as exc:
+                on_malformed(f"telemetry from {self.where}: not JSON: {exc}")
+                continue
+            if ev is not None:
+                yield ev
+
+    def _event(self, data: Any, on_malformed: Callable[[str], None]) -> Event | None:
+        try:
+            return event_from_dict(data)
+        except UnknownEventType:
+            return None  # a newer engine's event: the rest still shows
+        except WireError as exc:
+            on_malformed(f"telemetry from {self.where}: {exc}")
+            return None

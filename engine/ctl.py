@@ -1,15 +1,18 @@
 """Host-side control CLI: `python -m engine.ctl --run-dir D status|pause S..|--all|resume ..|
 restart-worker W|drain-host H|undrain-host H|drain|stop|hello` prints the reply (engine.protocol; exit 0 ok, 1 error
 reply, 2 no supervisor at that run dir); `... serve` answers a console's requests (JSON lines with ids, engine.protocol)
-on stdin until it closes: one process for many ops; `... follow [--since TS]` prints telemetry.jsonl lines with
-ts >= since, then follows the file until the supervisor has exited and every line is printed.
+on stdin until it closes: one process for many ops, and the telemetry follow among them; `... follow [--since TS]`
+prints telemetry.jsonl lines with ts >= since, then follows the file until the supervisor has exited and every line
+is printed (the same stream the channel's follow carries).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -17,8 +20,8 @@ import psutil
 
 import engine
 from engine.control import request
-from engine.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Hello, HelloResult, LastStatus, ProtocolError,
-                             Reply, decode_request, encode_reply)
+from engine.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus,
+                             ProtocolError, Reply, decode_request, encode_event_line, encode_reply)
 from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, Status, Stop, UndrainHost,
                                     to_request)
 
@@ -109,21 +112,63 @@ def answer(run_dir: Path, op: ChannelOp, rid: int | None, timeout: float) -> Rep
     return Reply(rid, False, error=str(data.get("error") or "error reply without text"))
 
 
-def serve(run_dir: Path, timeout: float) -> int:
-    """Answer request lines from stdin, in order, until stdin closes (engine.protocol)."""
-    out = sys.stdout.buffer
+def serve(run_dir: Path, timeout: float, poll: float = 0.2) -> int:
+    """Answer request lines from stdin, in order, until stdin closes (engine.protocol). A follow streams from its own
+    thread while the other requests are answered; a new follow ends the one before it."""
+    out = Output(sys.stdout.buffer)
+    following: tuple[threading.Thread, threading.Event] | None = None
     while line := sys.stdin.buffer.readline():
         if not line.strip():
             continue
         try:
             req = decode_request(line)
         except ProtocolError as exc:
-            reply = Reply(exc.id, False, error=str(exc), kind=ErrorKind.BAD_REQUEST)
-        else:
-            reply = answer(run_dir, req.op, req.id, timeout)
-        out.write(encode_reply(reply))
-        out.flush()
+            out.write(encode_reply(Reply(exc.id, False, error=str(exc), kind=ErrorKind.BAD_REQUEST)))
+            continue
+        if isinstance(req.op, Follow):
+            if following is not None:
+                following[1].set()
+                following[0].join()
+            stop = threading.Event()
+            thread = threading.Thread(target=stream_follow, args=(run_dir, req.id, req.op.since, poll, stop, out),
+                                      name=f"follow-{req.id}", daemon=True)
+            thread.start()
+            following = (thread, stop)
+            continue
+        out.write(encode_reply(answer(run_dir, req.op, req.id, timeout)))
     return EXIT_OK
+
+
+class Output:
+    """stdout shared by the request loop and a follow's thread: one whole line at a time."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            self.stream.write(data)
+            self.stream.flush()
+
+
+def stream_follow(run_dir: Path, rid: int, since: float | None, poll: float, stop: threading.Event,
+                  out: Output) -> None:
+    """One follow over the channel: its events, then its last reply (how it ended)."""
+    try:
+        for lines in telemetry_lines(run_dir, since, poll, stop):
+            if lines:
+                out.write(b"".join(encode_event_line(rid, line) for line in lines))
+    except NoTelemetry as exc:
+        out.write(encode_reply(Reply(rid, False, error=str(exc), kind=ErrorKind.NO_SUPERVISOR)))
+        return
+    except (BrokenPipeError, ValueError):
+        return  # the console went away (stdout closed): nobody to tell
+    ended = "a newer follow took its place" if stop.is_set() else "the supervisor exited; every event was sent"
+    try:
+        out.write(encode_reply(Reply(rid, True, {"ended": ended})))
+    except (BrokenPipeError, ValueError):
+        return
 
 
 def last_status(run_dir: Path, rid: int | None) -> Reply:
@@ -150,43 +195,55 @@ def supervisor_alive(run_dir: Path) -> bool:
         return True
 
 
-def follow(run_dir: Path, since: float | None, poll: float) -> int:
+class NoTelemetry(Exception):
+    """Nothing to follow: no run dir there, or no telemetry file and no supervisor to write one."""
+
+
+def telemetry_lines(run_dir: Path, since: float | None, poll: float,
+                    stop: threading.Event | None = None) -> Iterator[list[bytes]]:
+    """telemetry.jsonl's lines with ts >= since, a batch per read, then each batch appended, until the supervisor has
+    exited and the file is drained (or `stop` is set); NoTelemetry when there is nothing to follow."""
     path = run_dir / "telemetry.jsonl"
+    stop = stop or threading.Event()
     if not run_dir.is_dir():
-        print(f"no run dir {run_dir} (FileNotFoundError)", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    out = sys.stdout.buffer
+        raise NoTelemetry(f"no run dir {run_dir} (FileNotFoundError)")
     deadline = time.monotonic() + 30.0
     while not path.exists():
         if not supervisor_alive(run_dir) and time.monotonic() > deadline:
-            print(f"{path} does not exist and no supervisor runs on {run_dir}", file=sys.stderr)
-            return EXIT_UNREACHABLE
-        time.sleep(poll)
+            raise NoTelemetry(f"{path} does not exist and no supervisor runs on {run_dir}")
+        if stop.wait(poll):
+            return
     with open(path, "rb") as f:
         partial = b""
         idle_since = None
-        while True:
+        while not stop.is_set():
             chunk = f.read(1 << 20)
             if chunk:
                 idle_since = None
-                data = partial + chunk
-                lines = data.split(b"\n")
+                lines = (partial + chunk).split(b"\n")
                 partial = lines.pop()
-                for line in lines:
-                    if not line.strip():
-                        continue
-                    if since is not None and _ts(line) < since:
-                        continue
-                    out.write(line + b"\n")
-                out.flush()
+                yield [line for line in lines if line.strip() and (since is None or _ts(line) >= since)]
                 continue
             if not supervisor_alive(run_dir):
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since > 1.0:  # writer gone and the file drained
-                    return EXIT_OK
-            time.sleep(poll)
+                    return
+            if stop.wait(poll):
+                return
             if os.fstat(f.fileno()).st_size < f.tell():
                 f.seek(0)  # truncated or replaced: start over
+
+
+def follow(run_dir: Path, since: float | None, poll: float) -> int:
+    out = sys.stdout.buffer
+    try:
+        for lines in telemetry_lines(run_dir, since, poll):
+            out.write(b"".join(line + b"\n" for line in lines))
+            out.flush()
+    except NoTelemetry as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_UNREACHABLE
+    return EXIT_OK
 
 
 def _ts(line: bytes) -> float:

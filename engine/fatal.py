@@ -64,12 +64,12 @@ class HostsFailed(WorkersFailed):
 class FatalRecord:
     exc_type: str
     message: str
-    path: str | None
-    remedy: str
-    phase: str  # start | run | shutdown
-    exit_code: int
-    pid: int
-    log: str  # the supervisor's log, where a traceback (if any) is
+    path: str | None = None
+    remedy: str = ""
+    phase: str = ""  # start | run | shutdown
+    exit_code: int = 1
+    pid: int = 0
+    log: str = ""  # the supervisor's log, where a traceback (if any) is
     ts: float = dataclasses.field(default_factory=time.time)
 
     @property
@@ -89,8 +89,7 @@ class FatalRecord:
         missing = {"exc_type", "message"} - set(data)
         if missing:
             raise ValueError(f"not a fatal record (no {', '.join(sorted(missing))})")
-        defaults = {"path": None, "remedy": "", "phase": "", "exit_code": 1, "pid": 0, "log": ""}
-        return cls(**{**defaults, **{k: v for k, v in data.items() if k in names}})
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 # -- what went wrong, where, and what to do ------------------------------------------------------

@@ -6,12 +6,16 @@ line, in the order the requests came:
     {"id": 7, "op": {"op": "pause", "shards": ["s00001"]}}
     {"id": 7, "ok": true, "result": {...}}
     {"id": 8, "ok": false, "error": "no supervisor at ...", "kind": "no_supervisor"}
+    {"id": 9, "op": {"op": "follow", "since": 1796220000.5}}
+    {"id": 9, "event": {"type": "dispatch", "ts": ..., ...}}      (one line per telemetry event, as it is written)
+    {"id": 9, "ok": true, "result": {"ended": "..."}}             (the supervisor exited and every event was sent)
 
 `op` is a control op as engine.run.control_ops writes it, or a channel op served by engine.ctl itself (hello,
-last_status: no supervisor needed). A one-shot `python -m engine.ctl --run-dir D OP ...` prints the same reply
-without an id (an engine deployed before this module printed {"ok", "result" | "error"}: the same shape).
-Bump PROTOCOL_VERSION when a request or reply changes meaning; a console that gets another version in hello's reply
-uses the one-shot form.
+last_status, follow: no supervisor needed). Replies to other requests go on while a follow streams; a new follow
+ends the one before it (its last reply says so). A one-shot `python -m engine.ctl --run-dir D OP ...` prints the same
+reply without an id (an engine deployed before this module printed {"ok", "result" | "error"}: the same shape).
+Bump PROTOCOL_VERSION when a request or reply changes meaning; a console that gets a version it does not support
+(SUPPORTED_PROTOCOLS) in hello's reply uses the one-shot form.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ import orjson
 from engine.run.control_ops import (ControlError, Drain, DrainHost, Op, Pause, RestartWorker, Resume, Status, Stop,
                                     UndrainHost, parse_op, to_request)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: follow over the channel
+SUPPORTED_PROTOCOLS = frozenset({1, 2})  # 1: the ops, without follow (the console follows one process then)
 
 
 class ProtocolError(Exception):
@@ -47,8 +52,17 @@ class LastStatus:
     op: ClassVar[str] = "last_status"
 
 
-ChannelOp = Op | Hello | LastStatus
-LOCAL_OPS: dict[str, type[Hello] | type[LastStatus]] = {Hello.op: Hello, LastStatus.op: LastStatus}
+@dataclass(frozen=True)
+class Follow:
+    """Stream the run's telemetry events with ts >= since (None: from the start) until the supervisor has exited
+    and every line is sent (served by engine.ctl itself, protocol 2)."""
+    op: ClassVar[str] = "follow"
+    since: float | None = None
+
+
+ChannelOp = Op | Hello | LastStatus | Follow
+LOCAL_OPS: dict[str, type[Hello] | type[LastStatus] | type[Follow]] = {Hello.op: Hello, LastStatus.op: LastStatus,
+                                                                       Follow.op: Follow}
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,7 @@ class Reply:
     result: dict[str, Any] | None = None  # ok: the op's result (a status's is engine.run.status's to_dict())
     error: str = ""  # not ok: what went wrong, for the operator
     kind: ErrorKind = ErrorKind.REFUSED  # not ok: which way
+    event: dict[str, Any] | None = None  # a follow's streamed event (ok, and not its last reply)
 
 
 def encode_request(request: Request) -> bytes:
@@ -110,18 +125,30 @@ def decode_request(line: bytes | str) -> Request:
 
 
 def op_to_json(op: ChannelOp) -> dict[str, Any]:
+    if isinstance(op, Follow):
+        return {"op": op.op, "since": op.since}
     return {"op": op.op} if isinstance(op, (Hello, LastStatus)) else to_request(op)
 
 
 def op_from_json(data: Any) -> ChannelOp:
     """A request's op; ControlError (its text names the known ops) when it is not one."""
     name = data.get("op") if isinstance(data, dict) else None
+    if name == Follow.op:
+        since = data.get("since")
+        if since is not None and (not isinstance(since, (int, float)) or isinstance(since, bool)):
+            raise ControlError(f'"since" must be a number (a unix time) or null; got {since!r}')
+        return Follow(since=None if since is None else float(since))
     if isinstance(name, str) and name in LOCAL_OPS:
         return LOCAL_OPS[name]()
     try:
         return parse_op(data)
     except ControlError as exc:
         raise ControlError(f"{exc}, {', '.join(LOCAL_OPS)}") from exc
+
+
+def encode_event_line(rid: int, line: bytes) -> bytes:
+    """A follow's streamed event: the telemetry line as written (a JSON object), not parsed again."""
+    return b'{"id":%d,"event":%s}\n' % (rid, line.strip())
 
 
 def encode_reply(reply: Reply) -> bytes:
@@ -141,11 +168,15 @@ def decode_reply(line: bytes | str) -> Reply:
         data = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"reply is not JSON: {exc}: {_clip(line)}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("ok"), bool):
+    if not isinstance(data, dict) or not (isinstance(data.get("ok"), bool) or "event" in data):
         raise ProtocolError(f'a reply is {{"id": int, "ok": bool, ...}}; got {_clip(line)}')
     rid = data.get("id")
     if rid is not None and (not isinstance(rid, int) or isinstance(rid, bool)):
         raise ProtocolError(f'a reply\'s "id" must be an integer; got {rid!r}')
+    if "event" in data and "ok" not in data:
+        if rid is None or not isinstance(data["event"], dict):
+            raise ProtocolError(f'a follow\'s event line is {{"id": int, "event": {{...}}}}; got {_clip(line)}')
+        return Reply(id=rid, ok=True, event=data["event"])
     if data["ok"]:
         result = data.get("result")
         if result is not None and not isinstance(result, dict):
@@ -171,6 +202,8 @@ def ctl_argv(op: ChannelOp) -> list[str]:
         return [op.op.replace("_", "-"), op.host]
     if isinstance(op, LastStatus):
         return ["last-status"]
+    if isinstance(op, Follow):
+        return ["follow", *([] if op.since is None else ["--since", repr(op.since)])]
     if isinstance(op, (Drain, Stop, Hello)):
         return [op.op]
     raise TypeError(f"not a channel op: {op!r}")

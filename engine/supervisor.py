@@ -57,7 +57,8 @@ from engine.telemetry import Telemetry
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
-from engine.run.control_ops import Drain, DrainHost, Op, Pause, RestartWorker, Resume, Status, Stop, UndrainHost
+from engine.run.control_ops import (Drain, DrainHost, Op, Pause, RestartWorker, Resume, RunEnding, ShardsChanged,
+                                    Status, Stop, UndrainHost, WorkerRestarted)
 from engine.run.dispatcher import Dispatcher
 from engine.run.exporter import MetricsServer
 from engine.run.feed import Feed
@@ -65,9 +66,10 @@ from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
 from engine.run.refusals import RefusalTrip
 from engine.run.prompt_limit import tightest
-from engine.run.status import Rejects, levels_of, RunStatus, ShardStatus, build_run_status, dispatch_figures, shard_statuses
+from engine.run.status import Rejects, levels_of, RunStatus, build_run_status, dispatch_figures, shard_statuses
 from engine.run.watch import RunWatch
-from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent
+from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
+from engine.wire import ShardFigures
 from engine.fleet import Fleet
 from engine.workers import Worker, WorkerState, worker_specs
 from probes.context import is_rehearsal
@@ -443,8 +445,8 @@ class Supervisor:
             raise ControlError(exc.args[0]) from exc
         log.info("%s %s", op.op, "all" if op.shards is None else list(op.shards))
         braked = self.ledger.brake.engaged
-        return {"op": op.op, "shards": sorted(changed), "paused": sorted(self.ledger.paused), "state": self.state(),
-                "brake": braked.text if braked is not None else None}
+        return ShardsChanged(op=op.op, shards=sorted(changed), paused=sorted(self.ledger.paused), state=self.state(),
+                             brake=braked.text if braked is not None else None).to_dict()
 
     def _restart_worker(self, op: RestartWorker) -> dict[str, Any]:
         self._needs_ledger()
@@ -456,7 +458,7 @@ class Supervisor:
         except NotImplementedError as exc:
             raise ControlError(str(exc)) from exc
         log.info("restart of worker %s requested", op.worker)
-        return {"worker": op.worker, "state": found[0].state}
+        return WorkerRestarted(worker=op.worker, state=found[0].state).to_dict()
 
     def _set_host_drained(self, op: DrainHost | UndrainHost) -> dict[str, Any]:
         if self.fleet is None:
@@ -472,7 +474,7 @@ class Supervisor:
         else:
             self.end_cause = self.end_cause or "stop requested over the control socket (regen stop)"
         self._begin_shutdown(op.op)
-        return {"state": self.state()}
+        return RunEnding(state=self.state()).to_dict()
 
     def state(self) -> str:
         if self.mode in ("done", "stopped", "failed", "draining", "stopping", "starting"):
@@ -624,7 +626,7 @@ class Supervisor:
             for sh in self._shard_statuses():
                 if sh.id in dirty or self._shard_states.get(sh.id) != sh.state:
                     self._shard_states[sh.id] = sh.state
-                    self.emit(sh.event())
+                    self.emit(ShardEvent.of(sh))
             figures = self._figures()
             self.emit(figures)
             if d is not None:
@@ -640,7 +642,7 @@ class Supervisor:
         return dispatch_figures(self.ledger.shards, self.dispatch_state(), rate=self.ledger.rate,
                                 in_flight=d.in_flight if d is not None else 0, retried=d.retried if d is not None else 0)
 
-    def _shard_statuses(self) -> list[ShardStatus]:
+    def _shard_statuses(self) -> list[ShardFigures]:
         if self.ledger is None:
             return []
         return shard_statuses(self.ledger.shards, self.ledger.paused, self.dispatch_state(),

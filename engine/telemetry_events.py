@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import orjson
+
+from engine.wire import ShardFigures, decode
 
 
 @dataclass
@@ -105,21 +107,13 @@ class DiskEvent(Event):
 
 
 @dataclass
-class ShardEvent(Event):
+class ShardEvent(Event, ShardFigures):
+    """A shard's figures (engine.wire.ShardFigures: the status's shard too) as of `ts`."""
     type: ClassVar[str] = "shard"
-    id: str = ""
-    state: str = "pending"  # pending | running | paused | draining | stopped | done (engine.run.status.shard_state)
-    done: int = 0
-    total: int = 0  # to generate: planned less rejected and failed
-    output_tokens: int = 0
-    empty: int = 0
-    truncated: int = 0
-    failed: int = 0
-    rejected: int = 0
-    planned: int = 0
-    repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
-    after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
-    unclosed_reasoning: int = 0  # committed answers whose reasoning was never closed (not by the runaway guard)
+
+    @classmethod
+    def of(cls, figures: ShardFigures, ts: float | None = None) -> ShardEvent:
+        return cls(**asdict(figures), **({} if ts is None else {"ts": ts}))
 
 
 @dataclass
@@ -159,12 +153,22 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
+class UnknownEventType(ValueError):
+    """A line whose `type` this version does not know (a newer engine's event): skipped by readers, not an error."""
+
+
 def parse_event(line: bytes | str) -> Event:
-    """Parse one telemetry line; unknown fields are dropped, an unknown type raises ValueError."""
-    data = orjson.loads(line)
-    kind = data.pop("type", None)
-    cls = EVENT_TYPES.get(kind)
+    """One telemetry line as its event (event_from_dict); a line that is not JSON raises orjson's JSONDecodeError (a
+    ValueError too)."""
+    return event_from_dict(orjson.loads(line))
+
+
+def event_from_dict(data: Any) -> Event:
+    """A decoded telemetry line as its event, checked field by field (engine.wire.decode): a field of the wrong type
+    raises WireError naming it, an unknown field is dropped, a missing one takes its default; an unknown type raises
+    UnknownEventType (both are ValueErrors)."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"unknown telemetry event type {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+        raise UnknownEventType(f"unknown telemetry event type {kind!r}")
+    return decode(cls, data, f"{kind} event")

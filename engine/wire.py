@@ -1,14 +1,18 @@
 """The words console and engine share: every state, severity and finish reason as a StrEnum, the state groups the rules
-use, the alert levels the engine judges by, and the one duration format. Nothing else defines a state name.
+use, the alert levels the engine judges by, one shard's figures (the status's and the telemetry event's), the one
+duration format, and decode(): a reply or event read back into these types, once. Nothing else defines a state name.
 
 StrEnum members are their strings (`RunState.DONE == "done"`, JSON as "done"), so a reply decoded from JSON and a
 member compare equal; an unknown word from a newer engine stays a plain string and fails no lookup.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class RunState(StrEnum):
@@ -98,6 +102,61 @@ class AlertLevels:
     def from_dict(cls, data: dict[str, Any] | None) -> AlertLevels:
         data = data or {}
         return cls(**{k: float(data[k]) for k in ("empty_share", "truncated_share", "repetition_share") if k in data})
+
+
+@dataclass
+class ShardFigures:
+    """One shard's figures: a status's shard (RunStatus.shards) and the telemetry's shard event alike, each field with
+    the one meaning engine.run.status's docstring gives it (`total`: to generate, `planned`: what the input plans)."""
+    id: str = ""
+    state: str = ShardState.PENDING  # engine.run.status.shard_state: pending | running | paused | draining | ...
+    done: int = 0
+    total: int = 0
+    planned: int = 0
+    output_tokens: int = 0
+    empty: int = 0
+    truncated: int = 0
+    failed: int = 0
+    rejected: int = 0
+    repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
+    after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
+    unclosed_reasoning: int = 0  # committed answers whose reasoning was never closed (not by the runaway guard)
+    dispatched: int = 0  # requests sent for it by this supervisor (offline: 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class WireError(ValueError):
+    """A reply or event that does not have the wire's shape; the text names the field (`shards.3.done: ...`)."""
+
+
+def decode(cls: type[T], data: Any, what: str) -> T:
+    """`data` (decoded JSON) as a `cls`, checked field by field: a field of the wrong type raises WireError naming it
+    (with `what`: whose reply); a field this version does not know is dropped; a field an older engine did not send
+    takes its default (a required one missing is an error)."""
+    from pydantic import ValidationError  # here: the supervisor and engine.ctl encode only, and start faster without
+
+    try:
+        return _adapter(cls).validate_python(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        said = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(the whole)'}: {e['msg']} (got {_clip(e['input'])})"
+                         for e in errors[:3])
+        more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
+        raise WireError(f"{what}: {said}{more}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(cls: type):
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
+
+
+def _clip(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def duration_text(seconds: float | None) -> str:

@@ -5,15 +5,17 @@ import asyncio
 import dataclasses
 from typing import Any, AsyncIterator
 
-from engine.run.status import RunStatus, ShardStatus
-from engine.telemetry_events import DispatchEvent, Event
+from engine.run.control_ops import ShardsChanged, WorkerRestarted
+from engine.run.status import RunStatus
+from engine.wire import ShardFigures
+from engine.telemetry_events import DispatchEvent, Event, ShardEvent
 
 T0 = 1796220000.0
 SHARDS = 10_000
 SHARD_SIZE = 2
 
 
-def frozen_shards(n: int = SHARDS) -> list[ShardStatus]:
+def frozen_shards(n: int = SHARDS) -> list[ShardFigures]:
     """Deterministic figures: the first tenth done, every 97th running, every 331st paused, the rest pending; a few
     shards with empty or truncated answers, or a runaway stopped."""
     out = []
@@ -30,7 +32,7 @@ def frozen_shards(n: int = SHARDS) -> list[ShardStatus]:
         empty = 1 if done and i % 113 == 0 else 0
         truncated = 1 if done and i % 149 == 0 else 0
         repetition = 1 if state == "running" and i % 7 == 0 else 0
-        out.append(ShardStatus(id=sid, state=state, done=done, total=SHARD_SIZE, planned=SHARD_SIZE,
+        out.append(ShardFigures(id=sid, state=state, done=done, total=SHARD_SIZE, planned=SHARD_SIZE,
                                output_tokens=done * (150 + i % 400), empty=empty, truncated=truncated, failed=0,
                                rejected=0, repetition=repetition))
     return out
@@ -64,36 +66,36 @@ class ShardsSource:
     async def follow(self, since: float | None) -> AsyncIterator[Event]:
         yield self.dispatch
         for s in self.shards.values():
-            yield dataclasses.replace(s.event(), ts=T0)
+            yield ShardEvent.of(s, ts=T0)
         await asyncio.Event().wait()  # a live run: the stream stays open
 
-    async def status(self, shards: bool = True) -> dict[str, Any]:
+    async def status(self, shards: bool = True) -> RunStatus:
         self.status_asked.append(shards)
         return RunStatus(run_dir=self.run_dir, state="running", dispatch=self.dispatch,
                          shards=list(self.shards.values()) if shards else [], shards_omitted=not shards,
-                         checked_at=T0 + 1).to_dict()
+                         checked_at=T0 + 1)
 
     async def resume_hint(self) -> str:
         return ""
 
-    async def last_status(self) -> dict[str, Any]:
+    async def last_status(self) -> RunStatus:
         return await self.status()
 
-    def _set(self, op: str, ids: list[str] | None, state_of) -> dict[str, Any]:
+    def _set(self, op: str, ids: list[str] | None, state_of) -> ShardsChanged:
         self.requests.append((op, None if ids is None else list(ids)))
         for sid in self.shards if ids is None else ids:
             s = self.shards[sid]
             if s.state != "done":
                 self.shards[sid] = dataclasses.replace(s, state=state_of(s))
-        return {"shards": ids}
+        return ShardsChanged(op=op, shards=list(self.shards) if ids is None else list(ids), state="running")
 
-    async def pause(self, shards: list[str] | None) -> dict[str, Any]:
+    async def pause(self, shards: list[str] | None) -> ShardsChanged:
         return self._set("pause", shards, lambda s: "paused")
 
-    async def resume(self, shards: list[str] | None) -> dict[str, Any]:
+    async def resume(self, shards: list[str] | None) -> ShardsChanged:
         return self._set("resume", shards, lambda s: "running" if s.done else "pending")
 
-    async def restart_worker(self, name: str) -> dict[str, Any]:
+    async def restart_worker(self, name: str) -> WorkerRestarted:
         raise NotImplementedError("no workers in this fake")
 
     async def log_tail(self, worker: str, lines: int = 200) -> str:

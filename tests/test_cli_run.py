@@ -140,7 +140,7 @@ def test_start_and_status_over_ssh(sshd, tmp_path, tiny_model_dir, cleanup_runs)
             started = await start_run(transport, cfg, host_python=sys.executable)
             client = started.client(transport)
             st = await client.status()
-            assert st["run_dir"] == str(run_dir)
+            assert st.run_dir == str(run_dir)
             events = []
             async for ev in client.follow(since=0):
                 events.append(ev)

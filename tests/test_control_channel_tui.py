@@ -138,7 +138,7 @@ async def test_over_sshd_a_pause_of_ten_shards_is_one_request_on_the_open_channe
         assert len(execs.ctl("process")) == 3
         ops_before = len(execs.channel_ops)
         status = await source.status()
-        assert status["run_dir"] == str(run_dir) and len(execs.channel_ops) == ops_before + 1
+        assert status.run_dir == str(run_dir) and len(execs.channel_ops) == ops_before + 1
         assert not execs.ctl("run")  # not one op went one process each
     await source.close()
 
@@ -200,6 +200,6 @@ async def test_an_engine_before_the_channel_shows_the_note_and_still_pauses(tmp_
         assert any(c.endswith("pause " + " ".join(ids)) for c in execs.ctl("run")[before:])
         assert execs.channel_ops == [Hello()]  # the one the old engine did not answer
         status = await RunClient(LocalTransport(), started.run_dir, sys.executable, started.engine_path).status()
-        assert {s["id"] for s in status["shards"] if s["state"] == "paused"} >= set(ids)
+        assert {s.id for s in status.shards if s.state == "paused"} >= set(ids)
     await source.close()
     await source.transport.close()

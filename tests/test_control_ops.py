@@ -95,5 +95,5 @@ def test_a_status_without_shards_falls_back_to_the_full_one_on_an_engine_that_pr
     client = RunClient(transport, "/r")
     first = asyncio.run(client.status(shards=False))
     again = asyncio.run(client.status(shards=False))
-    assert first["shards"] == again["shards"] == [{"id": "s00000"}]
+    assert [s.id for s in first.shards] == [s.id for s in again.shards] == ["s00000"]
     assert ["--no-shards" in c for c in transport.commands] == [True, False, False]  # asked once, then not again

@@ -304,11 +304,12 @@ def test_tui_model_folds_fatal_and_run_end_then_a_new_supervisor():
 
 def test_tui_model_offline_status_wins_over_backfilled_history():
     m = RunModel()
-    m.apply_status({"state": "dead", "running": False, "fatal": None, "checked_at": 100.0, "dispatch": None})
+    m.apply_status(RunStatus(run_dir="/r", state="dead", running=False, checked_at=100.0))
     m.apply(RunEndEvent(ts=40, state="stopped"))  # an earlier life's end
     m.apply(DispatchEvent(ts=60, state="running", tokens_per_s=900.0))  # the killed life's last tick
     assert m.state == "dead" and not m.is_running
-    m.apply_status({"state": "failed", "running": False, "fatal": FATAL, "checked_at": 101.0})
+    m.apply_status(RunStatus.from_dict({"run_dir": "/r", "state": "failed", "running": False, "fatal": FATAL,
+                                        "checked_at": 101.0}))
     assert m.state_text().startswith("failed: PromptFileError: prompt file /d/c.jsonl")
-    m.apply_status({"state": "running", "running": True})
+    m.apply_status(RunStatus(run_dir="/r", state="running", running=True))
     assert m.fatal is None and m.is_running

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from console.follow import Backoff, FollowState, RunFollower, SourceError
+from engine.run.status import RunStatus
 from engine.telemetry_events import DispatchEvent, Event
 
 FAST = Backoff(first_s=0.001, max_s=0.01, lost_after=2)
@@ -38,15 +39,15 @@ class ScriptedSource:
             self.unreachable_reconnects -= 1
             raise SourceError("cannot connect to scripted: Connection refused", "connection")
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> RunStatus:
         self.calls.append(("status", None))
         if not self.running:
             raise SourceError("no supervisor at scripted:/run", "no_supervisor")
-        return {"state": "running", "running": True}
+        return RunStatus(run_dir=self.run_dir, state="running", running=True)
 
-    async def last_status(self) -> dict[str, Any]:
+    async def last_status(self) -> RunStatus:
         self.calls.append(("last_status", None))
-        return {"state": "done", "running": False}
+        return RunStatus(run_dir=self.run_dir, state="done", running=False)
 
     async def follow(self, since: float | None):
         self.calls.append(("follow", since))
@@ -75,14 +76,14 @@ async def test_cut_streams_are_backfilled_without_gap_or_repeat():
     log = telemetry()
     source = ScriptedSource(log, cuts=[4, 7, 1])
     states: list[FollowState] = []
-    statuses: list[dict] = []
+    statuses: list[RunStatus] = []
     got = await collect(RunFollower(source, since=None, backoff=FAST, watch_ended=False, on_state=states.append,
                                     on_status=statuses.append))
     assert [e.to_json() for e in got] == [e.to_json() for e in log]
     assert [s.state for s in states].count("reconnecting") == 3
     assert all("(closed)" in s.error for s in states if s.state == "reconnecting")
     assert [s.error for s in states if s.state == "connected"] == ["", "regained", "regained", "regained"]
-    assert states[-1].state == "ended" and statuses[-1] == {"state": "done", "running": False}
+    assert states[-1].state == "ended" and (statuses[-1].state, statuses[-1].running) == ("done", False)
     # only reads were issued again, each backfill from the last ts delivered
     assert {op for op, _ in source.calls} <= {"connect", "reconnect", "status", "last_status", "follow"}
     assert [since for op, since in source.calls if op == "follow"][:2] == [None, log[3].ts]

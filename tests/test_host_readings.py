@@ -124,7 +124,7 @@ async def test_a_remote_hosts_gpu_numbers_travel_from_its_agent_to_the_workers_r
     reply = RunStatus(run_dir=str(run_dir), state="running", workers=[member.snapshot()],
                       gpus=list(telemetry.gpus.values()), disk=list(telemetry.disk.values())).to_dict()
     again = RunModel()
-    again.apply_status(json.loads(json.dumps(reply)))
+    again.apply_status(RunStatus.from_dict(json.loads(json.dumps(reply))))
     assert again.worker_gpu(again.workers["h1.gpu0-1"])["mem_used_mb"] == 90 * GIB_MB
     assert {g.label for g in again.gpus.values()} == {"h1/gpu0", "h1/gpu1"}
 

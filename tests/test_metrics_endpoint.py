@@ -258,12 +258,12 @@ def test_a_starting_supervisor_sends_no_figure_that_would_read_as_a_counter_rese
 def full_status() -> RunStatus:
     """A status with every part the exporter reads: figures, shards, workers, the brake, rejects, alerts, disk."""
     from engine.run.brake import BrakeShare, BrakeStatus
-    from engine.run.status import ShardStatus
+    from engine.wire import ShardFigures
     from engine.telemetry_events import AlertEvent, DiskEvent, WorkerEvent
     return RunStatus(
         run_dir="/r", state="running", started_at=1.0, rejects=Rejects(1, {"malformed_json": 1}),
         dispatch=DispatchEvent(done=7, total=10, output_tokens=700, tokens_per_s=35.0, eta_s=60.0),
-        shards=[ShardStatus(id="shard-00000", state="running", done=7, total=10, planned=10, output_tokens=700,
+        shards=[ShardFigures(id="shard-00000", state="running", done=7, total=10, planned=10, output_tokens=700,
                             empty=1, truncated=1, failed=0, rejected=0)],
         workers=[WorkerEvent(name="w0", state="ready", in_flight=3, capacity=8)],
         brake=BrakeStatus(window=[BrakeShare("empty", 1, 7, 1 / 7, 0.5)]),

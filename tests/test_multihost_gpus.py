@@ -14,6 +14,7 @@ import pytest
 from console.tui.model import RunModel
 from tests.test_engine_run import REPO, status, supervisors, wait_for  # noqa: F401  (fixture)
 from tests.test_multihost import multihost_config, regen_cli, sim_hosts  # noqa: F401  (fixture)
+from engine.run.status import RunStatus
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(420)]
 
@@ -73,7 +74,7 @@ def test_each_hosts_gpus_and_disks_come_from_its_own_agent(tmp_path, tiny_model_
 
     # the console: h2's worker row has h2's VRAM; h1's is N/A (h1's NVML), not the dispatch host's GPU 0
     m = RunModel()
-    m.apply_status(st)
+    m.apply_status(RunStatus.from_dict(st))
     assert m.worker_gpu(m.workers["h2.gpu0"])["mem_used_mb"] == 71_000
     assert m.worker_gpu(m.workers["h1.gpu0"])["mem_used_mb"] is None
     assert m.gpus[("h1", 0)].error.endswith(H1_ERROR) and m.gpus[("h2", 0)].label == "h2/gpu0"

@@ -14,7 +14,8 @@ from engine.ingest import Reject
 from engine.rejects import RejectLog
 from engine.run.control_ops import DrainHost, Pause, Status
 from engine.run.offline_status import NotARunDir, offline_status
-from engine.run.status import HostStatus, Rejects, RouterStatus, RunStatus, ShardStatus
+from engine.run.status import HostStatus, Rejects, RouterStatus, RunStatus
+from engine.wire import ShardFigures
 from engine.shard_store import ShardStore
 from engine.startup import StartCheck
 from engine.supervisor import Supervisor
@@ -37,7 +38,7 @@ def rich_status() -> RunStatus:
                                output_tokens=500, tokens_per_s=99.5, eta_s=30.0, state="running"),
         workers=[WorkerEvent(ts=20.0, name="w0", state="ready", url="http://127.0.0.1:1", gpus=[0], pid=7,
                              running_reqs=2.0, host="h1")],
-        shards=[ShardStatus(id="s00000", state="running", done=5, total=8, planned=10, output_tokens=500, empty=1,
+        shards=[ShardFigures(id="s00000", state="running", done=5, total=8, planned=10, output_tokens=500, empty=1,
                             truncated=0, failed=1, rejected=1, dispatched=9)],
         gpus=[GpuEvent(ts=20.0, index=0, name="H200", mem_used_mb=1.0, mem_total_mb=2.0)],
         disk=[DiskEvent(ts=20.0, path="/r", free_bytes=1, total_bytes=2)],

@@ -122,16 +122,17 @@ def test_selection_the_listed_shards_and_what_pause_acts_on():
 
 def test_the_model_marks_only_the_shards_whose_figures_changed():
     m = RunModel()
-    status = RunStatus(run_dir="/r", state="running", shards=frozen_shards(2000), checked_at=T0).to_dict()
+    status = RunStatus(run_dir="/r", state="running", shards=frozen_shards(2000), checked_at=T0)
     assert "shards" in m.apply_status(status)
     assert len(m.take_changed_shards()) == 2000
     # the same snapshot ten seconds later: nothing to redraw
-    status["checked_at"] = T0 + 10
+    status = dataclasses.replace(status, checked_at=T0 + 10)
     assert "shards" not in m.apply_status(status)
     assert m.take_changed_shards() == set()
     # one shard moved on: only it
-    status["checked_at"] = T0 + 20
-    status["shards"][5] = dict(status["shards"][5], done=status["shards"][5]["done"] + 1)
+    shards = list(status.shards)
+    shards[5] = dataclasses.replace(shards[5], done=shards[5].done + 1)
+    status = dataclasses.replace(status, checked_at=T0 + 20, shards=shards)
     assert "shards" in m.apply_status(status) and m.take_changed_shards() == {"s00005"}
     ev = ShardEvent(ts=T0 + 30, id="s00007", state="paused", done=2, total=2)
     assert m.apply(ev) == {"shards"} and m.take_changed_shards() == {"s00007"}

@@ -71,7 +71,7 @@ async def test_the_tui_shows_the_brake_and_its_cause(tmp_path):
 def test_the_model_takes_the_brake_from_status_replies_and_newer_alerts_only():
     status, brake = brake_status()
     m = RunModel("gpu-host", "/data/runs/r")
-    reply = RunStatus(run_dir="/data/runs/r", state="paused", checked_at=T0 + 5, brake=brake.status()).to_dict()
+    reply = RunStatus(run_dir="/data/runs/r", state="paused", checked_at=T0 + 5, brake=brake.status())
     assert {"shards", "stats"} <= m.apply_status(reply)
     assert m.brake.engaged and m.brake_line().startswith("BRAKED: empty answers") and m.brake.samples == 200
     m.apply(alert_of(status, T0))  # a backfilled copy, older than the reply: the reply's stays
@@ -80,5 +80,5 @@ def test_the_model_takes_the_brake_from_status_replies_and_newer_alerts_only():
     assert not m.brake.engaged and m.brake_line() == ""
     brake.release()
     later = dataclasses.replace(brake.status())
-    m.apply_status(RunStatus(run_dir="/data/runs/r", state="running", checked_at=T0 + 12, brake=later).to_dict())
+    m.apply_status(RunStatus(run_dir="/data/runs/r", state="running", checked_at=T0 + 12, brake=later))
     assert not m.brake.engaged and m.brake.samples == 0

@@ -94,11 +94,14 @@ async def test_the_demo_console_shows_every_shard_done_with_its_parquet_sums_and
 async def test_a_status_landing_while_the_console_shuts_down_on_the_shards_tab_is_no_error(tmp_path):
     from console.tui.messages import StatusReceived
     from console.tui.source import ReplaySource
+    from engine.run.status import RunStatus
+    from engine.wire import ShardFigures
     from tests.test_tui_snapshots import DATA
 
     app = RegenApp(ReplaySource(DATA / "tui_telemetry.jsonl", host="h", run_dir=str(tmp_path)), live=False,
                    run_probes_on_start=False)
-    status = {"running": False, "state": "done", "shards": [{"id": "s00000", "state": "done", "done": 1, "total": 1}]}
+    status = RunStatus(run_dir=str(tmp_path), running=False, state="done",
+                       shards=[ShardFigures(id="s00000", state="done", done=1, total=1)])
 
     async def replies():  # status replies landing at any moment, as the follow loop's do
         for _ in range(200):

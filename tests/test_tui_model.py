@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.run.status import RunStatus
 from console.tui.model import RunModel, bytes_text
 from engine.wire import duration_text
 from console.tui.series import COARSE_TIERS, HISTORY_POINTS, Series, downsample
@@ -78,8 +79,9 @@ def test_dispatch_header_eta_and_follow_position():
                           eta_s=60.0))
     assert m.eta_s() == 60.0
     assert m.last_ts == 10
-    m.apply_status({"state": "paused", "pid": 7, "started_at": 0.0, "dispatch": None,
-                    "shards": [{"id": "s00000", "state": "paused", "done": 3, "total": 50, "ts": 99}]})
+    m.apply_status(RunStatus.from_dict({"run_dir": "/r", "state": "paused", "pid": 7, "started_at": 0.0, "dispatch": None,
+                                        "shards": [{"id": "s00000", "state": "paused", "done": 3, "total": 50,
+                                                    "ts": 99}]}))
     assert m.last_ts == 10  # a status snapshot does not move the follow position
     assert m.paused_shards() == ["s00000"] and m.state == "paused"
     assert m.elapsed_s(now=65.0) == 65.0
@@ -123,8 +125,8 @@ def test_the_console_judges_no_rule_of_its_own_it_shows_the_engines_alerts_and_l
     m.apply(AlertEvent(ts=42.0, severity="error", key="empty:s0",
                        text="shard s0: 20% empty answers (threshold alerts.empty_share 5%)"))
     assert [a.text for a in m.alerts] == ["shard s0: 20% empty answers (threshold alerts.empty_share 5%)"]
-    changed = m.apply_status({"run_dir": "/r", "state": "running", "levels": {"empty_share": 0.3,
-                                                                             "truncated_share": 0.4}})
+    changed = m.apply_status(RunStatus.from_dict({"run_dir": "/r", "state": "running",
+                                                  "levels": {"empty_share": 0.3, "truncated_share": 0.4}}))
     assert "shards" in changed and m.levels.empty_share == 0.3 and m.levels.truncated_share == 0.4
 
 
@@ -151,7 +153,8 @@ def test_status_reply_with_event_dicts_folds():
     d = DispatchEvent(ts=5, done=3, total=9, tokens_per_s=10.0).to_dict()
     w = WorkerEvent(ts=5, name="gpu0", state="ready").to_dict()
     a = AlertEvent(ts=5, severity="warning", text="t", key="k").to_dict()
-    m.apply_status({"state": "running", "dispatch": d, "workers": [w], "alerts": [a], "rejects": {"total": 2}})
+    m.apply_status(RunStatus.from_dict({"run_dir": "/r", "state": "running", "dispatch": d, "workers": [w],
+                                        "alerts": [a], "rejects": {"total": 2}}))
     assert (m.done, m.total, m.workers["gpu0"].state, m.rejects.total) == (3, 9, "ready", 2)
     assert [x.text for x in m.alerts] == ["t"]
 

@@ -187,7 +187,7 @@ async def offer_to_stop(started) -> None:
         except RunClientError:
             print(f"the demo run has ended; its run dir stays at {started.run_dir}", file=sys.stderr)
             return
-        print(f"the demo run is still going (supervisor pid {started.pid}, state {status.get('state')}).",
+        print(f"the demo run is still going (supervisor pid {started.pid}, state {status.state}).",
               file=sys.stderr)
         answer = "y"
         if sys.stdin.isatty():

@@ -18,9 +18,9 @@ def run(args) -> int:
     async def call(client) -> int:
         result = await client.drain_host(args.name, undo=args.undo)
         if args.json:
-            print(json.dumps(result, indent=2))
+            print(json.dumps(result.to_dict(), indent=2))
         else:
-            print(f"host {args.name}: {result.get('state')}"
+            print(f"host {args.name}: {result.state}"
                   + (" (no new work; requests on it finish)" if not args.undo else " (gets work again)"))
         return EXIT_OK
 

@@ -52,13 +52,12 @@ def run_shard_op(args, op: str) -> int:
         fn = client.pause if op == "pause" else client.resume
         result = await fn(None if args.all else list(args.shards))
         if args.json:
-            print(json.dumps(result, indent=2))
+            print(json.dumps(result.to_dict(), indent=2))
         else:
-            shards = result.get("shards") or []
-            print(f"{op}d {len(shards)} shard(s): {' '.join(shards) or '-'}; paused now: "
-                  f"{' '.join(result.get('paused') or []) or 'none'}; run state {result.get('state')}")
-            if result.get("brake"):
-                print(f"still braked by the data-quality brake: {result['brake']}; `regen resume ... --all` "
+            print(f"{op}d {len(result.shards)} shard(s): {' '.join(result.shards) or '-'}; paused now: "
+                  f"{' '.join(result.paused) or 'none'}; run state {result.state}")
+            if result.brake:
+                print(f"still braked by the data-quality brake: {result.brake}; `regen resume ... --all` "
                       "releases it")
         return EXIT_OK
 

@@ -113,10 +113,10 @@ def run(args) -> int:
             print(f"regen start: warning: {started.warning}", file=sys.stderr)
         if args.json:
             print(json.dumps({"started": True, "run_dir": started.run_dir, "pid": started.pid,
-                              "warning": started.warning, "status": started.status}, indent=2))
+                              "warning": started.warning, "status": started.status.to_dict()}, indent=2))
         else:
             print(f"started: supervisor pid {started.pid} on {args.host}:{started.run_dir} "
-                  f"(state {started.status.get('state')}); watch it with:")
+                  f"(state {started.status.state}); watch it with:")
             for hint in watch_hints(args, started.run_dir):
                 print(f"  {hint}")
         return EXIT_OK

@@ -68,15 +68,14 @@ def run(args) -> int:
 
     async def call(client) -> int:
         try:
-            reply = await client.status()
+            status = await client.status()
         except RunClientError as exc:
             if exc.kind != "unreachable" or "no supervisor" not in str(exc):
                 raise
             try:
-                reply = await client.last_status()  # finished, failed or killed: what the run dir recorded
+                status = await client.last_status()  # finished, failed or killed: what the run dir recorded
             except RunClientError:
                 raise exc from None
-        status = RunStatus.from_dict(reply)  # an engine from before some fields: they take their defaults
         if args.json:
             print(json.dumps(status.to_dict(), indent=2))
         else:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from typing import Any
 
 from console.commands.status import cause_block, exit_code_of, progress_line
 from console.deploy import EXIT_ERROR, EXIT_UNREACHABLE
@@ -71,10 +70,10 @@ async def follow_status(args) -> int:
         for note in source.take_notes():
             print(_stamp(f"{note.severity}: {note.text}"), file=sys.stderr, flush=True)
 
-    def on_status(reply: dict[str, Any]) -> None:
+    def on_status(status: RunStatus) -> None:
         nonlocal last
         say_notes()
-        status = last = RunStatus.from_dict(reply)
+        last = status
         if not status.running:
             cause = cause_block(status, args).plain.rstrip()
             if cause:

@@ -17,11 +17,11 @@ def run(args) -> int:
     async def call(client) -> int:
         result = await (client.drain() if args.drain else client.stop())
         if args.json:
-            print(json.dumps(result, indent=2))
+            print(json.dumps(result.to_dict(), indent=2))
         else:
             how = "draining (in-flight requests finish and are committed)" if args.drain else \
                 "stopping (in-flight requests aborted; finished rows committed)"
-            print(f"{client.run_dir}: {how}; state {result.get('state')}")
+            print(f"{client.run_dir}: {how}; state {result.state}")
         return EXIT_OK
 
     return run_with_client(args, call)

@@ -32,6 +32,7 @@ from console.tui.screens import ConfirmScreen, HelpScreen
 from console.ssh_options import SshOptions
 from console.tui.source import DataSource, HostSource, SourceError
 from console.tui.widgets import RunHeader
+from engine.run.control_ops import ShardsChanged, WorkerRestarted
 
 BATCH_INTERVAL_S = 0.25  # telemetry is posted at most 4 times a second
 STATUS_EVERY_S = 10.0
@@ -278,6 +279,8 @@ class RegenApp(App):
 
     def on_telemetry_batch(self, msg: TelemetryBatch) -> None:
         changed = self.model.apply_all(msg.events)
+        if self._take_source_notes():  # e.g. a telemetry line skipped as malformed
+            changed |= {"alerts", "header"}
         self.events_applied += len(msg.events)
         self._mark(changed)
         self._notify_alerts()
@@ -293,7 +296,7 @@ class RegenApp(App):
                         timeout=10 if a.severity != "critical" else 30)
 
     def on_status_received(self, msg: StatusReceived) -> None:
-        if not msg.status.get("shards_omitted"):
+        if not msg.status.shards_omitted:
             self._full_status_at = self.monotonic()
         self._take_source_notes()
         self._mark(self.model.apply_status(msg.status))
@@ -364,7 +367,7 @@ class RegenApp(App):
         # a selection of thousands of shards goes in chunks: each is one command line on the host
         calls = [arg] if arg is None or isinstance(arg, str) else [arg[i:i + CONTROL_CHUNK]
                                                                   for i in range(0, len(arg), CONTROL_CHUNK)]
-        result: dict = {}
+        result: ShardsChanged | WorkerRestarted | None = None
         for n, chunk in enumerate(calls):
             try:
                 result = await getattr(self.source, op)(chunk)

@@ -6,6 +6,8 @@ from typing import Any
 
 from textual.message import Message
 
+from engine.run.control_ops import ShardsChanged, WorkerRestarted
+from engine.run.status import RunStatus
 from engine.telemetry_events import Event
 from probes.model import ProbeReport
 
@@ -19,7 +21,7 @@ class TelemetryBatch(Message):
 
 @dataclass
 class StatusReceived(Message):
-    status: dict[str, Any]
+    status: RunStatus
 
 
 @dataclass
@@ -55,4 +57,4 @@ class ControlDone(Message):
     op: str
     ok: bool
     text: str
-    result: dict[str, Any] | None = None
+    result: ShardsChanged | WorkerRestarted | None = None

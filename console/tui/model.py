@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from console.tui.series import Series
-from engine.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState
+from engine.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, ShardFigures
+from engine.fatal import FatalRecord
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.status import Rejects, RunStatus
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
@@ -36,10 +37,10 @@ def bytes_text(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
-def cause_text(fatal: dict[str, Any]) -> str:
+def cause_text(fatal: FatalRecord | None) -> str:
     """One line: the message's first (a missing file's message goes on with the candidates found)."""
-    first = (fatal.get("message") or "(no message)").splitlines()[0]
-    return f"{fatal.get('exc_type') or 'Error'}: {first}"
+    first = ((fatal.message if fatal is not None else "") or "(no message)").splitlines()[0]
+    return f"{(fatal.exc_type if fatal is not None else '') or 'Error'}: {first}"
 
 
 @dataclass
@@ -202,7 +203,7 @@ class RunModel:
         self.stats_at: float | None = None
         self.new_alerts: list[AlertView] = []  # raised since the UI last took them (for notifications)
         self.running: bool | None = None  # a supervisor answers / its events flow; False: it is gone; None: unknown
-        self.fatal: dict[str, Any] | None = None  # the supervisor's recorded cause (engine.fatal.FatalRecord fields)
+        self.fatal: FatalRecord | None = None  # the supervisor's recorded cause
         self.run_end: RunEndEvent | None = None
         # when the supervisor was last known gone (its run_end / fatal ts, or a last-status reply's checked_at):
         # history before it (a backfill) folds into the figures but does not change the state
@@ -233,7 +234,7 @@ class RunModel:
         if isinstance(ev, DispatchEvent):
             return self._dispatch(ev)
         if isinstance(ev, ShardEvent):
-            return self._shard(ev)
+            return self._fold_shard(ev, ev.ts)
         if isinstance(ev, DiskEvent):
             return self._disk(ev)
         if isinstance(ev, AlertEvent):
@@ -242,10 +243,12 @@ class RunModel:
                 return {"alerts", "header", "shards", "stats"} | self._brake_alert(ev)
             return {"alerts"}
         if isinstance(ev, FatalEvent):
+            fatal = FatalRecord(exc_type=ev.exc_type, message=ev.message, path=ev.path, remedy=ev.remedy,
+                                phase=ev.phase, ts=ev.ts)
             if self._before_known_end(ev.ts):
-                self._fatal_alert(ev.to_dict())  # history of an earlier supervisor: listed, not the state
+                self._fatal_alert(fatal)  # history of an earlier supervisor: listed, not the state
                 return {"alerts"}
-            return self._fatal(ev.to_dict(), ev.ts)
+            return self._fatal(fatal, ev.ts)
         if isinstance(ev, RunEndEvent):
             if self._before_known_end(ev.ts):
                 return set()
@@ -254,12 +257,10 @@ class RunModel:
             return {"header", "workers"}
         return set()
 
-    def _shard(self, ev: ShardEvent) -> set[str]:
-        return self._fold_shard(ev.id, ev.ts, (ev.state, ev.done, ev.total, ev.output_tokens, ev.empty,
-                                               ev.truncated, ev.repetition))
-
-    def _fold_shard(self, sid: str, ts: float, figures: tuple) -> set[str]:
-        """figures: (state, done, total, output_tokens, empty, truncated, repetition) as of host time ts."""
+    def _fold_shard(self, sh: ShardFigures, ts: float) -> set[str]:
+        """A shard's figures (a shard event's, or a status reply's shard) as of host time ts."""
+        sid = sh.id
+        figures = (sh.state, sh.done, sh.total, sh.output_tokens, sh.empty, sh.truncated, sh.repetition)
         s = self.shards.get(sid)
         if s is None:
             s = self.shards[sid] = ShardView(sid)
@@ -301,19 +302,20 @@ class RunModel:
     def _before_known_end(self, ts: float) -> bool:
         return self.gone_since is not None and ts < self.gone_since
 
-    def _fatal(self, fatal: dict[str, Any], gone_since: float) -> set[str]:
+    def _fatal(self, fatal: FatalRecord, gone_since: float) -> set[str]:
         """The supervisor's last word: the header says `failed: <cause>`, the alerts list has it with its evidence."""
         self.fatal, self.running, self.state = fatal, False, "failed"
         self.gone_since = max(self.gone_since or 0.0, gone_since)
         self._fatal_alert(fatal)
         return {"header", "alerts"}
 
-    def _fatal_alert(self, fatal: dict[str, Any]) -> None:
-        ts = fatal.get("ts") or time.time()
-        more = (fatal.get("message") or "").splitlines()[1:]  # e.g. the candidates for a missing prompts file
-        evidence = "\n".join([f"{k}: {fatal[k]}" for k in ("path", "remedy", "log", "phase") if fatal.get(k)] + more)
+    def _fatal_alert(self, fatal: FatalRecord) -> None:
+        ts = fatal.ts or time.time()
+        more = (fatal.message or "").splitlines()[1:]  # e.g. the candidates for a missing prompts file
+        said = {"path": fatal.path, "remedy": fatal.remedy, "log": fatal.log, "phase": fatal.phase}
+        evidence = "\n".join([f"{k}: {v}" for k, v in said.items() if v] + more)
         self.add_alert(AlertView(ts, "critical", f"supervisor failed: {cause_text(fatal)}", evidence,
-                                 f"fatal:{fatal.get('exc_type')}:{fatal.get('message')}", "host"))
+                                 f"fatal:{fatal.exc_type}:{fatal.message}", "host"))
 
     def mark_dead(self, ts: float, why: str) -> set[str]:
         """The follow stream ended and nothing answers at the control socket: the supervisor is gone now. Unless it
@@ -336,7 +338,7 @@ class RunModel:
                                  f"dead:{ts}", "console"))
 
     def cause_text(self) -> str:
-        return cause_text(self.fatal or {})
+        return cause_text(self.fatal)
 
     @property
     def gone(self) -> bool:
@@ -417,18 +419,17 @@ class RunModel:
         out, self.new_alerts = self.new_alerts, []
         return out
 
-    def apply_status(self, reply: dict[str, Any]) -> set[str]:
-        """A `status` reply (engine.run.status.RunStatus as JSON): the authoritative snapshot (shard list, paused
+    def apply_status(self, status: RunStatus) -> set[str]:
+        """A `status` reply (decoded once by console.run_client): the authoritative snapshot (shard list, paused
         state, rejects); engine.ctl last-status's for a run whose supervisor is gone (`running` false, `fatal` its
         recorded cause)."""
-        status = RunStatus.from_dict(reply)
         self.running = status.running
         if status.running:
             self.fatal, self.run_end, self.gone_since, self._dead_alerted = None, None, None, False
         else:
             self.gone_since = max(self.gone_since or 0.0, status.checked_at)
             if status.fatal is not None:
-                self._fatal(status.fatal.to_dict(), self.gone_since)
+                self._fatal(status.fatal, self.gone_since)
         self.state = status.state or self.state
         if not status.running and status.state == RunState.DEAD and status.fatal is None:
             self._dead_alert(status.checked_at, "the run dir records no end: its supervisor was killed")
@@ -444,15 +445,13 @@ class RunModel:
         for ev in status.workers + status.gpus:
             changed |= self._snapshot(ev)
         for sh in status.shards:  # folded as figures, not as 10,000 events: a snapshot every STATUS_EVERY_S
-            changed |= self._fold_shard(sh.id, as_of, (sh.state, sh.done, sh.total, sh.output_tokens, sh.empty,
-                                                       sh.truncated, sh.repetition))
+            changed |= self._fold_shard(sh, as_of)
         for ev in status.disk:
             changed |= self._snapshot(ev)
         for ev in status.alerts:
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
             changed.add("alerts")
-        if reply.get("rejects") is not None:
-            self.rejects = status.rejects
+        self.rejects = status.rejects
         if status.levels != self.levels:
             self.levels = status.levels
             changed |= {"shards"}

@@ -14,7 +14,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, NoReturn, Protocol
 
 import orjson
 
@@ -23,11 +23,14 @@ from console.config_probe import config_failed_report, config_passed
 from console.follow import FollowSource, SourceError
 from console.hints import regen_command
 from console.remote_engine import engine_command
+from console.control_channel import ChannelClosed
 from console.run_client import RunClient, RunClientError
 from console.ssh_options import SshOptions
 from console.transport import Transport, TransportError, open_transport
 from engine.config import ConfigError
-from engine.telemetry_events import Event, parse_event
+from engine.run.control_ops import ShardsChanged, WorkerRestarted
+from engine.run.status import RunStatus
+from engine.telemetry_events import Event, UnknownEventType, parse_event
 from probes.model import ProbeReport
 
 LOG_TAIL_LINES = 200
@@ -47,10 +50,10 @@ class DataSource(FollowSource, Protocol):
     protocol_note: str  # non-empty: the engine has no control channel, ops go one process each (the header says so)
 
     def take_notes(self) -> list[SourceNote]: ...  # the notes since the last call
-    async def status(self, shards: bool = True) -> dict[str, Any]: ...  # shards=False: without the shard list
-    async def pause(self, shards: list[str] | None) -> dict[str, Any]: ...
-    async def resume(self, shards: list[str] | None) -> dict[str, Any]: ...
-    async def restart_worker(self, name: str) -> dict[str, Any]: ...
+    async def status(self, shards: bool = True) -> RunStatus: ...  # shards=False: without the shard list
+    async def pause(self, shards: list[str] | None) -> ShardsChanged: ...
+    async def resume(self, shards: list[str] | None) -> ShardsChanged: ...
+    async def restart_worker(self, name: str) -> WorkerRestarted: ...
     async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str: ...
     async def stats(self) -> dict[str, Any]: ...
     async def probes(self, only: set[str] | None = None) -> ProbeReport: ...
@@ -206,11 +209,11 @@ class HostSource:
         except RunClientError as exc:
             raise _classify(exc) from exc
 
-    async def status(self, shards: bool = True) -> dict[str, Any]:
+    async def status(self, shards: bool = True) -> RunStatus:
         """shards=False: without the shard list (RunClient.status)."""
         return await self._call("status", shards)
 
-    async def last_status(self) -> dict[str, Any]:
+    async def last_status(self) -> RunStatus:
         """What the run dir recorded (engine.ctl last-status): for a run whose supervisor is gone."""
         return await self._call("last_status")
 
@@ -221,22 +224,40 @@ class HostSource:
         record, why = await start_record.read(self.transport, self.client.run_dir)
         return f"resume with: {record.resume_hint()} ({record.where()})" if record is not None else why
 
-    async def pause(self, shards: list[str] | None) -> dict[str, Any]:
+    async def pause(self, shards: list[str] | None) -> ShardsChanged:
         return await self._call("pause", shards)
 
-    async def resume(self, shards: list[str] | None) -> dict[str, Any]:
+    async def resume(self, shards: list[str] | None) -> ShardsChanged:
         return await self._call("resume", shards)
 
-    async def restart_worker(self, name: str) -> dict[str, Any]:
+    async def restart_worker(self, name: str) -> WorkerRestarted:
         return await self._call("restart_worker", name)
 
     async def follow(self, since: float | None) -> AsyncIterator[Event]:
+        """The run's events (RunClient.follow). A control channel whose process ended while the connection holds is
+        opened again here (the operator is told) and the follow goes on from the last event's ts: a new connection
+        is for a lost one."""
         client = self._need_client()
-        try:
-            async for ev in client.follow(since):
-                yield ev
-        except TransportError as exc:
-            raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}", "connection") from exc
+        reopened = False  # the channel was opened again and no event came since: its next end is not retried here
+        while True:
+            try:
+                async for ev in client.follow(since, on_malformed=self._malformed):
+                    since, reopened = ev.ts, False
+                    yield ev
+                return
+            except TransportError as exc:
+                raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}", "connection") from exc
+            except RunClientError as exc:
+                ended = exc.__cause__
+                if not (isinstance(ended, ChannelClosed) and ended.transport is None) or reopened:
+                    raise _classify(exc) from exc
+                reopened = True
+                async with self._connecting:
+                    await self._ensure_channel()
+
+    def _malformed(self, why: str) -> None:
+        """A telemetry line that is not an event of this console's wire: skipped, and said once per kind of fault."""
+        self._notes.append(SourceNote("warning", f"{why} (line skipped)", key=f"console.malformed.{why[:120]}"))
 
     async def _run(self, command: str, timeout: float, what: str):
         assert self.transport is not None
@@ -371,7 +392,7 @@ class ReplaySource:
 
     supervised = False  # a recording ends; nothing died
 
-    def __init__(self, telemetry: Path, *, status: dict[str, Any] | None = None, stats: dict[str, Any] | None = None,
+    def __init__(self, telemetry: Path, *, status: RunStatus | None = None, stats: dict[str, Any] | None = None,
                  logs: dict[str, str] | None = None, probe_report: ProbeReport | None = None, host: str = "replay",
                  run_dir: str | None = None):
         self.telemetry = Path(telemetry)
@@ -383,9 +404,11 @@ class ReplaySource:
         self._report = probe_report
         self.requests: list[tuple[str, Any]] = []
         self.protocol_note = ""
+        self._notes: list[SourceNote] = []
 
     def take_notes(self) -> list[SourceNote]:
-        return []
+        notes, self._notes = self._notes, []
+        return notes
 
     async def connect(self) -> None:
         if not self.telemetry.exists():
@@ -394,21 +417,21 @@ class ReplaySource:
     async def reconnect(self) -> None:
         await self.connect()
 
-    async def status(self, shards: bool = True) -> dict[str, Any]:
-        if self._status is None or not self._status.get("running", not self._status.get("offline")):
+    async def status(self, shards: bool = True) -> RunStatus:
+        if self._status is None or not self._status.running:
             raise SourceError("replay: no supervisor (a recorded run)", "no_supervisor")
         return self._status
 
     async def resume_hint(self) -> str:
         return ""  # a replay is not resumed from here
 
-    async def last_status(self) -> dict[str, Any]:
+    async def last_status(self) -> RunStatus:
         """A recording with an offline status (running false) has one; otherwise there is nothing more to read."""
-        if self._status is not None and not self._status.get("running", not self._status.get("offline")):
+        if self._status is not None and not self._status.running:
             return self._status
         raise SourceError("replay: no last status recorded", "no_supervisor")
 
-    def _refuse(self, op: str, arg: Any) -> dict[str, Any]:
+    def _refuse(self, op: str, arg: Any) -> NoReturn:
         self.requests.append((op, arg))
         raise SourceError(f"{op}: a replay of {self.telemetry} is read-only")
 
@@ -428,8 +451,12 @@ class ReplaySource:
                     continue
                 try:
                     ev = parse_event(line)
-                except ValueError:
+                except UnknownEventType:
                     continue  # an event type this console does not know
+                except ValueError as exc:
+                    self._notes.append(SourceNote("warning", f"{self.telemetry}: {exc} (line skipped)",
+                                                  key=f"console.malformed.{str(exc)[:120]}"))
+                    continue
                 if since is None or ev.ts >= since:
                     yield ev
 

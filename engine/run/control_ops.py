@@ -1,4 +1,5 @@
-"""The control socket's operations as typed requests: parse_op reads one JSON request, to_request writes it.
+"""The control socket's operations as typed requests (parse_op reads one JSON request, to_request writes it) and the
+replies of the ops that change something (status's is engine.run.status.RunStatus, drain_host's HostStatus).
 
 Wire format (one JSON object per line, engine.control): {"op": "status"[, "shards": false]} | {"op": "pause", "shards": [...] | "all"} |
 {"op": "resume", "shards": ...} | {"op": "restart_worker", "worker": name} | {"op": "drain_host", "host": name} |
@@ -6,7 +7,7 @@ Wire format (one JSON object per line, engine.control): {"op": "status"[, "shard
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 
@@ -70,6 +71,38 @@ Op = Status | Pause | Resume | RestartWorker | DrainHost | UndrainHost | Drain |
 OP_TYPES: dict[str, type[Op]] = {cls.op: cls for cls in (Status, Pause, Resume, RestartWorker, DrainHost, UndrainHost,
                                                          Drain, Stop)}
 OPS = tuple(OP_TYPES)
+
+
+@dataclass
+class ShardsChanged:
+    """pause's and resume's reply."""
+    op: str = ""  # pause | resume
+    shards: list[str] = field(default_factory=list)  # the shards the op changed (already so: not listed)
+    paused: list[str] = field(default_factory=list)  # every shard paused now
+    state: str = ""  # the run's state after the op (engine.wire.RunState)
+    brake: str | None = None  # the data-quality brake's cause while it still holds dispatch run-wide
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class WorkerRestarted:
+    """restart_worker's reply."""
+    worker: str = ""
+    state: str = ""  # the worker's state once the restart was asked (engine.wire.WorkerState)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunEnding:
+    """drain's and stop's reply."""
+    state: str = ""  # draining | stopping, or how the run had already ended
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def parse_op(request: Any) -> Op:

@@ -18,7 +18,7 @@ RunStatus fields (the JSON keys of the reply):
   workers, gpus, disk, alerts   the latest telemetry snapshots (offline: no workers, GPUs or disk; the last 20
                  alerts telemetry.jsonl recorded); gpus and disk are every host's, each with its `host`
                  ("" the supervisor's own, a [[hosts]] name: read by that host's agent)
-  shards         one ShardStatus per shard (figures below, and `state` by shard_state)
+  shards         one ShardFigures (engine.wire) per shard (figures below, and `state` by shard_state)
   rejects        Rejects: every row of rejects.jsonl (input rows refused when read, and samples rejected or failed),
                  total and by reason
   run_end        offline: the supervisor's last word (RunEndEvent: how it ended, why), or null
@@ -60,18 +60,16 @@ Figure meanings (in `dispatch` and in each shard), the same names everywhere:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from engine.fatal import FatalRecord
 from engine.run.brake import BrakeStatus
 from engine.startup import StartCheck
-from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,
-                                     WorkerEvent)
-from engine.wire import DISPATCHING_RUN_STATES, AlertLevels
+from engine.telemetry_events import AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, WorkerEvent
+from engine.wire import DISPATCHING_RUN_STATES, AlertLevels, ShardFigures, decode
 
 if TYPE_CHECKING:  # the console reads this module: the ledger's (pyarrow via the shard store) stays out of its imports
     from engine.config import RunConfig
@@ -96,36 +94,8 @@ def shard_state(counts: ShardCounts, paused: bool, run_state: str, started: bool
     return "stopped" if started else "pending"
 
 
-@dataclass
-class ShardStatus:
-    id: str
-    state: str
-    done: int
-    total: int
-    planned: int
-    output_tokens: int
-    empty: int
-    truncated: int
-    failed: int
-    rejected: int
-    dispatched: int = 0  # requests sent for it by this supervisor
-    repetition: int = 0  # stopped by the runaway guard
-    after_cut: int = 0  # of the rejected: not generated after a cut turn
-    unclosed_reasoning: int = 0  # committed answers whose reasoning was never closed (not a runaway)
-
-    def event(self) -> ShardEvent:
-        return ShardEvent(id=self.id, state=self.state, done=self.done, total=self.total,
-                          output_tokens=self.output_tokens, empty=self.empty, truncated=self.truncated,
-                          failed=self.failed, rejected=self.rejected, planned=self.planned,
-                          repetition=self.repetition, after_cut=self.after_cut,
-                          unclosed_reasoning=self.unclosed_reasoning)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def shard_status(sid: str, counts: ShardCounts, paused: bool, run_state: str, dispatched: int = 0) -> ShardStatus:
-    return ShardStatus(id=sid, state=shard_state(counts, paused, run_state, dispatched > 0), done=counts.done,
+def shard_status(sid: str, counts: ShardCounts, paused: bool, run_state: str, dispatched: int = 0) -> ShardFigures:
+    return ShardFigures(id=sid, state=shard_state(counts, paused, run_state, dispatched > 0), done=counts.done,
                        total=counts.to_generate, planned=counts.total, output_tokens=counts.output_tokens,
                        empty=counts.empty, truncated=counts.truncated, failed=counts.failed,
                        rejected=counts.rejected, dispatched=dispatched, repetition=counts.repetition,
@@ -133,7 +103,7 @@ def shard_status(sid: str, counts: ShardCounts, paused: bool, run_state: str, di
 
 
 def shard_statuses(shards: Mapping[str, ShardCounts], paused: Iterable[str], run_state: str,
-                   dispatched: Mapping[str, int] | None = None) -> list[ShardStatus]:
+                   dispatched: Mapping[str, int] | None = None) -> list[ShardFigures]:
     paused = set(paused)
     dispatched = dispatched or {}
     return [shard_status(sid, shards[sid], sid in paused, run_state, dispatched.get(sid, 0)) for sid in sorted(shards)]
@@ -237,7 +207,7 @@ class RunStatus:
     host: str = ""
     dispatch: DispatchEvent | None = None
     workers: list[WorkerEvent] = field(default_factory=list)
-    shards: list[ShardStatus] = field(default_factory=list)
+    shards: list[ShardFigures] = field(default_factory=list)
     # asked without its shard list (a console that follows the shard events keeps its own, 10,000 shards are ~2 MB)
     shards_omitted: bool = False
     gpus: list[GpuEvent] = field(default_factory=list)
@@ -276,52 +246,12 @@ class RunStatus:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunStatus:
-        """A reply read back (the console); fields an older engine did not send take their defaults, fields this
-        one does not know are dropped."""
-        fatal = data.get("fatal")
-        hosts = data.get("hosts")
-        router = data.get("router")
-        given = {k: v for k, v in data.items() if k in _SCALARS and v is not None}
-        return cls(
-            **{"run_dir": "", "state": "", **given},
-            running=bool(data.get("running", not data.get("offline"))),
-            fatal=FatalRecord.from_dict({"exc_type": "", "message": "", **fatal}) if fatal else None,
-            startup=[_known(StartCheck, c, check="", title="") for c in data.get("startup") or []],
-            dispatch=_known(DispatchEvent, data["dispatch"]) if data.get("dispatch") else None,
-            workers=[_known(WorkerEvent, w) for w in data.get("workers") or []],
-            shards=[_known(ShardStatus, sh, **_SHARD_DEFAULTS) for sh in data.get("shards") or []],
-            gpus=[_known(GpuEvent, g) for g in data.get("gpus") or []],
-            disk=[_known(DiskEvent, x) for x in data.get("disk") or []],
-            alerts=[_known(AlertEvent, a) for a in data.get("alerts") or []],
-            rejects=_known(Rejects, data.get("rejects") or {}),
-            run_end=_known(RunEndEvent, data["run_end"]) if data.get("run_end") else None,
-            write_errors=list(data.get("write_errors") or []), log_tail=list(data.get("log_tail") or []),
-            read_errors=list(data.get("read_errors") or []),
-            hosts=[_known(HostStatus, h, name="", address="", state="") for h in hosts] if hosts is not None else None,
-            router=_known(RouterStatus, router, url="", up=False, policy="") if router else None,
-            brake=BrakeStatus.from_dict(data["brake"]) if isinstance(data.get("brake"), dict) else None,
-            metrics=_known(MetricsStatus, data["metrics"]) if isinstance(data.get("metrics"), dict) else None,
-            levels=AlertLevels.from_dict(data.get("levels") if isinstance(data.get("levels"), dict) else None))
-
-
-_SCALARS = ("run_dir", "state", "offline", "phase", "pid", "started_at", "config_hash", "host", "last_state", "log",
-            "checked_at", "shards_omitted")
-_SHARD_DEFAULTS = {"id": "", "state": "", "done": 0, "total": 0, "planned": 0, "output_tokens": 0, "empty": 0,
-                   "truncated": 0, "failed": 0, "rejected": 0}
-T = TypeVar("T")
-
-
-def _known(cls: type[T], data: dict[str, Any], **defaults: Any) -> T:
-    """cls from the fields of `data` it has (an Event's `type` and unknown fields dropped), `defaults` for missing
-    required ones."""
-    names = _field_names(cls)
-    return cls(**{**defaults, **{k: v for k, v in data.items() if k in names}})
-
-
-@functools.lru_cache(maxsize=None)
-def _field_names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))  # once per class: a reply holds 10,000 shards
+    def from_dict(cls, data: Any, what: str = "status reply") -> RunStatus:
+        """A reply read back (the console), checked field by field (engine.wire.decode: WireError names a malformed
+        field); fields an older engine did not send take their defaults, fields this one does not know are dropped."""
+        if isinstance(data, dict) and "running" not in data:  # an engine before `running`: offline said it
+            data = {**data, "running": not data.get("offline")}
+        return decode(cls, data, what)
 
 
 def build_run_status(*, run_dir: str, state: str, shards: Mapping[str, ShardCounts] | None, paused: Iterable[str] = (),

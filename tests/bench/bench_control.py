@@ -56,8 +56,8 @@ async def _measure(ops: int, workdir: Path) -> dict:
         assert channel.channel is not None, channel.protocol_note
         one_process = started.client(transport)
         status = await channel.status()
-        shard_ids = [s["id"] for s in status["shards"]][-10:]
-        assert len(shard_ids) == 10, f"the run has {len(status['shards'])} shards; 10 needed"
+        shard_ids = [s.id for s in status.shards][-10:]
+        assert len(shard_ids) == 10, f"the run has {len(status.shards)} shards; 10 needed"
         forms = {"channel": channel, "process_per_op": one_process}
         kinds = {"pause_10_shards": lambda c: c.pause(shard_ids), "status": lambda c: c.status()}
         times: dict[str, dict[str, list[float]]] = {f: {k: [] for k in kinds} for f in forms}
@@ -72,7 +72,7 @@ async def _measure(ops: int, workdir: Path) -> dict:
         final = await channel.status(shards=False)
         await channel.stop()
         await channel.close_channel()
-        return {"times": times, "shards": len(status["shards"]), "run_state_at_end": final.get("state"),
+        return {"times": times, "shards": len(status.shards), "run_state_at_end": final.state,
                 "hello": {"engine": channel_hello(channel), "protocol": PROTOCOL_VERSION}}
     finally:
         if transport is not None:

@@ -152,9 +152,9 @@ async def latency(run_dir: str, seconds: float) -> dict:
             model.apply_status(reply)
             fold_ms = (time.perf_counter() - t0) * 1000
             compact = await source.status(shards=False)  # what the console's periodic poll asks (a full one: 5 min)
-            out["status_reply"] = {"bytes": len(json.dumps(reply)), "shards": len(reply.get("shards") or []),
+            out["status_reply"] = {"bytes": len(json.dumps(reply.to_dict())), "shards": len(reply.shards),
                                    "ctl_round_trip_s": ctl_s, "fold_ms": fold_ms,
-                                   "periodic_bytes": len(json.dumps(compact))}
+                                   "periodic_bytes": len(json.dumps(compact.to_dict()))}
             for tab, key in (("workers", "2"), ("shards", "3")):
                 await pilot.press(key)
                 await pilot.pause(1)

@@ -24,7 +24,6 @@ from console.fit_table import Col, fitted_table
 from console.hints import hint_from_args
 from console.commands.status_hardware import hardware_parts
 from console.run_client import RunClientError
-from console.tui.model import bytes_text
 from engine.wire import duration_text
 from engine.run.brake import BrakeStatus
 from engine.run.status import RunStatus

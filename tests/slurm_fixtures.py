@@ -210,7 +210,7 @@ def _start_munge(root: Path) -> tuple[subprocess.Popen, Path]:
 
 
 def _conf_text(root: Path, nodes: list[SlurmNode], gpus: int, controller: str, ctld_port: int,
-               node_ports: dict[str, int], munge_socket: Path, cpus: int) -> str:
+               node_ports: dict[str, int], munge_socket: Path, cpus: int, max_time: str) -> str:
     lines = [
         "ClusterName=regentest",
         f"SlurmctldHost=localhost({controller})",
@@ -237,13 +237,13 @@ def _conf_text(root: Path, nodes: list[SlurmNode], gpus: int, controller: str, c
         lines.append(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} RealMemory=4000 Gres=gpu:{gpus}{port}")
     if not node_ports:
         lines.append(f"SlurmdPort={free_port()}")
-    lines.append(f"PartitionName={PARTITION} Nodes={','.join(n.name for n in nodes)} Default=YES MaxTime=INFINITE"
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(n.name for n in nodes)} Default=YES MaxTime={max_time}"
                  " State=UP")
     return "\n".join(lines) + "\n"
 
 
 def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int = 2,
-                force_loopback: bool = False) -> SlurmCluster:
+                force_loopback: bool = False, max_time: str = "INFINITE") -> SlurmCluster:
     """A cluster of `nodes` idle nodes with `gpus_per_node` fake GPUs each; returns once sinfo says idle."""
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("log", "state", "spool", "gpus"):
@@ -280,7 +280,7 @@ def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int
         cluster.processes.append(munge)
         node_ports = {n.name: free_port() for n in node_list} if mode == "loopback" and nodes > 1 else {}
         cluster.conf.write_text(_conf_text(root, node_list, gpus_per_node, controller, free_port(), node_ports,
-                                           socket_path, cpus))
+                                           socket_path, cpus, max_time))
         env = cluster.env
 
         def daemon(argv: list[str], log_name: str) -> None:

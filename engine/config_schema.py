@@ -720,8 +720,8 @@ def host_workers(cfg: RunConfig, host: Host) -> Workers:
 
 
 def slurm_rules(cfg: RunConfig) -> list[tuple[str, str]]:
-    """[slurm] places the servers itself: not with [[hosts]], [workers] gpus or SSH forwards; tp_size and
-    gpus_per_node must tile whole nodes."""
+    """[slurm] places the servers itself: not with [[hosts]] or [workers] gpus; tp_size and gpus_per_node must tile
+    whole nodes. (router.link does not apply: the router reaches the nodes' servers over the cluster network.)"""
     s = cfg.slurm
     if s is None:
         return []
@@ -733,9 +733,6 @@ def slurm_rules(cfg: RunConfig) -> list[tuple[str, str]]:
     if cfg.workers.gpus != tuple(range(tp if tp > gpn else gpn - gpn % tp)):
         out.append(("[workers] gpus", f"is not used with [slurm]: each node's GPUs are the {s.gpus_per_node} Slurm "
                                       "gives it (slurm.gpus_per_node); remove [workers] gpus"))
-    if "link" in cfg.router.model_fields_set and cfg.router.link != "lan":
-        out.append(("[router] link", '= "ssh" does not apply with [slurm]: the router reaches the nodes\' servers '
-                                     'over the cluster network; remove router.link or set it to "lan"'))
     if tp <= gpn and gpn % tp:
         out.append(("[workers] tp_size", f"{tp} does not divide slurm.gpus_per_node = {gpn}: {gpn % tp} GPU(s) of "
                                          f"each node would idle; use a tp_size that divides {gpn}"))

@@ -47,6 +47,12 @@ class Fleet:
                 link = HostLink(cfg, host, engine_root=engine_root, session=session, emit=emit, forward_base=forward)
                 forward += len(link.specs)
                 self.links.append(link)
+        if cfg.slurm is not None:
+            from engine.slurm_link import SlurmLink
+            from engine.slurm_plan import layout_of
+
+            self.links += [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit)
+                           for g in range(layout_of(cfg).groups)]
         self.workers = list(self.local_workers) + [m for link in self.links for m in link.members]
         self.endpoint.members = self.workers
         for w in self.workers:

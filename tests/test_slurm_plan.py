@@ -38,7 +38,6 @@ def test_tp_size_maps_servers_onto_nodes(tp, gpn, nodes, per_group, servers_per_
     ({"workers": {"tp_size": 16}, "slurm": {"partition": "gpu", "nodes": 3}}, "[slurm] nodes",
      "3 is not a multiple of 2"),
     ({"workers": {"gpus": [0, 1]}}, "[workers] gpus", "remove [workers] gpus"),
-    ({"router": {"link": "ssh"}}, "[router] link", 'set it to "lan"'),
     ({"hosts": [{"name": "a", "address": "b"}]}, "[slurm]", "not both"),
     ({"slurm": {"partition": "gpu", "time_limit": "5", "handover_s": 300}}, "[slurm] handover_s", "not below"),
     ({"slurm": {"partition": "gpu", "time_limit": "4h"}}, "[slurm] time_limit", '"4:00:00"'),

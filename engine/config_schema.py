@@ -522,8 +522,8 @@ class Slurm(Section):
     """Each allocation's time limit (sbatch --time), in Slurm's format: "240", "4:00:00", "1-00:00:00". A run
     longer than it goes on in the next allocation."""
     handover_s: Int(30) = 300
-    """Seconds before the time limit at which Slurm signals the job (sbatch --signal=USR1@N): its servers are
-    drained and the next allocation takes over."""
+    """Seconds before the time limit at which regen drains the job's servers (requests in flight finish) and queues
+    the next allocation, which takes over (read from squeue's time left)."""
     constraint: StrictStr | None = None
     """Node features required (sbatch --constraint), e.g. "h100&ib"."""
     job_name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "regen"

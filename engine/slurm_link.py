@@ -11,8 +11,9 @@ metrics, GPU/disk readings, loss and rejoin), with Slurm where SSH was:
   identity records and readings) is a local command on that shared dir;
 - the job ending (TIMEOUT, CANCELLED by someone else, NODE_FAIL, PREEMPTED, a requeue) loses the host with an alert
   in Slurm's words; its in-flight requests are re-dispatched and the next join submits a new job;
-- Slurm's signal ahead of the time limit (sbatch --signal=USR1@handover_s; the step writes `handover` in its job
-  dir) drains the group's servers (in-flight requests finish) and queues the next job at once;
+- handover_s before the job's time limit (squeue's time left; no signal: it would reach the servers) the group's
+  servers are drained (in-flight requests finish) and the next job is queued at once; it takes over when the
+  old one ends;
 - stopping cancels the job ids this link submitted, and nothing else.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import aiohttp
 
 from engine import slurm_jobs
 from engine.config import Host, RunConfig, dump_toml
+from engine.config_schema import time_limit_seconds
 from engine.host_link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
 from engine.run.status import HostStatus, SlurmJobStatus
 from engine.slurm_jobs import JobState, SlurmError
@@ -42,7 +44,14 @@ log = logging.getLogger("regen.slurm")
 
 POLL_S = 2.0
 NODE_FILE_WAIT_S = 60.0
-HANDOVER_FILE = "handover"
+
+
+def time_left_s(text: str) -> int | None:
+    """squeue's %L (`9:58`, `1:00:00`, `1-02:00:00`) in seconds; None for UNLIMITED, NOT_SET, INVALID."""
+    try:
+        return time_limit_seconds(text)
+    except ValueError:
+        return None
 
 
 def group_host(cfg: RunConfig, group: int) -> Host:
@@ -119,10 +128,17 @@ class SlurmLink(HostLink):
                 self.job = JobState(job_id, "PENDING")
             elif self.job is None or not self.job.active:
                 self.job = JobState(await self._submit(), "PENDING")
+            running_since = None
             while not self._stopping:
                 self.job = await slurm_jobs.state(self.job.job_id)
                 if self.job.state == "RUNNING":
-                    return await self._attach(self.job)
+                    running_since = running_since or time.monotonic()
+                    attached = self._attach(self.job, time.monotonic() - running_since)
+                    if attached:
+                        return attached
+                    await asyncio.sleep(0.2)
+                    continue
+                running_since = None  # requeued (a node failed, or its launch did): waits again
                 if not self.job.active:
                     raise HostError(f"slurm {self.job.words()}")
                 self._pending(self.job)
@@ -131,12 +147,17 @@ class SlurmLink(HostLink):
             raise HostError(str(exc)) from exc
         raise HostError("stopping")
 
-    async def _submit(self) -> str:
-        job_id = await slurm_jobs.submit(sbatch_argv(self.cfg, self.group), self.jobs_file, self.group)
+    async def _submit(self, after: str | None = None) -> str:
+        """sbatch the group's job; `after`: it may start only once that job ended (a hand-over: the new job never
+        shares a node's ports with the old one)."""
+        argv = sbatch_argv(self.cfg, self.group)
+        if after is not None:
+            argv.insert(-1, f"--dependency=afterany:{after}")
+        job_id = await slurm_jobs.submit(argv, self.jobs_file, self.group)
         self.submitted.append(job_id)
         log.info("group %s: submitted job %s", self.host.name, job_id)
         self.emit(AlertEvent(severity="info", text=f"slurm job {job_id} submitted for {self.host.name}",
-                             evidence=" ".join(sbatch_argv(self.cfg, self.group)), key=f"slurm-submit:{self.host.name}"))
+                             evidence=" ".join(argv), key=f"slurm-submit:{self.host.name}"))
         return job_id
 
     def _pending(self, job: JobState) -> None:
@@ -149,19 +170,17 @@ class SlurmLink(HostLink):
                                  text=f"slurm job {job.job_id} ({self.host.name}) is pending: {job.reason}",
                                  evidence=job.words(), key=f"slurm-pending:{self.host.name}"))
 
-    async def _attach(self, job: JobState) -> str:
-        """The running job's node and address (node.json of its step): the members' URLs point there."""
+    def _attach(self, job: JobState, running_s: float) -> str | None:
+        """The running job's node and address (node.json of its step): the members' URLs point there. None while
+        the step has not written it yet."""
         here = job_dir(self.slurm_dir, self.group, job.job_id)
-        deadline = time.monotonic() + NODE_FILE_WAIT_S
-        node = None
-        while node is None:
-            try:
-                node = json.loads((here / NODE_FILE).read_text())
-            except (FileNotFoundError, ValueError):
-                if time.monotonic() > deadline:
-                    raise HostError(f"slurm job {job.job_id} runs on {job.nodes} but its step wrote no {NODE_FILE} "
-                                    f"within {NODE_FILE_WAIT_S:.0f} s; see {self.slurm_dir}/job-{job.job_id}.out")
-                await asyncio.sleep(0.2)
+        try:
+            node = json.loads((here / NODE_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            if running_s > NODE_FILE_WAIT_S:
+                raise HostError(f"slurm job {job.job_id} runs on {job.nodes} but its step wrote no {NODE_FILE} "
+                                f"within {NODE_FILE_WAIT_S:.0f} s; see {self.slurm_dir}/job-{job.job_id}.out") from None
+            return None
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
         for m in self.members:
             m.url = f"http://{node['address']}:{m.spec.port}"
@@ -195,16 +214,17 @@ class SlurmLink(HostLink):
                                                                     not in ("", "None") else ""),
                                      evidence=self.job.words(), key=f"slurm-end:{self.host.name}"))
                 return f"slurm {self.job.words()}"
-            if self.next_job is None and (Path(self.host.work_dir) / HANDOVER_FILE).exists():
+            left = time_left_s(self.job.time_left)
+            if self.next_job is None and left is not None and left <= self.cfg.slurm.handover_s:
                 await self._hand_over()
         return "stopping"
 
     async def _hand_over(self) -> None:
-        """Slurm's signal before the time limit: no new work for these servers, the next job queued now."""
+        """The time limit is near: no new work for these servers, the next job queued now."""
         self._handing_over = True
         self.set_drained(True)
         try:
-            self.next_job = await self._submit()
+            self.next_job = await self._submit(after=self.job.job_id)
         except SlurmError as exc:
             self.emit(AlertEvent(severity="error", text=f"the next slurm job for {self.host.name} was not submitted",
                                  evidence=str(exc), key=f"slurm-handover:{self.host.name}"))

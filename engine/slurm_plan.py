@@ -11,6 +11,9 @@ holding gpus_per_node / tp_size servers, or the tp_size / gpus_per_node nodes on
 - NODE_FAIL, preemption, an `scancel` by someone else and a time limit end one group's job, not the whole run's
   allocation; the other groups' servers keep serving while that group's next job is queued;
 - time limits are per job, so the groups' handovers need not coincide (a single job drains every server at once).
+No `--signal` ahead of the limit: Slurm delivers it to every process of the job's steps, and SGLang servers (and the
+simulator) die of an unhandled SIGUSR1. The login node reads each job's time left from squeue instead and, handover_s
+before the limit, drains that job's servers and queues the next job (engine/slurm_link.py).
 The cost is one sbatch per group per allocation, and `regen stop` cancelling several job ids (the ones regen
 recorded, never a name pattern).
 """
@@ -94,8 +97,12 @@ def job_name(cfg: RunConfig, group: int) -> str:
 def srun_argv(cfg: RunConfig, group: int) -> list[str]:
     """The job step that runs regen's host agent on each node of the group (one task per node)."""
     layout = layout_of(cfg)
+    wd = slurm_work_dir(cfg)
+    # PYTHONPATH on the step's own line: `sbatch --export=ALL,VAR=...` loses the launch of a job that waited in
+    # the queue (Slurm 22.05, seen in tests/test_slurm_run.py)
     return ["srun", f"--nodes={layout.nodes_per_group}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            cfg.host_python, "-m", STEP_MODULE, "--work-dir", slurm_work_dir(cfg), "--group", str(group)]
+            "env", f"PYTHONPATH={wd}/{AGENT_DIR}", cfg.host_python, "-m", STEP_MODULE, "--work-dir", wd,
+            "--group", str(group)]
 
 
 def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False) -> list[str]:
@@ -108,8 +115,7 @@ def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False) -> list[
     argv += [f"--qos={s.qos}"] if s.qos else []
     argv += [f"--constraint={s.constraint}"] if s.constraint else []
     argv += [f"--nodes={layout.nodes_per_group}", "--ntasks-per-node=1", f"--gres=gpu:{s.gpus_per_node}",
-             f"--time={s.time_limit}", f"--signal=USR1@{s.handover_s}",
-             f"--export=ALL,PYTHONPATH={wd}/{AGENT_DIR}", f"--output={wd}/job-%j.out"]
+             f"--time={s.time_limit}", f"--output={wd}/job-%j.out"]
     argv += ["--test-only"] if test_only else []
     argv += list(s.extra_args)
     argv.append("--wrap=" + shlex.join(srun_argv(cfg, group)))

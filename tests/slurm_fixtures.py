@@ -90,7 +90,8 @@ class SlurmCluster:
 
     def run(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
         """A Slurm client command (sinfo, squeue, scontrol ...) against this cluster."""
-        r = subprocess.run(list(argv), capture_output=True, text=True, env=self.env, timeout=timeout)
+        # in the cluster's dir: a job's default output (slurm-<id>.out) lands there, not in the checkout
+        r = subprocess.run(list(argv), capture_output=True, text=True, env=self.env, timeout=timeout, cwd=self.root)
         if check and r.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()}")
         return r
@@ -127,7 +128,7 @@ class SlurmCluster:
         for proc in self.processes:
             if proc.poll() is None:
                 proc.terminate()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 3  # a slurmd with job steps left may take ~10 s: they are killed below
         for proc in self.processes:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -135,7 +136,7 @@ class SlurmCluster:
                 proc.kill()
                 proc.wait(timeout=5)
         # job steps a slurmd started (slurmstepd and below) outlive a stopped slurmd
-        for p in tree + _orphans(self.root):
+        for p in tree + _orphans(self.root, self.conf):
             try:
                 p.kill()
             except psutil.NoSuchProcess:
@@ -153,14 +154,19 @@ class SlurmCluster:
             _ip("link", "del", self.bridge)
 
 
-def _orphans(root: Path) -> list[psutil.Process]:
-    """Processes whose command line names this cluster's dir (slurmstepd of its spool, job scripts)."""
+def _orphans(root: Path, conf: Path) -> list[psutil.Process]:
+    """What this cluster left running: slurmstepd daemonizes away from slurmd, so it is found by its environment
+    (SLURM_CONF of this cluster) or by a command line naming the cluster's dir (job scripts)."""
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     found = []
     for p in psutil.process_iter(["cmdline"]):
+        if p.pid in mine:
+            continue
         try:
-            if p.pid != os.getpid() and any(str(root) in part for part in (p.info["cmdline"] or [])):
+            if any(str(root) in part for part in (p.info["cmdline"] or [])) or \
+                    p.environ().get("SLURM_CONF") == str(conf):
                 found.append(p)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
 

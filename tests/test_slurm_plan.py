@@ -57,12 +57,12 @@ def test_sbatch_and_srun_lines_carry_every_key():
     argv = sbatch_argv(cfg, 1)
     assert argv[:2] == ["sbatch", "--parsable"]
     for word in ("--job-name=drafter-1", "--partition=gpu", "--account=llm", "--qos=high", "--constraint=h100",
-                 "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8", "--time=1-00:00:00", "--signal=USR1@600",
+                 "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8", "--time=1-00:00:00",
                  "--exclusive", "--output=/scratch/run/slurm/job-%j.out"):
         assert word in argv, word
     assert argv[-1] == "--wrap=" + shlex.join(srun_argv(cfg, 1))
-    assert srun_argv(cfg, 1) == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                                 "/opt/sglang/bin/python", "-m", "engine.slurm_step", "--work-dir",
+    assert srun_argv(cfg, 1) == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "env",
+                                 "PYTHONPATH=/scratch/run/slurm/.regen/engine", "/opt/sglang/bin/python", "-m", "engine.slurm_step", "--work-dir",
                                  "/scratch/run/slurm", "--group", "1"]
     assert "--test-only" in sbatch_argv(cfg, 0, test_only=True)
 

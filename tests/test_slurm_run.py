@@ -13,7 +13,7 @@ import pytest
 from engine.config import Router, Slurm, config_from_dict, dump_toml
 from tests.slurm_fixtures import require_slurm, start_slurm
 from tests.sshd_fixtures import free_port
-from tests.test_engine_run import (expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
+from tests.test_engine_run import (ctl, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
                                    supervisors, wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -33,7 +33,8 @@ def cluster2(tmp_path, monkeypatch):
 def slurm_config(tmp_path, tiny_model_dir, *, prompts: int, sim: tuple = (), **slurm):
     cfg = make_config(tmp_path / "run", tiny_model_dir, prompts=prompts, sim=sim)
     cfg = cfg.model_copy(update=dict(
-        slurm=Slurm(partition="gpu", nodes=2, gpus_per_node=2, time_limit="10", handover_s=60, **slurm),
+        slurm=Slurm(**{"partition": "gpu", "nodes": 2, "gpus_per_node": 2, "time_limit": "10", "handover_s": 60,
+                       **slurm}),
         router=Router(policy="round_robin", port=free_port(), prometheus_port=free_port(), python=sys.executable,
                       host_lost_after_s=4.0)))
     doc = tomllib.loads(dump_toml(cfg))
@@ -64,3 +65,81 @@ def test_a_run_across_two_slurm_nodes_every_sample_once(tmp_path, tiny_model_dir
     submitted = [json.loads(line)["job"] for line in (run_dir / "slurm" / "jobs.jsonl").read_text().splitlines()]
     assert sorted(submitted) == sorted(j["job_id"] for j in jobs.values())
     wait_for(lambda: not cluster2.run("squeue", "-h", "-o", "%i").stdout.strip(), 30, "the jobs to leave the queue")
+
+
+def events(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+
+
+def alert(run_dir, words: str) -> dict | None:
+    return next((e for e in events(run_dir) if e["type"] == "alert" and words in e["text"]), None)
+
+
+def every_sample_once(run_dir, cfg, renderer_for) -> None:
+    rows = read_rows(run_dir)
+    expected, _ = expected_samples(cfg, renderer_for(cfg))
+    ids = [r["sample_id"] for r in rows]
+    rejects = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
+    rejected = {r["excerpt"] for r in rejects if r["reason"].startswith("turn ")}
+    assert len(ids) == len(set(ids)), "a sample was written twice"
+    assert set(ids) | rejected == expected and not set(ids) & rejected, "a sample was lost"
+
+
+def job_of(run_dir, name: str) -> dict | None:
+    st = status(run_dir) or {}
+    return next((h.get("job") for h in st.get("hosts") or [] if h["name"] == name), None)
+
+
+def test_a_pending_job_says_why_and_stop_cancels_only_what_regen_submitted(tmp_path, tiny_model_dir, slurm,
+                                                                            supervisors):
+    # every GPU of the node held for a few seconds by a job regen did not submit
+    slurm.run("sbatch", "--parsable", "--gres=gpu:4", "--wrap", "sleep 8")
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, sim=("--sim-step-ms", "40"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    pending = wait_for(lambda: (lambda j: j if j and j["state"] == "PENDING" and j["reason"] == "Resources" else None)(
+        job_of(run_dir, "regen-0")), 60, "regen's job pending for Resources", sup)
+    host = next(h for h in status(run_dir)["hosts"] if h["name"] == "regen-0")
+    assert host["error"] == f"slurm job {pending['job_id']} PENDING (Resources)"
+    assert alert(run_dir, f"slurm job {pending['job_id']} (regen-0) is pending: Resources")["severity"] == "warning"
+
+    wait_for(lambda: (job_of(run_dir, "regen-0") or {}).get("state") == "RUNNING", 60, "regen's job running", sup)
+    bystander = slurm.run("sbatch", "--parsable", "--gres=gpu:2", "--wrap", "sleep 600").stdout.strip()
+    wait_for(lambda: (status(run_dir) or {}).get("dispatch", {}).get("done", 0) >= 20, 90, "samples from the job", sup)
+    assert ctl(run_dir, "stop").returncode == 0
+    assert sup.wait(60) == 0, sup.log_text()[-3000:]
+    queue = wait_for(lambda: (lambda q: q if pending["job_id"] not in q else None)(
+        slurm.run("squeue", "-h", "-o", "%i %T").stdout), 30, "regen's job to leave the queue")
+    assert queue.split() == [bystander, "RUNNING"]  # the job regen did not submit runs on
+    rows = read_rows(run_dir)
+    assert len({r["sample_id"] for r in rows}) == len(rows) >= 20
+
+
+@pytest.mark.slow
+def test_a_job_cancelled_from_outside_and_a_node_set_down_are_survived(tmp_path, tiny_model_dir, cluster2,
+                                                                        supervisors, renderer_for):
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=400, extra_args=("--exclusive",),
+                       sim=("--sim-step-ms", "15"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    wait_for(lambda: (status(run_dir) or {}).get("dispatch", {}).get("done", 0) >= 30, 120, "first samples", sup)
+    first = job_of(run_dir, "regen-1")
+    cluster2.run("scancel", first["job_id"])
+    ended = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-1) ended: CANCELLED"), 30,
+                     "the cancel alert", sup)
+    assert ended["severity"] == "error" and f"job {first['job_id']} CANCELLED" in ended["evidence"]
+    assert wait_for(lambda: alert(run_dir, "host regen-1 lost"), 30, "the host-lost alert", sup)
+    second = wait_for(lambda: (lambda j: j if j and j["job_id"] != first["job_id"] and j["state"] == "RUNNING"
+                               else None)(job_of(run_dir, "regen-1")), 60, "the next job of regen-1 running", sup)
+
+    node = second["nodes"]
+    cluster2.run("scontrol", "update", f"nodename={node}", "state=down", "reason=regen-test")
+    gone = wait_for(lambda: next((e for e in events(run_dir) if e["type"] == "alert"
+                                  and f"slurm job {second['job_id']} (regen-1) ended" in e["text"]), None),
+                    60, "the alert for the job on the downed node", sup)
+    assert second["job_id"] in gone["evidence"]
+    cluster2.run("scontrol", "update", f"nodename={node}", "state=resume")
+    assert sup.wait(240) == 0, sup.log_text()[-4000:]
+    every_sample_once(run_dir, cfg, renderer_for)
+    final = [e for e in events(run_dir) if e["type"] == "dispatch"][-1]
+    assert final["failed"] == 0

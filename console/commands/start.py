@@ -132,10 +132,12 @@ def preflight_host(args, cfg) -> int | None:
     pass), else the exit code, with the report printed."""
     from rich.console import Console
 
-    from console.commands.probe import context_from_config, probe_host
+    from console.commands.probe import DISPATCH_PROBES, SLURM_PROBES, context_from_config, probe_host
     from probes.model import Status
 
     only = {p.strip() for p in args.preflight.split(",") if p.strip()} if args.preflight else None
+    if cfg.slurm is not None and not only:
+        only = DISPATCH_PROBES | SLURM_PROBES  # HOST is the login node; the GPU nodes are Slurm's
     report, reached = asyncio.run(probe_host(args.host, context_from_config(cfg), only, timeout_s=args.timeout,
                                              accept_new_command=typed_again(args, accept_new=True),
                                              **SshOptions.from_args(args).connect_kwargs()))

@@ -312,7 +312,7 @@ class RunStatus:
             run_end=_known(RunEndEvent, data["run_end"]) if data.get("run_end") else None,
             write_errors=list(data.get("write_errors") or []), log_tail=list(data.get("log_tail") or []),
             read_errors=list(data.get("read_errors") or []),
-            hosts=[_known(HostStatus, h, name="", address="", state="") for h in hosts] if hosts is not None else None,
+            hosts=[_host_status(h) for h in hosts] if hosts is not None else None,
             router=_known(RouterStatus, router, url="", up=False, policy="") if router else None,
             brake=BrakeStatus.from_dict(data["brake"]) if isinstance(data.get("brake"), dict) else None,
             metrics=_known(MetricsStatus, data["metrics"]) if isinstance(data.get("metrics"), dict) else None,
@@ -324,6 +324,13 @@ _SCALARS = ("run_dir", "state", "offline", "phase", "pid", "started_at", "config
 _SHARD_DEFAULTS = {"id": "", "state": "", "done": 0, "total": 0, "planned": 0, "output_tokens": 0, "empty": 0,
                    "truncated": 0, "failed": 0, "rejected": 0}
 T = TypeVar("T")
+
+
+def _host_status(data: dict[str, Any]) -> HostStatus:
+    host = _known(HostStatus, data, name="", address="", state="")
+    if isinstance(host.job, dict):  # a [slurm] group's job
+        host.job = _known(SlurmJobStatus, host.job, job_id="", state="")
+    return host
 
 
 def _known(cls: type[T], data: dict[str, Any], **defaults: Any) -> T:

@@ -44,6 +44,7 @@ log = logging.getLogger("regen.slurm")
 
 POLL_S = 2.0
 NODE_FILE_WAIT_S = 60.0
+FINAL_STATE_WAIT_S = 15.0
 
 
 def time_left_s(text: str) -> int | None:
@@ -78,6 +79,8 @@ class SlurmLink(HostLink):
         self.submitted: list[str] = []
         self._pending_said: str | None = None
         self._handing_over = False
+        self._attached: set[str] = set()  # jobs whose servers this link attached to
+        self._said_ended: set[str] = set()
 
     # -- commands "on the host": the work dir is shared with the nodes ----------------------------
     async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
@@ -131,6 +134,11 @@ class SlurmLink(HostLink):
             running_since = None
             while not self._stopping:
                 self.job = await slurm_jobs.state(self.job.job_id)
+                if not self.job.active and self.job.job_id in self._attached:
+                    # the job this link served from ended (said once, in Slurm's words): the next one is queued
+                    self._ended(await self._final_state(self.job))
+                    self.job = JobState(await self._submit(), "PENDING")
+                    continue
                 if self.job.state == "RUNNING":
                     running_since = running_since or time.monotonic()
                     attached = self._attach(self.job, time.monotonic() - running_since)
@@ -139,7 +147,8 @@ class SlurmLink(HostLink):
                     await asyncio.sleep(0.2)
                     continue
                 running_since = None  # requeued (a node failed, or its launch did): waits again
-                if not self.job.active:
+                if not self.job.active:  # ended before its step ran: resubmitted after the link's backoff
+                    self._ended(self.job)
                     raise HostError(f"slurm {self.job.words()}")
                 self._pending(self.job)
                 await asyncio.sleep(POLL_S)
@@ -181,6 +190,7 @@ class SlurmLink(HostLink):
                 raise HostError(f"slurm job {job.job_id} runs on {job.nodes} but its step wrote no {NODE_FILE} "
                                 f"within {NODE_FILE_WAIT_S:.0f} s; see {self.slurm_dir}/job-{job.job_id}.out") from None
             return None
+        self._attached.add(job.job_id)
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
         for m in self.members:
             m.url = f"http://{node['address']}:{m.spec.port}"
@@ -209,15 +219,39 @@ class SlurmLink(HostLink):
                 log.warning("group %s: %s", self.host.name, exc)
                 continue  # slurmctld busy: the servers' own health still tells
             if self.job.state != "RUNNING":
-                self.emit(AlertEvent(severity="error", text=f"slurm job {self.job.job_id} ({self.host.name}) "
-                                     f"ended: {self.job.state}" + (f" ({self.job.reason})" if self.job.reason
-                                                                    not in ("", "None") else ""),
-                                     evidence=self.job.words(), key=f"slurm-end:{self.host.name}"))
+                self.job = await self._final_state(self.job)
+                self._ended(self.job)
                 return f"slurm {self.job.words()}"
             left = time_left_s(self.job.time_left)
             if self.next_job is None and left is not None and left <= self.cfg.slurm.handover_s:
                 await self._hand_over()
         return "stopping"
+
+    def _ended(self, job: JobState) -> None:
+        """The alert for a job that ended, once per job, in Slurm's words (job id, state, reason)."""
+        if job.job_id in self._said_ended:
+            return
+        reason = f" ({job.reason})" if job.reason not in ("", "None") else ""
+        if job.active:  # requeued (a node failed): the same job runs again once Slurm places it
+            self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued: "
+                                 f"{job.state}{reason}", evidence=job.words(),
+                                 key=f"slurm-requeue:{self.host.name}:{job.job_id}"))
+            return
+        self._said_ended.add(job.job_id)
+        self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) ended: {job.state}"
+                             f"{reason}", evidence=job.words(), key=f"slurm-end:{self.host.name}:{job.job_id}"))
+
+    async def _final_state(self, job: JobState) -> JobState:
+        """A job COMPLETING is on its way out: wait a little for the state it ends in (CANCELLED, TIMEOUT,
+        NODE_FAIL ...), which is what the operator is told."""
+        deadline = time.monotonic() + FINAL_STATE_WAIT_S
+        while job.state == "COMPLETING" and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            try:
+                job = await slurm_jobs.state(job.job_id)
+            except SlurmError:
+                break  # the last state seen is said
+        return job
 
     async def _hand_over(self) -> None:
         """The time limit is near: no new work for these servers, the next job queued now."""

@@ -173,7 +173,7 @@ class SlurmLink(HostLink):
         self.error = f"slurm {job.words()}"
         if self.state != HostState.LOST:
             self.state = HostState.CONNECTING
-        if self._pending_said != job.reason:
+        if self._pending_said != job.reason and job.reason not in ("", "None"):  # a reason worth saying
             self._pending_said = job.reason
             self.emit(AlertEvent(severity="warning" if job.reason not in ("", "None", "Priority") else "info",
                                  text=f"slurm job {job.job_id} ({self.host.name}) is pending: {job.reason}",

@@ -147,3 +147,42 @@ def test_a_job_cancelled_from_outside_and_a_node_set_down_are_survived(tmp_path,
     every_sample_once(run_dir, cfg, renderer_for)
     final = [e for e in events(run_dir) if e["type"] == "dispatch"][-1]
     assert final["failed"] == 0
+
+
+@pytest.mark.slow
+def test_a_job_at_its_time_limit_hands_over_to_the_next_allocation(tmp_path, tiny_model_dir, slurm, supervisors,
+                                                                   renderer_for):
+    """--time=1 with handover_s = 30: half-way the servers are drained and the next job is queued behind the first
+    (afterany); Slurm ends the first at its limit (TIMEOUT, ~60-90 s here) and the run goes on in the second."""
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=100, nodes=1, time_limit="1", handover_s=30,
+                       sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "2"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    first = wait_for(lambda: (lambda h: h["job"] if h and h["state"] == "up" else None)(host_of(run_dir, "regen-0")),
+                     60, "the first job serving", sup)
+    handed = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) nears its time limit"), 60,
+                      "the hand-over", sup)
+    nxt = handed["text"].split("job ")[-1].split()[0]
+    assert job_of(run_dir, "regen-0")["next_job"] == nxt
+    assert slurm.run("squeue", "-h", "-j", nxt, "-o", "%T %r").stdout.split() == ["PENDING", "Dependency"]
+    ended = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) ended: TIMEOUT"), 120,
+                     "the first job's time limit", sup)
+    assert ended["severity"] == "error"
+    wait_for(lambda: (lambda h: h and h["state"] == "up" and h["job"]["job_id"] == nxt)(host_of(run_dir, "regen-0")),
+             60, "the next job serving", sup)
+    assert sup.wait(300) == 0, sup.log_text()[-3000:]
+    every_sample_once(run_dir, cfg, renderer_for)
+
+
+def test_status_says_each_groups_job_as_squeue_does():
+    from console.commands.status import job_text
+    from engine.run.status import RunStatus
+
+    doc = {"name": "regen-1", "address": "slurm partition gpu", "state": "connecting", "workers": [],
+           "job": {"job_id": "4128", "state": "PENDING", "reason": "Resources", "nodes": "", "time_left": "12:00:00"}}
+    running = {**doc, "name": "regen-0", "state": "up",
+               "job": {"job_id": "4127", "state": "RUNNING", "reason": "None", "nodes": "gpu-a17",
+                       "time_left": "11:41:07", "next_job": "4131"}}
+    hosts = RunStatus.from_dict({"run_dir": "/r", "state": "running", "hosts": [running, doc]}).hosts
+    assert [job_text(h) for h in hosts] == ["job 4127 RUNNING on gpu-a17, 11:41:07 left, next job 4131 queued",
+                                            "job 4128 PENDING (Resources)"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -76,7 +77,6 @@ class SlurmLink(HostLink):
         self.jobs_file = self.slurm_dir / slurm_jobs.JOBS_FILE
         self.job: JobState | None = None
         self.next_job: str | None = None  # queued at a hand-over, taken by the next join
-        self.submitted: list[str] = []
         self._pending_said: str | None = None
         self._handing_over = False
         self._attached: set[str] = set()  # jobs whose servers this link attached to
@@ -101,7 +101,7 @@ class SlurmLink(HostLink):
     async def deploy(self) -> None:
         engine_dir = self.slurm_dir / AGENT_DIR
         marker = engine_dir / ".deployed-by"
-        me = f"{id(self.cfg)}"
+        me = f"supervisor pid {os.getpid()}"  # one deploy per supervisor: every group's job runs from the same copy
         gdir = Path(self.group_host.work_dir)
         try:
             gdir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +163,6 @@ class SlurmLink(HostLink):
         if after is not None:
             argv.insert(-1, f"--dependency=afterany:{after}")
         job_id = await slurm_jobs.submit(argv, self.jobs_file, self.group)
-        self.submitted.append(job_id)
         log.info("group %s: submitted job %s", self.host.name, job_id)
         self.emit(AlertEvent(severity="info", text=f"slurm job {job_id} submitted for {self.host.name}",
                              evidence=" ".join(argv), key=f"slurm-submit:{self.host.name}"))
@@ -276,9 +275,10 @@ class SlurmLink(HostLink):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self._stop_readings()
-        if stop_agent and self.submitted:
+        live = [j for j in (self.job.job_id if self.job and self.job.active else None, self.next_job) if j]
+        if stop_agent and live:
             try:
-                said = await slurm_jobs.cancel(self.submitted)
+                said = await slurm_jobs.cancel(live)
             except SlurmError as exc:
                 said = str(exc)
             if said:

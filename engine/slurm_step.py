@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         print("regen slurm step: SLURM_JOB_ID is not set: this runs inside a Slurm job step (srun), started by "
               "`regen start` with [slurm]", file=sys.stderr)
         return EXIT_NOT_IN_SLURM
+    if os.environ.get("SLURM_NNODES", "1") != "1":
+        print(f"regen slurm step: this job has {os.environ['SLURM_NNODES']} nodes; regen launches servers of one "
+              "node each (a server across nodes is not launched yet)", file=sys.stderr)
+        return EXIT_NOT_IN_SLURM
     work_dir = Path(args.work_dir)
     here = job_dir(work_dir, args.group, job_id)
     here.mkdir(parents=True, exist_ok=True)

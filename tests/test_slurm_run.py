@@ -154,8 +154,9 @@ def test_a_job_at_its_time_limit_hands_over_to_the_next_allocation(tmp_path, tin
                                                                    renderer_for):
     """--time=1 with handover_s = 30: half-way the servers are drained and the next job is queued behind the first
     (afterany); Slurm ends the first at its limit (TIMEOUT, ~60-90 s here) and the run goes on in the second."""
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=100, nodes=1, time_limit="1", handover_s=30,
-                       sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "2"))
+    # ~215 samples at ~6/s: most in the first job's 30 s, the rest in the next job's
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=150, nodes=1, time_limit="1", handover_s=30,
+                       sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "4"))
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
     first = wait_for(lambda: (lambda h: h["job"] if h and h["state"] == "up" else None)(host_of(run_dir, "regen-0")),

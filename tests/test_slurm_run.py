@@ -13,6 +13,7 @@ import pytest
 from engine.config import Router, Slurm, config_from_dict, dump_toml
 from tests.slurm_fixtures import require_slurm, start_slurm
 from tests.sshd_fixtures import free_port
+from tests.waiting import wait_until
 from tests.test_engine_run import (ctl, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
                                    supervisors, wait_for)
 
@@ -187,3 +188,42 @@ def test_status_says_each_groups_job_as_squeue_does():
     hosts = RunStatus.from_dict({"run_dir": "/r", "state": "running", "hosts": [running, doc]}).hosts
     assert [job_text(h) for h in hosts] == ["job 4127 RUNNING on gpu-a17, 11:41:07 left, next job 4131 queued",
                                             "job 4128 PENDING (Resources)"]
+
+
+def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_dir, slurm):
+    """The operator's commands on the login node: start (preflight with the slurm probes, then the supervisor),
+    status --json with the group's job, status's text row, stop cancelling regen's job."""
+    from tests.test_multihost import regen_cli
+
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1,
+                       sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "4"))
+    run_toml = tmp_path / "slurm-run.toml"
+    run_toml.write_text(dump_toml(cfg))
+    run_dir = str(tmp_path / "run")
+    started = regen_cli("start", "local", "--config", str(run_toml), timeout=240)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "preflight passed on local" in started.stderr
+        shown = wait_until(lambda: (lambda r: json.loads(r.stdout) if r.returncode == 0 and '"RUNNING"' in r.stdout
+                                    else None)(regen_cli("status", "local", "--run-dir", run_dir, "--json")),
+                           90, "status --json with the job running")
+        job = next(h for h in shown["hosts"] if h["name"] == "regen-0")["job"]
+        assert job["state"] == "RUNNING" and job["nodes"] == "n1" and job["job_id"].isdigit()
+        text = regen_cli("status", "local", "--run-dir", run_dir)
+        assert f"job {job['job_id']} RUNNING on n1" in text.stdout, text.stdout
+    finally:
+        stopped = regen_cli("stop", "local", "--run-dir", run_dir)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: not slurm.run("squeue", "-h", "-o", "%i").stdout.strip(), 30, "regen's job cancelled")
+
+
+def test_start_refuses_servers_across_nodes_before_anything_starts(tmp_path, capsys):
+    from console.cli import main as cli_main
+
+    run_toml = tmp_path / "run.toml"
+    run_toml.write_text(f'run_dir = "{tmp_path / "run"}"\nmodel = "/m"\nprompts = ["p.jsonl"]\n[workers]\ntp_size = 16\n'
+                        '[slurm]\npartition = "gpu"\nnodes = 2\n')
+    assert cli_main(["start", "local", "--config", str(run_toml)]) == 1
+    err = capsys.readouterr().err
+    assert "each server spans 2 nodes (tp_size 16 > slurm.gpus_per_node 8)" in err and "nothing was started" in err
+    assert not (tmp_path / "run").exists()

@@ -21,9 +21,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
-def cluster2(tmp_path, monkeypatch):
+def cluster2(request, tmp_path, monkeypatch):
+    """Two nodes (or `request.param` nodes, through indirect parametrization), each a network namespace."""
     require_slurm()
-    cluster = start_slurm(tmp_path / "slurm", 2)
+    cluster = start_slurm(tmp_path / "slurm", getattr(request, "param", 2))
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     try:
         yield cluster
@@ -44,16 +45,17 @@ def slurm_config(tmp_path, tiny_model_dir, *, prompts: int, sim: tuple = (), **s
     return config_from_dict(doc)
 
 
-def test_a_run_across_two_slurm_nodes_every_sample_once(tmp_path, tiny_model_dir, cluster2, supervisors,
-                                                        renderer_for):
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=120, extra_args=("--exclusive",))  # one job per node
+@pytest.mark.parametrize("cluster2", [2, 3], indirect=True, ids=["2-nodes", "3-nodes"])
+def test_a_run_across_slurm_nodes_every_sample_once(tmp_path, tiny_model_dir, cluster2, supervisors, renderer_for):
+    n = len(cluster2.nodes)
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=120, nodes=n, extra_args=("--exclusive",))  # a job a node
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
-    st = wait_for(lambda: (lambda s: s if s and len((s.get("router") or {}).get("members", [])) == 4 else None)(
-        status(run_dir)), 120, "four servers (two per node) in the router", sup)
+    st = wait_for(lambda: (lambda s: s if s and len((s.get("router") or {}).get("members", [])) == 2 * n else None)(
+        status(run_dir)), 120, "two servers per node in the router", sup)
     jobs = {h["name"]: h["job"] for h in st["hosts"]}
-    assert set(jobs) == {"regen-0", "regen-1"} and {j["state"] for j in jobs.values()} == {"RUNNING"}
-    assert sorted(j["nodes"] for j in jobs.values()) == ["n1", "n2"]
+    assert set(jobs) == {f"regen-{g}" for g in range(n)} and {j["state"] for j in jobs.values()} == {"RUNNING"}
+    assert sorted(j["nodes"] for j in jobs.values()) == [f"n{i}" for i in range(1, n + 1)]
     assert sup.wait(180) == 0, sup.log_text()[-4000:]
     rows = read_rows(run_dir)
     expected, _ = expected_samples(cfg, renderer_for(cfg))

@@ -103,3 +103,14 @@ async def cancel(job_ids: list[str]) -> str:
         return ""
     rc, out, err = await run(["scancel", *job_ids])
     return "" if rc == 0 else f"scancel {' '.join(job_ids)} (exit {rc}): {err.strip()}"
+
+
+async def cancel_leftovers(jobs_file: Path) -> tuple[list[str], str]:
+    """The jobs regen submitted for this run that still run or wait (a supervisor killed before it could cancel
+    them): a new supervisor takes the run over, so they are cancelled (their servers hold the nodes' ports).
+    Returns the ids cancelled and what scancel said if it complained."""
+    live = []
+    for job_id in dict.fromkeys(submitted(jobs_file)):
+        if (await state(job_id)).active:
+            live.append(job_id)
+    return live, await cancel(live)

@@ -5,9 +5,12 @@ cancels what regen submitted and nothing else."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import tomllib
 
+import psutil
 import pytest
 
 from engine.config import Router, Slurm, config_from_dict, dump_toml
@@ -213,6 +216,18 @@ def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_
         assert job["state"] == "RUNNING" and job["nodes"] == "n1" and job["job_id"].isdigit()
         text = regen_cli("status", "local", "--run-dir", run_dir)
         assert f"job {job['job_id']} RUNNING on n1" in text.stdout, text.stdout
+        # a supervisor killed outright leaves its job; the next start takes the run over and cancels it
+        pid = int((tmp_path / "run" / "supervisor.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not psutil.pid_exists(pid), 10, "it to be gone")
+        assert job["job_id"] in slurm.run("squeue", "-h", "-o", "%i").stdout.split()
+        again = regen_cli("start", "local", "--config", str(run_toml), timeout=240)
+        assert again.returncode == 0, again.stderr
+        wait_until(lambda: job["job_id"] not in slurm.run("squeue", "-h", "-o", "%i").stdout.split(), 30,
+                   "the left job cancelled")
+        said = wait_until(lambda: next((json.loads(line) for line in (tmp_path / "run" / "telemetry.jsonl").read_text()
+                                        .splitlines() if "an earlier supervisor" in line), None), 30, "the alert")
+        assert said["text"] == f"cancelled 1 slurm job(s) an earlier supervisor of this run left running: {job['job_id']}"
     finally:
         stopped = regen_cli("stop", "local", "--run-dir", run_dir)
     assert stopped.returncode == 0, stopped.stderr

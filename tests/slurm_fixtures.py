@@ -136,11 +136,16 @@ class SlurmCluster:
                 proc.kill()
                 proc.wait(timeout=5)
         # job steps a slurmd started (slurmstepd and below) outlive a stopped slurmd
-        for p in tree + _orphans(self.root, self.conf):
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                continue
+        # twice: a slurmstepd still reporting to the stopped controller can appear after the first look
+        for sweep in (tree + _orphans(self.root, self.conf), None):
+            if sweep is None:
+                time.sleep(0.5)  # kept: the second look waits for a step daemon forking away from slurmd
+                sweep = _orphans(self.root, self.conf)
+            for p in sweep:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    continue
         self.processes.clear()
         for node in self.nodes:
             if node.netns:
@@ -164,7 +169,8 @@ def _orphans(root: Path, conf: Path) -> list[psutil.Process]:
             continue
         try:
             if any(str(root) in part for part in (p.info["cmdline"] or [])) or \
-                    p.environ().get("SLURM_CONF") == str(conf):
+                    p.environ().get("SLURM_CONF") == str(conf) or \
+                    (p.name() == "slurmstepd" and any(str(root) in f.path for f in p.open_files())):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -60,10 +60,18 @@ def _default_text(prop: dict[str, Any]) -> str:
     return f"`{value}`"
 
 
+def _section_ref(prop: dict[str, Any]) -> str | None:
+    """The $ref of a section: a table, an array of tables, or an optional table (`[slurm]`)."""
+    for p in (prop, prop.get("items", {}), *prop.get("anyOf", [])):
+        if "$ref" in p:
+            return p["$ref"]
+    return None
+
+
 def _table(model, schema: dict[str, Any], defs: dict[str, Any]) -> list[str]:
     lines = ["| key | type | default | range | meaning |", "|---|---|---|---|---|"]
     for key, prop in schema["properties"].items():
-        if "$ref" in prop or (prop.get("type") == "array" and "$ref" in prop.get("items", {})):
+        if _section_ref(prop):
             continue  # a section: its own table
         meaning = (prop.get("description") or "").replace("\n", " ").replace("|", "\\|")
         lines.append(f"| `{key}` | {_type_text(prop, defs)} | {_default_text(prop)} | {_range_text(prop)} | "
@@ -81,7 +89,7 @@ def config_reference() -> str:
            "editors.", "", "## Top level", ""]
     out += _table(RunConfig, schema, defs)
     for key, prop in schema["properties"].items():
-        ref = prop.get("$ref") or prop.get("items", {}).get("$ref")
+        ref = _section_ref(prop)
         if not ref:
             continue
         name = ref.rsplit("/", 1)[1]

@@ -22,10 +22,10 @@ from engine.config_schema import (DEFAULT_LAUNCH, DETERMINISTIC_FLAG, NOTIFY_FOR
                                   TURNS_AFTER_CUT, Alerts,
                                   Brake, Dispatch, Host, Metrics, NotifyConfig, PlanAssumptions, Router, RunConfig,
                                   Runaway,
-                                  Sampling, Store, Workers, host_workers, launch_words, redact_url)
+                                  Sampling, Slurm, Store, Workers, host_workers, launch_words, redact_url)
 
 __all__ = ["ConfigError", "ConfigIssue", "RunConfig", "Sampling", "Workers", "Dispatch", "Alerts", "Runaway", "Brake",
-           "Store", "PlanAssumptions", "NotifyConfig", "Metrics", "Host", "Router", "load_config", "config_from_dict",
+           "Store", "PlanAssumptions", "NotifyConfig", "Metrics", "Host", "Router", "Slurm", "load_config", "config_from_dict",
            "dump_toml", "toml_value", "changed_content_fields", "host_workers", "launch_words",
            "redact_url", "with_model_defaults", "SamplingSource", "EffectiveSampling", "MODEL_SAMPLING_KEYS",
            "DEFAULT_LAUNCH", "DETERMINISTIC_FLAG", "NOTIFY_FORMATS", "PROMPT_FORMATS", "ROUTER_LINKS", "ROUTER_POLICIES",

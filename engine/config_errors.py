@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 # a union member's tag in an error's location (Real is int | float): not a key
-_UNION_TAGS = {"int", "float", "constrained-int", "constrained-float", "function-after[check(), int]",
+_UNION_TAGS = {"int", "float", "str", "constrained-int", "constrained-float", "function-after[check(), int]",
                "function-after[check(), float]"}
 _EXPECTED = {"int_type": "an integer", "int_from_float": "a whole number", "float_type": "a number",
              "bool_type": "true or false", "string_type": "a string in double quotes",
@@ -76,7 +76,7 @@ def key_path(loc: tuple[Any, ...]) -> str:
 
 
 _SECTIONS = {"sampling", "workers", "dispatch", "alerts", "plan", "store", "runaway", "brake", "router", "notify",
-             "metrics", "hosts"}
+             "metrics", "hosts", "slurm"}
 
 
 def issues_of(exc: ValidationError, data: dict[str, Any]) -> list[ConfigIssue]:
@@ -134,8 +134,16 @@ def _walk(loc: tuple[Any, ...]) -> tuple[Any, Any]:
         if not fields or part not in fields:
             return None, None
         field = fields[part]
-        model = Host if part == "hosts" else field.annotation
+        model = Host if part == "hosts" else _section_type(field.annotation)
     return model, field
+
+
+def _section_type(annotation: Any) -> Any:
+    """A section's model, also where the section is optional (`[slurm]`: Slurm | None)."""
+    for arg in getattr(annotation, "__args__", ()):
+        if hasattr(arg, "model_fields"):
+            return arg
+    return annotation
 
 
 def _field(loc: tuple[Any, ...]):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import urllib.parse
 from typing import Annotated, Any, Literal
@@ -464,6 +465,87 @@ class Router(Section):
     """A host whose workers cannot be reached this long is lost."""
 
 
+_TIME_LIMIT = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's --time format in seconds: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (ValueError otherwise)."""
+    m = _TIME_LIMIT.match(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a Slurm time limit: write minutes (\"240\"), \"H:MM:SS\" (\"4:00:00\") or "
+                         "\"D-HH:MM:SS\" (\"1-00:00:00\")")
+    d, dh, dm, ds, m1, m2, m3 = (int(g) if g else None for g in m.groups())
+    if d is not None:
+        seconds = d * 86400 + dh * 3600 + (dm or 0) * 60 + (ds or 0)
+    elif m3 is not None:  # H:M:S
+        seconds = m1 * 3600 + m2 * 60 + m3
+    else:  # M or M:S
+        seconds = m1 * 60 + (m2 or 0)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is no time at all: give the allocation a time limit above 0")
+    return seconds
+
+
+def _time_limit(text: str) -> str:
+    time_limit_seconds(text)
+    return text
+
+
+def _node_count(value: Any) -> Any:
+    if isinstance(value, str):
+        low, sep, high = value.partition("-")
+        if not (sep and low.isdigit() and high.isdigit()):
+            raise ValueError(f"{value!r} is neither a node count (2) nor a range (\"2-4\")")
+        if not 1 <= int(low) <= int(high):
+            raise ValueError(f"{value!r}: a range goes from at least 1 up, e.g. \"2-4\"")
+    return value
+
+
+class Slurm(Section):
+    """[slurm]: the servers run on nodes a Slurm cluster allocates, not on [[hosts]]. `regen start` (on the login
+    node) submits one job per server group (one node, or the nodes one server spans) with sbatch; each job runs
+    regen's host agent on its nodes as a job step (srun); the supervisor and the router stay where `regen start`
+    ran and reach the servers over the cluster network. `regen plan` prints the exact sbatch and srun lines."""
+    partition: Annotated[StrictStr, Field(min_length=1)]
+    """The partition (sbatch --partition) whose nodes have the GPUs."""
+    account: StrictStr | None = None
+    """The account charged (sbatch --account); unset: the user's default."""
+    qos: StrictStr | None = None
+    """The quality of service (sbatch --qos); unset: the account's default."""
+    nodes: Annotated[Int(1) | StrictStr, AfterValidator(_node_count)] = 1
+    """Nodes of the run: a count (2), or a range ("2-4": regen submits for the most and the plan counts on the
+    fewest)."""
+    gpus_per_node: Int(1, 64) = 8
+    """GPUs asked of each node (sbatch --gres=gpu:N); [workers] tp_size of them make one server, or a server with
+    tp_size above it spans tp_size / gpus_per_node nodes."""
+    time_limit: Annotated[StrictStr, AfterValidator(_time_limit)] = "4:00:00"
+    """Each allocation's time limit (sbatch --time), in Slurm's format: "240", "4:00:00", "1-00:00:00". A run
+    longer than it goes on in the next allocation."""
+    handover_s: Int(30) = 300
+    """Seconds before the time limit at which regen drains the job's servers (requests in flight finish) and queues
+    the next allocation, which takes over (read from squeue's time left)."""
+    constraint: StrictStr | None = None
+    """Node features required (sbatch --constraint), e.g. "h100&ib"."""
+    job_name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "regen"
+    """The jobs' name prefix in squeue; job i is <job_name>-<i>."""
+    extra_args: StrList = ()
+    """Extra sbatch arguments, one item per word, e.g. ["--exclusive", "--mem=0"]."""
+    work_dir: StrictStr | None = None
+    """Where the nodes' host agents keep their engine copy and logs (a filesystem the nodes share with the login
+    node); default: <run_dir>/slurm."""
+
+    @property
+    def time_limit_s(self) -> int:
+        return time_limit_seconds(self.time_limit)
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        if isinstance(self.nodes, int):
+            return self.nodes, self.nodes
+        low, _, high = self.nodes.partition("-")
+        return int(low), int(high)
+
+
 class RunConfig(Section):
     """run.toml: one run of regeneration. The content fields (model, tokenizer, prompts, prompt_format, turns,
     enable_thinking, shard_size, [sampling]) decide what the shards contain; a run dir with committed samples is
@@ -503,6 +585,8 @@ class RunConfig(Section):
     hosts: Annotated[tuple[Host, ...], Field(strict=False)] = ()
     """[[hosts]]: GPU hosts of a multi-host run; empty: one host, the supervisor's own ([workers])."""
     router: Router = Field(default_factory=Router)
+    slurm: Slurm | None = None
+    """[slurm]: the servers' nodes come from a Slurm cluster (exclusive with [[hosts]])."""
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
     metrics: Metrics = Field(default_factory=Metrics)
     _source_path: str | None = PrivateAttr(default=None)  # where it was loaded from (not part of the content)
@@ -543,9 +627,21 @@ class RunConfig(Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="python")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_node_gpus(cls, data: Any) -> Any:
+        """With [slurm], [workers] gpus are one node's (or one spanning server's): derived, not written."""
+        if isinstance(data, dict) and isinstance(data.get("slurm"), dict) and isinstance(data.get("workers", {}), dict):
+            workers = dict(data.get("workers", {}))
+            tp, gpn = workers.get("tp_size", 1), data["slurm"].get("gpus_per_node", 8)
+            if "gpus" not in workers and type(tp) is int and type(gpn) is int and tp > 0 and gpn > 0:
+                workers["gpus"] = list(range(tp if tp > gpn else gpn - gpn % tp))
+                data = {**data, "workers": workers}
+        return data
+
     @model_validator(mode="after")
     def _rules_between_sections(self) -> RunConfig:
-        problems = brake_over_alerts(self) + seed_needs_flag(self) + hosts_rules(self)
+        problems = brake_over_alerts(self) + seed_needs_flag(self) + hosts_rules(self) + slurm_rules(self)
         if "notify" in self.model_fields_set and not self.notify.enabled:
             problems.append(("[notify]", 'has neither url nor command: set url = "https://..." (a webhook) and/or '
                                          'command = ["/path/to/program", "arg"], or remove [notify]'))
@@ -621,3 +717,37 @@ def host_workers(cfg: RunConfig, host: Host) -> Workers:
     return cfg.workers.model_copy(update=dict(
         gpus=host.gpus, tp_size=host.tp_size or cfg.workers.tp_size,
         base_port=host.base_port or cfg.workers.base_port, host=bind))
+
+
+def slurm_rules(cfg: RunConfig) -> list[tuple[str, str]]:
+    """[slurm] places the servers itself: not with [[hosts]] or [workers] gpus; tp_size and gpus_per_node must tile
+    whole nodes. (router.link does not apply: the router reaches the nodes' servers over the cluster network.)"""
+    s = cfg.slurm
+    if s is None:
+        return []
+    out = []
+    if cfg.hosts:
+        out.append(("[slurm]", "and [[hosts]] both place the servers: keep [slurm] (nodes from the cluster) or "
+                               "[[hosts]] (hosts reached over SSH), not both"))
+    tp, gpn = cfg.workers.tp_size, s.gpus_per_node
+    if cfg.workers.gpus != tuple(range(tp if tp > gpn else gpn - gpn % tp)):
+        out.append(("[workers] gpus", f"is not used with [slurm]: each node's GPUs are the {s.gpus_per_node} Slurm "
+                                      "gives it (slurm.gpus_per_node); remove [workers] gpus"))
+    if tp <= gpn and gpn % tp:
+        out.append(("[workers] tp_size", f"{tp} does not divide slurm.gpus_per_node = {gpn}: {gpn % tp} GPU(s) of "
+                                         f"each node would idle; use a tp_size that divides {gpn}"))
+    if tp > gpn:
+        if tp % gpn:
+            out.append(("[workers] tp_size", f"{tp} is above slurm.gpus_per_node = {gpn} but not a multiple of it: "
+                                             "a server spanning nodes takes whole nodes"))
+        else:
+            span = tp // gpn
+            low, high = s.node_range
+            for which, n in (("", low),) if low == high else (("the fewest ", low), ("the most ", high)):
+                if n % span:
+                    out.append(("[slurm] nodes", f"{which}{n} is not a multiple of {span}, the nodes one server "
+                                                 f"spans (tp_size {tp} / gpus_per_node {gpn})"))
+    if s.handover_s >= s.time_limit_s:
+        out.append(("[slurm] handover_s", f"{s.handover_s} is not below time_limit = {s.time_limit} "
+                                          f"({s.time_limit_s} s): the servers would be drained before they start"))
+    return out

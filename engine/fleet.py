@@ -59,6 +59,12 @@ class Fleet:
                 link = HostLink(cfg, host, engine_root=engine_root, session=session, emit=emit, forward_base=forward)
                 forward += len(link.specs)
                 self.links.append(link)
+        if cfg.slurm is not None:
+            from engine.slurm_link import SlurmLink
+            from engine.slurm_plan import layout_of
+
+            self.links += [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit)
+                           for g in range(layout_of(cfg).groups)]
         self.workers = list(self.local_workers) + [m for link in self.links for m in link.members]
         self.endpoint.members = self.workers
         for w in self.workers:
@@ -77,10 +83,25 @@ class Fleet:
             self.emit(AlertEvent(severity="critical", text="the router could not be started", evidence=str(exc),
                                  key="router-start"))
             raise
+        if self.cfg.slurm is not None:
+            await self._cancel_leftover_jobs()
         for w in self.local_workers:
             w.start()
         for link in self.links:
             link.start()
+
+    async def _cancel_leftover_jobs(self) -> None:
+        from engine import slurm_jobs
+        from engine.slurm_plan import slurm_work_dir
+
+        try:
+            ids, said = await slurm_jobs.cancel_leftovers(Path(slurm_work_dir(self.cfg)) / slurm_jobs.JOBS_FILE)
+        except slurm_jobs.SlurmError as exc:
+            ids, said = [], str(exc)
+        if ids or said:
+            self.emit(AlertEvent(severity="warning", text=f"cancelled {len(ids)} slurm job(s) an earlier supervisor of "
+                                 f"this run left running: {', '.join(ids) or '-'}", evidence=said or "scancel " +
+                                 " ".join(ids), key="slurm-leftovers"))
 
     async def stop(self) -> None:
         if self._stopped:

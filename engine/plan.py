@@ -28,6 +28,7 @@ from engine.run.brake import BrakePlan, plan_of
 from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
 from engine.pilot import PilotError, PilotResult, run_pilot
 from engine.run.committer import CHAIN_COMMIT_S
+from engine.slurm_plan import SlurmPlan, layout_of, plan_slurm
 from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 
 SCHEMA = "regen.plan/1"
@@ -145,6 +146,7 @@ class Plan:
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> {value, source}
     sampling_note: str = ""
     turns_after_cut: CutPolicyProjection | None = None
+    slurm: SlurmPlan | None = None  # with [slurm]: the jobs regen submits and the allocations the run needs
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -320,8 +322,9 @@ def _free_space(run_dir: str) -> tuple[int | None, str]:
 def project(cfg: RunConfig, shard_plan: ShardPlan, prompt: PromptTokens, pilot: PilotResult | None,
             disk_model: DiskModel) -> Projection:
     a = cfg.plan
-    groups = cfg.workers.groups()
-    n_workers, tp = len(groups), cfg.workers.tp_size
+    n_workers, tp = len(cfg.workers.groups()), cfg.workers.tp_size
+    if cfg.slurm is not None:  # the servers of the fewest nodes Slurm may give, not [workers] gpus
+        n_workers = layout_of(cfg).servers_counted
     if pilot:
         out = Range(pilot.output_mean, pilot.output_mean_ci[0], pilot.output_mean_ci[1],
                     f"pilot: mean of {pilot.prompts} outputs, bootstrap 95% CI")
@@ -477,6 +480,10 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
     notes: list[str] = []
     result = None
     outputs = None
+    if pilot and cfg.slurm is not None:
+        raise PlanError("--pilot with [slurm] is not supported: the pilot starts servers where `regen plan` runs, "
+                        "and a login node has no GPUs; plan without --pilot (the [plan] assumptions), or pilot "
+                        "the same model on a GPU node with [workers] alone")
     if pilot:
         def prompts_for(k: int) -> list[tuple[Conversation, int, list[int]]]:
             if k <= len(rendered):
@@ -498,7 +505,8 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
     guard = project_guard(cfg, projection, outputs if result is not None else None, result)
     return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
                 runaway=guard, brake=plan_of(cfg), sampling=effective.as_dict(), sampling_note=effective.note,
-                turns_after_cut=project_cut_policy(cfg, shard_plan, projection, result))
+                turns_after_cut=project_cut_policy(cfg, shard_plan, projection, result),
+                slurm=None if cfg.slurm is None else plan_slurm(cfg, projection.wall_hours.high * 3600))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -172,7 +172,7 @@ class Supervisor:
             log.warning("%s (GPU readings will show N/A)", self.gpu.init_error)
         if not early:
             self.session = client_session()
-        if not self.gpu.available and not self.cfg.hosts and is_rehearsal(self.cfg.workers.launch):
+        if not self.gpu.available and not self._placed() and is_rehearsal(self.cfg.workers.launch):
             # a rehearsal: the simulators' modelled GPUs stand in, named as simulated
             self.sim_gpus = SimGpuReader(self.session, lambda: self.workers)
         try:
@@ -180,7 +180,7 @@ class Supervisor:
             self.committer = Committer(self.store, self.ledger, self.emit, max_rows=store_cfg.part_max_rows,
                                        max_age_s=store_cfg.part_max_age_s, disk_ok=self.watch.disk_ok_for_commit)
             self.compactor = Compactor(self.store, self.ledger, self.emit, disk_ok=self.watch.disk_ok_for_commit)
-            targets = self._fleet_targets() if self.cfg.hosts else self._local_targets(early)
+            targets = self._fleet_targets() if self._placed() else self._local_targets(early)
             self.dispatcher = Dispatcher(self.cfg, self.ledger, targets, self._deliver, self.renderer, self.session,
                                          self.emit)
             for w in targets:
@@ -220,12 +220,16 @@ class Supervisor:
             self.feed.close()
             await self.session.close()
 
+    def _placed(self) -> bool:
+        """The servers are placed elsewhere ([[hosts]] over SSH, or [slurm] jobs) behind a router."""
+        return bool(self.cfg.hosts) or self.cfg.slurm is not None
+
     # -- topologies: local workers (one server per GPU group) or a fleet of hosts behind a router ---------
     def _launch_early(self) -> bool:
         """Local servers are launched before the inputs are opened: they load (minutes for SGLang, ~1.5 s for
         the simulator) while the tokenizer loads and the prompts are counted, instead of after. Not when the
         store says every sample is settled (a start with nothing to do launches nothing)."""
-        if self.cfg.hosts or self._looks_finished():
+        if self._placed() or self._looks_finished():
             return False
         self.session = client_session()
         self.workers = self._make_workers()
@@ -255,7 +259,7 @@ class Supervisor:
     async def _launch(self, early: bool) -> None:
         if self.fleet is not None:
             await self.fleet.start()
-            self.startup.ok("workers", f"router up; {len(self.workers)} servers on {len(self.cfg.hosts)} hosts"
+            self.startup.ok("workers", f"router up; {len(self.workers)} servers on {len(self.fleet.links) or len(self.cfg.hosts)} hosts"
                                        " launching")
         elif early:
             for w in self.workers:

@@ -115,6 +115,16 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name
     return rank_argv(argv, spec.rank) if spec.rank else argv
 
 
+SLURM_GPUS_VAR = "REGEN_SLURM_GPUS"  # set by engine.slurm_step: the GPU ids Slurm gave the job step on this node
+
+
+def visible_gpus(gpus: tuple[int, ...]) -> list[str]:
+    """CUDA_VISIBLE_DEVICES of a server: its GPU indices, or, in a Slurm job step, the ids Slurm gave the step at
+    those positions (names stay <host>.gpu0-1 whichever GPUs of the node the job got)."""
+    given = [g for g in os.environ.get(SLURM_GPUS_VAR, "").split(",") if g]
+    return [given[g] if g < len(given) else str(g) for g in gpus]
+
+
 def die_with_parent() -> None:
     """preexec_fn: SIGKILL the server when the supervisor dies (Linux prctl PR_SET_PDEATHSIG), so a
     killed supervisor does not leave servers holding GPUs and ports. Elsewhere the pid-file reaping
@@ -538,7 +548,7 @@ class Worker:
                 argv.append(self._stream_flag.flag)
         name = operator_served_name(argv) or ours
         env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus(self.spec.gpus))
         env.update(self.cfg.workers.env)
         if env.get(PROMETHEUS_DIR_VAR):
             env[PROMETHEUS_DIR_VAR] = str(own_prometheus_dir(self.log_path.parent))

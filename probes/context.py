@@ -28,6 +28,23 @@ def is_rehearsal(launch: str | None) -> bool:
 
 
 @dataclass(frozen=True)
+class SlurmAsk:
+    """What a [slurm] run asks of the cluster, as the slurm.* probes check it from the login node."""
+    partition: str
+    gpus_per_node: int
+    nodes: int  # the fewest nodes the run counts on
+    nodes_per_job: int
+    time_limit: str  # as written (Slurm's format)
+    time_limit_s: int
+    handover_s: int
+    ready_timeout_s: float  # how long a server may take to load ([workers])
+    test_command: str  # the exact `sbatch --test-only ...` of the run's first job
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+
+
+@dataclass(frozen=True)
 class ProbeContext:
     python: str = "python3"  # the host interpreter (run config `host_python`)
     has_config: bool = False
@@ -61,6 +78,7 @@ class ProbeContext:
     # [sampling] keys run.toml leaves out that the host fills from the model's generation_config.json at the start:
     # a stored content field that differs only there is the model's value, not a change the operator made
     sampling_from_model: tuple[str, ...] = ()
+    slurm: SlurmAsk | None = None  # [slurm]: what the run asks of the cluster (None: no Slurm)
 
     @property
     def seed_honoured_by_launch(self) -> bool:

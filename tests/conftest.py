@@ -53,3 +53,6 @@ try:  # the SSH fixtures module is optional while it is being built
 except ModuleNotFoundError as exc:
     if exc.name != "tests.sshd_fixtures":
         raise
+
+
+from tests.slurm_fixtures import slurm  # noqa: E402,F401  (the real Slurm cluster fixture)

@@ -24,7 +24,7 @@ from tests.test_cli_run import regen
 BASE: dict[str, Any] = {"run_dir": "/nonexistent/regen-run", "model": "/nonexistent/model",
                         "prompts": ["/nonexistent/prompts/*.jsonl"]}
 SECTIONS = ("sampling", "workers", "dispatch", "alerts", "plan", "store", "runaway", "brake", "router", "notify",
-            "metrics")
+            "metrics", "slurm")
 
 
 def to_toml(doc: dict[str, Any]) -> str:
@@ -79,9 +79,11 @@ def _cases() -> list[tuple[str, str, Any, str]]:
             cases.append(("", key, value, kind))
     for section in SECTIONS + ("hosts",):
         ref = schema["properties"][section]
-        name = (ref.get("items") or ref)["$ref"].rsplit("/", 1)[1] if section == "hosts" else ref["$ref"].rsplit("/", 1)[1]
+        name = next(r["$ref"] for r in (ref, ref.get("items", {}), *ref.get("anyOf", [])) if "$ref" in r).rsplit("/", 1)[1]
         for key, prop in defs[name]["properties"].items():
             for kind, value in _wrong_values(prop):
+                if (section, key, kind) == ("slurm", "nodes", "number for a string"):
+                    continue  # nodes is a count, or a range as a string
                 cases.append((section, key, value, kind))
         cases.append((section, "no_such_key", 1, "unknown key"))
     cases.append(("", "no_such_key", 1, "unknown key"))
@@ -100,6 +102,8 @@ def doc_with(section: str, key: str, value: Any) -> dict[str, Any]:
     else:
         if section == "notify" and key not in ("url", "command"):
             doc[section] = {"url": "https://ntfy.sh/x"}
+        if section == "slurm" and key != "partition":
+            doc[section] = {"partition": "gpu"}
         doc.setdefault(section, {})[key] = value
     return doc
 

@@ -230,8 +230,28 @@ def render(d: dict[str, Any], console: Console) -> None:
                       "or measure with --pilot N)")
     if d.get("brake"):
         console.print(brake_line(d["brake"]))
+    if d.get("slurm"):
+        slurm_lines(d["slurm"], console)
     for note in d.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def slurm_lines(s: dict[str, Any], console: Console) -> None:
+    """The jobs regen submits, word for word, and how many allocations in a row each needs."""
+    console.print(Text(f"slurm: {s['layout']}", style="bold"), soft_wrap=True)
+    limit = f"time limit {_hours(s['time_limit_s'] / 3600)} h, hand-over {s['handover_s']} s before it"
+    if s["allocations"] is None:
+        console.print(f"  {limit}", soft_wrap=True)
+    else:
+        console.print(f"  {limit}: the run ({_hours(s['projected_wall_s'] / 3600)} h at the projection's high end) "
+                      f"needs {s['allocations']} allocation(s) per job in a row, {s['allocations'] * s['groups']} "
+                      "sbatch submissions in all (each next one queued before the last one's time is up)", soft_wrap=True)
+    console.print("  regen start submits, one job per server group:")
+    for line in s["sbatch"]:
+        console.print(Text("    " + line), soft_wrap=True)
+    console.print("  each job's step (the --wrap above), on every node of its group:")
+    for line in s["srun"]:
+        console.print(Text("    " + line), soft_wrap=True)
 
 
 def cut_policy_line(c: dict[str, Any]) -> Text:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 import time
 
@@ -26,7 +27,7 @@ from console.hints import typed_again
 from console.ssh_options import add_ssh_options
 from engine.config import MODEL_SAMPLING_KEYS, ConfigError, RunConfig, load_config
 from probes.catalog import PROBE_IDS, UnknownProbe, probes_for
-from probes.context import GIB, ProbeContext
+from probes.context import GIB, ProbeContext, SlurmAsk
 from probes.model import ProbeReport
 from probes.render import render_report
 from probes.runner import ConnectFailure, run_probes
@@ -44,8 +45,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "instead of each probe's own")
 
 
+def slurm_ask(cfg: RunConfig) -> SlurmAsk | None:
+    """What the run asks of the Slurm cluster, with the exact `sbatch --test-only` of its first job."""
+    if cfg.slurm is None:
+        return None
+    from engine.slurm_plan import layout_of, sbatch_argv
+
+    s, layout = cfg.slurm, layout_of(cfg)
+    return SlurmAsk(partition=s.partition, gpus_per_node=s.gpus_per_node, nodes=layout.nodes_low,
+                    nodes_per_job=layout.nodes_per_group, time_limit=s.time_limit, time_limit_s=s.time_limit_s,
+                    handover_s=s.handover_s, ready_timeout_s=float(cfg.workers.ready_timeout_s),
+                    test_command=shlex.join(sbatch_argv(cfg, 0, test_only=True)), account=s.account, qos=s.qos,
+                    constraint=s.constraint)
+
+
 def context_from_config(cfg: RunConfig) -> ProbeContext:
-    gpus = tuple(cfg.workers.gpus)
+    # with [slurm] HOST is the login node: no GPUs of its own, the router runs there
+    gpus = () if cfg.slurm is not None else tuple(cfg.workers.gpus)
     return ProbeContext(
         python=cfg.host_python, has_config=True, config_path=cfg.source_path, run_dir=cfg.run_dir, model=cfg.model,
         tokenizer=cfg.tokenizer_path, prompts=tuple(cfg.prompts), prompt_format=cfg.prompt_format, turns=cfg.turns,
@@ -55,6 +71,8 @@ def context_from_config(cfg: RunConfig) -> ProbeContext:
         content_hash=cfg.content_hash(), content_fields=cfg.content_fields(), launch=cfg.workers.launch,
         launch_args=tuple(cfg.workers.extra_args), sampling_seed=cfg.sampling.seed,
         sampling_from_model=tuple(k for k in MODEL_SAMPLING_KEYS if k not in cfg.sampling.model_fields_set),
+        slurm=slurm_ask(cfg),
+        router_python=(cfg.router.python or cfg.host_python) if cfg.slurm is not None else None,
     )
 
 
@@ -92,6 +110,7 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
 
 
 DISPATCH_PROBES = {"prompts", "disk.run_dir", "run_dir.resume", "router.package", "model.dir"}
+SLURM_PROBES = {"slurm"}
 GPU_HOST_PROBES = {"packages", "sampling.seed", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "model.weights", "ports"}
 
 
@@ -173,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         ctx = ProbeContext()
     only = {s.strip() for s in args.only.split(",") if s.strip() and s.strip() != CONFIG_PROBE} if args.only else None
+    if args.config and cfg.slurm is not None and not only:
+        only = DISPATCH_PROBES | SLURM_PROBES  # HOST is the login node; the GPU nodes are Slurm's
     try:
         probes_for(ctx, only)
     except UnknownProbe as exc:

@@ -72,6 +72,15 @@ def run(args) -> int:
               f"{args.config}`)", file=sys.stderr)
         return EXIT_ERROR
 
+    if cfg.slurm is not None:
+        from engine.slurm_plan import layout_of
+
+        span = layout_of(cfg).nodes_per_group
+        if span > 1:
+            print(f"regen start: each server spans {span} nodes (tp_size {cfg.workers.tp_size} > slurm.gpus_per_node "
+                  f"{cfg.slurm.gpus_per_node}): `regen plan` shows those jobs, but regen does not launch servers across "
+                  "nodes yet; nothing was started. Use a tp_size of at most gpus_per_node", file=sys.stderr)
+            return EXIT_ERROR
     if args.no_preflight:
         print(f"regen start: --no-preflight: the host is not probed before the start (`"
               f"{hint_from_args(args, 'probe', '--config', args.config)}` runs the same checks)", file=sys.stderr)
@@ -134,10 +143,12 @@ def preflight_host(args, cfg) -> int | None:
     pass), else the exit code, with the report printed."""
     from rich.console import Console
 
-    from console.commands.probe import context_from_config, probe_host
+    from console.commands.probe import DISPATCH_PROBES, SLURM_PROBES, context_from_config, probe_host
     from probes.model import Status
 
     only = {p.strip() for p in args.preflight.split(",") if p.strip()} if args.preflight else None
+    if cfg.slurm is not None and not only:
+        only = DISPATCH_PROBES | SLURM_PROBES  # HOST is the login node; the GPU nodes are Slurm's
     report, reached = asyncio.run(probe_host(args.host, context_from_config(cfg), only, timeout_s=args.timeout,
                                              accept_new_command=typed_again(args, accept_new=True),
                                              **SshOptions.from_args(args).connect_kwargs()))

@@ -26,7 +26,7 @@ from console.commands.status_hardware import hardware_parts
 from console.run_client import RunClientError
 from engine.wire import duration_text
 from engine.run.brake import BrakeStatus
-from engine.run.status import RunStatus
+from engine.run.status import HostStatus, RunStatus
 from engine.telemetry_events import DispatchEvent
 
 # exit codes of `regen status` (1 and 2 are every run command's: an error reply, nothing reachable there)
@@ -249,12 +249,25 @@ def brake_text(b: BrakeStatus, host: str = "") -> Text:
     return text.append(f"\nbrake: armed, last {b.samples}/{b.window_size} samples ({judged}): {shares}", style="dim")
 
 
+def job_text(h: HostStatus) -> str:
+    """A [slurm] group's job as squeue says it: `job 12 RUNNING on n1, 9:41 left` / `job 13 PENDING (Resources)`."""
+    j = h.job
+    if j is None:
+        return ""
+    reason = f" ({j.reason})" if j.reason and j.reason != "None" else ""
+    nodes = f" on {j.nodes}" if j.nodes and j.state == "RUNNING" else ""
+    left = f", {j.time_left} left" if j.time_left and j.state == "RUNNING" else ""
+    nxt = f", next job {j.next_job} queued" if j.next_job else ""
+    return f"job {j.job_id} {j.state}{reason}{nodes}{left}{nxt}"
+
+
 def hosts_table(s: RunStatus, console: Console) -> Table:
     r = s.router
     title = ("hosts (no router)" if r is None else
              f"hosts (router {r.url} {r.policy}, {'up' if r.up else 'DOWN'}, {len(r.members)} servers in it"
              + (f", restarts {r.restarts}" if r.restarts else "") + (f": {r.error}" if r.error else "") + ")")
-    rows = [[h.name, h.address, Text(h.state, style="green" if h.state == "up" else "bold red"), str(len(h.workers)),
-             "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost), (h.error or "")[:80]]
+    rows = [[h.name, job_text(h) or h.address, Text(h.state, style="green" if h.state == "up" else "bold red"),
+             str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
+             (h.error or "")[:80]]
             for h in s.hosts or []]
     return fitted_table(console, HOST_COLUMNS, rows, title=title)

@@ -138,8 +138,19 @@ class Rejects:
 
 
 @dataclass
+class SlurmJobStatus:
+    """A [slurm] group's current job, in Slurm's words (squeue)."""
+    job_id: str
+    state: str  # PENDING, RUNNING, TIMEOUT, CANCELLED, NODE_FAIL, ...
+    reason: str = ""  # Resources, Priority, ... (pending), or why it ended
+    nodes: str = ""
+    time_left: str = ""
+    next_job: str | None = None  # queued at a hand-over before the time limit
+
+
+@dataclass
 class HostStatus:
-    """One [[hosts]] entry of a multi-host run."""
+    """One [[hosts]] entry of a multi-host run, or one [slurm] group (its job in `job`)."""
     name: str
     address: str  # "local" for the dispatch host itself
     state: str  # up | connecting | lost | drained | ... (engine.host_link); the local host is always up
@@ -148,11 +159,14 @@ class HostStatus:
     work_dir: str = ""
     joins: int | None = None  # remote hosts only: connections made, and connections lost
     lost: int | None = None
+    job: SlurmJobStatus | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if self.joins is None and self.lost is None:  # the local host has no link to count
             del d["joins"], d["lost"]
+        if self.job is None:
+            del d["job"]
         return d
 
 

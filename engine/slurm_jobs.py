@@ -1,0 +1,116 @@
+"""Slurm's commands as regen uses them: sbatch a job, read its state (squeue, then scontrol once it left the queue),
+scancel the ids regen submitted. Every call is the plain command (SLURM_CONF and PATH of the supervisor's
+environment); what Slurm says is kept word for word for the operator."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TIMEOUT_S = 30.0
+JOBS_FILE = "jobs.jsonl"  # under the slurm work dir: every job regen submitted (regen stop cancels these only)
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+class SlurmError(Exception):
+    """A Slurm command failed; the message holds the command and Slurm's words."""
+
+
+@dataclass
+class JobState:
+    job_id: str
+    state: str  # PENDING, RUNNING, TIMEOUT, CANCELLED, NODE_FAIL, PREEMPTED, COMPLETED, FAILED ... (Slurm's)
+    reason: str = ""  # Slurm's reason: Resources, Priority, None, ...
+    nodes: str = ""
+    time_left: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    def words(self) -> str:
+        """What Slurm said, as the operator would read it in squeue."""
+        reason = f" ({self.reason})" if self.reason and self.reason != "None" else ""
+        nodes = f" on {self.nodes}" if self.nodes and self.nodes != "(null)" else ""
+        return f"job {self.job_id} {self.state}{reason}{nodes}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+async def run(argv: list[str], timeout: float = TIMEOUT_S) -> tuple[int, str, str]:
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    except OSError as exc:
+        raise SlurmError(f"cannot run {argv[0]}: {exc} (is Slurm installed here, on PATH?)") from exc
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s (is slurmctld reachable?)") from None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def submit(argv: list[str], jobs_file: Path, group: int) -> str:
+    """sbatch --parsable ...: the new job's id, recorded in jobs_file before it is returned."""
+    rc, out, err = await run(argv)
+    job_id = out.strip().split(";")[0]
+    if rc != 0 or not job_id.isdigit():
+        raise SlurmError(f"sbatch refused the job (exit {rc}): {err.strip() or out.strip() or '(no output)'}")
+    jobs_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(jobs_file, "a") as f:
+        f.write(json.dumps({"job": job_id, "group": group, "ts": time.time()}) + "\n")
+    return job_id
+
+
+def submitted(jobs_file: Path) -> list[str]:
+    """Every job id regen recorded as submitted for this run."""
+    try:
+        lines = jobs_file.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(str(json.loads(line)["job"]))
+        except (ValueError, KeyError):
+            continue  # a line cut by a crash mid-write
+    return out
+
+
+async def state(job_id: str) -> JobState:
+    rc, out, err = await run(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r|%N|%L"])
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 5 and parts[0] == job_id:
+            return JobState(job_id, parts[1], parts[2], parts[3], parts[4])
+    # gone from the queue (or squeue refuses an old id): scontrol keeps it for MinJobAge
+    rc, out, err = await run(["scontrol", "show", "job", "-o", job_id])
+    fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+    if rc == 0 and "JobState" in fields:
+        return JobState(job_id, fields["JobState"], fields.get("Reason", ""), fields.get("NodeList", ""),
+                        fields.get("TimeLimit", ""))
+    return JobState(job_id, "GONE", "no longer known to slurmctld")
+
+
+async def cancel(job_ids: list[str]) -> str:
+    """scancel exactly these ids (never by name or user); Slurm's words if it complained."""
+    if not job_ids:
+        return ""
+    rc, out, err = await run(["scancel", *job_ids])
+    return "" if rc == 0 else f"scancel {' '.join(job_ids)} (exit {rc}): {err.strip()}"
+
+
+async def cancel_leftovers(jobs_file: Path) -> tuple[list[str], str]:
+    """The jobs regen submitted for this run that still run or wait (a supervisor killed before it could cancel
+    them): a new supervisor takes the run over, so they are cancelled (their servers hold the nodes' ports).
+    Returns the ids cancelled and what scancel said if it complained."""
+    live = []
+    for job_id in dict.fromkeys(submitted(jobs_file)):
+        if (await state(job_id)).active:
+            live.append(job_id)
+    return live, await cancel(live)

@@ -1,0 +1,295 @@
+"""One server group of a [slurm] run, seen from the login node: its Slurm job, and the servers the job's host agent
+runs on the node Slurm gave it.
+
+The same link as an SSH host (engine/host_link.py: identity proof, health, admission to the router, capacity,
+metrics, GPU/disk readings, loss and rejoin), with Slurm where SSH was:
+- a (re)join submits the group's job with sbatch (the exact line `regen plan` prints), unless one it submitted is
+  still queued or running, and waits while Slurm keeps it PENDING (the reason, e.g. Resources, is the host's
+  error in `regen status`); once RUNNING, the step (engine/slurm_step.py) says in node.json which node and address
+  its servers are on, and the members' URLs point there (the router reaches them over the cluster network);
+- the work dir is on a filesystem the nodes share with the login node, so "running a command on the host" (reading
+  identity records and readings) is a local command on that shared dir;
+- the job ending (TIMEOUT, CANCELLED by someone else, NODE_FAIL, PREEMPTED, a requeue) loses the host with an alert
+  in Slurm's words; its in-flight requests are re-dispatched and the next join submits a new job;
+- handover_s before the job's time limit (squeue's time left; no signal: it would reach the servers) the group's
+  servers are drained (in-flight requests finish) and the next job is queued at once; it takes over when the
+  old one ends;
+- stopping cancels the job ids this link submitted, and nothing else.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+
+from engine import slurm_jobs
+from engine.config import Host, RunConfig, dump_toml
+from engine.config_schema import time_limit_seconds
+from engine.host_link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
+from engine.run.status import HostStatus, SlurmJobStatus
+from engine.slurm_jobs import JobState, SlurmError
+from engine.slurm_plan import job_name, layout_of, sbatch_argv, slurm_work_dir
+from engine.slurm_step import NODE_FILE, group_dir, job_dir
+from engine.telemetry_events import AlertEvent
+from engine.wire import HostState
+from engine.workers import WorkerState
+
+log = logging.getLogger("regen.slurm")
+
+POLL_S = 2.0
+NODE_FILE_WAIT_S = 60.0
+FINAL_STATE_WAIT_S = 15.0
+
+
+def time_left_s(text: str) -> int | None:
+    """squeue's %L (`9:58`, `1:00:00`, `1-02:00:00`) in seconds; None for UNLIMITED, NOT_SET, INVALID."""
+    try:
+        return time_limit_seconds(text)
+    except ValueError:
+        return None
+
+
+def group_host(cfg: RunConfig, group: int) -> Host:
+    """The group as a [[hosts]]-like entry: its name is its job's name, its work dir the group's dir. Each group
+    has ports of its own (base_port + group x servers per group): Slurm may put two groups' jobs on one node."""
+    per_group = layout_of(cfg).servers_per_group
+    return Host(name=job_name(cfg, group), address=f"slurm partition {cfg.slurm.partition}", gpus=cfg.workers.gpus,
+                work_dir=str(group_dir(Path(slurm_work_dir(cfg)), group)), host_python=cfg.host_python,
+                lan_address="0.0.0.0", base_port=cfg.workers.base_port + group * per_group)
+
+
+class SlurmLink(HostLink):
+    def __init__(self, cfg: RunConfig, group: int, *, engine_root: Path, session: aiohttp.ClientSession,
+                 emit: Callable[[object], None]):
+        # the servers are reached over the cluster network at the node's address (no SSH forwards)
+        lan = cfg.model_copy(update={"router": cfg.router.model_copy(update={"link": "lan"})})
+        self.group = group
+        self.group_host = group_host(cfg, group)
+        super().__init__(lan, self.group_host, engine_root=engine_root, session=session, emit=emit, forward_base=0)
+        self.slurm_dir = Path(slurm_work_dir(cfg))
+        self.jobs_file = self.slurm_dir / slurm_jobs.JOBS_FILE
+        self.job: JobState | None = None
+        self.next_job: str | None = None  # queued at a hand-over, taken by the next join
+        self._pending_said: str | None = None
+        self._handing_over = False
+        self._attached: set[str] = set()  # jobs whose servers this link attached to
+        self._said_ended: set[str] = set()
+
+    # -- commands "on the host": the work dir is shared with the nodes ----------------------------
+    async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        except OSError as exc:
+            raise HostError(f"cannot run /bin/sh: {exc}") from exc
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise HostError(f"`{command[:80]}` timed out after {timeout:.0f} s") from None
+        return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+    # -- join: the job instead of ssh + agent --------------------------------------------------
+    async def deploy(self) -> None:
+        engine_dir = self.slurm_dir / AGENT_DIR
+        marker = engine_dir / ".deployed-by"
+        me = f"supervisor pid {os.getpid()}"  # one deploy per supervisor: every group's job runs from the same copy
+        gdir = Path(self.group_host.work_dir)
+        try:
+            gdir.mkdir(parents=True, exist_ok=True)
+            if not marker.exists() or marker.read_text() != me:  # once per supervisor, not under running jobs
+                staging = self.slurm_dir / f".engine-{self.group}"
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir(parents=True)
+                proc = await asyncio.create_subprocess_exec("tar", "-x", "-C", str(staging), "-f", "-",
+                                                            stdin=asyncio.subprocess.PIPE)
+                await proc.communicate(engine_tarball(self.engine_root))
+                if not marker.exists() or marker.read_text() != me:
+                    shutil.rmtree(engine_dir, ignore_errors=True)
+                    engine_dir.parent.mkdir(parents=True, exist_ok=True)
+                    staging.rename(engine_dir)
+                    marker.write_text(me)
+                else:
+                    shutil.rmtree(staging, ignore_errors=True)
+            cfg = host_config(self.cfg, self.group_host).model_copy(update={"slurm": None})
+            (gdir / "host.toml").write_text(dump_toml(cfg))
+        except OSError as exc:
+            raise HostError(f"preparing the Slurm work dir {self.slurm_dir}: {exc}") from exc
+
+    async def start_agent(self) -> str:
+        try:
+            if self.next_job is not None:
+                job_id, self.next_job = self.next_job, None
+                self.job = JobState(job_id, "PENDING")
+            elif self.job is None or not self.job.active:
+                self.job = JobState(await self._submit(), "PENDING")
+            running_since = None
+            while not self._stopping:
+                self.job = await slurm_jobs.state(self.job.job_id)
+                if not self.job.active and self.job.job_id in self._attached:
+                    # the job this link served from ended (said once, in Slurm's words): the next one is queued
+                    self._ended(await self._final_state(self.job))
+                    self.job = JobState(await self._submit(), "PENDING")
+                    continue
+                if self.job.state == "RUNNING":
+                    running_since = running_since or time.monotonic()
+                    attached = self._attach(self.job, time.monotonic() - running_since)
+                    if attached:
+                        return attached
+                    await asyncio.sleep(0.2)
+                    continue
+                running_since = None  # requeued (a node failed, or its launch did): waits again
+                if not self.job.active:  # ended before its step ran: resubmitted after the link's backoff
+                    self._ended(self.job)
+                    raise HostError(f"slurm {self.job.words()}")
+                self._pending(self.job)
+                await asyncio.sleep(POLL_S)
+        except SlurmError as exc:
+            raise HostError(str(exc)) from exc
+        raise HostError("stopping")
+
+    async def _submit(self, after: str | None = None) -> str:
+        """sbatch the group's job; `after`: it may start only once that job ended (a hand-over: the new job never
+        shares a node's ports with the old one)."""
+        argv = sbatch_argv(self.cfg, self.group)
+        if after is not None:
+            argv.insert(-1, f"--dependency=afterany:{after}")
+        job_id = await slurm_jobs.submit(argv, self.jobs_file, self.group)
+        log.info("group %s: submitted job %s", self.host.name, job_id)
+        self.emit(AlertEvent(severity="info", text=f"slurm job {job_id} submitted for {self.host.name}",
+                             evidence=" ".join(argv), key=f"slurm-submit:{self.host.name}"))
+        return job_id
+
+    def _pending(self, job: JobState) -> None:
+        self.error = f"slurm {job.words()}"
+        if self.state != HostState.LOST:
+            self.state = HostState.CONNECTING
+        if self._pending_said != job.reason and job.reason not in ("", "None"):  # a reason worth saying
+            self._pending_said = job.reason
+            self.emit(AlertEvent(severity="warning" if job.reason not in ("", "None", "Priority") else "info",
+                                 text=f"slurm job {job.job_id} ({self.host.name}) is pending: {job.reason}",
+                                 evidence=job.words(), key=f"slurm-pending:{self.host.name}"))
+
+    def _attach(self, job: JobState, running_s: float) -> str | None:
+        """The running job's node and address (node.json of its step): the members' URLs point there. None while
+        the step has not written it yet."""
+        here = job_dir(self.slurm_dir, self.group, job.job_id)
+        try:
+            node = json.loads((here / NODE_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            if running_s > NODE_FILE_WAIT_S:
+                raise HostError(f"slurm job {job.job_id} runs on {job.nodes} but its step wrote no {NODE_FILE} "
+                                f"within {NODE_FILE_WAIT_S:.0f} s; see {self.slurm_dir}/job-{job.job_id}.out") from None
+            return None
+        self._attached.add(job.job_id)
+        self.host = self.group_host.model_copy(update={"work_dir": str(here)})
+        for m in self.members:
+            m.url = f"http://{node['address']}:{m.spec.port}"
+        self._pending_said = None
+        if self._handing_over:  # the drain was the last job's hand-over, not the operator's
+            self._handing_over, self.drained = False, False
+        return f"slurm job {job.job_id} running on {node['node']} ({node['address']}), GPUs {node['gpus'] or '?'}"
+
+    # -- watching the job beside the servers ------------------------------------------------------
+    async def _watch(self) -> str:
+        servers = asyncio.create_task(super()._watch(), name=f"servers-{self.host.name}")
+        job = asyncio.create_task(self._watch_job(), name=f"job-{self.host.name}")
+        done, pending = await asyncio.wait({servers, job}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return next(iter(done)).result()
+
+    async def _watch_job(self) -> str:
+        assert self.job is not None
+        while not self._stopping:
+            await asyncio.sleep(POLL_S)
+            try:
+                self.job = await slurm_jobs.state(self.job.job_id)
+            except SlurmError as exc:
+                log.warning("group %s: %s", self.host.name, exc)
+                continue  # slurmctld busy: the servers' own health still tells
+            if self.job.state != "RUNNING":
+                self.job = await self._final_state(self.job)
+                self._ended(self.job)
+                return f"slurm {self.job.words()}"
+            left = time_left_s(self.job.time_left)
+            if self.next_job is None and left is not None and left <= self.cfg.slurm.handover_s:
+                await self._hand_over()
+        return "stopping"
+
+    def _ended(self, job: JobState) -> None:
+        """The alert for a job that ended, once per job, in Slurm's words (job id, state, reason)."""
+        if job.job_id in self._said_ended:
+            return
+        reason = f" ({job.reason})" if job.reason not in ("", "None") else ""
+        if job.active:  # requeued (a node failed): the same job runs again once Slurm places it
+            self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued: "
+                                 f"{job.state}{reason}", evidence=job.words(),
+                                 key=f"slurm-requeue:{self.host.name}:{job.job_id}"))
+            return
+        self._said_ended.add(job.job_id)
+        self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) ended: {job.state}"
+                             f"{reason}", evidence=job.words(), key=f"slurm-end:{self.host.name}:{job.job_id}"))
+
+    async def _final_state(self, job: JobState) -> JobState:
+        """A job COMPLETING is on its way out: wait a little for the state it ends in (CANCELLED, TIMEOUT,
+        NODE_FAIL ...), which is what the operator is told."""
+        deadline = time.monotonic() + FINAL_STATE_WAIT_S
+        while job.state == "COMPLETING" and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            try:
+                job = await slurm_jobs.state(job.job_id)
+            except SlurmError:
+                break  # the last state seen is said
+        return job
+
+    async def _hand_over(self) -> None:
+        """The time limit is near: no new work for these servers, the next job queued now."""
+        self._handing_over = True
+        self.set_drained(True)
+        try:
+            self.next_job = await self._submit(after=self.job.job_id)
+        except SlurmError as exc:
+            self.emit(AlertEvent(severity="error", text=f"the next slurm job for {self.host.name} was not submitted",
+                                 evidence=str(exc), key=f"slurm-handover:{self.host.name}"))
+            return
+        self.emit(AlertEvent(severity="info", text=f"slurm job {self.job.job_id} ({self.host.name}) nears its time "
+                             f"limit: its servers are drained, job {self.next_job} queued to take over",
+                             evidence=self.job.words() + f", time left {self.job.time_left}",
+                             key=f"slurm-handover:{self.host.name}"))
+
+    # -- stop: cancel what this link submitted ------------------------------------------------------
+    async def stop(self, stop_agent: bool = True) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._stop_readings()
+        live = [j for j in (self.job.job_id if self.job and self.job.active else None, self.next_job) if j]
+        if stop_agent and live:
+            try:
+                said = await slurm_jobs.cancel(live)
+            except SlurmError as exc:
+                said = str(exc)
+            if said:
+                log.warning("group %s: %s", self.host.name, said)
+        self.state = HostState.STOPPED
+        for m in self.members:
+            m.set_state(WorkerState.STOPPED)
+
+    def status(self) -> HostStatus:
+        st = super().status()
+        job = self.job
+        st.job = SlurmJobStatus(job_id=job.job_id, state=job.state, reason=job.reason, nodes=job.nodes,
+                                time_left=job.time_left, next_job=self.next_job) if job else None
+        return st

@@ -1,0 +1,153 @@
+"""What regen submits to Slurm for a run with [slurm]: the server groups, their exact sbatch and srun lines, and
+how many allocations the run needs at the plan's projected duration.
+
+One job per server group, not one job with a step per group. A group is the nodes one server set needs: one node
+holding gpus_per_node / tp_size servers, or the tp_size / gpus_per_node nodes one server spans. Why:
+- heterogeneous node counts are plain jobs of different --nodes, where one job would need Slurm's heterogeneous
+  jobs (hetjob components, each its own scheduling unit anyway) or one --nodes=N job that cannot start until all N
+  nodes are free at once;
+- a group starts as soon as its own nodes are free, so the run makes progress on part of the cluster (a job of all
+  the nodes waits for the last one, and its pending reason says nothing about the others);
+- NODE_FAIL, preemption, an `scancel` by someone else and a time limit end one group's job, not the whole run's
+  allocation; the other groups' servers keep serving while that group's next job is queued;
+- time limits are per job, so the groups' handovers need not coincide (a single job drains every server at once).
+No `--signal` ahead of the limit: Slurm delivers it to every process of the job's steps, and SGLang servers (and the
+simulator) die of an unhandled SIGUSR1. The login node reads each job's time left from squeue instead and, handover_s
+before the limit, drains that job's servers and queues the next job (engine/slurm_link.py).
+The cost is one sbatch per group per allocation, and `regen stop` cancelling several job ids (the ones regen
+recorded, never a name pattern).
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config_schema import RunConfig, Slurm
+
+STEP_MODULE = "engine.slurm_step"
+AGENT_DIR = ".regen/engine"
+
+
+@dataclass(frozen=True)
+class SlurmLayout:
+    """How servers map onto nodes: tp_size up to gpus_per_node gives several servers per node, above it one
+    server spans tp_size / gpus_per_node nodes."""
+    gpus_per_node: int
+    tp_size: int
+    nodes_low: int
+    nodes_high: int
+
+    @property
+    def nodes_per_group(self) -> int:
+        return max(1, self.tp_size // self.gpus_per_node)
+
+    @property
+    def servers_per_group(self) -> int:
+        return max(1, self.gpus_per_node // self.tp_size)
+
+    @property
+    def groups(self) -> int:
+        """Jobs regen submits per allocation round: for the most nodes of the range."""
+        return self.nodes_high // self.nodes_per_group
+
+    @property
+    def groups_counted(self) -> int:
+        """Groups the plan's projection counts on: the fewest nodes of the range."""
+        return max(1, self.nodes_low // self.nodes_per_group)
+
+    @property
+    def servers(self) -> int:
+        return self.groups * self.servers_per_group
+
+    @property
+    def servers_counted(self) -> int:
+        return self.groups_counted * self.servers_per_group
+
+    def describe(self) -> str:
+        per = (f"{self.servers_per_group} server(s) of tp {self.tp_size} per node" if self.nodes_per_group == 1
+               else f"one server of tp {self.tp_size} across {self.nodes_per_group} nodes")
+        nodes = (f"{self.nodes_high} node(s)" if self.nodes_low == self.nodes_high
+                 else f"{self.nodes_low}-{self.nodes_high} nodes (the plan counts on {self.nodes_low})")
+        return (f"{nodes} x {self.gpus_per_node} GPUs: {per}; {self.groups} job(s) of {self.nodes_per_group} "
+                f"node(s), {self.servers} server(s)")
+
+
+def layout_of(cfg: RunConfig) -> SlurmLayout:
+    s = _slurm(cfg)
+    low, high = s.node_range
+    return SlurmLayout(gpus_per_node=s.gpus_per_node, tp_size=cfg.workers.tp_size, nodes_low=low, nodes_high=high)
+
+
+def _slurm(cfg: RunConfig) -> Slurm:
+    if cfg.slurm is None:
+        raise ValueError("the run has no [slurm] section")
+    return cfg.slurm
+
+
+def slurm_work_dir(cfg: RunConfig) -> str:
+    return _slurm(cfg).work_dir or str(Path(cfg.run_dir) / "slurm")
+
+
+def job_name(cfg: RunConfig, group: int) -> str:
+    return f"{_slurm(cfg).job_name}-{group}"
+
+
+def srun_argv(cfg: RunConfig, group: int) -> list[str]:
+    """The job step that runs regen's host agent on each node of the group (one task per node)."""
+    layout = layout_of(cfg)
+    wd = slurm_work_dir(cfg)
+    # PYTHONPATH on the step's own line: `sbatch --export=ALL,VAR=...` loses the launch of a job that waited in
+    # the queue (Slurm 22.05, seen in tests/test_slurm_run.py)
+    return ["srun", f"--nodes={layout.nodes_per_group}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            "env", f"PYTHONPATH={wd}/{AGENT_DIR}", cfg.host_python, "-m", STEP_MODULE, "--work-dir", wd,
+            "--group", str(group)]
+
+
+def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False) -> list[str]:
+    """The allocation of one server group; its batch script is the srun line (--wrap)."""
+    s = _slurm(cfg)
+    layout = layout_of(cfg)
+    wd = slurm_work_dir(cfg)
+    argv = ["sbatch", "--parsable", f"--job-name={job_name(cfg, group)}", f"--partition={s.partition}"]
+    argv += [f"--account={s.account}"] if s.account else []
+    argv += [f"--qos={s.qos}"] if s.qos else []
+    argv += [f"--constraint={s.constraint}"] if s.constraint else []
+    argv += [f"--nodes={layout.nodes_per_group}", "--ntasks-per-node=1", f"--gres=gpu:{s.gpus_per_node}",
+             f"--time={s.time_limit}", f"--output={wd}/job-%j.out"]
+    argv += ["--test-only"] if test_only else []
+    argv += list(s.extra_args)
+    argv.append("--wrap=" + shlex.join(srun_argv(cfg, group)))
+    return argv
+
+
+@dataclass(frozen=True)
+class SlurmPlan:
+    """What `regen plan` says about a [slurm] run."""
+    layout: str
+    groups: int
+    servers: int
+    time_limit_s: int
+    handover_s: int
+    usable_s: int  # per allocation: time limit minus the hand-over
+    projected_wall_s: float | None
+    allocations: int | None  # consecutive allocations each group needs (None: no projection)
+    sbatch: list[str]  # one line per group, shell-quoted
+    srun: list[str]
+
+
+def allocations_needed(wall_s: float, usable_s: int) -> int:
+    return max(1, math.ceil(wall_s / usable_s))
+
+
+def plan_slurm(cfg: RunConfig, projected_wall_s: float | None) -> SlurmPlan:
+    s = _slurm(cfg)
+    layout = layout_of(cfg)
+    usable = s.time_limit_s - s.handover_s
+    return SlurmPlan(
+        layout=layout.describe(), groups=layout.groups, servers=layout.servers, time_limit_s=s.time_limit_s,
+        handover_s=s.handover_s, usable_s=usable, projected_wall_s=projected_wall_s,
+        allocations=None if projected_wall_s is None else allocations_needed(projected_wall_s, usable),
+        sbatch=[shlex.join(sbatch_argv(cfg, g)) for g in range(layout.groups)],
+        srun=[shlex.join(srun_argv(cfg, g)) for g in range(layout.groups)])

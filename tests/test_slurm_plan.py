@@ -1,0 +1,110 @@
+"""[slurm] in run.toml and `regen plan`: the server-to-node mapping from tp_size, the rules between keys, the exact
+sbatch and srun lines regen will submit, and how many allocations in a row the projected run needs."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from console.cli import main as cli_main
+from engine.config import ConfigError, config_from_dict
+from engine.slurm_plan import allocations_needed, layout_of, sbatch_argv, srun_argv
+
+BASE = {"run_dir": "/scratch/run", "model": "/m", "prompts": ["p.jsonl"]}
+
+
+def cfg_with(slurm: dict, **extra):
+    return config_from_dict({**BASE, "slurm": {"partition": "gpu", **slurm}, **extra})
+
+
+@pytest.mark.parametrize("tp,gpn,nodes,per_group,servers_per_group,groups,gpus", [
+    (1, 8, 2, 1, 8, 2, tuple(range(8))),      # several servers per node
+    (4, 8, 3, 1, 2, 3, tuple(range(8))),
+    (8, 8, 1, 1, 1, 1, tuple(range(8))),
+    (16, 8, 4, 2, 1, 2, tuple(range(16))),    # one server across two nodes
+    (32, 8, "4-8", 4, 1, 2, tuple(range(32))),  # a range: jobs for the most nodes
+])
+def test_tp_size_maps_servers_onto_nodes(tp, gpn, nodes, per_group, servers_per_group, groups, gpus):
+    cfg = cfg_with({"gpus_per_node": gpn, "nodes": nodes}, workers={"tp_size": tp})
+    layout = layout_of(cfg)
+    assert (layout.nodes_per_group, layout.servers_per_group, layout.groups) == (per_group, servers_per_group, groups)
+    assert cfg.workers.gpus == gpus  # derived: one node's GPUs, or one spanning server's
+
+
+@pytest.mark.parametrize("doc,key,words", [
+    ({"workers": {"tp_size": 3}}, "[workers] tp_size", "does not divide slurm.gpus_per_node = 8"),
+    ({"workers": {"tp_size": 12}}, "[workers] tp_size", "not a multiple of it"),
+    ({"workers": {"tp_size": 16}, "slurm": {"partition": "gpu", "nodes": 3}}, "[slurm] nodes",
+     "3 is not a multiple of 2"),
+    ({"workers": {"gpus": [0, 1]}}, "[workers] gpus", "remove [workers] gpus"),
+    ({"hosts": [{"name": "a", "address": "b"}]}, "[slurm]", "not both"),
+    ({"slurm": {"partition": "gpu", "time_limit": "5", "handover_s": 300}}, "[slurm] handover_s", "not below"),
+    ({"slurm": {"partition": "gpu", "time_limit": "4h"}}, "[slurm] time_limit", '"4:00:00"'),
+    ({"slurm": {"partition": "gpu", "nodes": "4-2"}}, "[slurm] nodes", '"2-4"'),
+    ({"slurm": {}}, "[slurm] partition", "required"),
+])
+def test_rules_between_keys_name_the_key_and_the_fix(doc, key, words):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({**BASE, "slurm": {"partition": "gpu"}, **doc})
+    assert key in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_sbatch_and_srun_lines_carry_every_key():
+    cfg = cfg_with({"account": "llm", "qos": "high", "constraint": "h100", "time_limit": "1-00:00:00",
+                    "handover_s": 600, "extra_args": ["--exclusive"], "nodes": 4, "job_name": "drafter"},
+                   workers={"tp_size": 16}, host_python="/opt/sglang/bin/python")
+    argv = sbatch_argv(cfg, 1)
+    assert argv[:2] == ["sbatch", "--parsable"]
+    for word in ("--job-name=drafter-1", "--partition=gpu", "--account=llm", "--qos=high", "--constraint=h100",
+                 "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8", "--time=1-00:00:00",
+                 "--exclusive", "--output=/scratch/run/slurm/job-%j.out"):
+        assert word in argv, word
+    assert argv[-1] == "--wrap=" + shlex.join(srun_argv(cfg, 1))
+    assert srun_argv(cfg, 1) == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "env",
+                                 "PYTHONPATH=/scratch/run/slurm/.regen/engine", "/opt/sglang/bin/python", "-m", "engine.slurm_step", "--work-dir",
+                                 "/scratch/run/slurm", "--group", "1"]
+    assert "--test-only" in sbatch_argv(cfg, 0, test_only=True)
+
+
+def test_allocations_needed_counts_the_hand_over():
+    assert allocations_needed(3000, 3300) == 1
+    assert allocations_needed(3301, 3300) == 2
+    assert allocations_needed(10 * 3600, 3 * 3600 + 1800) == 3
+
+
+def test_plan_prints_the_exact_lines_and_the_allocations(tmp_path, tiny_model_dir, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"s{i}", "prompt": f"q {i}"}) + "\n" for i in range(40)))
+    run_toml = tmp_path / "run.toml"
+    run_toml.write_text(f"""
+run_dir = {json.dumps(str(tmp_path / 'run'))}
+model = {json.dumps(str(tiny_model_dir))}
+prompts = [{json.dumps(str(prompts))}]
+[workers]
+tp_size = 4
+[plan]
+output_tokens_per_sample = 9000.0
+tokens_per_s_per_gpu = 10.0
+[slurm]
+partition = "gpu"
+nodes = 2
+gpus_per_node = 8
+time_limit = "1:00:00"
+handover_s = 600
+""")
+    assert cli_main(["plan", "local", "--config", str(run_toml), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    s = d["slurm"]
+    # 40 samples x 9000 tokens at 4 servers x 40 tokens/s: 2250 s; 3000 s usable per allocation
+    assert d["projection"]["workers"] == 4
+    assert (s["groups"], s["servers"], s["usable_s"], s["allocations"]) == (2, 4, 3000, 1)
+    assert s["sbatch"][0].startswith("sbatch --parsable --job-name=regen-0 --partition=gpu --nodes=1")
+    assert cli_main(["plan", "local", "--config", str(run_toml)]) == 0
+    out = capsys.readouterr().out
+    assert "slurm: 2 node(s) x 8 GPUs: 2 server(s) of tp 4 per node; 2 job(s) of 1 node(s), 4 server(s)" in out
+    for line in s["sbatch"] + s["srun"]:
+        assert line in out  # word for word, never wrapped
+    assert "needs 1 allocation(s) per job in a row" in out
+    assert cli_main(["plan", "local", "--config", str(run_toml), "--pilot", "4"]) == 2
+    assert "--pilot with [slurm] is not supported" in capsys.readouterr().err

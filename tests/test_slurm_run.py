@@ -1,0 +1,246 @@
+"""A [slurm] run against the real Slurm test cluster (tests/slurm_fixtures.py): the supervisor and the router stay
+here (the login node); each server group is a Slurm job whose step runs regen's host agent on its node (a network
+namespace). Every sample exactly once (sample ids against the input), the jobs visible in `status`, and stopping
+cancels what regen submitted and nothing else."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tomllib
+
+import psutil
+import pytest
+
+from engine.config import Router, Slurm, config_from_dict, dump_toml
+from tests.slurm_fixtures import require_slurm, start_slurm
+from tests.sshd_fixtures import free_port
+from tests.waiting import wait_until
+from tests.test_engine_run import (ctl, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
+                                   supervisors, wait_for)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def cluster2(request, tmp_path, monkeypatch):
+    """Two nodes (or `request.param` nodes, through indirect parametrization), each a network namespace."""
+    require_slurm()
+    cluster = start_slurm(tmp_path / "slurm", getattr(request, "param", 2))
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def slurm_config(tmp_path, tiny_model_dir, *, prompts: int, sim: tuple = (), **slurm):
+    cfg = make_config(tmp_path / "run", tiny_model_dir, prompts=prompts, sim=sim)
+    cfg = cfg.model_copy(update=dict(
+        slurm=Slurm(**{"partition": "gpu", "nodes": 2, "gpus_per_node": 2, "time_limit": "10", "handover_s": 60,
+                       **slurm}),
+        router=Router(policy="round_robin", port=free_port(), prometheus_port=free_port(), python=sys.executable,
+                      host_lost_after_s=4.0)))
+    doc = tomllib.loads(dump_toml(cfg))
+    doc["workers"].pop("gpus")  # derived from [slurm] gpus_per_node
+    doc["workers"]["base_port"] = 30000  # every node is its own network namespace
+    return config_from_dict(doc)
+
+
+@pytest.mark.parametrize("cluster2", [2, 3], indirect=True, ids=["2-nodes", "3-nodes"])
+def test_a_run_across_slurm_nodes_every_sample_once(tmp_path, tiny_model_dir, cluster2, supervisors, renderer_for):
+    n = len(cluster2.nodes)
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=120, nodes=n, extra_args=("--exclusive",))  # a job a node
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    st = wait_for(lambda: (lambda s: s if s and len((s.get("router") or {}).get("members", [])) == 2 * n else None)(
+        status(run_dir)), 120, "two servers per node in the router", sup)
+    jobs = {h["name"]: h["job"] for h in st["hosts"]}
+    assert set(jobs) == {f"regen-{g}" for g in range(n)} and {j["state"] for j in jobs.values()} == {"RUNNING"}
+    assert sorted(j["nodes"] for j in jobs.values()) == [f"n{i}" for i in range(1, n + 1)]
+    assert sup.wait(180) == 0, sup.log_text()[-4000:]
+    rows = read_rows(run_dir)
+    expected, _ = expected_samples(cfg, renderer_for(cfg))
+    ids = [r["sample_id"] for r in rows]
+    rejects = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
+    rejected = {r["excerpt"] for r in rejects if r["reason"].startswith("turn ")}  # a turn refused: its sample id
+    assert len(ids) == len(set(ids)), "a sample was written twice"
+    assert set(ids) | rejected == expected and not set(ids) & rejected, "a sample was lost"
+    # the run is over: the jobs regen submitted are cancelled, nothing else of the cluster's is touched
+    submitted = [json.loads(line)["job"] for line in (run_dir / "slurm" / "jobs.jsonl").read_text().splitlines()]
+    assert sorted(submitted) == sorted(j["job_id"] for j in jobs.values())
+    wait_for(lambda: not cluster2.run("squeue", "-h", "-o", "%i").stdout.strip(), 30, "the jobs to leave the queue")
+
+
+def events(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+
+
+def alert(run_dir, words: str) -> dict | None:
+    return next((e for e in events(run_dir) if e["type"] == "alert" and words in e["text"]), None)
+
+
+def every_sample_once(run_dir, cfg, renderer_for) -> None:
+    rows = read_rows(run_dir)
+    expected, _ = expected_samples(cfg, renderer_for(cfg))
+    ids = [r["sample_id"] for r in rows]
+    rejects = [json.loads(line) for line in (run_dir / "rejects.jsonl").read_text().splitlines()]
+    rejected = {r["excerpt"] for r in rejects if r["reason"].startswith("turn ")}
+    assert len(ids) == len(set(ids)), "a sample was written twice"
+    assert set(ids) | rejected == expected and not set(ids) & rejected, "a sample was lost"
+
+
+def host_of(run_dir, name: str) -> dict | None:
+    st = status(run_dir) or {}
+    return next((h for h in st.get("hosts") or [] if h["name"] == name), None)
+
+
+def job_of(run_dir, name: str) -> dict | None:
+    st = status(run_dir) or {}
+    return next((h.get("job") for h in st.get("hosts") or [] if h["name"] == name), None)
+
+
+def test_a_pending_job_says_why_and_stop_cancels_only_what_regen_submitted(tmp_path, tiny_model_dir, slurm,
+                                                                            supervisors):
+    # every GPU of the node held for a few seconds by a job regen did not submit
+    slurm.run("sbatch", "--parsable", "--gres=gpu:4", "--wrap", "sleep 8")
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, sim=("--sim-step-ms", "40"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    pending = wait_for(lambda: (lambda j: j if j and j["state"] == "PENDING" and j["reason"] == "Resources" else None)(
+        job_of(run_dir, "regen-0")), 60, "regen's job pending for Resources", sup)
+    host = next(h for h in status(run_dir)["hosts"] if h["name"] == "regen-0")
+    assert host["error"] == f"slurm job {pending['job_id']} PENDING (Resources)"
+    assert alert(run_dir, f"slurm job {pending['job_id']} (regen-0) is pending: Resources")["severity"] == "warning"
+
+    wait_for(lambda: (job_of(run_dir, "regen-0") or {}).get("state") == "RUNNING", 60, "regen's job running", sup)
+    bystander = slurm.run("sbatch", "--parsable", "--gres=gpu:2", "--wrap", "sleep 600").stdout.strip()
+    wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 20, 90, "samples from the job", sup)
+    assert ctl(run_dir, "stop").returncode == 0
+    assert sup.wait(60) == 0, sup.log_text()[-3000:]
+    queue = wait_for(lambda: (lambda q: q if pending["job_id"] not in q else None)(
+        slurm.run("squeue", "-h", "-o", "%i %T").stdout), 30, "regen's job to leave the queue")
+    assert queue.split() == [bystander, "RUNNING"]  # the job regen did not submit runs on
+    rows = read_rows(run_dir)
+    assert len({r["sample_id"] for r in rows}) == len(rows) >= 20
+
+
+@pytest.mark.slow
+def test_a_job_cancelled_from_outside_and_a_node_set_down_are_survived(tmp_path, tiny_model_dir, cluster2,
+                                                                        supervisors, renderer_for):
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=300, extra_args=("--exclusive",),
+                       sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "4"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 30, 120, "first samples", sup)
+    first = job_of(run_dir, "regen-1")
+    cluster2.run("scancel", first["job_id"])
+    ended = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-1) ended: CANCELLED"), 30,
+                     "the cancel alert", sup)
+    assert ended["severity"] == "error" and f"job {first['job_id']} CANCELLED" in ended["evidence"]
+    assert wait_for(lambda: alert(run_dir, "host regen-1 lost"), 30, "the host-lost alert", sup)
+    second = wait_for(lambda: (lambda h: h["job"] if h and h["state"] == "up" and h["job"]["job_id"] != first["job_id"]
+                               else None)(host_of(run_dir, "regen-1")), 60, "regen-1 up again on its next job", sup)
+
+    node = second["nodes"]
+    cluster2.run("scontrol", "update", f"nodename={node}", "state=down", "reason=regen-test")
+    gone = wait_for(lambda: alert(run_dir, f"slurm job {second['job_id']} (regen-1) was requeued"), 60,
+                    "the alert for the job on the downed node", sup)
+    assert f"job {second['job_id']} PENDING" in gone["evidence"]
+    cluster2.run("scontrol", "update", f"nodename={node}", "state=resume")
+    assert sup.wait(240) == 0, sup.log_text()[-4000:]
+    every_sample_once(run_dir, cfg, renderer_for)
+    final = [e for e in events(run_dir) if e["type"] == "dispatch"][-1]
+    assert final["failed"] == 0
+
+
+@pytest.mark.slow
+def test_a_job_at_its_time_limit_hands_over_to_the_next_allocation(tmp_path, tiny_model_dir, slurm, supervisors,
+                                                                   renderer_for):
+    """--time=1 with handover_s = 30: half-way the servers are drained and the next job is queued behind the first
+    (afterany); Slurm ends the first at its limit (TIMEOUT, ~60-90 s here) and the run goes on in the second."""
+    # ~215 samples at ~6/s: most in the first job's 30 s, the rest in the next job's
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=150, nodes=1, time_limit="1", handover_s=30,
+                       sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "4"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    first = wait_for(lambda: (lambda h: h["job"] if h and h["state"] == "up" else None)(host_of(run_dir, "regen-0")),
+                     60, "the first job serving", sup)
+    handed = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) nears its time limit"), 60,
+                      "the hand-over", sup)
+    nxt = handed["text"].split("job ")[-1].split()[0]
+    assert job_of(run_dir, "regen-0")["next_job"] == nxt
+    assert slurm.run("squeue", "-h", "-j", nxt, "-o", "%T %r").stdout.split() == ["PENDING", "Dependency"]
+    ended = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) ended: TIMEOUT"), 120,
+                     "the first job's time limit", sup)
+    assert ended["severity"] == "error"
+    wait_for(lambda: (lambda h: h and h["state"] == "up" and h["job"]["job_id"] == nxt)(host_of(run_dir, "regen-0")),
+             60, "the next job serving", sup)
+    assert sup.wait(300) == 0, sup.log_text()[-3000:]
+    every_sample_once(run_dir, cfg, renderer_for)
+
+
+def test_status_says_each_groups_job_as_squeue_does():
+    from console.commands.status import job_text
+    from engine.run.status import RunStatus
+
+    doc = {"name": "regen-1", "address": "slurm partition gpu", "state": "connecting", "workers": [],
+           "job": {"job_id": "4128", "state": "PENDING", "reason": "Resources", "nodes": "", "time_left": "12:00:00"}}
+    running = {**doc, "name": "regen-0", "state": "up",
+               "job": {"job_id": "4127", "state": "RUNNING", "reason": "None", "nodes": "gpu-a17",
+                       "time_left": "11:41:07", "next_job": "4131"}}
+    hosts = RunStatus.from_dict({"run_dir": "/r", "state": "running", "hosts": [running, doc]}).hosts
+    assert [job_text(h) for h in hosts] == ["job 4127 RUNNING on gpu-a17, 11:41:07 left, next job 4131 queued",
+                                            "job 4128 PENDING (Resources)"]
+
+
+def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_dir, slurm):
+    """The operator's commands on the login node: start (preflight with the slurm probes, then the supervisor),
+    status --json with the group's job, status's text row, stop cancelling regen's job."""
+    from tests.test_multihost import regen_cli
+
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1,
+                       sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "4"))
+    run_toml = tmp_path / "slurm-run.toml"
+    run_toml.write_text(dump_toml(cfg))
+    run_dir = str(tmp_path / "run")
+    started = regen_cli("start", "local", "--config", str(run_toml), timeout=240)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "preflight passed on local" in started.stderr
+        shown = wait_until(lambda: (lambda r: json.loads(r.stdout) if r.returncode == 0 and '"RUNNING"' in r.stdout
+                                    else None)(regen_cli("status", "local", "--run-dir", run_dir, "--json")),
+                           90, "status --json with the job running")
+        job = next(h for h in shown["hosts"] if h["name"] == "regen-0")["job"]
+        assert job["state"] == "RUNNING" and job["nodes"] == "n1" and job["job_id"].isdigit()
+        text = regen_cli("status", "local", "--run-dir", run_dir)
+        assert f"job {job['job_id']} RUNNING on n1" in text.stdout, text.stdout
+        # a supervisor killed outright leaves its job; the next start takes the run over and cancels it
+        pid = int((tmp_path / "run" / "supervisor.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not psutil.pid_exists(pid), 10, "it to be gone")
+        assert job["job_id"] in slurm.run("squeue", "-h", "-o", "%i").stdout.split()
+        again = regen_cli("start", "local", "--config", str(run_toml), timeout=240)
+        assert again.returncode == 0, again.stderr
+        wait_until(lambda: job["job_id"] not in slurm.run("squeue", "-h", "-o", "%i").stdout.split(), 30,
+                   "the left job cancelled")
+        said = wait_until(lambda: next((json.loads(line) for line in (tmp_path / "run" / "telemetry.jsonl").read_text()
+                                        .splitlines() if "an earlier supervisor" in line), None), 30, "the alert")
+        assert said["text"] == f"cancelled 1 slurm job(s) an earlier supervisor of this run left running: {job['job_id']}"
+    finally:
+        stopped = regen_cli("stop", "local", "--run-dir", run_dir)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: not slurm.run("squeue", "-h", "-o", "%i").stdout.strip(), 30, "regen's job cancelled")
+
+
+def test_start_refuses_servers_across_nodes_before_anything_starts(tmp_path, capsys):
+    from console.cli import main as cli_main
+
+    run_toml = tmp_path / "run.toml"
+    run_toml.write_text(f'run_dir = "{tmp_path / "run"}"\nmodel = "/m"\nprompts = ["p.jsonl"]\n[workers]\ntp_size = 16\n'
+                        '[slurm]\npartition = "gpu"\nnodes = 2\n')
+    assert cli_main(["start", "local", "--config", str(run_toml)]) == 1
+    err = capsys.readouterr().err
+    assert "each server spans 2 nodes (tp_size 16 > slurm.gpus_per_node 8)" in err and "nothing was started" in err
+    assert not (tmp_path / "run").exists()

@@ -39,7 +39,7 @@ from engine.wire import LIVE_WORKER_STATES, RunState
 from engine.config import RunConfig, dump_toml
 from engine.fatal import FatalRecord
 from engine.run.status import RunStatus
-from engine.startup import StartCheck
+from engine.servers.startup import StartCheck
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0

@@ -1,7 +1,7 @@
 """`regen plan --pilot N`: measure throughput and output lengths on live servers at the batch the run will give them.
 
-One SGLang server per GPU group is launched the way the supervisor launches it (engine/workers.py: port check,
-identity proof, server log, readiness, batch size discovered by engine/capacity.py). Each server is then kept
+One SGLang server per GPU group is launched the way the supervisor launches it (engine/servers/workers.py: port check,
+identity proof, server log, readiness, batch size discovered by engine/servers/capacity.py). Each server is then kept
 as full as the run keeps it: its batch plus the dispatcher's queue margin in flight
 (`dispatch.max_in_flight_per_worker` when set). Its throughput is measured only over the window where it ran
 that batch (engine/pilot_window.py, from its own /metrics and batch log lines). Outputs never go into the run's shards (logs go to a
@@ -26,9 +26,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine.capacity import BatchSource
+from engine.servers.capacity import BatchSource
 from engine.config import RunConfig
-from engine.metrics_client import parse_metrics
+from engine.servers.metrics_client import parse_metrics
 from engine.pilot_window import Completed, Reading, full_batch
 from engine.http_client import KEEPALIVE_S
 from engine.run.batch_feedback import margin_for
@@ -52,7 +52,7 @@ class PilotError(Exception):
 @dataclass(frozen=True)
 class PilotSize:
     """How full the pilot keeps one server, and how many requests that takes."""
-    batch: int  # the server's batch size (engine/capacity.py)
+    batch: int  # the server's batch size (engine/servers/capacity.py)
     source: str  # where it came from (BatchSource)
     in_flight: int  # requests kept in flight: batch + queue margin, or dispatch.max_in_flight_per_worker
     needed: int  # requests that fill it: ROUNDS x in_flight
@@ -145,12 +145,12 @@ def bootstrap_mean_ci(values: np.ndarray, rounds: int = BOOTSTRAP_ROUNDS, seed: 
 
 
 class _PilotServers:
-    """The pilot's servers, launched by engine/workers.py's Worker (the supervisor's launch path: port check, identity
+    """The pilot's servers, launched by engine/servers/workers.py's Worker (the supervisor's launch path: port check, identity
     proof, server log, readiness) in a scratch run dir. A worker refused, crashed or failed ends the pilot with its
     cause instead of being restarted: a pilot measures servers that work, or says why there are none."""
 
     def __init__(self, cfg: RunConfig, scratch_dir: Path, python: str, session):
-        from engine.workers import Worker, worker_specs
+        from engine.servers.workers import Worker, worker_specs
 
         self.alerts: list[str] = []
         self.cause: str | None = None
@@ -167,7 +167,7 @@ class _PilotServers:
             self.alerts.append(f"{event.text}" + (f" ({event.evidence.splitlines()[0]})" if event.evidence else ""))
 
     def _on_state(self, w, state: str) -> None:
-        from engine.workers import WorkerState
+        from engine.servers.workers import WorkerState
 
         if state in (WorkerState.REFUSED, WorkerState.CRASHED, WorkerState.FAILED) and self.cause is None:
             # measuring another process's server, or one that restarts, would be a wrong figure
@@ -193,7 +193,7 @@ class _PilotServers:
             raise PilotError(self.cause)
 
     def sizes(self, fixed: int | None) -> list[PilotSize]:
-        """Each ready server's size as its Worker discovered it (engine/capacity.py)."""
+        """Each ready server's size as its Worker discovered it (engine/servers/capacity.py)."""
         return [pilot_size(w.capacity_info.batch().size, w.capacity_info.batch().source, fixed) for w in self.workers]
 
     async def stop(self) -> list[str]:

@@ -28,7 +28,7 @@ from engine.run.brake import BrakePlan, plan_of
 from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts
 from engine.pilot import PilotError, PilotResult, run_pilot
 from engine.run.committer import CHAIN_COMMIT_S
-from engine.slurm_plan import SlurmPlan, layout_of, plan_slurm
+from engine.placement.slurm.plan import SlurmPlan, layout_of, plan_slurm
 from engine.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 
 SCHEMA = "regen.plan/1"

@@ -4,7 +4,7 @@ It reads D/run.toml, verifies the run dir (a changed content hash is refused), r
 store, takes the pid file, serves the control socket, launches one SGLang server per GPU group
 (or, with [[hosts]], a fleet behind one router), and composes the run wing (engine.run: feed → ledger →
 dispatcher → committer → ledger; a finished shard compacted into one file) until every sample is settled, or
-until drain / stop / SIGTERM. Its start checks (engine.startup) are in its status reply until they pass.
+until drain / stop / SIGTERM. Its start checks (engine.servers.startup) are in its status reply until they pass.
 
 It never dies without saying why: a fatal error is written to D/fatal.json (engine.fatal: type,
 message, path, remedy) and emitted as a `fatal` telemetry event, and every exit ends with one
@@ -42,8 +42,8 @@ from engine.config import ConfigError, RunConfig, load_config, resolve_sampling
 from engine.control import ControlError, ControlServer
 from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, RunRefused, SpaceReserve, WorkersFailed,
                           archive_previous, fallback_path, is_disk_full, record_for, write_fatal)
-from engine.gpu import GpuSampler
-from engine.gpu_sim import SimGpuReader
+from engine.servers.gpu import GpuSampler
+from engine.servers.gpu_sim import SimGpuReader
 from engine.http_client import client_session
 from engine.ingest import PromptFileError
 from engine.notify import Notifier
@@ -52,7 +52,7 @@ from engine.rejects import RejectLog
 from engine.manifest import ManifestError, write_run_manifest
 from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.shard_store import ShardStore
-from engine.startup import StartupChecks, open_prompt_files
+from engine.servers.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
@@ -70,8 +70,8 @@ from engine.run.status import Rejects, levels_of, RunStatus, build_run_status, d
 from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.wire import ShardFigures
-from engine.fleet import Fleet
-from engine.workers import Worker, WorkerState, worker_specs
+from engine.placement.fleet import Fleet
+from engine.servers.workers import Worker, WorkerState, worker_specs
 from probes.context import is_rehearsal
 
 log = logging.getLogger("regen.supervisor")

@@ -59,7 +59,7 @@ class WorkerEvent(Event):
     in_flight: int = 0  # requests this dispatcher has outstanding on it
     held: int = 0  # items regen's own queue holds for it (prefix affinity), not sent yet: any server may still take them
     capacity: int = 0  # in-flight target: the batch size plus a queue margin
-    # the server's running batch size dispatch works with and where it came from (engine/capacity.py:
+    # the server's running batch size dispatch works with and where it came from (engine/servers/capacity.py:
     # internal_states | log | server_info | flag | default, or feedback once its queue corrected it);
     # None / "" until it is known
     batch_size: int | None = None

@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from engine.capacity import (
+from engine.servers.capacity import (
     DEFAULT_MAX_RUNNING, BatchSize, BatchSource, ServerCapacity, batch_from_flag, batch_from_log, configured_batch,
     discover, parse_server_info,
 )
 from engine.config import Dispatch, RunConfig
-from engine.host_link import RemoteWorker
-from engine.metrics_client import ServerMetrics
+from engine.placement.hosts.link import RemoteWorker
+from engine.servers.metrics_client import ServerMetrics
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.dispatcher import Dispatcher
-from engine.workers import IdentityRecord, WorkerSpec, WorkerState
+from engine.servers.workers import IdentityRecord, WorkerSpec, WorkerState
 
 ARGS = {"model_path": "/models/Qwen3-27B", "dp_size": 1, "tp_size": 1, "max_running_requests": None}
 

@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from console.commands.status import render_status
-from engine.capacity import batch_from_log
+from engine.servers.capacity import batch_from_log
 from engine.config import RunConfig
 from engine.run.batch_feedback import margin_for
 from engine.run.status import RunStatus

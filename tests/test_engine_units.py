@@ -6,12 +6,12 @@ import os
 import stat
 from pathlib import Path
 
-from engine.capacity import parse_server_info
+from engine.servers.capacity import parse_server_info
 from engine.config import RunConfig, Workers
 from engine.control import ControlError, ControlServer, request
-from engine.metrics_client import parse_metrics
+from engine.servers.metrics_client import parse_metrics
 from engine.run.control_ops import Pause
-from engine.workers import WorkerSpec, error_lines, launch_argv, redact, worker_specs
+from engine.servers.workers import WorkerSpec, error_lines, launch_argv, redact, worker_specs
 
 METRICS = """# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
@@ -84,7 +84,7 @@ def test_error_lines_know_the_0_5_23_fatal_lines(tmp_path):
 
 
 def test_each_server_gets_its_own_empty_prometheus_multiproc_dir(tmp_path):
-    from engine.workers import own_prometheus_dir
+    from engine.servers.workers import own_prometheus_dir
 
     first, second = own_prometheus_dir(tmp_path / "gpu0"), own_prometheus_dir(tmp_path / "gpu1")
     assert first != second and first.is_dir() and second.is_dir()

@@ -23,7 +23,7 @@ from engine.render import RenderError
 from engine.run_dir import ConfigChanged
 from engine.run.status import RunStatus
 from engine.safe_log import ResilientHandler
-from engine.startup import StartupChecks, open_prompt_files
+from engine.servers.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry
 from engine.telemetry_events import AlertEvent, DispatchEvent, FatalEvent, RunEndEvent, WorkerEvent, parse_event
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.gpu import GpuSampler
+from engine.servers.gpu import GpuSampler
 from engine.simulator.gpu import CONTEXT_GB, GRAPH_GB, SIM_GPU_NAME, SimGpus, gpu_indices
 from tests.test_engine_run import make_config, supervisors, wait_for  # noqa: F401 (fixture)
 

@@ -6,7 +6,7 @@ with --enable-metrics-for-all-schedulers and TP > 1 every TP rank exports the sa
 """
 from __future__ import annotations
 
-from engine.metrics_client import parse_metrics
+from engine.servers.metrics_client import parse_metrics
 
 HEAD = {
     "sglang:num_running_reqs": "The number of running requests.",

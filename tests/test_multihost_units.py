@@ -14,14 +14,14 @@ from rich.console import Console
 from console.commands.status import render_status
 from console.tui.model import RunModel
 from engine.config import ConfigError, Host, config_from_dict, dump_toml, host_workers
-from engine.host_link import HostLink, RemoteWorker, admit_remote, host_specs, live_records, parse_identity_records
-from engine.capacity import ServerCapacity
-from engine.metrics_client import ServerMetrics
-from engine.router import RouterEndpoint, router_argv
+from engine.placement.hosts.link import HostLink, RemoteWorker, admit_remote, host_specs, live_records, parse_identity_records
+from engine.servers.capacity import ServerCapacity
+from engine.servers.metrics_client import ServerMetrics
+from engine.placement.router import RouterEndpoint, router_argv
 from engine.run.status import RunStatus
-from engine.server_identity import ServedNames, Verdict
+from engine.servers.identity import ServedNames, Verdict
 from engine.telemetry_events import AlertEvent, GpuEvent, WorkerEvent
-from engine.workers import IdentityRecord, WorkerSpec, WorkerState
+from engine.servers.workers import IdentityRecord, WorkerSpec, WorkerState
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 
 BASE = {"run_dir": "/r", "model": "/m", "prompts": ["p.jsonl"]}

@@ -248,7 +248,7 @@ def test_pilot_refuses_a_port_another_process_holds(tmp_path, tiny_model_dir, ca
 
 
 def test_pilot_server_that_exits_ends_the_pilot_with_its_log(tmp_path, tiny_model_dir, capsys):
-    # the pilot launches through engine/workers.py's Worker: a crash is reported with the server's own words,
+    # the pilot launches through engine/servers/workers.py's Worker: a crash is reported with the server's own words,
     # never restarted into a figure
     cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=["--sim-step-ms", "not-a-number"])
     assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "10"]) != 0

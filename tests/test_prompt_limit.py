@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.capacity import ServerCapacity, parse_server_info
+from engine.servers.capacity import ServerCapacity, parse_server_info
 from engine.config import RunConfig, Sampling
 from engine.ingest import Conversation
 from engine.run.feed import Feed

@@ -17,7 +17,7 @@ from engine.run.offline_status import NotARunDir, offline_status
 from engine.run.status import HostStatus, Rejects, RouterStatus, RunStatus
 from engine.wire import ShardFigures
 from engine.shard_store import ShardStore
-from engine.startup import StartCheck
+from engine.servers.startup import StartCheck
 from engine.supervisor import Supervisor
 from engine.telemetry import Telemetry
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,

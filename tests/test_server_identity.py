@@ -1,5 +1,5 @@
-"""Who holds a port (engine/port_holder.py) and whether the server on it is the one regen launched
-(engine/server_identity.py): the lookups against real sockets and processes, the verdict table."""
+"""Who holds a port (engine/servers/port_holder.py) and whether the server on it is the one regen launched
+(engine/servers/identity.py): the lookups against real sockets and processes, the verdict table."""
 from __future__ import annotations
 
 import os
@@ -14,12 +14,12 @@ import aiohttp
 import pytest
 
 from engine.config import RunConfig, Workers
-from engine.port_holder import PortHolder, check_port, describe_pid, process_tree
-from engine.server_identity import (
+from engine.servers.port_holder import PortHolder, check_port, describe_pid, process_tree
+from engine.servers.identity import (
     Expected, ServedNames, SocketOwner, Verdict, check_identity, judge, operator_served_name, read_served_names,
     served_name,
 )
-from engine.workers import bind_failure, launch_argv, worker_specs
+from engine.servers.workers import bind_failure, launch_argv, worker_specs
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 
 
@@ -76,7 +76,7 @@ def test_a_bound_but_not_listening_port_says_why_no_holder_is_named(listener):
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to drop to nobody")
 def test_another_users_holder_is_not_visible_and_the_check_says_why(listener):
     port = listener()  # held by root (this process); looked up as nobody
-    code = (f"from engine.port_holder import check_port; c = check_port('127.0.0.1', {port}); "
+    code = (f"from engine.servers.port_holder import check_port; c = check_port('127.0.0.1', {port}); "
             "print(c.held, [h.pid for h in c.holders]); print(c.holder_text())")
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                          capture_output=True, text=True, timeout=60, env={"PYTHONPATH": os.environ.get("PYTHONPATH", "")

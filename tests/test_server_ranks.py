@@ -1,5 +1,5 @@
-"""A server across nodes as a placement backend gets it: its ranks and each rank's launch line (engine.server_ranks),
-and the launch line regen builds from run.toml for one rank (engine.workers.launch_argv)."""
+"""A server across nodes as a placement backend gets it: its ranks and each rank's launch line (engine.servers.ranks),
+and the launch line regen builds from run.toml for one rank (engine.servers.workers.launch_argv)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,9 +9,9 @@ import signal
 import pytest
 
 from engine.config import RunConfig, Workers
-from engine.server_ranks import DistInitAddr, RankPlanError, plan_server, rank_argv
+from engine.servers.ranks import DistInitAddr, RankPlanError, plan_server, rank_argv
 from engine.simulator import parse_args
-from engine.workers import WorkerSpec, launch_argv
+from engine.servers.workers import WorkerSpec, launch_argv
 
 
 def test_two_nodes_of_four_gpus_make_one_tp8_server():
@@ -66,7 +66,7 @@ async def test_two_workers_launch_one_server_across_two_ranks_and_rank0_ends_wit
     import aiohttp
 
     from engine.telemetry_events import AlertEvent
-    from engine.workers import Worker, WorkerState
+    from engine.servers.workers import Worker, WorkerState
     from tests.run_helpers import make_config
     from tests.sshd_fixtures import free_port
     from tests.waiting import await_until

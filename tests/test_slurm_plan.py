@@ -9,7 +9,7 @@ import pytest
 
 from console.cli import main as cli_main
 from engine.config import ConfigError, config_from_dict
-from engine.slurm_plan import allocations_needed, layout_of, sbatch_argv, srun_argv
+from engine.placement.slurm.plan import allocations_needed, layout_of, sbatch_argv, srun_argv
 
 BASE = {"run_dir": "/scratch/run", "model": "/m", "prompts": ["p.jsonl"]}
 
@@ -62,7 +62,7 @@ def test_sbatch_and_srun_lines_carry_every_key():
         assert word in argv, word
     assert argv[-1] == "--wrap=" + shlex.join(srun_argv(cfg, 1))
     assert srun_argv(cfg, 1) == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "env",
-                                 "PYTHONPATH=/scratch/run/slurm/.regen/engine", "/opt/sglang/bin/python", "-m", "engine.slurm_step", "--work-dir",
+                                 "PYTHONPATH=/scratch/run/slurm/.regen/engine", "/opt/sglang/bin/python", "-m", "engine.placement.slurm.step", "--work-dir",
                                  "/scratch/run/slurm", "--group", "1"]
     assert "--test-only" in sbatch_argv(cfg, 0, test_only=True)
 

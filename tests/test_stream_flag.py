@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from engine.stream_flag import INCREMENTAL, LEGACY, choose, flag_for
+from engine.servers.stream_flag import INCREMENTAL, LEGACY, choose, flag_for
 
 
 def test_the_flag_follows_the_version():

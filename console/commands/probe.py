@@ -49,7 +49,7 @@ def slurm_ask(cfg: RunConfig) -> SlurmAsk | None:
     """What the run asks of the Slurm cluster, with the exact `sbatch --test-only` of its first job."""
     if cfg.slurm is None:
         return None
-    from engine.slurm_plan import layout_of, sbatch_argv
+    from engine.placement.slurm.plan import layout_of, sbatch_argv
 
     s, layout = cfg.slurm, layout_of(cfg)
     return SlurmAsk(partition=s.partition, gpus_per_node=s.gpus_per_node, nodes=layout.nodes_low,

@@ -73,7 +73,7 @@ def run(args) -> int:
         return EXIT_ERROR
 
     if cfg.slurm is not None:
-        from engine.slurm_plan import layout_of
+        from engine.placement.slurm.plan import layout_of
 
         span = layout_of(cfg).nodes_per_group
         if span > 1:

@@ -12,13 +12,13 @@ own queue at once. Read every metrics tick from `sglang:num_running_reqs` / `sgl
   (an overshoot from growing, a reported size that is too big, or a KV pool that is full);
 * otherwise the size holds: a queue of about the margin is the steady state.
 
-The size starts from the smaller of the reported batch and what the KV pool holds (engine.capacity.kv_fit),
+The size starts from the smaller of the reported batch and what the KV pool holds (engine.servers.capacity.kv_fit),
 never from the reported batch alone: SGLang's default is derived from the pool for its shortest requests,
 and a client that sends that many piles them in the server's own queue, where no other server can take them.
 """
 from __future__ import annotations
 
-from engine.capacity import BatchSize, BatchSource
+from engine.servers.capacity import BatchSize, BatchSource
 
 MAX_GROWTH = 1.5  # per reading
 POOL_FULL = 0.9  # token_usage a server is grown to, and above which it is not grown (SGLang retracts when full)

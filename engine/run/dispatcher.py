@@ -5,7 +5,7 @@ has a free slot, so a slow worker never holds the others back. Every item sent c
 outcome (engine.run.items), handed to `deliver`: the run routes `Generated` to the committer and
 the rest to the ledger; the dispatcher settles nothing itself. A worker's slot count is
 `dispatch.max_in_flight_per_worker` (the operator's fixed override), or what the server can run now plus a
-small queue margin: its batch size (discovered: engine/capacity.py) cut to what its KV pool holds (prompt plus
+small queue margin: its batch size (discovered: engine/servers/capacity.py) cut to what its KV pool holds (prompt plus
 expected output: engine/run/request_size.py), then corrected from the server's own running / queued / token
 usage gauges (engine/run/batch_feedback.py) so its queue stays short but non-empty. Work waits in regen's queue,
 where any server can take it.
@@ -43,7 +43,7 @@ import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
-from engine.capacity import BatchSize, BatchSource, kv_fit
+from engine.servers.capacity import BatchSize, BatchSource, kv_fit
 from engine.config import RunConfig
 from engine.http_client import ConnectionMark, dropped_idle, fresh_session, marking
 from engine.render import Renderer
@@ -55,7 +55,7 @@ from engine.run.runaway import Repetition, RunawayDetector
 from engine.run.spread import ServerLoad, StrandedWatch, room, within_share
 from engine.shard_store import REPETITION
 from engine.telemetry_events import AlertEvent
-from engine.workers import Worker, WorkerState
+from engine.servers.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.dispatch")
 
@@ -233,7 +233,7 @@ class Dispatcher:
         return batch.size + _margin(w, batch.size)
 
     def _starting_size(self, w: Worker, discovered: BatchSize) -> BatchSize:
-        """The reported batch cut to what the server's KV pool holds of this run's requests (engine.capacity.kv_fit);
+        """The reported batch cut to what the server's KV pool holds of this run's requests (engine.servers.capacity.kv_fit);
         the pool is per server, so a router target (its discovered size is its servers' sum) is not cut."""
         if getattr(w, "queue_margin", None):
             return discovered

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from engine.config import Metrics
-from engine.port_holder import holders
+from engine.servers.port_holder import holders
 from engine.run.status import MetricsStatus, RunStatus
 from engine.telemetry_events import AlertEvent
 from engine.wire import RunState, Severity, ShardState, WorkerState

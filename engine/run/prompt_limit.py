@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.capacity import ServerCapacity
+from engine.servers.capacity import ServerCapacity
 
 INPUT_MARGIN = 5  # max_req_input_len = max_req_len - 5
 

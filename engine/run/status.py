@@ -10,7 +10,7 @@ RunStatus fields (the JSON keys of the reply):
   running        a supervisor answers (false: read from the run dir alone; then `offline` is true)
   fatal          why the run failed (engine.fatal.FatalRecord: type, message, path, remedy, log), or null
   phase          live: where a fatal error would be (start | run | shutdown); offline: null
-  startup        live: the start checks (engine.startup.StartCheck) until they pass; offline: []
+  startup        live: the start checks (engine.servers.startup.StartCheck) until they pass; offline: []
   write_errors   live: files the supervisor cannot write (logs, telemetry.jsonl); offline: []
   pid, started_at, config_hash, host   the supervisor's (offline: pid and config_hash null; started_at the first
                  telemetry event's time)
@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.fatal import FatalRecord
 from engine.run.brake import BrakeStatus
-from engine.startup import StartCheck
+from engine.servers.startup import StartCheck
 from engine.telemetry_events import AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, WorkerEvent
 from engine.wire import DISPATCHING_RUN_STATES, AlertLevels, ShardFigures, decode
 
@@ -153,7 +153,7 @@ class HostStatus:
     """One [[hosts]] entry of a multi-host run, or one [slurm] group (its job in `job`)."""
     name: str
     address: str  # "local" for the dispatch host itself
-    state: str  # up | connecting | lost | drained | ... (engine.host_link); the local host is always up
+    state: str  # up | connecting | lost | drained | ... (engine.placement.hosts.link); the local host is always up
     error: str | None = None
     workers: list[str] = field(default_factory=list)
     work_dir: str = ""

@@ -44,7 +44,7 @@ def _post(url: str, body: dict) -> float:
 
 def router_latency(model: Path, work: Path, requests: int = 300) -> dict:
     from engine.config import Router, RunConfig
-    from engine.router import router_argv
+    from engine.placement.router import router_argv
     from tests.sshd_fixtures import free_port
 
     sims = bc.start_sims(1, model, ["--sim-instant", "--sim-output-mean", "8", "--log-level-http", "warning"],

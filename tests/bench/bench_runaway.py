@@ -31,7 +31,7 @@ both. Figures:
 
 Targets (issue 17): >= 20% less GPU time per kept sample, 0 legitimate answers stopped, >= 95% of loops stopped
 before 25% of max_new_tokens; (issue 27) the streamed run's client CPU per token <= 1.2x the plain run's. regen
-launches each server with its version's delta-streaming flag (engine.stream_flag: --incremental-streaming-output
+launches each server with its version's delta-streaming flag (engine.servers.stream_flag: --incremental-streaming-output
 on the simulator's default 0.5.23), so the guarded run streams only the new ids. --incremental adds a guarded run
 whose launch line names the flag itself (the same streams, the operator's spelling).
 """

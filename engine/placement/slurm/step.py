@@ -1,12 +1,12 @@
-"""`python -m engine.slurm_step --work-dir W --group G`: one node's part of a regen Slurm job (the srun step).
+"""`python -m engine.placement.slurm.step --work-dir W --group G`: one node's part of a regen Slurm job (the srun step).
 
-Run by srun on each node of job `<job_name>-<G>` (engine/slurm_plan.py prints the line). It makes this job's
+Run by srun on each node of job `<job_name>-<G>` (engine/placement/slurm/plan.py prints the line). It makes this job's
 own work dir W/g<G>/job-<SLURM_JOB_ID> (a new job on another node never meets the last one's pid files), writes
 there the group's host.toml (W/g<G>/host.toml, written by the login node's link) with the servers bound to this
 node's address, and node.json (job, node, address, GPUs) that tells the login node where the servers are; then it
-runs regen's host agent (engine/host_agent.py), the same one as on [[hosts]], until Slurm ends the step. The GPUs
+runs regen's host agent (engine/placement/hosts/agent.py), the same one as on [[hosts]], until Slurm ends the step. The GPUs
 are the ids Slurm gave the step (CUDA_VISIBLE_DEVICES): the servers keep the names <host>.gpu0.. whatever ids those
-are (engine.workers.visible_gpus).
+are (engine.servers.workers.visible_gpus).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import socket
 import sys
 from pathlib import Path
 
-from engine import host_agent
+from engine.placement.hosts import agent as host_agent
 from engine.config import ConfigError, dump_toml, load_config
-from engine.workers import SLURM_GPUS_VAR
+from engine.servers.workers import SLURM_GPUS_VAR
 
 NODE_FILE = "node.json"
 EXIT_NOT_IN_SLURM = 2
@@ -49,7 +49,7 @@ def job_dir(work_dir: Path, group: int, job_id: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.slurm_step", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.placement.slurm.step", description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--group", type=int, required=True)
     args = parser.parse_args(argv)

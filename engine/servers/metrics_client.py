@@ -1,4 +1,4 @@
-"""Reading an SGLang server's /metrics gauges (its capacity: engine/capacity.py)."""
+"""Reading an SGLang server's /metrics gauges (its capacity: engine/servers/capacity.py)."""
 from __future__ import annotations
 
 import re

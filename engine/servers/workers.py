@@ -6,7 +6,7 @@ to workers/<name>/server.log; the server runs in its own process group so a kill
 tree (SGLang forks scheduler and detokenizer processes).
 
 A worker is only ever the server it launched: the port must be free before each launch, and the
-server that answers must prove it is this launch (engine/server_identity.py) before the worker is
+server that answers must prove it is this launch (engine/servers/identity.py) before the worker is
 ready. Otherwise it is `refused` (not a crash): one critical alert naming the holder and the
 remedy, the port re-checked with backoff, and the launch made once the port is free again.
 """
@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
-from engine import stream_flag
+from engine.servers import stream_flag
 from engine.wire import WorkerState  # noqa: F401  (the workers' states are the wire's)
-from engine.capacity import BatchSize, ServerCapacity, batch_from_log, configured_batch, discover, parse_server_info
+from engine.servers.capacity import BatchSize, ServerCapacity, batch_from_log, configured_batch, discover, parse_server_info
 from engine.config import RunConfig
-from engine.metrics_client import ServerMetrics, parse_metrics
-from engine.port_holder import PortCheck, check_port
-from engine.server_ranks import ServerRank, rank_argv
-from engine.server_identity import (
+from engine.servers.metrics_client import ServerMetrics, parse_metrics
+from engine.servers.port_holder import PortCheck, check_port
+from engine.servers.ranks import ServerRank, rank_argv
+from engine.servers.identity import (
     SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, judge_health_only, launch_token,
     operator_served_name, served_name, socket_owner,
 )
@@ -74,7 +74,7 @@ class WorkerSpec:
     gpus: tuple[int, ...]
     host: str
     port: int
-    rank: ServerRank | None = None  # this node's part of a server across nodes (engine/server_ranks.py)
+    rank: ServerRank | None = None  # this node's part of a server across nodes (engine/servers/ranks.py)
 
     @property
     def tp_size(self) -> int:
@@ -115,7 +115,7 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name
     return rank_argv(argv, spec.rank) if spec.rank else argv
 
 
-SLURM_GPUS_VAR = "REGEN_SLURM_GPUS"  # set by engine.slurm_step: the GPU ids Slurm gave the job step on this node
+SLURM_GPUS_VAR = "REGEN_SLURM_GPUS"  # set by engine.placement.slurm.step: the GPU ids Slurm gave the job step on this node
 
 
 def visible_gpus(gpus: tuple[int, ...]) -> list[str]:
@@ -229,7 +229,7 @@ class IdentityRecord:
     port: int
     error: str | None = None
     # the per-DP-rank batch size in this launch's start-up log line, read where the log is (the dispatch
-    # host cannot read it): one of the sources of the server's batch size (engine/capacity.py)
+    # host cannot read it): one of the sources of the server's batch size (engine/servers/capacity.py)
     startup_batch: int | None = None
     # the process that wrote it (a host agent): a record of an agent that has gone since is stale
     agent_pid: int | None = None
@@ -349,7 +349,7 @@ class Worker:
         self._crash_times: list[float] = []
         self._stopping = False
         self._manual_restart = asyncio.Event()
-        self._stream_flag: stream_flag.StreamFlag | None = None  # chosen at the first launch (engine.stream_flag)
+        self._stream_flag: stream_flag.StreamFlag | None = None  # chosen at the first launch (engine.servers.stream_flag)
         self._ready_event = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._expected: Expected | None = None  # the identity of the current launch
@@ -717,7 +717,7 @@ class Worker:
 
     async def _read_capacity(self) -> None:
         """The server's batch size from what it reports, its start-up log line or the launch flag
-        (engine/capacity.py); its context length from /get_server_info (kept from before if it does not answer)."""
+        (engine/servers/capacity.py); its context length from /get_server_info (kept from before if it does not answer)."""
         reported = await read_server_info(self.session, self.url, self.headers, self.name)
         if reported is None:
             reported = ServerCapacity(max_total_num_tokens=self.capacity_info.max_total_num_tokens,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
-from engine.port_holder import PortHolder, describe_pid, listening_pids, process_tree
+from engine.servers.port_holder import PortHolder, describe_pid, listening_pids, process_tree
 
 SERVED_NAME_FLAG = "--served-model-name"
 NAME_PATHS = ("/v1/models", "/model_info", "/get_model_info")

@@ -23,7 +23,7 @@ SHM = Path("/dev/shm")  # SGLang's shared memory, watched beside the work dir as
 
 
 class Sampler(Protocol):
-    """engine.gpu.GpuSampler, or a stand-in with its interface."""
+    """engine.servers.gpu.GpuSampler, or a stand-in with its interface."""
     init_error: str | None
 
     def sample(self) -> list[GpuEvent]: ...

@@ -13,7 +13,7 @@ holding gpus_per_node / tp_size servers, or the tp_size / gpus_per_node nodes on
 - time limits are per job, so the groups' handovers need not coincide (a single job drains every server at once).
 No `--signal` ahead of the limit: Slurm delivers it to every process of the job's steps, and SGLang servers (and the
 simulator) die of an unhandled SIGUSR1. The login node reads each job's time left from squeue instead and, handover_s
-before the limit, drains that job's servers and queues the next job (engine/slurm_link.py).
+before the limit, drains that job's servers and queues the next job (engine/placement/slurm/link.py).
 The cost is one sbatch per group per allocation, and `regen stop` cancelling several job ids (the ones regen
 recorded, never a name pattern).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from engine.config_schema import RunConfig, Slurm
 
-STEP_MODULE = "engine.slurm_step"
+STEP_MODULE = "engine.placement.slurm.step"
 AGENT_DIR = ".regen/engine"
 
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
-from engine.capacity import BatchSize, ServerCapacity
+from engine.servers.capacity import BatchSize, ServerCapacity
 from engine.config import RunConfig
-from engine.metrics_client import ServerMetrics
+from engine.servers.metrics_client import ServerMetrics
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import WorkerState, die_with_parent, log_tail, served_fields, with_batch
+from engine.servers.workers import WorkerState, die_with_parent, log_tail, served_fields, with_batch
 
 if TYPE_CHECKING:
     from engine.run.counts import ServedTokens

@@ -1,7 +1,7 @@
 """A rehearsal's GPU readings: each local SGLang simulator's modelled GPUs (its `GET /sim/gpu`), named as simulated.
 
 Used only where NVML is unavailable and the workers are the simulator (probes.context.is_rehearsal); a real GPU is
-always read through NVML (engine/gpu.py).
+always read through NVML (engine/servers/gpu.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import aiohttp
 
 from engine.telemetry_events import GpuEvent
-from engine.workers import Worker, WorkerState
+from engine.servers.workers import Worker, WorkerState
 
 SIM_GPU_PATH = "/sim/gpu"
 READ_TIMEOUT_S = 5.0

@@ -16,13 +16,13 @@ import aiohttp
 
 import engine
 from engine.config import RunConfig, host_workers
-from engine.host_link import HostLink, named_specs
-from engine.router import RouterEndpoint, RouterError, RouterProcess
+from engine.placement.hosts.link import HostLink, named_specs
+from engine.placement.router import RouterEndpoint, RouterError, RouterProcess
 from engine.run.status import HostStatus, RouterStatus
 from engine.fatal import HostsFailed
 from engine.telemetry_events import AlertEvent
 from engine.wire import HostState
-from engine.workers import Worker, WorkerState
+from engine.servers.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.fleet")
 
@@ -60,8 +60,8 @@ class Fleet:
                 forward += len(link.specs)
                 self.links.append(link)
         if cfg.slurm is not None:
-            from engine.slurm_link import SlurmLink
-            from engine.slurm_plan import layout_of
+            from engine.placement.slurm.link import SlurmLink
+            from engine.placement.slurm.plan import layout_of
 
             self.links += [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit)
                            for g in range(layout_of(cfg).groups)]
@@ -91,8 +91,8 @@ class Fleet:
             link.start()
 
     async def _cancel_leftover_jobs(self) -> None:
-        from engine import slurm_jobs
-        from engine.slurm_plan import slurm_work_dir
+        from engine.placement.slurm import jobs as slurm_jobs
+        from engine.placement.slurm.plan import slurm_work_dir
 
         try:
             ids, said = await slurm_jobs.cancel_leftovers(Path(slurm_work_dir(self.cfg)) / slurm_jobs.JOBS_FILE)

@@ -1,13 +1,13 @@
-"""`python -m engine.host_agent --work-dir D --host-name H`: the SGLang servers of one host of a
+"""`python -m engine.placement.hosts.agent --work-dir D --host-name H`: the SGLang servers of one host of a
 multi-host run, supervised with the same Worker code as a one-host run.
 
-Started detached by the dispatch host (engine/host_link.py) in D, where host.toml holds this
+Started detached by the dispatch host (engine/placement/hosts/link.py) in D, where host.toml holds this
 host's [workers]. It launches one server per GPU group, restarts crashed ones (pid files and
 logs under D/workers/<name>/), and runs until SIGTERM (`regen stop`, or the run ending), when it
 stops its servers. A second agent on the same work dir exits at once with EXIT_LOCKED, so the
 dispatch host can start one on every (re)join without checking first. Events go to
 D/telemetry.jsonl; the dispatch host watches the servers over HTTP and reads the host's GPU and disk
-readings, which the agent keeps in D/host_readings.json (engine/host_readings.py).
+readings, which the agent keeps in D/host_readings.json (engine/placement/hosts/readings.py).
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ import aiohttp
 import psutil
 
 from engine.config import ConfigError, load_config
-from engine.gpu import GpuSampler
-from engine.host_link import named_specs
-from engine.host_readings import Sampler, publish_readings
+from engine.servers.gpu import GpuSampler
+from engine.placement.hosts.link import named_specs
+from engine.placement.hosts.readings import Sampler, publish_readings
 from engine.telemetry import Telemetry
-from engine.workers import Worker
+from engine.servers.workers import Worker
 
 log = logging.getLogger("regen.agent")
 
@@ -48,7 +48,7 @@ def _holder(pid_path: Path) -> int | None:
         cmdline = " ".join(psutil.Process(pid).cmdline())
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None
-    return pid if "engine.host_agent" in cmdline else None
+    return pid if "engine.placement.hosts.agent" in cmdline else None
 
 
 async def run_agent(work_dir: Path, host_name: str, sampler: Callable[[], Sampler] = GpuSampler) -> int:
@@ -64,7 +64,7 @@ async def run_agent(work_dir: Path, host_name: str, sampler: Callable[[], Sample
         loop.add_signal_handler(sig, stop.set)
     async with aiohttp.ClientSession() as session:
         # the same Worker as a one-host run: a busy port or a server that cannot prove it is this launch is
-        # refused here, and its identity.json tells the dispatch host (engine/host_link.py) not to admit it
+        # refused here, and its identity.json tells the dispatch host (engine/placement/hosts/link.py) not to admit it
         workers = [Worker(spec=s, cfg=cfg, run_dir=work_dir, session=session, emit=telemetry.emit, host_name=host_name)
                    for s in named_specs(cfg.workers, host_name)]
         for w in workers:
@@ -90,7 +90,7 @@ def _readings_ended(task: asyncio.Task) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.host_agent", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.placement.hosts.agent", description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--host-name", required=True)
     args = parser.parse_args(argv)

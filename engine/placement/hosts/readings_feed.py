@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Awaitable, Callable
 
-from engine.host_readings import HostReadings
+from engine.placement.hosts.readings import HostReadings
 from engine.telemetry_events import DiskEvent, GpuEvent
 
 log = logging.getLogger("regen.hosts")

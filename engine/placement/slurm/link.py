@@ -1,11 +1,11 @@
 """One server group of a [slurm] run, seen from the login node: its Slurm job, and the servers the job's host agent
 runs on the node Slurm gave it.
 
-The same link as an SSH host (engine/host_link.py: identity proof, health, admission to the router, capacity,
+The same link as an SSH host (engine/placement/hosts/link.py: identity proof, health, admission to the router, capacity,
 metrics, GPU/disk readings, loss and rejoin), with Slurm where SSH was:
 - a (re)join submits the group's job with sbatch (the exact line `regen plan` prints), unless one it submitted is
   still queued or running, and waits while Slurm keeps it PENDING (the reason, e.g. Resources, is the host's
-  error in `regen status`); once RUNNING, the step (engine/slurm_step.py) says in node.json which node and address
+  error in `regen status`); once RUNNING, the step (engine/placement/slurm/step.py) says in node.json which node and address
   its servers are on, and the members' URLs point there (the router reaches them over the cluster network);
 - the work dir is on a filesystem the nodes share with the login node, so "running a command on the host" (reading
   identity records and readings) is a local command on that shared dir;
@@ -29,17 +29,17 @@ from typing import Callable
 
 import aiohttp
 
-from engine import slurm_jobs
+from engine.placement.slurm import jobs as slurm_jobs
 from engine.config import Host, RunConfig, dump_toml
 from engine.config_schema import time_limit_seconds
-from engine.host_link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
+from engine.placement.hosts.link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
 from engine.run.status import HostStatus, SlurmJobStatus
-from engine.slurm_jobs import JobState, SlurmError
-from engine.slurm_plan import job_name, layout_of, sbatch_argv, slurm_work_dir
-from engine.slurm_step import NODE_FILE, group_dir, job_dir
+from engine.placement.slurm.jobs import JobState, SlurmError
+from engine.placement.slurm.plan import job_name, layout_of, sbatch_argv, slurm_work_dir
+from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.telemetry_events import AlertEvent
 from engine.wire import HostState
-from engine.workers import WorkerState
+from engine.servers.workers import WorkerState
 
 log = logging.getLogger("regen.slurm")
 

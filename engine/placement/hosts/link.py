@@ -4,13 +4,13 @@ The dispatch host reaches each remote host with its own OpenSSH client (`ssh`, k
 of the dispatch host, plus `[[hosts]].ssh_options`). On every (re)join the link:
 
 1. copies the engine there (`tar | ssh tar -x` into <work_dir>/.regen/engine) with host.toml;
-2. starts the host agent (`python -m engine.host_agent`, detached with setsid/nohup; an agent
+2. starts the host agent (`python -m engine.placement.hosts.agent`, detached with setsid/nohup; an agent
    that already runs keeps running and the new one exits at once), which supervises the host's
    SGLang servers with the same Worker code as a one-host run;
 3. opens one `ssh -N -L` process forwarding a dispatch-host loopback port to each server's
    127.0.0.1 port (SGLang stays bound to loopback on the host), unless router.link = "lan";
 4. watches each server through its forward (/health, /metrics, /get_server_info), and reads the
-   agent's GPU and disk readings of its host (engine/host_readings_feed.py: N/A once they stop).
+   agent's GPU and disk readings of its host (engine/placement/hosts/readings_feed.py: N/A once they stop).
 
 A server joins the router only once its identity is proven twice: the host agent's Worker proved
 on the host that it is its own launch (free port, per-launch served-model-name, socket owned by the
@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 
 from engine.wire import HostState
-from engine.capacity import BatchSize, ServerCapacity, configured_batch, discover
+from engine.servers.capacity import BatchSize, ServerCapacity, configured_batch, discover
 from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
-from engine.host_readings import READINGS_FILE
-from engine.host_readings_feed import ReadingsFeed, ReadingsUnavailable
-from engine.metrics_client import ServerMetrics, parse_metrics
+from engine.placement.hosts.readings import READINGS_FILE
+from engine.placement.hosts.readings_feed import ReadingsFeed, ReadingsUnavailable
+from engine.servers.metrics_client import ServerMetrics, parse_metrics
 from engine.run.status import HostStatus
-from engine.server_identity import IdentityCheck, ServedNames, Verdict, read_served_names
+from engine.servers.identity import IdentityCheck, ServedNames, Verdict, read_served_names
 from engine.telemetry_events import AlertEvent, WorkerEvent
-from engine.workers import (
+from engine.servers.workers import (
     IDENTITY_FILE, IdentityRecord, WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event,
 )
 from probes.shell import shell_path
@@ -336,7 +336,7 @@ class HostLink:
         name = shlex.quote(self.host.name)
         # the braces keep `&` on the agent alone: a backgrounded `cd && ...` list would be a subshell
         # holding the ssh channel open until the agent exits
-        command = (f"cd {wd} && {{ PYTHONPATH={wd}/{AGENT_DIR} setsid nohup {py} -m engine.host_agent --work-dir . "
+        command = (f"cd {wd} && {{ PYTHONPATH={wd}/{AGENT_DIR} setsid nohup {py} -m engine.placement.hosts.agent --work-dir . "
                    f"--host-name {name} >> agent.log 2>&1 < /dev/null & }} && sleep 0.5"
                    " && { [ -f agent.pid ] && cat agent.pid || echo 'agent.pid not written yet'; };"
                    f" tail -n 2 agent.log")
@@ -636,7 +636,7 @@ class HostLink:
             return False, f"/health: {type(exc).__name__}: {exc}"
 
     async def _read_capacity(self, m: RemoteWorker) -> None:
-        """Its batch size as a local worker finds it (engine/capacity.py): the start-up log line is on the
+        """Its batch size as a local worker finds it (engine/servers/capacity.py): the start-up log line is on the
         host, so the host agent's identity record carries it."""
         reported = await read_server_info(self.session, m.url, m.headers, m.name)
         if reported is None:

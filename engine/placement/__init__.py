@@ -1,0 +1,1 @@
+"""Where servers run: SSH hosts (placement/hosts) or Slurm allocations (placement/slurm), behind the router."""

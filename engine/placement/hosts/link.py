@@ -252,6 +252,13 @@ class HostLink:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self._stop_readings()
+        await self._release(stop_agent)
+        self.state = HostState.STOPPED
+        for m in self.members:
+            m.set_state(WorkerState.STOPPED)
+
+    async def _release(self, stop_agent: bool) -> None:
+        """What this link holds on the host once its loop is stopped: the tunnel, and the agent if asked."""
         await self._close_tunnel()
         if stop_agent:
             try:
@@ -261,9 +268,6 @@ class HostLink:
                     log.warning("host %s: stopping the agent failed: %s", self.host.name, err.strip())
             except HostError as exc:
                 log.warning("host %s: cannot stop its agent: %s", self.host.name, exc)
-        self.state = HostState.STOPPED
-        for m in self.members:
-            m.set_state(WorkerState.STOPPED)
 
     def set_drained(self, drained: bool) -> None:
         self.drained = drained

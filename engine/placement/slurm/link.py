@@ -39,7 +39,6 @@ from engine.placement.slurm.plan import job_name, layout_of, sbatch_argv, slurm_
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.telemetry_events import AlertEvent
 from engine.wire import HostState
-from engine.servers.workers import WorkerState
 
 log = logging.getLogger("regen.slurm")
 
@@ -268,13 +267,8 @@ class SlurmLink(HostLink):
                              key=f"slurm-handover:{self.host.name}"))
 
     # -- stop: cancel what this link submitted ------------------------------------------------------
-    async def stop(self, stop_agent: bool = True) -> None:
-        self._stopping = True
-        self._wake.set()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await self._stop_readings()
+    async def _release(self, stop_agent: bool) -> None:
+        """Cancel the jobs this link submitted (the live one and a queued successor), by id, never by name."""
         live = [j for j in (self.job.job_id if self.job and self.job.active else None, self.next_job) if j]
         if stop_agent and live:
             try:
@@ -283,9 +277,6 @@ class SlurmLink(HostLink):
                 said = str(exc)
             if said:
                 log.warning("group %s: %s", self.host.name, said)
-        self.state = HostState.STOPPED
-        for m in self.members:
-            m.set_state(WorkerState.STOPPED)
 
     def status(self) -> HostStatus:
         st = super().status()

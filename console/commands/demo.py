@@ -35,8 +35,10 @@ DEMO_SIM_ARGS = (
     "--sim-load-s", "1",
 )
 
-# the default demo: ~10x slower decode steps, so the default run lasts about 3-4 minutes (time to try the keys)
-WATCHABLE_PACE = ("--sim-step-ms", "120")
+# the default demo: 20x slower decode steps and 8 requests a server, so the default run lasts about 3 minutes
+# (time to try the keys); measured with `regen demo --headless --until-done` (at 120 ms steps and 32 a server
+# it was over in 50 s)
+WATCHABLE_PACE = ("--sim-step-ms", "240", "--max-running-requests", "8")
 
 TOPICS = ("prime numbers", "a python list", "the attention layer", "gpu memory", "a test case", "the cache",
           "an array index error", "the square root of two", "batch size", "a string function")

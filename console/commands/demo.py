@@ -35,7 +35,7 @@ DEMO_SIM_ARGS = (
     "--sim-load-s", "1",
 )
 
-# the default demo: 20x slower decode steps and 8 requests a server, so the default run lasts about 3 minutes
+# the default demo: 20x slower decode steps and 8 requests a server, so the default run lasts 3-4 minutes
 # (time to try the keys); measured with `regen demo --headless --until-done` (at 120 ms steps and 32 a server
 # it was over in 50 s)
 WATCHABLE_PACE = ("--sim-step-ms", "240", "--max-running-requests", "8")

@@ -67,6 +67,9 @@ def group_host(cfg: RunConfig, group: int) -> Host:
 
 
 class SlurmLink(HostLink):
+    # the agent runs on a compute node, where the login node's `kill -0` cannot see it: a job's dir is that job's
+    # agent's alone, and whether the job (so its agent) lives is squeue's to say
+    AGENT_ALIVE = ""
     def __init__(self, cfg: RunConfig, group: int, *, engine_root: Path, session: aiohttp.ClientSession,
                  emit: Callable[[object], None]):
         # the servers are reached over the cluster network at the node's address (no SSH forwards)

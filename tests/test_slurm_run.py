@@ -279,12 +279,14 @@ def test_a_two_node_server_losing_rank1_is_told_and_every_sample_once(tmp_path, 
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
     wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 20, 120, "first samples", sup)
-    _, rank1, name = spanning_server_dirs(run_dir, job_of(run_dir, "regen-0")["job_id"])
+    head, rank1, name = spanning_server_dirs(run_dir, job_of(run_dir, "regen-0")["job_id"])
     os.killpg(int((rank1 / "workers" / f"{name}.rank1" / "server.pid").read_text()), signal.SIGKILL)
     rank_told = wait_for(lambda: alert(run_dir, "node rank 1 of the server of regen-0 (job "), 30, "the rank's alert",
                          sup)
     assert f"node n2): worker {name}.rank1 crashed (signal 9)" in rank_told["text"], rank_told
-    told = wait_for(lambda: alert(run_dir, f"worker {name} crashed on host regen-0"), 60, "the crash alert", sup)
-    assert "(node rank 1, TP ranks 2-3)" in told["text"], told
     assert sup.wait(240) == 0, sup.log_text()[-4000:]
     every_sample_once(run_dir, cfg, renderer_for)
+    # rank 0 ended with it, in NCCL's words naming the rank, and was launched again by its agent (the login node's
+    # own alert for that crash comes only if its 2 s poll sees the record before the relaunch)
+    head_log = (head / "workers" / name / "server.log").read_text()
+    assert "(node rank 1, TP ranks 2-3)" in head_log and head_log.count("launching:") >= 2

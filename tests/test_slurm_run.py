@@ -15,6 +15,7 @@ import pytest
 
 from engine.config import Router, Slurm, config_from_dict, dump_toml
 from tests.slurm_fixtures import require_slurm, start_slurm
+from console.commands.demo import free_port_block
 from tests.sshd_fixtures import free_port
 from tests.waiting import wait_until
 from tests.test_engine_run import (ctl, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
@@ -44,7 +45,8 @@ def slurm_config(tmp_path, tiny_model_dir, *, prompts: int, sim: tuple = (), tp_
                       host_lost_after_s=4.0)))
     doc = tomllib.loads(dump_toml(cfg))
     doc["workers"].pop("gpus")  # derived from [slurm] gpus_per_node
-    doc["workers"]["base_port"] = 30000  # every node is its own network namespace
+    # free here too: a one-node cluster's servers are on this machine's loopback, beside other tests' simulators
+    doc["workers"]["base_port"] = free_port_block(8)
     doc["workers"]["tp_size"] = tp_size
     return config_from_dict(doc)
 
@@ -265,7 +267,7 @@ def test_one_server_across_two_slurm_nodes_every_sample_once(tmp_path, tiny_mode
     line = next(x for x in (rank1 / "workers" / f"{name}.rank1" / "server.log").read_text().splitlines()
                 if "launching:" in x)
     head_address = json.loads((head / "node.json").read_text())["address"]
-    assert f"--tp-size 4 " in line and f"--nnodes 2 --node-rank 1 --dist-init-addr {head_address}:31000" in line
+    assert f"--tp-size 4 " in line and f"--nnodes 2 --node-rank 1 --dist-init-addr {head_address}:{cfg.workers.base_port + 1000}" in line
     assert sup.wait(180) == 0, sup.log_text()[-4000:]
     every_sample_once(run_dir, cfg, renderer_for)
 

@@ -97,3 +97,20 @@ async def test_two_workers_launch_one_server_across_two_ranks_and_rank0_ends_wit
             assert "remote process exited or there was a network error" in crash.evidence
         finally:
             await asyncio.gather(*(w.stop() for w in workers))
+
+
+def test_a_host_agent_on_a_spanning_node_launches_its_rank_of_the_hosts_server():
+    """engine.placement.hosts.agent --nnodes 2 --node-rank i: the host's one server (tp 4 over 4 GPU indices in
+    host.toml) as this node's rank: 2 GPUs, rank 0 under the server's name, rank 1 named apart."""
+    from engine.placement.hosts.agent import NodeRank, parse_dist_init, rank_specs
+    from engine.placement.hosts.link import named_specs
+
+    specs = named_specs(Workers(gpus=(0, 1, 2, 3), tp_size=4, base_port=30000, host="10.0.0.2"), "regen-0")
+    addr = parse_dist_init("10.0.0.1:31000")
+    head, = rank_specs(specs, "10.0.0.1", NodeRank(2, 0, addr))
+    other, = rank_specs(specs, "10.0.0.2", NodeRank(2, 1, addr))
+    assert (head.name, head.gpus, head.tp_size, head.port) == ("regen-0.gpu0-1-2-3", (0, 1), 4, 30000)
+    assert (other.name, other.gpus, other.tp_size, other.port) == ("regen-0.gpu0-1-2-3.rank1", (0, 1), 4, 30000)
+    assert other.rank.flags() == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:31000"]
+    with pytest.raises(ValueError, match="give HOST:PORT"):
+        parse_dist_init("10.0.0.1")

@@ -63,7 +63,7 @@ def test_sbatch_and_srun_lines_carry_every_key():
     assert argv[-1] == "--wrap=" + shlex.join(srun_argv(cfg, 1))
     assert srun_argv(cfg, 1) == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "env",
                                  "PYTHONPATH=/scratch/run/slurm/.regen/engine", "/opt/sglang/bin/python", "-m", "engine.placement.slurm.step", "--work-dir",
-                                 "/scratch/run/slurm", "--group", "1"]
+                                 "/scratch/run/slurm", "--group", "1", "--dist-init-port", "31008"]
     assert "--test-only" in sbatch_argv(cfg, 0, test_only=True)
 
 

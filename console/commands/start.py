@@ -72,15 +72,6 @@ def run(args) -> int:
               f"{args.config}`)", file=sys.stderr)
         return EXIT_ERROR
 
-    if cfg.slurm is not None:
-        from engine.placement.slurm.plan import layout_of
-
-        span = layout_of(cfg).nodes_per_group
-        if span > 1:
-            print(f"regen start: each server spans {span} nodes (tp_size {cfg.workers.tp_size} > slurm.gpus_per_node "
-                  f"{cfg.slurm.gpus_per_node}): `regen plan` shows those jobs, but regen does not launch servers across "
-                  "nodes yet; nothing was started. Use a tp_size of at most gpus_per_node", file=sys.stderr)
-            return EXIT_ERROR
     if args.no_preflight:
         print(f"regen start: --no-preflight: the host is not probed before the start (`"
               f"{hint_from_args(args, 'probe', '--config', args.config)}` runs the same checks)", file=sys.stderr)

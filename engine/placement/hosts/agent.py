@@ -5,7 +5,10 @@ Started detached by the dispatch host (engine/placement/hosts/link.py) in D, whe
 host's [workers]. It launches one server per GPU group, restarts crashed ones (pid files and
 logs under D/workers/<name>/), and runs until SIGTERM (`regen stop`, or the run ending), when it
 stops its servers. A second agent on the same work dir exits at once with EXIT_LOCKED, so the
-dispatch host can start one on every (re)join without checking first. Events go to
+dispatch host can start one on every (re)join without checking first. With --nnodes N --node-rank I
+--dist-init-addr HOST:PORT (a Slurm group of N nodes, engine/placement/slurm/step.py) the host's one server spans
+the N nodes: this agent launches and restarts its rank I (rank 0 serves HTTP; a rank > 0 only joins it, its
+server named <name>.rank<I>). Events go to
 D/telemetry.jsonl; the dispatch host watches the servers over HTTP and reads the host's GPU and disk
 readings, which the agent keeps in D/host_readings.json (engine/placement/hosts/readings.py).
 """
@@ -17,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -27,8 +31,9 @@ from engine.config import ConfigError, load_config
 from engine.servers.gpu import GpuSampler
 from engine.placement.hosts.link import named_specs
 from engine.placement.hosts.readings import Sampler, publish_readings
+from engine.servers.ranks import DistInitAddr, ServerRank
 from engine.telemetry import Telemetry
-from engine.servers.workers import Worker
+from engine.servers.workers import Worker, WorkerSpec
 
 log = logging.getLogger("regen.agent")
 
@@ -51,7 +56,36 @@ def _holder(pid_path: Path) -> int | None:
     return pid if "engine.placement.hosts.agent" in cmdline else None
 
 
-async def run_agent(work_dir: Path, host_name: str, sampler: Callable[[], Sampler] = GpuSampler) -> int:
+@dataclass(frozen=True)
+class NodeRank:
+    """This node's place in a server across nodes (the agent's --nnodes/--node-rank/--dist-init-addr)."""
+    nnodes: int
+    node_rank: int
+    dist_init: DistInitAddr
+
+
+def rank_specs(specs: list[WorkerSpec], node: str, where: NodeRank) -> list[WorkerSpec]:
+    """The host's server (one, tp_size the total over the nodes) as this node's rank of it: this node's share of
+    its GPUs, the rank's flags; a rank > 0 is named apart (it is never a router member)."""
+    out = []
+    for s in specs:
+        gpus = s.gpus[:len(s.gpus) // where.nnodes]
+        rank = ServerRank(server=s.name, node=node, node_rank=where.node_rank, nnodes=where.nnodes, gpus=gpus,
+                          dist_init=where.dist_init)
+        name = s.name if rank.serves_http else f"{s.name}.rank{where.node_rank}"
+        out.append(replace(s, name=name, gpus=gpus, rank=rank))
+    return out
+
+
+def parse_dist_init(text: str) -> DistInitAddr:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--dist-init-addr {text}: give HOST:PORT")
+    return DistInitAddr(host.strip("[]"), int(port))
+
+
+async def run_agent(work_dir: Path, host_name: str, sampler: Callable[[], Sampler] = GpuSampler,
+                    where: NodeRank | None = None) -> int:
     try:
         cfg = load_config(work_dir / "host.toml")
     except ConfigError as exc:
@@ -65,8 +99,11 @@ async def run_agent(work_dir: Path, host_name: str, sampler: Callable[[], Sample
     async with aiohttp.ClientSession() as session:
         # the same Worker as a one-host run: a busy port or a server that cannot prove it is this launch is
         # refused here, and its identity.json tells the dispatch host (engine/placement/hosts/link.py) not to admit it
+        specs = named_specs(cfg.workers, host_name)
+        if where is not None:
+            specs = rank_specs(specs, cfg.workers.host, where)
         workers = [Worker(spec=s, cfg=cfg, run_dir=work_dir, session=session, emit=telemetry.emit, host_name=host_name)
-                   for s in named_specs(cfg.workers, host_name)]
+                   for s in specs]
         for w in workers:
             w.start()
         log.info("host agent %s: %d servers: %s", host_name, len(workers),
@@ -93,7 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.placement.hosts.agent", description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--host-name", required=True)
+    parser.add_argument("--nnodes", type=int, default=1, help="the server spans this many nodes")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank of it (0 serves HTTP)")
+    parser.add_argument("--dist-init-addr", default="", help="HOST:PORT where rank 0 waits for the other ranks")
     args = parser.parse_args(argv)
+    where = None
+    if args.nnodes > 1:
+        try:
+            where = NodeRank(args.nnodes, args.node_rank, parse_dist_init(args.dist_init_addr))
+        except ValueError as exc:
+            parser.error(str(exc))
+        if not 0 <= args.node_rank < args.nnodes:
+            parser.error(f"--node-rank {args.node_rank}: must be in 0..{args.nnodes - 1}")
     work_dir = Path(args.work_dir).expanduser().resolve()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     pid_path = work_dir / PID_FILE
@@ -103,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_LOCKED
     pid_path.write_text(f"{os.getpid()}\n")
     try:
-        return asyncio.run(run_agent(work_dir, args.host_name))
+        return asyncio.run(run_agent(work_dir, args.host_name, where=where))
     finally:
         try:
             if pid_path.read_text().strip() == str(os.getpid()):

@@ -208,6 +208,8 @@ def _free_local_port(preferred: int) -> int:
 
 
 class HostLink:
+    # the agent's pid only if it lives (`kill -0` says why not on stderr, read with the rest)
+    AGENT_ALIVE = '&& kill -0 "$p"'
     def __init__(self, cfg: RunConfig, host: Host, *, engine_root: Path, session: aiohttp.ClientSession,
                  emit: Callable[[object], None], forward_base: int):
         self.cfg = cfg
@@ -563,9 +565,8 @@ class HostLink:
         if not fresh and time.monotonic() - self._records_at < IDENTITY_REFRESH_S:
             return self._records
         self._records_at = time.monotonic()
-        # the agent's pid only if it lives (`kill -0` says why not on stderr, read with the rest)
         command = (f"cd {shell_path(self.host.work_dir)} && if [ -f agent.pid ] && p=$(cat agent.pid)"
-                   f' && kill -0 "$p"; then echo "{AGENT_LINE}$p"; else echo "{AGENT_LINE}none"; fi;'
+                   f' {self.AGENT_ALIVE}; then echo "{AGENT_LINE}$p"; else echo "{AGENT_LINE}none"; fi;'
                    f' for f in workers/*/{IDENTITY_FILE}; do [ -e "$f" ] || continue; cat "$f"; echo; done')
         try:
             rc, out, err = await self.ssh(command, timeout=20)

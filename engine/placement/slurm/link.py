@@ -14,6 +14,8 @@ metrics, GPU/disk readings, loss and rejoin), with Slurm where SSH was:
 - handover_s before the job's time limit (squeue's time left; no signal: it would reach the servers) the group's
   servers are drained (in-flight requests finish) and the next job is queued at once; it takes over when the
   old one ends;
+- a group of several nodes is one server across them: rank 0 (the job dir's node.json) is the member; each rank
+  > 0 runs under its own agent in the job dir's rank<I>/, and its crash is an alert naming the rank and node;
 - stopping cancels the job ids this link submitted, and nothing else.
 """
 from __future__ import annotations
@@ -65,6 +67,9 @@ def group_host(cfg: RunConfig, group: int) -> Host:
 
 
 class SlurmLink(HostLink):
+    # the agent runs on a compute node, where the login node's `kill -0` cannot see it: a job's dir is that job's
+    # agent's alone, and whether the job (so its agent) lives is squeue's to say
+    AGENT_ALIVE = ""
     def __init__(self, cfg: RunConfig, group: int, *, engine_root: Path, session: aiohttp.ClientSession,
                  emit: Callable[[object], None]):
         # the servers are reached over the cluster network at the node's address (no SSH forwards)
@@ -80,6 +85,7 @@ class SlurmLink(HostLink):
         self._handing_over = False
         self._attached: set[str] = set()  # jobs whose servers this link attached to
         self._said_ended: set[str] = set()
+        self._rank_offsets: dict[Path, int] = {}  # how far each rank > 0 agent's telemetry.jsonl was read
 
     # -- commands "on the host": the work dir is shared with the nodes ----------------------------
     async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
@@ -220,10 +226,42 @@ class SlurmLink(HostLink):
                 self.job = await self._final_state(self.job)
                 self._ended(self.job)
                 return f"slurm {self.job.words()}"
+            self._said_ranks()
             left = time_left_s(self.job.time_left)
             if self.next_job is None and left is not None and left <= self.cfg.slurm.handover_s:
                 await self._hand_over()
         return "stopping"
+
+    def _said_ranks(self) -> None:
+        """A server across nodes: a rank > 0 that crashed or failed (its node's agent said so in its telemetry) is
+        an alert here naming the rank and its node, once per crash; rank 0's own crash, which follows, is the
+        member's."""
+        here = job_dir(self.slurm_dir, self.group, self.job.job_id)
+        for path in sorted(here.glob("rank*/telemetry.jsonl")):
+            offset = self._rank_offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+                node = json.loads((path.parent / NODE_FILE).read_text())
+            except (OSError, ValueError):
+                continue  # not there yet: read at the next poll
+            cut = data.rfind(b"\n") + 1  # a line being written is read whole at the next poll
+            self._rank_offsets[path] = offset + cut
+            for line in data[:cut].decode(errors="replace").splitlines():
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                key = str(ev.get("key", ""))
+                if ev.get("type") != "alert" or not key.startswith("worker:") or not key.endswith((":crash", ":failed")):
+                    continue
+                self.emit(AlertEvent(
+                    severity=ev.get("severity", "error"),
+                    text=f"node rank {node.get('node_rank', '?')} of the server of {self.host.name} (job "
+                         f"{self.job.job_id}, node {node.get('node', '?')}): {ev.get('text', '')}; losing a rank ends "
+                         "the server, its agent launches the rank again",
+                    evidence=f"{ev.get('evidence', '')}\nlog: {path.parent}/workers/", key=key))
 
     def _ended(self, job: JobState) -> None:
         """The alert for a job that ended, once per job, in Slurm's words (job id, state, reason)."""

@@ -25,9 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config_schema import RunConfig, Slurm
+from engine.servers.ranks import DIST_PORT_SPAN
 
 STEP_MODULE = "engine.placement.slurm.step"
 AGENT_DIR = ".regen/engine"
+# a server across nodes: its rank 0 listens for the other ranks on base_port + this (+ DIST_PORT_SPAN per group, so
+# two groups' servers that Slurm puts on one node never share SGLang's dist-init ports)
+DIST_PORT_OFFSET = 1000
 
 
 @dataclass(frozen=True)
@@ -94,15 +98,24 @@ def job_name(cfg: RunConfig, group: int) -> str:
     return f"{_slurm(cfg).job_name}-{group}"
 
 
+def dist_init_port(cfg: RunConfig, group: int) -> int:
+    """The port a spanning server's rank 0 listens on for its other ranks (on the group's first node)."""
+    return cfg.workers.base_port + DIST_PORT_OFFSET + group * DIST_PORT_SPAN
+
+
 def srun_argv(cfg: RunConfig, group: int) -> list[str]:
-    """The job step that runs regen's host agent on each node of the group (one task per node)."""
+    """The job step that runs regen's host agent on each node of the group (one task per node); a group of several
+    nodes is one server, each node's agent launching its rank (--dist-init-port: where rank 0 waits for the others)."""
     layout = layout_of(cfg)
     wd = slurm_work_dir(cfg)
     # PYTHONPATH on the step's own line: `sbatch --export=ALL,VAR=...` loses the launch of a job that waited in
     # the queue (Slurm 22.05, seen in tests/test_slurm_run.py)
-    return ["srun", f"--nodes={layout.nodes_per_group}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+    argv = ["srun", f"--nodes={layout.nodes_per_group}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
             "env", f"PYTHONPATH={wd}/{AGENT_DIR}", cfg.host_python, "-m", STEP_MODULE, "--work-dir", wd,
             "--group", str(group)]
+    if layout.nodes_per_group > 1:
+        argv += ["--dist-init-port", str(dist_init_port(cfg, group))]
+    return argv
 
 
 def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False) -> list[str]:

@@ -7,6 +7,11 @@ node's address, and node.json (job, node, address, GPUs) that tells the login no
 runs regen's host agent (engine/placement/hosts/agent.py), the same one as on [[hosts]], until Slurm ends the step. The GPUs
 are the ids Slurm gave the step (CUDA_VISIBLE_DEVICES): the servers keep the names <host>.gpu0.. whatever ids those
 are (engine.servers.workers.visible_gpus).
+
+A group of several nodes (--dist-init-port given) is one server spanning them: srun runs this on each node, node
+rank SLURM_NODEID. Rank 0 is the node above (its job dir, node.json, the server the login node admits to the
+router); a rank > 0 waits for rank 0's node.json (the dist-init address is rank 0's address and --dist-init-port)
+and runs its own agent in W/g<G>/job-<id>/rank<I>, which launches, supervises and restarts that node's rank.
 """
 from __future__ import annotations
 
@@ -15,14 +20,18 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 from engine.placement.hosts import agent as host_agent
 from engine.config import ConfigError, dump_toml, load_config
+from engine.servers.ranks import DistInitAddr
 from engine.servers.workers import SLURM_GPUS_VAR
 
 NODE_FILE = "node.json"
 EXIT_NOT_IN_SLURM = 2
+EXIT_NO_HEAD = 3
+HEAD_WAIT_S = 120.0  # a rank > 0 waits this long for rank 0's node.json (the shared dir may lag)
 
 
 def node_address(node: str) -> str:
@@ -48,22 +57,42 @@ def job_dir(work_dir: Path, group: int, job_id: str) -> Path:
     return group_dir(work_dir, group) / f"job-{job_id}"
 
 
+def rank_dir(here: Path, node_rank: int) -> Path:
+    """Where a node's agent runs: rank 0 (and a one-node group) in the job's dir, a rank > 0 under it."""
+    return here if node_rank == 0 else here / f"rank{node_rank}"
+
+
+def wait_for_head(here: Path, timeout_s: float = HEAD_WAIT_S) -> dict | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return json.loads((here / NODE_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            time.sleep(0.2)  # not written yet (no event to wait on across nodes: the shared dir is all there is)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.placement.slurm.step", description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--group", type=int, required=True)
+    parser.add_argument("--dist-init-port", type=int, default=None,
+                        help="the group is one server across its nodes: rank 0 waits for the others on this port")
     args = parser.parse_args(argv)
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         print("regen slurm step: SLURM_JOB_ID is not set: this runs inside a Slurm job step (srun), started by "
               "`regen start` with [slurm]", file=sys.stderr)
         return EXIT_NOT_IN_SLURM
-    if os.environ.get("SLURM_NNODES", "1") != "1":
-        print(f"regen slurm step: this job has {os.environ['SLURM_NNODES']} nodes; regen launches servers of one "
-              "node each (a server across nodes is not launched yet)", file=sys.stderr)
+    nnodes = int(os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1")
+    node_rank = int(os.environ.get("SLURM_NODEID") or "0")
+    if nnodes > 1 and args.dist_init_port is None:
+        print(f"regen slurm step: this step has {nnodes} nodes but no --dist-init-port: a group of several nodes is "
+              "one server across them; submit it with the srun line `regen plan` prints", file=sys.stderr)
         return EXIT_NOT_IN_SLURM
     work_dir = Path(args.work_dir)
-    here = job_dir(work_dir, args.group, job_id)
+    job_here = job_dir(work_dir, args.group, job_id)
+    here = rank_dir(job_here, node_rank)
     here.mkdir(parents=True, exist_ok=True)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     name = os.environ.get("SLURM_JOB_NAME") or f"g{args.group}"
@@ -78,9 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     node_cfg = cfg.model_copy(update={"run_dir": str(here),
                                       "workers": cfg.workers.model_copy(update={"host": address})})
     (here / "host.toml").write_text(dump_toml(node_cfg))
-    (here / NODE_FILE).write_text(json.dumps({"job": job_id, "node": node, "address": address, "gpus": gpus,
-                                              "pid": os.getpid()}) + "\n")
-    return host_agent.main(["--work-dir", str(here), "--host-name", name])
+    record = {"job": job_id, "node": node, "address": address, "gpus": gpus, "pid": os.getpid()}
+    if nnodes > 1:
+        record.update(node_rank=node_rank, nnodes=nnodes)
+    tmp = here / (NODE_FILE + ".tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, here / NODE_FILE)  # whole or absent: the login node and the other ranks read it
+    agent = ["--work-dir", str(here), "--host-name", name]
+    if nnodes > 1:
+        head = record if node_rank == 0 else wait_for_head(job_here)
+        if head is None:
+            print(f"regen slurm step: node rank {node_rank} on {node}: rank 0 wrote no {job_here / NODE_FILE} within "
+                  f"{HEAD_WAIT_S:.0f} s; is {work_dir} shared between the nodes? (see its job-{job_id}.out)",
+                  file=sys.stderr)
+            return EXIT_NO_HEAD
+        dist = DistInitAddr(head["address"], args.dist_init_port)
+        agent += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--dist-init-addr", str(dist)]
+    return host_agent.main(agent)
 
 
 if __name__ == "__main__":

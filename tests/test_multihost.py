@@ -35,6 +35,17 @@ def sim_hosts(request, tmp_path):
     hosts.close()
 
 
+@pytest.fixture
+def any_hosts(tmp_path):
+    """Three hosts of one kind, for a test that cuts none (the two kinds differ only in what a cut does):
+    namespaces where they can be made, else loopback; one run, not two, in the suite's time budget."""
+    if find_sshd() is None:
+        pytest.skip("sshd not installed (apt-get install openssh-server)")
+    hosts = start_hosts(tmp_path / "hosts", 3, force_loopback=netns_available() is not None)
+    yield hosts
+    hosts.close()
+
+
 def multihost_config(tmp_path, tiny_model_dir, hosts, *, prompts: int, sim: tuple = (), gpus: int = 2,
                      policy: str = "round_robin", names: list[str] | None = None):
     cfg = make_config(tmp_path / "run", tiny_model_dir, prompts=prompts, gpus=gpus, sim=sim)
@@ -237,8 +248,9 @@ def _idle(host) -> bool:
     return bool(gauges) and not any(gauges)
 
 
-def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_dir, sim_hosts, supervisors,
+def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_dir, any_hosts, supervisors,
                                                           renderer_for):
+    sim_hosts = any_hosts
     from tests.test_engine_run import ctl
 
     cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=400, names=["h1", "h2"], gpus=1,

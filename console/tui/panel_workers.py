@@ -54,7 +54,7 @@ class WorkersPanel(Vertical):
             self._sparks.border_title = "tok/s per worker"
             self._spark_rows: dict[str, ScaledSparkline] = {}
             yield self._sparks
-            self._log = Log(id="worker-log", max_lines=LOG_LINES)
+            self._log = Log(id="worker-log", max_lines=LOG_LINES + 1)  # + the empty line after the last newline
             self._log.border_title = "server.log"
             self._log_shown: tuple[str, list[str]] | None = None  # (worker, lines) the log shows
             yield self._log

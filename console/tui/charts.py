@@ -52,6 +52,7 @@ class TimeChart(ChartFrame):
         self.border_title = title
         self._y_label = y_label
         self.unit: TimeUnit | None = None  # the x axis's unit at the last draw (None: nothing drawn)
+        self._drawn: tuple | None = None  # what the plot shows now (see draw); None: not drawn
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -66,6 +67,7 @@ class TimeChart(ChartFrame):
 
     def show_note(self, text: str) -> None:
         self.unit = None
+        self._drawn = None
         super().show_note(text)
 
     def draw(self, series: Sequence[tuple[str, Series, float]], now: float | None = None,
@@ -81,22 +83,30 @@ class TimeChart(ChartFrame):
             # a telemetry batch can arrive before PlotWidget has composed its legend (seen on a loaded
             # machine: NoMatches '#legend'); the next batch or tab switch draws it
             return
+        # a series gains points only at its end (Series.add): its length and ends say whether it changed, and a
+        # redraw of a plot costs far more than this (a status poll or a tab switch redraws the panel unchanged)
+        drawn = (now, self.size.width, tuple((label, id(s), len(s), s.first_ts(), s.last_ts(), scale)
+                                             for label, s, scale in series))
+        if drawn == self._drawn:
+            return
+        self._drawn = drawn
         origin = now if now is not None else max(ends)
         start = min(s.first_ts() for _, s, _ in series if len(s))
         span = max(MIN_SPAN_S, origin - start)
         unit = time_unit(span)
         self.unit = unit
         self.show_plot()
-        plot.clear()
-        for i, (label, s, scale) in enumerate(series):
-            points = downsample(s.history(), max(DRAWN_POINTS_MIN, 2 * self.size.width))  # braille: 2 dots a cell
-            if not points:
-                continue
-            xs = [(t - origin) / unit.seconds for t, _ in points]
-            ys = [v * scale for _, v in points]
-            plot.plot(xs, ys, line_style=PALETTE[i % len(PALETTE)], hires_mode=HiResMode.BRAILLE, label=label)
-        plot.set_xlabel(f"{unit.name} ago")
-        plot.set_xlimits(-span / unit.seconds, 0.0)
-        plot.set_ylimits(0, None)
-        # top left: the newest points, at the right, are the ones read most
-        plot.show_legend(LegendLocation.TOPLEFT, is_visible=len(series) > 1)
+        with plot.legend_held():
+            plot.clear()
+            for i, (label, s, scale) in enumerate(series):
+                points = downsample(s.history(), max(DRAWN_POINTS_MIN, 2 * self.size.width))  # braille: 2 a cell
+                if not points:
+                    continue
+                xs = [(t - origin) / unit.seconds for t, _ in points]
+                ys = [v * scale for _, v in points]
+                plot.plot(xs, ys, line_style=PALETTE[i % len(PALETTE)], hires_mode=HiResMode.BRAILLE, label=label)
+            plot.set_xlabel(f"{unit.name} ago")
+            plot.set_xlimits(-span / unit.seconds, 0.0)
+            plot.set_ylimits(0, None)
+            # top left: the newest points, at the right, are the ones read most
+            plot.show_legend(LegendLocation.TOPLEFT, is_visible=len(series) > 1)

@@ -4,20 +4,21 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Label, Log
+from textual.widgets import Label, Log
 
 from console.batch_text import batch_text, queued_text
 from console.cache_text import cache_text
 from console.tui.charts import TimeChart
 from console.tui.model import RunModel, na
 from console.tui.sparkline import ScaledSparkline, on_scale
-from console.tui.widgets import selected_row_key, styled, sync_table
+from console.tui.widgets import FigureTable, selected_row_key, styled, sync_table
 
 # numbers and states first, the text columns last: a narrow terminal scrolls them off, never the figures
 COLUMNS = ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util",
            "temp", "restarts", "batch (source)", "cache hit", "error"]
 
 
+LOG_LINES = 200  # what the host sends (HostSource.log_tail)
 SPARK_POINTS = 120  # four minutes at the supervisor's 2 s tick
 SIMULATED_PREFIX = "simulated"
 
@@ -37,22 +38,26 @@ class WorkersPanel(Vertical):
     ]
 
     def compose(self) -> ComposeResult:
-        table = DataTable(id="workers-table", cursor_type="row", zebra_stripes=True)
+        table = FigureTable(id="workers-table", cursor_type="row", zebra_stripes=True)
         # kept, not queried: timers may still ask for the selection while the app tears the DOM down
         self._table = table
         for c in COLUMNS:
             table.add_column(c, key=c)
         yield table
+        self._throughput = TimeChart("throughput (tok/s)", "tok/s", id="throughput-chart")
+        self._vram = TimeChart("VRAM used (GiB)", "GiB", id="vram-chart")
         with Horizontal(id="workers-charts"):
-            yield TimeChart("throughput (tok/s)", "tok/s", id="throughput-chart")
-            yield TimeChart("VRAM used (GiB)", "GiB", id="vram-chart")
+            yield self._throughput
+            yield self._vram
         with Horizontal(id="workers-bottom"):
-            sparks = VerticalScroll(id="sparklines")
-            sparks.border_title = "tok/s per worker"
-            yield sparks
-            log = Log(id="worker-log", max_lines=400)
-            log.border_title = "server.log"
-            yield log
+            self._sparks = VerticalScroll(id="sparklines")
+            self._sparks.border_title = "tok/s per worker"
+            self._spark_rows: dict[str, ScaledSparkline] = {}
+            yield self._sparks
+            self._log = Log(id="worker-log", max_lines=LOG_LINES + 1)  # + the empty line after the last newline
+            self._log.border_title = "server.log"
+            self._log_shown: tuple[str, list[str]] | None = None  # (worker, lines) the log shows
+            yield self._log
 
     @property
     def selected_worker(self) -> str | None:
@@ -74,9 +79,9 @@ class WorkersPanel(Vertical):
         self._sparklines(m)
         series = [("all", m.throughput, 1.0)] + [(w.name, w.tok_history, 1.0)
                                                   for w in sorted(m.workers.values(), key=lambda w: w.name)]
-        self.query_one("#throughput-chart", TimeChart).draw(series)
+        self._throughput.draw(series)
         gpus = sorted(m.gpus.values(), key=lambda g: (g.host, g.index))
-        vram = self.query_one("#vram-chart", TimeChart)
+        vram = self._vram
         vram.draw([(g.label, g.mem_history, 1 / 1024) for g in gpus], empty=no_gpu_text(m))
         simulated = sorted({g.name for g in gpus if g.name and g.name.startswith(SIMULATED_PREFIX)})
         vram.border_subtitle = ", ".join(simulated)
@@ -84,23 +89,47 @@ class WorkersPanel(Vertical):
     def _sparklines(self, m: RunModel) -> None:
         """One scale for every worker (0 to the highest rate any of them showed), printed in the title: a slow
         worker reads as slow next to a fast one."""
-        box = self.query_one("#sparklines", VerticalScroll)
+        box = self._sparks
         workers = sorted(m.workers.values(), key=lambda w: (w.host, w.name))
         recent = {w.name: w.tok_history.values()[-SPARK_POINTS:] for w in workers}
         top = max((max(v) for v in recent.values() if v), default=0.0)
         length = max((len(v) for v in recent.values()), default=0)
         box.border_title = f"tok/s per worker (scale 0–{top:,.0f})"
         for w in workers:
-            row_id = f"spark-{w.name.encode().hex()}"  # a multi-host name (h1.gpu0) is no valid widget id
-            found = box.query(f"#{row_id}")
             values = on_scale(recent[w.name], top, length)
-            if found:
-                found.first().query_one(ScaledSparkline).data = values
+            if (spark := self._spark_rows.get(w.name)) is not None:
+                spark.data = values
             else:
-                box.mount(Horizontal(Label(f"{w.name:>8} "), ScaledSparkline(values), id=row_id, classes="spark-row"))
+                spark = self._spark_rows[w.name] = ScaledSparkline(values)
+                row_id = f"spark-{w.name.encode().hex()}"  # a multi-host name (h1.gpu0) is no valid widget id
+                box.mount(Horizontal(Label(f"{w.name:>8} "), spark, id=row_id, classes="spark-row"))
 
     def show_log(self, worker: str, text: str, error: str = "") -> None:
-        log = self.query_one("#worker-log", Log)
-        log.border_title = f"{worker}: server.log (last 200 lines)"
+        """The log shows `text` (the tail of the worker's server.log); a tail that continues the one shown is
+        appended, not rewritten: clearing the log asks the whole screen for a layout every LOG_EVERY_S."""
+        log = self._log
+        log.border_title = f"{worker}: server.log (last {LOG_LINES} lines)"
+        body = f"(could not read the log: {error})\n" if error else (text or "(empty log)\n")
+        lines = body.splitlines()
+        shown = self._log_shown
+        self._log_shown = (worker, lines)
+        if shown is not None and shown[0] == worker and not error and text:
+            new = appended(shown[1], lines)
+            if new is not None:
+                if new:
+                    log.write("\n".join(new) + "\n")
+                return
         log.clear()
-        log.write(f"(could not read the log: {error})\n" if error else (text or "(empty log)\n"))
+        log.write(body)
+
+
+def appended(old: list[str], new: list[str]) -> list[str] | None:
+    """What to append to a log showing `old` for it to end with `new`: the lines of `new` after the longest start
+    of it that `old` ends with; None if `new` does not continue `old` (a rotated or truncated log)."""
+    if not old or not new:
+        return None
+    last = old[-1]
+    for k in range(min(len(old), len(new)), 0, -1):  # overlap, longest first
+        if new[k - 1] == last and old[-k:] == new[:k]:
+            return new[k:]
+    return None

@@ -326,7 +326,10 @@ def main(argv: list[str] | None = None) -> int:
              "affinity": "affinity.json",
              "resume": "resume.json", "stats": "stats.json", "export": "export.json",
              "probe": "probe_latency.json", "runaway": "runaway.json", "tui": "tui.json", "control": "control.json"}
-    for name in wanted if args.from_results else []:
+    # the benchmarks not run this time keep their recorded figures, so bench.json and its table stay whole
+    recorded = wanted if args.from_results else [n for n in ALL
+                                                 if n not in wanted and (bc.RESULTS_DIR / files[n]).exists()]
+    for name in recorded:
         path = bc.RESULTS_DIR / files[name]
         try:
             results[name] = json.loads(path.read_text())

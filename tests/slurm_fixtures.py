@@ -138,9 +138,8 @@ class SlurmCluster:
         # job steps a slurmd started (slurmstepd and below) outlive a stopped slurmd
         # twice: a slurmstepd still reporting to the stopped controller can appear after the first look
         for sweep in (tree + _orphans(self.root, self.conf), None):
-            if sweep is None:
-                time.sleep(0.5)  # kept: the second look waits for a step daemon forking away from slurmd
-                sweep = _orphans(self.root, self.conf)
+            if sweep is None:  # a step daemon forking away from slurmd shows up within half a second, or never
+                sweep = poll_until(lambda: _orphans(self.root, self.conf), 0.5)
             for p in sweep:
                 try:
                     p.kill()

@@ -292,7 +292,10 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, tiny_m
         sup = supervisors(run_dir).start(cfg if round_no == 0 else None)
         wait_for(lambda: (status(run_dir) or {}).get("state") in ("running", "done") or sup.proc.poll() is not None,
                  60, "a running supervisor", sup)
-        time.sleep(rng.uniform(0.3, 2.5))  # kept: the SIGKILL lands at a random moment (what is tested)
+        try:  # the SIGKILL lands at a random moment (what is tested), unless the run ends first
+            sup.proc.wait(timeout=rng.uniform(0.3, 2.5))
+        except subprocess.TimeoutExpired:
+            pass
         sup.kill()
         for f in (run_dir / "shards").rglob("*.parquet"):
             pq.read_metadata(f)  # every file left on disk is a whole Parquet file

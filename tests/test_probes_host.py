@@ -184,7 +184,7 @@ def test_json_report_round_trips():
 def test_packages_timeout_names_the_import_that_hung(monkeypatch, tmp_path):
     libs = tmp_path / "libs"
     (libs / "sglang").mkdir(parents=True)
-    (libs / "sglang" / "__init__.py").write_text("import time\ntime.sleep(60)\n")  # e.g. CUDA init that never returns
+    (libs / "sglang" / "__init__.py").write_text("import signal\nsignal.pause()\n")  # e.g. CUDA init that never returns
     for name in ("transformers", "pyarrow", "psutil", "pynvml", "aiohttp", "orjson", "prometheus_client"):
         (libs / f"{name}.py").write_text("__version__ = '1.0'\n")  # instant imports: only sglang is slow
     monkeypatch.setenv("PYTHONPATH", str(libs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
@@ -142,7 +143,10 @@ def test_sigkill_while_streams_are_open_loses_and_duplicates_nothing(tmp_path, t
                  90, "a running supervisor", sup)
         wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("in_flight", 0) > 4
                  or sup.proc.poll() is not None, 60, "streams open", sup)
-        time.sleep(rng.uniform(0.2, 1.5))  # kept: the kill lands at a random moment of the streams
+        try:  # the kill lands at a random moment of the streams, unless the run ends first
+            sup.proc.wait(timeout=rng.uniform(0.2, 1.5))
+        except subprocess.TimeoutExpired:
+            pass
         if sup.proc.poll() is not None:
             break
         sup.kill()

@@ -230,7 +230,7 @@ async def test_batching_queues_beyond_max_running_and_matches_formula(start_sim)
         samples = metric_samples(text)
         queue_seen = max(queue_seen, samples["sglang:num_queue_reqs"])
         running_seen = max(running_seen, samples["sglang:num_running_reqs"])
-        await asyncio.sleep(0.02)  # kept: the sampling rate of the /metrics probe (it watches, it does not wait)
+        await asyncio.wait(tasks, timeout=0.02)  # the next sample, or sooner when the requests are answered
     results = [await t for t in tasks]
     assert all(status == 200 for status, _ in results)
     assert queue_seen > 0 and running_seen <= batch

@@ -112,6 +112,6 @@ async def test_the_scheduler_really_runs_the_unreported_batch(start_sim):
                 samples = metric_samples(await resp.text())
         running_seen = max(running_seen, samples["sglang:num_running_reqs"])
         queue_seen = max(queue_seen, samples["sglang:num_queue_reqs"])
-        await asyncio.sleep(0.02)  # kept: the sampling rate of the /metrics probe (it watches, it does not wait)
+        await asyncio.wait(tasks, timeout=0.02)  # the next sample, or sooner when the requests are answered
     assert all(status == 200 for status, _ in [await t for t in tasks])
     assert running_seen == 3 and queue_seen > 0

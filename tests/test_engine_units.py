@@ -83,6 +83,20 @@ def test_error_lines_know_the_0_5_23_fatal_lines(tmp_path):
     assert len(lines) == 2 and "watchdog timeout" in lines[0] and "died during initialization" in lines[1]
 
 
+def test_error_lines_quote_a_python_traceback_s_cause(tmp_path):
+    """A server that dies before SGLang's handlers run (an import, a bad flag) ends its log with a traceback: its
+    last, unindented line is the cause the crash error quotes; an indented source line is not."""
+    log = tmp_path / "server.log"
+    log.write_text("Traceback (most recent call last):\n"
+                   '  File "<frozen runpy>", line 189, in _run_module_as_main\n'
+                   "    raise ValueError: not a real line\n"
+                   "ModuleNotFoundError: No module named 'sglang'\n")
+    assert error_lines(log, 0) == ["ModuleNotFoundError: No module named 'sglang'"]
+    log.write_text("sglang.srt.server_args.SomeConfigError: --tp-size 3 does not divide 8 heads\n"
+                   "INFO: a request log with ValueError: inside is not the cause\n")
+    assert error_lines(log, 0) == ["sglang.srt.server_args.SomeConfigError: --tp-size 3 does not divide 8 heads"]
+
+
 def test_each_server_gets_its_own_empty_prometheus_multiproc_dir(tmp_path):
     from engine.servers.workers import own_prometheus_dir
 

@@ -51,8 +51,11 @@ ERROR_PATTERN = re.compile(
     r"out of memory|OutOfMemoryError|Not enough memory|CUDA error|Scheduler hit an exception|Received sigquit"
     r"|SIGQUIT received|[Ww]atchdog timeout|is dead|died during initialization|Initialization failed"
     r"|NCCL error|Connection closed by remote peer|DistNetworkError|DistStoreError"
+    r"|^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt): "
 )  # 0.5.23: a lowercase `watchdog timeout (...)`, and `Rank N scheduler died during initialization` for `is dead`;
-# a server across nodes: NCCL's remote error naming the peer that went, torch's rendezvous errors
+# a server across nodes: NCCL's remote error naming the peer that went, torch's rendezvous errors;
+# a Python traceback's last line (`ModuleNotFoundError: No module named 'sglang'`, unindented), which is the cause of
+# any death before SGLang's own handlers run (an import, a bad flag's ValueError)
 # fatal lines that only say the server is going, not why: a crash's error quotes the last line that says why
 WRAPPER_LINES = re.compile(r"Received sigquit|SIGQUIT received|Scheduler hit an exception: Traceback")
 PROMETHEUS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"

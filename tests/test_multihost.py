@@ -166,7 +166,8 @@ def test_probe_reports_every_host_and_names_the_one_not_reached(tmp_path, tiny_m
     assert "h1 (regen-h1)" in text.stdout and "h3 (regen-h3) not reached" in text.stdout
 
 
-def test_regen_start_preflights_every_host_and_refuses_when_one_is_down(tmp_path, tiny_model_dir, sim_hosts):
+def test_regen_start_preflights_every_host_and_refuses_when_one_is_down(tmp_path, tiny_model_dir, any_hosts):
+    sim_hosts = any_hosts  # either kind of cut makes the host unreachable, which is all the preflight sees
     cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=30, names=["h1", "h3"])
     run_toml = tmp_path / "multi.toml"
     run_toml.write_text(dump_toml(cfg))

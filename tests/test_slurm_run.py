@@ -212,6 +212,8 @@ def test_status_says_each_groups_job_as_squeue_does():
     hosts = RunStatus.from_dict({"run_dir": "/r", "state": "running", "hosts": [running, doc]}).hosts
     assert [job_text(h) for h in hosts] == ["job 4127 RUNNING on gpu-a17, 11:41:07 left, next job 4131 queued",
                                             "job 4128 PENDING (Resources)"]
+    hosts[1].job.waiting_since = 1000.0  # since when regen saw it wait: how long, as of the status's time
+    assert job_text(hosts[1], 1754.0) == "job 4128 PENDING 12m34s (Resources)"
 
 
 def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_dir, slurm):

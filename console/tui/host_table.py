@@ -66,7 +66,8 @@ class HostTable(FigureTable):
 
     def show(self, m: RunModel) -> None:
         columns, rows = host_rows(m)
-        self.display = bool(rows)
+        if self.display != bool(rows):  # set only on a change: each set asks the screen for a layout
+            self.display = bool(rows)
         if columns != self._columns:
             self.clear(columns=True)
             self.__dict__.pop("_regen_cells", None)  # sync_table's cache of the rows shown

@@ -524,6 +524,9 @@ class Slurm(Section):
     handover_s: Int(30) = 300
     """Seconds before the time limit at which regen drains the job's servers (requests in flight finish) and queues
     the next allocation, which takes over (read from squeue's time left)."""
+    pending_alert_s: Int(1) = 600
+    """Seconds a job may stay PENDING before regen raises one alert with Slurm's reason (Resources, Priority, ...),
+    which [notify] sends whatever its min_severity; its start after that is said too."""
     constraint: StrictStr | None = None
     """Node features required (sbatch --constraint), e.g. "h100&ib"."""
     job_name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "regen"

@@ -18,6 +18,7 @@ from tests.slurm_fixtures import require_slurm, start_slurm
 from console.commands.demo import free_port_block
 from tests.sshd_fixtures import free_port
 from tests.waiting import wait_until
+from tests.test_notify import notify_table, receiver  # noqa: F401  (fixture)
 from tests.test_engine_run import (ctl, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
                                    supervisors, wait_for)
 
@@ -105,17 +106,30 @@ def job_of(run_dir, name: str) -> dict | None:
 
 
 def test_a_pending_job_says_why_and_stop_cancels_only_what_regen_submitted(tmp_path, tiny_model_dir, slurm,
-                                                                            supervisors):
-    # every GPU of the node held for a few seconds by a job regen did not submit
-    slurm.run("sbatch", "--parsable", "--gres=gpu:4", "--wrap", "sleep 8")
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, sim=("--sim-step-ms", "40"))
+                                                                            supervisors, receiver):
+    # every GPU of the node held by a job regen did not submit, until the test cancels it
+    holder = slurm.run("sbatch", "--parsable", "--gres=gpu:4", "--wrap", "sleep 600").stdout.strip()
+    hook = receiver()
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, sim=("--sim-step-ms", "40"), pending_alert_s=1)
+    cfg = cfg.model_copy(update={"notify": notify_table(hook.url())})  # min_severity: critical, the default
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
     pending = wait_for(lambda: (lambda j: j if j and j["state"] == "PENDING" and j["reason"] == "Resources" else None)(
         job_of(run_dir, "regen-0")), 60, "regen's job pending for Resources", sup)
+    job_id = pending["job_id"]
     host = next(h for h in status(run_dir)["hosts"] if h["name"] == "regen-0")
-    assert host["error"] == f"slurm job {pending['job_id']} PENDING (Resources)"
-    assert alert(run_dir, f"slurm job {pending['job_id']} (regen-0) is pending: Resources")["severity"] == "warning"
+    assert host["error"] == f"slurm job {job_id} PENDING (Resources)"
+    assert alert(run_dir, f"slurm job {job_id} (regen-0) is pending: Resources")["severity"] == "warning"
+    # past [slurm] pending_alert_s: one notification naming the job and Slurm's reason, then one when it starts
+    waited = hook.wait(lambda bs: next((b for b in bs if b["key"] == f"slurm-pending-long:regen-0:{job_id}"), None),
+                       30, "the pending job's notification")
+    assert waited["text"].startswith(f"slurm job {job_id} (regen-0) has been PENDING for ")
+    assert waited["text"].endswith(": Resources") and "pending_alert_s = 1" in waited["evidence"]
+    assert (job_of(run_dir, "regen-0") or {}).get("waiting_since")
+    slurm.run("scancel", holder)
+    started = hook.wait(lambda bs: next((b for b in bs if b["key"] == f"slurm-started:regen-0:{job_id}"), None),
+                        60, "the started job's notification")
+    assert started["text"].startswith(f"slurm job {job_id} (regen-0) started on n1 after ")
 
     wait_for(lambda: (job_of(run_dir, "regen-0") or {}).get("state") == "RUNNING", 60, "regen's job running", sup)
     bystander = slurm.run("sbatch", "--parsable", "--gres=gpu:2", "--wrap", "sleep 600").stdout.strip()
@@ -127,6 +141,8 @@ def test_a_pending_job_says_why_and_stop_cancels_only_what_regen_submitted(tmp_p
     assert queue.split() == [bystander, "RUNNING"]  # the job regen did not submit runs on
     rows = read_rows(run_dir)
     assert len({r["sample_id"] for r in rows}) == len(rows) >= 20
+    sent = [b["key"].split(":")[0] for b in hook.bodies() if b["kind"] == "alert"]
+    assert sent == ["slurm-pending-long", "slurm-started"], sent  # a stop cancels quietly: no `ended` for it
 
 
 @pytest.mark.slow
@@ -196,6 +212,8 @@ def test_status_says_each_groups_job_as_squeue_does():
     hosts = RunStatus.from_dict({"run_dir": "/r", "state": "running", "hosts": [running, doc]}).hosts
     assert [job_text(h) for h in hosts] == ["job 4127 RUNNING on gpu-a17, 11:41:07 left, next job 4131 queued",
                                             "job 4128 PENDING (Resources)"]
+    hosts[1].job.waiting_since = 1000.0  # since when regen saw it wait: how long, as of the status's time
+    assert job_text(hosts[1], 1754.0) == "job 4128 PENDING 12m34s (Resources)"
 
 
 def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_dir, slurm):

@@ -249,16 +249,19 @@ def brake_text(b: BrakeStatus, host: str = "") -> Text:
     return text.append(f"\nbrake: armed, last {b.samples}/{b.window_size} samples ({judged}): {shares}", style="dim")
 
 
-def job_text(h: HostStatus) -> str:
-    """A [slurm] group's job as squeue says it: `job 12 RUNNING on n1, 9:41 left` / `job 13 PENDING (Resources)`."""
+def job_text(h: HostStatus, as_of: float | None = None) -> str:
+    """A [slurm] group's job as squeue says it: `job 12 RUNNING on n1, 9:41 left` / `job 13 PENDING (Resources)`;
+    as_of (the status's time): a job not started says how long it has waited, `job 13 PENDING 12m34s (Resources)`."""
     j = h.job
     if j is None:
         return ""
+    waited = f" {duration_text(as_of - j.waiting_since)}" if (
+        as_of is not None and j.waiting_since is not None and j.state != "RUNNING") else ""
     reason = f" ({j.reason})" if j.reason and j.reason != "None" else ""
     nodes = f" on {j.nodes}" if j.nodes and j.state == "RUNNING" else ""
     left = f", {j.time_left} left" if j.time_left and j.state == "RUNNING" else ""
     nxt = f", next job {j.next_job} queued" if j.next_job else ""
-    return f"job {j.job_id} {j.state}{reason}{nodes}{left}{nxt}"
+    return f"job {j.job_id} {j.state}{waited}{reason}{nodes}{left}{nxt}"
 
 
 def hosts_table(s: RunStatus, console: Console) -> Table:
@@ -266,7 +269,7 @@ def hosts_table(s: RunStatus, console: Console) -> Table:
     title = ("hosts (no router)" if r is None else
              f"hosts (router {r.url} {r.policy}, {'up' if r.up else 'DOWN'}, {len(r.members)} servers in it"
              + (f", restarts {r.restarts}" if r.restarts else "") + (f": {r.error}" if r.error else "") + ")")
-    rows = [[h.name, job_text(h) or h.address, Text(h.state, style="green" if h.state == "up" else "bold red"),
+    rows = [[h.name, job_text(h, s.checked_at) or h.address, Text(h.state, style="green" if h.state == "up" else "bold red"),
              str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
              (h.error or "")[:80]]
             for h in s.hosts or []]

@@ -61,6 +61,7 @@ class RegenApp(App):
     CSS = """
     RunHeader { height: 1; background: $panel; }
     TabbedContent { height: 1fr; }
+    #hosts-table { height: auto; max-height: 7; margin-bottom: 1; }
     #workers-table { height: auto; max-height: 11; }
     #workers-charts { height: 14; }
     #workers-bottom { height: 1fr; }
@@ -213,9 +214,9 @@ class RegenApp(App):
         """Focus the tab's table (else its first focusable widget, else nothing): focus left in the hidden
         tab would switch TabbedContent straight back to it (key 4 on the Preflight tab did nothing)."""
         panel = self.panel(tab)
-        tables = panel.query("DataTable, ShardTable")
+        tables = [w for w in panel.query("DataTable, ShardTable") if w.focusable]  # not the Workers tab's hosts
         focusable = [w for w in panel.query("*") if w.focusable]
-        target = tables.first() if tables else (focusable[0] if focusable else None)
+        target = tables[0] if tables else (focusable[0] if focusable else None)
         if target is not None:
             target.focus()
         else:

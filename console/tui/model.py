@@ -16,7 +16,7 @@ from console.tui.series import Series
 from engine.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, ShardFigures
 from engine.fatal import FatalRecord
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
-from engine.run.status import Rejects, RunStatus
+from engine.run.status import HostStatus, Rejects, RunStatus
 from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                      ShardEvent, WorkerEvent)
 
@@ -211,6 +211,9 @@ class RunModel:
         # the data-quality brake: a status reply's (the whole of it), or what a later brake alert said
         self.brake: BrakeStatus | None = None
         self._brake_as_of = 0.0
+        # a multi-host run's hosts ([slurm]: each group's job, as squeue said it), from the last status reply
+        self.hosts: list[HostStatus] = []
+        self.hosts_as_of: float | None = None  # that reply's checked_at: how long a job has waited, as of then
 
     # -- folding -----------------------------------------------------------------------------
     def apply_all(self, events: Iterable[Event]) -> set[str]:
@@ -452,6 +455,9 @@ class RunModel:
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
             changed.add("alerts")
         self.rejects = status.rejects
+        if status.hosts is not None and (status.hosts != self.hosts or self._waiting(status.hosts)):
+            self.hosts, self.hosts_as_of = status.hosts, status.checked_at
+            changed.add("workers")
         if status.levels != self.levels:
             self.levels = status.levels
             changed |= {"shards"}
@@ -459,6 +465,11 @@ class RunModel:
             self.brake, self._brake_as_of = status.brake, status.checked_at
             changed |= {"shards", "stats"}
         return changed
+
+    @staticmethod
+    def _waiting(hosts: list[HostStatus]) -> bool:
+        """A job waits to start: its wait, shown as of each reply, grows."""
+        return any(h.job is not None and h.job.waiting_since is not None and h.job.state != "RUNNING" for h in hosts)
 
     def _snapshot(self, ev: Event) -> set[str]:
         # a status snapshot updates the current values but does not advance last_ts (the follow position)

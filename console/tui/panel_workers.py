@@ -1,4 +1,5 @@
-"""Workers tab: one row per GPU worker, tok/s sparklines, throughput and VRAM charts, the log tail."""
+"""Workers tab: a multi-host run's hosts (a [slurm] run's allocations), one row per GPU worker, tok/s sparklines,
+throughput and VRAM charts, the log tail."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
@@ -9,6 +10,7 @@ from textual.widgets import Label, Log
 from console.batch_text import batch_text, queued_text
 from console.cache_text import cache_text
 from console.tui.charts import TimeChart
+from console.tui.host_table import HostTable
 from console.tui.model import RunModel, na
 from console.tui.sparkline import ScaledSparkline, on_scale
 from console.tui.widgets import FigureTable, selected_row_key, styled, sync_table
@@ -38,6 +40,8 @@ class WorkersPanel(Vertical):
     ]
 
     def compose(self) -> ComposeResult:
+        self._hosts = HostTable(id="hosts-table")
+        yield self._hosts
         table = FigureTable(id="workers-table", cursor_type="row", zebra_stripes=True)
         # kept, not queried: timers may still ask for the selection while the app tears the DOM down
         self._table = table
@@ -64,6 +68,7 @@ class WorkersPanel(Vertical):
         return selected_row_key(self._table)
 
     def refresh_from(self, m: RunModel) -> None:
+        self._hosts.show(m)
         rows = []
         for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name)):
             g = m.worker_gpu(w)

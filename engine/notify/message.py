@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import SEVERITIES, NotifyConfig
+from engine.placement.slurm.alerts import NOTIFIED as SLURM_JOB_KEYS
 from engine.run.brake import BRAKE_ALERT_KEY
 from engine.telemetry_events import AlertEvent, Event, FatalEvent, RunEndEvent
 
@@ -18,6 +19,9 @@ OWN_KEYS = ("notify.failed", "notify.suppressed")
 # alerts sent whatever notify.min_severity says, like a failed end: the run paused itself and waits for an operator
 # (the data-quality brake, engine.run.brake; its release, an info alert, is not sent)
 ALWAYS_SENT_KEYS = (BRAKE_ALERT_KEY,)
+# alert keys starting so are sent whatever their severity: a [slurm] job that ended, was requeued, or will not start
+# (and its start after that), in Slurm's words (engine.placement.slurm.alerts)
+ALWAYS_SENT_PREFIXES = SLURM_JOB_KEYS
 TITLE_MAX = 200
 
 
@@ -50,7 +54,8 @@ def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str
     """The notification an event asks for under `cfg`, or None for an event that is not sent."""
     where = {"run_dir": run_dir, "host": host, "ts": event.ts}
     if isinstance(event, AlertEvent):
-        forced = event.key in ALWAYS_SENT_KEYS and severity_rank(event.severity) >= severity_rank("error")
+        forced = (event.key in ALWAYS_SENT_KEYS and severity_rank(event.severity) >= severity_rank("error")) or \
+            event.key.startswith(ALWAYS_SENT_PREFIXES)
         if event.key in OWN_KEYS or (severity_rank(event.severity) < severity_rank(cfg.min_severity) and not forced):
             return None
         return Notification(kind="alert", severity=event.severity, key=event.key,

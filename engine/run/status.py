@@ -146,6 +146,7 @@ class SlurmJobStatus:
     nodes: str = ""
     time_left: str = ""
     next_job: str | None = None  # queued at a hand-over before the time limit
+    waiting_since: float | None = None  # not running yet (PENDING ...): since when regen saw it so (epoch s)
 
 
 @dataclass

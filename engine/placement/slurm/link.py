@@ -26,11 +26,13 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import aiohttp
 
+from engine.placement.slurm import alerts as job_alerts
 from engine.placement.slurm import jobs as slurm_jobs
 from engine.config import Host, RunConfig, dump_toml
 from engine.config_schema import time_limit_seconds
@@ -40,7 +42,7 @@ from engine.placement.slurm.jobs import JobState, SlurmError
 from engine.placement.slurm.plan import job_name, layout_of, sbatch_argv, slurm_work_dir
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.telemetry_events import AlertEvent
-from engine.wire import HostState
+from engine.wire import HostState, duration_text
 
 log = logging.getLogger("regen.slurm")
 
@@ -66,6 +68,15 @@ def group_host(cfg: RunConfig, group: int) -> Host:
                 lan_address="0.0.0.0", base_port=cfg.workers.base_port + group * per_group)
 
 
+@dataclass
+class Waiting:
+    """A job seen queued and not yet running (PENDING, CONFIGURING, requeued ...)."""
+    job_id: str
+    since: float  # the link's clock (monotonic)
+    wall_since: float  # time.time(), for the status
+    alerted: bool = False
+
+
 class SlurmLink(HostLink):
     # the agent runs on a compute node, where the login node's `kill -0` cannot see it: a job's dir is that job's
     # agent's alone, and whether the job (so its agent) lives is squeue's to say
@@ -82,6 +93,8 @@ class SlurmLink(HostLink):
         self.job: JobState | None = None
         self.next_job: str | None = None  # queued at a hand-over, taken by the next join
         self._pending_said: str | None = None
+        self._waiting: Waiting | None = None  # the job not running yet: since when, and whether that was alerted
+        self.clock = time.monotonic  # how long a job waits (a test's own clock)
         self._handing_over = False
         self._attached: set[str] = set()  # jobs whose servers this link attached to
         self._said_ended: set[str] = set()
@@ -182,6 +195,33 @@ class SlurmLink(HostLink):
             self.emit(AlertEvent(severity="warning" if job.reason not in ("", "None", "Priority") else "info",
                                  text=f"slurm job {job.job_id} ({self.host.name}) is pending: {job.reason}",
                                  evidence=job.words(), key=f"slurm-pending:{self.host.name}"))
+        self._pending_too_long(job)
+
+    def _pending_too_long(self, job: JobState) -> None:
+        """One alert once the job has waited pending_alert_s (it will not start: Slurm's reason); [notify] sends it."""
+        if self._waiting is None or self._waiting.job_id != job.job_id:
+            self._waiting = Waiting(job.job_id, self.clock(), time.time())
+        waited = self.clock() - self._waiting.since
+        if self._waiting.alerted or waited < self.cfg.slurm.pending_alert_s:
+            return
+        self._waiting.alerted = True
+        reason = job.reason if job.reason not in ("", "None") else "no reason given"
+        self.emit(AlertEvent(
+            severity="warning", text=f"slurm job {job.job_id} ({self.host.name}) has been {job.state} for "
+                                     f"{duration_text(waited)}: {reason}",
+            evidence=f"{job.words()}; Slurm's expected start: squeue -j {job.job_id} --start; the alert's threshold: "
+                     f"[slurm] pending_alert_s = {self.cfg.slurm.pending_alert_s}",
+            key=job_alerts.key(job_alerts.PENDING_LONG, self.host.name, job.job_id)))
+
+    def _started(self, job: JobState) -> None:
+        """The job runs: a wait that was alerted ends with an alert of its own (sent too)."""
+        waiting, self._waiting = self._waiting, None
+        if waiting is None or not waiting.alerted or waiting.job_id != job.job_id:
+            return
+        self.emit(AlertEvent(
+            severity="info", text=f"slurm job {job.job_id} ({self.host.name}) started on {job.nodes} after "
+                                  f"{duration_text(self.clock() - waiting.since)} waiting",
+            evidence=job.words(), key=job_alerts.key(job_alerts.STARTED, self.host.name, job.job_id)))
 
     def _attach(self, job: JobState, running_s: float) -> str | None:
         """The running job's node and address (node.json of its step): the members' URLs point there. None while
@@ -195,6 +235,7 @@ class SlurmLink(HostLink):
                                 f"within {NODE_FILE_WAIT_S:.0f} s; see {self.slurm_dir}/job-{job.job_id}.out") from None
             return None
         self._attached.add(job.job_id)
+        self._started(job)
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
         for m in self.members:
             m.url = f"http://{node['address']}:{m.spec.port}"
@@ -319,6 +360,8 @@ class SlurmLink(HostLink):
     def status(self) -> HostStatus:
         st = super().status()
         job = self.job
+        waiting = self._waiting if job and self._waiting and self._waiting.job_id == job.job_id else None
         st.job = SlurmJobStatus(job_id=job.job_id, state=job.state, reason=job.reason, nodes=job.nodes,
-                                time_left=job.time_left, next_job=self.next_job) if job else None
+                                time_left=job.time_left, next_job=self.next_job,
+                                waiting_since=waiting.wall_since if waiting else None) if job else None
         return st

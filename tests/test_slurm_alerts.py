@@ -1,0 +1,165 @@
+"""A [slurm] group's job told to an operator who is not looking: a job that ends (TIMEOUT, CANCELLED by someone else,
+NODE_FAIL, PREEMPTED) or is requeued, and one that stays pending past [slurm] pending_alert_s (then its start), are
+notifications with Slurm's words, whatever notify.min_severity says.
+
+The link's own logic against a scripted squeue (no cluster: the states a real Slurm gives are in
+tests/test_slurm_run.py) and a real webhook receiver; the link's clock is the test's, so nothing waits."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from engine.config import NotifyConfig
+from engine.notify import Notifier
+from engine.placement.slurm import link as link_mod
+from engine.placement.slurm.jobs import JobState
+from engine.placement.slurm.link import SlurmLink
+from engine.placement.slurm.step import NODE_FILE, job_dir
+from tests.test_notify import receiver  # noqa: F401  (fixture)
+from tests.test_slurm_run import slurm_config
+
+ROOT = Path(__file__).resolve().parent.parent
+POLL_S = 300.0  # what one squeue poll advances the link's clock by
+
+
+class FakeSqueue:
+    """jobs.state and jobs.submit as a script: each poll answers the next state (the last one repeats) and moves the
+    link's clock on by POLL_S."""
+
+    def __init__(self, states: list[JobState]):
+        self.states = list(states)
+        self.now = 0.0
+        self.polls = 0
+        self.submitted: list[str] = []
+
+    async def state(self, job_id: str) -> JobState:
+        self.now += 0 if self.polls == 0 else POLL_S
+        self.polls += 1
+        st = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        assert st.job_id == job_id, f"polled {job_id}, scripted {st.job_id}"
+        return st
+
+    async def submit(self, argv: list[str], jobs_file: Path, group: int) -> str:
+        self.submitted.append(" ".join(argv))
+        return "4128"
+
+
+class Telemetry:
+    """What the link emits, kept and handed to the notifier (as Telemetry.emit does)."""
+
+    def __init__(self):
+        self.events: list = []
+        self.listeners: list = []
+
+    def emit(self, ev) -> None:
+        self.events.append(ev)
+        for listener in self.listeners:
+            listener(ev)
+
+
+@pytest.fixture
+def slurm_link(tmp_path, tiny_model_dir, monkeypatch):
+    """make(states, **slurm keys) -> (link, squeue, telemetry, notifier): a group's link on a fake squeue, its alerts
+    going to a notifier with the default [notify] (min_severity critical) posting to `url`."""
+    monkeypatch.setattr(link_mod, "POLL_S", 0.0)
+
+    async def make(states: list[JobState], url: str, **slurm) -> tuple[SlurmLink, FakeSqueue, Telemetry, Notifier]:
+        cfg = slurm_config(tmp_path, tiny_model_dir, prompts=4, nodes=1, **slurm)
+        squeue = FakeSqueue(states)
+        monkeypatch.setattr(link_mod.slurm_jobs, "state", squeue.state)
+        monkeypatch.setattr(link_mod.slurm_jobs, "submit", squeue.submit)
+        telemetry = Telemetry()
+        notifier = Notifier(NotifyConfig(url=url, retry_backoff_s=0.01), cfg.run_dir, telemetry.emit, host="login")
+        telemetry.listeners.append(notifier.on_event)
+        notifier.start()
+        link = SlurmLink(cfg, 0, engine_root=ROOT, session=aiohttp.ClientSession(), emit=telemetry.emit)
+        link.clock = lambda: squeue.now
+        return link, squeue, telemetry, notifier
+
+    return make
+
+
+def step_started(link: SlurmLink, job_id: str) -> None:
+    """What the job's step writes once it runs on its node."""
+    here = job_dir(link.slurm_dir, link.group, job_id)
+    here.mkdir(parents=True, exist_ok=True)
+    (here / NODE_FILE).write_text(json.dumps({"node": "n1", "address": "10.78.0.2", "gpus": "0,1"}))
+
+
+async def close(link: SlurmLink, notifier: Notifier) -> None:
+    await notifier.aclose(5)
+    await link.session.close()
+
+
+def pending(reason: str = "Resources") -> JobState:
+    return JobState("4128", "PENDING", reason, "", "10:00")
+
+
+RUNNING = JobState("4128", "RUNNING", "None", "n1", "9:58")
+
+
+async def test_a_job_pending_past_the_threshold_is_one_notification_and_its_start_another(slurm_link, receiver):
+    r = receiver()
+    # polled at 0, 300, 600 and 900 s of the link's clock: pending_alert_s = 600 is crossed at the third poll
+    link, squeue, telemetry, notifier = await slurm_link([pending(), pending(), pending(), pending(), RUNNING],
+                                                         r.url(), pending_alert_s=600)
+    step_started(link, "4128")
+    said = await link.start_agent()
+    assert said.startswith("slurm job 4128 running on n1 (10.78.0.2)")
+    waited = [e for e in telemetry.events if e.key.startswith("slurm-pending-long:")]
+    assert len(waited) == 1, "one alert for one wait, not one per poll"
+    await close(link, notifier)
+    bodies = [b for b in r.bodies() if b["kind"] == "alert"]
+    # the submit (info) and `is pending: Resources` (warning) alerts stay under min_severity: not sent
+    assert [(b["severity"], b["text"]) for b in bodies] == [
+        ("warning", "slurm job 4128 (regen-0) has been PENDING for 10m00s: Resources"),
+        ("info", "slurm job 4128 (regen-0) started on n1 after 20m00s waiting"),
+    ]
+    assert bodies[0]["key"] == "slurm-pending-long:regen-0:4128"
+    assert "job 4128 PENDING (Resources)" in bodies[0]["evidence"]
+    assert "squeue -j 4128 --start" in bodies[0]["evidence"] and "pending_alert_s = 600" in bodies[0]["evidence"]
+    assert link.status().job.waiting_since is None  # running: no longer waiting
+
+
+async def test_a_job_that_starts_within_the_threshold_sends_nothing(slurm_link, receiver):
+    r = receiver()
+    link, squeue, telemetry, notifier = await slurm_link([pending("Priority"), RUNNING], r.url(), pending_alert_s=600)
+    step_started(link, "4128")
+    await link.start_agent()
+    await close(link, notifier)
+    assert r.bodies() == []
+
+
+async def test_the_status_says_since_when_a_job_waits(slurm_link, receiver):
+    r = receiver()
+    link, squeue, telemetry, notifier = await slurm_link([pending()], r.url())
+    link.job = await squeue.state("4128")  # what start_agent's poll does
+    link._pending(link.job)
+    job = link.status().job
+    assert (job.job_id, job.state, job.reason) == ("4128", "PENDING", "Resources")
+    assert job.waiting_since is not None
+    await close(link, notifier)
+
+
+@pytest.mark.parametrize("ended,text", [
+    (JobState("4127", "TIMEOUT", "TimeLimit", "n1", "0:00"), "ended: TIMEOUT (TimeLimit)"),
+    (JobState("4127", "CANCELLED", "None", "n1", "9:00"), "ended: CANCELLED"),
+    (JobState("4127", "NODE_FAIL", "NodeDown", "n1", "9:00"), "ended: NODE_FAIL (NodeDown)"),
+    (JobState("4127", "PREEMPTED", "None", "n1", "9:00"), "ended: PREEMPTED"),
+    (JobState("4127", "PENDING", "BeginTime", "", "10:00"), "was requeued: PENDING (BeginTime)"),
+], ids=["timeout", "cancelled", "node-fail", "preempted", "requeued"])
+async def test_a_job_that_ends_is_a_notification_in_slurms_words(slurm_link, receiver, ended, text):
+    r = receiver()
+    link, squeue, telemetry, notifier = await slurm_link(
+        [JobState("4127", "RUNNING", "None", "n1", "9:30"), ended], r.url())
+    link.job = JobState("4127", "RUNNING", "None", "n1", "9:58")
+    link._attached.add("4127")
+    reason = await link._watch_job()
+    assert reason == f"slurm {ended.words()}"  # why the host is lost (its in-flight samples re-dispatched)
+    await close(link, notifier)
+    (body,) = [b for b in r.bodies() if b["kind"] == "alert"]
+    assert body["severity"] == "error" and body["text"] == f"slurm job 4127 (regen-0) {text}"
+    assert body["evidence"] == ended.words() and body["run_dir"] == str(link.cfg.run_dir)

@@ -203,7 +203,7 @@ def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_
     status --json with the group's job, status's text row, stop cancelling regen's job."""
     from tests.test_multihost import regen_cli
 
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1,
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=600, nodes=1,  # never done before the second kill
                        sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "4"))
     run_toml = tmp_path / "slurm-run.toml"
     run_toml.write_text(dump_toml(cfg))
@@ -231,10 +231,34 @@ def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_
         said = wait_until(lambda: next((json.loads(line) for line in (tmp_path / "run" / "telemetry.jsonl").read_text()
                                         .splitlines() if "an earlier supervisor" in line), None), 30, "the alert")
         assert said["text"] == f"cancelled 1 slurm job(s) an earlier supervisor of this run left running: {job['job_id']}"
-    finally:
+
+        # killed again: `regen stop` itself cancels the job the supervisor left (its id from the run dir's
+        # jobs.jsonl), and no other job on the cluster
+        jobs_file = tmp_path / "run" / "slurm" / "jobs.jsonl"
+        second = wait_until(lambda: (lambda ids: ids[-1] if len(ids) == 2 else None)(
+            [json.loads(line)["job"] for line in jobs_file.read_text().splitlines()]), 60, "the second start's job")
+        bystander = slurm.run("sbatch", "--parsable", "--job-name", "not-regen", "--gres=gpu:1", "--wrap",
+                              "sleep 600").stdout.strip()
+        wait_until(lambda: second in slurm.run("squeue", "-h", "-o", "%i").stdout.split(), 30, "it queued")
+        pid = int((tmp_path / "run" / "supervisor.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not psutil.pid_exists(pid), 10, "it to be gone")
         stopped = regen_cli("stop", "local", "--run-dir", run_dir)
-    assert stopped.returncode == 0, stopped.stderr
-    wait_until(lambda: not slurm.run("squeue", "-h", "-o", "%i").stdout.strip(), 30, "regen's job cancelled")
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.strip() == (f"{run_dir}: no supervisor runs; cancelled the 1 slurm job(s) its "
+                                          f"supervisor left running: {second}")
+        wait_until(lambda: second not in slurm.run("squeue", "-h", "-o", "%i").stdout.split(), 30,
+                   "the left job cancelled")
+        assert slurm.run("squeue", "-h", "-o", "%i %j").stdout.split() == [bystander, "not-regen"]
+        told = [json.loads(line) for line in (tmp_path / "run" / "telemetry.jsonl").read_text().splitlines()
+                if "regen stop: cancelled" in line]
+        assert [t["severity"] for t in told] == ["warning"]
+        again = regen_cli("stop", "local", "--run-dir", run_dir)  # nothing left: the plain no-supervisor answer
+        assert again.returncode == 2 and "no supervisor runs in local:" in again.stderr, again.stderr
+    finally:
+        regen_cli("stop", "local", "--run-dir", run_dir)  # a failure above may have left a supervisor
+    wait_until(lambda: "regen-0" not in slurm.run("squeue", "-h", "-o", "%j").stdout.split(), 30,
+               "regen's jobs cancelled")
 
 
 def require_netns(cluster) -> None:

@@ -36,6 +36,7 @@ _DAEMONS = ("munged", "slurmctld", "slurmd")
 _CLIENTS = ("sinfo", "sbatch", "srun", "squeue", "scancel", "scontrol")
 _IDLE_TIMEOUT_S = 30.0
 PARTITION = "gpu"
+URGENT = "urgent"  # same nodes, a higher tier: its jobs preempt those in PARTITION
 
 
 def slurm_missing() -> str | None:
@@ -242,14 +243,18 @@ def _conf_text(root: Path, nodes: list[SlurmNode], gpus: int, controller: str, c
         "GresTypes=gpu",
         "SchedulerParameters=bf_interval=1", "SlurmdTimeout=10", "KillWait=5", "ReturnToService=1",
         "MinJobAge=30",
+        # a job in the `urgent` partition (same nodes, higher tier) preempts one in `gpu`: requeued, as on a
+        # cluster with preemptible partitions (the cancel mode is per partition, PreemptMode on `gpu`)
+        "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
     ]
     for n in nodes:
         port = f" Port={node_ports[n.name]}" if n.name in node_ports else ""
         lines.append(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} RealMemory=4000 Gres=gpu:{gpus}{port}")
     if not node_ports:
         lines.append(f"SlurmdPort={free_port()}")
-    lines.append(f"PartitionName={PARTITION} Nodes={','.join(n.name for n in nodes)} Default=YES MaxTime={max_time}"
-                 " State=UP")
+    node_names = ",".join(n.name for n in nodes)
+    lines.append(f"PartitionName={PARTITION} Nodes={node_names} Default=YES MaxTime={max_time} State=UP PriorityTier=1")
+    lines.append(f"PartitionName={URGENT} Nodes={node_names} MaxTime={max_time} State=UP PriorityTier=10")
     return "\n".join(lines) + "\n"
 
 

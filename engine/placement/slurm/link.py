@@ -86,6 +86,7 @@ class SlurmLink(HostLink):
         self._attached: set[str] = set()  # jobs whose servers this link attached to
         self._said_ended: set[str] = set()
         self._rank_offsets: dict[Path, int] = {}  # how far each rank > 0 agent's telemetry.jsonl was read
+        self._life = 0  # the restart count of the job life attached to (a requeue keeps the id, not the life)
 
     # -- commands "on the host": the work dir is shared with the nodes ----------------------------
     async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
@@ -186,7 +187,7 @@ class SlurmLink(HostLink):
     def _attach(self, job: JobState, running_s: float) -> str | None:
         """The running job's node and address (node.json of its step): the members' URLs point there. None while
         the step has not written it yet."""
-        here = job_dir(self.slurm_dir, self.group, job.job_id)
+        here = job_dir(self.slurm_dir, self.group, job.job_id, job.restarts)
         try:
             node = json.loads((here / NODE_FILE).read_text())
         except (FileNotFoundError, ValueError):
@@ -195,6 +196,7 @@ class SlurmLink(HostLink):
                                 f"within {NODE_FILE_WAIT_S:.0f} s; see {self.slurm_dir}/job-{job.job_id}.out") from None
             return None
         self._attached.add(job.job_id)
+        self._life = job.restarts
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
         for m in self.members:
             m.url = f"http://{node['address']}:{m.spec.port}"
@@ -222,7 +224,7 @@ class SlurmLink(HostLink):
             except SlurmError as exc:
                 log.warning("group %s: %s", self.host.name, exc)
                 continue  # slurmctld busy: the servers' own health still tells
-            if self.job.state != "RUNNING":
+            if self.job.state != "RUNNING" or self.job.restarts != self._life:  # ended, or requeued (maybe run again)
                 self.job = await self._final_state(self.job)
                 self._ended(self.job)
                 return f"slurm {self.job.words()}"
@@ -236,7 +238,7 @@ class SlurmLink(HostLink):
         """A server across nodes: a rank > 0 that crashed or failed (its node's agent said so in its telemetry) is
         an alert here naming the rank and its node, once per crash; rank 0's own crash, which follows, is the
         member's."""
-        here = job_dir(self.slurm_dir, self.group, self.job.job_id)
+        here = job_dir(self.slurm_dir, self.group, self.job.job_id, self.job.restarts)
         for path in sorted(here.glob("rank*/telemetry.jsonl")):
             offset = self._rank_offsets.get(path, 0)
             try:
@@ -268,10 +270,11 @@ class SlurmLink(HostLink):
         if job.job_id in self._said_ended:
             return
         reason = f" ({job.reason})" if job.reason not in ("", "None") else ""
-        if job.active:  # requeued (a node failed): the same job runs again once Slurm places it
-            self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued: "
-                                 f"{job.state}{reason}", evidence=job.words(),
-                                 key=f"slurm-requeue:{self.host.name}:{job.job_id}"))
+        if job.active:  # requeued (preempted, a node failed, scontrol requeue): the same id runs again once placed
+            self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued "
+                                 f"(restart {job.restarts}): {job.state}{reason}; its servers are lost until Slurm "
+                                 "runs it again", evidence=job.words() + f", restart count {job.restarts}",
+                                 key=f"slurm-requeue:{self.host.name}:{job.job_id}:{job.restarts}"))
             return
         self._said_ended.add(job.job_id)
         self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) ended: {job.state}"

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from engine.config import Router, Slurm, config_from_dict, dump_toml
-from tests.slurm_fixtures import require_slurm, start_slurm
+from tests.slurm_fixtures import URGENT, require_slurm, start_slurm
 from console.commands.demo import free_port_block
 from tests.sshd_fixtures import free_port
 from tests.waiting import wait_until
@@ -181,6 +181,42 @@ def test_a_job_at_its_time_limit_hands_over_to_the_next_allocation(tmp_path, tin
     wait_for(lambda: (lambda h: h and h["state"] == "up" and h["job"]["job_id"] == nxt)(host_of(run_dir, "regen-0")),
              60, "the next job serving", sup)
     assert sup.wait(300) == 0, sup.log_text()[-3000:]
+    every_sample_once(run_dir, cfg, renderer_for)
+
+
+@pytest.mark.slow
+def test_a_preempted_job_and_a_requeued_one_run_again_under_the_same_id(tmp_path, tiny_model_dir, slurm, supervisors,
+                                                                         renderer_for):
+    """A job in the `urgent` partition (higher tier, same node) preempts regen's: Slurm requeues it (PreemptMode
+    REQUEUE: same id, PENDING BeginTime, restart count 1) and runs it again once the urgent job ends; then someone
+    requeues it by hand (restart 2). Each is one alert in Slurm's words, each life runs in its own dir, and the run
+    ends with every sample exactly once."""
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=120, nodes=1,  # ~40 samples left at the second requeue
+                       sim=("--sim-step-ms", "30", "--sim-output-mean", "100", "--max-running-requests", "4"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    done = lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0)  # noqa: E731
+    wait_for(lambda: done() >= 20, 90, "first samples", sup)
+    job = job_of(run_dir, "regen-0")["job_id"]
+    urgent = slurm.run("sbatch", "--parsable", "-p", URGENT, "--gres=gpu:4", "--job-name=urgent", "--wrap",
+                       "sleep 3").stdout.strip()
+    preempted = wait_for(lambda: alert(run_dir, f"slurm job {job} (regen-0) was requeued (restart 1)"), 30,
+                         "the preemption's alert", sup)
+    assert f"job {job} PENDING (BeginTime)" in preempted["evidence"], preempted
+    assert alert(run_dir, "host regen-0 lost")
+    wait_for(lambda: (lambda h: h and h["state"] == "up" and h["job"]["job_id"] == job)(host_of(run_dir, "regen-0")),
+             60, "regen-0 up again in its job's second life", sup)
+    assert (run_dir / "slurm" / "g0" / f"job-{job}.r1" / "node.json").exists()
+    assert slurm.run("scontrol", "show", "job", "-o", urgent).stdout.count("JobState=COMPLETED")
+    before = done()
+    wait_for(lambda: done() >= before + 5, 60, "samples from the second life", sup)
+    slurm.run("scontrol", "requeue", job)
+    requeued = wait_for(lambda: alert(run_dir, f"slurm job {job} (regen-0) was requeued (restart 2)"), 30,
+                        "the requeue's alert", sup)
+    assert requeued["severity"] == "error"
+    assert sup.wait(240) == 0, sup.log_text()[-4000:]
+    assert (run_dir / "slurm" / "g0" / f"job-{job}.r2" / "node.json").exists()
+    assert [json.loads(line)["job"] for line in (run_dir / "slurm" / "jobs.jsonl").read_text().splitlines()] == [job]
     every_sample_once(run_dir, cfg, renderer_for)
 
 

@@ -101,6 +101,13 @@ class SlurmCluster:
         r = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
         return dict(line.split() for line in r.stdout.splitlines() if len(line.split()) == 2)
 
+    def kill_slurmd(self, name: str) -> None:
+        """SIGKILL the node's slurmd (its job steps run on, as on a node that stopped answering): past SlurmdTimeout
+        the controller sets the node down and its jobs end NODE_FAIL (or are requeued)."""
+        node = next(n for n in self.nodes if n.name == name)
+        node.process.kill()  # nsenter, unshare and sh exec each other: the pid is slurmd's
+        node.process.wait(timeout=10)
+
     def log_text(self) -> str:
         parts = []
         for log in sorted(self.root.glob("log/*.log")):
@@ -299,13 +306,14 @@ def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int
                                            socket_path, cpus, max_time))
         env = cluster.env
 
-        def daemon(argv: list[str], log_name: str) -> None:
+        def daemon(argv: list[str], log_name: str) -> subprocess.Popen:
             out = open(root / "log" / log_name, "ab")
             try:
                 cluster.processes.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                                           stderr=subprocess.STDOUT, env=env))
             finally:
                 out.close()
+            return cluster.processes[-1]
 
         daemon([_which("slurmctld"), "-D", "-i", "-f", str(cluster.conf)], "slurmctld.out.log")
         for n in node_list:
@@ -317,7 +325,7 @@ def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int
                 inner = (f"hostname {n.name} && mount --bind {hosts} /etc/hosts && exec "
                          + " ".join(argv))
                 argv = n.nsenter() + ["unshare", "--uts", "--mount", "sh", "-c", inner]
-            daemon(argv, f"slurmd-{n.name}.out.log")
+            n.process = daemon(argv, f"slurmd-{n.name}.out.log")
         cluster.wait_idle()
     except BaseException:
         cluster.close()

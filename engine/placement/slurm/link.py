@@ -9,8 +9,10 @@ metrics, GPU/disk readings, loss and rejoin), with Slurm where SSH was:
   its servers are on, and the members' URLs point there (the router reaches them over the cluster network);
 - the work dir is on a filesystem the nodes share with the login node, so "running a command on the host" (reading
   identity records and readings) is a local command on that shared dir;
-- the job ending (TIMEOUT, CANCELLED by someone else, NODE_FAIL, PREEMPTED, a requeue) loses the host with an alert
-  in Slurm's words; its in-flight requests are re-dispatched and the next join submits a new job;
+- the job ending (TIMEOUT, CANCELLED by someone else, NODE_FAIL, PREEMPTED) loses the host with an alert in Slurm's
+  words; its in-flight requests are re-dispatched and the next join submits a new job; a requeue (preemption in a
+  REQUEUE partition, a node failure, `scontrol requeue`) is the same but the next join waits for the same job id's
+  next life (its restart count: engine/placement/slurm/step.py's job-<id>.r<N> dir);
 - handover_s before the job's time limit (squeue's time left; no signal: it would reach the servers) the group's
   servers are drained (in-flight requests finish) and the next job is queued at once; it takes over when the
   old one ends;

@@ -114,3 +114,28 @@ async def test_a_requeued_job_is_attached_to_in_its_new_life_not_at_the_last_one
         assert link._attach(again, 1.0) == "slurm job 41 running on n2 (10.0.0.2), GPUs 0"
         assert link.host.work_dir == str(second) and link.members[0].url.startswith("http://10.0.0.2:")
         assert link._life == 1
+
+
+def test_regen_stop_without_a_supervisor_says_when_slurm_cannot_be_asked(tmp_path):
+    """The run's supervisor is gone and Slurm does not answer (here: an empty file at SLURM_CONF): `engine.ctl stop`
+    exits 1 naming the jobs it could not cancel and Slurm's words, instead of a quiet 'no supervisor'."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from engine.config import dump_toml
+
+    run_dir = tmp_path / "run"
+    (run_dir / "slurm").mkdir(parents=True)
+    (run_dir / "run.toml").write_text(dump_toml(cfg(tmp_path)))
+    (run_dir / "slurm" / "jobs.jsonl").write_text(json.dumps({"job": "12", "group": 0, "ts": 0}) + "\n")
+    (tmp_path / "slurm.conf").write_text("")
+    r = subprocess.run([sys.executable, "-m", "engine.ctl", "--run-dir", str(run_dir), "stop"], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, SLURM_CONF=str(tmp_path / "slurm.conf")))
+    assert r.returncode == 1, r.stderr
+    assert (f"no supervisor runs on {run_dir}; cancelling the slurm job(s) 12 its supervisor left failed: scontrol "
+            "show job 12 (exit 1): scontrol: ") in r.stderr, r.stderr
+    assert "Unable to process configuration file (is SLURM_CONF right, slurmctld reachable?)" in r.stderr
+    said = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+    assert [(e["severity"], e["key"]) for e in said] == [("error", "slurm-leftovers")]

@@ -118,6 +118,9 @@ async def state(job_id: str) -> JobState:
     # gone from the queue (or squeue refuses an old id)
     rc, out, err = await run(["scontrol", "show", "job", "-o", job_id])
     found = parse_scontrol(job_id, out) if rc == 0 else None
+    if found is None and rc != 0 and "Invalid job id" not in err:  # not an answer about the job: Slurm's trouble
+        raise SlurmError(f"scontrol show job {job_id} (exit {rc}): {err.strip() or out.strip() or '(no output)'} "
+                         "(is SLURM_CONF right, slurmctld reachable?)")
     return found or JobState(job_id, "GONE", "no longer known to slurmctld")
 
 

@@ -221,28 +221,36 @@ def test_a_preempted_job_and_a_requeued_one_run_again_under_the_same_id(tmp_path
 
 
 @pytest.mark.slow
-def test_a_job_whose_node_stops_answering_ends_node_fail_and_the_run_goes_on(tmp_path, tiny_model_dir, cluster2,
-                                                                             supervisors, renderer_for):
-    """The job's node's slurmd killed (the node stops answering the controller): past SlurmdTimeout the node is down
-    and the job, which may not be requeued (--no-requeue), ends NODE_FAIL; regen says so and the run goes on in a
-    new job on the other node, every sample once."""
+def test_jobs_that_may_not_be_requeued_end_preempted_and_node_fail_and_the_run_goes_on(tmp_path, tiny_model_dir,
+                                                                                       cluster2, supervisors,
+                                                                                       renderer_for):
+    """Jobs submitted --no-requeue: an urgent job on the same node preempts the first (it ends PREEMPTED); the
+    second one's node stops answering (its slurmd killed) and past SlurmdTimeout it ends NODE_FAIL. Each is one
+    alert in Slurm's words, regen submits the next job each time, and the run ends on the third, every sample once."""
     require_netns(cluster2)  # on loopback every node is one address: the old node's servers would answer the new URLs
     cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, extra_args=("--no-requeue",),
                        sim=("--sim-step-ms", "30", "--sim-output-mean", "100", "--max-running-requests", "4"))
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
     wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 20, 120, "first samples", sup)
-    first = job_of(run_dir, "regen-0")
-    # paused: the dead node's servers run on (orphans of its slurmd) and would finish the run before Slurm says
+    # paused: a dead slurmd's job steps run on (its servers would finish the run before Slurm says NODE_FAIL)
     assert ctl(run_dir, "pause", "--all").returncode == 0
-    cluster2.kill_slurmd(first["nodes"])
-    ended = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) ended: NODE_FAIL"), 90,
+    first = job_of(run_dir, "regen-0")
+    cluster2.run("sbatch", "-p", URGENT, f"--nodelist={first['nodes']}", "--gres=gpu:4", "--wrap", "sleep 3")
+    preempted = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) ended: PREEMPTED"), 30,
+                         "the PREEMPTED alert", sup)
+    assert preempted["severity"] == "error" and f"job {first['job_id']} PREEMPTED" in preempted["evidence"]
+
+    up_on_a_new_job = lambda old: (lambda h: h["job"] if h and h["state"] == "up" and h["job"]["job_id"] != old  # noqa: E731
+                                   else None)(host_of(run_dir, "regen-0"))
+    second = wait_for(lambda: up_on_a_new_job(first["job_id"]), 60, "regen-0 up on its second job", sup)
+    cluster2.kill_slurmd(second["nodes"])
+    ended = wait_for(lambda: alert(run_dir, f"slurm job {second['job_id']} (regen-0) ended: NODE_FAIL"), 90,
                      "the NODE_FAIL alert", sup)
+    assert ended["severity"] == "error" and f"job {second['job_id']} NODE_FAIL" in ended["evidence"], ended
+    third = wait_for(lambda: up_on_a_new_job(second["job_id"]), 60, "regen-0 up on its third job", sup)
+    assert third["nodes"] != second["nodes"]
     assert ctl(run_dir, "resume", "--all").returncode == 0
-    assert ended["severity"] == "error" and f"job {first['job_id']} NODE_FAIL" in ended["evidence"], ended
-    second = wait_for(lambda: (lambda h: h["job"] if h and h["state"] == "up" and h["job"]["job_id"] != first["job_id"]
-                               else None)(host_of(run_dir, "regen-0")), 60, "regen-0 up on a new job", sup)
-    assert second["nodes"] != first["nodes"]
     assert sup.wait(240) == 0, sup.log_text()[-4000:]
     every_sample_once(run_dir, cfg, renderer_for)
 

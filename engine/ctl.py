@@ -22,8 +22,8 @@ import engine
 from engine.control import request
 from engine.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus,
                              ProtocolError, Reply, decode_request, encode_event_line, encode_reply)
-from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, Status, Stop, UndrainHost,
-                                    to_request)
+from engine.run.control_ops import (EXITED, Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, Status, Stop,
+                                    UndrainHost, to_request)
 
 EXIT_OK, EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 0, 1, 2
 
@@ -100,16 +100,29 @@ def answer(run_dir: Path, op: ChannelOp, rid: int | None, timeout: float) -> Rep
     try:
         data = request(sock, to_request(op), timeout=timeout)
     except FileNotFoundError:
-        return Reply(rid, False, error=f"{sock} does not exist (no supervisor has this run dir open)",
-                     kind=ErrorKind.NO_SUPERVISOR)
+        return no_supervisor(run_dir, op, rid, f"{sock} does not exist (no supervisor has this run dir open)")
     except (ConnectionRefusedError, ConnectionError, TimeoutError, OSError) as exc:
-        return Reply(rid, False, error=f"nothing answers at {sock}: {type(exc).__name__}: {exc}",
-                     kind=ErrorKind.NO_SUPERVISOR)
+        return no_supervisor(run_dir, op, rid, f"nothing answers at {sock}: {type(exc).__name__}: {exc}")
     except orjson.JSONDecodeError as exc:
         return Reply(rid, False, error=f"the supervisor at {sock} replied with no JSON: {exc}")
     if data.get("ok"):
         return Reply(rid, True, data.get("result") or {})
     return Reply(rid, False, error=str(data.get("error") or "error reply without text"))
+
+
+def no_supervisor(run_dir: Path, op: ChannelOp, rid: int | None, why: str) -> Reply:
+    """No supervisor answers. A stop of a [slurm] run whose supervisor has died cancels the jobs it left (by the
+    ids it recorded, nothing else): the reply says which; any other op, or nothing left, is the no-supervisor
+    reply."""
+    if isinstance(op, Stop) and not supervisor_alive(run_dir):
+        from engine.placement.slurm.leftovers import stop_left_jobs
+
+        left = stop_left_jobs(run_dir)
+        if left is not None and left.complaint:
+            return Reply(rid, False, error=f"no supervisor runs on {run_dir}; {left.text()}")
+        if left is not None:
+            return Reply(rid, True, RunEnding(state=f"{EXITED} {left.text()}").to_dict())
+    return Reply(rid, False, error=why, kind=ErrorKind.NO_SUPERVISOR)
 
 
 def serve(run_dir: Path, timeout: float, poll: float = 0.2) -> int:

@@ -36,6 +36,7 @@ _DAEMONS = ("munged", "slurmctld", "slurmd")
 _CLIENTS = ("sinfo", "sbatch", "srun", "squeue", "scancel", "scontrol")
 _IDLE_TIMEOUT_S = 30.0
 PARTITION = "gpu"
+URGENT = "urgent"  # same nodes, a higher tier: its jobs preempt those in PARTITION
 
 
 def slurm_missing() -> str | None:
@@ -99,6 +100,13 @@ class SlurmCluster:
     def node_states(self) -> dict[str, str]:
         r = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
         return dict(line.split() for line in r.stdout.splitlines() if len(line.split()) == 2)
+
+    def kill_slurmd(self, name: str) -> None:
+        """SIGKILL the node's slurmd (its job steps run on, as on a node that stopped answering): past SlurmdTimeout
+        the controller sets the node down and its jobs end NODE_FAIL (or are requeued)."""
+        node = next(n for n in self.nodes if n.name == name)
+        node.process.kill()  # nsenter, unshare and sh exec each other: the pid is slurmd's
+        node.process.wait(timeout=10)
 
     def log_text(self) -> str:
         parts = []
@@ -242,14 +250,18 @@ def _conf_text(root: Path, nodes: list[SlurmNode], gpus: int, controller: str, c
         "GresTypes=gpu",
         "SchedulerParameters=bf_interval=1", "SlurmdTimeout=10", "KillWait=5", "ReturnToService=1",
         "MinJobAge=30",
+        # a job in the `urgent` partition (same nodes, higher tier) preempts one in `gpu`: requeued, as on a
+        # cluster with preemptible partitions (the cancel mode is per partition, PreemptMode on `gpu`)
+        "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
     ]
     for n in nodes:
         port = f" Port={node_ports[n.name]}" if n.name in node_ports else ""
         lines.append(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} RealMemory=4000 Gres=gpu:{gpus}{port}")
     if not node_ports:
         lines.append(f"SlurmdPort={free_port()}")
-    lines.append(f"PartitionName={PARTITION} Nodes={','.join(n.name for n in nodes)} Default=YES MaxTime={max_time}"
-                 " State=UP")
+    node_names = ",".join(n.name for n in nodes)
+    lines.append(f"PartitionName={PARTITION} Nodes={node_names} Default=YES MaxTime={max_time} State=UP PriorityTier=1")
+    lines.append(f"PartitionName={URGENT} Nodes={node_names} MaxTime={max_time} State=UP PriorityTier=10")
     return "\n".join(lines) + "\n"
 
 
@@ -294,13 +306,14 @@ def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int
                                            socket_path, cpus, max_time))
         env = cluster.env
 
-        def daemon(argv: list[str], log_name: str) -> None:
+        def daemon(argv: list[str], log_name: str) -> subprocess.Popen:
             out = open(root / "log" / log_name, "ab")
             try:
                 cluster.processes.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                                           stderr=subprocess.STDOUT, env=env))
             finally:
                 out.close()
+            return cluster.processes[-1]
 
         daemon([_which("slurmctld"), "-D", "-i", "-f", str(cluster.conf)], "slurmctld.out.log")
         for n in node_list:
@@ -312,7 +325,7 @@ def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int
                 inner = (f"hostname {n.name} && mount --bind {hosts} /etc/hosts && exec "
                          + " ".join(argv))
                 argv = n.nsenter() + ["unshare", "--uts", "--mount", "sh", "-c", inner]
-            daemon(argv, f"slurmd-{n.name}.out.log")
+            n.process = daemon(argv, f"slurmd-{n.name}.out.log")
         cluster.wait_idle()
     except BaseException:
         cluster.close()

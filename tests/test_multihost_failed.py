@@ -65,7 +65,10 @@ def test_a_host_whose_servers_all_fail_is_alerted_and_the_run_goes_on(tmp_path, 
     assert alert["severity"] == "critical" and "the run goes on with h1" in alert["text"]
     assert NO_ROOM in alert["evidence"] and "h2.gpu0" in alert["evidence"]
     assert f"log: h2:{two_hosts.host('h2').work_dir}/workers/h2.gpu0/server.log" in alert["evidence"]
-    # the server's own alerts, as the agent's records show them (a crash it restarted may fall between two reads)
+    # the server's own alerts, from the agent's records: each of its two crashes told (the agent's count says the
+    # one it relaunched before a read, merged with the next if both fell between two reads), then the failure
+    crashes = [e["text"] for e in events(run_dir) if e["type"] == "alert" and e.get("key") == "worker:h2.gpu0:crash"]
+    assert sum(2 if "(2 crashes since the last one told)" in t else 1 for t in crashes) == 2, crashes
     failed = next(e for e in events(run_dir) if e["type"] == "alert" and e.get("key") == "worker:h2.gpu0:failed")
     assert failed["severity"] == "critical" and NO_ROOM in failed["evidence"]
 

@@ -256,7 +256,8 @@ async def test_a_crashed_then_failed_remote_server_is_shown_and_alerted_once_eac
         link.state = "up"
         [m] = link.members
         crashed = dataclasses.replace(_record("crashed", error="exit code 1: RuntimeError: Not enough memory."),
-                                      last_words=words, restarts=0)
+                                      last_words=words, restarts=0, crashes=1,
+                                      last_crash="exit code 1: RuntimeError: Not enough memory.")
         assert link._mirror_agent(m, crashed) and link._mirror_agent(m, crashed)
         assert (m.state, m.error, m.last_error_lines) == ("crashed", crashed.error, list(words))
         [alert] = [e for e in emitted if isinstance(e, AlertEvent)]  # told once
@@ -267,7 +268,58 @@ async def test_a_crashed_then_failed_remote_server_is_shown_and_alerted_once_eac
         assert (m.state, m.restarts) == ("loading", 1)
         assert not link._mirror_agent(m, dataclasses.replace(_record("loading"), restarts=1))  # nothing new to say
         assert link.status().state == "up"
-        link._mirror_agent(m, dataclasses.replace(crashed, state="failed", restarts=1))
-        assert m.state == "failed" and emitted[-1].severity == "critical" and emitted[-1].key == "worker:h1.gpu0:failed"
+        link._mirror_agent(m, dataclasses.replace(crashed, state="failed", restarts=1, crashes=2))
+        assert [e.key for e in emitted[-2:]] == ["worker:h1.gpu0:crash", "worker:h1.gpu0:failed"]  # its last crash
+        assert m.state == "failed" and emitted[-1].severity == "critical"
         st = link.status()
         assert st.state == "failed" and st.error == f"every server failed: h1.gpu0: {crashed.error}"
+
+
+async def test_a_crash_the_agent_relaunched_before_the_link_read_its_record_is_told_once():
+    """The agent relaunches a crashed server in about a second; the link reads its records every 2 s, so it may
+    never see the record saying `crashed`: the agent's crash count says it, each crash once, whatever state the
+    record is read in; a new agent (a rejoin) counts from zero."""
+    cfg = cfg_with([{"name": "h1", "address": "x", "work_dir": "/w"}])
+    emitted: list = []
+    async with aiohttp.ClientSession() as session:
+        link = HostLink(cfg, cfg.hosts[0], engine_root=Path("."), session=session, emit=emitted.append,
+                        forward_base=45000)
+        [m] = link.members
+        crash = dict(agent_pid=11, crashes=1, last_crash="signal 9", last_words=("Killed",))
+        relaunched = dataclasses.replace(_record("loading"), restarts=1, **crash)
+        assert not link._mirror_agent(m, relaunched)  # nothing to mirror (it is loading), but the crash is told
+        link._mirror_agent(m, relaunched)
+        link._mirror_agent(m, dataclasses.replace(relaunched, state="ready"))
+        [alert] = [e for e in emitted if isinstance(e, AlertEvent)]
+        assert (alert.key, alert.severity) == ("worker:h1.gpu0:crash", "error")
+        assert alert.text == "worker h1.gpu0 crashed on host h1: signal 9"
+        assert alert.evidence.splitlines() == ["Killed", "log: h1:/w/workers/h1.gpu0/server.log"]
+        # two more crashes between two reads: one alert that says so
+        link._mirror_agent(m, dataclasses.replace(relaunched, restarts=3, crashes=3, last_crash="exit code 1"))
+        assert emitted[-1].text == "worker h1.gpu0 crashed on host h1: exit code 1 (2 crashes since the last one told)"
+        # the host rejoined: its new agent's first crash is a new one
+        link._mirror_agent(m, dataclasses.replace(relaunched, agent_pid=12))
+        assert len([e for e in emitted if isinstance(e, AlertEvent)]) == 3
+
+
+async def test_an_agents_worker_counts_each_crash_in_its_identity_record(tmp_path, tiny_model_dir):
+    """A real Worker (the agent's) on the simulator, its server killed: once relaunched and ready again, the record
+    the dispatch host reads says ready and still counts the crash with its error."""
+    import os
+    import signal
+
+    from tests.test_engine_run import make_config
+    from tests.test_faults_foreign_server import WorkerRun
+    from tests.waiting import await_until
+
+    cfg = make_config(tmp_path / "run", tiny_model_dir, prompts=1)
+    async with WorkerRun(cfg) as run:
+        await run.wait(lambda: run.worker.state == WorkerState.READY, 60, "ready")
+        path = Path(cfg.run_dir) / "workers" / run.worker.name / "identity.json"
+        assert IdentityRecord.from_json(path.read_text()).crashes == 0
+        os.killpg(run.worker.pid, signal.SIGKILL)
+        await await_until(lambda: run.worker.state == WorkerState.READY and run.worker.restarts == 1, 60,
+                          "relaunched and ready", interval=0.1)
+        record = IdentityRecord.from_json(path.read_text())
+        assert (record.state, record.crashes, record.restarts) == ("ready", 1, 1)
+        assert record.last_crash.startswith("signal 9") and record.last_words

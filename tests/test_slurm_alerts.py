@@ -149,7 +149,8 @@ async def test_the_status_says_since_when_a_job_waits(slurm_link, receiver):
     (JobState("4127", "CANCELLED", "None", "n1", "9:00"), "ended: CANCELLED"),
     (JobState("4127", "NODE_FAIL", "NodeDown", "n1", "9:00"), "ended: NODE_FAIL (NodeDown)"),
     (JobState("4127", "PREEMPTED", "None", "n1", "9:00"), "ended: PREEMPTED"),
-    (JobState("4127", "PENDING", "BeginTime", "", "10:00"), "was requeued: PENDING (BeginTime)"),
+    (JobState("4127", "PENDING", "BeginTime", "", "10:00", restarts=1),
+     "was requeued (restart 1): PENDING (BeginTime); its servers are lost until Slurm runs it again"),
 ], ids=["timeout", "cancelled", "node-fail", "preempted", "requeued"])
 async def test_a_job_that_ends_is_a_notification_in_slurms_words(slurm_link, receiver, ended, text):
     r = receiver()
@@ -162,4 +163,22 @@ async def test_a_job_that_ends_is_a_notification_in_slurms_words(slurm_link, rec
     await close(link, notifier)
     (body,) = [b for b in r.bodies() if b["kind"] == "alert"]
     assert body["severity"] == "error" and body["text"] == f"slurm job 4127 (regen-0) {text}"
-    assert body["evidence"] == ended.words() and body["run_dir"] == str(link.cfg.run_dir)
+    assert body["evidence"].startswith(ended.words()) and body["run_dir"] == str(link.cfg.run_dir)
+
+
+async def test_the_time_limit_a_hand_over_was_made_for_is_said_but_not_sent(slurm_link, receiver):
+    """At a planned hand-over the old job ending TIMEOUT is what regen asked for: an info alert naming the job that
+    takes over, and no notification (one per allocation would wake the operator for nothing)."""
+    r = receiver()
+    link, squeue, telemetry, notifier = await slurm_link(
+        [JobState("4127", "RUNNING", "None", "n1", "0:05"), JobState("4127", "TIMEOUT", "TimeLimit", "n1", "0:00")],
+        r.url())
+    link.job = JobState("4127", "RUNNING", "None", "n1", "0:10")
+    link._attached.add("4127")
+    link._handing_over, link.next_job = True, "4131"
+    await link._watch_job()
+    await close(link, notifier)
+    assert r.bodies() == []
+    (said,) = [ev for ev in telemetry.events if getattr(ev, "key", "").startswith("slurm-")]
+    assert said.severity == "info"
+    assert said.text == "slurm job 4127 (regen-0) reached its time limit as planned; job 4131 takes over"

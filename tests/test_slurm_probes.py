@@ -70,7 +70,7 @@ def test_more_gpus_than_a_node_has_fails_with_what_the_nodes_have(slurm, tmp_pat
 def test_an_unknown_partition_or_feature_is_named_with_the_fix(slurm, tmp_path, tiny_model_dir, capsys):
     rows = probe(capsys, write_config(tmp_path, tiny_model_dir, partition="a100"))
     assert rows["slurm.partition"]["status"] == "FAIL"
-    assert rows["slurm.partition"]["summary"] == "partition 'a100' not found; the cluster has: gpu"
+    assert rows["slurm.partition"]["summary"] == "partition 'a100' not found; the cluster has: gpu, urgent"
     assert "Invalid partition name specified" in rows["slurm.submit"]["summary"]
     assert rows["slurm.submit"]["remedy"].startswith("set slurm.partition")
     rows = probe(capsys, write_config(tmp_path, tiny_model_dir, constraint="h100"))

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from engine.config import Router, Slurm, config_from_dict, dump_toml
-from tests.slurm_fixtures import require_slurm, start_slurm
+from tests.slurm_fixtures import URGENT, require_slurm, start_slurm
 from console.commands.demo import free_port_block
 from tests.sshd_fixtures import free_port
 from tests.waiting import wait_until
@@ -191,12 +191,83 @@ def test_a_job_at_its_time_limit_hands_over_to_the_next_allocation(tmp_path, tin
     nxt = handed["text"].split("job ")[-1].split()[0]
     assert job_of(run_dir, "regen-0")["next_job"] == nxt
     assert slurm.run("squeue", "-h", "-j", nxt, "-o", "%T %r").stdout.split() == ["PENDING", "Dependency"]
-    ended = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) ended: TIMEOUT"), 120,
-                     "the first job's time limit", sup)
-    assert ended["severity"] == "error"
+    ended = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) reached its time limit as "
+                                            f"planned; job {nxt} takes over"), 120, "the first job's time limit", sup)
+    assert ended["severity"] == "info"
     wait_for(lambda: (lambda h: h and h["state"] == "up" and h["job"]["job_id"] == nxt)(host_of(run_dir, "regen-0")),
              60, "the next job serving", sup)
     assert sup.wait(300) == 0, sup.log_text()[-3000:]
+    every_sample_once(run_dir, cfg, renderer_for)
+
+
+@pytest.mark.slow
+def test_a_preempted_job_and_a_requeued_one_run_again_under_the_same_id(tmp_path, tiny_model_dir, slurm, supervisors,
+                                                                         renderer_for):
+    """A job in the `urgent` partition (higher tier, same node) preempts regen's: Slurm requeues it (PreemptMode
+    REQUEUE: same id, PENDING BeginTime, restart count 1) and runs it again once the urgent job ends; then someone
+    requeues it by hand (restart 2). Each is one alert in Slurm's words, each life runs in its own dir, and the run
+    ends with every sample exactly once."""
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=120, nodes=1,  # ~40 samples left at the second requeue
+                       sim=("--sim-step-ms", "30", "--sim-output-mean", "100", "--max-running-requests", "4"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    done = lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0)  # noqa: E731
+    wait_for(lambda: done() >= 20, 90, "first samples", sup)
+    job = job_of(run_dir, "regen-0")["job_id"]
+    urgent = slurm.run("sbatch", "--parsable", "-p", URGENT, "--gres=gpu:4", "--job-name=urgent", "--wrap",
+                       "sleep 3").stdout.strip()
+    preempted = wait_for(lambda: alert(run_dir, f"slurm job {job} (regen-0) was requeued (restart 1)"), 30,
+                         "the preemption's alert", sup)
+    assert f"job {job} PENDING (BeginTime)" in preempted["evidence"], preempted
+    assert alert(run_dir, "host regen-0 lost")
+    wait_for(lambda: (lambda h: h and h["state"] == "up" and h["job"]["job_id"] == job)(host_of(run_dir, "regen-0")),
+             60, "regen-0 up again in its job's second life", sup)
+    assert (run_dir / "slurm" / "g0" / f"job-{job}.r1" / "node.json").exists()
+    assert slurm.run("scontrol", "show", "job", "-o", urgent).stdout.count("JobState=COMPLETED")
+    before = done()
+    wait_for(lambda: done() >= before + 5, 60, "samples from the second life", sup)
+    slurm.run("scontrol", "requeue", job)
+    requeued = wait_for(lambda: alert(run_dir, f"slurm job {job} (regen-0) was requeued (restart 2)"), 30,
+                        "the requeue's alert", sup)
+    assert requeued["severity"] == "error"
+    assert sup.wait(240) == 0, sup.log_text()[-4000:]
+    assert (run_dir / "slurm" / "g0" / f"job-{job}.r2" / "node.json").exists()
+    assert [json.loads(line)["job"] for line in (run_dir / "slurm" / "jobs.jsonl").read_text().splitlines()] == [job]
+    every_sample_once(run_dir, cfg, renderer_for)
+
+
+@pytest.mark.slow
+def test_jobs_that_may_not_be_requeued_end_preempted_and_node_fail_and_the_run_goes_on(tmp_path, tiny_model_dir,
+                                                                                       cluster2, supervisors,
+                                                                                       renderer_for):
+    """Jobs submitted --no-requeue: an urgent job on the same node preempts the first (it ends PREEMPTED); the
+    second one's node stops answering (its slurmd killed) and past SlurmdTimeout it ends NODE_FAIL. Each is one
+    alert in Slurm's words, regen submits the next job each time, and the run ends on the third, every sample once."""
+    require_netns(cluster2)  # on loopback every node is one address: the old node's servers would answer the new URLs
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, extra_args=("--no-requeue",),
+                       sim=("--sim-step-ms", "30", "--sim-output-mean", "100", "--max-running-requests", "4"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 20, 120, "first samples", sup)
+    # paused: a dead slurmd's job steps run on (its servers would finish the run before Slurm says NODE_FAIL)
+    assert ctl(run_dir, "pause", "--all").returncode == 0
+    first = job_of(run_dir, "regen-0")
+    cluster2.run("sbatch", "-p", URGENT, f"--nodelist={first['nodes']}", "--gres=gpu:4", "--wrap", "sleep 3")
+    preempted = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) ended: PREEMPTED"), 30,
+                         "the PREEMPTED alert", sup)
+    assert preempted["severity"] == "error" and f"job {first['job_id']} PREEMPTED" in preempted["evidence"]
+
+    up_on_a_new_job = lambda old: (lambda h: h["job"] if h and h["state"] == "up" and h["job"]["job_id"] != old  # noqa: E731
+                                   else None)(host_of(run_dir, "regen-0"))
+    second = wait_for(lambda: up_on_a_new_job(first["job_id"]), 60, "regen-0 up on its second job", sup)
+    cluster2.kill_slurmd(second["nodes"])
+    ended = wait_for(lambda: alert(run_dir, f"slurm job {second['job_id']} (regen-0) ended: NODE_FAIL"), 90,
+                     "the NODE_FAIL alert", sup)
+    assert ended["severity"] == "error" and f"job {second['job_id']} NODE_FAIL" in ended["evidence"], ended
+    third = wait_for(lambda: up_on_a_new_job(second["job_id"]), 60, "regen-0 up on its third job", sup)
+    assert third["nodes"] != second["nodes"]
+    assert ctl(run_dir, "resume", "--all").returncode == 0
+    assert sup.wait(240) == 0, sup.log_text()[-4000:]
     every_sample_once(run_dir, cfg, renderer_for)
 
 
@@ -221,7 +292,7 @@ def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_
     status --json with the group's job, status's text row, stop cancelling regen's job."""
     from tests.test_multihost import regen_cli
 
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1,
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=600, nodes=1,  # never done before the second kill
                        sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "4"))
     run_toml = tmp_path / "slurm-run.toml"
     run_toml.write_text(dump_toml(cfg))
@@ -249,10 +320,34 @@ def test_regen_start_status_and_stop_from_the_command_line(tmp_path, tiny_model_
         said = wait_until(lambda: next((json.loads(line) for line in (tmp_path / "run" / "telemetry.jsonl").read_text()
                                         .splitlines() if "an earlier supervisor" in line), None), 30, "the alert")
         assert said["text"] == f"cancelled 1 slurm job(s) an earlier supervisor of this run left running: {job['job_id']}"
-    finally:
+
+        # killed again: `regen stop` itself cancels the job the supervisor left (its id from the run dir's
+        # jobs.jsonl), and no other job on the cluster
+        jobs_file = tmp_path / "run" / "slurm" / "jobs.jsonl"
+        second = wait_until(lambda: (lambda ids: ids[-1] if len(ids) == 2 else None)(
+            [json.loads(line)["job"] for line in jobs_file.read_text().splitlines()]), 60, "the second start's job")
+        bystander = slurm.run("sbatch", "--parsable", "--job-name", "not-regen", "--gres=gpu:1", "--wrap",
+                              "sleep 600").stdout.strip()
+        wait_until(lambda: second in slurm.run("squeue", "-h", "-o", "%i").stdout.split(), 30, "it queued")
+        pid = int((tmp_path / "run" / "supervisor.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not psutil.pid_exists(pid), 10, "it to be gone")
         stopped = regen_cli("stop", "local", "--run-dir", run_dir)
-    assert stopped.returncode == 0, stopped.stderr
-    wait_until(lambda: not slurm.run("squeue", "-h", "-o", "%i").stdout.strip(), 30, "regen's job cancelled")
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.strip() == (f"{run_dir}: no supervisor runs; cancelled the 1 slurm job(s) its "
+                                          f"supervisor left running: {second}")
+        wait_until(lambda: second not in slurm.run("squeue", "-h", "-o", "%i").stdout.split(), 30,
+                   "the left job cancelled")
+        assert slurm.run("squeue", "-h", "-o", "%i %j").stdout.split() == [bystander, "not-regen"]
+        told = [json.loads(line) for line in (tmp_path / "run" / "telemetry.jsonl").read_text().splitlines()
+                if "regen stop: cancelled" in line]
+        assert [t["severity"] for t in told] == ["warning"]
+        again = regen_cli("stop", "local", "--run-dir", run_dir)  # nothing left: the plain no-supervisor answer
+        assert again.returncode == 2 and "no supervisor runs in local:" in again.stderr, again.stderr
+    finally:
+        regen_cli("stop", "local", "--run-dir", run_dir)  # a failure above may have left a supervisor
+    wait_until(lambda: "regen-0" not in slurm.run("squeue", "-h", "-o", "%j").stdout.split(), 30,
+               "regen's jobs cancelled")
 
 
 def require_netns(cluster) -> None:
@@ -306,7 +401,11 @@ def test_a_two_node_server_losing_rank1_is_told_and_every_sample_once(tmp_path, 
     assert f"node n2): worker {name}.rank1 crashed (signal 9)" in rank_told["text"], rank_told
     assert sup.wait(240) == 0, sup.log_text()[-4000:]
     every_sample_once(run_dir, cfg, renderer_for)
-    # rank 0 ended with it, in NCCL's words naming the rank, and was launched again by its agent (the login node's
-    # own alert for that crash comes only if its 2 s poll sees the record before the relaunch)
+    # rank 0 ended with it, in NCCL's words naming the rank, and was launched again by its agent; the login node
+    # tells that crash too, once, however fast the relaunch (the agent's crash count, not the record's state)
     head_log = (head / "workers" / name / "server.log").read_text()
     assert "(node rank 1, TP ranks 2-3)" in head_log and head_log.count("launching:") >= 2
+    told = [e for e in events(run_dir) if e["type"] == "alert" and e["text"].startswith(f"worker {name} crashed on "
+                                                                                         "host regen-0: ")]
+    launches = head_log.count("launching:")
+    assert len(told) in (launches - 1, launches), told  # a crash per relaunch (and one more at the run's end, if so)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from console.deploy import EXIT_OK, add_host_args, run_with_client
+from engine.run.control_ops import EXITED
 
 
 def add_arguments(parser) -> None:
@@ -18,6 +19,8 @@ def run(args) -> int:
         result = await (client.drain() if args.drain else client.stop())
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
+        elif result.state.startswith(EXITED):  # no supervisor: the host cancelled the Slurm jobs it left
+            print(f"{client.run_dir}: no supervisor runs; {result.state.removeprefix(EXITED).strip()}")
         else:
             how = "draining (in-flight requests finish and are committed)" if args.drain else \
                 "stopping (in-flight requests aborted; finished rows committed)"

@@ -96,10 +96,13 @@ class WorkerRestarted:
         return asdict(self)
 
 
+EXITED = "exited:"  # stop found no supervisor but cleaned up after it (engine/ctl.py)
+
+
 @dataclass
 class RunEnding:
     """drain's and stop's reply."""
-    state: str = ""  # draining | stopping, or how the run had already ended
+    state: str = ""  # draining | stopping, or how the run had already ended, or EXITED and what stop did without it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -237,7 +237,11 @@ class IdentityRecord:
     # the process that wrote it (a host agent): a record of an agent that has gone since is stale
     agent_pid: int | None = None
     restarts: int = 0
-    last_words: tuple[str, ...] = ()  # crashed or failed: the server's fatal lines (or its log's tail)
+    last_words: tuple[str, ...] = ()  # its last crash's fatal lines (or its log's tail), kept after a relaunch
+    # every crash of this agent's launches, counted: a reader that polls (the dispatch host) tells each crash once
+    # even when the agent relaunched the server before the reader saw it crashed
+    crashes: int = 0
+    last_crash: str | None = None  # the last crash's error
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -250,7 +254,9 @@ class IdentityRecord:
                    pid=data.get("pid"), port=int(data["port"]), error=data.get("error"),
                    startup_batch=_int_or_none(data.get("startup_batch")), agent_pid=_int_or_none(data.get("agent_pid")),
                    restarts=_int_or_none(data.get("restarts")) or 0,
-                   last_words=tuple(str(w) for w in words) if isinstance(words, list) else ())
+                   last_words=tuple(str(w) for w in words) if isinstance(words, list) else (),
+                   crashes=_int_or_none(data.get("crashes")) or 0,
+                   last_crash=str(data["last_crash"]) if data.get("last_crash") is not None else None)
 
 
 def _int_or_none(value: object) -> int | None:
@@ -359,6 +365,8 @@ class Worker:
         self._proxy_warned = False
         self._startup_batch: int | None = None  # from the current launch's start-up log line
         self.last_error_lines: list[str] = []  # the last crash's fatal lines (or its log's tail)
+        self.crashes = 0  # every crash of this worker, in its identity record (engine/placement/hosts/link.py reads it)
+        self.last_crash: str | None = None
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -425,7 +433,8 @@ class Worker:
         record = IdentityRecord(name=self.name, state=self.state, pid=self.pid, port=self.spec.port, error=self.error,
                                 served_model_name=expected.served_model_name if expected else None,
                                 startup_batch=self._startup_batch, agent_pid=os.getpid(), restarts=self.restarts,
-                                last_words=tuple(self.last_error_lines) if ended else ())
+                                last_words=tuple(self.last_error_lines) if ended or self.crashes else (),
+                                crashes=self.crashes, last_crash=self.last_crash)
         try:
             write_identity(self.log_path.parent / IDENTITY_FILE, record)
         except OSError as exc:
@@ -495,6 +504,7 @@ class Worker:
             except OSError as exc:
                 self.error = f"cannot launch: {exc}"
                 self.last_error_lines = [self.error]
+                self.crashes, self.last_crash = self.crashes + 1, self.error
                 self._set_state(WorkerState.CRASHED)
                 self._alert("error", f"worker {self.name} could not be launched", str(exc), "launch")
             else:
@@ -693,6 +703,7 @@ class Worker:
         cause = next((line for line in reversed(lines) if not WRAPPER_LINES.search(line)), lines[-1] if lines else "")
         self.error = (reason + "; " if reason else "") + f"{code}" + (f": {cause}" if cause else "")
         self.last_error_lines = evidence_lines
+        self.crashes, self.last_crash = self.crashes + 1, self.error
         self._set_state(WorkerState.CRASHED)
         self._alert("error", f"worker {self.name} crashed ({code})", "\n".join(evidence_lines), "crash")
         return "crashed"

@@ -123,7 +123,8 @@ class RemoteWorker:
     ready_this_join: bool = False
     served_model_name: str | None = None  # the proven name it was admitted with (None: not admitted)
     last_error_lines: list[str] = field(default_factory=list)  # its last crash's fatal lines, as its agent read them
-    agent_seen: tuple = ()  # the agent's (state, restarts, pid) last mirrored: each crash is told once
+    agent_seen: tuple = ()  # the agent's (state, restarts, pid) last mirrored
+    crashes_told: tuple[int | None, int] = (None, 0)  # (agent pid, its crash count) told: each crash told once
     served: ServedTokens | None = None  # the ledger's ServedTokens when it is a dispatch target (behind a router: None)
 
     @property
@@ -514,29 +515,46 @@ class HostLink:
 
     def _mirror_agent(self, m: RemoteWorker, record: IdentityRecord | None) -> bool:
         """An unanswering server whose host agent says it crashed or failed takes that state, its error and last
-        words, each crash told once as an alert here (the agent's own alerts stay on its host); one the agent
-        launched again is starting. False when the record says nothing of that (the caller keeps the /health
-        reason)."""
+        words (the crash itself is told by _tell_crashes, a failure here, once); one the agent launched again is
+        starting. False when the record says nothing of that (the caller keeps the /health reason)."""
         if record is None:
             return False
+        self._tell_crashes(m, record)
         if record.state in ENDED:
             seen = (record.state, record.restarts, record.pid)
             if m.agent_seen != seen:
                 m.agent_seen, m.restarts, m.last_error_lines = seen, record.restarts, list(record.last_words)
                 m.set_state(record.state, record.error)
-                failed = record.state == WorkerState.FAILED
-                self.emit(AlertEvent(
-                    severity="critical" if failed else "error",
-                    text=f"worker {m.name} {'failed, not restarted again' if failed else 'crashed'} on host "
-                         f"{self.host.name}: {record.error}",
-                    evidence="\n".join([*record.last_words, f"log: {self.host.name}:{self.server_log(m)}"]),
-                    key=f"worker:{m.name}:{'failed' if failed else 'crash'}"))
+                if record.state == WorkerState.FAILED:
+                    self.emit(AlertEvent(
+                        severity="critical", text=f"worker {m.name} failed, not restarted again on host "
+                        f"{self.host.name}: {record.error}",
+                        evidence="\n".join([*record.last_words, f"log: {self.host.name}:{self.server_log(m)}"]),
+                        key=f"worker:{m.name}:failed"))
             return True
         if m.state in ENDED and record.state in (WorkerState.STARTING, WorkerState.LOADING):
             m.restarts = record.restarts
             m.set_state(record.state, f"the host agent's server: {record.state} (restart {record.restarts})")
             return True
         return False
+
+    def _tell_crashes(self, m: RemoteWorker, record: IdentityRecord) -> None:
+        """Each crash the agent counted and this link has not told yet, as one alert. The agent relaunches a
+        crashed server within about a second, faster than this link reads its records: the count (not the record's
+        state at the moment it is read) says a crash happened. A new agent (a rejoin, a new Slurm job) counts from
+        zero."""
+        agent, told = m.crashes_told
+        if agent != record.agent_pid:
+            told = 0
+        new = record.crashes - told
+        m.crashes_told = (record.agent_pid, max(told, record.crashes))
+        if new <= 0:
+            return
+        more = f" ({new} crashes since the last one told)" if new > 1 else ""
+        self.emit(AlertEvent(
+            severity="error", text=f"worker {m.name} crashed on host {self.host.name}: {record.last_crash}{more}",
+            evidence="\n".join([*record.last_words, f"log: {self.host.name}:{self.server_log(m)}"]),
+            key=f"worker:{m.name}:crash"))
 
     def server_log(self, m: RemoteWorker) -> str:
         return f"{self.host.work_dir}/workers/{m.name}/server.log"
@@ -593,6 +611,8 @@ class HostLink:
             # before alerting: the cached record may predate the agent's latest launch
             record = (await self._identity_records(fresh=True)).get(m.name)
             check = admit_remote(record, answer, where)
+        if record is not None:
+            self._tell_crashes(m, record)  # a crash and relaunch between two reads is said before the rejoin
         if check.verdict == Verdict.PROVEN:
             if m.state == WorkerState.REFUSED:
                 self.emit(AlertEvent(severity="info", text=f"worker {m.name}: its own server answers again; it rejoins",

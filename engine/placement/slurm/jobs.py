@@ -25,6 +25,9 @@ class JobState:
     reason: str = ""  # Slurm's reason: Resources, Priority, None, ...
     nodes: str = ""
     time_left: str = ""
+    # how often Slurm requeued it (preemption in a REQUEUE partition, a node failure, `scontrol requeue`): a requeued
+    # job keeps its id, so (job id, restarts) names one life of it (engine/placement/slurm/step.py's job dir)
+    restarts: int = 0
 
     @property
     def active(self) -> bool:
@@ -82,19 +85,43 @@ def submitted(jobs_file: Path) -> list[str]:
     return out
 
 
-async def state(job_id: str) -> JobState:
-    rc, out, err = await run(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r|%N|%L"])
+SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,NodeList:|,TimeLeft:|,RestartCnt:|"  # squeue -O, each field ended by |
+
+
+def parse_squeue(job_id: str, out: str) -> JobState | None:
+    """The job's line of `squeue -h -j ID -O SQUEUE_FIELDS`; None if it is not there."""
     for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 5 and parts[0] == job_id:
-            return JobState(job_id, parts[1], parts[2], parts[3], parts[4])
-    # gone from the queue (or squeue refuses an old id): scontrol keeps it for MinJobAge
-    rc, out, err = await run(["scontrol", "show", "job", "-o", job_id])
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) >= 6 and parts[0] == job_id:
+            return JobState(job_id, parts[1], parts[2], parts[3], parts[4], _count(parts[5]))
+    return None
+
+
+def parse_scontrol(job_id: str, out: str) -> JobState | None:
+    """`scontrol show job -o ID` (a job that left the queue: scontrol keeps it for MinJobAge); None without a state."""
     fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
-    if rc == 0 and "JobState" in fields:
-        return JobState(job_id, fields["JobState"], fields.get("Reason", ""), fields.get("NodeList", ""),
-                        fields.get("TimeLimit", ""))
-    return JobState(job_id, "GONE", "no longer known to slurmctld")
+    if "JobState" not in fields:
+        return None
+    return JobState(job_id, fields["JobState"], fields.get("Reason", ""), fields.get("NodeList", ""),
+                    fields.get("TimeLimit", ""), _count(fields.get("Restarts", "")))
+
+
+def _count(text: str) -> int:
+    return int(text) if text.isdigit() else 0
+
+
+async def state(job_id: str) -> JobState:
+    rc, out, err = await run(["squeue", "-h", "-j", job_id, "-O", SQUEUE_FIELDS])
+    found = parse_squeue(job_id, out)
+    if found is not None:
+        return found
+    # gone from the queue (or squeue refuses an old id)
+    rc, out, err = await run(["scontrol", "show", "job", "-o", job_id])
+    found = parse_scontrol(job_id, out) if rc == 0 else None
+    if found is None and rc != 0 and "Invalid job id" not in err:  # not an answer about the job: Slurm's trouble
+        raise SlurmError(f"scontrol show job {job_id} (exit {rc}): {err.strip() or out.strip() or '(no output)'} "
+                         "(is SLURM_CONF right, slurmctld reachable?)")
+    return found or JobState(job_id, "GONE", "no longer known to slurmctld")
 
 
 async def cancel(job_ids: list[str]) -> str:

@@ -9,8 +9,10 @@ metrics, GPU/disk readings, loss and rejoin), with Slurm where SSH was:
   its servers are on, and the members' URLs point there (the router reaches them over the cluster network);
 - the work dir is on a filesystem the nodes share with the login node, so "running a command on the host" (reading
   identity records and readings) is a local command on that shared dir;
-- the job ending (TIMEOUT, CANCELLED by someone else, NODE_FAIL, PREEMPTED, a requeue) loses the host with an alert
-  in Slurm's words; its in-flight requests are re-dispatched and the next join submits a new job;
+- the job ending (TIMEOUT, CANCELLED by someone else, NODE_FAIL, PREEMPTED) loses the host with an alert in Slurm's
+  words; its in-flight requests are re-dispatched and the next join submits a new job; a requeue (preemption in a
+  REQUEUE partition, a node failure, `scontrol requeue`) is the same but the next join waits for the same job id's
+  next life (its restart count: engine/placement/slurm/step.py's job-<id>.r<N> dir);
 - handover_s before the job's time limit (squeue's time left; no signal: it would reach the servers) the group's
   servers are drained (in-flight requests finish) and the next job is queued at once; it takes over when the
   old one ends;
@@ -99,6 +101,7 @@ class SlurmLink(HostLink):
         self._attached: set[str] = set()  # jobs whose servers this link attached to
         self._said_ended: set[str] = set()
         self._rank_offsets: dict[Path, int] = {}  # how far each rank > 0 agent's telemetry.jsonl was read
+        self._life = 0  # the restart count of the job life attached to (a requeue keeps the id, not the life)
 
     # -- commands "on the host": the work dir is shared with the nodes ----------------------------
     async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
@@ -226,7 +229,7 @@ class SlurmLink(HostLink):
     def _attach(self, job: JobState, running_s: float) -> str | None:
         """The running job's node and address (node.json of its step): the members' URLs point there. None while
         the step has not written it yet."""
-        here = job_dir(self.slurm_dir, self.group, job.job_id)
+        here = job_dir(self.slurm_dir, self.group, job.job_id, job.restarts)
         try:
             node = json.loads((here / NODE_FILE).read_text())
         except (FileNotFoundError, ValueError):
@@ -236,6 +239,7 @@ class SlurmLink(HostLink):
             return None
         self._attached.add(job.job_id)
         self._started(job)
+        self._life = job.restarts
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
         for m in self.members:
             m.url = f"http://{node['address']}:{m.spec.port}"
@@ -263,7 +267,7 @@ class SlurmLink(HostLink):
             except SlurmError as exc:
                 log.warning("group %s: %s", self.host.name, exc)
                 continue  # slurmctld busy: the servers' own health still tells
-            if self.job.state != "RUNNING":
+            if self.job.state != "RUNNING" or self.job.restarts != self._life:  # ended, or requeued (maybe run again)
                 self.job = await self._final_state(self.job)
                 self._ended(self.job)
                 return f"slurm {self.job.words()}"
@@ -277,7 +281,7 @@ class SlurmLink(HostLink):
         """A server across nodes: a rank > 0 that crashed or failed (its node's agent said so in its telemetry) is
         an alert here naming the rank and its node, once per crash; rank 0's own crash, which follows, is the
         member's."""
-        here = job_dir(self.slurm_dir, self.group, self.job.job_id)
+        here = job_dir(self.slurm_dir, self.group, self.job.job_id, self.job.restarts)
         for path in sorted(here.glob("rank*/telemetry.jsonl")):
             offset = self._rank_offsets.get(path, 0)
             try:
@@ -309,12 +313,18 @@ class SlurmLink(HostLink):
         if job.job_id in self._said_ended:
             return
         reason = f" ({job.reason})" if job.reason not in ("", "None") else ""
-        if job.active:  # requeued (a node failed): the same job runs again once Slurm places it
-            self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued: "
-                                 f"{job.state}{reason}", evidence=job.words(),
-                                 key=f"slurm-requeue:{self.host.name}:{job.job_id}"))
+        if job.active:  # requeued (preempted, a node failed, scontrol requeue): the same id runs again once placed
+            self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued "
+                                 f"(restart {job.restarts}): {job.state}{reason}; its servers are lost until Slurm "
+                                 "runs it again", evidence=job.words() + f", restart count {job.restarts}",
+                                 key=f"slurm-requeue:{self.host.name}:{job.job_id}:{job.restarts}"))
             return
         self._said_ended.add(job.job_id)
+        if self._handing_over and self.next_job and job.state == "TIMEOUT":  # the limit a hand-over was made for
+            self.emit(AlertEvent(severity="info", text=f"slurm job {job.job_id} ({self.host.name}) reached its time "
+                                 f"limit as planned; job {self.next_job} takes over", evidence=job.words(),
+                                 key=f"slurm-handed-over:{self.host.name}:{job.job_id}"))
+            return
         self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) ended: {job.state}"
                              f"{reason}", evidence=job.words(), key=f"slurm-end:{self.host.name}:{job.job_id}"))
 

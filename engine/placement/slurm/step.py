@@ -1,7 +1,8 @@
 """`python -m engine.placement.slurm.step --work-dir W --group G`: one node's part of a regen Slurm job (the srun step).
 
 Run by srun on each node of job `<job_name>-<G>` (engine/placement/slurm/plan.py prints the line). It makes this job's
-own work dir W/g<G>/job-<SLURM_JOB_ID> (a new job on another node never meets the last one's pid files), writes
+own work dir W/g<G>/job-<SLURM_JOB_ID> (a new job on another node never meets the last one's pid files; a requeued
+job's next life W/g<G>/job-<id>.r<SLURM_RESTART_COUNT>), writes
 there the group's host.toml (W/g<G>/host.toml, written by the login node's link) with the servers bound to this
 node's address, and node.json (job, node, address, GPUs) that tells the login node where the servers are; then it
 runs regen's host agent (engine/placement/hosts/agent.py), the same one as on [[hosts]], until Slurm ends the step. The GPUs
@@ -53,8 +54,11 @@ def group_dir(work_dir: Path, group: int) -> Path:
     return work_dir / f"g{group}"
 
 
-def job_dir(work_dir: Path, group: int, job_id: str) -> Path:
-    return group_dir(work_dir, group) / f"job-{job_id}"
+def job_dir(work_dir: Path, group: int, job_id: str, restarts: int = 0) -> Path:
+    """One life of a job: a requeued job (preempted, its node failed, `scontrol requeue`) keeps its id and runs
+    again with SLURM_RESTART_COUNT=N, in a dir of its own (job-<id>.r<N>): the login node never mistakes the last
+    life's node.json, pid files or records for this one's."""
+    return group_dir(work_dir, group) / (f"job-{job_id}" if restarts == 0 else f"job-{job_id}.r{restarts}")
 
 
 def rank_dir(here: Path, node_rank: int) -> Path:
@@ -91,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
               "one server across them; submit it with the srun line `regen plan` prints", file=sys.stderr)
         return EXIT_NOT_IN_SLURM
     work_dir = Path(args.work_dir)
-    job_here = job_dir(work_dir, args.group, job_id)
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "")
+    job_here = job_dir(work_dir, args.group, job_id, int(restarts) if restarts.isdigit() else 0)
     here = rank_dir(job_here, node_rank)
     here.mkdir(parents=True, exist_ok=True)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     node_cfg = cfg.model_copy(update={"run_dir": str(here),
                                       "workers": cfg.workers.model_copy(update={"host": address})})
     (here / "host.toml").write_text(dump_toml(node_cfg))
-    record = {"job": job_id, "node": node, "address": address, "gpus": gpus, "pid": os.getpid()}
+    record = {"job": job_id, "restarts": int(restarts) if restarts.isdigit() else 0, "node": node, "address": address, "gpus": gpus, "pid": os.getpid()}
     if nnodes > 1:
         record.update(node_rank=node_rank, nnodes=nnodes)
     tmp = here / (NODE_FILE + ".tmp")

@@ -17,8 +17,8 @@ from console.remote_engine import engine_command
 from console.transport import Transport, TransportError
 from engine.protocol import (ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus, ProtocolError, Reply,
                              ctl_argv, decode_reply)
-from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
-                                    Stop, UndrainHost, WorkerRestarted)
+from engine.run.control_ops import (Drain, DrainHost, LogTail, LogText, Pause, RestartWorker, Resume, RunEnding,
+                                    ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
 from engine.run.status import HostStatus, RunStatus
 from engine.telemetry_events import Event, UnknownEventType, event_from_dict
 from engine.wire import WireError, decode
@@ -26,7 +26,7 @@ from engine.wire import WireError, decode
 # the wire type of each op's result
 REPLY_TYPES: dict[type, type] = {Hello: HelloResult, Status: RunStatus, LastStatus: RunStatus, Pause: ShardsChanged,
                                  Resume: ShardsChanged, RestartWorker: WorkerRestarted, Drain: RunEnding,
-                                 Stop: RunEnding, DrainHost: HostStatus, UndrainHost: HostStatus}
+                                 Stop: RunEnding, DrainHost: HostStatus, UndrainHost: HostStatus, LogTail: LogText}
 
 
 def decode_result(op: ChannelOp, data: Any, what: str) -> Any:
@@ -190,6 +190,9 @@ class RunClient:
 
     async def restart_worker(self, name: str) -> WorkerRestarted:
         return await self._decoded(RestartWorker(worker=name))
+
+    async def log_tail(self, worker: str, lines: int) -> LogText:
+        return await self._decoded(LogTail(worker=worker, lines=lines))
 
     async def drain(self) -> RunEnding:
         return await self._decoded(Drain())

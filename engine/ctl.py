@@ -22,8 +22,8 @@ import engine
 from engine.control import request
 from engine.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus,
                              ProtocolError, Reply, decode_request, encode_event_line, encode_reply)
-from engine.run.control_ops import (EXITED, Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, Status, Stop,
-                                    UndrainHost, to_request)
+from engine.run.control_ops import (EXITED, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, RunEnding,
+                                    Status, Stop, UndrainHost, to_request)
 
 EXIT_OK, EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 0, 1, 2
 
@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("drain-host", "undrain-host"):  # multi-host: stop / restart sending a host new work
         p = sub.add_parser(name)
         p.add_argument("host")
+    p = sub.add_parser("log-tail")  # the last lines of a server's server.log, wherever the server runs
+    p.add_argument("worker")
+    p.add_argument("--lines", type=int, default=200)
     sub.add_parser("drain")
     sub.add_parser("stop")
     sub.add_parser("hello")  # this engine's version and protocol (engine.protocol)
@@ -63,6 +66,8 @@ def op_of(args: argparse.Namespace) -> ChannelOp:
         return RestartWorker(worker=args.worker)
     if args.op in ("drain-host", "undrain-host"):
         return (DrainHost if args.op == "drain-host" else UndrainHost)(host=args.host)
+    if args.op == "log-tail":
+        return LogTail(worker=args.worker, lines=args.lines)
     if args.op == "status":
         return Status(shards=not args.no_shards)
     if args.op == "last-status":

@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 import orjson
 
-from engine.run.control_ops import (ControlError, Drain, DrainHost, Op, Pause, RestartWorker, Resume, Status, Stop,
-                                    UndrainHost, parse_op, to_request)
+from engine.run.control_ops import (ControlError, Drain, DrainHost, LogTail, Op, Pause, RestartWorker, Resume, Status,
+                                    Stop, UndrainHost, parse_op, to_request)
 
 PROTOCOL_VERSION = 2  # 2: follow over the channel
 SUPPORTED_PROTOCOLS = frozenset({1, 2})  # 1: the ops, without follow (the console follows one process then)
@@ -200,6 +200,8 @@ def ctl_argv(op: ChannelOp) -> list[str]:
         return ["restart-worker", op.worker]
     if isinstance(op, (DrainHost, UndrainHost)):
         return [op.op.replace("_", "-"), op.host]
+    if isinstance(op, LogTail):
+        return ["log-tail", op.worker, "--lines", str(op.lines)]
     if isinstance(op, LastStatus):
         return ["last-status"]
     if isinstance(op, Follow):

@@ -28,6 +28,7 @@ import dataclasses
 import gc
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -57,8 +58,8 @@ from engine.telemetry import Telemetry
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
-from engine.run.control_ops import (Drain, DrainHost, Op, Pause, RestartWorker, Resume, RunEnding, ShardsChanged,
-                                    Status, Stop, UndrainHost, WorkerRestarted)
+from engine.run.control_ops import (Drain, DrainHost, LogTail, LogText, Op, Pause, RestartWorker, Resume, RunEnding,
+                                    ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
 from engine.run.dispatcher import Dispatcher
 from engine.run.exporter import MetricsServer
 from engine.run.feed import Feed
@@ -71,7 +72,8 @@ from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.wire import ShardFigures
 from engine.placement.fleet import Fleet
-from engine.servers.workers import Worker, WorkerState, worker_specs
+from engine.placement.hosts.link import HostError
+from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
 from probes.context import is_rehearsal
 
 log = logging.getLogger("regen.supervisor")
@@ -84,6 +86,7 @@ TICK_S = 2.0
 QUALITY_EVERY_S = 10.0
 GPU_ERROR_EVERY_S = 60.0
 STOP_ABORT_WAIT_S = 15.0
+LOG_TAIL_TIMEOUT_S = 20.0  # a log_tail of a [[hosts]] server: one ssh to its host
 # young-generation collections after startup: each answer allocates a few dozen short-lived containers
 # (request, response, futures, the row) that live across awaits; with the default 700 they are walked
 # ~every 15 answers, mostly while still alive. Fewer, larger young collections walk less of them.
@@ -433,6 +436,8 @@ class Supervisor:
                 return self._restart_worker(op)
             case DrainHost() | UndrainHost():
                 return self._set_host_drained(op)
+            case LogTail():
+                return (await self._log_tail(op)).to_dict()
             case Drain() | Stop():
                 return self._end_on_request(op)
         raise ControlError(f"unknown op {op!r}")
@@ -463,6 +468,25 @@ class Supervisor:
             raise ControlError(str(exc)) from exc
         log.info("restart of worker %s requested", op.worker)
         return WorkerRestarted(worker=op.worker, state=found[0].state).to_dict()
+
+    async def _log_tail(self, op: LogTail) -> LogText:
+        found = next((w for w in self.workers if w.name == op.worker), None)
+        if found is None:
+            raise ControlError(f"unknown worker {op.worker!r}; workers: {', '.join(w.name for w in self.workers)}")
+        if isinstance(found, Worker):
+            path = found.log_path
+            return LogText(worker=op.worker, path=str(path),
+                           text="\n".join(await asyncio.to_thread(log_tail, path, 0, op.lines)))
+        assert self.fleet is not None  # a worker not of this machine is a fleet member
+        link = next(link for link in self.fleet.links if found in link.members)
+        path, where = link.server_log(found), link.server_log_where(found)
+        try:
+            rc, out, err = await link.ssh(f"tail -n {op.lines} -- {shlex.quote(path)}", timeout=LOG_TAIL_TIMEOUT_S)
+        except HostError as exc:
+            raise ControlError(f"tail {where}: {exc}") from exc
+        if rc != 0:
+            raise ControlError(f"tail {where}: exit status {rc}: {err.strip() or '(no stderr)'}")
+        return LogText(worker=op.worker, path=where, text=out)
 
     def _set_host_drained(self, op: DrainHost | UndrainHost) -> dict[str, Any]:
         if self.fleet is None:

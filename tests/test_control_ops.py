@@ -12,8 +12,8 @@ from probes.model import CommandResult
 
 from engine.control import ControlError
 from engine.ctl import build_parser, op_of
-from engine.run.control_ops import (OPS, Drain, DrainHost, Pause, RestartWorker, Resume, Status, Stop, UndrainHost,
-                                    parse_op, to_request)
+from engine.run.control_ops import (OPS, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, Status, Stop,
+                                    UndrainHost, parse_op, to_request)
 
 WIRE = [
     ({"op": "status"}, Status()),
@@ -25,6 +25,7 @@ WIRE = [
     ({"op": "restart_worker", "worker": "w0"}, RestartWorker(worker="w0")),
     ({"op": "drain_host", "host": "h2"}, DrainHost(host="h2")),
     ({"op": "undrain_host", "host": "h2"}, UndrainHost(host="h2")),
+    ({"op": "log_tail", "worker": "h1.gpu0", "lines": 50}, LogTail(worker="h1.gpu0", lines=50)),
     ({"op": "drain"}, Drain()),
     ({"op": "stop"}, Stop()),
 ]
@@ -43,7 +44,7 @@ def test_every_op_has_a_wire_case_and_pause_without_shards_means_all():
 
 @pytest.mark.parametrize("request_, error", [
     ({"op": "explode"}, "unknown op 'explode'; known: status, pause, resume, restart_worker, drain_host, "
-                        "undrain_host, drain, stop"),
+                        "undrain_host, log_tail, drain, stop"),
     ({}, "unknown op None; known: "),
     ([1, 2], "unknown op None; known: "),
     ({"op": "pause", "shards": "s00001"}, '"shards" must be a list of shard ids or "all"'),
@@ -51,6 +52,8 @@ def test_every_op_has_a_wire_case_and_pause_without_shards_means_all():
     ({"op": "restart_worker"}, '"worker" must be a worker\'s name, e.g. w0 (a string); got None'),
     ({"op": "drain_host", "host": 3}, '"host" must be a [[hosts]] name of the run config (a string); got 3'),
     ({"op": "status", "shards": "no"}, '"shards" must be true or false; got \'no\''),
+    ({"op": "log_tail", "worker": "gpu0", "lines": 0}, '"lines" must be an integer from 1 to 10000; got 0'),
+    ({"op": "log_tail", "lines": 5}, '"worker" must be a worker\'s name, e.g. gpu0 (a string); got None'),
 ])
 def test_a_bad_request_is_refused_with_the_text_the_reply_carries(request_, error):
     with pytest.raises(ControlError) as exc:
@@ -67,6 +70,8 @@ def test_a_bad_request_is_refused_with_the_text_the_reply_carries(request_, erro
     (["restart-worker", "w1"], {"op": "restart_worker", "worker": "w1"}),
     (["drain-host", "h2"], {"op": "drain_host", "host": "h2"}),
     (["undrain-host", "h2"], {"op": "undrain_host", "host": "h2"}),
+    (["log-tail", "gpu1"], {"op": "log_tail", "worker": "gpu1", "lines": 200}),
+    (["log-tail", "gpu1", "--lines", "20"], {"op": "log_tail", "worker": "gpu1", "lines": 20}),
     (["drain"], {"op": "drain"}),
     (["stop"], {"op": "stop"}),
 ])

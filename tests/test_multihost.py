@@ -13,6 +13,7 @@ import time
 import pytest
 
 from engine.config import Host, Router, dump_toml
+from engine.servers.workers import READY_LINE
 from tests.netns_hosts import netns_available, start_hosts
 from tests.sshd_fixtures import find_sshd, free_port
 from tests.test_engine_run import (REPO, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
@@ -279,6 +280,13 @@ def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_di
     assert _generate_lines(sim_hosts.host("h2")) == served, "a drained host got new requests"
     assert {h["name"]: h["state"] for h in status(run_dir)["hosts"]}["h2"] == "drained"
     assert ctl(run_dir, "drain-host", "h9").returncode == 1
+    # the console reaches only the supervisor's machine: the supervisor reads a host's server log over its SSH
+    told = ctl(run_dir, "log-tail", "h2.gpu0", "--lines", "50")
+    assert told.returncode == 0, told.stderr
+    tail = json.loads(told.stdout)["result"]
+    assert tail["path"] == f"h2:{sim_hosts.host('h2').work_dir}/workers/h2.gpu0/server.log"
+    assert READY_LINE in tail["text"] or "POST /generate" in tail["text"], tail["text"][-2000:]
+    assert len(tail["text"].splitlines()) <= 50
 
     back = regen_cli("drain-host", "local", "h2", "--undo", "--run-dir", str(run_dir))
     assert back.returncode == 0 and "host h2: up (gets work again)" in back.stdout, back.stdout + back.stderr

@@ -24,7 +24,7 @@ from console.follow import FollowSource, SourceError
 from console.hints import regen_command
 from console.remote_engine import engine_command
 from console.control_channel import ChannelClosed
-from console.run_client import RunClient, RunClientError
+from console.run_client import NoSupervisor, RunClient, RunClientError
 from console.ssh_options import SshOptions
 from console.transport import Transport, TransportError, open_transport
 from engine.config import ConfigError
@@ -267,7 +267,16 @@ class HostSource:
             raise SourceError(f"{what}: cannot reach {self.host}: {exc}", "connection") from exc
 
     async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str:
+        """The supervisor reads the log where the server runs (a [[hosts]] host, a [slurm] job's dir); with no
+        supervisor (an ended run) or an engine without the op, the run dir's own workers/ are read here."""
         client = self._need_client()
+        try:
+            return (await client.log_tail(worker, lines)).text
+        except NoSupervisor:
+            pass
+        except RunClientError as exc:
+            if "unknown op" not in str(exc) and "invalid choice" not in exc.stderr:
+                raise _classify(exc) from exc
         path = f"{client.run_dir}/workers/{worker}/server.log"
         res = await self._run(f"tail -n {int(lines)} -- {shlex.quote(path)}", TAIL_TIMEOUT_S, f"log of {worker}")
         if res.exit_status != 0:

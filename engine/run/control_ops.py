@@ -3,7 +3,7 @@ replies of the ops that change something (status's is engine.run.status.RunStatu
 
 Wire format (one JSON object per line, engine.control): {"op": "status"[, "shards": false]} | {"op": "pause", "shards": [...] | "all"} |
 {"op": "resume", "shards": ...} | {"op": "restart_worker", "worker": name} | {"op": "drain_host", "host": name} |
-{"op": "undrain_host", "host": name} | {"op": "drain"} | {"op": "stop"}.
+{"op": "undrain_host", "host": name} | {"op": "log_tail", "worker": name, "lines": n} | {"op": "drain"} | {"op": "stop"}.
 """
 from __future__ import annotations
 
@@ -56,6 +56,15 @@ class UndrainHost:
 
 
 @dataclass(frozen=True)
+class LogTail:
+    """The last `lines` lines of a server's server.log, read where the server runs: this machine, a [[hosts]] host
+    (over the supervisor's SSH to it) or a [slurm] job's dir. The console reaches only the supervisor's machine."""
+    op: ClassVar[str] = "log_tail"
+    worker: str
+    lines: int = 200
+
+
+@dataclass(frozen=True)
 class Drain:
     """End the run once the requests in flight are answered and committed."""
     op: ClassVar[str] = "drain"
@@ -67,9 +76,10 @@ class Stop:
     op: ClassVar[str] = "stop"
 
 
-Op = Status | Pause | Resume | RestartWorker | DrainHost | UndrainHost | Drain | Stop
+Op = Status | Pause | Resume | RestartWorker | DrainHost | UndrainHost | LogTail | Drain | Stop
 OP_TYPES: dict[str, type[Op]] = {cls.op: cls for cls in (Status, Pause, Resume, RestartWorker, DrainHost, UndrainHost,
-                                                         Drain, Stop)}
+                                                         LogTail, Drain, Stop)}
+MAX_LOG_LINES = 10_000
 OPS = tuple(OP_TYPES)
 
 
@@ -91,6 +101,17 @@ class WorkerRestarted:
     """restart_worker's reply."""
     worker: str = ""
     state: str = ""  # the worker's state once the restart was asked (engine.wire.WorkerState)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LogText:
+    """log_tail's reply."""
+    worker: str = ""
+    path: str = ""  # where the log is: a path on the supervisor's machine, or HOST:PATH on a [[hosts]] host
+    text: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +146,11 @@ def parse_op(request: Any) -> Op:
         return RestartWorker(worker=_name(request, "worker", "a worker's name, e.g. w0"))
     if cls in (DrainHost, UndrainHost):
         return cls(host=_name(request, "host", "a [[hosts]] name of the run config"))
+    if cls is LogTail:
+        lines = request.get("lines", 200)
+        if not (isinstance(lines, int) and not isinstance(lines, bool) and 1 <= lines <= MAX_LOG_LINES):
+            raise ControlError(f'"lines" must be an integer from 1 to {MAX_LOG_LINES}; got {lines!r}')
+        return LogTail(worker=_name(request, "worker", "a worker's name, e.g. gpu0"), lines=lines)
     if cls is Status:
         shards = request.get("shards", True)
         if not isinstance(shards, bool):
@@ -141,6 +167,8 @@ def to_request(op: Op) -> dict[str, Any]:
         return {"op": op.op, "worker": op.worker}
     if isinstance(op, (DrainHost, UndrainHost)):
         return {"op": op.op, "host": op.host}
+    if isinstance(op, LogTail):
+        return {"op": op.op, "worker": op.worker, "lines": op.lines}
     if isinstance(op, Status) and not op.shards:
         return {"op": op.op, "shards": False}
     return {"op": op.op}

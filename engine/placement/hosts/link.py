@@ -559,6 +559,10 @@ class HostLink:
     def server_log(self, m: RemoteWorker) -> str:
         return f"{self.host.work_dir}/workers/{m.name}/server.log"
 
+    def server_log_where(self, m: RemoteWorker) -> str:
+        """The server's log as the operator would find it: on its host."""
+        return f"{self.host.name}:{self.server_log(m)}"
+
     # -- the agent's readings of its host -----------------------------------------------------
     async def _fetch_readings(self) -> str:
         path = f"{shell_path(self.host.work_dir)}/{READINGS_FILE}"

@@ -355,6 +355,10 @@ class SlurmLink(HostLink):
                              evidence=self.job.words() + f", time left {self.job.time_left}",
                              key=f"slurm-handover:{self.host.name}"))
 
+    def server_log_where(self, m) -> str:
+        """On the filesystem the nodes share with the login node: a path there."""
+        return self.server_log(m)
+
     # -- stop: cancel what this link submitted ------------------------------------------------------
     async def _release(self, stop_agent: bool) -> None:
         """Cancel the jobs this link submitted (the live one and a queued successor), by id, never by name."""

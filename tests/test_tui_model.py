@@ -96,6 +96,18 @@ def test_alerts_deduplicate_by_key_and_count_repeats():
     assert m.alerts[0].count == 3
 
 
+def test_a_keys_alerts_with_other_texts_stay_one_row_each_through_every_status_reply():
+    """`slurm-submit:regen-0` said `job 6 submitted`, then `job 9 submitted`: each status reply carries both again
+    (seen in tmux: three rows of each after a few replies)."""
+    m = RunModel()
+    said = [AlertEvent(ts=1, severity="info", text="slurm job 6 submitted for regen-0", key="slurm-submit:regen-0"),
+            AlertEvent(ts=5, severity="info", text="slurm job 9 submitted for regen-0", key="slurm-submit:regen-0")]
+    for _ in range(3):
+        m.apply_status(RunStatus(run_dir="/r", state="running", running=True, alerts=said))
+    assert [(a.text, a.count) for a in m.alerts] == [("slurm job 6 submitted for regen-0", 1),
+                                                     ("slurm job 9 submitted for regen-0", 1)]
+
+
 def test_disk_time_to_full_and_low_alert():
     m = RunModel()
     gib = 2**30

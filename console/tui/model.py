@@ -192,7 +192,7 @@ class RunModel:
         self._dead_alerted = False  # one death alert per death (the live signal, then the recorded last state)
         self.disks: dict[tuple[str, str], DiskView] = {}  # by (host, path)
         self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
-        self._alert_by_key: dict[str, AlertView] = {}
+        self._alert_by_key: dict[tuple[str, str], AlertView] = {}  # (key, text): one key says several things
         self.rejects = Rejects()
         self.throughput = Series()
         self.last_ts: float | None = None
@@ -405,14 +405,16 @@ class RunModel:
         return {"disk"}
 
     def add_alert(self, alert: AlertView) -> None:
-        known = self._alert_by_key.get(alert.key)
-        if known is not None and known.text == alert.text:
+        # by key and text: a key's alerts with other texts (job 6 submitted, then job 9) come back in every status
+        # reply, and each must stay one row
+        known = self._alert_by_key.get((alert.key, alert.text))
+        if known is not None:
             if alert.ts > known.ts:  # a repeat (or a backfilled copy) of the same alert: count, don't list twice
                 known.ts = alert.ts
                 known.count += 1
             return
         self.alerts.append(alert)
-        self._alert_by_key[alert.key] = alert
+        self._alert_by_key[(alert.key, alert.text)] = alert
         if len(self._alert_by_key) > 4 * ALERTS_KEPT:
             live = {id(a) for a in self.alerts}
             self._alert_by_key = {k: a for k, a in self._alert_by_key.items() if id(a) in live}

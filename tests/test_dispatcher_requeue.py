@@ -7,6 +7,7 @@ restarted server twice and SGLang refuses the second one with 400 "Duplicate req
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import aiohttp
@@ -106,3 +107,65 @@ async def test_a_duplicate_rid_400_is_retried_with_an_alert_never_rejected(start
     alerts = [e for e in events if getattr(e, "key", "").startswith("duplicate-rid")]
     assert alerts and "c#turn0" in alerts[0].evidence and alerts[0].severity == "error"
     assert "refused a duplicate request id" in alerts[0].text
+
+
+class ListQueue:
+    """A ledger's ready queue reduced to a list; each pull's time recorded."""
+    def __init__(self, items: list[WorkItem]):
+        self.items = items
+        self.pulls: list[float] = []
+
+    def next_item(self, worker: str | None = None) -> WorkItem | None:
+        if not self.items:
+            return None
+        self.pulls.append(time.monotonic())
+        return self.items.pop(0)
+
+    async def wait_item(self, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+
+    def worker_ready(self, name: str, ready: bool) -> None:
+        pass
+
+    @property
+    def queued(self) -> int:
+        return len(self.items)
+
+    def queued_for(self, worker: str) -> int:
+        return 0
+
+
+async def test_a_server_failing_every_request_takes_no_new_work_for_a_moment(start_sim, tiny_tokenizer):
+    """A server whose scheduler died answers 503 at once: without a pause its loop passed regen's whole queue through
+    it into retry backoff before the crash was seen, and the other servers had nothing to do."""
+    from engine.placement.hosts.link import RemoteWorker
+    from engine.run.dispatcher import FAULT_PAUSE_S
+    from engine.servers.capacity import ServerCapacity
+    from engine.servers.workers import WorkerSpec, WorkerState
+
+    sim = await start_sim(sim_5xx_rate=1.0)
+    ids = tiny_tokenizer.encode("hello there")
+    queue = ListQueue([make_item(f"c{i}#turn0", ids) for i in range(200)])
+    w = RemoteWorker(spec=WorkerSpec(name="gpu0", gpus=(0,), host="127.0.0.1", port=30000), host="", url=sim.url,
+                     headers={})
+    w.state, w.capacity_info = WorkerState.READY, ServerCapacity(max_running_requests=8)
+    first_retry: list[float] = []
+    plan = RecordingOutcomes()
+
+    def deliver(outcome) -> None:
+        if isinstance(outcome, Retry) and not first_retry:
+            first_retry.append(time.monotonic())
+        plan(outcome)
+
+    cfg = RunConfig(run_dir="/nonexistent", model="/nonexistent", prompts=("/nonexistent",),
+                    dispatch=Dispatch(retry_backoff_s=2.0, max_in_flight_per_worker=8))
+    async with aiohttp.ClientSession() as session:
+        d = Dispatcher(cfg, queue=queue, workers=[w], deliver=deliver, renderer=None, session=session,
+                       emit=lambda _: None)
+        d.start()
+        try:
+            await await_until(lambda: len(queue.pulls) > 8, 10, "a pull after the first ones failed")
+        finally:
+            await d.close()
+    assert queue.pulls[8] - first_retry[0] >= FAULT_PAUSE_S * 0.9  # nothing pulled while the pause ran
+    assert len(plan.requeued) < 50 and plan.failed == []

@@ -313,6 +313,23 @@ def test_the_radix_cache_keeps_the_pool_bound_evicting_the_least_recently_used_l
     assert cache.match(convs[0] + [1]) == 400 and cache.match(convs[4] + [1]) == 400
 
 
+def test_the_radix_cache_evicts_the_least_recently_used_leaf_after_many_touches(monkeypatch):
+    from engine.simulator import prefix_cache
+
+    monkeypatch.setattr(prefix_cache, "REBUILD_MIN", 8)  # the leaf heap rebuilt many times over
+    cache = prefix_cache.PrefixCache(1000)
+    convs = [[i] * 200 for i in range(1, 6)]
+    for ids in convs:
+        cache.insert(ids)
+    for _ in range(50):
+        for ids in (convs[0], convs[2], convs[3], convs[4]):
+            cache.match(ids + [9])
+    assert len(cache._leaves) <= 4 * 5 + 1  # stale entries do not pile up
+    cache.insert([7] * 200)  # one leaf must go: conversation 1, untouched since it was inserted
+    assert cache.match(convs[1] + [9]) == 0
+    assert [cache.match(ids + [9]) for ids in (convs[0], convs[2], convs[3], convs[4])] == [200] * 4
+
+
 async def test_a_later_turn_built_on_the_answer_is_cached_up_to_where_the_answer_ends(start_sim):
     sim = await start_sim(sim_output_mean=40, sim_output_sigma=0.0)
     prompt = list(range(10, 300))

@@ -22,6 +22,12 @@ comes back unrun ("Abort in waiting queue") and is re-queued at the front, once,
 attempt (logged "moved"); one that had started meanwhile comes back with what it generated and is retried as any
 aborted answer; one that finished first is committed as usual. Each request sent has exactly one outcome either way.
 
+A server that fails a request (an HTTP error other than a refusal, a broken connection) takes no new work for a
+moment, doubling while it goes on failing (FAULT_PAUSE_S, up to dispatch.retry_backoff_s): a server whose scheduler
+has died answers every request at once, and its loop would otherwise pass regen's whole queue through it into retry
+backoff before the supervisor sees the crash, leaving the other servers without work (bench_spread restart: 785 items
+in 60 ms).
+
 With the runaway guard on ([runaway] enabled, the default) each answer is streamed (`stream: true`, a chunk every
 runaway.stream_interval tokens) and followed by engine.run.answer_stream, which keeps the ids exact and feeds the
 detector (engine.run.runaway); once it fires, the request is stopped with POST /abort_request {"rid"}. The server
@@ -64,6 +70,7 @@ CAPACITY_TICK_S = 0.5  # each server's size is corrected from its gauges this of
 SHARE_POLL_S = 0.05  # a worker at its fair share looks again this often
 START_GRACE_S = 10.0  # a server still starting counts in the fair share this long after the first one was ready
 MOVE_AFTER_S = 1.0  # a server under its batch with an empty queue this long takes work waiting in another's queue
+FAULT_PAUSE_S = 0.25  # a server's first failed request stops its pulls this long; each further one in a row doubles it
 
 
 class WorkQueue(Protocol):
@@ -119,6 +126,7 @@ class Dispatcher:
         self._output_seen: set[str] = set()  # rids of requests in flight that have streamed output (they run)
         self.moved = 0  # requests moved off a server's queue in this run
         self._no_pull_until: dict[str, float] = {}  # a worker work was just moved off takes none for MOVE_AFTER_S
+        self._faults: dict[str, int] = {}  # per worker: requests failed in a row by the server (reset by an answer)
         for w in workers:
             w.listeners.append(self._on_worker_state)
 
@@ -404,6 +412,7 @@ class Dispatcher:
             if self._aborting:
                 return
             item.last_error = f"{w.name}: {type(exc).__name__}: {exc}" if str(exc) else f"{w.name}: {type(exc).__name__}"
+            self._server_fault(w)
             self._retry_or_fail(item)
             return
         latency = time.monotonic() - started
@@ -426,6 +435,7 @@ class Dispatcher:
             if self._aborting:
                 return
             item.last_error = f"{w.name}: HTTP {status}: {_error_message(body)}"
+            self._server_fault(w)
             self._retry_or_fail(item)
 
     async def _post(self, w: Worker, item: WorkItem, url: URL, data: bytes, headers: CIMultiDict,
@@ -592,6 +602,7 @@ class Dispatcher:
             item.last_error = f"{w.name}: aborted: {finish.get('message', '')}"
             self._retry_or_fail(item, immediate=moving)  # moving, it had started: retried at once
             return
+        self._faults.pop(w.name, None)
         completion = meta.get("completion_tokens")
         n = len(ids32)
         self.request_size.answered(n)
@@ -624,6 +635,16 @@ class Dispatcher:
         if self.cfg.turns == "all" and not item.is_last_turn:
             answer = self.renderer.history_answer(ids32, item.prompt_opened)
         self.deliver(Generated(item, row, answer))
+
+    def _server_fault(self, w: Worker) -> None:
+        """The server failed a request: its loop pulls nothing for FAULT_PAUSE_S, doubled for each failure in a row,
+        at most dispatch.retry_backoff_s (see the module doc)."""
+        n = self._faults[w.name] = self._faults.get(w.name, 0) + 1
+        pause = min(self.cfg.dispatch.retry_backoff_s, FAULT_PAUSE_S * 2 ** min(n - 1, 16))
+        if pause > 0:
+            until = time.monotonic() + pause
+            if until > self._no_pull_until.get(w.name, 0.0):
+                self._no_pull_until[w.name] = until
 
     def _retry_or_fail(self, item: WorkItem, immediate: bool = False) -> None:
         item.attempt += 1

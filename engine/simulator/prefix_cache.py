@@ -9,6 +9,9 @@ What SGLang does (srt/mem_cache/radix_cache.py, managers/schedule_batch.py) and 
 - the tree holds at most the KV pool (`max_total_num_tokens`); past that the least recently used leaves go
   first (a shared system prompt, used by every request, stays).
 Not modelled: nodes locked by running requests (SGLang never evicts those; here the pool bound alone decides).
+Eviction keeps a heap of the leaves by access tick, updated as they are touched (stale entries skipped when popped),
+instead of walking the whole tree at each insert: once the tree is full every admission and every finished request
+inserts, and a walk of a few thousand leaves each time (~2 ms) stalled the simulated GPU's steps.
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ import heapq
 import itertools
 from array import array
 from typing import Sequence
+
+
+REBUILD_MIN = 4096
 
 
 class _Node:
@@ -51,6 +57,9 @@ class PrefixCache:
         self._tick = itertools.count(1)
         self.root = _Node(b"", None, 0)
         self.tokens = 0  # held in the tree
+        self._order = itertools.count()  # ties between leaves touched at the same tick: the earlier entry first
+        self._leaves: list[tuple[int, int, _Node]] = []  # (last, order, leaf) per touch; stale entries skipped
+        self._rebuild_at = REBUILD_MIN  # entries past which the heap is rebuilt from the live leaves
 
     def __len__(self) -> int:
         return self.tokens
@@ -65,7 +74,7 @@ class PrefixCache:
             if child is None:
                 break
             n = _common(child.key, raw[pos:pos + len(child.key)], self._unit)
-            child.last = tick
+            self._touch(child, tick)
             pos += n
             if n < len(child.key):
                 break
@@ -85,10 +94,11 @@ class PrefixCache:
             if child is None:
                 leaf = _Node(raw[pos:], node, tick)
                 node.children[head] = leaf
+                self._touch(leaf, tick)
                 self.tokens += (len(raw) - pos) // 4
                 break
             n = _common(child.key, raw[pos:pos + len(child.key)], self._unit)
-            child.last = tick
+            self._touch(child, tick)
             if n < len(child.key):  # split the edge where the ids leave it
                 mid = _Node(child.key[:n], node, tick)
                 node.children[head] = mid
@@ -109,23 +119,39 @@ class PrefixCache:
     def clear(self) -> None:
         self.root = _Node(b"", None, 0)
         self.tokens = 0
+        self._leaves = []
+        self._rebuild_at = REBUILD_MIN
 
     def _aligned(self, ids: Sequence[int], n: int) -> bytes:
         n = max(0, n) // self.page * self.page
         return array("i", ids[:n] if len(ids) > n else ids).tobytes()
 
+    def _touch(self, node: _Node, tick: int) -> None:
+        node.last = tick
+        if not node.children:
+            heapq.heappush(self._leaves, (tick, next(self._order), node))
+            if len(self._leaves) > self._rebuild_at:
+                # mostly stale entries (each touch adds one): rebuilt from the live leaves, amortized over the touches
+                self._leaves = [(n.last, next(self._order), n) for n in self._nodes()
+                                if not n.children and n is not self.root]
+                heapq.heapify(self._leaves)
+                self._rebuild_at = max(REBUILD_MIN, 4 * len(self._leaves))
+
     def _evict(self) -> None:
+        """The least recently used leaves go (a parent left childless becomes a leaf) until the bound holds."""
         if self.tokens <= self.capacity:
             return
-        leaves = [(n.last, id(n), n) for n in self._nodes() if not n.children and n is not self.root]
-        heapq.heapify(leaves)
-        while self.tokens > self.capacity and leaves:
-            _, _, leaf = heapq.heappop(leaves)
+        heap = self._leaves
+        while self.tokens > self.capacity and heap:
+            last, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
+            if parent is None or leaf.children or leaf.last != last:
+                continue  # evicted already, no longer a leaf, or touched since (a newer entry stands for it)
             del parent.children[leaf.key[:self._unit]]
+            leaf.parent = None
             self.tokens -= len(leaf.key) // 4
             if parent is not self.root and not parent.children:
-                heapq.heappush(leaves, (parent.last, id(parent), parent))
+                heapq.heappush(heap, (parent.last, next(self._order), parent))
 
     def _nodes(self):
         stack = [self.root]

@@ -53,7 +53,14 @@ def sim_args(step_ms: float) -> list[str]:
 
 
 def steps_of(log: Path) -> list[tuple[float, float, int]]:
-    """(start, end, batch) of every decode step in one simulator's log."""
+    """(start, end, batch) of every decode step in one simulator's log.
+
+    The simulator keeps its steps on a fixed grid (each ends step_ms after the one before, whatever its own
+    bookkeeping cost), logs a Decode line at the end of each and, for a step that admits, a Prefill line once the
+    admission is done. So a step after a busy one starts where that one ended, not at its Prefill line: read from
+    the Prefill line, the time the simulator process spent (or waited for its core) between the two lines counted
+    as time with no batch at all, ~10% of the window at batch 256 on a loaded core. After an idle server (running
+    0) the step starts at the admission (the simulator waited for work, then started its grid again)."""
     steps = []
     prev_end: float | None = None
     prev_running = 0
@@ -69,7 +76,8 @@ def steps_of(log: Path) -> list[tuple[float, float, int]]:
         if not m:
             continue
         if batch_after_admit is not None:
-            start, batch = admitted_at, batch_after_admit
+            start = prev_end if prev_running and prev_end is not None else admitted_at
+            batch = batch_after_admit
         else:
             start, batch = prev_end, prev_running
         if start is not None and batch > 0:

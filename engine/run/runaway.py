@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.random  # noqa: F401  imported with the engine, not by the first answer streamed (~0.1 s of its dispatch)
-from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.config import Runaway
 
@@ -144,11 +143,16 @@ class RunawayDetector:
         low = np.zeros(len(tokens), dtype=np.int32)
         for k in range(1, LOCAL + 1):
             low[k:] |= tokens[k:] == tokens[:-k]
-        tokens, low = tokens[LOCAL:], low[LOCAL:]
-        grams = sliding_window_view(tokens.astype(np.uint64), n)
+        tokens, low = tokens[LOCAL:].astype(np.uint64), low[LOCAL:]
+        # each n-gram's sum of token x multiplier (wrapping modulo 2**64), as n whole-array multiply-adds: a matrix
+        # product of the n-gram windows, on integers (no BLAS), cost ten times more
+        m = len(tokens) - n + 1
+        hashes = tokens[:m] * self._mult[0]
+        for k in range(1, n):
+            hashes += tokens[k:k + m] * self._mult[k]
         lows = np.concatenate([[0], np.cumsum(low)])
         keep = self.cfg.ngram_window
-        self._hashes = np.concatenate([self._hashes, grams @ self._mult])[-keep:]  # wraps modulo 2**64
+        self._hashes = np.concatenate([self._hashes, hashes])[-keep:]
         self._informative = np.concatenate([self._informative, (lows[n:] - lows[:-n]) * 2 < n])[-keep:]
         self._hashed = hi
 

@@ -475,9 +475,14 @@ class Dispatcher:
         return answer
 
     def _close_unended(self, now: float | None = None) -> None:
-        """Release the streams whose end has not come STREAM_END_WAIT_S after their final chunk (None: all)."""
-        while self._unended and (now is None or self._unended[0][0] <= now):
-            _, resp = self._unended.popleft()
+        """Forget the streams whose end has come since (from the oldest on: most ends come within milliseconds, so the
+        list holds about one capacity tick of answers) and release those whose end has not come STREAM_END_WAIT_S
+        after their final chunk (now None: all)."""
+        while self._unended:
+            deadline, resp = self._unended[0]
+            if not resp.closed and now is not None and deadline > now:
+                break
+            self._unended.popleft()
             if not resp.closed:
                 self.unended_closed += 1
                 if self.unended_closed == 1:

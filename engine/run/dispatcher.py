@@ -26,9 +26,9 @@ With the runaway guard on ([runaway] enabled, the default) each answer is stream
 runaway.stream_interval tokens) and followed by engine.run.answer_stream, which keeps the ids exact and feeds the
 detector (engine.run.runaway), up to its final chunk: the stream's end (`data: [DONE]`) is left to aiohttp, which
 pools the connection when it comes, without waking the request's task. Once the detector fires, the request is
-stopped with POST /abort_request {"rid"}. The server
-then ends the stream with a final chunk (finish_reason abort) carrying the ids it generated meanwhile: the sample
-is committed with every id the stream delivered, finish_reason "repetition" (never retried, never a worker fault).
+stopped with POST /abort_request {"rid"}. The server then ends the stream with a final chunk (finish_reason abort)
+carrying the ids it generated meanwhile: the sample is committed with every id the stream delivered, finish_reason
+"repetition" (never retried, never a worker fault).
 """
 from __future__ import annotations
 
@@ -677,8 +677,6 @@ class Dispatcher:
 
 async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
     return await resp.read()
-
-
 
 
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from engine.http_client import KEEPALIVE_S, client_session
+from engine.run.dispatcher import STREAM_END_WAIT_S
 from engine.run.items import Generated, Retry
 from tests.test_dispatcher_requeue import make_dispatcher, make_item
+from tests.waiting import await_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,3 +148,89 @@ async def test_the_resend_counts_as_usual_when_it_fails_too():
         await server.close()
     assert isinstance(outcomes[0], Generated) and isinstance(outcomes[1], Retry)
     assert item.attempt == 1 and d.retried == 1 and server.connections == 2
+
+
+class LateEndServer:
+    """Streams each answer as SGLang does (chunked SSE): its final chunk at once, then `data: [DONE]` and the
+    body's end only once `release` is set."""
+
+    def __init__(self):
+        self.connections = 0
+        self.requests = 0
+        self.release = asyncio.Event()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def close(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    @staticmethod
+    def _chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                self.requests += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n" + self._chunk(b"data: " + ANSWER + b"\n\n"))
+                await writer.drain()
+                await self.release.wait()
+                writer.write(self._chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_streamed_answer_is_taken_at_its_final_chunk_and_its_connection_pooled_when_the_end_arrives():
+    """The request's task does not wait for `data: [DONE]` and the body's end after the final chunk; aiohttp gives
+    the connection back to the pool when they arrive, and the next request rides it."""
+    server = LateEndServer()
+    url = await server.start()
+    session = client_session()
+    d, w, outcomes, _ = _dispatcher(session, url)
+    try:
+        await d._send(w, make_item("a#turn0", [1, 2, 3]))  # returns with [DONE] still held by the server
+        assert [type(o).__name__ for o in outcomes] == ["Generated"] and not server.release.is_set()
+        assert len(d._unended) == 1
+        assert outcomes[0].row.output_ids.tolist() == [11, 12, 13] and outcomes[0].row.finish_reason == "stop"
+        server.release.set()
+        await await_until(lambda: session.connector._conns, 10, "the connection back in the pool")
+        d._close_unended(time.monotonic())  # the next capacity tick forgets it: its end came
+        assert not d._unended
+        await d._send(w, make_item("b#turn0", [4, 5]))
+    finally:
+        await d.close()
+        await session.close()
+        await server.close()
+    assert [type(o).__name__ for o in outcomes] == ["Generated", "Generated"]
+    assert server.connections == 1 and server.requests == 2 and d.retried == 0 and d.unended_closed == 0
+
+
+async def test_a_stream_whose_end_never_comes_keeps_its_answer_and_its_connection_is_closed():
+    server = LateEndServer()
+    url = await server.start()
+    session = client_session()
+    d, w, outcomes, _ = _dispatcher(session, url)
+    try:
+        await d._send(w, make_item("a#turn0", [1, 2, 3]))
+        d._close_unended(time.monotonic() + STREAM_END_WAIT_S)  # its end not come in time: closed, not pooled
+        assert d.unended_closed == 1 and not d._unended
+        await d._send(w, make_item("b#turn0", [4, 5]))
+    finally:
+        server.release.set()
+        await d.close()
+        await session.close()
+        await server.close()
+    assert [type(o).__name__ for o in outcomes] == ["Generated", "Generated"]
+    assert server.connections == 2 and d.retried == 0

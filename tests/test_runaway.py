@@ -90,6 +90,44 @@ def test_random_text_never_fires():
     assert feed_all(noise(32_768, seed=9), 64) is None
 
 
+def _first_cycle(ids: list[int], chunk: int, cfg: Runaway) -> tuple[int, int] | None:
+    """The cycle signal by its definition, token by token: (the chunk end it fires at, the smallest period p whose
+    last need = max(min_span, min_repeats x p) - p tokens each equal the token p before them)."""
+    ends = sorted({e for start in range(0, len(ids), chunk)
+                   for e in [*range(start + 1024, min(start + chunk, len(ids)), 1024), min(start + chunk, len(ids))]})
+    for hi in ends:
+        for p in range(1, cfg.max_period + 1):
+            need = max(cfg.min_span, cfg.min_repeats * p) - p
+            if hi - p >= need and ids[hi - need - p:hi - p] == ids[hi - need:hi]:
+                return hi, p
+    return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_cycle_signal_fires_where_its_definition_says(seed):
+    """Random streams, some looping, over ids whose bytes match across token boundaries (0, 1, 256, 65536, ...) and
+    over a wide vocabulary: the detector fires at the same chunk end on the same period as the definition, as an
+    array or a list."""
+    rng = random.Random(seed)
+    cfg = Runaway(min_span=48, min_repeats=3, max_period=40, ngram_share=1.0)
+    for case in range(60):
+        vocab = [0, 1, 256, 257, 65536, 16_777_216, -1] if case % 2 else list(range(100, 50_000))
+        ids = [rng.choice(vocab) for _ in range(rng.randrange(0, 300))]
+        if case % 3:
+            cycle = [rng.choice(vocab) for _ in range(rng.randrange(1, 50))]
+            ids += (cycle * (400 // len(cycle) + 1))[:rng.randrange(1, 400)]
+            ids += [rng.choice(vocab) for _ in range(rng.randrange(0, 50))]
+        chunk = rng.choice([1, 5, 64, 2000])
+        want = _first_cycle(ids, chunk, cfg)
+        for as_list in (False, True):
+            d, got, verdict = RunawayDetector(cfg), ([] if as_list else array("i")), None
+            for start in range(0, len(ids), chunk):
+                got.extend(ids[start:start + chunk])
+                if (verdict := d.feed(got, start)) is not None:
+                    break
+            assert (None if verdict is None else (verdict.at, verdict.period)) == want, (seed, case, chunk)
+
+
 # --- legitimate long answers with repeated structure (the tiny tokenizer's ids) -------------------------------
 
 def _words(seed: int) -> list[str]:

@@ -60,20 +60,29 @@ class AnswerStream:
             self._buf.clear()
         fired = None
         start = 0
-        while (end := _event_end(data, start)) >= 0:
-            verdict = self._event(data[start:end])
+        size = len(data)
+        while (end := data.find(b"\n", start)) >= 0:
+            if end + 1 >= size:
+                break  # the blank line that ends the event has not arrived
+            if data[end + 1] == 10 and data.startswith(b"data: ", start):  # SGLang's one-line event
+                verdict = self._payload(data[start + 6:end])
+            else:
+                if data[end + 1] != 10 and (end := _event_end(data, end + 1)) < 0:
+                    break
+                verdict = self._event(data[start:end])
             fired = fired or verdict
             start = end + 2
-        if start < len(data):
+        if start < size:
             self._buf += data[start:] if start else data
             self._scan = len(self._buf) - 1
         return fired
 
     def _event(self, event: bytes) -> Repetition | None:
-        if event.startswith(b"data: ") and b"\n" not in event:
-            payload = event[6:]  # SGLang's one-line event
-        else:
-            payload = b"".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
+        """An event of several lines, or comments: its data lines' values joined (the SSE rules)."""
+        return self._payload(b"".join(line[5:].lstrip(b" ") for line in event.split(b"\n")
+                                      if line.startswith(b"data:")))
+
+    def _payload(self, payload: bytes) -> Repetition | None:
         if not payload:
             return None  # an SSE comment or keep-alive
         if payload == b"[DONE]":

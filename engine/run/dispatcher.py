@@ -30,9 +30,11 @@ in 60 ms).
 
 With the runaway guard on ([runaway] enabled, the default) each answer is streamed (`stream: true`, a chunk every
 runaway.stream_interval tokens) and followed by engine.run.answer_stream, which keeps the ids exact and feeds the
-detector (engine.run.runaway); once it fires, the request is stopped with POST /abort_request {"rid"}. The server
-then ends the stream with a final chunk (finish_reason abort) carrying the ids it generated meanwhile: the sample
-is committed with every id the stream delivered, finish_reason "repetition" (never retried, never a worker fault).
+detector (engine.run.runaway), up to its final chunk: the stream's end (`data: [DONE]`) is left to aiohttp, which
+pools the connection when it comes, without waking the request's task. Once the detector fires, the request is
+stopped with POST /abort_request {"rid"}. The server then ends the stream with a final chunk (finish_reason abort)
+carrying the ids it generated meanwhile: the sample is committed with every id the stream delivered, finish_reason
+"repetition" (never retried, never a worker fault).
 """
 from __future__ import annotations
 
@@ -71,6 +73,7 @@ SHARE_POLL_S = 0.05  # a worker at its fair share looks again this often
 START_GRACE_S = 10.0  # a server still starting counts in the fair share this long after the first one was ready
 MOVE_AFTER_S = 1.0  # a server under its batch with an empty queue this long takes work waiting in another's queue
 FAULT_PAUSE_S = 0.25  # a server's first failed request stops its pulls this long; each further one in a row doubles it
+STREAM_END_WAIT_S = 10.0  # a stream's end ([DONE]) not come this long after its final chunk: its connection closed
 
 
 class WorkQueue(Protocol):
@@ -118,6 +121,9 @@ class Dispatcher:
         self._generate_target: dict[str, tuple[str, URL, CIMultiDict]] = {}
         self._request_timeout = aiohttp.ClientTimeout(total=cfg.dispatch.request_timeout_s)
         self._fresh: aiohttp.ClientSession | None = None  # one-connection-per-request, for a resend after an idle drop
+        # streams answered at their final chunk whose end is still on its way: (when to give up on it, response)
+        self._unended: collections.deque[tuple[float, aiohttp.ClientResponse]] = collections.deque()
+        self.unended_closed = 0  # of those, closed because their end did not come
         self.request_size = RequestSize()  # prompt + expected output of a request, from this run's requests
         self._first_ready: float | None = None  # when the first worker was ready (START_GRACE_S counts from it)
         self._stranded = StrandedWatch()
@@ -145,6 +151,7 @@ class Dispatcher:
             try:
                 self.adjust_capacity()
                 self._move_stranded()
+                self._close_unended(time.monotonic())
             except Exception:  # one bad tick must not end the feedback; the traceback goes to supervisor.log
                 log.exception("capacity tick failed")
 
@@ -187,6 +194,7 @@ class Dispatcher:
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        self._close_unended()
         if self._fresh is not None:
             await self._fresh.close()
 
@@ -446,21 +454,51 @@ class Dispatcher:
         Any other failure raises as it came."""
         mark = ConnectionMark()
         sent = time.monotonic()
-        answered = False
         try:
             with marking(mark):
-                async with self.session.post(url, data=data, headers=headers, timeout=self._request_timeout) as resp:
-                    answered = True
-                    return resp.status, await read(resp)
+                resp = await self.session.post(url, data=data, headers=headers, timeout=self._request_timeout)
         except (aiohttp.ClientError, OSError) as exc:
-            if answered or not dropped_idle(exc, mark, time.monotonic() - sent):
+            if not dropped_idle(exc, mark, time.monotonic() - sent):
                 raise
             log.info("%s: %s on a reused connection before any answer (closed while idle): %s sent again on a new"
                      " connection", w.name, type(exc).__name__, item.rid)
-        if self._fresh is None:
-            self._fresh = fresh_session()
-        async with self._fresh.post(url, data=data, headers=headers, timeout=self._request_timeout) as resp:
-            return resp.status, await read(resp)
+            if self._fresh is None:
+                self._fresh = fresh_session()
+            resp = await self._fresh.post(url, data=data, headers=headers, timeout=self._request_timeout)
+        return resp.status, await self._answer_of(resp, read)
+
+    async def _answer_of(self, resp: aiohttp.ClientResponse, read: Callable) -> object:
+        """`read(resp)`, then the response released (as `async with` would), unless it is a stream read up to its
+        final chunk whose end ([DONE], the chunked body's last chunk) is still on its way: aiohttp gives that
+        connection back to the pool itself when the end arrives (the response's own end-of-body callback), with no
+        wake-up of this task for it (released now, a connection whose body has not ended is closed, not pooled).
+        One whose end has not come STREAM_END_WAIT_S later is released then (closed)."""
+        try:
+            answer = await read(resp)
+        except BaseException:
+            resp.release()
+            raise
+        if not (isinstance(answer, AnswerStream) and answer.finish is not None):
+            resp.release()
+        elif not resp.closed:
+            self._unended.append((time.monotonic() + STREAM_END_WAIT_S, resp))
+        return answer
+
+    def _close_unended(self, now: float | None = None) -> None:
+        """Forget the streams whose end has come since (from the oldest on: most ends come within milliseconds, so the
+        list holds about one capacity tick of answers) and release those whose end has not come STREAM_END_WAIT_S
+        after their final chunk (now None: all)."""
+        while self._unended:
+            deadline, resp = self._unended[0]
+            if not resp.closed and now is not None and deadline > now:
+                break
+            self._unended.popleft()
+            if not resp.closed:
+                self.unended_closed += 1
+                if self.unended_closed == 1:
+                    log.info("a stream's end ([DONE]) did not come %g s after its final chunk: its connection closed "
+                             "(logged once)", STREAM_END_WAIT_S)
+                resp.release()
 
     async def _read_stream(self, w: Worker, item: WorkItem, resp: aiohttp.ClientResponse) -> object:
         """A 200 answer followed chunk by chunk (an AnswerStream); any other status: its body, read whole. Once the
@@ -479,7 +517,7 @@ class Dispatcher:
         answer = AnswerStream(RunawayDetector(self.cfg.runaway))
         try:
             read = resp.content.readany
-            while data := await read():
+            while answer.finish is None and (data := await read()):
                 self._output_seen.add(item.rid)
                 verdict = answer.feed(data)
                 if verdict is not None:

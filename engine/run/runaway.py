@@ -1,12 +1,12 @@
 """The runaway detector: follows one answer's output ids as they stream in and says when its tail is degenerate
 repetition (the two signals and their defaults: engine.config.Runaway).
 
-Numpy per chunk rather than Python per token, and O(max_period) work per chunk rather than per token: the tail
-is one cycle of period p repeated when each of its last need[p] = max(min_span, min_repeats x p) - p tokens
-equals the token p before it. At the end of each chunk (of at most BLOCK tokens) the periods whose last TAIL
-tokens already repeat are found by comparing the latest token with the max_period before it, then the rest of
-the tail for the few periods that pass (every true period passes: need[p] >= TAIL); only those are checked over
-their whole span, smallest first. So the detector
+C searches and numpy per chunk rather than Python per token, and O(max_period) work per chunk rather than per
+token: the tail is one cycle of period p repeated when each of its last need[p] = max(min_span, min_repeats x p)
+- p tokens equals the token p before it. At the end of each chunk (of at most BLOCK tokens) the periods whose last
+TAIL tokens already repeat are found by searching the bytes of the max_period tokens before them for the bytes of
+those TAIL tokens (every true period is found: need[p] >= TAIL; a normal answer's tail seldom occurs at all);
+only those are checked over their whole span, smallest first. So the detector
 fires at the same chunk end, on the same period, as one that followed every token. The n-gram signal
 hashes the last ngram_window n-grams (64-bit) every check_every tokens and counts the
 share of the informative ones that occurred earlier in the window. The detector reads the caller's id array
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.random  # noqa: F401  imported with the engine, not by the first answer streamed (~0.1 s of its dispatch)
-from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.config import Runaway
 
@@ -52,13 +51,13 @@ class Repetition:
 class RunawayDetector:
     """One per streamed answer: `feed(ids, start)` after each chunk (ids[start:] new), a Repetition once."""
 
-    __slots__ = ("cfg", "seen", "_need", "_tail", "_mult", "_next_check", "_ngram_on", "_hashes",
+    __slots__ = ("cfg", "seen", "_need", "_tail", "_shortest", "_mult", "_next_check", "_ngram_on", "_hashes",
                  "_informative", "_hashed")
 
     def __init__(self, cfg: Runaway):
         self.cfg = cfg
         self.seen = 0  # output tokens fed so far
-        self._need, self._tail, self._mult = _tables(cfg)
+        self._need, self._tail, self._shortest, self._mult = _tables(cfg)
         self._ngram_on = cfg.ngram_share < 1.0
         self._next_check = cfg.ngram_window + cfg.ngram - 1 + LOCAL  # the first check: a full window
         self._hashes = _NO_HASHES  # the latest n-grams' hashes (at most ngram_window)
@@ -85,25 +84,28 @@ class RunawayDetector:
     # -- the cycle signal ------------------------------------------------------------------------------------
     def _cycle(self, ids, lo: int, hi: int) -> Repetition | None:
         """Judged at token `hi` (the chunk's end): the smallest period whose tail repeats over its whole need."""
+        if hi < self._shortest:
+            return None  # no period's need fits yet
         p_max, t = self.cfg.max_period, self._tail
-        if hi < t + 1:
-            return None
         back = max(0, hi - t - p_max)
-        buf = _ints32(ids, back, hi)
-        last = len(buf) - 1
-        reach = min(p_max, last + 1 - t)  # the longest period whose shifts of the tail lie in the buffer
-        # the periods p whose token p before the latest equals it (a reversed slice: buf[last - p] for p = 1..),
-        # then of those the ones whose whole tail of t tokens repeats (a gather of t x the few survivors)
-        candidates = np.flatnonzero(buf[last - 1::-1][:reach] == buf[last])
-        if len(candidates) and t > 1:
-            rows = (last - np.arange(1, t))[:, None] - 1 - candidates[None, :]
-            candidates = candidates[(buf[rows] == buf[last - t + 1:last][::-1, None]).all(axis=0)]
-        for c in candidates.tolist():
-            p, need = c + 1, int(self._need[c])
+        reach = min(p_max, hi - back - t)  # the longest period whose shifts of the tail lie in the window
+        raw, w = _raw(ids, back, hi)
+        # the periods p whose latest t tokens equal the t before them by p: where those t tokens' bytes occur again
+        # in the window, at a whole token (one C search, usually finding nothing in a normal answer's text),
+        # the nearest first (the smallest period)
+        tail = len(raw) - t * w
+        pattern = raw[tail:]
+        first, end = tail - reach * w, tail - w + len(pattern)
+        while (at := raw.rfind(pattern, first, end)) >= 0:
+            end = at + len(pattern) - 1
+            if (tail - at) % w:
+                continue  # straddles two tokens
+            p = (tail - at) // w
+            need = self._need[p - 1]
             if hi - p < need:
                 continue  # the tail cannot be that long yet
-            span = _ints(ids, hi - need - p, hi)
-            if np.array_equal(span[p:], span[:-p]):
+            span, _ = _raw(ids, hi - need - p, hi)
+            if span[p * w:] == span[:-p * w]:
                 return Repetition("cycle", hi, period=p, span=_periodic_tail(ids, hi, p))
         return None
 
@@ -141,28 +143,34 @@ class RunawayDetector:
         low = np.zeros(len(tokens), dtype=np.int32)
         for k in range(1, LOCAL + 1):
             low[k:] |= tokens[k:] == tokens[:-k]
-        tokens, low = tokens[LOCAL:], low[LOCAL:]
-        grams = sliding_window_view(tokens.astype(np.uint64), n)
+        tokens, low = tokens[LOCAL:].astype(np.uint64), low[LOCAL:]
+        # each n-gram's sum of token x multiplier (wrapping modulo 2**64), as n whole-array multiply-adds: a matrix
+        # product of the n-gram windows, on integers (no BLAS), cost ten times more
+        m = len(tokens) - n + 1
+        hashes = tokens[:m] * self._mult[0]
+        for k in range(1, n):
+            hashes += tokens[k:k + m] * self._mult[k]
         lows = np.concatenate([[0], np.cumsum(low)])
         keep = self.cfg.ngram_window
-        self._hashes = np.concatenate([self._hashes, grams @ self._mult])[-keep:]  # wraps modulo 2**64
+        self._hashes = np.concatenate([self._hashes, hashes])[-keep:]
         self._informative = np.concatenate([self._informative, (lows[n:] - lows[:-n]) * 2 < n])[-keep:]
         self._hashed = hi
 
 
 @functools.lru_cache(maxsize=8)
-def _tables(cfg: Runaway) -> tuple[np.ndarray, int, np.ndarray]:
+def _tables(cfg: Runaway) -> tuple[tuple[int, ...], int, int, np.ndarray]:
     """What every detector of one [runaway] config reads and none changes (built once: one per answer cost more
-    than a chunk's judgement): need per period, the tail length, the n-gram hash multipliers."""
+    than a chunk's judgement): need per period, the tail length, the fewest tokens any period's tail covers, the
+    n-gram hash multipliers."""
     periods = np.arange(1, cfg.max_period + 1, dtype=np.int64)
     # need[p - 1]: the latest tokens that must each equal the token p before them (the periodic tail, need + p
     # tokens, covers max(min_span, min_repeats x p))
     need = np.maximum(cfg.min_span, cfg.min_repeats * periods) - periods
     tail = int(min(TAIL, need.min()))
+    shortest = int((need + periods).min())
     mult = np.random.default_rng(0x5EED).integers(1, 2**63, size=cfg.ngram, dtype=np.uint64) | np.uint64(1)
-    for table in (need, mult):
-        table.setflags(write=False)
-    return need, tail, mult
+    mult.setflags(write=False)
+    return tuple(need.tolist()), tail, shortest, mult
 
 
 def _periodic_tail(ids, hi: int, p: int) -> int:
@@ -174,13 +182,13 @@ def _periodic_tail(ids, hi: int, p: int) -> int:
     return run + p
 
 
-def _ints32(ids, lo: int, hi: int) -> np.ndarray:
-    """ids[lo:hi] as int32 or int64 as they come (a copy: numpy must never hold a view of the caller's array,
-    which the next chunk extends)."""
+def _raw(ids, lo: int, hi: int) -> tuple[bytes, int]:
+    """ids[lo:hi] as bytes and the bytes per id: equal runs of ids are equal runs of bytes (an array's slice is one
+    memcpy; a list is packed as int64)."""
     part = ids[lo:hi]
-    if isinstance(part, array) and part.itemsize == 4:
-        return np.frombuffer(part, dtype=np.int32)
-    return np.asarray(part, dtype=np.int64)
+    if not isinstance(part, array):
+        part = array("q", part)
+    return part.tobytes(), part.itemsize
 
 
 def _ints(ids, lo: int, hi: int) -> np.ndarray:

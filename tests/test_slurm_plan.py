@@ -106,5 +106,6 @@ handover_s = 600
     for line in s["sbatch"] + s["srun"]:
         assert line in out  # word for word, never wrapped
     assert "needs 1 allocation(s) per job in a row" in out
+    assert "  time limit 1h00m, hand-over 600 s before it: the run (" in out  # durations as the TUI writes them
     assert cli_main(["plan", "local", "--config", str(run_toml), "--pilot", "4"]) == 2
     assert "--pilot with [slurm] is not supported" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from rich.text import Text
 from console.hints import cannot_reach
 from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport, quote_argv
+from engine.wire import duration_text
 
 EXIT_OK, EXIT_FAILED = 0, 2
 PLAN_TIMEOUT_S = 3600.0
@@ -239,11 +240,11 @@ def render(d: dict[str, Any], console: Console) -> None:
 def slurm_lines(s: dict[str, Any], console: Console) -> None:
     """The jobs regen submits, word for word, and how many allocations in a row each needs."""
     console.print(Text(f"slurm: {s['layout']}", style="bold"), soft_wrap=True)
-    limit = f"time limit {_hours(s['time_limit_s'] / 3600)} h, hand-over {s['handover_s']} s before it"
+    limit = f"time limit {duration_text(s['time_limit_s'])}, hand-over {s['handover_s']} s before it"
     if s["allocations"] is None:
         console.print(f"  {limit}", soft_wrap=True)
     else:
-        console.print(f"  {limit}: the run ({_hours(s['projected_wall_s'] / 3600)} h at the projection's high end) "
+        console.print(f"  {limit}: the run ({duration_text(s['projected_wall_s'])} at the projection's high end) "
                       f"needs {s['allocations']} allocation(s) per job in a row, {s['allocations'] * s['groups']} "
                       "sbatch submissions in all (each next one queued before the last one's time is up)", soft_wrap=True)
     console.print("  regen start submits, one job per server group:")

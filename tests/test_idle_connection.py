@@ -29,7 +29,19 @@ ANSWER = json.dumps({"output_ids": [11, 12, 13], "text": "abc",
 STREAMED = b"data: " + ANSWER + b"\n\ndata: [DONE]\n\n"  # the same answer as one final chunk (stream: true)
 
 
-class ClosingServer:
+class LoopbackServer:
+    """An asyncio server on a free loopback port; a subclass's _serve answers each connection."""
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def close(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+class ClosingServer(LoopbackServer):
     """HTTP/1.1 keep-alive server. mode: `reused` closes a connection when its second request arrives;
     `first` closes every connection on its first request; `mid` sends headers and half a body, then closes."""
 
@@ -39,13 +51,6 @@ class ClosingServer:
         self.answered = 0
         self.dropped = 0
 
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def close(self) -> None:
-        self.server.close()
-        await self.server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -150,7 +155,7 @@ async def test_the_resend_counts_as_usual_when_it_fails_too():
     assert item.attempt == 1 and d.retried == 1 and server.connections == 2
 
 
-class LateEndServer:
+class LateEndServer(LoopbackServer):
     """Streams each answer as SGLang does (chunked SSE): its final chunk at once, then `data: [DONE]` and the
     body's end only once `release` is set."""
 
@@ -159,13 +164,6 @@ class LateEndServer:
         self.requests = 0
         self.release = asyncio.Event()
 
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def close(self) -> None:
-        self.server.close()
-        await self.server.wait_closed()
 
     @staticmethod
     def _chunk(data: bytes) -> bytes:

@@ -18,7 +18,7 @@ from engine.placement.slurm import link as link_mod
 from engine.placement.slurm.jobs import JobState
 from engine.placement.slurm.link import SlurmLink
 from engine.placement.slurm.step import NODE_FILE, job_dir
-from tests.test_notify import receiver  # noqa: F401  (fixture)
+from tests.test_notify import Sink, receiver  # noqa: F401  (fixture)
 from tests.test_slurm_run import slurm_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,31 +47,18 @@ class FakeSqueue:
         return "4128"
 
 
-class Telemetry:
-    """What the link emits, kept and handed to the notifier (as Telemetry.emit does)."""
-
-    def __init__(self):
-        self.events: list = []
-        self.listeners: list = []
-
-    def emit(self, ev) -> None:
-        self.events.append(ev)
-        for listener in self.listeners:
-            listener(ev)
-
-
 @pytest.fixture
 def slurm_link(tmp_path, tiny_model_dir, monkeypatch):
     """make(states, **slurm keys) -> (link, squeue, telemetry, notifier): a group's link on a fake squeue, its alerts
     going to a notifier with the default [notify] (min_severity critical) posting to `url`."""
     monkeypatch.setattr(link_mod, "POLL_S", 0.0)
 
-    async def make(states: list[JobState], url: str, **slurm) -> tuple[SlurmLink, FakeSqueue, Telemetry, Notifier]:
+    async def make(states: list[JobState], url: str, **slurm) -> tuple[SlurmLink, FakeSqueue, Sink, Notifier]:
         cfg = slurm_config(tmp_path, tiny_model_dir, prompts=4, nodes=1, **slurm)
         squeue = FakeSqueue(states)
         monkeypatch.setattr(link_mod.slurm_jobs, "state", squeue.state)
         monkeypatch.setattr(link_mod.slurm_jobs, "submit", squeue.submit)
-        telemetry = Telemetry()
+        telemetry = Sink()  # what the link emits, kept and handed to the notifier
         notifier = Notifier(NotifyConfig(url=url, retry_backoff_s=0.01), cfg.run_dir, telemetry.emit, host="login")
         telemetry.listeners.append(notifier.on_event)
         notifier.start()

@@ -47,6 +47,7 @@ def record(tmp: Path) -> tuple[list[dict], list[str]]:
         keep("pause", "pause", "s00007", "s00008")
         keep("resume_all", "resume", "--all")
         keep("restart_worker", "restart-worker", "gpu1")
+        keep("log_tail", "log-tail", "gpu0", "--lines", "3")
         keep("drain", "drain")
         if sup.wait(120) != 0:
             raise SystemExit(f"the supervisor failed:\n{sup.log_text()[-3000:]}")

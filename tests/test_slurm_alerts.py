@@ -111,6 +111,27 @@ async def test_a_job_pending_past_the_threshold_is_one_notification_and_its_star
     assert link.status().job.waiting_since is None  # running: no longer waiting
 
 
+async def test_the_pending_alert_waits_for_slurms_reason(slurm_link, receiver):
+    """Right after a submit squeue says reason None (slurmctld has not evaluated the job): the alert waits for the
+    reason, up to twice the threshold, and says it (seen at pending_alert_s = 1 on the real Slurm)."""
+    r = receiver()
+    # polled at 0, 300, 600, 900, 1200 s: no reason until 900 s
+    link, squeue, telemetry, notifier = await slurm_link(
+        [pending("None"), pending("None"), pending("None"), pending(), pending(), RUNNING], r.url(), pending_alert_s=600)
+    step_started(link, "4128")
+    await link.start_agent()
+    await close(link, notifier)
+    (waited,) = [e for e in telemetry.events if e.key.startswith("slurm-pending-long:")]
+    assert waited.text == "slurm job 4128 (regen-0) has been PENDING for 15m00s: Resources"
+    link2, squeue2, telemetry2, notifier2 = await slurm_link([pending("None")] * 6 + [RUNNING], r.url(),
+                                                             pending_alert_s=600)
+    step_started(link2, "4128")
+    await link2.start_agent()
+    await close(link2, notifier2)
+    (waited,) = [e for e in telemetry2.events if e.key.startswith("slurm-pending-long:")]
+    assert waited.text == "slurm job 4128 (regen-0) has been PENDING for 20m00s: no reason given"
+
+
 async def test_a_job_that_starts_within_the_threshold_sends_nothing(slurm_link, receiver):
     r = receiver()
     link, squeue, telemetry, notifier = await slurm_link([pending("Priority"), RUNNING], r.url(), pending_alert_s=600)

@@ -110,7 +110,7 @@ def test_a_pending_job_says_why_and_stop_cancels_only_what_regen_submitted(tmp_p
     # every GPU of the node held by a job regen did not submit, until the test cancels it
     holder = slurm.run("sbatch", "--parsable", "--gres=gpu:4", "--wrap", "sleep 600").stdout.strip()
     hook = receiver()
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, sim=("--sim-step-ms", "40"), pending_alert_s=1)
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, sim=("--sim-step-ms", "40"), pending_alert_s=4)
     cfg = cfg.model_copy(update={"notify": notify_table(hook.url())})  # min_severity: critical, the default
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
@@ -124,7 +124,7 @@ def test_a_pending_job_says_why_and_stop_cancels_only_what_regen_submitted(tmp_p
     waited = hook.wait(lambda bs: next((b for b in bs if b["key"] == f"slurm-pending-long:regen-0:{job_id}"), None),
                        30, "the pending job's notification")
     assert waited["text"].startswith(f"slurm job {job_id} (regen-0) has been PENDING for ")
-    assert waited["text"].endswith(": Resources") and "pending_alert_s = 1" in waited["evidence"]
+    assert waited["text"].endswith(": Resources") and "pending_alert_s = 4" in waited["evidence"]
     assert (job_of(run_dir, "regen-0") or {}).get("waiting_since")
     slurm.run("scancel", holder)
     started = hook.wait(lambda bs: next((b for b in bs if b["key"] == f"slurm-started:regen-0:{job_id}"), None),

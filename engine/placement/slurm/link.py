@@ -207,8 +207,11 @@ class SlurmLink(HostLink):
         waited = self.clock() - self._waiting.since
         if self._waiting.alerted or waited < self.cfg.slurm.pending_alert_s:
             return
+        no_reason = job.reason in ("", "None")  # slurmctld has not evaluated the job yet (seconds after a submit)
+        if no_reason and waited < 2 * self.cfg.slurm.pending_alert_s:
+            return  # the alert is for Slurm's reason: wait a little longer for it
         self._waiting.alerted = True
-        reason = job.reason if job.reason not in ("", "None") else "no reason given"
+        reason = "no reason given" if no_reason else job.reason
         self.emit(AlertEvent(
             severity="warning", text=f"slurm job {job.job_id} ({self.host.name}) has been {job.state} for "
                                      f"{duration_text(waited)}: {reason}",

@@ -457,28 +457,30 @@ class Supervisor:
         return ShardsChanged(op=op.op, shards=sorted(changed), paused=sorted(self.ledger.paused), state=self.state(),
                              brake=braked.text if braked is not None else None).to_dict()
 
+    def _worker(self, name: str):
+        found = next((w for w in self.workers if w.name == name), None)
+        if found is None:
+            raise ControlError(f"unknown worker {name!r}; workers: {', '.join(w.name for w in self.workers)}")
+        return found
+
     def _restart_worker(self, op: RestartWorker) -> dict[str, Any]:
         self._needs_ledger()
-        found = [w for w in self.workers if w.name == op.worker]
-        if not found:
-            raise ControlError(f"unknown worker {op.worker!r}; workers: {', '.join(w.name for w in self.workers)}")
+        found = self._worker(op.worker)
         try:
-            found[0].restart()
+            found.restart()
         except NotImplementedError as exc:
             raise ControlError(str(exc)) from exc
         log.info("restart of worker %s requested", op.worker)
-        return WorkerRestarted(worker=op.worker, state=found[0].state).to_dict()
+        return WorkerRestarted(worker=op.worker, state=found.state).to_dict()
 
     async def _log_tail(self, op: LogTail) -> LogText:
-        found = next((w for w in self.workers if w.name == op.worker), None)
-        if found is None:
-            raise ControlError(f"unknown worker {op.worker!r}; workers: {', '.join(w.name for w in self.workers)}")
+        found = self._worker(op.worker)
         if isinstance(found, Worker):
             path = found.log_path
             return LogText(worker=op.worker, path=str(path),
                            text="\n".join(await asyncio.to_thread(log_tail, path, 0, op.lines)))
         assert self.fleet is not None  # a worker not of this machine is a fleet member
-        link = next(link for link in self.fleet.links if found in link.members)
+        link = self.fleet.link_of(found)
         path, where = link.server_log(found), link.server_log_where(found)
         try:
             rc, out, err = await link.ssh(f"tail -n {op.lines} -- {shlex.quote(path)}", timeout=LOG_TAIL_TIMEOUT_S)

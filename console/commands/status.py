@@ -255,13 +255,11 @@ def job_text(h: HostStatus, as_of: float | None = None) -> str:
     j = h.job
     if j is None:
         return ""
-    waited = f" {duration_text(as_of - j.waiting_since)}" if (
-        as_of is not None and j.waiting_since is not None and j.state != "RUNNING") else ""
-    reason = f" ({j.reason})" if j.reason and j.reason != "None" else ""
+    reason = f" ({j.reason_text})" if j.reason_text else ""
     nodes = f" on {j.nodes}" if j.nodes and j.state == "RUNNING" else ""
     left = f", {j.time_left} left" if j.time_left and j.state == "RUNNING" else ""
     nxt = f", next job {j.next_job} queued" if j.next_job else ""
-    return f"job {j.job_id} {j.state}{waited}{reason}{nodes}{left}{nxt}"
+    return f"job {j.job_id} {j.state_text(as_of)}{reason}{nodes}{left}{nxt}"
 
 
 def hosts_table(s: RunStatus, console: Console) -> Table:

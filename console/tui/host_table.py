@@ -7,7 +7,6 @@ from rich.text import Text
 from console.tui.model import RunModel
 from console.tui.widgets import FigureTable, sync_table
 from engine.run.status import HostStatus
-from engine.wire import duration_text
 
 HOST_COLUMNS = ["host", "address", "state", "servers", "joins", "lost", "error"]
 # a [slurm] run: one row per server group, named after its job; `state` is the link's (up, connecting, lost)
@@ -26,13 +25,10 @@ def job_cells(h: HostStatus, as_of: float | None) -> tuple:
     j = h.job
     if j is None:
         return ("",) * 6
-    state = j.state
-    if j.state != "RUNNING" and j.waiting_since is not None and as_of is not None:
-        state += f" {duration_text(as_of - j.waiting_since)}"
-    reason = j.reason if j.reason not in ("", "None") else ""
     nodes = j.nodes if j.nodes not in ("", "(null)") else ""
     left = j.time_left if j.state == "RUNNING" else ""  # squeue's %L of a job not started is its whole limit
-    return (j.job_id, Text(state, style=JOB_STYLE.get(j.state, "bold red")), reason, nodes, left, j.next_job or "")
+    return (j.job_id, Text(j.state_text(as_of), style=JOB_STYLE.get(j.state, "bold red")), j.reason_text, nodes, left,
+            j.next_job or "")
 
 
 def host_rows(m: RunModel) -> tuple[list[str], list[tuple[str, tuple]]]:

@@ -92,10 +92,10 @@ class Fleet:
 
     async def _cancel_leftover_jobs(self) -> None:
         from engine.placement.slurm import jobs as slurm_jobs
-        from engine.placement.slurm.plan import slurm_work_dir
+        from engine.placement.slurm.plan import jobs_file
 
         try:
-            ids, said = await slurm_jobs.cancel_leftovers(Path(slurm_work_dir(self.cfg)) / slurm_jobs.JOBS_FILE)
+            ids, said = await slurm_jobs.cancel_leftovers(jobs_file(self.cfg))
         except slurm_jobs.SlurmError as exc:
             ids, said = [], str(exc)
         if ids or said:
@@ -154,8 +154,12 @@ class Fleet:
                                           for w in servers) for h, servers in by_host.items()),
                 self._workers_dir(next(iter(by_host)))))
 
+    def link_of(self, w):
+        """The link whose host runs server `w`; None for a server of this machine."""
+        return next((x for x in self.links if any(m is w for m in x.members)), None)
+
     def _log_of(self, w) -> str:
-        link = next((x for x in self.links if any(m is w for m in x.members)), None)
+        link = self.link_of(w)
         return f"{link.host.name}:{link.server_log(w)}" if link else str(w.log_path)
 
     def _workers_dir(self, host_name: str) -> str:

@@ -69,6 +69,7 @@ from engine.fatal import FatalRecord
 from engine.run.brake import BrakeStatus
 from engine.servers.startup import StartCheck
 from engine.telemetry_events import AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, WorkerEvent
+from engine.wire import duration_text
 from engine.wire import DISPATCHING_RUN_STATES, AlertLevels, ShardFigures, decode
 
 if TYPE_CHECKING:  # the console reads this module: the ledger's (pyarrow via the shard store) stays out of its imports
@@ -147,6 +148,18 @@ class SlurmJobStatus:
     time_left: str = ""
     next_job: str | None = None  # queued at a hand-over before the time limit
     waiting_since: float | None = None  # not running yet (PENDING ...): since when regen saw it so (epoch s)
+
+    def state_text(self, as_of: float | None) -> str:
+        """The state, with how long a job not started has waited as of `as_of` (`PENDING 12m34s`): the CLI's and
+        the TUI's words alike."""
+        if self.state == "RUNNING" or self.waiting_since is None or as_of is None:
+            return self.state
+        return f"{self.state} {duration_text(as_of - self.waiting_since)}"
+
+    @property
+    def reason_text(self) -> str:
+        """Slurm's reason, or "" where squeue says none."""
+        return self.reason if self.reason not in ("", "None") else ""
 
 
 @dataclass

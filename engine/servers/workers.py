@@ -504,7 +504,7 @@ class Worker:
             except OSError as exc:
                 self.error = f"cannot launch: {exc}"
                 self.last_error_lines = [self.error]
-                self.crashes, self.last_crash = self.crashes + 1, self.error
+                self._count_crash()
                 self._set_state(WorkerState.CRASHED)
                 self._alert("error", f"worker {self.name} could not be launched", str(exc), "launch")
             else:
@@ -703,10 +703,14 @@ class Worker:
         cause = next((line for line in reversed(lines) if not WRAPPER_LINES.search(line)), lines[-1] if lines else "")
         self.error = (reason + "; " if reason else "") + f"{code}" + (f": {cause}" if cause else "")
         self.last_error_lines = evidence_lines
-        self.crashes, self.last_crash = self.crashes + 1, self.error
+        self._count_crash()
         self._set_state(WorkerState.CRASHED)
         self._alert("error", f"worker {self.name} crashed ({code})", "\n".join(evidence_lines), "crash")
         return "crashed"
+
+    def _count_crash(self) -> None:
+        """Into the identity record: a reader that polls tells each crash once (engine/placement/hosts/link.py)."""
+        self.crashes, self.last_crash = self.crashes + 1, self.error
 
     def _read_log(self, offset: int) -> tuple[str, int]:
         try:

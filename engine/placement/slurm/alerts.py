@@ -9,6 +9,7 @@ REQUEUED = "slurm-requeue:"  # a node failed or the job was preempted: Slurm run
 PENDING_LONG = "slurm-pending-long:"  # PENDING for pending_alert_s: it will not start (Slurm's reason)
 STARTED = "slurm-started:"  # ... and started after all
 NOTIFIED = (ENDED, REQUEUED, PENDING_LONG, STARTED)
+HANDED_OVER = "slurm-handed-over:"  # TIMEOUT at the limit a hand-over was made for: said, not sent
 
 
 def key(prefix: str, group: str, job_id: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.config import ConfigError, load_config
 from engine.placement.slurm import jobs as slurm_jobs
-from engine.placement.slurm.plan import slurm_work_dir
+from engine.placement.slurm.plan import jobs_file
 from engine.telemetry import Telemetry
 from engine.telemetry_events import AlertEvent
 
@@ -33,11 +33,11 @@ def stop_left_jobs(run_dir: Path) -> LeftJobs | None:
         return None  # not a run dir regen accepted: the caller's reply (no supervisor) says it
     if cfg.slurm is None:
         return None
-    jobs_file = Path(slurm_work_dir(cfg)) / slurm_jobs.JOBS_FILE
+    submitted = jobs_file(cfg)
     try:
-        ids, said = asyncio.run(slurm_jobs.cancel_leftovers(jobs_file))
+        ids, said = asyncio.run(slurm_jobs.cancel_leftovers(submitted))
     except slurm_jobs.SlurmError as exc:
-        ids, said = slurm_jobs.submitted(jobs_file), str(exc)
+        ids, said = slurm_jobs.submitted(submitted), str(exc)
     if not ids and not said:
         return None
     left = LeftJobs(tuple(ids), said)

@@ -41,7 +41,7 @@ from engine.config_schema import time_limit_seconds
 from engine.placement.hosts.link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
 from engine.run.status import HostStatus, SlurmJobStatus
 from engine.placement.slurm.jobs import JobState, SlurmError
-from engine.placement.slurm.plan import job_name, layout_of, sbatch_argv, slurm_work_dir
+from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_work_dir
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.telemetry_events import AlertEvent
 from engine.wire import HostState, duration_text
@@ -91,7 +91,7 @@ class SlurmLink(HostLink):
         self.group_host = group_host(cfg, group)
         super().__init__(lan, self.group_host, engine_root=engine_root, session=session, emit=emit, forward_base=0)
         self.slurm_dir = Path(slurm_work_dir(cfg))
-        self.jobs_file = self.slurm_dir / slurm_jobs.JOBS_FILE
+        self.jobs_file = jobs_file(cfg)
         self.job: JobState | None = None
         self.next_job: str | None = None  # queued at a hand-over, taken by the next join
         self._pending_said: str | None = None
@@ -320,16 +320,17 @@ class SlurmLink(HostLink):
             self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued "
                                  f"(restart {job.restarts}): {job.state}{reason}; its servers are lost until Slurm "
                                  "runs it again", evidence=job.words() + f", restart count {job.restarts}",
-                                 key=f"slurm-requeue:{self.host.name}:{job.job_id}:{job.restarts}"))
+                                 key=job_alerts.key(job_alerts.REQUEUED, self.host.name,
+                                                    f"{job.job_id}:{job.restarts}")))
             return
         self._said_ended.add(job.job_id)
         if self._handing_over and self.next_job and job.state == "TIMEOUT":  # the limit a hand-over was made for
             self.emit(AlertEvent(severity="info", text=f"slurm job {job.job_id} ({self.host.name}) reached its time "
                                  f"limit as planned; job {self.next_job} takes over", evidence=job.words(),
-                                 key=f"slurm-handed-over:{self.host.name}:{job.job_id}"))
+                                 key=job_alerts.key(job_alerts.HANDED_OVER, self.host.name, job.job_id)))
             return
         self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) ended: {job.state}"
-                             f"{reason}", evidence=job.words(), key=f"slurm-end:{self.host.name}:{job.job_id}"))
+                             f"{reason}", evidence=job.words(), key=job_alerts.key(job_alerts.ENDED, self.host.name, job.job_id)))
 
     async def _final_state(self, job: JobState) -> JobState:
         """A job COMPLETING is on its way out: wait a little for the state it ends in (CANCELLED, TIMEOUT,

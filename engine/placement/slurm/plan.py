@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config_schema import RunConfig, Slurm
+from engine.placement.slurm.jobs import JOBS_FILE
 from engine.servers.ranks import DIST_PORT_SPAN
 
 STEP_MODULE = "engine.placement.slurm.step"
@@ -92,6 +93,11 @@ def _slurm(cfg: RunConfig) -> Slurm:
 
 def slurm_work_dir(cfg: RunConfig) -> str:
     return _slurm(cfg).work_dir or str(Path(cfg.run_dir) / "slurm")
+
+
+def jobs_file(cfg: RunConfig) -> Path:
+    """Every job id regen submitted for the run (engine.placement.slurm.jobs.submit appends them)."""
+    return Path(slurm_work_dir(cfg)) / JOBS_FILE
 
 
 def job_name(cfg: RunConfig, group: int) -> str:

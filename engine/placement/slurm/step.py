@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
               "one server across them; submit it with the srun line `regen plan` prints", file=sys.stderr)
         return EXIT_NOT_IN_SLURM
     work_dir = Path(args.work_dir)
-    restarts = os.environ.get("SLURM_RESTART_COUNT", "")
-    job_here = job_dir(work_dir, args.group, job_id, int(restarts) if restarts.isdigit() else 0)
+    restart_count = os.environ.get("SLURM_RESTART_COUNT", "")
+    restarts = int(restart_count) if restart_count.isdigit() else 0
+    job_here = job_dir(work_dir, args.group, job_id, restarts)
     here = rank_dir(job_here, node_rank)
     here.mkdir(parents=True, exist_ok=True)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     node_cfg = cfg.model_copy(update={"run_dir": str(here),
                                       "workers": cfg.workers.model_copy(update={"host": address})})
     (here / "host.toml").write_text(dump_toml(node_cfg))
-    record = {"job": job_id, "restarts": int(restarts) if restarts.isdigit() else 0, "node": node, "address": address, "gpus": gpus, "pid": os.getpid()}
+    record = {"job": job_id, "restarts": restarts, "node": node, "address": address, "gpus": gpus, "pid": os.getpid()}
     if nnodes > 1:
         record.update(node_rank=node_rank, nnodes=nnodes)
     tmp = here / (NODE_FILE + ".tmp")

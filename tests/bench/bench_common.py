@@ -118,6 +118,19 @@ def sim_lines(log_path: Path) -> list[tuple[float, str]]:
     return out
 
 
+_PREFILL_ADMITS = re.compile(r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), ")
+
+
+def admitted_requests(line: str) -> int | None:
+    """#new-seq of a simulator's Prefill line; None for any other line and for a /health probe's one-token prompt,
+    which is the harness's or the engine's liveness check, not the client's work (counted, it would start a
+    client's window at the probe: ~2 s before a baseline's first request, the time its process takes to start)."""
+    m = _PREFILL_ADMITS.search(line)
+    if not m or (m.group(1), m.group(2)) == ("1", "1"):
+        return None
+    return int(m.group(1))
+
+
 # -- processes -------------------------------------------------------------------------------------
 def _pinned(cpus: set[int]):
     def pin() -> None:

@@ -88,15 +88,16 @@ def steps_of(log: Path) -> list[tuple[float, float, int]]:
 
 
 def admissions_of(log: Path) -> list[tuple[float, int]]:
-    """(time, #new-seq) of every admission after the ready line (the server's own warmup excluded)."""
+    """(time, #new-seq) of every admission of the client's requests after the ready line (the server's own warmup
+    and /health probes excluded)."""
     out, ready = [], False
     for t, line in bc.sim_lines(log):
         if not ready:
             ready = "fired up and ready" in line
             continue
-        m = _PREFILL.search(line)
-        if m:
-            out.append((t, int(m.group(1))))
+        n = bc.admitted_requests(line)
+        if n:
+            out.append((t, n))
     return out
 
 

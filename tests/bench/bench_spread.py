@@ -18,12 +18,13 @@ Variants (regen): kv (as above), late (the second server is ready 5 s after the 
 smaller than the servers' capacity: requests/8), restart (the first server crashes after 300 answers, on its
 first launch only, and is relaunched by the supervisor).
 
-Figures, from each server's step log: output tok/s over the wall (first admission to last decode step, all
-servers); per server, the full-batch share: the time in steps where the server ran its own limit (its batch, or
-its KV pool: a non-empty waiting queue says the server, not the client, was the limit) over the window while
-work remained (from the server's first admission to when fewer requests remained unadmitted than the servers'
-peak running, as bench_occupancy); the tail ratio: how long the servers ran after that point, the last one
-against their mean (1.0: they all ended together, an even split); requests each server served (admissions).
+Figures, from each server's step log: output tok/s over the wall (the client's first admission to the last decode
+step, all servers; /health probes are no admission: bench_common.admitted_requests); per server, the full-batch
+share: the time in steps where the server ran its own limit (its batch, or its KV pool: a non-empty waiting queue
+says the server, not the client, was the limit) over the window while work remained (from the server's first
+admission to when fewer requests remained unadmitted than the servers' peak running, as bench_occupancy); the tail
+ratio: how long the servers ran after that point, the last one against their mean (1.0: they all ended together, an
+even split); requests each server served (admissions).
 """
 from __future__ import annotations
 
@@ -51,7 +52,6 @@ VARIANTS = ("kv", "late", "small", "restart")
 LATE_S = 5.0
 CRASH_AFTER = 300
 MAX_STEP_S = 1.0  # a longer gap between two decode lines is no step (a crashed server's relaunch)
-_PREFILL = re.compile(r"Prefill batch, #new-seq: (\d+), .*#running-req: (\d+), #queue-req: (\d+),")
 _DECODE = re.compile(r"Decode batch, #running-req: (\d+),.*#queue-req: (\d+),")
 
 
@@ -81,9 +81,10 @@ def server_steps(log: Path) -> tuple[list[tuple[float, float, int, int]], list[t
                 down.append((down_from, t))
                 down_from, prev_end = None, None
             continue
-        m = _PREFILL.search(line)
-        if m:
-            adm.append((t, int(m.group(1))))
+        if "Prefill batch" in line:
+            n = bc.admitted_requests(line)
+            if n:
+                adm.append((t, n))
             continue
         m = _DECODE.search(line)
         if m:

@@ -329,7 +329,11 @@ class Dispatcher:
         slot = self._slot_freed[w.name]
         while True:
             if not self._accepting or w.state != WorkerState.READY:
-                await asyncio.sleep(0.1)
+                slot.clear()  # set when a worker becomes ready (_on_worker_state): a restarted server pulls at once
+                try:
+                    await asyncio.wait_for(slot.wait(), timeout=0.1)
+                except asyncio.TimeoutError:
+                    pass
                 continue
             cap = self.capacity_for(w)
             w.capacity = cap

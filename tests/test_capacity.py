@@ -155,6 +155,19 @@ def test_no_growth_without_work_waiting_or_without_gauges():
         BatchSize(144, BatchSource.FEEDBACK)
 
 
+def test_growth_starts_before_the_queue_runs_dry_and_between_an_answer_and_its_refill():
+    size = BatchSize(64, BatchSource.FEEDBACK)
+    grown = BatchSize(96, BatchSource.FEEDBACK)
+    # a queue under the margin while the server runs all we believed: SGLang's admission is growing its batch,
+    # and at the next reading its queue would have been empty for a while
+    assert corrected(size, margin=16, in_flight=80, running=74, queued=6) == BatchSize(111, BatchSource.FEEDBACK)
+    assert corrected(size, margin=16, in_flight=80, running=64, queued=16) == size  # about the margin: steady
+    # a reading between an answer and its slot's refill sees one or two under the cap: with work waiting in
+    # regen's queue the cap is still what limits the server; without, it is the run's last requests
+    assert corrected(size, margin=16, in_flight=78, running=64, queued=2, work_waiting=True) == grown
+    assert corrected(size, margin=16, in_flight=78, running=64, queued=2) == size
+
+
 # -- the dispatcher -----------------------------------------------------------------------------------------
 def target(name: str, cap: ServerCapacity) -> RemoteWorker:
     w = RemoteWorker(spec=WorkerSpec(name=name, gpus=(0,), host="127.0.0.1", port=30000), host="", url="u", headers={})

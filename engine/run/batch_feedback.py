@@ -4,10 +4,12 @@ The in-flight cap is the batch size plus a small margin, so a freed slot is refi
 own queue at once. Read every metrics tick from `sglang:num_running_reqs` / `sglang:num_queue_reqs` /
 `sglang:token_usage`:
 
-* the queue is under half the margin, the cap is full (work is waiting here), the server runs at least the
-  size we believe and its KV pool has room: it can take more, so the size grows as far as the pool's free share
-  says (running x POOL_FULL / token_usage, at most MAX_GROWTH a reading: SGLang's own admission grows its batch
-  step by step, and a doubling piles the difference in its queue; never past a size the server reported);
+* the queue is under the margin (SGLang's admission grows its batch between two readings: at half the margin its
+  queue ran dry before the next one), the cap is full (work is waiting here; or nearly, while regen's own queue
+  holds work: a reading can fall between an answer and its slot's refill), the server runs at least the size we
+  believe and its KV pool has room: it can take more, so the size grows as far as the pool's free share says
+  (running x POOL_FULL / token_usage, at most MAX_GROWTH a reading: SGLang's own admission grows its batch step by
+  step, and a doubling piles the difference in its queue; never past a size the server reported);
 * the queue grew past twice the margin: the server runs no more than `running`, so that is its size
   (an overshoot from growing, a reported size that is too big, or a KV pool that is full);
 * otherwise the size holds: a queue of about the margin is the steady state.
@@ -32,14 +34,18 @@ def margin_for(size: int) -> int:
 
 
 def corrected(current: BatchSize, *, margin: int, in_flight: int, running: float | None,
-              queued: float | None, token_usage: float | None = None, ceiling: int | None = None) -> BatchSize:
-    """The batch size after one metrics reading (unchanged while the server's gauges are unknown)."""
+              queued: float | None, token_usage: float | None = None, ceiling: int | None = None,
+              work_waiting: bool = False) -> BatchSize:
+    """The batch size after one metrics reading (unchanged while the server's gauges are unknown). `work_waiting`:
+    regen's own queue holds work, so the cap is what limits this server even when a reading falls between an answer
+    and its slot's refill (in flight one or two under the cap)."""
     if running is None or queued is None:
         return current
     if queued > 2 * margin and running >= 1:
         size = int(running)
         return current if size == current.size else BatchSize(size, BatchSource.FEEDBACK)
-    if 2 * queued < margin and running >= current.size and in_flight >= current.size + margin:
+    capped = in_flight >= current.size + (margin // 2 if work_waiting else margin)
+    if queued < margin and running >= current.size and capped:
         if token_usage is not None and token_usage >= POOL_FULL:
             return current
         growth = MAX_GROWTH if not token_usage else min(MAX_GROWTH, POOL_FULL / token_usage)

@@ -288,7 +288,8 @@ class Dispatcher:
                 ceiling = discovered.size if discovered.source in BatchSource.REPORTED else None
                 batch = corrected(batch, margin=_margin(w, batch.size), in_flight=w.in_flight,
                                   running=w.metrics.running_reqs, queued=w.metrics.queued_reqs,
-                                  token_usage=w.metrics.token_usage, ceiling=ceiling)
+                                  token_usage=w.metrics.token_usage, ceiling=ceiling,
+                                  work_waiting=self.queue is not None and self.queue.queued > 0)
                 if batch != self._batch[w.name]:
                     log.info("%s: batch size %d (%s) -> %d from its queue (running %s, queued %s, in flight %d)",
                              w.name, self._batch[w.name].size, self._batch[w.name].source, batch.size,

@@ -116,17 +116,20 @@ def answer(run_dir: Path, op: ChannelOp, rid: int | None, timeout: float) -> Rep
 
 
 def no_supervisor(run_dir: Path, op: ChannelOp, rid: int | None, why: str) -> Reply:
-    """No supervisor answers. A stop of a [slurm] run whose supervisor has died cancels the jobs it left (by the
-    ids it recorded, nothing else): the reply says which; any other op, or nothing left, is the no-supervisor
+    """No supervisor answers. A stop of a run whose supervisor has died releases what it left holding GPUs: a
+    [slurm] run's jobs (by the ids it recorded, nothing else), a [[hosts]] run's agents and their servers (local
+    servers die with their supervisor). The reply says what; any other op, or nothing left, is the no-supervisor
     reply."""
     if isinstance(op, Stop) and not supervisor_alive(run_dir):
+        from engine.placement.hosts.leftovers import stop_left_agents
         from engine.placement.slurm.leftovers import stop_left_jobs
 
-        left = stop_left_jobs(run_dir)
-        if left is not None and left.complaint:
-            return Reply(rid, False, error=f"no supervisor runs on {run_dir}; {left.text()}")
-        if left is not None:
-            return Reply(rid, True, RunEnding(state=f"{EXITED} {left.text()}").to_dict())
+        left = [x for x in (stop_left_jobs(run_dir), stop_left_agents(run_dir)) if x is not None]
+        said = "; ".join(x.text() for x in left)
+        if any(x.failed for x in left):
+            return Reply(rid, False, error=f"no supervisor runs on {run_dir}; {said}")
+        if left:
+            return Reply(rid, True, RunEnding(state=f"{EXITED} {said}").to_dict())
     return Reply(rid, False, error=why, kind=ErrorKind.NO_SUPERVISOR)
 
 

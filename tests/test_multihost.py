@@ -297,3 +297,55 @@ def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_di
     rejected = sum(1 for line in (run_dir / "rejects.jsonl").read_text().splitlines()
                    if json.loads(line)["reason"].startswith("turn "))
     assert len({r["sample_id"] for r in rows}) == len(rows) and len(rows) + rejected == len(expected)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_stop_without_its_supervisor_stops_the_host_agents_it_left(tmp_path, tiny_model_dir, any_hosts, supervisors):
+    """Agents outlive their supervisor on purpose (a resumed run finds its servers warm); `regen stop` on a run whose
+    supervisor died stops them over SSH, their servers with them, and says where; a host it cannot reach is named."""
+    from tests.waiting import wait_until
+
+    cfg = multihost_config(tmp_path, tiny_model_dir, any_hosts, prompts=400, names=["h1"], gpus=1,
+                           sim=("--sim-step-ms", "60", "--sim-tokens-per-step", "4"))
+    run_dir = tmp_path / "run"
+    sup = supervisors(run_dir).start(cfg)
+    wait_for(lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0) >= 5, 120, "first samples", sup)
+    work = any_hosts.host("h1").work_dir
+    agent = int((work / "agent.pid").read_text())
+    server = int(next(work.glob("workers/*/server.pid")).read_text())
+    sup.kill()
+    assert _alive(agent) and _alive(server)
+    (run_dir / ".regen").mkdir(exist_ok=True)  # what `regen start` leaves for the console's later commands
+    (run_dir / ".regen" / "launch.json").write_text(json.dumps({"host_python": sys.executable,
+                                                                 "engine_path": str(REPO), "run_dir": str(run_dir)}))
+
+    stopped = regen_cli("stop", "local", "--run-dir", str(run_dir))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert stopped.stdout.strip() == (f"{run_dir}: no supervisor runs; stopped the host agent(s) its supervisor left "
+                                      "running, and their servers, on 1 host(s): h1")
+    assert not _alive(agent) and not _alive(server)  # stopped means stopped: the agent waited for its server
+    told = [e for e in events(run_dir) if e.get("key") == "hosts-leftovers"]
+    assert [t["severity"] for t in told] == ["warning"]
+    assert told[0]["evidence"] == f"h1: stopped agent pid {agent} in {work.resolve()} and its servers"
+    again = regen_cli("stop", "local", "--run-dir", str(run_dir))  # nothing left: the plain no-supervisor answer
+    assert again.returncode != 0 and "no supervisor" in (again.stdout + again.stderr).lower()
+
+    # a host that cannot be reached: named with ssh's words, exit 1
+    port = free_port()
+    gone = cfg.hosts[0].model_copy(update=dict(name="h9", address="127.0.0.1",
+                                               ssh_options=("-p", str(port), "-o", "StrictHostKeyChecking=no")))
+    (run_dir / "run.toml").write_text(dump_toml(cfg.model_copy(update=dict(hosts=(gone,)))))
+    failed = regen_cli("stop", "local", "--run-dir", str(run_dir))
+    said = failed.stdout + failed.stderr
+    assert failed.returncode == 1, said
+    assert "stopping the agent on h9 failed: ssh 127.0.0.1:" in said and f"port {port}: Connection refused" in said
+    wait_until(lambda: [e["severity"] for e in events(run_dir) if e.get("key") == "hosts-leftovers"][-1] == "error",
+               10, "the error alert")

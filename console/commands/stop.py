@@ -19,7 +19,7 @@ def run(args) -> int:
         result = await (client.drain() if args.drain else client.stop())
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
-        elif result.state.startswith(EXITED):  # no supervisor: the host cancelled the Slurm jobs it left
+        elif result.state.startswith(EXITED):  # no supervisor: what it left (Slurm jobs, host agents) was released
             print(f"{client.run_dir}: no supervisor runs; {result.state.removeprefix(EXITED).strip()}")
         else:
             how = "draining (in-flight requests finish and are committed)" if args.drain else \

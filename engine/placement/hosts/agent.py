@@ -1,16 +1,17 @@
 """`python -m engine.placement.hosts.agent --work-dir D --host-name H`: the SGLang servers of one host of a
 multi-host run, supervised with the same Worker code as a one-host run.
 
-Started detached by the dispatch host (engine/placement/hosts/link.py) in D, where host.toml holds this
-host's [workers]. It launches one server per GPU group, restarts crashed ones (pid files and
-logs under D/workers/<name>/), and runs until SIGTERM (`regen stop`, or the run ending), when it
-stops its servers. A second agent on the same work dir exits at once with EXIT_LOCKED, so the
-dispatch host can start one on every (re)join without checking first. With --nnodes N --node-rank I
---dist-init-addr HOST:PORT (a Slurm group of N nodes, engine/placement/slurm/step.py) the host's one server spans
-the N nodes: this agent launches and restarts its rank I (rank 0 serves HTTP; a rank > 0 only joins it, its
-server named <name>.rank<I>). Events go to
-D/telemetry.jsonl; the dispatch host watches the servers over HTTP and reads the host's GPU and disk
-readings, which the agent keeps in D/host_readings.json (engine/placement/hosts/readings.py).
+Started detached by the dispatch host (engine/placement/hosts/link.py) in D, where host.toml holds this host's
+[workers]. It launches one server per GPU group, restarts crashed ones (pid files and logs under
+D/workers/<name>/), and runs until SIGTERM (`regen stop`, or the run ending), when it stops its servers; `--stop
+WAIT_S` sends that SIGTERM to the agent of a work dir and waits for it (what the dispatch host runs over SSH,
+with or without its supervisor: engine/placement/hosts/leftovers.py). A second agent on the same work dir exits
+at once with EXIT_LOCKED, so the dispatch host can start one on every (re)join without checking first. With
+--nnodes N --node-rank I --dist-init-addr HOST:PORT (a Slurm group of N nodes, engine/placement/slurm/step.py)
+the host's one server spans the N nodes: this agent launches and restarts its rank I (rank 0 serves HTTP; a rank
+> 0 only joins it, its server named <name>.rank<I>). Events go to D/telemetry.jsonl; the dispatch host watches
+the servers over HTTP and reads the host's GPU and disk readings, which the agent keeps in D/host_readings.json
+(engine/placement/hosts/readings.py).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from engine.servers.workers import Worker, WorkerSpec
 
 log = logging.getLogger("regen.agent")
 
-EXIT_OK, EXIT_CONFIG, EXIT_LOCKED = 0, 2, 4
+EXIT_OK, EXIT_STILL_RUNS, EXIT_CONFIG, EXIT_LOCKED = 0, 1, 2, 4
 PID_FILE = "agent.pid"
 
 
@@ -126,14 +127,41 @@ def _readings_ended(task: asyncio.Task) -> None:
         log.error("the host readings stopped (the dispatch host shows them as stale)", exc_info=task.exception())
 
 
+def stop_holder(work_dir: Path, wait_s: float) -> tuple[int, str]:
+    """`--stop`: SIGTERM the agent holding `work_dir` and wait for it to exit (it stops its servers first), so that
+    "stopped" means the host's GPUs are free. (exit code, the line said)."""
+    pid = _holder(work_dir / PID_FILE)
+    if pid is None:
+        return EXIT_OK, f"no agent runs in {work_dir}"
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        proc.wait(timeout=wait_s)
+    except psutil.NoSuchProcess:
+        pass  # it exited between the check and the signal: stopped all the same
+    except psutil.TimeoutExpired:
+        return EXIT_STILL_RUNS, f"agent pid {pid} in {work_dir} still runs {wait_s:.0f} s after SIGTERM (see its agent.log)"
+    except psutil.AccessDenied as exc:
+        return EXIT_STILL_RUNS, f"cannot stop agent pid {pid} in {work_dir}: {exc}"
+    return EXIT_OK, f"stopped agent pid {pid} in {work_dir} and its servers"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.placement.hosts.agent", description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", required=True)
-    parser.add_argument("--host-name", required=True)
+    parser.add_argument("--host-name")
+    parser.add_argument("--stop", type=float, metavar="WAIT_S",
+                        help="stop the agent that runs in --work-dir, waiting up to WAIT_S for it and its servers")
     parser.add_argument("--nnodes", type=int, default=1, help="the server spans this many nodes")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's rank of it (0 serves HTTP)")
     parser.add_argument("--dist-init-addr", default="", help="HOST:PORT where rank 0 waits for the other ranks")
     args = parser.parse_args(argv)
+    if args.stop is not None:
+        code, said = stop_holder(Path(args.work_dir).expanduser().resolve(), args.stop)
+        print(said)
+        return code
+    if not args.host_name:
+        parser.error("--host-name is required to run an agent")
     where = None
     if args.nnodes > 1:
         try:

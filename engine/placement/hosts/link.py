@@ -63,6 +63,7 @@ AGENT_DIR = ".regen/engine"
 POLL_S = 1.0
 METRICS_EVERY_S = 2.0
 SSH_TIMEOUT_S = 60.0
+AGENT_STOP_WAIT_S = 20.0  # an agent stops each server within STOP_GRACE_S (engine.servers.workers)
 FORWARD_READY_S = 20.0
 MAX_BACKOFF_S = 30.0
 IDENTITY_REFRESH_S = 2.0  # the agents' identity records are read over ssh at most this often
@@ -265,10 +266,9 @@ class HostLink:
         await self._close_tunnel()
         if stop_agent:
             try:
-                rc, _, err = await self.ssh(
-                    f"p={shell_path(self.host.work_dir)}/agent.pid; [ -f $p ] && kill $(cat $p) || true", timeout=20)
+                rc, out, err = await self.ssh(agent_stop_command(self.host), timeout=AGENT_STOP_WAIT_S + 10)
                 if rc != 0:
-                    log.warning("host %s: stopping the agent failed: %s", self.host.name, err.strip())
+                    log.warning("host %s: stopping the agent failed: %s", self.host.name, (err or out).strip())
             except HostError as exc:
                 log.warning("host %s: cannot stop its agent: %s", self.host.name, exc)
 
@@ -299,27 +299,11 @@ class HostLink:
 
     # -- ssh --------------------------------------------------------------------------------
     def ssh_argv(self, *extra: str) -> list[str]:
-        return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=2",
-                "-o", "ServerAliveCountMax=3", *self.host.ssh_options, *extra, *self.host.ssh_destination()]
+        return ssh_argv(self.host, *extra)
 
     async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = SSH_TIMEOUT_S
                   ) -> tuple[int, str, str]:
-        argv = self.ssh_argv() + ["--", command]
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            raise HostError(f"cannot run ssh: {exc}") from exc
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=timeout)
-        except asyncio.TimeoutError:
-            _kill_group(proc.pid)
-            await proc.wait()
-            raise HostError(f"ssh {self.host.address} `{command[:80]}` timed out after {timeout:.0f} s") from None
-        if proc.returncode == 255:
-            raise HostError(f"ssh {self.host.address}: {err.decode(errors='replace').strip() or 'exit 255'}")
-        return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+        return await run_ssh(self.host, command, stdin, timeout)
 
     async def _checked(self, what: str, command: str, stdin: bytes | None = None) -> str:
         rc, out, err = await self.ssh(command, stdin)
@@ -687,6 +671,41 @@ class HostLink:
             m.metrics = parse_metrics(text) if resp.status == 200 else ServerMetrics()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             m.metrics = ServerMetrics()
+
+
+def ssh_argv(host: Host, *extra: str) -> list[str]:
+    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=2",
+            "-o", "ServerAliveCountMax=3", *host.ssh_options, *extra, *host.ssh_destination()]
+
+
+async def run_ssh(host: Host, command: str, stdin: bytes | None = None, timeout: float = SSH_TIMEOUT_S
+                  ) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `command` on the host; HostError when ssh itself failed (255) or timed out."""
+    argv = ssh_argv(host) + ["--", command]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise HostError(f"cannot run ssh: {exc}") from exc
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=timeout)
+    except asyncio.TimeoutError:
+        _kill_group(proc.pid)
+        await proc.wait()
+        raise HostError(f"ssh {host.address} `{command[:80]}` timed out after {timeout:.0f} s") from None
+    if proc.returncode == 255:
+        raise HostError(f"ssh {host.address}: {err.decode(errors='replace').strip() or 'exit 255'}")
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def agent_stop_command(host: Host) -> str:
+    """Stops the host's agent and waits for it to have stopped its servers (engine.placement.hosts.agent --stop);
+    a host where no agent was ever deployed says so."""
+    wd = shell_path(host.work_dir)
+    return (f"if [ -d {wd}/{AGENT_DIR} ]; then cd {wd} && PYTHONPATH={wd}/{AGENT_DIR} {shlex.quote(host.host_python)}"
+            f" -m engine.placement.hosts.agent --work-dir . --stop {AGENT_STOP_WAIT_S:g};"
+            f" else echo 'no agent was deployed in '{wd}; fi")
 
 
 def _kill_group(pid: int) -> None:

@@ -18,6 +18,10 @@ class LeftJobs:
     cancelled: tuple[str, ...]  # the live ids regen submitted, scancel'ed
     complaint: str = ""  # what scancel (or squeue) said when it failed; "" when it did not
 
+    @property
+    def failed(self) -> bool:
+        return bool(self.complaint)
+
     def text(self) -> str:
         ids = ", ".join(self.cancelled)
         if self.complaint:

@@ -1,0 +1,77 @@
+"""`regen stop` on a [[hosts]] run whose supervisor is gone: each host's agent is stopped over SSH, its servers with
+it. Agents outlive their supervisor on purpose (a resumed run finds its servers warm); a stop means the GPUs go."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import ConfigError, Host, load_config
+from engine.placement.hosts.link import AGENT_STOP_WAIT_S, HostError, agent_stop_command, run_ssh
+from engine.telemetry import Telemetry
+from engine.telemetry_events import AlertEvent
+
+STOPPED = "stopped agent"  # the agent's --stop line when it stopped one (engine.placement.hosts.agent.stop_holder)
+
+
+@dataclass(frozen=True)
+class HostStop:
+    host: str
+    ok: bool
+    said: str  # the agent's line, or what ssh said
+
+    @property
+    def stopped(self) -> bool:
+        return self.ok and self.said.startswith(STOPPED)
+
+
+@dataclass(frozen=True)
+class LeftAgents:
+    hosts: tuple[HostStop, ...]  # the hosts where an agent was stopped or could not be
+
+    @property
+    def failed(self) -> bool:
+        return any(not h.ok for h in self.hosts)
+
+    def text(self) -> str:
+        stopped = [h.host for h in self.hosts if h.stopped]
+        parts = []
+        if stopped:
+            parts.append(f"stopped the host agent(s) its supervisor left running, and their servers, on {len(stopped)}"
+                         f" host(s): {', '.join(stopped)}")
+        parts += [f"stopping the agent on {h.host} failed: {h.said}" for h in self.hosts if not h.ok]
+        return "; ".join(parts)
+
+
+async def _stop(host: Host) -> HostStop:
+    try:
+        rc, out, err = await run_ssh(host, agent_stop_command(host), timeout=AGENT_STOP_WAIT_S + 15)
+    except HostError as exc:
+        return HostStop(host.name, False, str(exc))
+    said = (out.strip().splitlines() or [""])[-1] if rc == 0 else (err.strip() or out.strip() or f"exit {rc}")
+    return HostStop(host.name, rc == 0, said)
+
+
+def stop_left_agents(run_dir: Path) -> LeftAgents | None:
+    """None where there is nothing to stop: no [[hosts]] in the run's frozen run.toml, or no agent runs on them."""
+    try:
+        cfg = load_config(run_dir / "run.toml")
+    except (ConfigError, OSError):
+        return None  # not a run dir regen accepted: the caller's reply (no supervisor) says it
+
+    async def stop_all() -> list[HostStop]:
+        return list(await asyncio.gather(*(_stop(h) for h in cfg.hosts)))
+
+    if not cfg.hosts:
+        return None
+    told = tuple(h for h in asyncio.run(stop_all()) if h.stopped or not h.ok)
+    if not told:
+        return None
+    left = LeftAgents(told)
+    telemetry = Telemetry(run_dir)
+    try:
+        telemetry.emit(AlertEvent(severity="error" if left.failed else "warning", text=f"regen stop: {left.text()}",
+                                  evidence="\n".join(f"{h.host}: {h.said}" for h in told), key="hosts-leftovers"))
+    finally:
+        telemetry.close()
+    return left

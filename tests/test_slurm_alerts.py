@@ -111,6 +111,21 @@ async def test_a_job_pending_past_the_threshold_is_one_notification_and_its_star
     assert link.status().job.waiting_since is None  # running: no longer waiting
 
 
+async def test_slurms_routine_pending_reasons_are_info_and_a_blocking_one_a_warning(slurm_link, receiver):
+    """Waiting its turn (Priority) and the delay Slurm puts on a requeued job (BeginTime, right after the requeue
+    alert) are routine; a reason that can keep the job from starting (Resources, a held job...) is a warning."""
+    r = receiver()
+    link, squeue, telemetry, notifier = await slurm_link(
+        [pending("BeginTime"), pending("Priority"), pending("Resources"), RUNNING], r.url(), pending_alert_s=3600)
+    step_started(link, "4128")
+    await link.start_agent()
+    await close(link, notifier)
+    said = [(e.severity, e.text) for e in telemetry.events if e.key == "slurm-pending:regen-0"]
+    assert said == [("info", "slurm job 4128 (regen-0) is pending: BeginTime"),
+                    ("info", "slurm job 4128 (regen-0) is pending: Priority"),
+                    ("warning", "slurm job 4128 (regen-0) is pending: Resources")]
+
+
 async def test_the_pending_alert_waits_for_slurms_reason(slurm_link, receiver):
     """Right after a submit squeue says reason None (slurmctld has not evaluated the job): the alert waits for the
     reason, up to twice the threshold, and says it (seen at pending_alert_s = 1 on the real Slurm)."""

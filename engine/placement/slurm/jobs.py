@@ -33,9 +33,15 @@ class JobState:
     def active(self) -> bool:
         return self.state in ACTIVE
 
+    @property
+    def given_reason(self) -> str:
+        """Slurm's reason, "" where it gives none: squeue prints `None` until slurmctld has evaluated the job
+        (seconds after a submit) and for a running one."""
+        return "" if self.reason == "None" else self.reason
+
     def words(self) -> str:
         """What Slurm said, as the operator would read it in squeue."""
-        reason = f" ({self.reason})" if self.reason and self.reason != "None" else ""
+        reason = f" ({self.given_reason})" if self.given_reason else ""
         nodes = f" on {self.nodes}" if self.nodes and self.nodes != "(null)" else ""
         return f"job {self.job_id} {self.state}{reason}{nodes}"
 

@@ -51,6 +51,9 @@ log = logging.getLogger("regen.slurm")
 POLL_S = 2.0
 NODE_FILE_WAIT_S = 60.0
 FINAL_STATE_WAIT_S = 15.0
+# pending reasons that are Slurm's routine, told as info: waiting its turn, and the delay Slurm puts on a requeued
+# job before it may start again (right after the requeue alert)
+ROUTINE_PENDING = ("Priority", "BeginTime")
 
 
 def time_left_s(text: str) -> int | None:
@@ -193,9 +196,9 @@ class SlurmLink(HostLink):
         self.error = f"slurm {job.words()}"
         if self.state != HostState.LOST:
             self.state = HostState.CONNECTING
-        if self._pending_said != job.reason and job.reason not in ("", "None"):  # a reason worth saying
+        if self._pending_said != job.reason and job.given_reason:  # a reason worth saying
             self._pending_said = job.reason
-            self.emit(AlertEvent(severity="warning" if job.reason not in ("", "None", "Priority") else "info",
+            self.emit(AlertEvent(severity="info" if job.given_reason in ROUTINE_PENDING else "warning",
                                  text=f"slurm job {job.job_id} ({self.host.name}) is pending: {job.reason}",
                                  evidence=job.words(), key=f"slurm-pending:{self.host.name}"))
         self._pending_too_long(job)
@@ -207,7 +210,7 @@ class SlurmLink(HostLink):
         waited = self.clock() - self._waiting.since
         if self._waiting.alerted or waited < self.cfg.slurm.pending_alert_s:
             return
-        no_reason = job.reason in ("", "None")  # slurmctld has not evaluated the job yet (seconds after a submit)
+        no_reason = not job.given_reason  # slurmctld has not evaluated the job yet (seconds after a submit)
         if no_reason and waited < 2 * self.cfg.slurm.pending_alert_s:
             return  # the alert is for Slurm's reason: wait a little longer for it
         self._waiting.alerted = True
@@ -315,7 +318,7 @@ class SlurmLink(HostLink):
         """The alert for a job that ended, once per job, in Slurm's words (job id, state, reason)."""
         if job.job_id in self._said_ended:
             return
-        reason = f" ({job.reason})" if job.reason not in ("", "None") else ""
+        reason = f" ({job.given_reason})" if job.given_reason else ""
         if job.active:  # requeued (preempted, a node failed, scontrol requeue): the same id runs again once placed
             self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued "
                                  f"(restart {job.restarts}): {job.state}{reason}; its servers are lost until Slurm "

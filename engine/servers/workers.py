@@ -66,6 +66,8 @@ REFUSED_RECHECK_S = (1.0, 30.0)  # first and longest wait between checks of a re
 IDENTITY_FILE = "identity.json"
 RESTART_WINDOW_S = 600.0
 HEALTH_INTERVAL_S = 5.0
+POLL_S = 0.25  # a server's process, log and health are looked at this often
+STARTING_POLL_S = 0.05  # ... while it starts: its ready line is seen sooner (a resume's first dispatch waits on it)
 METRICS_INTERVAL_S = 0.5  # the dispatcher's feedback reads each server's queue this often (engine.run.batch_feedback)
 STOP_GRACE_S = 10.0
 MAX_ERROR_LINES = 8
@@ -647,8 +649,9 @@ class Worker:
                             await self._kill(2.0)
                             return self._crashed(proc.returncode, reason=self.error)
                     next_health = time.monotonic() + min(HEALTH_INTERVAL_S, timeout)
+            starting = self.state in (WorkerState.STARTING, WorkerState.LOADING)
             try:
-                await asyncio.wait_for(self._manual_restart.wait(), timeout=0.25)
+                await asyncio.wait_for(self._manual_restart.wait(), timeout=STARTING_POLL_S if starting else POLL_S)
             except asyncio.TimeoutError:
                 pass  # poll tick
 

@@ -211,6 +211,9 @@ class ShardStore:
             self._migrate()
             if "think" not in {r[1] for r in self._db.execute("PRAGMA table_info(samples)")}:
                 self._db.execute("ALTER TABLE samples ADD COLUMN think INT")  # a store from before the column
+            # only the unclosed rows: progress() counts them per shard without reading every sample (a full
+            # scan of samples took ~0.15 s at 10^6 samples, twice before a resumed run's servers were launched)
+            self._db.execute(f"CREATE INDEX IF NOT EXISTS samples_unclosed ON samples(shard_id) WHERE {UNCLOSED_SQL}")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open {self.db_path}: {exc}") from exc
         mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]

@@ -111,6 +111,7 @@ class Supervisor:
         self.emit = self.telemetry.emit
         self.notifier = notifier  # started and closed by _load_and_run: it must outlive the fatal / run_end events
         self._exit = asyncio.Event()
+        self._ready_seen = asyncio.Event()  # a server became ready (the feed starts at the first)
         self._shutdown_task: asyncio.Task | None = None
         self._dirty_shards: set[str] = set()
         self._shard_states: dict[str, str] = {}  # the state each shard's last event said
@@ -199,7 +200,7 @@ class Supervisor:
             self.dispatcher.start()
             self._tasks = [
                 asyncio.create_task(self.committer.run_forever(), name="committer"),
-                asyncio.create_task(self.compactor.run_forever(), name="compactor"),
+                asyncio.create_task(self._compact_after_first_dispatch(), name="compactor"),
                 asyncio.create_task(self._monitor(), name="monitor"),
                 asyncio.create_task(self._start_feed_when_ready(), name="feed"),
             ]
@@ -374,9 +375,22 @@ class Supervisor:
             await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
             await self.session.close()
 
+    async def _compact_after_first_dispatch(self) -> None:
+        """The compactor's periodic task, from the first request on: a resumed run may find hundreds of shards
+        the last start finished and did not compact, and their rewrites (a thread on the supervisor's core)
+        slowed the servers' launch-to-dispatch path; a run that never dispatches compacts at its end."""
+        await self.dispatcher.first_sent.wait()
+        await self.compactor.run_forever()
+
     async def _start_feed_when_ready(self) -> None:
         while not any(w.state == WorkerState.READY for w in self.workers):
-            await asyncio.sleep(0.2)
+            # woken by the first ready state a listener sees (a resume's first dispatch waited up to 0.2 s
+            # more); the timeout covers a multi-host run's servers, whose states come with the router's
+            self._ready_seen.clear()
+            try:
+                await asyncio.wait_for(self._ready_seen.wait(), 0.2)
+            except asyncio.TimeoutError:
+                pass
         self._tighten_prompt_limit()
         if self.mode == "starting":
             self.mode = "running"
@@ -387,6 +401,7 @@ class Supervisor:
     def _on_target_state(self, w, state: str) -> None:
         """A dispatch target (a worker, or the router of a multi-host run) changed state."""
         if state == WorkerState.READY:
+            self._ready_seen.set()
             self._resize()
 
     def _tighten_prompt_limit(self) -> None:
@@ -409,6 +424,8 @@ class Supervisor:
                                      if x.state == WorkerState.READY))
 
     def _on_worker_state(self, w: Worker, state: str) -> None:
+        if state == WorkerState.READY:
+            self._ready_seen.set()
         self._update_workers_check()
         if state == WorkerState.FAILED and all(x.state == WorkerState.FAILED for x in self.workers):
             evidence = "; ".join(f"{x.name}: {x.error}" for x in self.workers)
@@ -589,8 +606,6 @@ class Supervisor:
                 if self.committer.pending:
                     log.error("%d finished rows could not be committed (disk?): they will be regenerated",
                               self.committer.pending)
-            if self.compactor is not None:
-                await self.compactor.drain()  # the shards the last commits finished
             log.info("stopping workers")
             if d is not None:
                 d.stop_retrying()  # worker stops must not re-queue anything
@@ -598,6 +613,14 @@ class Supervisor:
                 await self.fleet.stop()
             else:
                 await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+            if self.compactor is not None:
+                # after the servers are released (compacting 1,000 shards took ~14 s of GPU time paid for
+                # nothing): the shards the last commits finished; the run is `final` only once they are one file
+                # each (killed before, the next start compacts them: every sample is already settled)
+                due = len(self.compactor.due())
+                if due:
+                    log.info("servers stopped; compacting %d finished shards", due)
+                await self.compactor.drain()
             self.mode = final
             self._tick_once(final=True)
             log.info("run %s: %d/%d samples done", final, self.ledger.done if self.ledger else 0,
@@ -614,8 +637,8 @@ class Supervisor:
         while True:
             try:
                 self._tick_once()
-                if (self.mode == "running" and self.ledger.finished and self.dispatcher.in_flight == 0
-                        and self.committer.pending == 0):
+                if (self.mode == "running" and self._shutdown_task is None and self.ledger.finished
+                        and self.dispatcher.in_flight == 0 and self.committer.pending == 0):
                     log.info("all %d samples settled", self.ledger.total)
                     if self.ledger.done == 0 and self.ledger.total > 0:
                         self._fail(RunRefused(

@@ -101,6 +101,7 @@ class Dispatcher:
         self._aborting = False  # stopping: answers that come back aborted or failed are not retried
         self.inflight: dict[str, dict[asyncio.Task, WorkItem]] = {w.name: {} for w in workers}
         self.dispatched: collections.Counter[str] = collections.Counter()  # per shard, this run
+        self.first_sent = asyncio.Event()  # set when the first request of this run is sent
         self.retried = 0  # attempts re-queued (no outcome of a sample: the ledger never sees it)
         self._slot_freed = {w.name: asyncio.Event() for w in workers}
         self._loops: list[asyncio.Task] = []
@@ -357,6 +358,7 @@ class Dispatcher:
             task = asyncio.create_task(self._send(w, item), name=f"gen-{item.rid}")
             self.inflight[w.name][task] = item
             self.dispatched[item.shard_id] += 1
+            self.first_sent.set()
             w.in_flight = len(self.inflight[w.name])
             task.add_done_callback(lambda t, w=w: self._finished(w, t))
 

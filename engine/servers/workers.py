@@ -66,10 +66,10 @@ REFUSED_RECHECK_S = (1.0, 30.0)  # first and longest wait between checks of a re
 IDENTITY_FILE = "identity.json"
 RESTART_WINDOW_S = 600.0
 HEALTH_INTERVAL_S = 5.0
-MONITOR_TICK_S = 0.25
-# while a server starts, its log is read this often: the work it gets waits on its ready line (a restarted server's
-# share of the run starts there), and reading a few new bytes of a local file costs nothing
-STARTING_TICK_S = 0.05
+POLL_S = 0.25  # a server's process, log and health are looked at this often
+# ... while it starts: its ready line is seen sooner (a resume's first dispatch and a restarted server's share of
+# the work wait on it), and reading a few new bytes of a local file costs nothing
+STARTING_POLL_S = 0.05
 METRICS_INTERVAL_S = 0.5  # the dispatcher's feedback reads each server's queue this often (engine.run.batch_feedback)
 STOP_GRACE_S = 10.0
 MAX_ERROR_LINES = 8
@@ -651,9 +651,9 @@ class Worker:
                             await self._kill(2.0)
                             return self._crashed(proc.returncode, reason=self.error)
                     next_health = time.monotonic() + min(HEALTH_INTERVAL_S, timeout)
-            tick = STARTING_TICK_S if self.state in (WorkerState.STARTING, WorkerState.LOADING) else MONITOR_TICK_S
+            starting = self.state in (WorkerState.STARTING, WorkerState.LOADING)
             try:
-                await asyncio.wait_for(self._manual_restart.wait(), timeout=tick)
+                await asyncio.wait_for(self._manual_restart.wait(), timeout=STARTING_POLL_S if starting else POLL_S)
             except asyncio.TimeoutError:
                 pass  # poll tick
 

@@ -17,7 +17,8 @@ import orjson
 
 _KEY = b'"output_ids":['
 # stands in for the ids while orjson reads the rest: no server can write it, so finding it as the top-level
-# output_ids proves the list cut out was that one (and the last, where a key is repeated: orjson keeps the last)
+# output_ids proves the list cut out was that one (and the last, where a key is repeated: orjson keeps the last;
+# otherwise orjson reads the reply whole)
 _NONCE = "regen-ids-" + secrets.token_hex(16)
 _HOLE = b'"' + _NONCE.encode() + b'"'
 _ALLOWED = b"0123456789,"
@@ -27,7 +28,7 @@ MIN_IDS_BYTES = 2048  # shorter lists (a streamed delta of a few ids) go through
 
 def loads(payload: bytes) -> object:
     """orjson.loads(payload), except that a top-level output_ids list comes as array("i") of the same ids."""
-    start = payload.rfind(_KEY)
+    start = payload.find(_KEY)  # SGLang writes the text first (~4 bytes an id), then the ids (~7)
     if start > 0 and payload[start - 1] in b"{, ":
         first = start + len(_KEY)
         end = payload.find(b"]", first)
@@ -49,15 +50,20 @@ def int32_ids(text: bytes) -> array | None:
     non-negative JSON integer (no sign, no leading zero, no space) that fits an int32."""
     if not text or text.translate(None, _ALLOWED):
         return None  # a byte that is neither a digit nor a comma
-    b = np.frombuffer(text, np.uint8)
-    comma = b == 44
-    starts = np.empty(b.size, np.bool_)  # where a number starts
-    starts[0] = True
-    starts[1:] = comma[:-1]
-    if comma[-1] or np.any(starts & comma) or np.any(starts[:-1] & (b[:-1] == 48) & ~comma[1:]):
-        return None  # an empty number, or one led by a zero
-    values = np.fromstring(text, dtype=np.int64, sep=",")  # text mode (sep): not the deprecated binary one
-    if values.size != np.count_nonzero(comma) + 1 or values.max() > _INT32_MAX:
+    try:
+        values = np.fromstring(text, dtype=np.int64, sep=",")  # text mode (sep): not the deprecated binary one
+    except (ValueError, DeprecationWarning):  # a text it stops short in, under warnings as errors
+        return None
+    if not values.size or (top := int(values.max())) > _INT32_MAX:
+        return None
+    # the values written in their fewest digits, one comma between each, are the whole text: so no number
+    # is empty or led by a zero, and numpy read to the end
+    written = 2 * values.size - 1
+    power = 10
+    while power <= top:
+        written += np.count_nonzero(values >= power)
+        power *= 10
+    if written != len(text):
         return None
     out = array("i")
     out.frombytes(values.astype(np.int32).tobytes())

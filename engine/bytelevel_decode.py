@@ -120,7 +120,7 @@ class ByteTableDecoder:
             return None
         if total < 0:
             return None
-        size = len(text.encode("utf-8", "surrogatepass"))
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         if size == total:
             return text
         if trimmed_last and len(ids32):

@@ -562,7 +562,7 @@ class ShardStore:
             info = PartInfo(shard_id, rel, len(ids), time.time(), seq, nbytes)
             try:
                 try:
-                    info = self._record(info, table, history)  # takes _lock for its transaction only
+                    info = self._record(info, table, history, rows)  # takes _lock for its transaction only
                 except sqlite3.Error as exc:
                     raise StoreError(f"commit of {rel} ({len(ids)} samples) failed in {self.db_path}: {exc}; "
                                      "nothing was committed") from exc
@@ -761,11 +761,14 @@ class ShardStore:
         os.replace(tmp, final)
         _fsync_dir(final.parent)
 
-    def _record(self, info: PartInfo, table: pa.Table, history: Mapping[str, str]) -> PartInfo:
+    def _record(self, info: PartInfo, table: pa.Table, history: Mapping[str, str], rows: list[dict]) -> PartInfo:
         """The one sqlite transaction that makes the part (and every sample in it) committed."""
         cols = {name: table.column(name).to_pylist() for name in
                 ("sample_id", "conversation_id", "turn", "output_len", "finish_reason", "prompt_len",
-                 "reasoning_tokens", "prompt_opened", "text")}
+                 "reasoning_tokens", "prompt_opened")}
+        # the rows' own texts when they are str (the column holds exactly them): not ~4 MB a part decoded again
+        texts = [r["text"] for r in rows]
+        cols["text"] = texts if all(type(t) is str for t in texts) else table.column("text").to_pylist()
         empty = [int(_is_empty(t, opened)) for t, opened in zip(cols["text"], cols["prompt_opened"])]
         think = [_think_code(t, opened) for t, opened in zip(cols["text"], cols["prompt_opened"])]
         samples = [

@@ -7,6 +7,7 @@ import json
 import random
 from types import SimpleNamespace
 
+import orjson
 import pytest
 from aiohttp import web
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def events(ids: list[int], step: int, *, cumulative: bool, final: dict, text_cumulative: bool | None = None,
-           total: bool = True) -> bytes:
+           total: bool = True, dumps=lambda chunk: json.dumps(chunk).encode()) -> bytes:
     """SGLang's SSE body for an answer of `ids`, a chunk every `step` ids, the last one with `final`."""
     text_cumulative = cumulative if text_cumulative is None else text_cumulative
     out, sent = [], 0
@@ -33,7 +34,7 @@ def events(ids: list[int], step: int, *, cumulative: bool, final: dict, text_cum
             meta["completion_tokens"] = n
         text = "".join(f"<{t}>" for t in (ids[:n] if text_cumulative else ids[sent:n]))
         chunk = {"text": text, "output_ids": ids[:n] if cumulative else ids[sent:n], "meta_info": meta}
-        out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        out.append(b"data: " + dumps(chunk) + b"\n\n")
         sent = n
     return b"".join(out) + b"data: [DONE]\n\n"
 
@@ -67,6 +68,20 @@ def test_without_completion_tokens_the_kind_is_learned_from_the_ids():
     for cumulative in (True, False):
         a = read(events(ids, 50, cumulative=cumulative, final=STOP, total=False), 30)
         assert a.ids.tolist() == ids and a.cumulative_ids is cumulative
+
+
+@pytest.mark.parametrize("total", [True, False])
+def test_long_chunks_as_sglang_writes_them_read_the_same(total):
+    """orjson's layout, as SGLang's: chunks of many ids are read into int32 without Python ints (reply_json)."""
+    rng = random.Random(2)
+    ids = [rng.randrange(0, 200_000) for _ in range(3000)]
+    for cumulative in (True, False):
+        a = read(events(ids, 1000, cumulative=cumulative, final=STOP, total=total, dumps=orjson.dumps), 40)
+        assert a.ids.tolist() == ids and a.finish == STOP and a.cumulative_ids is cumulative
+    body = events(ids, 1000, cumulative=True, final=STOP, dumps=orjson.dumps)
+    changed = body.replace(orjson.dumps(ids[:1000])[1:-1], orjson.dumps(ids[:999] + [7])[1:-1], 1)
+    with pytest.raises(StreamError, match="differ from the 1000 ids streamed before"):
+        read(changed, 0)
 
 
 def test_a_chunk_that_fits_no_kind_is_an_error_not_a_guess():

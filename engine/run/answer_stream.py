@@ -17,6 +17,7 @@ from array import array
 
 import orjson
 
+from engine.run import reply_json
 from engine.run.runaway import Repetition, RunawayDetector
 
 
@@ -91,7 +92,7 @@ class AnswerStream:
         if self.done:
             raise StreamError("an event after data: [DONE]")
         try:
-            chunk = orjson.loads(payload)
+            chunk = reply_json.loads(payload)  # output_ids as array("i") when long (reply_json says why)
         except orjson.JSONDecodeError as exc:
             raise StreamError(f"an event that is not JSON ({exc}): {payload[:200]!r}") from None
         if not isinstance(chunk, dict):
@@ -118,7 +119,7 @@ class AnswerStream:
         return self.verdict
 
     def _merge_ids(self, ids: object) -> None:
-        if not isinstance(ids, list):
+        if type(ids) is not array and not isinstance(ids, list):
             raise StreamError(f"output_ids is {type(ids).__name__}, not a list")
         have = len(self.ids)
         total = self.meta.get("completion_tokens")
@@ -131,7 +132,8 @@ class AnswerStream:
         elif total is None and self._cumulative_ids is not None:
             cumulative = self._cumulative_ids
         elif total is None:
-            cumulative = have > 0 and len(ids) >= have and ids[:have] == self.ids.tolist()
+            cumulative = have > 0 and len(ids) >= have and ids[:have] == (self.ids if type(ids) is array
+                                                                              else self.ids.tolist())
         else:
             raise StreamError(f"chunk {self.chunks}: {len(ids)} output_ids with completion_tokens={total} after "
                               f"{have} ids: neither the new ids nor all of them")
@@ -142,12 +144,12 @@ class AnswerStream:
             self._cumulative_ids = cumulative
         try:
             if cumulative:
-                if array("i", ids[:have]) != self.ids:
+                if (ids[:have] if type(ids) is array else array("i", ids[:have])) != self.ids:
                     raise StreamError(f"chunk {self.chunks}: cumulative output_ids differ from the {have} ids "
                                       "streamed before")
                 self.ids.extend(ids[have:])
             else:
-                self.ids.extend(int32_array(ids))
+                self.ids.extend(ids if type(ids) is array else int32_array(ids))
         except (TypeError, OverflowError) as exc:
             raise StreamError(f"chunk {self.chunks}: output_ids are not int32 token ids: {exc}") from None
 

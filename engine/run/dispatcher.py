@@ -56,6 +56,7 @@ from engine.config import RunConfig
 from engine.http_client import ConnectionMark, dropped_idle, fresh_session, marking
 from engine.render import Renderer
 from engine.run.answer_stream import AnswerStream, StreamError, int32_array
+from engine.run import reply_json
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, SampleRow, WorkItem
 from engine.run.request_size import RequestSize
@@ -569,13 +570,16 @@ class Dispatcher:
 
     def _handle_ok(self, w: Worker, item: WorkItem, body: bytes, latency: float) -> None:
         try:
-            data = orjson.loads(body)
+            data = reply_json.loads(body)  # output_ids as array("i") when long (reply_json says why)
             if isinstance(data, list):
                 data = data[0]
             output_ids = data["output_ids"]
-            if not isinstance(output_ids, list):
+            if type(output_ids) is array:
+                ids32 = output_ids  # every id checked an int32 already
+            elif isinstance(output_ids, list):
+                ids32 = int32_array(output_ids)  # every id an int32, checked at C speed (TypeError / OverflowError)
+            else:
                 raise TypeError(f"output_ids is {type(output_ids).__name__}, not a list")
-            ids32 = int32_array(output_ids)  # every id an int32, checked at C speed (TypeError / OverflowError)
             meta = data.get("meta_info") or {}
             finish = meta.get("finish_reason") or {}
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:

@@ -31,15 +31,15 @@ def loads(payload: bytes) -> object:
     """orjson.loads(payload), except that a top-level output_ids list comes as array("i") of the same ids."""
     first, end = _ids_span(payload)
     if end - first >= MIN_IDS_BYTES and payload[first - len(_KEY) - 1] in b"{, ":
-            ids = int32_ids(payload[first:end])
-            if ids is not None:
-                try:
-                    data = orjson.loads(payload[:first - 1] + _HOLE + payload[end + 1:])
-                except orjson.JSONDecodeError:
-                    data = None  # orjson's own error, from the reply as it came
-                if type(data) is dict and data.get("output_ids") == _NONCE:
-                    data["output_ids"] = ids
-                    return data
+        ids = int32_ids(payload[first:end])
+        if ids is not None:
+            try:
+                data = orjson.loads(payload[:first - 1] + _HOLE + payload[end + 1:])
+            except orjson.JSONDecodeError:
+                data = None  # orjson's own error, from the reply as it came
+            if type(data) is dict and data.get("output_ids") == _NONCE:
+                data["output_ids"] = ids
+                return data
     return orjson.loads(payload)
 
 

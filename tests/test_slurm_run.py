@@ -252,7 +252,8 @@ def test_jobs_that_may_not_be_requeued_end_preempted_and_node_fail_and_the_run_g
     second one's node stops answering (its slurmd killed) and past SlurmdTimeout it ends NODE_FAIL. Each is one
     alert in Slurm's words, regen submits the next job each time, and the run ends on the third, every sample once."""
     require_netns(own_cluster2)  # on loopback every node is one address: the old node's servers would answer the new URLs
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, extra_args=("--no-requeue",),
+    # paused through both ends: the samples left after the resume only need to outlast nothing
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=100, nodes=1, extra_args=("--no-requeue",),
                        sim=("--sim-step-ms", "30", "--sim-output-mean", "100", "--max-running-requests", "4"))
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)

@@ -1,7 +1,9 @@
 """A real Slurm cluster for tests: munged, slurmctld and one slurmd per node, all under a temporary dir.
 
 `start_slurm(root, nodes=1)` / `SlurmCluster.close()` are plain functions (a benchmark can use
-them); the `slurm` fixture wraps them for a test. One node runs on loopback; several nodes are
+them). The `slurm` fixture (and test_slurm_run's `cluster2`) lend a test the session's cluster of that
+many nodes (`shared_slurm`), reset after it (`SlurmCluster.reset`): starting and stopping one per test
+cost ~3-5 s each. A test that breaks a cluster for good (a killed slurmd) starts its own. One node runs on loopback; several nodes are
 network namespaces on a bridge (host side 10.78.<k>.1, node i at 10.78.<k>.(i+1)), each slurmd
 entered with `nsenter --net` (`ip netns exec` remounts /sys and Slurm 22.05's cgroup code then
 fails) under `unshare --uts --mount` with its own hostname and a hosts file bind-mounted over

@@ -55,4 +55,4 @@ except ModuleNotFoundError as exc:
         raise
 
 
-from tests.slurm_fixtures import slurm  # noqa: E402,F401  (the real Slurm cluster fixture)
+from tests.slurm_fixtures import shared_slurm, slurm  # noqa: E402,F401  (the real Slurm cluster fixtures)

@@ -1,7 +1,9 @@
 """A real Slurm cluster for tests: munged, slurmctld and one slurmd per node, all under a temporary dir.
 
 `start_slurm(root, nodes=1)` / `SlurmCluster.close()` are plain functions (a benchmark can use
-them); the `slurm` fixture wraps them for a test. One node runs on loopback; several nodes are
+them). The `slurm` fixture (and test_slurm_run's `cluster2`) lend a test the session's cluster of that
+many nodes (`shared_slurm`), reset after it (`SlurmCluster.reset`): starting and stopping one per test
+cost ~3-5 s each. A test that breaks a cluster for good (a killed slurmd) starts its own. One node runs on loopback; several nodes are
 network namespaces on a bridge (host side 10.78.<k>.1, node i at 10.78.<k>.(i+1)), each slurmd
 entered with `nsenter --net` (`ip netns exec` remounts /sys and Slurm 22.05's cgroup code then
 fails) under `unshare --uts --mount` with its own hostname and a hosts file bind-mounted over
@@ -14,6 +16,7 @@ What these settings are and why: ../shared/reference/slurm_in_tests.md.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -22,6 +25,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
@@ -30,11 +34,14 @@ from tests.netns_hosts import netns_available
 from tests.sshd_fixtures import free_port
 from tests.waiting import poll_until
 
-__all__ = ["SlurmCluster", "SlurmNode", "slurm", "slurm_missing", "start_slurm", "require_slurm"]
+__all__ = ["SlurmCluster", "SlurmNode", "lent_cluster", "shared_slurm", "slurm", "slurm_missing", "start_slurm",
+           "require_slurm"]
 
 _DAEMONS = ("munged", "slurmctld", "slurmd")
 _CLIENTS = ("sinfo", "sbatch", "srun", "squeue", "scancel", "scontrol")
 _IDLE_TIMEOUT_S = 30.0
+_RESET_TIMEOUT_S = 30.0
+_started = 0  # clusters this process started: several netns clusters (a shared one and a test's own) coexist
 PARTITION = "gpu"
 URGENT = "urgent"  # same nodes, a higher tier: its jobs preempt those in PARTITION
 
@@ -82,6 +89,7 @@ class SlurmCluster:
     mode: str  # "netns" | "loopback"
     controller_address: str
     partition: str = PARTITION
+    max_time: str = "INFINITE"
     bridge: str | None = None
     processes: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
@@ -123,6 +131,42 @@ class SlurmCluster:
                           interval=0.2):
             raise RuntimeError(f"Slurm nodes not idle within {timeout:g} s: {self.node_states()}; "
                                f"logs:\n{self.log_text()}")
+
+    def jobs(self) -> list[str]:
+        """The ids of every job in the queue (pending, running, completing)."""
+        return self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.split()
+
+    def alive(self) -> bool:
+        return bool(self.processes) and all(p.poll() is None for p in self.processes)
+
+    def reset(self) -> str | None:
+        """Back to how start_slurm left it, after a test that shared it: that test's jobs cancelled (every job in
+        the queue: tests run one at a time), what they left running killed, the partitions' settings and every
+        node idle again. None once done, else why not (the caller then closes the cluster and starts another)."""
+        if not self.alive():
+            return "a daemon exited: " + ", ".join(f"{p.args[0]} ({p.returncode})" for p in self.processes
+                                                    if p.poll() is not None)
+        try:
+            if self.jobs():
+                self.run("scancel", "--full", "-u", "root", check=False, timeout=10)
+            if not poll_until(lambda: not self.jobs(), _RESET_TIMEOUT_S, interval=0.1):
+                return f"jobs still queued {_RESET_TIMEOUT_S:g} s after scancel: {self.jobs()}"
+            daemons = {p.pid for p in self.processes}
+            for p in _orphans(self.root, self.conf):  # a job's processes that outlived it (not Slurm's own)
+                if p.pid not in daemons and p.name() not in _DAEMONS + ("slurmstepd",):
+                    try:
+                        p.kill()
+                    except psutil.NoSuchProcess:
+                        continue
+            for part in (PARTITION, URGENT):
+                self.run("scontrol", "update", f"PartitionName={part}", f"MaxTime={self.max_time}", "State=UP")
+            for name, state in self.node_states().items():
+                if state != "idle":  # down or drained by the test (state=resume), or still completing
+                    self.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
+            self.wait_idle(_RESET_TIMEOUT_S)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+        return None
 
     def close(self) -> None:
         """Stop every job, the daemons (together: each takes ~2 s on SIGTERM), and what jobs left behind."""
@@ -197,7 +241,7 @@ def _ip_checked(*args: str) -> None:
 def reap_stale_clusters() -> None:
     """Namespaces and bridges (rs<pid>...) of a test session killed before its clean-up."""
     for name in _ip("netns", "list").stdout.split():
-        m = re.fullmatch(r"rs(\d+)n\d+", name)
+        m = re.fullmatch(r"rs(\d+)(?:c\d+)?n\d+", name)
         if m and not psutil.pid_exists(int(m.group(1))):
             for pid in _ip("netns", "pids", name).stdout.split():
                 try:
@@ -206,7 +250,7 @@ def reap_stale_clusters() -> None:
                     continue
             _ip("netns", "del", name)
     for line in _ip("-o", "link", "show", "type", "bridge").stdout.splitlines():
-        m = re.search(r": (rs(\d+)br)[:@]", line)
+        m = re.search(r": (rs(\d+)(?:c\d+)?br)[:@]", line)
         if m and not psutil.pid_exists(int(m.group(2))):
             _ip("link", "del", m.group(1))
 
@@ -273,10 +317,13 @@ def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int
         (root / sub).mkdir(exist_ok=True)
     why_not = "one node" if nodes == 1 else ("forced" if force_loopback else netns_available())
     mode = "netns" if why_not is None else "loopback"
-    tag = os.getpid()
+    global _started
+    pid, k = os.getpid(), _started % 10
+    _started += 1
+    tag = f"{pid}c{k}"  # interface names: at most 15 characters ("rs<pid>c<k>n<i>a")
     if mode == "netns":
         reap_stale_clusters()
-        subnet = f"10.78.{tag % 250}"
+        subnet = f"10.{78 + k}.{pid % 250}"
         controller = f"{subnet}.1"
         node_list = [SlurmNode(name=f"n{i}", address=f"{subnet}.{i + 1}", gpu_dir=root / "gpus" / f"n{i}",
                                netns=f"rs{tag}n{i}") for i in range(1, nodes + 1)]
@@ -285,7 +332,7 @@ def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int
         node_list = [SlurmNode(name=f"n{i}", address="127.0.0.1", gpu_dir=root / "gpus" / f"n{i}")
                      for i in range(1, nodes + 1)]
     cluster = SlurmCluster(root=root, conf=root / "slurm.conf", nodes=node_list, gpus_per_node=gpus_per_node,
-                           mode=mode, controller_address=controller,
+                           mode=mode, controller_address=controller, max_time=max_time,
                            bridge=f"rs{tag}br" if mode == "netns" else None)
     try:
         gres = ["AutoDetect=off"]
@@ -351,13 +398,63 @@ def _make_network(cluster: SlurmCluster) -> None:
         _ip_checked("netns", "exec", n.netns, "ip", "route", "add", "default", "via", cluster.controller_address)
 
 
-@pytest.fixture
-def slurm(tmp_path, monkeypatch) -> SlurmCluster:
-    """One idle node with 4 fake GPUs; SLURM_CONF points at it for the test and its subprocesses."""
+class SharedClusters:
+    """One cluster per node count for the whole test session: each test gets it idle with an empty queue and
+    hands it back reset (SlurmCluster.reset); one it could not reset is closed and the next test starts another.
+    A test that breaks a cluster for good (kills a slurmd) starts its own with start_slurm instead."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.clusters: dict[int, SlurmCluster] = {}
+
+    def lend(self, nodes: int) -> SlurmCluster:
+        cluster = self.clusters.get(nodes)
+        if cluster is None or not cluster.alive():
+            if cluster is not None:
+                cluster.close()
+            root = self.base / f"slurm{nodes}-{_started}"
+            cluster = self.clusters[nodes] = start_slurm(root, nodes)
+        return cluster
+
+    def give_back(self, nodes: int) -> None:
+        cluster = self.clusters[nodes]
+        why = cluster.reset()
+        if why is not None:
+            del self.clusters[nodes]
+            cluster.close()
+            raise RuntimeError(f"the shared {nodes}-node Slurm cluster could not be reset after this test "
+                               f"(closed; the next test starts another): {why}")
+
+    def close(self) -> None:
+        for cluster in self.clusters.values():
+            cluster.close()
+        self.clusters.clear()
+
+
+@pytest.fixture(scope="session")
+def shared_slurm(tmp_path_factory) -> SharedClusters:
+    shared = SharedClusters(tmp_path_factory.mktemp("slurm-shared"))
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@contextlib.contextmanager
+def lent_cluster(shared: SharedClusters, nodes: int, monkeypatch) -> Iterator[SlurmCluster]:
+    """The shared cluster of `nodes` nodes for one test, SLURM_CONF pointing at it; reset when the test is done."""
     require_slurm()
-    cluster = start_slurm(tmp_path / "slurm", 1)
+    cluster = shared.lend(nodes)
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     try:
         yield cluster
     finally:
-        cluster.close()
+        shared.give_back(nodes)
+
+
+@pytest.fixture
+def slurm(shared_slurm, monkeypatch) -> SlurmCluster:
+    """One idle node with 4 fake GPUs (the session's, reset after each test); SLURM_CONF points at it for the
+    test and its subprocesses."""
+    with lent_cluster(shared_slurm, 1, monkeypatch) as cluster:
+        yield cluster

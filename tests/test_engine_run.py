@@ -96,8 +96,15 @@ def ctl(run_dir: Path, *args: str, timeout: float = 30) -> subprocess.CompletedP
 
 
 def status(run_dir: Path) -> dict | None:
-    r = ctl(run_dir, "status")
-    return json.loads(r.stdout)["result"] if r.returncode == 0 else None
+    """What `engine.ctl status` prints as its result (None where it would exit non-zero), asked in-process: the same
+    request over the control socket and the same reply, without a Python started per poll (polled every 0.1 s, those
+    took most of a core from the run under test). The command itself is tested below (ctl(..., "status"))."""
+    from engine.ctl import answer
+    from engine.protocol import encode_reply
+    from engine.run.control_ops import Status
+
+    reply = answer(run_dir, Status(shards=True), None, 30.0)
+    return json.loads(encode_reply(reply))["result"] if reply.ok else None
 
 
 def wait_for(predicate, timeout: float, what: str, sup: SupervisorProc | None = None):

@@ -32,3 +32,29 @@ def test_three_nodes_each_its_own_name_and_address(tmp_path):
         cluster.close()
     assert not [p for p in __import__("psutil").process_iter(["cmdline"])
                 if str(cluster.root) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_the_shared_cluster_is_handed_to_the_next_test_as_it_was_started(shared_slurm):
+    """A test's jobs, a drained node and a changed partition limit are undone when it hands the cluster back."""
+    from tests.waiting import wait_until
+
+    cluster = shared_slurm.lend(1)
+    job = cluster.run("sbatch", "--parsable", "--gres=gpu:4", "--wrap", "sleep 600").stdout.strip()
+    wait_until(lambda: cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING", 30, "it running")
+    cluster.run("scontrol", "update", "nodename=n1", "state=drain", "reason=regen-test")
+    cluster.run("scontrol", "update", "PartitionName=gpu", "MaxTime=20")
+    shared_slurm.give_back(1)
+    assert cluster.jobs() == [] and cluster.node_states() == {"n1": "idle"}
+    assert "MaxTime=UNLIMITED" in cluster.run("scontrol", "show", "partition", "gpu").stdout
+    assert shared_slurm.lend(1) is cluster
+
+
+def test_a_shared_cluster_that_cannot_be_reset_fails_the_test_and_is_replaced(shared_slurm):
+    cluster = shared_slurm.lend(1)
+    cluster.kill_slurmd("n1")
+    with pytest.raises(RuntimeError, match=r"the shared 1-node Slurm cluster could not be reset after this test "
+                                           r"\(closed; the next test starts another\): a daemon exited: .*slurmd"):
+        shared_slurm.give_back(1)
+    assert not cluster.processes  # closed
+    fresh = shared_slurm.lend(1)
+    assert fresh is not cluster and fresh.node_states() == {"n1": "idle"}

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from engine.config import Router, Slurm, config_from_dict, dump_toml
-from tests.slurm_fixtures import URGENT, require_slurm, start_slurm
+from tests.slurm_fixtures import URGENT, lent_cluster, require_slurm, start_slurm
 from console.commands.demo import free_port_block
 from tests.sshd_fixtures import free_port
 from tests.waiting import wait_until
@@ -26,10 +26,18 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
-def cluster2(request, tmp_path, monkeypatch):
-    """Two nodes (or `request.param` nodes, through indirect parametrization), each a network namespace."""
+def cluster2(request, shared_slurm, monkeypatch):
+    """Two nodes (or `request.param` nodes, through indirect parametrization), each a network namespace: the
+    session's cluster of that many nodes, reset after the test."""
+    with lent_cluster(shared_slurm, getattr(request, "param", 2), monkeypatch) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def own_cluster2(tmp_path, monkeypatch):
+    """Two nodes of the test's own, for a test that breaks one for good (a killed slurmd)."""
     require_slurm()
-    cluster = start_slurm(tmp_path / "slurm", getattr(request, "param", 2))
+    cluster = start_slurm(tmp_path / "slurm", 2)
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     try:
         yield cluster
@@ -238,13 +246,14 @@ def test_a_preempted_job_and_a_requeued_one_run_again_under_the_same_id(tmp_path
 
 @pytest.mark.slow
 def test_jobs_that_may_not_be_requeued_end_preempted_and_node_fail_and_the_run_goes_on(tmp_path, tiny_model_dir,
-                                                                                       cluster2, supervisors,
+                                                                                       own_cluster2, supervisors,
                                                                                        renderer_for):
     """Jobs submitted --no-requeue: an urgent job on the same node preempts the first (it ends PREEMPTED); the
     second one's node stops answering (its slurmd killed) and past SlurmdTimeout it ends NODE_FAIL. Each is one
     alert in Slurm's words, regen submits the next job each time, and the run ends on the third, every sample once."""
-    require_netns(cluster2)  # on loopback every node is one address: the old node's servers would answer the new URLs
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=200, nodes=1, extra_args=("--no-requeue",),
+    require_netns(own_cluster2)  # on loopback every node is one address: the old node's servers would answer the new URLs
+    # paused through both ends: the samples left after the resume only need to outlast nothing
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=100, nodes=1, extra_args=("--no-requeue",),
                        sim=("--sim-step-ms", "30", "--sim-output-mean", "100", "--max-running-requests", "4"))
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
@@ -252,7 +261,7 @@ def test_jobs_that_may_not_be_requeued_end_preempted_and_node_fail_and_the_run_g
     # paused: a dead slurmd's job steps run on (its servers would finish the run before Slurm says NODE_FAIL)
     assert ctl(run_dir, "pause", "--all").returncode == 0
     first = job_of(run_dir, "regen-0")
-    cluster2.run("sbatch", "-p", URGENT, f"--nodelist={first['nodes']}", "--gres=gpu:4", "--wrap", "sleep 3")
+    own_cluster2.run("sbatch", "-p", URGENT, f"--nodelist={first['nodes']}", "--gres=gpu:4", "--wrap", "sleep 3")
     preempted = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) ended: PREEMPTED"), 30,
                          "the PREEMPTED alert", sup)
     assert preempted["severity"] == "error" and f"job {first['job_id']} PREEMPTED" in preempted["evidence"]
@@ -260,7 +269,7 @@ def test_jobs_that_may_not_be_requeued_end_preempted_and_node_fail_and_the_run_g
     up_on_a_new_job = lambda old: (lambda h: h["job"] if h and h["state"] == "up" and h["job"]["job_id"] != old  # noqa: E731
                                    else None)(host_of(run_dir, "regen-0"))
     second = wait_for(lambda: up_on_a_new_job(first["job_id"]), 60, "regen-0 up on its second job", sup)
-    cluster2.kill_slurmd(second["nodes"])
+    own_cluster2.kill_slurmd(second["nodes"])
     ended = wait_for(lambda: alert(run_dir, f"slurm job {second['job_id']} (regen-0) ended: NODE_FAIL"), 90,
                      "the NODE_FAIL alert", sup)
     assert ended["severity"] == "error" and f"job {second['job_id']} NODE_FAIL" in ended["evidence"], ended

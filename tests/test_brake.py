@@ -148,7 +148,8 @@ def test_a_store_from_before_the_think_column_gets_it_and_its_old_samples_read_a
     with ShardStore(tmp_path) as store:
         store.ensure_shards({"s00000": 10})
         store.commit("s00000", [make_row("a")])
-    with sqlite3.connect(tmp_path / "state.sqlite") as db:
+    with sqlite3.connect(tmp_path / "state.sqlite") as db:  # as a store from before both the column and its index
+        db.execute("DROP INDEX samples_unclosed")
         db.execute("ALTER TABLE samples DROP COLUMN think")
     with ShardStore(tmp_path) as store:
         store.commit("s00000", [make_row("b")])

@@ -165,3 +165,24 @@ async def test_a_replay_offers_no_pause_resume_and_quits_without_saying_the_run_
         await pilot.press("q")
         await wait_for(pilot, lambda: not app.is_running, "the console to quit")
     assert app.return_code == 0
+
+
+async def test_a_probe_report_for_a_preflight_table_not_composed_is_kept_and_drawn_on_mount():
+    """Seen in the suite: a probe report reached the Preflight panel while its table was not there (the app exiting),
+    and its NoMatches ended the app. A report with no table is kept and drawn when the panel mounts."""
+    from textual.app import App
+    from textual.widgets import DataTable
+
+    from console.tui.panel_preflight import PreflightPanel
+    from tests.test_tui_snapshots import frozen_report
+
+    panel = PreflightPanel()
+    report = frozen_report()
+    panel.set_report(report)  # not composed: nothing to draw into, and no error
+
+    class Host(App):
+        def compose(self):
+            yield panel
+
+    async with Host().run_test(size=(120, 40)):
+        assert panel.query_one("#probe-table", DataTable).row_count == len(report.results)

@@ -49,7 +49,15 @@ class PreflightPanel(Vertical):
             self.report.results = [fresh.get(r.id, r) for r in self.report.results]
         else:
             self.report = report
+        self._draw()
+
+    def on_mount(self) -> None:
+        self._draw()  # a report that came before the table was composed
+
+    def _draw(self) -> None:
         r = self.report
+        if r is None or not self.query("#probe-table"):
+            return  # nothing yet, or the table is not composed (yet, or any more at the app's exit): drawn on mount
         rows = [(p.id, (Text(p.status.value, style=STYLE[p.status]), p.id, p.summary[:70], f"{p.duration_s:.1f}s"))
                 for p in r.results]
         sync_table(self.query_one("#probe-table", DataTable), rows, COLUMNS)

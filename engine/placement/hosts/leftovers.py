@@ -58,12 +58,12 @@ def stop_left_agents(run_dir: Path) -> LeftAgents | None:
         cfg = load_config(run_dir / "run.toml")
     except (ConfigError, OSError):
         return None  # not a run dir regen accepted: the caller's reply (no supervisor) says it
+    if not cfg.hosts:
+        return None
 
     async def stop_all() -> list[HostStop]:
         return list(await asyncio.gather(*(_stop(h) for h in cfg.hosts)))
 
-    if not cfg.hosts:
-        return None
     told = tuple(h for h in asyncio.run(stop_all()) if h.stopped or not h.ok)
     if not told:
         return None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
+import statistics
 import sys
 from pathlib import Path
 
@@ -189,7 +191,8 @@ def test_full_batch_counts_partial_progress_and_not_the_queue():
 def test_pilot_throughput_matches_the_simulator_formula(tmp_path, tiny_model_dir, capsys):
     step_ms, per_req, batch = 4.0, 0.5, 8
     knobs = ["--sim-step-ms", str(step_ms), "--sim-step-ms-per-req", str(per_req), "--sim-prefill-ms-per-1k", "0",
-             "--sim-output-mean", "150", "--sim-output-sigma", "0.3", "--max-running-requests", "64"]
+             "--sim-output-mean", "150", "--sim-output-sigma", "0.3", "--max-running-requests", "64",
+             "--decode-log-interval", "10"]
     cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), gpus=(0, 1), extra=knobs, in_flight=batch)
     assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "40", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -199,12 +202,24 @@ def test_pilot_throughput_matches_the_simulator_formula(tmp_path, tiny_model_dir
     for w in p["workers"]:
         assert (w["in_flight"], w["batch_reached"], w["requests"]) == (batch, batch, 20), w
         assert (w["batch"], w["batch_source"], w["window_basis"]) == (64, "internal_states", "metrics"), w
-        assert w["tokens_per_s"] == pytest.approx(expected, rel=0.10), (w, expected)
+        # the simulator sleeps each step's time, so a loaded box makes it slower than the formula, never faster; what
+        # the pilot must get right is the speed the server really ran at its full batch, which the server logs itself
+        logged = _logged_throughput_at(Path(p["log_dir"]) / "workers" / w["name"] / "server.log", batch)
+        assert w["tokens_per_s"] == pytest.approx(logged, rel=0.15), (w, logged)
+        assert w["tokens_per_s"] <= expected * 1.10, (w, expected)
     assert d["projection"]["tokens_per_s_per_worker"]["basis"].startswith("pilot")
     assert "pilot outputs" in d["projection"]["bytes_per_token_basis"]  # the model's own answers price the disk
     assert d["assumptions"]["used"] is False
     assert not (tmp_path / "run" / "shards").exists()  # pilot outputs are not written into the run
     print(json.dumps({"expected": expected, "measured": [w["tokens_per_s"] for w in p["workers"]]}), file=sys.stderr)
+
+
+def _logged_throughput_at(log: Path, running: int) -> float:
+    """The median `gen throughput` of a server's decode log lines taken while it ran `running` requests."""
+    found = [float(m.group(1)) for m in
+             re.finditer(rf"#running-req: {running},.*?gen throughput \(token/s\): ([0-9.]+)", log.read_text())]
+    assert found, f"no decode line at {running} running in {log}"
+    return statistics.median(found)
 
 
 @pytest.mark.sshd

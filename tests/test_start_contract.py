@@ -21,7 +21,9 @@ def _ready_workers(run_dir) -> set[str]:
 def test_a_second_start_on_a_live_run_is_refused_with_that_cause_first(tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "run"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=400, gpus=2, sim=("--sim-output-mean", "4000"))
+    # slow steps: the run must still be live after a second start and a probe (~10 s on a loaded box)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=400, gpus=2,
+                      sim=("--sim-output-mean", "4000", "--sim-step-ms", "50"))
     config = write_config(tmp_path, cfg)
     first = regen("start", "local", "--config", str(config), home=tmp_path, env={"COLUMNS": "300"})
     assert first.returncode == 0, first.stdout + first.stderr

@@ -53,7 +53,8 @@ def test_a_start_with_one_of_two_workers_refused_exits_0_with_a_warning(tmp_path
                                                                        foreign_servers):
     run_dir = tmp_path / "run"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=400, gpus=2, sim=("--sim-output-mean", "4000"))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=400, gpus=2,
+                      sim=("--sim-output-mean", "4000", "--sim-step-ms", "50"))  # still live at the stop
     foreign_servers(tiny_model_dir, cfg.workers.base_port, tmp_path / "foreign.log")  # gpu0's port is held
     config = write_config(tmp_path, cfg)
     r = regen("start", "local", "--config", str(config), "--no-preflight", "--json", home=tmp_path)

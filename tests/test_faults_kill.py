@@ -24,9 +24,10 @@ SEED = 20261202
 def test_sigkill_supervisor_20_times_loses_nothing(tmp_path, tiny_model_dir, supervisors, renderer_for):
     run_dir = tmp_path / "run"
     # a small batch (4 running) so generation lasts long enough for most kills to land mid-dispatch
-    # long enough that 20 rounds never finish it: servers now load while the prompts are counted, so
-    # each round dispatches for longer than it used to (~60 s of dispatch in all against ~105 s needed)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=600, gpus=1,
+    # long enough that 20 rounds never finish it, short enough that the run left after them is short: kills land
+    # up to 6 s after a start, which takes 1.5-3 s, and answers commit in parts of a few seconds, so the 20 rounds
+    # commit few samples (23 of 320 on a quiet box); the run left takes ~25 s
+    cfg = make_config(run_dir, tiny_model_dir, prompts=160, gpus=1,
                       sim=("--sim-output-mean", "100", "--sim-step-ms", "10", "--sim-tokens-per-step", "2",
                            "--max-running-requests", "4"))
     rng = random.Random(SEED)
@@ -38,7 +39,7 @@ def test_sigkill_supervisor_20_times_loses_nothing(tmp_path, tiny_model_dir, sup
         # every 4th kill lands mid-dispatch (after the state is running); the others at a moment after
         # the start, which on a loaded machine falls in startup, worker launch, loading or early dispatch
         mid_dispatch = kills % 4 == 3
-        moment = rng.uniform(0.1, 2.0) if mid_dispatch else rng.uniform(0.3, 10.0)
+        moment = rng.uniform(0.1, 2.0) if mid_dispatch else rng.uniform(0.3, 6.0)
         if mid_dispatch:
             wait_for(lambda: quick_state(run_dir) in ("running", "done") or sup.proc.poll() is not None,
                      90, "a running supervisor", sup)
@@ -61,6 +62,8 @@ def test_sigkill_supervisor_20_times_loses_nothing(tmp_path, tiny_model_dir, sup
             except Exception as exc:  # noqa: BLE001 - counted and shown
                 print(f"after kill {kills}: unreadable {f}: {exc!r}")
                 unreadable_after_kill += 1
+    print(f"after {kills} kills: {sum(pq.read_metadata(f).num_rows for f in (run_dir / 'shards').rglob('*.parquet'))}"
+          " samples committed")
     sup = supervisors(run_dir).start()
     assert sup.wait(180) == 0, sup.log_text()[-3000:]
     renderer = renderer_for(cfg)

@@ -121,10 +121,9 @@ def no_supervisor(run_dir: Path, op: ChannelOp, rid: int | None, why: str) -> Re
     servers die with their supervisor). The reply says what; any other op, or nothing left, is the no-supervisor
     reply."""
     if isinstance(op, Stop) and not supervisor_alive(run_dir):
-        from engine.placement.hosts.leftovers import stop_left_agents
-        from engine.placement.slurm.leftovers import stop_left_jobs
+        from engine.placement.leftovers import stop_left
 
-        left = [x for x in (stop_left_jobs(run_dir), stop_left_agents(run_dir)) if x is not None]
+        left = stop_left(run_dir)
         said = "; ".join(x.text() for x in left)
         if any(x.failed for x in left):
             return Reply(rid, False, error=f"no supervisor runs on {run_dir}; {said}")

@@ -1,14 +1,13 @@
 """`regen stop` on a [[hosts]] run whose supervisor is gone: each host's agent is stopped over SSH, its servers with
-it. Agents outlive their supervisor on purpose (a resumed run finds its servers warm); a stop means the GPUs go."""
+it. Agents outlive their supervisor on purpose (a resumed run finds its servers warm); a stop means the GPUs go.
+(engine/placement/leftovers.py reads the run's config and tells the result.)"""
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
 
-from engine.config import ConfigError, Host, load_config
+from engine.config import Host, RunConfig
 from engine.placement.hosts.link import AGENT_STOP_WAIT_S, HostError, agent_stop_command, run_ssh
-from engine.telemetry import Telemetry
 from engine.telemetry_events import AlertEvent
 
 STOPPED = "stopped agent"  # the agent's --stop line when it stopped one (engine.placement.hosts.agent.stop_holder)
@@ -42,6 +41,10 @@ class LeftAgents:
         parts += [f"stopping the agent on {h.host} failed: {h.said}" for h in self.hosts if not h.ok]
         return "; ".join(parts)
 
+    def alert(self) -> AlertEvent:
+        return AlertEvent(severity="error" if self.failed else "warning", text=f"regen stop: {self.text()}",
+                          evidence="\n".join(f"{h.host}: {h.said}" for h in self.hosts), key="hosts-leftovers")
+
 
 async def _stop(host: Host) -> HostStop:
     try:
@@ -52,26 +55,11 @@ async def _stop(host: Host) -> HostStop:
     return HostStop(host.name, rc == 0, said)
 
 
-def stop_left_agents(run_dir: Path) -> LeftAgents | None:
-    """None where there is nothing to stop: no [[hosts]] in the run's frozen run.toml, or no agent runs on them."""
-    try:
-        cfg = load_config(run_dir / "run.toml")
-    except (ConfigError, OSError):
-        return None  # not a run dir regen accepted: the caller's reply (no supervisor) says it
-    if not cfg.hosts:
-        return None
+def stop_left_agents(cfg: RunConfig) -> LeftAgents | None:
+    """None where no agent runs on the run's hosts."""
 
     async def stop_all() -> list[HostStop]:
         return list(await asyncio.gather(*(_stop(h) for h in cfg.hosts)))
 
     told = tuple(h for h in asyncio.run(stop_all()) if h.stopped or not h.ok)
-    if not told:
-        return None
-    left = LeftAgents(told)
-    telemetry = Telemetry(run_dir)
-    try:
-        telemetry.emit(AlertEvent(severity="error" if left.failed else "warning", text=f"regen stop: {left.text()}",
-                                  evidence="\n".join(f"{h.host}: {h.said}" for h in told), key="hosts-leftovers"))
-    finally:
-        telemetry.close()
-    return left
+    return LeftAgents(told) if told else None

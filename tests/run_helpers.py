@@ -93,3 +93,25 @@ def quick_state(run_dir: Path) -> str:
     except (OSError, ValueError) as exc:
         return f"no-socket ({type(exc).__name__})"
     return (reply.get("result") or {}).get("state", "unknown") if reply.get("ok") else "error-reply"
+
+
+def live_status(run_dir: Path) -> dict | None:
+    """The supervisor's status reply (the ctl `status` op) over its control socket, in-process (polled: no
+    engine.ctl process per poll); None while nothing listens (not yet, or gone)."""
+    from engine.control import request
+
+    try:
+        reply = request(run_dir / "control.sock", {"op": "status"}, timeout=5)
+    except (OSError, ValueError):
+        return None
+    return reply.get("result") if reply.get("ok") else None
+
+
+def process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a killed child not yet reaped is gone for every purpose here)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -7,26 +7,16 @@ from __future__ import annotations
 import json
 
 from engine.config import Brake
-from engine.control import request
-from tests.run_helpers import events
+from tests.run_helpers import events, live_status
 from tests.test_cli_run import cleanup_runs, regen, start_local  # noqa: F401  (cleanup_runs: a fixture)
 from tests.test_engine_run import ctl, make_config, supervisors, wait_for  # noqa: F401  (supervisors: a fixture)
 
 BRAKE = Brake()  # the defaults: the rehearsal shows what an operator gets without configuring anything
 
 
-def status(run_dir) -> dict | None:
-    """The supervisor's status over its control socket, in-process (polled: no engine.ctl process per poll)."""
-    try:
-        reply = request(run_dir / "control.sock", {"op": "status"}, timeout=5)
-    except (OSError, ValueError):
-        return None  # not listening yet, or gone
-    return reply.get("result") if reply.get("ok") else None
-
-
 def braked(run_dir) -> dict | None:
     """The live status once the brake holds and nothing is in flight."""
-    st = status(run_dir)
+    st = live_status(run_dir)
     if not st or not (st.get("brake") or {}).get("engaged") or st["dispatch"]["in_flight"]:
         return None
     return st
@@ -79,7 +69,7 @@ def test_an_87_percent_empty_run_brakes_itself_and_stays_braked_until_resumed(tm
     assert BRAKE.min_samples <= first < total, (first, total)
     assert brake["samples"] <= BRAKE.window and brake["crossed"][0]["samples"] >= BRAKE.min_samples
     start_local(cfg, tmp_path)
-    st = wait_for(lambda: (lambda s: s if s and s["state"] == "paused" and s["dispatch"] else None)(status(run_dir)),
+    st = wait_for(lambda: (lambda s: s if s and s["state"] == "paused" and s["dispatch"] else None)(live_status(run_dir)),
                   120, "the restarted supervisor, paused")
     assert st["brake"]["engaged"] and st["brake"]["since"] == brake["since"]
     assert sum(s["dispatched"] for s in st["shards"]) == 0 and st["dispatch"]["done"] == first
@@ -89,7 +79,7 @@ def test_an_87_percent_empty_run_brakes_itself_and_stays_braked_until_resumed(tm
     res = regen("resume", "local", "--all", "--run-dir", str(run_dir), home=tmp_path)
     assert res.returncode == 0, res.stderr
     st = wait_for(lambda: (lambda s: s if s and s["dispatch"]["done"] > first and s["brake"]["engaged"]
-                           and not s["dispatch"]["in_flight"] else None)(status(run_dir)), 120, "the second brake")
+                           and not s["dispatch"]["in_flight"] else None)(live_status(run_dir)), 120, "the second brake")
     second = st["dispatch"]["done"]
     assert second >= first + BRAKE.min_samples, (first, second)
     print(f"braked at {first} of {total} samples; again at {second} after the resume")

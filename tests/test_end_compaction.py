@@ -10,23 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
 from engine.config import dump_toml
 from tests.held_compaction_supervisor import held_path, release
+from tests.run_helpers import process_alive
 from tests.test_engine_run import (REPO, assert_one_file_per_shard, make_config, read_rows, status,  # noqa: F401
                                    supervisors, wait_for)  # supervisors: a fixture
 
 
 def server_pids(run_dir: Path) -> list[int]:
     return [int(p.read_text()) for p in (run_dir / "workers").glob("*/server.pid")]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def dispatch_ticks(run_dir: Path) -> int:
@@ -66,7 +58,7 @@ def test_servers_stopped_before_the_final_compaction_and_a_kill_there_resumes_do
         pids = server_pids(run_dir)
         wait_for(lambda: "samples settled" in held.log_text(), 90, "every sample settled", held)
         # the compaction waits for the release: the servers must be gone meanwhile
-        wait_for(lambda: held_path(run_dir).exists() and not any(alive(p) for p in pids), 30,
+        wait_for(lambda: held_path(run_dir).exists() and not any(process_alive(p) for p in pids), 30,
                  "the servers stopped while the finished shards' compaction waits", held)
         st = status(run_dir)
         assert st is not None and st["state"] != "done", st  # done only once the shards are final files

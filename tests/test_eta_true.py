@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tests.run_helpers import make_config, supervisors, wait_for  # noqa: F401  (fixture)
-from tests.test_figures_true import live_status, status_cli
+from tests.run_helpers import live_status, make_config, supervisors, wait_for  # noqa: F401  (fixture)
+from tests.test_figures_true import status_cli
 
 # The simulator is the bottleneck, not the CPU: every answer is exactly 40 tokens (sigma 0, no empty answers),
 # one token per 40 ms step, at most 4 requests running on the one worker. That is ~1.6 s per answer and ~2.5

@@ -26,7 +26,7 @@ from console.transport_local import LocalTransport
 from console.tui.app import RegenApp
 from console.tui.source import HostSource
 from engine.config import RunConfig, dump_toml
-from tests.run_helpers import events, make_config, quick_state, wait_for
+from tests.run_helpers import events, make_config, process_alive, quick_state, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 from tests.test_faults_disk import _fill, _status, small_disk  # noqa: F401  (fixture)
 from tests.test_tui_app import header, text_of, wait_until
@@ -258,7 +258,7 @@ def test_disk_full_mid_run_kills_nothing_silently(small_disk, tiny_model_dir, tm
     (run_dir / "workers" / "gpu0").rename(run_dir / "workers" / "gpu0.old")
     _fill(small_disk / "filler.bin", leave_bytes=0)
     os.killpg(server_pid, signal.SIGKILL)
-    wait_for(lambda: not _alive(sup_pid), 120, "the supervisor to end the failed run")
+    wait_for(lambda: not process_alive(sup_pid), 120, "the supervisor to end the failed run")
 
     log = (run_dir / "supervisor.log").read_text(errors="replace")
     assert "Logging error" not in log
@@ -273,14 +273,6 @@ def test_disk_full_mid_run_kills_nothing_silently(small_disk, tiny_model_dir, tm
     assert data["dispatch"]["in_flight"] == 0 and data["dispatch"]["tokens_per_s"] is None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 # -- not running without a fault -------------------------------------------------------------------------
 def test_killed_supervisor_says_no_cause_was_recorded(tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "run"
@@ -291,7 +283,7 @@ def test_killed_supervisor_says_no_cause_was_recorded(tmp_path, tiny_model_dir, 
     assert r.returncode == 0, r.stderr
     pid = int((run_dir / "supervisor.pid").read_text())
     os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: not _alive(pid), 30, "the killed supervisor to be gone")
+    wait_for(lambda: not process_alive(pid), 30, "the killed supervisor to be gone")
     human, data = status_of(run_dir, tmp_path)
     assert human.returncode == 4, human.stdout + human.stderr
     text = " ".join(human.stdout.split())

@@ -24,7 +24,7 @@ from console.transport_local import LocalTransport
 from console.tui.app import BACKFILL_S, STATUS_EVERY_S
 from console.tui.model import RunModel
 from console.tui.source import HostSource
-from tests.run_helpers import REPO, ctl, events, make_config, quick_state, status, wait_for
+from tests.run_helpers import REPO, ctl, events, live_status, make_config, quick_state, status, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
 from tests.test_cli_run import regen
 from tests.waiting import wait_until
@@ -37,17 +37,6 @@ def status_cli(run_dir: Path, home: Path, *args: str):
     """`regen status local` for a run not started by `regen start`: the host's python3 is this interpreter."""
     return regen("status", "local", "--run-dir", str(run_dir), *args, home=home,
                  env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
-
-
-def live_status(run_dir: Path) -> dict | None:
-    """The supervisor's status reply (the ctl `status` op), in-process: no subprocess per poll."""
-    from engine.control import request
-
-    try:
-        reply = request(run_dir / "control.sock", {"op": "status"}, timeout=5)
-    except (OSError, ValueError):
-        return None
-    return reply.get("result") if reply.get("ok") else None
 
 
 def parquet_sums(run_dir: Path) -> dict[str, dict[str, int]]:

@@ -22,8 +22,7 @@ from engine.run.exporter import ALERT_KEY, MetricsServer, families
 from engine.run.status import MetricsStatus, Rejects, RunStatus
 from engine.shard_store import ShardStore, _is_empty
 from engine.telemetry_events import DispatchEvent
-from tests.run_helpers import events
-from tests.test_figures_true import live_status
+from tests.run_helpers import events, live_status
 from tests.test_cli_run import cleanup_runs, regen, start_local  # noqa: F401  (cleanup_runs: a fixture)
 from tests.test_engine_run import make_config, supervisors, wait_for  # noqa: F401  (supervisors: a fixture)
 

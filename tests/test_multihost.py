@@ -15,6 +15,7 @@ import pytest
 from engine.config import Host, Router, dump_toml
 from engine.servers.workers import READY_LINE
 from tests.netns_hosts import netns_available, start_hosts
+from tests.run_helpers import process_alive
 from tests.sshd_fixtures import find_sshd, free_port
 from tests.test_engine_run import (REPO, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
                                    supervisors, wait_for)
@@ -300,15 +301,6 @@ def test_a_drained_host_gets_no_new_work_until_undrained(tmp_path, tiny_model_di
     assert len({r["sample_id"] for r in rows}) == len(rows) and len(rows) + rejected == len(expected)
 
 
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_stop_without_its_supervisor_stops_the_host_agents_it_left(tmp_path, tiny_model_dir, any_hosts, supervisors):
     """Agents outlive their supervisor on purpose (a resumed run finds its servers warm); `regen stop` on a run whose
     supervisor died stops them over SSH, their servers with them, and says where; a host it cannot reach is named."""
@@ -323,7 +315,7 @@ def test_stop_without_its_supervisor_stops_the_host_agents_it_left(tmp_path, tin
     agent = int((work / "agent.pid").read_text())
     server = int(next(work.glob("workers/*/server.pid")).read_text())
     sup.kill()
-    assert _alive(agent) and _alive(server)
+    assert process_alive(agent) and process_alive(server)
     (run_dir / ".regen").mkdir(exist_ok=True)  # what `regen start` leaves for the console's later commands
     (run_dir / ".regen" / "launch.json").write_text(json.dumps({"host_python": sys.executable,
                                                                  "engine_path": str(REPO), "run_dir": str(run_dir)}))
@@ -332,7 +324,7 @@ def test_stop_without_its_supervisor_stops_the_host_agents_it_left(tmp_path, tin
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert stopped.stdout.strip() == (f"{run_dir}: no supervisor runs; stopped the host agent(s) its supervisor left "
                                       "running, and their servers, on 1 host(s): h1")
-    assert not _alive(agent) and not _alive(server)  # stopped means stopped: the agent waited for its server
+    assert not process_alive(agent) and not process_alive(server)  # stopped means stopped: the agent waited for its server
     told = [e for e in events(run_dir) if e.get("key") == "hosts-leftovers"]
     assert [t["severity"] for t in told] == ["warning"]
     assert told[0]["evidence"] == f"h1: stopped agent pid {agent} in {work.resolve()} and its servers"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.run_helpers import events, make_config, wait_for
+from tests.run_helpers import events, make_config, process_alive, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 from tests.test_faults_fatal import write_config
 from tests.test_faults_foreign_server import foreign_servers  # noqa: F401  (fixture)
@@ -99,7 +99,7 @@ def test_the_resume_hint_comes_from_the_runs_start_record_and_pasted_elsewhere_r
     assert started.returncode == 0, started.stderr
     pid = int((run_dir / "supervisor.pid").read_text())
     os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: not psutil_alive(pid), 30, "the killed supervisor gone")
+    wait_for(lambda: not process_alive(pid), 30, "the killed supervisor gone")
     status = regen_in(elsewhere, "status", "local", "--run-dir", str(run_dir))
     assert status.returncode == 4, status.stdout + status.stderr
     hint_line = next(line for line in status.stdout.splitlines() if "resume with: " in line)
@@ -112,12 +112,3 @@ def test_the_resume_hint_comes_from_the_runs_start_record_and_pasted_elsewhere_r
     assert pasted.returncode == 0, pasted.stderr
     assert f"{run_dir}" in pasted.stdout and not (tmp_path / "decoy-run").exists()
     assert regen_in(elsewhere, "stop", "local", "--run-dir", str(run_dir)).returncode == 0
-
-
-def psutil_alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

@@ -13,10 +13,9 @@ import psutil
 from console.transport_local import LocalTransport
 from console.tui.app import RegenApp
 from console.tui.source import HostSource
-from tests.run_helpers import make_config, wait_for
+from tests.run_helpers import make_config, process_alive, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 from tests.test_faults_fatal import write_config
-from tests.test_start_contract import psutil_alive
 from tests.test_tui_app import header, text_of, wait_until
 from tests.waiting import await_until
 
@@ -58,6 +57,6 @@ async def test_a_killed_supervisor_is_dead_in_the_header_within_2_s_with_a_criti
         # the killed commands' transports see their exit while the loop runs: every child the TUI started is reaped
         await await_until(lambda: not [c for c in psutil.Process().children() if c.pid not in children_before], 10,
                           "the TUI's commands reaped", describe=lambda: f"children left: {psutil.Process().children()}")
-        wait_for(lambda: not psutil_alive(pid), 30, "the killed supervisor gone")
+        wait_for(lambda: not process_alive(pid), 30, "the killed supervisor gone")
     assert seen_after <= 2.0, f"dead shown {seen_after:.1f} s after the kill"
     assert f"cd {tmp_path} && regen start local --config {config} --no-preflight" in detail

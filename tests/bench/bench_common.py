@@ -118,17 +118,30 @@ def sim_lines(log_path: Path) -> list[tuple[float, str]]:
     return out
 
 
-_PREFILL_ADMITS = re.compile(r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), ")
+_PREFILL = re.compile(r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), .*#running-req: (\d+),")
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """A simulator's (and SGLang's) Prefill log line: an admission."""
+    new_seq: int
+    new_token: int
+    running_before: int
+
+
+def prefill_of(line: str) -> Prefill | None:
+    m = _PREFILL.search(line)
+    return Prefill(int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
 def admitted_requests(line: str) -> int | None:
     """#new-seq of a simulator's Prefill line; None for any other line and for a /health probe's one-token prompt,
     which is the harness's or the engine's liveness check, not the client's work (counted, it would start a
     client's window at the probe: ~2 s before a baseline's first request, the time its process takes to start)."""
-    m = _PREFILL_ADMITS.search(line)
-    if not m or (m.group(1), m.group(2)) == ("1", "1"):
+    p = prefill_of(line)
+    if p is None or (p.new_seq, p.new_token) == (1, 1):
         return None
-    return int(m.group(1))
+    return p.new_seq
 
 
 # -- processes -------------------------------------------------------------------------------------

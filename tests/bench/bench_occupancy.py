@@ -42,7 +42,6 @@ from tests.bench import bench_common as bc
 TARGET_FULL_SHARE = 0.98
 MAX_RUNNING = 16
 MAX_NEW = 4096
-_PREFILL = re.compile(r"Prefill batch, #new-seq: (\d+), .*#running-req: (\d+),")
 _DECODE = re.compile(r"Decode batch, #running-req: (\d+),")
 
 
@@ -67,10 +66,10 @@ def steps_of(log: Path) -> list[tuple[float, float, int]]:
     admitted_at: float | None = None
     batch_after_admit: int | None = None
     for t, line in bc.sim_lines(log):
-        m = _PREFILL.search(line)
-        if m:
+        prefill = bc.prefill_of(line)
+        if prefill is not None:  # every admission fills the batch, a /health probe's too
             admitted_at = t
-            batch_after_admit = int(m.group(1)) + int(m.group(2))
+            batch_after_admit = prefill.new_seq + prefill.running_before
             continue
         m = _DECODE.search(line)
         if not m:

@@ -99,7 +99,7 @@ class Supervisor:
         self.cfg = cfg
         self.run_dir = run_dir
         self.started_at = time.time()
-        self.mode = "starting"  # starting | running | draining | stopping | done | stopped | failed
+        self.mode = "starting"  # starting | running | draining | stopping | finishing | done | stopped | failed
         self.phase = "start"  # start | run | shutdown: where a fatal error happened
         self.exit_code = EXIT_OK
         self.fatal_exc: BaseException | None = None  # why the run failed, when it did
@@ -524,7 +524,7 @@ class Supervisor:
         return RunEnding(state=self.state()).to_dict()
 
     def state(self) -> str:
-        if self.mode in ("done", "stopped", "failed", "draining", "stopping", "starting"):
+        if self.mode in ("done", "stopped", "failed", "draining", "stopping", "finishing", "starting"):
             return self.mode
         if self.watch.disk_full or (self.ledger is not None and self.ledger.all_paused):
             return "paused"
@@ -573,6 +573,7 @@ class Supervisor:
         self.end_how = how
         if how == "done":
             self.end_cause = "every sample settled"
+            self.mode = "finishing"  # not `running` while the servers stop and the last shards are compacted
         try:
             d = self.dispatcher
             if how == "drain":

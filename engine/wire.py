@@ -22,6 +22,7 @@ class RunState(StrEnum):
     DISK_FULL = "disk_full"  # (dispatch figures only) commits wait for space
     DRAINING = "draining"
     STOPPING = "stopping"
+    FINISHING = "finishing"  # every sample settled: the servers are stopped, the last shards compacted; then done
     DONE = "done"
     DRAINED = "drained"
     STOPPED = "stopped"
@@ -30,7 +31,7 @@ class RunState(StrEnum):
 
 
 LIVE_RUN_STATES = frozenset({RunState.STARTING, RunState.RUNNING, RunState.PAUSED, RunState.DISK_FULL,
-                             RunState.DRAINING, RunState.STOPPING})
+                             RunState.DRAINING, RunState.STOPPING, RunState.FINISHING})
 ENDED_RUN_STATES = frozenset({RunState.DONE, RunState.DRAINED, RunState.STOPPED, RunState.FAILED, RunState.DEAD})
 # a supervisor's own last word: the states a run's end is recorded with (run_end events, the last dispatch event)
 FINAL_RUN_STATES = frozenset({RunState.DONE, RunState.STOPPED, RunState.FAILED})

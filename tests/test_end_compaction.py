@@ -61,9 +61,13 @@ def test_servers_stopped_before_the_final_compaction_and_a_kill_there_resumes_do
         wait_for(lambda: held_path(run_dir).exists() and not any(process_alive(p) for p in pids), 30,
                  "the servers stopped while the finished shards' compaction waits", held)
         st = status(run_dir)
-        assert st is not None and st["state"] != "done", st  # done only once the shards are final files
+        # done only once the shards are final files; meanwhile not `running` either: the servers are gone
+        assert st is not None and st["state"] == "finishing", st
         ticks = dispatch_ticks(run_dir)
         wait_for(lambda: dispatch_ticks(run_dir) >= ticks + 2, 30, "two more monitor ticks", held)
+        last = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()
+                if '"type":"dispatch"' in line][-1]
+        assert last["state"] == "finishing", last
         assert held.log_text().count("samples settled") == 1, held.log_text()[-3000:]
         assert "servers stopped; compacting" in held.log_text()
         held.kill()  # killed during the end's compaction (the run is not recorded done)

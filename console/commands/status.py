@@ -165,7 +165,7 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     head = Text()
     head.append(f"{s.host}:{s.run_dir}  ", style="bold")
     state = s.state
-    head.append(f"state {state}", style="bold green" if state in ("running", "done") else
+    head.append(f"state {state}", style="bold green" if state in ("running", "finishing", "done") else
                 ("bold red" if state in ("failed", "dead") else "bold yellow"))
     if not s.running:
         was = f" (its last recorded state: {s.last_state})" if s.last_state and s.last_state != state else ""

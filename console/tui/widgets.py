@@ -12,6 +12,7 @@ from engine.wire import duration_text
 
 STATE_STYLE = {
     "running": "bold green", "done": "bold cyan", "paused": "bold yellow", "draining": "yellow", "starting": "yellow",
+    "finishing": "cyan",
     "stopped": "dim", "failed": "bold red", "dead": "bold red", "drained": "dim", "disk_full": "bold red", "unknown": "dim", "ready": "green",
     "loading": "yellow", "crashed": "bold red", "pending": "dim",
     "refused": "bold red",  # a worker whose port another process's server holds: nothing is sent to it

@@ -1,6 +1,6 @@
 """Ingest ceiling: output tokens/s the engine commits to shards on ONE core, against instant simulators.
 
-    .venv/bin/python -m tests.bench.bench_ingest [--samples 4000] [--baseline-samples 1500] [--repeats 3]
+    .venv/bin/python -m tests.bench.bench_ingest [--samples 8000] [--baseline-samples 1500] [--repeats 5]
 
 regen: the real supervisor (`python -m engine.supervisor`: work plan -> dispatcher -> committer ->
 ShardStore, native /generate with input_ids, exact output_ids into zstd Parquet parts committed in
@@ -219,9 +219,9 @@ def run(samples: int, baseline_samples: int, repeats: int, gpus: int, threads: i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=4000)
+    ap.add_argument("--samples", type=int, default=8000)
     ap.add_argument("--baseline-samples", type=int, default=1500)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gpus", type=int, default=2, help="simulators (simulated GPUs)")
     ap.add_argument("--threads", type=int, default=64, help="baseline client threads")
     ap.add_argument("--output-mean", type=int, default=4000)

@@ -37,7 +37,8 @@ def run_ingest(quick: bool) -> dict:
     if quick:
         res = bench_ingest.run(samples=2000, baseline_samples=500, repeats=1, gpus=2, threads=64, output_mean=4000)
     else:
-        res = bench_ingest.run(samples=4000, baseline_samples=1200, repeats=3, gpus=2, threads=64, output_mean=4000)
+        # 8,000 samples: a steady window of ~5 s (4,000 gave 2-3 s, where one slow part moved a run by a quarter)
+        res = bench_ingest.run(samples=8000, baseline_samples=1500, repeats=5, gpus=2, threads=64, output_mean=4000)
     bc.write_result("ingest", res)
     return res
 

@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 
 class SimGpuReader:
     """The newest reading of every GPU of the ready simulators; a simulator that stops answering loses its GPUs'
-    readings (an error reading says why) until it answers again."""
+    readings (an error reading says why) until it answers again. A GPU whose simulator is stopped, crashed or
+    restarting reads as released (no memory held, idle), as NVML would show a real one: its last reading would
+    otherwise stay on every screen, and a read the stop cut short is no error."""
 
     def __init__(self, session: aiohttp.ClientSession, workers: Callable[[], Sequence[Worker]]):
         self.session = session
@@ -35,11 +37,13 @@ class SimGpuReader:
 
     async def poll(self) -> None:
         ready = [w for w in self.workers() if w.state == WorkerState.READY]
-        for name in set(self._latest) - {w.name for w in ready}:
-            del self._latest[name]  # stopped, crashed or restarting: its memory is no longer held
         readings = await asyncio.gather(*(self._read(w) for w in ready))
         for w, evs in zip(ready, readings):
-            self._latest[w.name] = evs
+            if w.state == WorkerState.READY:  # not stopped while its reading was on its way
+                self._latest[w.name] = evs
+        for w in self.workers():
+            if w.state != WorkerState.READY and w.name in self._latest:
+                self._latest[w.name] = [released(ev) for ev in self._latest[w.name]]
 
     async def _read(self, w: Worker) -> list[GpuEvent]:
         try:
@@ -53,3 +57,9 @@ class SimGpuReader:
             error = f"worker {w.name}: GET {SIM_GPU_PATH} failed: {type(exc).__name__}: {exc}"
             log.warning("%s", error)
             return [GpuEvent(index=g, name="simulated (no reading)", error=error) for g in w.spec.gpus]
+
+
+def released(ev: GpuEvent) -> GpuEvent:
+    """A simulated GPU once its server is gone: nothing held, nothing running (its name and size as last read)."""
+    return GpuEvent(index=ev.index, name=ev.name if ev.error is None else "simulated", mem_used_mb=0.0,
+                    mem_total_mb=ev.mem_total_mb, util_pct=0.0)

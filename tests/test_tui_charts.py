@@ -143,3 +143,26 @@ async def test_the_histogram_without_statistics_says_why_in_its_body(tmp_path):
         hist_column = [line.split("│")[1] for line in screen_text(app).splitlines() if line.startswith("│")]
         body = " ".join(" ".join(cell.split()) for cell in hist_column)
         assert app.model.stats_error and "no statistics:" in body
+
+
+async def test_all_zero_series_draw_on_a_range_of_their_own_not_minus_zero(tmp_path):
+    """A finishing or finished run: every worker at 0 tok/s and every simulated GPU released. The charts keep a 0-1
+    range (textual-plot's own scale for a flat zero series labelled its ticks -0.0000 to 0.00000)."""
+    events = []
+    for i in range(30):
+        ts = T0 + i * TICK_S
+        for g in (0, 1):
+            events.append(WorkerEvent(ts=ts, name=f"gpu{g}", state="stopped", gpus=[g], gen_throughput=0.0))
+            events.append(GpuEvent(ts=ts, index=g, name=SIM_GPU_NAME, mem_used_mb=0.0, mem_total_mb=139.8 * 1024,
+                                   util_pct=0.0))
+        events.append(DispatchEvent(ts=ts, state="finishing", done=100, total=100, in_flight=0, tokens_per_s=0.0))
+    telemetry = tmp_path / "telemetry.jsonl"
+    telemetry.write_bytes(b"\n".join(e.to_json() for e in events) + b"\n")
+    source = ReplaySource(telemetry, host="gpu-host", run_dir="/data/runs/finished", logs={})
+    app = RegenApp(source, clock=lambda: events[-1].ts + 5.0, monotonic=lambda: 1000.0, live=False,
+                   export_dir=tmp_path, run_probes_on_start=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settled(pilot)
+        text = screen_text(app)
+        assert "-0.0000" not in text and "0.00000" not in text, text
+        assert "finishing" in text.splitlines()[0]

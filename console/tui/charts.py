@@ -98,15 +98,18 @@ class TimeChart(ChartFrame):
         self.show_plot()
         with plot.legend_held():
             plot.clear()
+            top = 0.0
             for i, (label, s, scale) in enumerate(series):
                 points = downsample(s.history(), max(DRAWN_POINTS_MIN, 2 * self.size.width))  # braille: 2 a cell
                 if not points:
                     continue
                 xs = [(t - origin) / unit.seconds for t, _ in points]
                 ys = [v * scale for _, v in points]
+                top = max(top, *ys)
                 plot.plot(xs, ys, line_style=PALETTE[i % len(PALETTE)], hires_mode=HiResMode.BRAILLE, label=label)
             plot.set_xlabel(f"{unit.name} ago")
             plot.set_xlimits(-span / unit.seconds, 0.0)
-            plot.set_ylimits(0, None)
+            # all zero (a finished or idle run): a range of its own, not the plot's empty one (ticks -0.0000 to 0.00000)
+            plot.set_ylimits(0, None if top > 0 else 1.0)
             # top left: the newest points, at the right, are the ones read most
             plot.show_legend(LegendLocation.TOPLEFT, is_visible=len(series) > 1)

@@ -84,24 +84,27 @@ def record_figures(case: str, **figures) -> None:
         FIGURES_PATH.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def quick_state(run_dir: Path) -> str:
-    """The supervisor's state over the control socket, in-process (no engine.ctl subprocess per poll)."""
+def _status_reply(run_dir: Path) -> dict:
+    """The control socket's reply to a status request, in-process (no engine.ctl subprocess per poll); raises
+    OSError / ValueError while nothing listens (not yet, or gone)."""
     from engine.control import request
 
+    return request(run_dir / "control.sock", {"op": "status"}, timeout=5)
+
+
+def quick_state(run_dir: Path) -> str:
+    """The supervisor's state, or why there is none (`no-socket (<error>)`, `error-reply`)."""
     try:
-        reply = request(run_dir / "control.sock", {"op": "status"}, timeout=5)
+        reply = _status_reply(run_dir)
     except (OSError, ValueError) as exc:
         return f"no-socket ({type(exc).__name__})"
     return (reply.get("result") or {}).get("state", "unknown") if reply.get("ok") else "error-reply"
 
 
 def live_status(run_dir: Path) -> dict | None:
-    """The supervisor's status reply (the ctl `status` op) over its control socket, in-process (polled: no
-    engine.ctl process per poll); None while nothing listens (not yet, or gone)."""
-    from engine.control import request
-
+    """The supervisor's status reply (the ctl `status` op); None while nothing listens (not yet, or gone)."""
     try:
-        reply = request(run_dir / "control.sock", {"op": "status"}, timeout=5)
+        reply = _status_reply(run_dir)
     except (OSError, ValueError):
         return None
     return reply.get("result") if reply.get("ok") else None

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from engine.servers.gpu_sim import SIM_GPU_PATH, SimGpuReader
 from engine.wire import WorkerState
@@ -27,14 +28,9 @@ async def sim_gpu():
 
     app = web.Application()
     app.router.add_get(SIM_GPU_PATH, gpu)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    state.url = f"http://127.0.0.1:{port}"
-    yield state
-    await runner.cleanup()
+    async with TestServer(app, host="127.0.0.1") as server:
+        state.url = str(server.make_url("")).rstrip("/")
+        yield state
 
 
 def worker(url: str) -> SimpleNamespace:

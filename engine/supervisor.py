@@ -70,7 +70,7 @@ from engine.run.prompt_limit import tightest
 from engine.run.status import Rejects, levels_of, RunStatus, build_run_status, dispatch_figures, shard_statuses
 from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
-from engine.wire import ShardFigures
+from engine.wire import FINAL_RUN_STATES, RunState, ShardFigures
 from engine.placement.fleet import Fleet
 from engine.placement.hosts.link import HostError
 from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
@@ -99,7 +99,7 @@ class Supervisor:
         self.cfg = cfg
         self.run_dir = run_dir
         self.started_at = time.time()
-        self.mode = "starting"  # starting | running | draining | stopping | finishing | done | stopped | failed
+        self.mode = RunState.STARTING  # the supervisor's own phase; `paused` and `disk_full` are read from the ledger
         self.phase = "start"  # start | run | shutdown: where a fatal error happened
         self.exit_code = EXIT_OK
         self.fatal_exc: BaseException | None = None  # why the run failed, when it did
@@ -164,7 +164,7 @@ class Supervisor:
         if self.ledger.finished:
             log.info("every sample is already settled (%d done): nothing to generate", self.ledger.done)
             self.startup.ok("workers", "none launched: every sample is already settled")
-            self.mode = "done"
+            self.mode = RunState.DONE
             self.end_how, self.end_cause = "done", "every sample was already settled"
             await self._close_early(early)
             # a shard finished by the last start and not yet compacted (it was stopped or killed first)
@@ -392,8 +392,8 @@ class Supervisor:
             except asyncio.TimeoutError:
                 pass
         self._tighten_prompt_limit()
-        if self.mode == "starting":
-            self.mode = "running"
+        if self.mode == RunState.STARTING:
+            self.mode = RunState.RUNNING
             self.ledger.dispatch_began()
             self.dispatcher.hold(self.watch.disk_full)
         await self.feed.feed_forever()
@@ -523,15 +523,15 @@ class Supervisor:
         self._begin_shutdown(op.op)
         return RunEnding(state=self.state()).to_dict()
 
-    def state(self) -> str:
-        if self.mode in ("done", "stopped", "failed", "draining", "stopping", "finishing", "starting"):
+    def state(self) -> RunState:
+        if self.mode != RunState.RUNNING:
             return self.mode
         if self.watch.disk_full or (self.ledger is not None and self.ledger.all_paused):
-            return "paused"
-        return "running"
+            return RunState.PAUSED
+        return RunState.RUNNING
 
-    def dispatch_state(self) -> str:
-        return "disk_full" if self.watch.disk_full and self.mode == "running" else self.state()
+    def dispatch_state(self) -> RunState:
+        return RunState.DISK_FULL if self.watch.disk_full and self.mode == RunState.RUNNING else self.state()
 
     def status(self) -> RunStatus:
         t = self.telemetry
@@ -558,12 +558,12 @@ class Supervisor:
     # -- shutdown ---------------------------------------------------------------------------
     def _begin_shutdown(self, how: str) -> None:
         if self._shutdown_task is not None:
-            if how == "stop" and self.mode == "draining":
+            if how == "stop" and self.mode == RunState.DRAINING:
                 self._shutdown_task.cancel()  # stop overrides a drain in progress
             else:
                 return
-        if how in ("drain", "stop") and self.mode not in ("done", "stopped", "failed"):
-            self.mode = "draining" if how == "drain" else "stopping"
+        if how in ("drain", "stop") and self.mode not in FINAL_RUN_STATES:
+            self.mode = RunState.DRAINING if how == "drain" else RunState.STOPPING
             if self.dispatcher is not None:
                 self.dispatcher.hold(True)
         self._shutdown_task = asyncio.get_running_loop().create_task(self._shutdown(how), name=f"shutdown-{how}")
@@ -573,18 +573,18 @@ class Supervisor:
         self.end_how = how
         if how == "done":
             self.end_cause = "every sample settled"
-            self.mode = "finishing"  # not `running` while the servers stop and the last shards are compacted
+            self.mode = RunState.FINISHING  # not `running` while the servers stop and the last shards are compacted
         try:
             d = self.dispatcher
             if how == "drain":
-                self.mode = "draining"
+                self.mode = RunState.DRAINING
                 if d is not None:
                     d.hold(True)
                     log.info("draining: waiting for %d in-flight requests", d.in_flight)
                     await d.wait_idle()
-                final = "stopped"
+                final = RunState.STOPPED
             elif how == "stop":
-                self.mode = "stopping"
+                self.mode = RunState.STOPPING
                 if d is not None:
                     log.info("stopping: aborting %d in-flight requests", d.in_flight)
                     await d.abort_all()
@@ -593,14 +593,14 @@ class Supervisor:
                                     STOP_ABORT_WAIT_S)
                         d.cancel_all()
                         await d.wait_idle(5)
-                final = "stopped"
+                final = RunState.STOPPED
             elif how == "done":
-                final = "done"
+                final = RunState.DONE
             else:
                 if d is not None:
                     d.stop_retrying()
                     d.cancel_all()
-                final = "failed"
+                final = RunState.FAILED
                 self.exit_code = EXIT_FAILED
             if self.committer is not None:
                 await self.committer.drain()
@@ -638,7 +638,7 @@ class Supervisor:
         while True:
             try:
                 self._tick_once()
-                if (self.mode == "running" and self._shutdown_task is None and self.ledger.finished
+                if (self.mode == RunState.RUNNING and self._shutdown_task is None and self.ledger.finished
                         and self.dispatcher.in_flight == 0 and self.committer.pending == 0):
                     log.info("all %d samples settled", self.ledger.total)
                     if self.ledger.done == 0 and self.ledger.total > 0:
@@ -668,7 +668,7 @@ class Supervisor:
                 self._last_gpu = now
                 for ev in self.gpu.sample():
                     self.emit(ev)
-        if self.watch.check_disk() and self.dispatcher is not None and self.mode == "running":
+        if self.watch.check_disk() and self.dispatcher is not None and self.mode == RunState.RUNNING:
             self.dispatcher.hold(self.watch.disk_full)
         if self.ledger is not None:
             if final or now - self._last_quality >= QUALITY_EVERY_S:
@@ -869,10 +869,10 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
     if telemetry is not None:
         ledger = sup.ledger if sup is not None else None
         if record is not None:
-            state, cause = "failed", record.headline
+            state, cause = RunState.FAILED, record.headline
         else:
             how = sup.end_how if sup is not None else ""
-            state = "drained" if how == "drain" else (sup.mode if sup is not None else "failed")
+            state = RunState.DRAINED if how == "drain" else (sup.mode if sup is not None else RunState.FAILED)
             cause = sup.end_cause if sup is not None else ""
         telemetry.emit(RunEndEvent(state=state, exit_code=code, cause=cause, done=ledger.done if ledger else 0,
                                    total=ledger.to_generate if ledger else 0))

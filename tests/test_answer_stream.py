@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from engine.config import Runaway
 from engine.http_client import client_session
@@ -144,11 +145,9 @@ class StreamingServer:
         app = web.Application()
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/abort_request", self.abort)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        self.server = TestServer(app, host="127.0.0.1")
+        await self.server.start_server()
+        return str(self.server.make_url("")).rstrip("/")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(await request.json())
@@ -172,7 +171,7 @@ class StreamingServer:
         return web.Response(status=200)
 
     async def close(self) -> None:
-        await self.runner.cleanup()
+        await self.server.close()
 
 
 async def run_one(server: StreamingServer, rid: str = "c1#turn0"):

@@ -36,7 +36,15 @@ def brake_alerts(run_dir) -> list[dict]:
 def test_an_87_percent_empty_run_brakes_itself_and_stays_braked_until_resumed(tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "run"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=700, sim=("--sim-empty-share", "0.87"))
+    # the brake judges committed parts; with the tests' fast simulator every answer of the run came before the first
+    # part (parts of 50-row shards filled together, or 5 s old), so the first brake came at ~720 of 993 samples (700 prompts) and
+    # the second, 200 later, at the run's very end (once after it: the test's `regen stop` found no supervisor).
+    # At a slower pace (batches of 8, a token per 20 ms step: ~200 answers/s) with 0.5 s parts, each brake comes
+    # within ~200 samples of its window's.
+    cfg = make_config(run_dir, tiny_model_dir, prompts=500,
+                      sim=("--sim-empty-share", "0.87", "--max-running-requests", "8", "--sim-step-ms", "20",
+                           "--sim-tokens-per-step", "1"))
+    cfg = cfg.model_copy(update=dict(store=cfg.store.model_copy(update=dict(part_max_age_s=0.5))))
     start_local(cfg, tmp_path)
     st = wait_for(lambda: braked(run_dir), 120, "the brake, with nothing in flight")
     total = st["dispatch"]["total"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from engine.config import ConfigError, NotifyConfig, config_from_dict
 from engine.notify import Notification, Notifier, notification_for
@@ -53,11 +54,9 @@ class Receiver:
         self._released = asyncio.Event()
         app = web.Application()
         app.router.add_post("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._server = TestServer(app, host="127.0.0.1")
+        await self._server.start_server()
+        self.port = self._server.port
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -91,7 +90,7 @@ class Receiver:
     def close(self) -> None:
         async def stop():
             self._released.set()
-            await self._runner.cleanup()
+            await self._server.close()
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)

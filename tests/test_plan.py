@@ -8,6 +8,7 @@ import re
 import socket
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,12 @@ from engine.pilot_window import Completed, Reading, full_batch
 from engine.simulator import throughput
 from tests.sshd_fixtures import free_port_base
 from tests.test_engine_run import supervisors  # noqa: F401  (the fixture: supervisors started here are killed)
+
+
+@pytest.fixture(autouse=True)
+def pilot_logs_in_tmp_path(tmp_path, monkeypatch):
+    """The pilot keeps its servers' logs in a temp dir for the operator to read: here, in the test's own tmp_path."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def write_prompts(tmp_path: Path) -> list[Path]:
@@ -386,5 +393,8 @@ def test_pilot_answers_stream_through_the_guard_and_its_loops_are_stopped(tmp_pa
     assert cut["skipped"] == pytest.approx(10 * p) and cut["skipped_share"] == pytest.approx(10 * p / 55)
     assert cut["gpu_hours_saved"]["value"] == pytest.approx(d["projection"]["gpu_hours"]["value"] * 10 * p / 55)
     assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "30"]) == 0
-    assert f"turns after a cut turn: stop (turns_after_cut): saves ~{10 * p:,.0f} later turns" in " ".join(
-        capsys.readouterr().out.split())
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"turns after a cut turn: stop (turns_after_cut): saves ~{10 * p:,.0f} later turns" in text
+    # where the pilot's server logs stay, as --json's pilot.log_dir says
+    logs = re.search(r"pilot server logs \(on the host, kept for reading\): (\S+)", text).group(1)
+    assert (Path(logs) / "workers" / "gpu0" / "server.log").is_file(), logs

@@ -184,6 +184,7 @@ def render(d: dict[str, Any], console: Console) -> None:
         console.print(f"pilot output tokens: mean {p['output_mean']:.0f} (95% CI {p['output_mean_ci'][0]:.0f}-"
                       f"{p['output_mean_ci'][1]:.0f}), p50 {p['output_p50']:.0f}, p90 {p['output_p90']:.0f}, "
                       f"max {p['output_max']:,}; truncated {p['truncated_share']:.1%}")
+        console.print(f"pilot server logs (on the host, kept for reading): {p['log_dir']}", soft_wrap=True)
     jt = Table(title=f"projection ({pr['workers']} workers x {pr['gpus_per_worker']} GPU)", header_style="bold")
     for col in ("quantity", "value", "low", "high", "basis"):
         jt.add_column(col, justify="right" if col in ("value", "low", "high") else "left")

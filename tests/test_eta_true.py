@@ -32,7 +32,7 @@ def last_commit_at(run_dir) -> float:
 @pytest.mark.timeout(300)
 def test_the_eta_at_a_third_of_the_run_comes_true_within_a_quarter(tmp_path, tiny_model_dir, supervisors):
     run_dir = tmp_path / "run"
-    cfg = make_config(run_dir, tiny_model_dir, prompts=100, gpus=1, sim=STEADY_SIM)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=50, gpus=1, sim=STEADY_SIM)
     sup = supervisors(run_dir).start(cfg)
 
     def reading(after: int = -1, share: float = 0.0):

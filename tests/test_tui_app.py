@@ -24,6 +24,7 @@ from console.tui.screens import ConfirmScreen, HelpScreen
 from console.tui.shard_table import ShardTable
 from console.tui.source import HostSource
 from textual.widgets import DataTable, Log, Static
+from tests.run_helpers import children_with_cmdlines
 from tests.waiting import poll_until
 
 # slow enough that the run is still going while the tests act on it (a few minutes of work on 2 workers)
@@ -207,14 +208,13 @@ async def test_a_dead_channel_is_opened_again_and_the_follow_goes_on_from_its_la
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.model.connection.state == "connected" and app.events_applied > 0,
                          "connected with events")
-        me = psutil.Process()
 
         def channel_process():
-            return next((p for p in me.children(recursive=True)
-                         if "engine.ctl" in " ".join(p.cmdline()) and "serve" in p.cmdline()), None)
+            return next((p for p, cmd in children_with_cmdlines() if "engine.ctl" in " ".join(cmd) and "serve" in cmd),
+                        None)
 
         proc = await wait_until(pilot, channel_process, "the channel's process")
-        assert not [p for p in me.children(recursive=True) if "follow" in p.cmdline()]  # no process of its own
+        assert not [p for p, cmd in children_with_cmdlines() if "follow" in cmd]  # no process of its own
         first = app.source.client.channel
         proc.kill()
         await wait_until(pilot, lambda: first.closed is not None, "the channel to see its process die")

@@ -190,7 +190,10 @@ def test_regen_start_preflights_every_host_and_refuses_when_one_is_down(tmp_path
             180, "the started run to finish")
         assert done["state"] in ("done", "exited")
         log = (tmp_path / "run" / "supervisor.log").read_text()
-        assert "run done" in log and "host h1: up" in log and "host h3: up" in log
+        # the preflight above reached both hosts; which of them came up before this 41-sample run ended is timing (under
+        # two CPU hogs h1 once took every sample before h3's link was up), so at least one, and no host failed
+        assert "run done" in log and ("host h1: up" in log or "host h3: up" in log), log[-3000:]
+        assert "host h1 lost" not in log and "host h3 lost" not in log, log[-3000:]
         # the router picks the server; the row says it went through the router (SGLang's reply does not name it)
         assert {r["worker"] for r in read_rows(tmp_path / "run")} == {"router"}
     finally:

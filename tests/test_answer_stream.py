@@ -147,7 +147,7 @@ class StreamingServer:
         app.router.add_post("/abort_request", self.abort)
         self.server = TestServer(app, host="127.0.0.1")
         await self.server.start_server()
-        return str(self.server.make_url("")).rstrip("/")
+        return f"http://127.0.0.1:{self.server.port}"
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(await request.json())

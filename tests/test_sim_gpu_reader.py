@@ -29,7 +29,7 @@ async def sim_gpu():
     app = web.Application()
     app.router.add_get(SIM_GPU_PATH, gpu)
     async with TestServer(app, host="127.0.0.1") as server:
-        state.url = str(server.make_url("")).rstrip("/")
+        state.url = f"http://127.0.0.1:{server.port}"
         yield state
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.config import ConfigError, EffectiveSampling, RunConfig, with_model_defaults
-from engine.config_schema import config_warnings
+from engine.config.load import ConfigError, EffectiveSampling, RunConfig, with_model_defaults
+from engine.config.schema import config_warnings
 from probes.model import ProbeReport, ProbeResult, Status
 
 CONFIG_PROBE = "config"
@@ -42,7 +42,7 @@ def effective_sampling(cfg: RunConfig, report: ProbeReport | None) -> EffectiveS
 
 
 def config_passed(cfg: RunConfig, report: ProbeReport | None) -> ProbeResult:
-    """PASS, or WARN with what is allowed but probably not meant (engine.config_schema.config_warnings)."""
+    """PASS, or WARN with what is allowed but probably not meant (engine.config.schema.config_warnings)."""
     eff = effective_sampling(cfg, report)
     warnings = [f"{key}: {text}" for key, text in config_warnings(cfg)]
     values = ", ".join(f"{s.key} {s.value}" for s in eff.sources)

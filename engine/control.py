@@ -1,6 +1,6 @@
 """The control socket: run_dir/control.sock (0600), one JSON request per line, one JSON reply per line.
 
-Requests: the ops of engine.run.control_ops (parsed there; the handler gets the typed op).
+Requests: the ops of engine.api.ops (parsed there; the handler gets the typed op).
 Replies: {"ok": true, "result": {...}} or {"ok": false, "error": "text"}.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from engine.run.control_ops import ControlError, Op, parse_op
+from engine.api.ops import ControlError, Op, parse_op
 
 __all__ = ["ControlError", "ControlServer", "request", "socket_address"]
 

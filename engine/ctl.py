@@ -1,6 +1,6 @@
 """Host-side control CLI: `python -m engine.ctl --run-dir D status|pause S..|--all|resume ..|
-restart-worker W|drain-host H|undrain-host H|drain|stop|hello` prints the reply (engine.protocol; exit 0 ok, 1 error
-reply, 2 no supervisor at that run dir); `... serve` answers a console's requests (JSON lines with ids, engine.protocol)
+restart-worker W|drain-host H|undrain-host H|drain|stop|hello` prints the reply (engine.api.protocol; exit 0 ok, 1 error
+reply, 2 no supervisor at that run dir); `... serve` answers a console's requests (JSON lines with ids, engine.api.protocol)
 on stdin until it closes: one process for many ops, and the telemetry follow among them; `... follow [--since TS]`
 prints telemetry.jsonl lines with ts >= since, then follows the file until the supervisor has exited and every line
 is printed (the same stream the channel's follow carries).
@@ -20,9 +20,9 @@ import psutil
 
 import engine
 from engine.control import request
-from engine.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus,
+from engine.api.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus,
                              ProtocolError, Reply, decode_request, encode_event_line, encode_reply)
-from engine.run.control_ops import (EXITED, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, RunEnding,
+from engine.api.ops import (EXITED, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, RunEnding,
                                     Status, Stop, UndrainHost, to_request)
 
 EXIT_OK, EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 0, 1, 2
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lines", type=int, default=200)
     sub.add_parser("drain")
     sub.add_parser("stop")
-    sub.add_parser("hello")  # this engine's version and protocol (engine.protocol)
+    sub.add_parser("hello")  # this engine's version and protocol (engine.api.protocol)
     sub.add_parser("serve")  # the console's control channel: requests on stdin, replies on stdout
     p = sub.add_parser("follow")
     p.add_argument("--since", type=float, default=None)
@@ -133,7 +133,7 @@ def no_supervisor(run_dir: Path, op: ChannelOp, rid: int | None, why: str) -> Re
 
 
 def serve(run_dir: Path, timeout: float, poll: float = 0.2) -> int:
-    """Answer request lines from stdin, in order, until stdin closes (engine.protocol). A follow streams from its own
+    """Answer request lines from stdin, in order, until stdin closes (engine.api.protocol). A follow streams from its own
     thread while the other requests are answered; a new follow ends the one before it."""
     out = Output(sys.stdout.buffer)
     following: tuple[threading.Thread, threading.Event] | None = None
@@ -192,8 +192,8 @@ def stream_follow(run_dir: Path, rid: int, since: float | None, poll: float, sto
 
 
 def last_status(run_dir: Path, rid: int | None) -> Reply:
-    """The status the run dir recorded (engine.run.offline_status), for a run whose supervisor has exited."""
-    from engine.run.offline_status import NotARunDir, offline_status
+    """The status the run dir recorded (engine.observe.offline_status), for a run whose supervisor has exited."""
+    from engine.observe.offline_status import NotARunDir, offline_status
 
     try:
         status = offline_status(run_dir)

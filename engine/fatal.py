@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.telemetry_events import FatalEvent
+from engine.api.events import FatalEvent
 
 FATAL_FILE = "fatal.json"
 PREVIOUS_FILE = "fatal.previous.json"

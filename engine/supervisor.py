@@ -39,38 +39,38 @@ from typing import Any
 import psutil
 
 from engine import safe_log
-from engine.config import ConfigError, RunConfig, load_config, resolve_sampling
+from engine.config.load import ConfigError, RunConfig, load_config, resolve_sampling
 from engine.control import ControlError, ControlServer
 from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, RunRefused, SpaceReserve, WorkersFailed,
                           archive_previous, fallback_path, is_disk_full, record_for, write_fatal)
 from engine.servers.gpu import GpuSampler
 from engine.servers.gpu_sim import SimGpuReader
 from engine.http_client import client_session
-from engine.ingest import PromptFileError
+from engine.text.ingest import PromptFileError
 from engine.notify import Notifier
-from engine.render import Renderer, RenderError
-from engine.rejects import RejectLog
-from engine.manifest import ManifestError, write_run_manifest
-from engine.run_dir import ConfigChanged, RunDirError, prepare_run_dir
-from engine.shard_store import ShardStore
+from engine.text.render import Renderer, RenderError
+from engine.store.rejects import RejectLog
+from engine.store.manifest import ManifestError, write_run_manifest
+from engine.store.run_dir import ConfigChanged, RunDirError, prepare_run_dir
+from engine.store.shard_store import ShardStore
 from engine.servers.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
-from engine.run.control_ops import (Drain, DrainHost, LogTail, LogText, Op, Pause, RestartWorker, Resume, RunEnding,
+from engine.api.ops import (Drain, DrainHost, LogTail, LogText, Op, Pause, RestartWorker, Resume, RunEnding,
                                     ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
 from engine.run.dispatcher import Dispatcher
-from engine.run.exporter import MetricsServer
+from engine.observe.metrics_server import MetricsServer
 from engine.run.feed import Feed
 from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
 from engine.run.refusals import RefusalTrip
 from engine.run.prompt_limit import tightest
-from engine.run.status import Rejects, levels_of, RunStatus, build_run_status, dispatch_figures, shard_statuses
-from engine.run.watch import RunWatch
-from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
-from engine.wire import FINAL_RUN_STATES, RunState, ShardFigures
+from engine.observe.status import Rejects, levels_of, RunStatus, build_run_status, dispatch_figures, shard_statuses
+from engine.observe.watch import RunWatch
+from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
+from engine.api.wire import FINAL_RUN_STATES, RunState, ShardFigures
 from engine.placement.fleet import Fleet
 from engine.placement.hosts.link import HostError
 from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
@@ -440,7 +440,7 @@ class Supervisor:
 
     # -- control ops ------------------------------------------------------------------------
     async def handle(self, op: Op) -> dict[str, Any]:
-        """One control op (engine.run.control_ops), one method each; ControlError's text is the reply's error."""
+        """One control op (engine.api.ops), one method each; ControlError's text is the reply's error."""
         match op:
             case Status():
                 status = self.status()

@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import psutil
 
-from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
+from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                      ShardEvent, WorkerEvent)
 
 log = logging.getLogger("regen.telemetry")

@@ -1,7 +1,7 @@
 """What the probes need to know about a run: a plain dataclass the console fills from the run config.
 
 Probes never import the engine; `console/commands/probe.py` builds a ProbeContext from
-`engine.config.RunConfig`. Without a config (`regen probe HOST`) only `python` is set and
+`engine.config.load.RunConfig`. Without a config (`regen probe HOST`) only `python` is set and
 only the config-free probes run.
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 
 GIB = 1 << 30
 REHEARSAL = "rehearsal: simulated GPUs"  # the summary of every probe a rehearsal does not need
-# `-m engine.simulator` in workers.launch (engine.config.SIMULATOR_LAUNCH; `regen demo` uses it)
+# `-m engine.simulator` in workers.launch (engine.config.load.SIMULATOR_LAUNCH; `regen demo` uses it)
 _SIMULATOR_LAUNCH = re.compile(r"(?:^|\s)-m\s*engine\.simulator(?:\s|$)")
 
 
 # SGLang reads a request's sampling_seed only on a server launched with this flag (contract 7.3;
-# engine/config.py DETERMINISTIC_FLAG, which refuses a seed without it at config load)
+# engine/config/load.py DETERMINISTIC_FLAG, which refuses a seed without it at config load)
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 

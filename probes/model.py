@@ -31,7 +31,7 @@ class CommandResult:
 
 
 class CommandRunner(Protocol):
-    """The one thing probes need from a transport (console/transport.py implements it)."""
+    """The one thing probes need from a transport (console/host/transport.py implements it)."""
 
     async def run(self, command: str, *, timeout: float, stdin: bytes | None = None) -> CommandResult: ...
 

@@ -40,7 +40,7 @@ CONNECT_SUMMARY = {
 
 @dataclass(frozen=True)
 class ConnectFailure:
-    """Why the transport could not be opened (console.transport.TransportError's kind and text)."""
+    """Why the transport could not be opened (console.host.transport.TransportError's kind and text)."""
 
     kind: str
     message: str

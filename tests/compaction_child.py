@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from engine.shard_store import ShardStore, build_table
+from engine.store.shard_store import ShardStore, build_table
 
 SHARDS = ["s00000", "s00001", "s00002", "s00003"]
 PARTS_PER_SHARD = 6

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A Qwen3-style model dir (tokenizer, chat template, config.json), built locally once."""
-    from engine.tiny_model import build_tiny_model
+    from engine.text.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "Qwen3-tiny")
 
@@ -22,7 +22,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny35_model_dir(tmp_path_factory) -> Path:
     """The tiny model with the Qwen3.5/3.6 family's chat template: the generation prompt opens `<think>`."""
-    from engine.tiny_model import build_tiny_model
+    from engine.text.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model-35") / "Qwen3.5-tiny", template="qwen3.5")
 

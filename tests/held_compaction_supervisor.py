@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from engine import supervisor
-from engine.shard_store import ShardStore
+from engine.store.shard_store import ShardStore
 from tests.waiting import poll_until
 
 RELEASE_FILE = "release-compaction"

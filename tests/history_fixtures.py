@@ -6,10 +6,10 @@ import json
 import random
 from pathlib import Path
 
-from engine.config import dump_toml
-from engine.ingest import Conversation, iter_prompts
-from engine.render import Renderer
-from engine.shard_store import ShardStore, shard_id_for
+from engine.config.load import dump_toml
+from engine.text.ingest import Conversation, iter_prompts
+from engine.text.render import Renderer
+from engine.store.shard_store import ShardStore, shard_id_for
 
 KINDS = ("normal", "empty", "cut")
 

@@ -26,7 +26,7 @@ from tests.sshd_fixtures import SshdServer, start_sshd, stop_sshd
 
 PORTS_PER_HOST = 8  # server ports of one host in loopback mode (base_port, base_port + 1, ...)
 # where loopback hosts' server ports are looked for: under the dispatch host's forward ports (40000 up,
-# engine.config.Hosts.forward_base_port) and under the kernel's ephemeral range (32768 up)
+# engine.config.load.Hosts.forward_base_port) and under the kernel's ephemeral range (32768 up)
 SERVER_PORTS = range(30000, 32768)
 
 

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.tiny_model import build_tiny_model
+from engine.text.tiny_model import build_tiny_model
 from tests.test_engine_run import REPO, SupervisorProc, ctl, make_config, status, wait_for
 
 OUT = REPO / "tests" / "data" / "wire"

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 
-from engine.config import RunConfig
-from engine.render import Renderer
+from engine.config.load import RunConfig
+from engine.text.render import Renderer
 from tests.test_engine_run import (  # noqa: F401  (re-exported for the fault tests)
     REPO, SupervisorProc, assert_one_file_per_shard, check_rows, ctl, expected_samples, make_config, read_rows, renderer_for, status,
     supervisors, wait_for,

@@ -5,10 +5,10 @@ import asyncio
 import dataclasses
 from typing import Any, AsyncIterator
 
-from engine.run.control_ops import ShardsChanged, WorkerRestarted
-from engine.run.status import RunStatus
-from engine.wire import ShardFigures
-from engine.telemetry_events import DispatchEvent, Event, ShardEvent
+from engine.api.ops import ShardsChanged, WorkerRestarted
+from engine.observe.status import RunStatus
+from engine.api.wire import ShardFigures
+from engine.api.events import DispatchEvent, Event, ShardEvent
 
 T0 = 1796220000.0
 SHARDS = 10_000

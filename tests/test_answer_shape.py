@@ -1,7 +1,7 @@
 """The empty-answer rule and think-block states shared by the shard store and the stats."""
 import pytest
 
-from engine.answer_shape import is_empty_answer, split_reasoning, think_state
+from engine.text.answer_shape import is_empty_answer, split_reasoning, think_state
 
 
 @pytest.mark.parametrize("text, empty", [
@@ -65,7 +65,7 @@ def test_an_answer_cut_inside_a_prompt_opened_block_is_all_reasoning():
 
 
 def test_prompt_opens_think_reads_the_rendered_prompt_tail():
-    from engine.answer_shape import prompt_opens_think
+    from engine.text.answer_shape import prompt_opens_think
 
     assert prompt_opens_think("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_think("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from engine.config import Runaway
+from engine.config.load import Runaway
 from engine.http_client import client_session
 from engine.run.answer_stream import AnswerStream, StreamError
 from engine.run.items import Generated, Rejected, Retry

@@ -8,17 +8,17 @@ import sqlite3
 
 import pytest
 
-from engine.answer_shape import SampleShape
-from engine.config import Alerts, Brake, ConfigError, RunConfig, config_from_dict, dump_toml
+from engine.text.answer_shape import SampleShape
+from engine.config.load import Alerts, Brake, ConfigError, RunConfig, config_from_dict, dump_toml
 from engine.notify.message import notification_for
-from engine.config import NotifyConfig
-from engine.rejects import RejectLog
+from engine.config.load import NotifyConfig
+from engine.store.rejects import RejectLog
 from engine.run.brake import REASONS, BrakeStatus, BrakeWindow, RunBrake, settings_of
 from engine.run.counts import ShardCounts
 from engine.run.items import Committed
 from engine.run.ledger import Ledger
-from engine.shard_store import ShardStore
-from engine.telemetry_events import AlertEvent
+from engine.store.shard_store import ShardStore
+from engine.api.events import AlertEvent
 from tests.test_ledger import admit, work
 from tests.test_shard_store import make_row
 

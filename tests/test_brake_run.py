@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from engine.config import Brake
+from engine.config.load import Brake
 from tests.run_helpers import events, live_status
 from tests.test_cli_run import cleanup_runs, regen, start_local  # noqa: F401  (cleanup_runs: a fixture)
 from tests.test_engine_run import ctl, make_config, supervisors, wait_for  # noqa: F401  (supervisors: a fixture)

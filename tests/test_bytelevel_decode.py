@@ -1,4 +1,4 @@
-"""The bytes-table decode (engine.bytelevel_decode) gives exactly the tokenizer's own decode text."""
+"""The bytes-table decode (engine.text.bytelevel_decode) gives exactly the tokenizer's own decode text."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from engine.bytelevel_decode import ByteTableDecoder
-from engine.render import Renderer
+from engine.text.bytelevel_decode import ByteTableDecoder
+from engine.text.render import Renderer
 
 
 @pytest.fixture(scope="module")

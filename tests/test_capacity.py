@@ -7,7 +7,7 @@ from engine.servers.capacity import (
     DEFAULT_MAX_RUNNING, BatchSize, BatchSource, ServerCapacity, batch_from_flag, batch_from_log, configured_batch,
     discover, parse_server_info,
 )
-from engine.config import Dispatch, RunConfig
+from engine.config.load import Dispatch, RunConfig
 from engine.placement.hosts.link import RemoteWorker
 from engine.servers.metrics_client import ServerMetrics
 from engine.run.batch_feedback import corrected, margin_for

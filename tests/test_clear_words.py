@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from console.startup_failure import cause_first, startup_failure_text
-from engine.config import dump_toml, load_config
-from engine.run_dir import ConfigChanged
+from console.view.startup_failure import cause_first, startup_failure_text
+from engine.config.load import dump_toml, load_config
+from engine.store.run_dir import ConfigChanged
 from tests.run_helpers import make_config, status, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 
@@ -158,8 +158,8 @@ def test_stats_over_ssh_on_a_wrong_run_dir_says_so(sshd, tmp_path):
 
 
 async def test_tui_source_on_a_missing_run_dir_says_so(tmp_path):
-    from console.transport import open_transport
-    from console.tui.source import HostSource, SourceError
+    from console.host.connect import open_transport
+    from console.host.source import HostSource, SourceError
 
     missing = tmp_path / "mistyped"
     source = HostSource("local", str(missing), transport=await open_transport("local"))

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from console.deploy import start_run
-from console.transport import open_transport
-from engine.config import RunConfig, dump_toml, load_config
-from engine.render import Renderer
+from console.host.deploy import start_run
+from console.host.connect import open_transport
+from engine.config.load import RunConfig, dump_toml, load_config
+from engine.text.render import Renderer
 from tests.test_engine_run import REPO, SupervisorProc, check_rows, make_config, read_rows, status, wait_for
 
 

@@ -12,10 +12,10 @@ from array import array
 import pyarrow.parquet as pq
 import pytest
 
-from engine.ingest import Conversation
+from engine.text.ingest import Conversation
 from engine.run.committer import Committer
 from engine.run.items import Committed, Generated, SampleRow, WorkItem
-from engine.shard_store import ShardStore, StoreError
+from engine.store.shard_store import ShardStore, StoreError
 from tests.test_shard_store import make_row
 from tests.waiting import await_until
 

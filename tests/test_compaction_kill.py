@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.shard_store import ShardStore, read_committed
+from engine.store.shard_store import ShardStore, read_committed
 from tests.compaction_child import STEPS, TARGET_SHARD, sample_ids
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 import pytest
 
-from engine.config import ConfigError, changed_content_fields, config_from_dict, dump_toml, load_config
+from engine.config.load import ConfigError, changed_content_fields, config_from_dict, dump_toml, load_config
 
 
 def base(**kw):

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from console.cli import main as regen_main
-from engine.config import ConfigError, config_from_dict, toml_value, with_model_defaults
-from engine.config_schema import RunConfig, Sampling
+from engine.config.load import ConfigError, config_from_dict, toml_value, with_model_defaults
+from engine.config.schema import RunConfig, Sampling
 from tests.test_cli_run import regen
 
 BASE: dict[str, Any] = {"run_dir": "/nonexistent/regen-run", "model": "/nonexistent/model",
@@ -154,7 +154,7 @@ def test_every_error_of_a_file_is_reported_at_once_with_the_fix(tmp_path):
     path.write_text('run_dir = "/r"\nmodel = "/m"\nprompts = ["/p.jsonl"]\nshard_size = "50"\nenable_thinking = "false"\n'
                     '[sampling]\ntemperature = "0.6"\ntemprature = 0.7\n[workers]\ngpus = "0,1"\nbase_port = "30100"\n')
     with pytest.raises(ConfigError) as exc:
-        from engine.config import load_config
+        from engine.config.load import load_config
         load_config(path)
     lines = exc.value.lines()
     assert len(lines) == 6
@@ -268,8 +268,8 @@ def test_the_five_slips_are_refused_over_ssh_before_any_server_launches(sshd, tm
 async def test_the_tuis_preflight_shows_the_config_probe_for_a_run_dir_whose_config_fails(tmp_path):
     import sys
 
-    from console.transport_local import LocalTransport
-    from console.tui.source import HostSource
+    from console.host.transport_local import LocalTransport
+    from console.host.source import HostSource
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -325,7 +325,7 @@ def test_the_model_dir_probe_reads_the_sampling_keys_the_engine_takes_from_the_m
     """probes/host/model_dir.py keeps its own copy (probes never import the engine): pinned here."""
     import re
 
-    from engine.config import MODEL_SAMPLING_KEYS
+    from engine.config.load import MODEL_SAMPLING_KEYS
 
     script = (Path(__file__).resolve().parents[1] / "probes" / "host" / "model_dir.py").read_text()
     copied = re.search(r"^SAMPLING_KEYS = \((.*?)\)", script, re.M).group(1)

@@ -1,4 +1,4 @@
-"""The control channel (engine.protocol, `engine.ctl serve`, console/control_channel.py): many ops with ids over one
+"""The control channel (engine.api.protocol, `engine.ctl serve`, console/host/control_channel.py): many ops with ids over one
 process, replies in order, errors said, an older engine (a copy of the engine before the channel) noted and still
 served one process per op, a dropped channel reopened."""
 from __future__ import annotations
@@ -15,14 +15,14 @@ import orjson
 import pytest
 
 import engine
-from console.run_client import NoSupervisor, RunClient, RunClientError
-from console.transport_local import LocalTransport
+from console.host.run_client import NoSupervisor, RunClient, RunClientError
+from console.host.transport_local import LocalTransport
 from engine.control import ControlServer
-from engine.protocol import (PROTOCOL_VERSION, ErrorKind, Follow, Hello, LastStatus, Reply, Request, ctl_argv,
+from engine.api.protocol import (PROTOCOL_VERSION, ErrorKind, Follow, Hello, LastStatus, Reply, Request, ctl_argv,
                              decode_reply, decode_request, encode_event_line, encode_reply, encode_request)
-from engine.run.control_ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
+from engine.api.ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
                                     Stop, UndrainHost)
-from engine.run.status import HostStatus, RunStatus
+from engine.observe.status import HostStatus, RunStatus
 from tests.waiting import await_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,7 +247,7 @@ def test_a_channel_whose_process_dies_fails_the_op_in_flight_and_a_new_one_carri
 
 
 class NewerEngineProcess:
-    """An engine.ctl serve that answers hello with another protocol version (console.transport.Process)."""
+    """An engine.ctl serve that answers hello with another protocol version (console.host.transport.Process)."""
 
     command = "engine.ctl serve"
     pid = None

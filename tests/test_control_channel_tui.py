@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 
-import console.deploy
-from console.control_channel import ControlChannel
-from console.deploy import start_run
-from console.run_client import RunClient
-from console.ssh_options import SshOptions
-from console.transport import open_transport
-from console.transport_local import LocalTransport
-from console.transport_ssh import SshTransport
+import console.host.deploy
+from console.host.control_channel import ControlChannel
+from console.host.deploy import start_run
+from console.host.run_client import RunClient
+from console.host.ssh_options import SshOptions
+from console.host.connect import open_transport
+from console.host.transport_local import LocalTransport
+from console.host.transport_ssh import SshTransport
 from console.tui.app import RegenApp
 from console.tui.shard_table import ShardTable
-from console.tui.source import HostSource
-from engine.protocol import Hello
-from engine.run.control_ops import Pause, Resume
+from console.host.source import HostSource
+from engine.api.protocol import Hello
+from engine.api.ops import Pause, Resume
 from tests.run_helpers import make_config
 from tests.sshd_fixtures import kill_sshd_connection
 from tests.test_cli_run import cleanup_runs  # noqa: F401  (fixture)
@@ -156,8 +156,8 @@ async def test_an_engine_before_the_channel_shows_the_note_and_still_pauses(tmp_
             shutil.copytree(old / pkg, dst / pkg)
         return dst
 
-    monkeypatch.setattr(console.deploy, "package_tree", old_tree)
-    dump = console.deploy.dump_toml
+    monkeypatch.setattr(console.host.deploy, "package_tree", old_tree)
+    dump = console.host.deploy.dump_toml
     # the old engine's config refuses keys added since (at their defaults here): the frozen config leaves them out
     added = ("refused_share =", "turns_after_cut =")
 
@@ -169,7 +169,7 @@ async def test_an_engine_before_the_channel_shows_the_note_and_still_pauses(tmp_
             if not in_metrics and not line.startswith(added):
                 kept.append(line)
         return "\n".join(kept) + "\n"
-    monkeypatch.setattr(console.deploy, "dump_toml", old_toml)
+    monkeypatch.setattr(console.host.deploy, "dump_toml", old_toml)
     run_dir = tmp_path / "old run"
     cleanup_runs.append(run_dir)
     cfg = make_config(run_dir, tiny_model_dir, prompts=150, gpus=1, sim=SLOW_SIM, shard_size=10)

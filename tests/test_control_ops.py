@@ -1,4 +1,4 @@
-"""The control socket's typed operations (engine.run.control_ops): the wire format, the parse errors, and the
+"""The control socket's typed operations (engine.api.ops): the wire format, the parse errors, and the
 requests engine.ctl sends for each command line."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from console.run_client import RunClient
+from console.host.run_client import RunClient
 from probes.model import CommandResult
 
 from engine.control import ControlError
 from engine.ctl import build_parser, op_of
-from engine.run.control_ops import (OPS, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, Status, Stop,
+from engine.api.ops import (OPS, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, Status, Stop,
                                     UndrainHost, parse_op, to_request)
 
 WIRE = [

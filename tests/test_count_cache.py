@@ -18,12 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine import count_cache
-from engine.config import RunConfig
-from engine.ingest import Conversation, iter_prompts
-from engine.rejects import RejectLog
-from engine.render import Renderer
-from engine.shard_store import ShardStore
+from engine.store import count_cache
+from engine.config.load import RunConfig
+from engine.text.ingest import Conversation, iter_prompts
+from engine.store.rejects import RejectLog
+from engine.text.render import Renderer
+from engine.store.shard_store import ShardStore
 from engine.run.feed import Feed
 from engine.run.ledger import Ledger
 

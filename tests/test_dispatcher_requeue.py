@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 
-from engine.config import Dispatch, RunConfig
-from engine.ingest import Conversation
+from engine.config.load import Dispatch, RunConfig
+from engine.text.ingest import Conversation
 from engine.run.dispatcher import Dispatcher
 from engine.run.items import Failed, Rejected, Retry, WorkItem
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.config import dump_toml
+from engine.config.load import dump_toml
 from tests.held_compaction_supervisor import held_path, release
 from tests.run_helpers import process_alive
 from tests.test_engine_run import (REPO, assert_one_file_per_shard, make_config, read_rows, status,  # noqa: F401

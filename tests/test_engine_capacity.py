@@ -18,9 +18,9 @@ from rich.console import Console
 
 from console.commands.status import render_status
 from engine.servers.capacity import batch_from_log
-from engine.config import RunConfig
+from engine.config.load import RunConfig
 from engine.run.batch_feedback import margin_for
-from engine.run.status import RunStatus
+from engine.observe.status import RunStatus
 from tests.run_helpers import events, make_config, status, supervisors, wait_for  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(300)

@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from console.commands.demo import demo_config, write_prompts
-from engine.config import Metrics, RunConfig, dump_toml
-from engine.ingest import Conversation, iter_prompts
-from engine.render import Renderer, sample_id
-from engine.shard_store import ShardStore
-from engine.stats import compute_stats
+from engine.config.load import Metrics, RunConfig, dump_toml
+from engine.text.ingest import Conversation, iter_prompts
+from engine.text.render import Renderer, sample_id
+from engine.store.shard_store import ShardStore
+from engine.store.stats import compute_stats
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,8 +100,8 @@ def status(run_dir: Path) -> dict | None:
     request over the control socket and the same reply, without a Python started per poll (polled every 0.1 s, those
     took most of a core from the run under test). The command itself is tested below (ctl(..., "status"))."""
     from engine.ctl import answer
-    from engine.protocol import encode_reply
-    from engine.run.control_ops import Status
+    from engine.api.protocol import encode_reply
+    from engine.api.ops import Status
 
     reply = answer(run_dir, Status(shards=True), None, 30.0)
     return json.loads(encode_reply(reply))["result"] if reply.ok else None

@@ -7,10 +7,10 @@ import stat
 from pathlib import Path
 
 from engine.servers.capacity import parse_server_info
-from engine.config import RunConfig, Workers
+from engine.config.load import RunConfig, Workers
 from engine.control import ControlError, ControlServer, request
 from engine.servers.metrics_client import parse_metrics
-from engine.run.control_ops import Pause
+from engine.api.ops import Pause
 from engine.servers.workers import WorkerSpec, error_lines, launch_argv, redact, worker_specs
 
 METRICS = """# HELP sglang:num_running_reqs The number of running requests.

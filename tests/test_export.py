@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from console.cli import main as cli_main
-from engine.config import dump_toml
-from engine.ingest import Conversation, iter_prompts
-from engine.render import Renderer
-from engine.shard_store import ShardStore
+from engine.config.load import dump_toml
+from engine.text.ingest import Conversation, iter_prompts
+from engine.text.render import Renderer
+from engine.store.shard_store import ShardStore
 from tests.test_engine_run import SupervisorProc, make_config, read_rows
 
 # -- the consumers' conventions -------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from console.cli import main as cli_main
-from engine.render import Renderer
+from engine.text.render import Renderer
 from tests.history_fixtures import answered_run
 from tests.test_history_as_seen import DEFECT
 

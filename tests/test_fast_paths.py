@@ -7,9 +7,9 @@ from array import array
 
 import pytest
 
-from engine.answer_shape import is_empty_answer
-from engine.render import Renderer
-from engine.shard_store import _is_empty
+from engine.text.answer_shape import is_empty_answer
+from engine.text.render import Renderer
+from engine.store.shard_store import _is_empty
 
 
 def test_empty_check_matches_is_empty_answer():

@@ -22,10 +22,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.transport_local import LocalTransport
+from console.host.transport_local import LocalTransport
 from console.tui.app import RegenApp
-from console.tui.source import HostSource
-from engine.config import RunConfig, dump_toml
+from console.host.source import HostSource
+from engine.config.load import RunConfig, dump_toml
 from tests.run_helpers import events, make_config, process_alive, quick_state, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 from tests.test_faults_disk import _fill, _status, small_disk  # noqa: F401  (fixture)

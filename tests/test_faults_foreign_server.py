@@ -20,8 +20,8 @@ import urllib.request
 import aiohttp
 import pytest
 
-from engine.config import SIMULATOR_LAUNCH, RunConfig
-from engine.telemetry_events import AlertEvent, WorkerEvent
+from engine.config.load import SIMULATOR_LAUNCH, RunConfig
+from engine.api.events import AlertEvent, WorkerEvent
 from engine.servers.workers import IdentityRecord, Worker, WorkerState, worker_specs
 from tests.run_helpers import REPO, events, make_config, read_rows, sample_accounting, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)

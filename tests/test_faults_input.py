@@ -10,7 +10,7 @@ import pytest
 from tests.run_helpers import (
     ctl, make_config, quick_state, read_rows, record_figures, rejects, sample_accounting, wait_for,
 )
-from engine.config import dump_toml
+from engine.config.load import dump_toml
 from tests.run_helpers import renderer_for  # noqa: F401  (fixture)
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.config import dump_toml
+from engine.config.load import dump_toml
 from tests.run_helpers import REPO, make_config, quick_state, read_rows, record_figures, wait_for
 from tests.test_cli_run import cleanup_runs  # noqa: F401  (fixture)
 

@@ -1,6 +1,6 @@
 """SSH connection cut while a console follows a run (real sshd, its session process SIGKILLed):
 the detached supervisor goes on, the one follow loop the TUI and `regen status --follow` run
-(console/follow.py) says the stream closed, reconnects with backoff, backfills the telemetry from the
+(console/host/follow.py) says the stream closed, reconnects with backoff, backfills the telemetry from the
 last ts with no gap and no repeat, and never re-sends `start`."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import time
 import psutil
 import pytest
 
-from console.deploy import start_run
-from console.follow import Backoff, RunFollower
-from console.ssh_options import SshOptions
-from console.transport import open_transport
-from console.tui.source import HostSource
-from engine.telemetry_events import parse_event
+from console.host.deploy import start_run
+from console.host.follow import Backoff, RunFollower
+from console.host.ssh_options import SshOptions
+from console.host.connect import open_transport
+from console.host.source import HostSource
+from engine.api.events import parse_event
 from tests.run_helpers import make_config, record_figures, sample_accounting
 from tests.run_helpers import renderer_for  # noqa: F401  (fixture)
 from tests.sshd_fixtures import kill_sshd_connection

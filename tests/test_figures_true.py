@@ -19,11 +19,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from console.follow import Backoff, RunFollower, SourceError
-from console.transport_local import LocalTransport
+from console.host.follow import Backoff, RunFollower, SourceError
+from console.host.transport_local import LocalTransport
 from console.tui.app import BACKFILL_S, STATUS_EVERY_S
-from console.tui.model import RunModel
-from console.tui.source import HostSource
+from console.view.model import RunModel
+from console.host.source import HostSource
 from tests.run_helpers import REPO, ctl, events, live_status, make_config, quick_state, status, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
 from tests.test_cli_run import regen
@@ -80,8 +80,8 @@ def check_against_parquet(st: dict, sums: dict) -> None:
 
 
 class ConsoleModel:
-    """The TUI's model (console.tui.model.RunModel) fed the way RegenApp feeds it, without Textual: the app's follow
-    loop (console.follow.RunFollower over a HostSource on the local transport, an hour of backfill) folds status
+    """The TUI's model (console.view.model.RunModel) fed the way RegenApp feeds it, without Textual: the app's follow
+    loop (console.host.follow.RunFollower over a HostSource on the local transport, an hour of backfill) folds status
     replies with apply_status and telemetry with apply, and while connected the status is asked again every
     STATUS_EVERY_S (RegenApp.poll_status). It runs on its own event loop in a thread; `figures()` reads it there.
 

@@ -1,13 +1,13 @@
-"""console/follow.py, the one follow loop, against a scripted source: a cut stream is backfilled from the last
+"""console/host/follow.py, the one follow loop, against a scripted source: a cut stream is backfilled from the last
 ts with nothing missed or repeated, only read operations are re-issued, a refusal stops it at once, a run that
 ends ends it (watch_ended=False). The real-sshd cut is tests/test_faults_ssh.py; the TUI's is test_tui_app.py."""
 from __future__ import annotations
 
 from typing import Any
 
-from console.follow import Backoff, FollowState, RunFollower, SourceError
-from engine.run.status import RunStatus
-from engine.telemetry_events import DispatchEvent, Event
+from console.host.follow import Backoff, FollowState, RunFollower, SourceError
+from engine.observe.status import RunStatus
+from engine.api.events import DispatchEvent, Event
 
 FAST = Backoff(first_s=0.001, max_s=0.01, lost_after=2)
 
@@ -123,7 +123,7 @@ async def test_again_keeps_its_place():
 def test_follow_progress_never_goes_back():
     """The status snapshot first, then only newer events: a backfilled event from before it is not shown."""
     from console.commands.status_follow import Progress
-    from engine.telemetry_events import DispatchEvent
+    from engine.api.events import DispatchEvent
 
     shown = Progress()
     assert shown.take(DispatchEvent(ts=10.0, done=200, total=2750))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import dump_toml
+from engine.config.load import dump_toml
 from tests.run_helpers import REPO, make_config
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 from tests.tmux_screen import capture, tmux

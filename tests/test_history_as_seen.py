@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engine.export.conversations import as_seen
-from engine.ingest import Conversation
-from engine.render import Renderer
+from engine.text.ingest import Conversation
+from engine.text.render import Renderer
 from tests.history_fixtures import KINDS, answer_turns, answered_run
 from tests.test_export import export
 

@@ -19,15 +19,15 @@ from textual.widgets import DataTable, Static
 
 from console.commands.status import render_status
 from console.tui.charts import TimeChart
-from console.tui.model import RunModel
+from console.view.model import RunModel
 from console.tui.panel_disk import DiskPanel
 from console.tui.panel_workers import COLUMNS, WorkersPanel
 from engine.placement.hosts.link import HostLink
 from engine.placement.hosts.readings import READINGS_FILE, HostReadings, publish_readings, take_reading
 from engine.placement.hosts.readings_feed import STALE_AFTER_S, ReadingsFeed, ReadingsUnavailable
-from engine.run.status import RunStatus
+from engine.observe.status import RunStatus
 from engine.telemetry import Telemetry
-from engine.telemetry_events import DiskEvent, GpuEvent, WorkerEvent, parse_event
+from engine.api.events import DiskEvent, GpuEvent, WorkerEvent, parse_event
 from engine.servers.workers import WorkerState
 from tests.test_multihost_units import cfg_with
 from tests.waiting import await_until

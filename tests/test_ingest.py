@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.ingest import Conversation, PromptFileError, Reject, iter_prompts, resolve_prompt_files
+from engine.text.ingest import Conversation, PromptFileError, Reject, iter_prompts, resolve_prompt_files
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -112,7 +112,7 @@ def test_json_array_streamed_with_rows(tmp_path):
 
 def test_json_array_elements_split_across_read_chunks(tmp_path):
     """The structural scan must find element boundaries that fall across buffer refills."""
-    from engine import ingest
+    from engine.text import ingest
 
     rows = [{"id": f"x{i}", "prompt": "p" * (i % 7) + ' "q" [a] {b}, \\' + "é" * i} for i in range(200)]
     f = tmp_path / "big.json"

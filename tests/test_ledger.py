@@ -1,19 +1,19 @@
 """The ledger (engine.run.ledger) settling every outcome, its figures (engine.run.counts) and the one shard-state
-rule (engine.run.status)."""
+rule (engine.observe.status)."""
 from __future__ import annotations
 
 import asyncio
 
 import orjson
 
-from engine.config import RunConfig
-from engine.ingest import Conversation, Reject
-from engine.rejects import RejectLog
+from engine.config.load import RunConfig
+from engine.text.ingest import Conversation, Reject
+from engine.store.rejects import RejectLog
 from engine.run.counts import RATE_MIN_SPAN_S, RATE_WINDOW_S, CommitRate, ShardCounts, counts_from_store, eta_s
 from engine.run.items import Committed, Failed, Rejected, Retry, WorkItem
 from engine.run.ledger import ConvProgress, Ledger, Unfit
-from engine.run.status import dispatch_figures, shard_state, shard_statuses
-from engine.shard_store import PartInfo, ShardProgress, ShardStore
+from engine.observe.status import dispatch_figures, shard_state, shard_statuses
+from engine.store.shard_store import PartInfo, ShardProgress, ShardStore
 from tests.test_shard_store import make_row
 
 

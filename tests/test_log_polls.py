@@ -1,7 +1,7 @@
 """The Workers tab's log tail leaves out regen's own successful polls, and only those."""
 from __future__ import annotations
 
-from console.log_polls import without_polls
+from console.view.log_polls import without_polls
 
 TAIL = [
     '[2026-12-06 08:50:45] INFO:     127.0.0.1:60992 - "GET /metrics HTTP/1.1" 200',  # the simulator

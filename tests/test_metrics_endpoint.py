@@ -1,4 +1,4 @@
-"""The run's figures in Prometheus ([metrics], engine/run/exporter.py), scraped from rehearsals on the simulator with
+"""The run's figures in Prometheus ([metrics], engine/observe/metrics_server.py), scraped from rehearsals on the simulator with
 prometheus-client's own parser: the figures equal `regen status --json` and the Parquet sums at a quiet point, the
 counters never go backwards across a SIGKILL and restart of the supervisor, and a busy port is an alert and a status
 note while the run goes on."""
@@ -16,12 +16,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from console.commands.status import render_status
-from engine.answer_shape import think_state
-from engine.config import Metrics, Sampling, Store
-from engine.run.exporter import ALERT_KEY, MetricsServer, families
-from engine.run.status import MetricsStatus, Rejects, RunStatus
-from engine.shard_store import ShardStore, _is_empty
-from engine.telemetry_events import DispatchEvent
+from engine.text.answer_shape import think_state
+from engine.config.load import Metrics, Sampling, Store
+from engine.observe.metrics_server import ALERT_KEY, MetricsServer, families
+from engine.observe.status import MetricsStatus, Rejects, RunStatus
+from engine.store.shard_store import ShardStore, _is_empty
+from engine.api.events import DispatchEvent
 from tests.run_helpers import events, live_status
 from tests.test_cli_run import cleanup_runs, regen, start_local  # noqa: F401  (cleanup_runs: a fixture)
 from tests.test_engine_run import make_config, supervisors, wait_for  # noqa: F401  (supervisors: a fixture)
@@ -257,8 +257,8 @@ def test_a_starting_supervisor_sends_no_figure_that_would_read_as_a_counter_rese
 def full_status() -> RunStatus:
     """A status with every part the exporter reads: figures, shards, workers, the brake, rejects, alerts, disk."""
     from engine.run.brake import BrakeShare, BrakeStatus
-    from engine.wire import ShardFigures
-    from engine.telemetry_events import AlertEvent, DiskEvent, WorkerEvent
+    from engine.api.wire import ShardFigures
+    from engine.api.events import AlertEvent, DiskEvent, WorkerEvent
     return RunStatus(
         run_dir="/r", state="running", started_at=1.0, rejects=Rejects(1, {"malformed_json": 1}),
         dispatch=DispatchEvent(done=7, total=10, output_tokens=700, tokens_per_s=35.0, eta_s=60.0),

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from engine.config import Host, Router, dump_toml
+from engine.config.load import Host, Router, dump_toml
 from engine.servers.workers import READY_LINE
 from tests.netns_hosts import netns_available, start_hosts
 from tests.run_helpers import process_alive
@@ -201,8 +201,8 @@ def test_regen_start_preflights_every_host_and_refuses_when_one_is_down(tmp_path
 
 
 async def test_tui_preflight_probes_every_host_under_its_name(tmp_path, tiny_model_dir, sim_hosts):
-    from console.transport import open_transport
-    from console.tui.source import HostSource
+    from console.host.connect import open_transport
+    from console.host.source import HostSource
 
     cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=10, names=["h1", "h2"])
     run_dir = tmp_path / "run"

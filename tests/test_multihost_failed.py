@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.config import Host, Router
+from engine.config.load import Host, Router
 from tests.netns_hosts import start_hosts
 from tests.sshd_fixtures import find_sshd, free_port
 from tests.test_engine_run import (REPO, ctl, expected_samples, make_config, read_rows, renderer_for,  # noqa: F401

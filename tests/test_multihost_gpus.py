@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from console.tui.model import RunModel
+from console.view.model import RunModel
 from tests.test_engine_run import REPO, status, supervisors, wait_for  # noqa: F401  (fixture)
 from tests.test_multihost import multihost_config, regen_cli, sim_hosts  # noqa: F401  (fixture)
-from engine.run.status import RunStatus
+from engine.observe.status import RunStatus
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(420)]
 

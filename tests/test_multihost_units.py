@@ -12,15 +12,15 @@ import pytest
 from rich.console import Console
 
 from console.commands.status import render_status
-from console.tui.model import RunModel
-from engine.config import ConfigError, Host, config_from_dict, dump_toml, host_workers
+from console.view.model import RunModel
+from engine.config.load import ConfigError, Host, config_from_dict, dump_toml, host_workers
 from engine.placement.hosts.link import HostLink, RemoteWorker, admit_remote, host_specs, live_records, parse_identity_records
 from engine.servers.capacity import ServerCapacity
 from engine.servers.metrics_client import ServerMetrics
 from engine.placement.router import RouterEndpoint, router_argv
-from engine.run.status import RunStatus
+from engine.observe.status import RunStatus
 from engine.servers.identity import ServedNames, Verdict
-from engine.telemetry_events import AlertEvent, GpuEvent, WorkerEvent
+from engine.api.events import AlertEvent, GpuEvent, WorkerEvent
 from engine.servers.workers import IdentityRecord, WorkerSpec, WorkerState
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 

@@ -20,11 +20,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from engine.config import ConfigError, NotifyConfig, config_from_dict
+from engine.config.load import ConfigError, NotifyConfig, config_from_dict
 from engine.notify import Notification, Notifier, notification_for
 from engine.notify.formats import webhook_request
 from engine.notify.limiter import Limiter
-from engine.telemetry_events import AlertEvent, DispatchEvent, FatalEvent, RunEndEvent
+from engine.api.events import AlertEvent, DispatchEvent, FatalEvent, RunEndEvent
 from tests.run_helpers import ctl, events, make_config, wait_for
 from tests.run_helpers import supervisors  # noqa: F401  (fixture)
 from tests.test_engine_run import SupervisorProc

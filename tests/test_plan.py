@@ -17,9 +17,9 @@ from rich.console import Console
 
 from console.cli import main as cli_main
 from console.commands.plan import render
-from engine.config import SIMULATOR_LAUNCH
-from engine.pilot import bootstrap_mean_ci
-from engine.pilot_window import Completed, Reading, full_batch
+from engine.config.load import SIMULATOR_LAUNCH
+from engine.plan.pilot import bootstrap_mean_ci
+from engine.plan.pilot_window import Completed, Reading, full_batch
 from engine.simulator import throughput
 from tests.sshd_fixtures import free_port_base
 from tests.test_engine_run import supervisors  # noqa: F401  (the fixture: supervisors started here are killed)
@@ -295,7 +295,7 @@ def run_tokens_per_s(run_dir: Path, batch: int) -> dict[str, float]:
 def test_pilot_projects_the_run_that_follows_within_15_percent(tmp_path, tiny_model_dir, supervisors, capsys):
     # 0.5.5 reports no batch size in /get_server_info: the pilot finds 32 in the start-up log line, as the run does
     from console.commands.demo import write_prompts as demo_prompts
-    from engine.config import load_config
+    from engine.config.load import load_config
 
     batch = 32
     sim = ["--sim-sglang-version", "0.5.5", "--sim-max-num-reqs", str(batch), "--sim-step-ms", "10",

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from console.commands.probe import context_from_config
-from console.transport import open_transport
-from engine.config import load_config
+from console.host.connect import open_transport
+from engine.config.load import load_config
 from probes.model import Status
 from probes.runner import run_probes
 from tests.sshd_fixtures import free_port, free_port_base

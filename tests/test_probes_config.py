@@ -179,8 +179,8 @@ def test_malformed_rows_reported_with_file_and_line(tiny_model_dir, tmp_path):
 
 
 def test_malformed_reasons_match_the_engine_reader(tiny_model_dir, tmp_path):
-    """The probe's copy of the row rules and engine/ingest.py reject the same lines for the same kinds."""
-    from engine.ingest import Reject, iter_prompts
+    """The probe's copy of the row rules and engine/text/ingest.py reject the same lines for the same kinds."""
+    from engine.text.ingest import Reject, iter_prompts
 
     bad = tmp_path / "mixed.jsonl"
     rows = [sharegpt(0), {"text": "x"}, {"messages": []}, {"messages": [{"role": "assistant", "content": "a"}]},
@@ -266,7 +266,7 @@ def test_ports_free_and_busy_with_holder(tiny_model_dir, tmp_path):
 
 
 def _run_config(tmp_path, model, prompts, **sampling):
-    from engine.config import config_from_dict
+    from engine.config.load import config_from_dict
 
     return config_from_dict({"run_dir": str(tmp_path / "run"), "model": str(model), "prompts": prompts,
                              "sampling": sampling})
@@ -274,8 +274,8 @@ def _run_config(tmp_path, model, prompts, **sampling):
 
 def test_resume_new_resumable_and_changed(tiny_model_dir, tmp_path):
     from console.commands.probe import context_from_config
-    from engine.run_dir import prepare_run_dir
-    from engine.shard_store import ShardStore
+    from engine.store.run_dir import prepare_run_dir
+    from engine.store.shard_store import ShardStore
     from tests.test_shard_store import make_row
 
     prompts = [str(tmp_path / "p.jsonl")]

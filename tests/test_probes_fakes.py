@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from console.transport import open_transport
+from console.host.connect import open_transport
 from probes.catalog import CATALOG, Probe
 from probes.context import ProbeContext
 from probes.model import ProbeReport

@@ -16,7 +16,7 @@ import pytest
 
 from console.commands.demo import demo_config
 from console.commands.probe import context_from_config
-from engine.config import DEFAULT_LAUNCH, SIMULATOR_LAUNCH
+from engine.config.load import DEFAULT_LAUNCH, SIMULATOR_LAUNCH
 from probes.context import is_rehearsal
 from tests.sshd_fixtures import free_port_base
 from tests.test_probes_fakes import REPO, sharegpt, write_jsonl, write_run_toml

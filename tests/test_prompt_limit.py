@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from engine.servers.capacity import ServerCapacity, parse_server_info
-from engine.config import RunConfig, Sampling
-from engine.ingest import Conversation
+from engine.config.load import RunConfig, Sampling
+from engine.text.ingest import Conversation
 from engine.run.feed import Feed
 from engine.run.items import WorkItem
 from engine.run.ledger import Unfit

@@ -184,14 +184,14 @@ def test_every_complete_run_toml_shown_is_valid(page, tmp_path, capsys):
 
 
 def test_every_prometheus_series_named_is_exported():
-    from engine.run.exporter import SHARE_KINDS
+    from engine.observe.metrics_server import SHARE_KINDS
 
-    source = (REPO / "engine" / "run" / "exporter.py").read_text()
+    source = (REPO / "engine" / "observe" / "metrics_server.py").read_text()
     exported = set(re.findall(r'"(regen_[a-z_]+)"', source)) | {f"regen_samples_{kind}" for kind in SHARE_KINDS}
     for page in PAGES_WRITTEN:
         for name in set(re.findall(r"\bregen_[a-z_]+", page.read_text())):
             assert name.removesuffix("_total") in exported, \
-                f"{page.name} names {name}, which engine/run/exporter.py does not export"
+                f"{page.name} names {name}, which engine/observe/metrics_server.py does not export"
 
 
 def test_every_benchmark_table_names_its_command_and_commit():

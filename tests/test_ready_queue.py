@@ -5,13 +5,13 @@ import asyncio
 import collections
 import random
 
-from engine.config import Dispatch, RunConfig
-from engine.rejects import RejectLog
+from engine.config.load import Dispatch, RunConfig
+from engine.store.rejects import RejectLog
 from engine.run.counts import ShardCounts
 from engine.run.items import Committed, WorkItem
 from engine.run.ledger import ConvProgress, Ledger
 from engine.run.ready_queue import PREFIX_TOKENS, ReadyQueue
-from engine.shard_store import ShardStore
+from engine.store.shard_store import ShardStore
 from tests.test_ledger import conv
 from tests.test_shard_store import make_row
 

@@ -19,7 +19,7 @@ def test_the_committed_reference_page_is_what_the_code_produces(name):
 
 
 def test_every_key_of_the_schema_is_in_the_config_reference():
-    from engine.config_schema import RunConfig
+    from engine.config.schema import RunConfig
 
     text = (DOCS / "config.md").read_text()
     for key, field in RunConfig.model_fields.items():

@@ -110,8 +110,8 @@ async def test_a_rehearsal_whose_server_refuses_every_request_fails_with_its_wor
 
 
 def test_refusals_count_in_the_brakes_window_beside_bad_answers():
-    from engine.answer_shape import SampleShape
-    from engine.config import config_from_dict
+    from engine.text.answer_shape import SampleShape
+    from engine.config.load import config_from_dict
     from engine.run.brake import REFUSED_SHAPE, RunBrake
 
     cfg = config_from_dict({"run_dir": "/r", "model": "/m", "prompts": ["/p"], "brake": {"window": 40, "min_samples": 20}})

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from engine.ingest import Reject
-from engine.rejects import RejectLog, RejectLogError
+from engine.text.ingest import Reject
+from engine.store.rejects import RejectLog, RejectLogError
 
 
 def rej(line, reason="malformed JSON: Expecting value: line 1 column 1 (char 0)", kind="malformed_json"):

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from engine.ingest import Conversation
-from engine.render import Renderer, RenderError, sample_id
+from engine.text.ingest import Conversation
+from engine.text.render import Renderer, RenderError, sample_id
 
 CONV = Conversation(
     conversation_id="c1", source="src.jsonl", origin="src.jsonl:1", index=0,

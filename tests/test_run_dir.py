@@ -6,9 +6,9 @@ import stat
 
 import pytest
 
-from engine.config import config_from_dict, load_config
-from engine.run_dir import ConfigChanged, RunDirError, RunPaths, prepare_run_dir
-from engine.shard_store import ShardStore
+from engine.config.load import config_from_dict, load_config
+from engine.store.run_dir import ConfigChanged, RunDirError, RunPaths, prepare_run_dir
+from engine.store.shard_store import ShardStore
 from tests.test_shard_store import make_row
 
 

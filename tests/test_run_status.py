@@ -1,5 +1,5 @@
-"""The one status shape (engine.run.status.RunStatus): its JSON round trip, an older engine's reply read back, and
-the live (Supervisor.status) and offline (engine.run.offline_status) replies built by the one builder."""
+"""The one status shape (engine.observe.status.RunStatus): its JSON round trip, an older engine's reply read back, and
+the live (Supervisor.status) and offline (engine.observe.offline_status) replies built by the one builder."""
 from __future__ import annotations
 
 import asyncio
@@ -10,17 +10,17 @@ import pytest
 
 from engine.control import ControlError
 from engine.fatal import FatalRecord, write_fatal
-from engine.ingest import Reject
-from engine.rejects import RejectLog
-from engine.run.control_ops import DrainHost, Pause, Status
-from engine.run.offline_status import NotARunDir, offline_status
-from engine.run.status import HostStatus, Rejects, RouterStatus, RunStatus
-from engine.wire import ShardFigures
-from engine.shard_store import ShardStore
+from engine.text.ingest import Reject
+from engine.store.rejects import RejectLog
+from engine.api.ops import DrainHost, Pause, Status
+from engine.observe.offline_status import NotARunDir, offline_status
+from engine.observe.status import HostStatus, Rejects, RouterStatus, RunStatus
+from engine.api.wire import ShardFigures
+from engine.store.shard_store import ShardStore
 from engine.servers.startup import StartCheck
 from engine.supervisor import Supervisor
 from engine.telemetry import Telemetry
-from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,
+from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,
                                      WorkerEvent)
 from tests.test_engine_run import make_config
 from tests.test_shard_store import make_row

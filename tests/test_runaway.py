@@ -6,9 +6,9 @@ from array import array
 
 import pytest
 
-from engine.config import ConfigError, Runaway, config_from_dict
+from engine.config.load import ConfigError, Runaway, config_from_dict
 from engine.run.runaway import RunawayDetector
-from engine.tiny_model import corpus
+from engine.text.tiny_model import corpus
 
 CFG = Runaway()
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from engine.config import RunConfig
+from engine.config.load import RunConfig
 from engine.simulator.generator import OutputGenerator, request_key
-from engine.stats import compute_stats
+from engine.store.stats import compute_stats
 from tests.run_helpers import (check_rows, events, make_config, quick_state, read_rows, sample_accounting, status,
                                wait_for)
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.config import RunConfig, Workers
+from engine.config.load import RunConfig, Workers
 from engine.servers.port_holder import PortHolder, check_port, describe_pid, process_tree
 from engine.servers.identity import (
     Expected, ServedNames, SocketOwner, Verdict, check_identity, judge, operator_served_name, read_served_names,

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from engine.config import RunConfig, Workers
+from engine.config.load import RunConfig, Workers
 from engine.servers.ranks import DistInitAddr, RankPlanError, plan_server, rank_argv
 from engine.simulator import parse_args
 from engine.servers.workers import WorkerSpec, launch_argv
@@ -65,7 +65,7 @@ async def test_two_workers_launch_one_server_across_two_ranks_and_rank0_ends_wit
     rank 0 with NCCL's error naming it."""
     import aiohttp
 
-    from engine.telemetry_events import AlertEvent
+    from engine.api.events import AlertEvent
     from engine.servers.workers import Worker, WorkerState
     from tests.run_helpers import make_config
     from tests.sshd_fixtures import free_port

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from engine.config import RunConfig
-from engine.render import Renderer
+from engine.config.load import RunConfig
+from engine.text.render import Renderer
 from engine.run.dispatcher import Dispatcher
 from engine.run.items import Generated
 from tests.test_dispatcher_requeue import make_item

@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.shard_store import (COMPACT_ROW_GROUP_ROWS, CompactionConflict, ShardStore, StoreError, read_committed)
-from engine.stats import compute_stats
+from engine.store.shard_store import (COMPACT_ROW_GROUP_ROWS, CompactionConflict, ShardStore, StoreError, read_committed)
+from engine.store.stats import compute_stats
 from tests.test_shard_store import make_row, part_files
 
 
@@ -128,7 +128,7 @@ def test_recover_removes_whichever_side_is_the_orphan(tmp_path, crash_after):
     n, nbytes = store._write_compacted(parts, shard_dir / "shard.parquet.tmp")
     store._publish(shard_dir / "shard.parquet.tmp", shard_dir / "shard.parquet")
     if crash_after == "swap":
-        from engine.shard_store import PartInfo
+        from engine.store.shard_store import PartInfo
         store._swap("s00000", parts, PartInfo("s00000", "shards/s00000/shard.parquet", n, 0.0, 0, nbytes))
     store.close()
     assert len(part_files(tmp_path)) == 4  # both sides on disk
@@ -190,7 +190,7 @@ def test_the_documented_glob_sees_each_finished_shard_once_at_every_step(store, 
 def test_stats_read_beside_a_compaction_count_every_sample_once(store, tmp_path, monkeypatch):
     """`regen stats` lists the committed parts, then reads them: a shard compacted in between makes it list again,
     with no missing-part integrity error and no sample counted twice."""
-    import engine.stats as stats
+    import engine.store.stats as stats
     rows = fill(store, "s00000", 3) + fill(store, "s00001", 2)
     real = stats._list_parts
     calls = []

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from console.tui.model import RunModel, ShardView
-from console.tui.shard_list import FILTERS, SORTS, ShardList, has_problem, sort_key
-from engine.run.status import RunStatus
-from engine.telemetry_events import ShardEvent
-from engine.wire import AlertLevels
+from console.view.model import RunModel, ShardView
+from console.view.shard_list import FILTERS, SORTS, ShardList, has_problem, sort_key
+from engine.observe.status import RunStatus
+from engine.api.events import ShardEvent
+from engine.api.wire import AlertLevels
 from tests.shard_fixtures import T0, ShardsSource, frozen_shards
 
 LEVELS = AlertLevels()  # the engine's defaults: [alerts] empty_share 0.05, truncated_share 0.10

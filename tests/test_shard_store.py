@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.shard_schema import SHARD_SCHEMA
-from engine.shard_store import DuplicateSample, ShardStore, StoreBusy, StoreError, shard_id_for
+from engine.store.shard_schema import SHARD_SCHEMA
+from engine.store.shard_store import DuplicateSample, ShardStore, StoreBusy, StoreError, shard_id_for
 
 REPO = Path(__file__).resolve().parents[1]
 EMPTY_TEXT = "<think>\n\n</think>\n\nOK.<|im_end|>"
@@ -149,7 +149,7 @@ def test_failed_sqlite_step_leaves_nothing_and_seq_is_not_reused(store, tmp_path
 CRASH_SCRIPT = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from engine.shard_store import ShardStore
+from engine.store.shard_store import ShardStore
 from tests.test_shard_store import make_row
 step = sys.argv[1]
 store = ShardStore({run_dir!r})
@@ -188,7 +188,7 @@ def test_crash_before_the_sqlite_txn_leaves_an_orphan_that_recover_removes(tmp_p
 LOOP_SCRIPT = """
 import sys
 sys.path.insert(0, {repo!r})
-from engine.shard_store import ShardStore
+from engine.store.shard_store import ShardStore
 from tests.test_shard_store import make_row
 store = ShardStore({run_dir!r})
 store.ensure_shards({{"s00000": 10**6, "s00001": 10**6}})
@@ -313,7 +313,7 @@ def test_committed_part_missing_on_disk_is_uncommitted_by_recover(store, tmp_pat
 # --- the committer's compact rows (compact_row) and the fast paths of build_table ----------------
 
 def _tables_equal_with_and_without(rows_factory):
-    from engine.shard_store import build_table, compact_row
+    from engine.store.shard_store import build_table, compact_row
 
     plain = build_table(rows_factory())
     compact = build_table([compact_row(r) for r in rows_factory()])
@@ -324,7 +324,7 @@ def _tables_equal_with_and_without(rows_factory):
 def test_compacted_rows_give_the_same_table():
     from array import array
 
-    from engine.shard_store import STANDARD_MASK, compact_row
+    from engine.store.shard_store import STANDARD_MASK, compact_row
 
     table = _tables_equal_with_and_without(lambda: [make_row("a"), make_row("b", prompt_len=0, output_len=3),
                                                     make_row("c", prompt_len=4, output_len=0)])
@@ -345,7 +345,7 @@ def test_compacted_rows_give_the_same_table():
     (lambda r: r.update(turn="one"), "field turn is not int32"),
 ])
 def test_compacted_rows_are_refused_with_the_same_messages(store, change, message):
-    from engine.shard_store import compact_row
+    from engine.store.shard_store import compact_row
 
     for compact in (False, True):
         bad = make_row("bad")

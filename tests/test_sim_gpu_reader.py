@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from engine.servers.gpu_sim import SIM_GPU_PATH, SimGpuReader
-from engine.wire import WorkerState
+from engine.api.wire import WorkerState
 
 READING = [{"index": 0, "name": "simulated H100", "mem_used_mb": 61_000.0, "mem_total_mb": 81_559.0, "util_pct": 97.0}]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.config import NotifyConfig
+from engine.config.load import NotifyConfig
 from engine.notify import Notifier
 from engine.placement.slurm import link as link_mod
 from engine.placement.slurm.jobs import JobState

@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.config import config_from_dict
+from engine.config.load import config_from_dict
 from engine.placement.slurm import jobs as slurm_jobs
 from engine.placement.slurm.jobs import JobState, parse_scontrol, parse_squeue
 from engine.placement.slurm.link import SlurmLink
 from engine.placement.slurm.step import job_dir
-from engine.telemetry_events import AlertEvent
+from engine.api.events import AlertEvent
 
 # scontrol show job -o of a --no-requeue job a higher-priority partition preempted (cut to the fields read)
 PREEMPTED = ("JobId=1 JobName=regen-0 JobState=PREEMPTED Reason=None Dependency=(null) Requeue=0 Restarts=0 "
@@ -124,7 +124,7 @@ def test_regen_stop_without_a_supervisor_says_when_slurm_cannot_be_asked(tmp_pat
     import subprocess
     import sys
 
-    from engine.config import dump_toml
+    from engine.config.load import dump_toml
 
     run_dir = tmp_path / "run"
     (run_dir / "slurm").mkdir(parents=True)

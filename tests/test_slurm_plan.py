@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from console.cli import main as cli_main
-from engine.config import ConfigError, config_from_dict
+from engine.config.load import ConfigError, config_from_dict
 from engine.placement.slurm.plan import allocations_needed, layout_of, sbatch_argv, srun_argv
 
 BASE = {"run_dir": "/scratch/run", "model": "/m", "prompts": ["p.jsonl"]}

@@ -9,9 +9,9 @@ import sys
 from rich.console import Console
 
 from console.commands.status import WIDE, render_status, status_console
-from console.transport_ssh import kill_outcome
-from engine.run.status import RunStatus
-from engine.telemetry_events import DiskEvent, GpuEvent, WorkerEvent
+from console.host.transport_ssh import kill_outcome
+from engine.observe.status import RunStatus
+from engine.api.events import DiskEvent, GpuEvent, WorkerEvent
 from probes.host import script as host_script
 from probes.model import ProbeReport, ProbeResult, Status
 from probes.render import render_report
@@ -117,7 +117,7 @@ def test_a_json_array_of_300_records_is_300_rows(tmp_path):
 # -- the console ------------------------------------------------------------------------------------
 def replay_app(tmp_path):
     from console.tui.app import RegenApp
-    from console.tui.source import ReplaySource
+    from console.host.source import ReplaySource
     from tests.test_tui_snapshots import DATA, frozen_report
 
     source = ReplaySource(DATA / "tui_telemetry.jsonl", host="gpu-host", run_dir="/data/runs/demo",

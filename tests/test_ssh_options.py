@@ -8,9 +8,9 @@ import shlex
 import pytest
 
 from console.cli import build_parser, main
-from console.hints import hint_from_args, regen_command, typed_again
-from console.ssh_options import ENV_SSH_CONFIG, SshOptions
-from console.tui.source import HostSource, SourceError
+from console.view.hints import hint_from_args, regen_command, typed_again
+from console.host.ssh_options import ENV_SSH_CONFIG, SshOptions
+from console.host.source import HostSource, SourceError
 
 # each command that connects, with the least it needs besides the SSH options
 CONNECTING = {
@@ -100,7 +100,7 @@ def test_tui_source_stops_at_an_unknown_host_key_and_connects_with_accept_new(ss
     cfg, known = _config_with_empty_known_hosts(sshd, tmp_path)
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     run_dir = str(tmp_path / "run 'x'")
-    import console.tui.source as source_module
+    import console.host.source as source_module
 
     opened = []
     real_open = source_module.open_transport

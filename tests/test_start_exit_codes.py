@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from engine.config import dump_toml
+from engine.config.load import dump_toml
 from tests.run_helpers import make_config, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from console.cli import main as cli_main
-from engine.answer_shape import is_empty_answer, think_state
-from engine.render import Renderer
-from engine.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
-from engine.shard_store import ShardStore
-from engine.stats import (SCHEMA, StatsReadError, compute_stats, empty_answer_mask, log2_histogram, stats_alerts,
+from engine.text.answer_shape import is_empty_answer, think_state
+from engine.text.render import Renderer
+from engine.store.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
+from engine.store.shard_store import ShardStore
+from engine.store.stats import (SCHEMA, StatsReadError, compute_stats, empty_answer_mask, log2_histogram, stats_alerts,
                           think_codes)
 
 EMPTY = "<think>\n\n</think>\n\nOK.<|im_end|>"
@@ -315,7 +315,7 @@ def test_cli_host_dir_over_real_ssh(run_dir, sshd, capsys):
 
 
 def test_sampled_mask_check_reads_the_head_of_parts(run_dir, rows, monkeypatch):
-    import engine.stats as stats_module
+    import engine.store.stats as stats_module
 
     monkeypatch.setattr(stats_module, "MASK_CHECK_HEAD_ROWS", 5)
     s = compute_stats(run_dir, mask_check="sample")
@@ -326,7 +326,7 @@ def test_sampled_mask_check_reads_the_head_of_parts(run_dir, rows, monkeypatch):
 
 
 def test_check_mask_on_a_sliced_array():
-    from engine.stats import check_mask
+    from engine.store.stats import check_mask
 
     mask = pa.array([[0, 1], [0, 0, 1, 1], [1], [0, 1, 1]], type=pa.list_(pa.uint8())).slice(1, 3)
     bad, errors = check_mask(mask, np.array([2, 0, 1]), np.array([2, 1, 2]), "p")

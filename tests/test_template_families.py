@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from engine.answer_shape import is_empty_answer, think_state
-from engine.ingest import Conversation
-from engine.render import Renderer
+from engine.text.answer_shape import is_empty_answer, think_state
+from engine.text.ingest import Conversation
+from engine.text.render import Renderer
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 from tests.test_simulator import chat_prompt, post
 
@@ -42,7 +42,7 @@ def test_qwen35_template_opens_the_block_and_drops_earlier_reasoning(tok35):
 def test_build_tiny_model_rebuilds_a_dir_of_the_other_family(tmp_path):
     from transformers import AutoTokenizer
 
-    from engine.tiny_model import build_tiny_model
+    from engine.text.tiny_model import build_tiny_model
 
     path = build_tiny_model(tmp_path / "m", template="qwen3")
     build_tiny_model(path, template="qwen3.5")

@@ -9,8 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.transport import TransportError, open_transport, quote_argv
-from console.transport_local import LocalTransport
+from console.host.transport import TransportError, quote_argv
+from console.host.connect import open_transport
+from console.host.transport_local import LocalTransport
 from tests.waiting import await_until, poll_until
 
 

@@ -11,8 +11,9 @@ import asyncssh
 import psutil
 import pytest
 
-from console.transport import TransportError, open_transport, quote_argv
-from console.transport_ssh import SshTransport
+from console.host.transport import TransportError, quote_argv
+from console.host.connect import open_transport
+from console.host.transport_ssh import SshTransport
 from tests.sshd_fixtures import free_port, kill_sshd_connection, known_hosts_line, write_keypair
 from tests.waiting import apoll_until
 

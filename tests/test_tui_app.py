@@ -16,13 +16,13 @@ import pytest
 from rich.console import Console
 
 from console.commands.demo import demo_config, write_prompts
-from console.deploy import start_run
-from console.run_client import RunClient
-from console.transport_local import LocalTransport
+from console.host.deploy import start_run
+from console.host.run_client import RunClient
+from console.host.transport_local import LocalTransport
 from console.tui.app import RegenApp
 from console.tui.screens import ConfirmScreen, HelpScreen
 from console.tui.shard_table import ShardTable
-from console.tui.source import HostSource
+from console.host.source import HostSource
 from textual.widgets import DataTable, Log, Static
 from tests.run_helpers import children_with_cmdlines
 from tests.waiting import poll_until

@@ -9,12 +9,12 @@ from rich.console import Console
 from textual.widgets import Static
 
 from console.tui.app import RegenApp
-from console.tui.model import RunModel
-from console.tui.source import ReplaySource
-from engine.config import RunConfig
+from console.view.model import RunModel
+from console.host.source import ReplaySource
+from engine.config.load import RunConfig
 from engine.run.brake import RunBrake
-from engine.run.status import RunStatus
-from engine.telemetry_events import AlertEvent, DispatchEvent, ShardEvent
+from engine.observe.status import RunStatus
+from engine.api.events import AlertEvent, DispatchEvent, ShardEvent
 from tests.test_brake import EMPTY, GOOD
 
 T0 = 1796219900.0

@@ -12,9 +12,9 @@ from rich.console import Console
 
 from console.tui.app import RegenApp
 from console.tui.charts import TimeChart, time_unit
-from console.tui.source import ReplaySource
+from console.host.source import ReplaySource
 from engine.simulator.gpu import SIM_GPU_NAME
-from engine.telemetry_events import DispatchEvent, GpuEvent, WorkerEvent
+from engine.api.events import DispatchEvent, GpuEvent, WorkerEvent
 from tests.test_tui_snapshots import frozen_app, frozen_telemetry, shows  # noqa: F401 (fixture)
 
 T0 = 1796200000.0

@@ -10,9 +10,9 @@ import time
 
 import psutil
 
-from console.transport_local import LocalTransport
+from console.host.transport_local import LocalTransport
 from console.tui.app import RegenApp
-from console.tui.source import HostSource
+from console.host.source import HostSource
 from tests.run_helpers import make_config, process_alive, wait_for
 from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 from tests.test_faults_fatal import write_config

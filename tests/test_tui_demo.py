@@ -13,7 +13,7 @@ import pytest
 from console.commands.demo import _demo, demo_config, write_prompts
 from console.tui.app import RegenApp
 from console.tui.shard_table import ShardTable
-from console.tui.source import HostSource
+from console.host.source import HostSource
 from tests.test_figures_true import parquet_sums, status_cli
 from tests.test_tui_app import header, wait_until
 from tests.waiting import poll_until
@@ -93,9 +93,9 @@ async def test_the_demo_console_shows_every_shard_done_with_its_parquet_sums_and
 
 async def test_a_status_landing_while_the_console_shuts_down_on_the_shards_tab_is_no_error(tmp_path):
     from console.tui.messages import StatusReceived
-    from console.tui.source import ReplaySource
-    from engine.run.status import RunStatus
-    from engine.wire import ShardFigures
+    from console.host.source import ReplaySource
+    from engine.observe.status import RunStatus
+    from engine.api.wire import ShardFigures
     from tests.test_tui_snapshots import DATA
 
     app = RegenApp(ReplaySource(DATA / "tui_telemetry.jsonl", host="h", run_dir=str(tmp_path)), live=False,

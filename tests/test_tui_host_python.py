@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from console.transport_local import LocalTransport
-from console.tui.source import HostSource
+from console.host.transport_local import LocalTransport
+from console.host.source import HostSource
 
 
 async def test_the_host_python_given_is_the_one_a_run_without_a_launch_file_is_asked_with(tmp_path):

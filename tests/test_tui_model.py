@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.run.status import RunStatus
-from console.tui.model import RunModel, bytes_text
-from engine.wire import duration_text
-from console.tui.series import COARSE_TIERS, HISTORY_POINTS, Series, downsample
-from engine.telemetry_events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, ShardEvent, WorkerEvent,
+from engine.observe.status import RunStatus
+from console.view.model import RunModel, bytes_text
+from engine.api.wire import duration_text
+from console.view.series import COARSE_TIERS, HISTORY_POINTS, Series, downsample
+from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, ShardEvent, WorkerEvent,
                                      parse_event)
 
 RECORDED = Path(__file__).parent / "data" / "tui_telemetry.jsonl"
@@ -117,7 +117,7 @@ def test_disk_time_to_full_and_low_alert():
     assert abs(d.write_rate() - gib / 60) < 1
     assert abs(d.time_to_full() - 90 * 60) < 1  # 90 GiB left at 1 GiB/min
     m.apply(DiskEvent(ts=700.0, path="/run", free_bytes=5 * gib, total_bytes=200 * gib))
-    assert not m.alerts  # the disk-low alert is the engine's (engine.run.watch, alerts.disk_free_min_gb)
+    assert not m.alerts  # the disk-low alert is the engine's (engine.observe.watch, alerts.disk_free_min_gb)
     flat = RunModel()
     flat.apply(DiskEvent(ts=1, path="/dev/shm", free_bytes=gib, total_bytes=gib))
     flat.apply(DiskEvent(ts=2, path="/dev/shm", free_bytes=gib, total_bytes=gib))
@@ -172,7 +172,7 @@ def test_status_reply_with_event_dicts_folds():
 
 
 def test_a_workers_row_says_what_it_runs_what_waits_in_its_queue_and_what_regen_holds_for_it():
-    from console.batch_text import queued_text
+    from console.view.batch_text import queued_text
 
     m = RunModel("h", "/r")
     m.apply(WorkerEvent(ts=1, name="gpu0", state="ready", running_reqs=96, queued_reqs=3, in_flight=99, capacity=120,

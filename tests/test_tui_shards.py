@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from console.tui.app import CONTROL_CHUNK, FULL_STATUS_EVERY_S, RegenApp
-from console.tui.shard_list import has_problem
+from console.view.shard_list import has_problem
 from console.tui.shard_table import COLUMNS, ShardTable, tokens_text
 from tests.shard_fixtures import SHARDS, T0, ShardsSource
 from tests.test_tui_app import wait_until

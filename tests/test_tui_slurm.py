@@ -8,12 +8,12 @@ import asyncio
 import dataclasses
 
 from console.tui.app import RegenApp
-from console.tui.host_table import SLURM_COLUMNS
+from console.view.host_table import SLURM_COLUMNS
 from console.tui.messages import StatusReceived
-from console.tui.model import RunModel
-from console.tui.source import ReplaySource
-from engine.run.status import HostStatus, RouterStatus, RunStatus, SlurmJobStatus
-from engine.telemetry_events import DispatchEvent, GpuEvent, WorkerEvent
+from console.view.model import RunModel
+from console.host.source import ReplaySource
+from engine.observe.status import HostStatus, RouterStatus, RunStatus, SlurmJobStatus
+from engine.api.events import DispatchEvent, GpuEvent, WorkerEvent
 from tests.test_tui_charts import screen_text, settled
 from tests.waiting import await_until
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from console.tui.app import RegenApp
-from console.tui.source import ReplaySource
-from engine.telemetry_events import AlertEvent, DispatchEvent, GpuEvent, WorkerEvent, parse_event
+from console.host.source import ReplaySource
+from engine.api.events import AlertEvent, DispatchEvent, GpuEvent, WorkerEvent, parse_event
 from probes.model import ProbeReport, ProbeResult, Status
 
 DATA = Path(__file__).parent / "data"

@@ -10,8 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from console.deploy import LAUNCH_FILE
-from engine.config import ConfigError, Sampling, config_from_dict
+from console.host.deploy import LAUNCH_FILE
+from engine.config.load import ConfigError, Sampling, config_from_dict
 from tests.test_cli_run import regen
 from tests.test_engine_run import REPO, SupervisorProc, make_config, read_rows
 

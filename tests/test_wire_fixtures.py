@@ -10,13 +10,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from console.run_client import REPLY_TYPES, decode_result
+from console.host.run_client import REPLY_TYPES, decode_result
 from engine.ctl import build_parser, op_of
-from engine.protocol import Hello
-from engine.run.control_ops import ShardsChanged
-from engine.run.status import RunStatus
-from engine.telemetry_events import EVENT_TYPES, ShardEvent, parse_event
-from engine.wire import ShardFigures, WireError
+from engine.api.protocol import Hello
+from engine.api.ops import ShardsChanged
+from engine.observe.status import RunStatus
+from engine.api.events import EVENT_TYPES, ShardEvent, parse_event
+from engine.api.wire import ShardFigures, WireError
 
 DATA = Path(__file__).parent / "data"
 REPLIES = [json.loads(line) for line in (DATA / "wire" / "replies.jsonl").read_text().splitlines()]
@@ -91,7 +91,7 @@ def test_a_malformed_field_is_named_and_a_missing_one_takes_its_default():
 
 
 async def test_a_malformed_telemetry_line_is_skipped_and_said_a_newer_engines_event_type_skipped_quietly(tmp_path):
-    from console.tui.source import ReplaySource
+    from console.host.source import ReplaySource
 
     path = tmp_path / "telemetry.jsonl"
     path.write_bytes(b"\n".join([EVENTS[0], b'{"type": "dispatch", "ts": 2.0, "done": "lots"}',

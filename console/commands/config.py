@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from engine.config import ConfigError, load_config
-from engine.config_schema import RunConfig, config_warnings
+from engine.config.load import ConfigError, load_config
+from engine.config.schema import RunConfig, config_warnings
 
 SCHEMA_ID = "https://regen.invalid/run.toml.schema.json"
 

@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 from console.commands.status import progress_line
-from console.deploy import EXIT_ERROR, EXIT_OK, DeployError, start_run
-from console.hints import regen_command
-from console.run_client import RunClientError
-from console.transport import TransportError, open_transport
-from engine.config import SIMULATOR_LAUNCH, RunConfig, Sampling, Workers, Alerts, Dispatch
-from engine.telemetry_events import AlertEvent, DispatchEvent
+from console.host.deploy import EXIT_ERROR, EXIT_OK, DeployError, start_run
+from console.view.hints import regen_command
+from console.host.run_client import RunClientError
+from console.host.transport import TransportError
+from console.host.connect import open_transport
+from engine.config.load import SIMULATOR_LAUNCH, RunConfig, Sampling, Workers, Alerts, Dispatch
+from engine.api.events import AlertEvent, DispatchEvent
 
 CACHE = Path.home() / ".cache" / "regen"
 DEMO_CONTEXT = 4096
@@ -130,7 +131,7 @@ def demo_config(run_dir: Path, model: Path, prompts: list[str], gpus: int, extra
 
 
 def run(args) -> int:
-    from engine.tiny_model import build_tiny_model
+    from engine.text.tiny_model import build_tiny_model
 
     if args.shard_size < 1:
         print(f"regen demo: --shard-size must be at least 1, not {args.shard_size}", file=sys.stderr)

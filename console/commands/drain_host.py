@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from console.deploy import EXIT_OK, add_host_args, run_with_client
+from console.host.deploy import EXIT_OK, add_host_args, run_with_client
 
 
 def add_arguments(parser) -> None:

@@ -20,12 +20,13 @@ from rich.table import Table
 from rich.text import Text
 
 from console.commands.stats import missing_local_dir, split_target
-from console.hints import cannot_reach
-from console.run_client import RunClientError
-from console.run_dir_lookup import locate_run_dir
-from console.remote_engine import RemoteEngineError, engine_command, engine_report, recorded_python
-from console.ssh_options import SshOptions, add_ssh_options
-from console.transport import TransportError, open_transport
+from console.view.hints import cannot_reach
+from console.host.run_client import RunClientError
+from console.host.run_dir_lookup import locate_run_dir
+from console.host.remote_engine import RemoteEngineError, engine_command, engine_report, recorded_python
+from console.host.ssh_options import SshOptions, add_ssh_options
+from console.host.transport import TransportError
+from console.host.connect import open_transport
 from engine.export.cli_args import add_export_arguments, options_from
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -93,7 +94,7 @@ def _local(args: argparse.Namespace, path: str) -> dict[str, Any]:
     from engine.export.run import SCHEMA, export_run
     from engine.export.source import ExportError
     from engine.export.verify import SCHEMA as VERIFY_SCHEMA, verify_export
-    from engine.manifest import ManifestError
+    from engine.store.manifest import ManifestError
     from pathlib import Path
 
     if args.verify:

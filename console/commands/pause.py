@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from console.deploy import EXIT_ERROR, EXIT_OK, run_with_client
-from console.ssh_options import add_ssh_options
+from console.host.deploy import EXIT_ERROR, EXIT_OK, run_with_client
+from console.host.ssh_options import add_ssh_options
 
 OP = "pause"
 

@@ -1,7 +1,7 @@
 """`regen plan HOST --config run.toml [--pilot N]`: shard plan and GPU-time / wall-time / disk projection.
 
-HOST `local` runs engine.plan here; any other host gets the config copied to a temp file and
-runs `<host_python> -m engine.plan --config ... --json` there (with the engine deployed at
+HOST `local` runs engine.plan.projection here; any other host gets the config copied to a temp file and
+runs `<host_python> -m engine.plan.projection --config ... --json` there (with the engine deployed at
 <run_dir>/.regen/engine on PYTHONPATH when it is there), and renders its JSON.
 """
 from __future__ import annotations
@@ -19,10 +19,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from console.hints import cannot_reach
-from console.ssh_options import SshOptions, add_ssh_options
-from console.transport import TransportError, open_transport, quote_argv
-from engine.wire import duration_text
+from console.view.hints import cannot_reach
+from console.host.ssh_options import SshOptions, add_ssh_options
+from console.host.transport import TransportError, quote_argv
+from console.host.connect import open_transport
+from engine.api.wire import duration_text
 
 EXIT_OK, EXIT_FAILED = 0, 2
 PLAN_TIMEOUT_S = 3600.0
@@ -45,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.config import ConfigError, load_config
+    from engine.config.load import ConfigError, load_config
 
     try:
         cfg = load_config(args.config)
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_FAILED
     if args.host == "local":
-        from engine.plan import PlanError, make_plan
+        from engine.plan.projection import PlanError, make_plan
 
         try:
             data = make_plan(cfg, pilot=args.pilot, sample_conversations=args.sample).to_dict()
@@ -93,7 +94,7 @@ async def _remote_plan(args: argparse.Namespace, cfg) -> dict[str, Any]:
         except (TransportError, OSError) as exc:
             raise RemotePlanError(f"cannot copy {args.config} to {args.host}:{remote_cfg}: {exc}") from exc
         engine = shlex.quote(f"{cfg.run_dir.rstrip('/')}/.regen/engine")
-        argv = [cfg.host_python, "-m", "engine.plan", "--config", remote_cfg, "--json"]
+        argv = [cfg.host_python, "-m", "engine.plan.projection", "--config", remote_cfg, "--json"]
         if args.pilot:
             argv += ["--pilot", str(args.pilot)]
         if args.sample:

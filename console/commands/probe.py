@@ -16,21 +16,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import sys
-import time
 
 from rich.console import Console
 
 from console.config_probe import CONFIG_PROBE, config_failed_report, config_passed
-from console.hints import typed_again
-from console.ssh_options import add_ssh_options
-from engine.config import MODEL_SAMPLING_KEYS, ConfigError, RunConfig, load_config
+from console.view.hints import typed_again
+from console.host.preflight import (DISPATCH_PROBES, GPU_HOST_PROBES, SLURM_PROBES, context_from_config, host_contexts,
+                                    probe_host, ssh_config_of)
+from console.host.ssh_options import add_ssh_options
+from engine.config.load import ConfigError, RunConfig, load_config
 from probes.catalog import PROBE_IDS, UnknownProbe, probes_for
-from probes.context import GIB, ProbeContext, SlurmAsk
+from probes.context import ProbeContext
 from probes.model import ProbeReport
 from probes.render import render_report
-from probes.runner import ConnectFailure, run_probes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,100 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_ssh_options(p)
     p.add_argument("--timeout", type=float, metavar="S", help="timeout of each probe's command (and of connecting), "
                    "instead of each probe's own")
-
-
-def slurm_ask(cfg: RunConfig) -> SlurmAsk | None:
-    """What the run asks of the Slurm cluster, with the exact `sbatch --test-only` of its first job."""
-    if cfg.slurm is None:
-        return None
-    from engine.placement.slurm.plan import layout_of, sbatch_argv
-
-    s, layout = cfg.slurm, layout_of(cfg)
-    return SlurmAsk(partition=s.partition, gpus_per_node=s.gpus_per_node, nodes=layout.nodes_low,
-                    nodes_per_job=layout.nodes_per_group, time_limit=s.time_limit, time_limit_s=s.time_limit_s,
-                    handover_s=s.handover_s, ready_timeout_s=float(cfg.workers.ready_timeout_s),
-                    test_command=shlex.join(sbatch_argv(cfg, 0, test_only=True)), account=s.account, qos=s.qos,
-                    constraint=s.constraint)
-
-
-def context_from_config(cfg: RunConfig) -> ProbeContext:
-    # with [slurm] HOST is the login node: no GPUs of its own, the router runs there
-    gpus = () if cfg.slurm is not None else tuple(cfg.workers.gpus)
-    return ProbeContext(
-        python=cfg.host_python, has_config=True, config_path=cfg.source_path, run_dir=cfg.run_dir, model=cfg.model,
-        tokenizer=cfg.tokenizer_path, prompts=tuple(cfg.prompts), prompt_format=cfg.prompt_format, turns=cfg.turns,
-        enable_thinking=cfg.enable_thinking, tp_size=cfg.workers.tp_size, gpus=gpus, base_port=cfg.workers.base_port,
-        bind_host=cfg.workers.host, context_length=cfg.context_length, max_new_tokens=cfg.sampling.max_new_tokens,
-        disk_floor_bytes=int(cfg.alerts.disk_free_min_gb * 10**9), shm_need_bytes=GIB * max(1, len(gpus)),
-        content_hash=cfg.content_hash(), content_fields=cfg.content_fields(), launch=cfg.workers.launch,
-        launch_args=tuple(cfg.workers.extra_args), sampling_seed=cfg.sampling.seed,
-        sampling_from_model=tuple(k for k in MODEL_SAMPLING_KEYS if k not in cfg.sampling.model_fields_set),
-        slurm=slurm_ask(cfg),
-        router_python=(cfg.router.python or cfg.host_python) if cfg.slurm is not None else None,
-    )
-
-
-async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, accept_new: bool = False,
-                     timeout_s: float | None = None, ssh_config: str | None = None,
-                     accept_new_command: str | None = None) -> tuple[ProbeReport, bool]:
-    """The report, and whether the host was reached. accept_new_command: the remedy shown for a host not yet
-    in known_hosts (the operator's command line again, with --accept-new)."""
-    from console.transport import TransportError, open_transport
-
-    t0 = time.monotonic()
-    try:
-        transport = await open_transport(host, accept_new=accept_new, connect_timeout=timeout_s or 10.0,
-                                         ssh_config=ssh_config)
-    except TransportError as exc:
-        failure = ConnectFailure(exc.kind, str(exc), time.monotonic() - t0)
-        report = await run_probes(None, host, ctx, only, connect_failure=failure, timeout_s=timeout_s)
-        report.connect_s = failure.duration_s
-        if exc.unknown_host_key and accept_new_command:
-            for r in report.results:
-                if r.id == "connection":
-                    r.remedy = f"if that fingerprint is {host}'s, record it and go on with: {accept_new_command}"
-                    r.data["accept_new_command"] = accept_new_command
-        return report, False
-    connect_s = time.monotonic() - t0
-    try:
-        report = await run_probes(transport, host, ctx, only, timeout_s=timeout_s)
-    finally:
-        await transport.close()
-    report.connect_s = connect_s
-    for r in report.results:
-        if r.id == "connection":
-            r.data["connect_s"] = round(connect_s, 3)
-    return report, True
-
-
-DISPATCH_PROBES = {"prompts", "disk.run_dir", "run_dir.resume", "router.package", "model.dir"}
-SLURM_PROBES = {"slurm"}
-GPU_HOST_PROBES = {"packages", "sampling.seed", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "model.weights", "ports"}
-
-
-def host_contexts(cfg: RunConfig) -> tuple[ProbeContext, dict[str, ProbeContext]]:
-    """The dispatch host's context and one per [[hosts]] entry (a local host's GPUs probed with the dispatch host)."""
-    import dataclasses
-
-    from engine.config import host_workers
-
-    base = context_from_config(cfg)
-    dispatch = dataclasses.replace(base, gpus=(), router_python=cfg.router.python or cfg.host_python)
-    per_host = {}
-    for h in cfg.hosts:
-        w = host_workers(cfg, h)
-        per_host[h.name] = dataclasses.replace(
-            base, python=h.host_python, run_dir=h.work_dir, prompts=(), gpus=tuple(w.gpus), tp_size=w.tp_size,
-            base_port=w.base_port, bind_host=w.host, shm_need_bytes=GIB * max(1, len(w.gpus)), router_python=None,
-            launch=w.launch)
-    return dispatch, per_host
-
-
-def _ssh_config_of(options: tuple[str, ...], default: str | None) -> str | None:
-    for i, opt in enumerate(options[:-1]):
-        if opt == "-F":
-            return options[i + 1]
-    return default
 
 
 async def probe_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] | None, *, per_role: bool = False
@@ -157,7 +62,7 @@ async def probe_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] |
     for h in cfg.hosts:
         address = args.host if h.is_local else h.address
         jobs.append((h.name, address, per_host[h.name], selection(GPU_HOST_PROBES),
-                     args.ssh_config if h.is_local else _ssh_config_of(h.ssh_options, args.ssh_config)))
+                     args.ssh_config if h.is_local else ssh_config_of(h.ssh_options, args.ssh_config)))
     results = await asyncio.gather(*(
         probe_host(address, ctx, set(sel), accept_new=args.accept_new, timeout_s=args.timeout, ssh_config=ssh_cfg)
         for _, address, ctx, sel, ssh_cfg in jobs))

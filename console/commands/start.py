@@ -25,14 +25,15 @@ import asyncio
 import json
 import sys
 
-from console.deploy import (EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunning, DeployError, StartFailed,
+from console.host.deploy import (EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunning, DeployError, StartFailed,
                             start_run)
-from console.hints import cannot_reach, hint_from_args, typed_again
-from console.ssh_options import SshOptions, add_ssh_options
-from console.start_record import StartRecord
-from console.transport import TransportError, open_transport
+from console.view.hints import cannot_reach, hint_from_args, typed_again
+from console.host.ssh_options import SshOptions, add_ssh_options
+from console.host.start_record import StartRecord
+from console.host.transport import TransportError
+from console.host.connect import open_transport
 from console.config_probe import config_failed_report, config_passed
-from engine.config import ConfigError, load_config
+from engine.config.load import ConfigError, load_config
 from probes.render import render_report
 
 # what must hold on every host of a multi-host run for its servers to start

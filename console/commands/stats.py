@@ -1,7 +1,7 @@
 """`regen stats (DIR | HOST:DIR)`: data-quality statistics of a run's shards.
 
-DIR is read on this machine (engine.stats.compute_stats); HOST:DIR runs
-`python -m engine.stats DIR --json` on the host over the transport and renders its JSON.
+DIR is read on this machine (engine.store.stats.compute_stats); HOST:DIR runs
+`python -m engine.store.stats DIR --json` on the host over the transport and renders its JSON.
 """
 from __future__ import annotations
 
@@ -18,17 +18,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from console.hints import cannot_reach
-from console.run_client import RunClientError
-from console.run_dir_lookup import locate_run_dir
-from console.remote_engine import RemoteEngineError, deployed_engine, engine_command, engine_report, recorded_python
-from console.ssh_options import SshOptions, add_ssh_options
-from console.transport import TransportError, open_transport
+from console.view.hints import cannot_reach
+from console.host.run_client import RunClientError
+from console.host.run_dir_lookup import locate_run_dir
+from console.host.remote_engine import RemoteEngineError, deployed_engine, engine_command, engine_report, recorded_python
+from console.host.ssh_options import SshOptions, add_ssh_options
+from console.host.transport import TransportError
+from console.host.connect import open_transport
 
 EXIT_OK, EXIT_FLAGGED, EXIT_UNREADABLE = 0, 1, 2
 REMOTE_TIMEOUT_S = 1800.0
 BAR_WIDTH = 40
-REPETITION_THRESHOLD = 0.05  # engine.stats' default (runaway.alert_share's)
+REPETITION_THRESHOLD = 0.05  # engine.store.stats' default (runaway.alert_share's)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,7 +69,7 @@ def split_target(target: str) -> tuple[str | None, str]:
 def run(args: argparse.Namespace) -> int:
     host, run_dir = split_target(args.target)
     if host is None:
-        from engine.stats import StatsReadError, compute_stats
+        from engine.store.stats import StatsReadError, compute_stats
 
         missing = missing_local_dir(run_dir)
         if missing:
@@ -125,7 +126,7 @@ async def _remote_stats(host: str, run_dir: str, args: argparse.Namespace) -> di
         except RunClientError as exc:
             raise RemoteStatsError(str(exc)) from exc
         python = args.python or await recorded_python(transport, run_dir) or "python3"
-        argv = ["-m", "engine.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
+        argv = ["-m", "engine.store.stats", run_dir, "--json", "--train-max-length", str(args.train_max_length),
                 "--empty-threshold", str(args.empty_threshold), "--truncated-threshold", str(args.truncated_threshold),
                 "--mask-check", args.mask_check]
         if args.repetition_threshold != REPETITION_THRESHOLD:  # an engine deployed before the flag lacks it

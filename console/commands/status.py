@@ -14,20 +14,20 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from console.batch_text import batch_text, queued_text
-from console.cache_text import cache_text
-from console import start_record
-from console.start_record import StartRecord
-from console.cause import NOT_RUNNING_STATES, not_running_lines
-from console.deploy import EXIT_OK, add_host_args, run_with_client
-from console.fit_table import Col, fitted_table
-from console.hints import hint_from_args
+from console.view.batch_text import batch_text, queued_text
+from console.view.cache_text import cache_text
+from console.host import start_record
+from console.host.start_record import StartRecord
+from console.view.cause import NOT_RUNNING_STATES, not_running_lines
+from console.host.deploy import EXIT_OK, add_host_args, run_with_client
+from console.view.fit_table import Col, fitted_table
+from console.view.hints import hint_from_args
 from console.commands.status_hardware import hardware_parts
-from console.run_client import RunClientError
-from engine.wire import duration_text
+from console.host.run_client import RunClientError
+from engine.api.wire import duration_text
 from engine.run.brake import BrakeStatus
-from engine.run.status import HostStatus, RunStatus
-from engine.telemetry_events import DispatchEvent
+from engine.observe.status import HostStatus, RunStatus
+from engine.api.events import DispatchEvent
 
 # exit codes of `regen status` (1 and 2 are every run command's: an error reply, nothing reachable there)
 EXIT_RUN_FAILED = 3  # the supervisor is gone and recorded why (fatal.json): `failed: ...` is printed first
@@ -92,7 +92,7 @@ def _na(value, fmt="{}") -> str:
 
 
 def eta_text(eta_s: float | None) -> str:
-    """The engine's ETA (engine.run.status: null until measurable and when the run is not running) or "-", in the
+    """The engine's ETA (engine.observe.status: null until measurable and when the run is not running) or "-", in the
     one duration format the TUI uses too."""
     return "-" if eta_s is None or eta_s <= 0 else duration_text(eta_s)
 

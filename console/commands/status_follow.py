@@ -1,5 +1,5 @@
 """`regen status HOST --run-dir DIR --follow`: a progress line per update until the run ends (or Ctrl-C), through
-the one follow loop (console/follow.py) that the TUI uses: it reconnects with backoff and backfills, and stops on a
+the one follow loop (console/host/follow.py) that the TUI uses: it reconnects with backoff and backfills, and stops on a
 refusal (host key, authentication) or an error reply."""
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import sys
 import time
 
 from console.commands.status import cause_block, exit_code_of, progress_line
-from console.deploy import EXIT_ERROR, EXIT_UNREACHABLE
-from console.follow import FollowState, RunFollower, SourceError
-from console.hints import hint_from_args
-from console.run_client import RunClientError
-from console.ssh_options import SshOptions
-from engine.run.status import RunStatus
-from engine.telemetry_events import DispatchEvent
+from console.host.deploy import EXIT_ERROR, EXIT_UNREACHABLE
+from console.host.follow import FollowState, RunFollower, SourceError
+from console.view.hints import hint_from_args
+from console.host.run_client import RunClientError
+from console.host.ssh_options import SshOptions
+from engine.observe.status import RunStatus
+from engine.api.events import DispatchEvent
 
 EXIT_INTERRUPTED = 130  # Ctrl-C: the run goes on, only the following stopped
 
@@ -51,7 +51,7 @@ def _exit_of_error(exc: SourceError) -> int:
 
 
 async def follow_status(args) -> int:
-    from console.tui.source import HostSource
+    from console.host.source import HostSource
 
     source = HostSource(args.host, args.run_dir, ssh=SshOptions.from_args(args),
                         accept_new_command=hint_from_args(args, "status", "--run-dir", args.run_dir, "--follow",

@@ -5,9 +5,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from console.fit_table import Col, fitted_table
-from console.tui.model import bytes_text
-from engine.run.status import RunStatus
+from console.view.fit_table import Col, fitted_table
+from console.view.model import bytes_text
+from engine.observe.status import RunStatus
 
 
 def _na(value, fmt="{}") -> str:

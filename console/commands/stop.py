@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from console.deploy import EXIT_OK, add_host_args, run_with_client
-from engine.run.control_ops import EXITED
+from console.host.deploy import EXIT_OK, add_host_args, run_with_client
+from engine.api.ops import EXITED
 
 
 def add_arguments(parser) -> None:

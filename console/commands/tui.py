@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from console.ssh_options import SshOptions, add_ssh_options
+from console.host.ssh_options import SshOptions, add_ssh_options
 
 
 def add_arguments(parser) -> None:
@@ -21,7 +21,7 @@ def run(args) -> int:
         from pathlib import Path
 
         from console.tui.app import RegenApp
-        from console.tui.source import ReplaySource
+        from console.host.source import ReplaySource
 
         path = Path(args.replay)
         if not path.is_file():
@@ -32,7 +32,7 @@ def run(args) -> int:
         return int(app.return_code or 0)
     from console.tui.app import run_tui
 
-    from console.hints import typed_again
+    from console.view.hints import typed_again
 
     return int(run_tui(args.host, args.run_dir, host_python=args.host_python, ssh=SshOptions.from_args(args),
                        accept_new_command=typed_again(args, accept_new=True)) or 0)

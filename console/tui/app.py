@@ -1,7 +1,7 @@
 """The operations console: RegenApp(source) and run_tui(host, run_dir).
 
 I/O runs in Textual workers (one group per job) and comes back as typed messages
-(console/tui/messages.py); the model (console/tui/model.py) folds it; only the visible tab
+(console/tui/messages.py); the model (console/view/model.py) folds it; only the visible tab
 redraws. Quitting or losing the connection never stops the run: the app sends no stop.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, TabbedContent, TabPane
 
-from console.follow import Backoff, RunFollower
+from console.host.follow import Backoff, RunFollower
 from console.tui.messages import (ConnectionChanged, ControlDone, LogTail, ProbeReportReady, StatsReceived,
                                   StatusReceived, TelemetryBatch)
-from console.tui.model import AlertView, RunModel
+from console.view.model import AlertView, RunModel
 from console.tui.palette import RegenCommands
 from console.tui.panel_alerts import AlertsPanel
 from console.tui.panel_disk import DiskPanel
@@ -29,10 +29,10 @@ from console.tui.panel_quality import QualityPanel
 from console.tui.panel_shards import ShardsPanel
 from console.tui.panel_workers import WorkersPanel
 from console.tui.screens import ConfirmScreen, HelpScreen
-from console.ssh_options import SshOptions
-from console.tui.source import DataSource, HostSource, SourceError
+from console.host.ssh_options import SshOptions
+from console.host.source import DataSource, HostSource, SourceError
 from console.tui.widgets import RunHeader
-from engine.run.control_ops import ShardsChanged, WorkerRestarted
+from engine.api.ops import ShardsChanged, WorkerRestarted
 
 BATCH_INTERVAL_S = 0.25  # telemetry is posted at most 4 times a second
 STATUS_EVERY_S = 10.0
@@ -225,7 +225,7 @@ class RegenApp(App):
     # -- telemetry ---------------------------------------------------------------------------
     @work(exclusive=True, group="follow", exit_on_error=False)
     async def follow_telemetry(self, again: bool = False) -> None:
-        """The one follow loop (console/follow.py) feeding the model. again: after a refusal, start over through
+        """The one follow loop (console/host/follow.py) feeding the model. again: after a refusal, start over through
         source.reconnect() (which forgets the refusal)."""
         if self._follower is None:
             self._follower = RunFollower(

@@ -10,7 +10,7 @@ from textual_plot.axis_formatter import NumericAxisFormatter
 from textual_plot.plot_widget import LegendLocation
 
 from console.tui.chart_frame import ChartFrame
-from console.tui.series import Series, downsample
+from console.view.series import Series, downsample
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "red", "blue", "bright_white", "orange1", "purple", "spring_green1")
 DRAWN_POINTS_MIN = 120

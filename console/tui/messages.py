@@ -6,9 +6,9 @@ from typing import Any
 
 from textual.message import Message
 
-from engine.run.control_ops import ShardsChanged, WorkerRestarted
-from engine.run.status import RunStatus
-from engine.telemetry_events import Event
+from engine.api.ops import ShardsChanged, WorkerRestarted
+from engine.observe.status import RunStatus
+from engine.api.events import Event
 from probes.model import ProbeReport
 
 

@@ -26,7 +26,7 @@ ACTIONS = [
     ("Clear shard selection", "shards('clear_selection')", ""),
     ("Pause all shards", "pause_all", ""),
     ("Resume all shards", "resume_all", ""),
-    ("Refresh stats", "refresh_stats", "run engine.stats on the host now"),
+    ("Refresh stats", "refresh_stats", "run engine.store.stats on the host now"),
     ("Reconnect now", "reconnect", "skip the backoff wait"),
     ("Help", "help", "keys and what they do"),
     ("Quit console (the run continues)", "quit", ""),

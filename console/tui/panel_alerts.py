@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from console.tui.model import AlertView, RunModel
+from console.view.model import AlertView, RunModel
 from console.tui.widgets import selected_row_key, sync_table
 
 COLUMNS = ["time", "severity", "from", "alert", "seen"]

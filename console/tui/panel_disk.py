@@ -8,8 +8,8 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from console.tui.charts import TimeChart
-from console.tui.model import RunModel, bytes_text
-from engine.wire import duration_text
+from console.view.model import RunModel, bytes_text
+from engine.api.wire import duration_text
 
 
 def size_unit(largest: float) -> tuple[str, float]:

@@ -1,4 +1,4 @@
-"""Data quality tab: the loss-mask histogram and the other `engine.stats` figures, flags highlighted."""
+"""Data quality tab: the loss-mask histogram and the other `engine.store.stats` figures, flags highlighted."""
 from __future__ import annotations
 
 import time
@@ -13,7 +13,7 @@ from textual.widgets import Static
 from textual_plot import HiResMode
 
 from console.tui.chart_frame import ChartFrame
-from console.tui.model import RunModel
+from console.view.model import RunModel
 
 
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")

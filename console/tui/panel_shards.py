@@ -7,8 +7,8 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from console.tui.model import RunModel
-from console.tui.shard_list import SORT_TEXT, ShardList, ShardSummary
+from console.view.model import RunModel
+from console.view.shard_list import SORT_TEXT, ShardList, ShardSummary
 from console.tui.shard_table import ShardTable
 
 HINTS = "f filter · s sort · n next problem · space select · a select listed · c clear"

@@ -7,12 +7,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Log
 
-from console.batch_text import batch_text, queued_text
-from console.cache_text import cache_text
-from console.log_polls import without_polls
+from console.view.batch_text import batch_text, queued_text
+from console.view.cache_text import cache_text
+from console.view.log_polls import without_polls
 from console.tui.charts import TimeChart
-from console.tui.host_table import HostTable
-from console.tui.model import RunModel, na
+from console.view.host_table import HostTable
+from console.view.model import RunModel, na
 from console.tui.sparkline import ScaledSparkline, on_scale
 from console.tui.widgets import FigureTable, selected_row_key, styled, sync_table
 

@@ -11,9 +11,9 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from console.tui.model import ShardView
-from console.tui.shard_list import ShardList, has_problem
-from engine.wire import AlertLevels
+from console.view.model import ShardView
+from console.view.shard_list import ShardList, has_problem
+from engine.api.wire import AlertLevels
 from console.tui.widgets import STATE_STYLE, bar, pct
 
 # (title, width, right-aligned)

@@ -7,8 +7,8 @@ from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import DataTable
 
-from console.tui.model import RunModel
-from engine.wire import duration_text
+from console.view.model import RunModel
+from engine.api.wire import duration_text
 
 STATE_STYLE = {
     "running": "bold green", "done": "bold cyan", "paused": "bold yellow", "draining": "yellow", "starting": "yellow",

@@ -15,7 +15,7 @@ from engine.export.cli_args import add_export_arguments, options_from
 from engine.export.run import SCHEMA, export_run
 from engine.export.source import ExportError
 from engine.export.verify import SCHEMA as VERIFY_SCHEMA, verify_export
-from engine.manifest import ManifestError
+from engine.store.manifest import ManifestError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.render import Renderer
+from engine.text.render import Renderer
 
 # kind -> what it means, in the order they are judged (a row is counted under each kind it shows)
 KINDS = {

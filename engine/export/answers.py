@@ -1,6 +1,6 @@
 """A generated answer as the chat messages carry it: reasoning and visible content, end-of-turn tokens removed.
 
-The only place the export splits reasoning from the answer (engine.answer_shape.split_reasoning).
+The only place the export splits reasoning from the answer (engine.text.answer_shape.split_reasoning).
 Shapes follow the Qwen3-family templates: the final turn renders as
 `<think>\\n` + reasoning.strip("\\n") + `\\n</think>\\n\\n` + content.lstrip("\\n"), and an earlier assistant
 turn as its content after the last `</think>`, lstrip("\\n") (its reasoning dropped).
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.answer_shape import THINK_CLOSE, THINK_OPEN, split_reasoning, think_state
+from engine.text.answer_shape import THINK_CLOSE, THINK_OPEN, split_reasoning, think_state
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from engine.export.files import JsonlFiles, ParquetFiles
 from engine.export.filters import ShardFilter
 from engine.export.options import CONVERSATIONS_JSONL, MESSAGES_JSONL, MESSAGES_PARQUET, ExportOptions
 from engine.export.source import ExportError, ShardBatch, Snapshot, shard_range
-from engine.ingest import Conversation, PromptFileError, iter_prompts
-from engine.manifest import FileRecord
-from engine.render import RenderError, Renderer
-from engine.stats import OPENED_COLUMN
+from engine.text.ingest import Conversation, PromptFileError, iter_prompts
+from engine.store.manifest import FileRecord
+from engine.text.render import RenderError, Renderer
+from engine.store.stats import OPENED_COLUMN
 
 # input_ids and prompt_len: each row's re-rendered text is compared with them (engine.export.agreement)
 CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text", OPENED_COLUMN, "input_ids",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.manifest import FileRecord, sha256_file
+from engine.store.manifest import FileRecord, sha256_file
 
 PARQUET_COMPRESSION = "zstd"
 

@@ -12,7 +12,7 @@ from engine.export.files import ParquetFiles
 from engine.export.filters import ShardFilter
 from engine.export.source import ShardBatch
 from engine.export.tokens import token_rows
-from engine.manifest import FileRecord
+from engine.store.manifest import FileRecord
 
 STEM = "train"
 SCHEMA = pa.schema([

@@ -21,7 +21,7 @@ from engine.export.options import (DEFAULT_PARQUET_ROWS, TOKEN_FORMATS, TOKENS_J
 from engine.export.source import ExportError, Snapshot, iter_shards, open_snapshot
 from engine.export.tokens import TOKEN_COLUMNS
 from engine.export.tokens_jsonl import STEM as TOKENS_STEM, TokensJsonlWriter
-from engine.manifest import Counts, FileRecord, ManifestError, build, write
+from engine.store.manifest import Counts, FileRecord, ManifestError, build, write
 
 SCHEMA = "regen.export/1"
 # token rows are gathered and serialized this many tokens at a time: the numpy temporaries (gather indices,

@@ -13,7 +13,7 @@ from engine.export.files import JsonlFiles
 from engine.export.filters import ShardFilter
 from engine.export.source import ExportError, ShardBatch
 from engine.export.tokens import token_rows
-from engine.manifest import FileRecord
+from engine.store.manifest import FileRecord
 
 STEM = "tokens"
 

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.manifest import MANIFEST, ManifestError, read, sha256_file
+from engine.store.manifest import MANIFEST, ManifestError, read, sha256_file
 
 SCHEMA = "regen.export.verify/1"
 

@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 import aiohttp
 import orjson
 
-from engine.config import NotifyConfig, redact_url
+from engine.config.load import NotifyConfig, redact_url
 from engine.notify.formats import webhook_request
 from engine.notify.message import Notification
 

@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import SEVERITIES, NotifyConfig
+from engine.config.load import SEVERITIES, NotifyConfig
 from engine.placement.slurm.alerts import NOTIFIED as SLURM_JOB_KEYS
 from engine.run.brake import BRAKE_ALERT_KEY
-from engine.telemetry_events import AlertEvent, Event, FatalEvent, RunEndEvent
+from engine.api.events import AlertEvent, Event, FatalEvent, RunEndEvent
 
 # alerts the notifier raises about itself: shown in telemetry, never sent (a dead webhook must not loop)
 OWN_KEYS = ("notify.failed", "notify.suppressed")

@@ -17,11 +17,11 @@ from typing import Callable
 
 import aiohttp
 
-from engine.config import NotifyConfig
+from engine.config.load import NotifyConfig
 from engine.notify.deliver import DeliveryError, Destination, destinations, with_retries
 from engine.notify.limiter import Limiter
 from engine.notify.message import Notification, notification_for
-from engine.telemetry_events import AlertEvent, Event, FatalEvent, RunEndEvent
+from engine.api.events import AlertEvent, Event, FatalEvent, RunEndEvent
 
 log = logging.getLogger("regen.notify")
 

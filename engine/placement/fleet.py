@@ -15,13 +15,13 @@ from typing import Callable
 import aiohttp
 
 import engine
-from engine.config import RunConfig, host_workers
+from engine.config.load import RunConfig, host_workers
 from engine.placement.hosts.link import HostLink, named_specs
 from engine.placement.router import RouterEndpoint, RouterError, RouterProcess
-from engine.run.status import HostStatus, RouterStatus
+from engine.observe.status import HostStatus, RouterStatus
 from engine.fatal import HostsFailed
-from engine.telemetry_events import AlertEvent
-from engine.wire import HostState
+from engine.api.events import AlertEvent
+from engine.api.wire import HostState
 from engine.servers.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.fleet")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from engine.config import ConfigError, load_config
+from engine.config.load import ConfigError, load_config
 from engine.placement.hosts.leftovers import stop_left_agents
 from engine.placement.slurm.leftovers import stop_left_jobs
 from engine.telemetry import Telemetry
-from engine.telemetry_events import AlertEvent
+from engine.api.events import AlertEvent
 
 
 class Left(Protocol):

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 
 from engine.servers.capacity import BatchSize, ServerCapacity
-from engine.config import RunConfig
+from engine.config.load import RunConfig
 from engine.servers.metrics_client import ServerMetrics
-from engine.telemetry_events import AlertEvent, WorkerEvent
+from engine.api.events import AlertEvent, WorkerEvent
 from engine.servers.workers import WorkerState, die_with_parent, log_tail, served_fields, with_batch
 
 if TYPE_CHECKING:

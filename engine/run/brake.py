@@ -1,5 +1,5 @@
 """The data-quality brake: the shares of bad answers over the run's last committed samples, and the decision to pause
-dispatch run-wide when one is over its level ([brake]: engine.config.Brake).
+dispatch run-wide when one is over its level ([brake]: engine.config.load.Brake).
 
 Its inputs are committed state only: the row shapes of each part the ledger settles (`Committed`, PartInfo.shapes)
 and, at a start, the store's last committed samples (ShardStore.recent_shapes: rowid order is commit order). So the
@@ -11,9 +11,9 @@ A start under a changed [brake] (levels, window, the off switch: operational, no
 recorded brake and judges the same window again under the new settings.
 
 A new kind of bad answer is one entry in REASONS (its judge of a SampleShape, the [brake] / [alerts] key of its
-level, its likely causes) and its level in engine.config.Brake.
+level, its likely causes) and its level in engine.config.load.Brake.
 
-Light on purpose: the console reads BrakeStatus (engine.run.status), so nothing here imports the store.
+Light on purpose: the console reads BrakeStatus (engine.observe.status), so nothing here imports the store.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
-from engine.answer_shape import SampleShape
-from engine.config import Brake, RunConfig
+from engine.text.answer_shape import SampleShape
+from engine.config.load import Brake, RunConfig
 
 
 BRAKE_ALERT_KEY = "brake"  # the alert key of a brake and of its release (engine.notify always sends a brake)

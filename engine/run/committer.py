@@ -1,7 +1,7 @@
 """Buffers finished rows per shard and commits them as part files (ShardStore.commit).
 
 A commit happens every `max_rows` rows or `max_age_s` seconds per shard ([store] part_max_rows,
-part_max_age_s: engine.config.Store says why those defaults), and on drain/stop.
+part_max_age_s: engine.config.load.Store says why those defaults), and on drain/stop.
 A SIGKILL loses only the rows not yet committed (in the buffer, or in a part whose sqlite
 transaction had not finished); they are not committed, so the restarted supervisor regenerates
 them: never lost, never duplicated.
@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from engine.config import Store
+from engine.config.load import Store
 from engine.run.items import Committed, Generated, WorkItem
-from engine.shard_store import CUT_FINISHES, DuplicateSample, PartInfo, ShardStore
-from engine.telemetry_events import AlertEvent
+from engine.store.shard_store import CUT_FINISHES, DuplicateSample, PartInfo, ShardStore
+from engine.api.events import AlertEvent
 
 log = logging.getLogger("regen.committer")
 

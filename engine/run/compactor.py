@@ -20,8 +20,8 @@ import time
 from typing import Callable, Mapping, Protocol
 
 from engine.run.counts import ShardCounts
-from engine.shard_store import Compaction, ShardStore
-from engine.telemetry_events import AlertEvent
+from engine.store.shard_store import Compaction, ShardStore
+from engine.api.events import AlertEvent
 
 log = logging.getLogger("regen.compactor")
 

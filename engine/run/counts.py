@@ -20,7 +20,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from engine.shard_store import PartInfo, ShardProgress
+from engine.store.shard_store import PartInfo, ShardProgress
 
 RATE_WINDOW_S = 60.0
 RATE_MIN_SPAN_S = 10.0  # a rate over less time than this is noise (one commit of many rows)

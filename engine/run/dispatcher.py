@@ -52,9 +52,9 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from engine.servers.capacity import BatchSize, BatchSource, kv_fit
-from engine.config import RunConfig
+from engine.config.load import RunConfig
 from engine.http_client import ConnectionMark, dropped_idle, fresh_session, marking
-from engine.render import Renderer
+from engine.text.render import Renderer
 from engine.run.answer_stream import AnswerStream, StreamError, int32_array
 from engine.run import reply_json
 from engine.run.batch_feedback import corrected, margin_for
@@ -62,8 +62,8 @@ from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, Sample
 from engine.run.request_size import RequestSize
 from engine.run.runaway import Repetition, RunawayDetector
 from engine.run.spread import ServerLoad, StrandedWatch, room, within_share
-from engine.shard_store import REPETITION
-from engine.telemetry_events import AlertEvent
+from engine.store.shard_store import REPETITION
+from engine.api.events import AlertEvent
 from engine.servers.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.dispatch")

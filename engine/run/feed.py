@@ -5,7 +5,7 @@ pass turns conversations into ready work items with a bounded look-ahead (the le
 needs more). A sample is identified by its sample id (`<conversation_id>#turn<k>`); resume skips
 settled ids.
 
-Counting once: the counting pass's result is cached in the run dir (engine.count_cache), keyed by
+Counting once: the counting pass's result is cached in the run dir (engine.store.count_cache), keyed by
 the prompt files and the config fields that change it; with it the pass is a file read, and the
 feed starts reading at the first incomplete shard's first conversation instead of re-parsing
 every committed conversation before it.
@@ -27,17 +27,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
-from engine import count_cache
-from engine.config import RunConfig
-from engine.ingest import Conversation, Reject, StreamStart, iter_prompts, resolve_prompt_files
-from engine.render import Renderer, sample_id
-from engine.rejects import RejectLog
+from engine.store import count_cache
+from engine.config.load import RunConfig
+from engine.text.ingest import Conversation, Reject, StreamStart, iter_prompts, resolve_prompt_files
+from engine.text.render import Renderer, sample_id
+from engine.store.rejects import RejectLog
 from engine.run.counts import ShardCounts
 from engine.run.items import WorkItem
 from engine.run import prompt_limit
 from engine.run.ledger import ConvProgress, Ledger, Unfit, reject_for
 from engine.run.prompt_limit import PromptLimit
-from engine.shard_store import shard_id_for
+from engine.store.shard_store import shard_id_for
 
 log = logging.getLogger("regen.feed")
 

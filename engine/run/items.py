@@ -13,8 +13,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Union
 
-from engine.ingest import Conversation
-from engine.shard_store import STANDARD_MASK, PartInfo
+from engine.text.ingest import Conversation
+from engine.store.shard_store import STANDARD_MASK, PartInfo
 
 
 @dataclass
@@ -66,7 +66,7 @@ class SampleRow:
         return len(self.output_ids)
 
     def store_row(self) -> dict:
-        """The row in engine.shard_store's format (its schema: engine.shard_schema)."""
+        """The row in engine.store.shard_store's format (its schema: engine.store.shard_schema)."""
         return {
             "sample_id": self.sample_id,
             "conversation_id": self.conversation_id,

@@ -29,16 +29,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from engine.config import RunConfig
-from engine.ingest import Conversation, Reject
-from engine.rejects import RejectLog
-from engine.render import sample_id
+from engine.config.load import RunConfig
+from engine.text.ingest import Conversation, Reject
+from engine.store.rejects import RejectLog
+from engine.text.render import sample_id
 from engine.run.brake import REFUSED_SHAPE, BrakeStatus, RunBrake
 from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
 from engine.run.ready_queue import ReadyQueue
 from engine.run.refusals import RefusalTrip, RefusalWatch
-from engine.shard_store import AFTER_CUT, ShardStore
+from engine.store.shard_store import AFTER_CUT, ShardStore
 
 log = logging.getLogger("regen.ledger")
 

@@ -1,5 +1,5 @@
 """The runaway detector: follows one answer's output ids as they stream in and says when its tail is degenerate
-repetition (the two signals and their defaults: engine.config.Runaway).
+repetition (the two signals and their defaults: engine.config.load.Runaway).
 
 C searches and numpy per chunk rather than Python per token, and O(max_period) work per chunk rather than per
 token: the tail is one cycle of period p repeated when each of its last need[p] = max(min_span, min_repeats x p)
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.random  # noqa: F401  imported with the engine, not by the first answer streamed (~0.1 s of its dispatch)
 
-from engine.config import Runaway
+from engine.config.load import Runaway
 
 BLOCK = 1024  # the longest chunk judged at its end: a longer one is judged every BLOCK tokens
 TAIL = 16  # the tokens a period must already repeat at the chunk's end to be checked over its span

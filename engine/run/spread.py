@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.telemetry_events import AlertEvent
+from engine.api.events import AlertEvent
 
 STRANDED_ALERT_S = 5.0  # a server idle this long while another's own queue holds work: an alert
 STRANDED_KEY = "stranded-queue"

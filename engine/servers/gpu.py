@@ -1,7 +1,7 @@
 """GPU readings through NVML (nvidia-ml-py). Any NVML failure is a visible N/A with its text."""
 from __future__ import annotations
 
-from engine.telemetry_events import GpuEvent
+from engine.api.events import GpuEvent
 
 
 class GpuSampler:

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import aiohttp
 
-from engine.telemetry_events import GpuEvent
+from engine.api.events import GpuEvent
 from engine.servers.workers import Worker, WorkerState
 
 SIM_GPU_PATH = "/sim/gpu"

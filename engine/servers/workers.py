@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 
 from engine.servers import stream_flag
-from engine.wire import WorkerState  # noqa: F401  (the workers' states are the wire's)
+from engine.api.wire import WorkerState  # noqa: F401  (the workers' states are the wire's)
 from engine.servers.capacity import BatchSize, ServerCapacity, batch_from_log, configured_batch, discover, parse_server_info
-from engine.config import RunConfig
+from engine.config.load import RunConfig
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
 from engine.servers.port_holder import PortCheck, check_port
 from engine.servers.ranks import ServerRank, rank_argv
@@ -39,7 +39,7 @@ from engine.servers.identity import (
     SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, judge_health_only, launch_token,
     operator_served_name, served_name, socket_owner,
 )
-from engine.telemetry_events import AlertEvent, WorkerEvent
+from engine.api.events import AlertEvent, WorkerEvent
 
 if TYPE_CHECKING:
     from engine.run.counts import ServedTokens

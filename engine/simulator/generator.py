@@ -26,7 +26,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from engine.tiny_model import corpus
+from engine.text.tiny_model import corpus
 
 REASONING_SHARE = 0.8
 NO_THINK_SUFFIX = "<think>\n\n</think>\n\n"
@@ -202,7 +202,7 @@ class OutputGenerator:
         return ids, self._reasoning_count(ids, mode == "opened")
 
     def _reasoning_count(self, ids: Sequence[int], prompt_opened: bool = False) -> int:
-        """Tokens inside the think block (to the end, eos excluded, when unclosed), as engine.render counts:
+        """Tokens inside the think block (to the end, eos excluded, when unclosed), as engine.text.render counts:
         after the output's <think>, or from the first token when the prompt opened the block."""
         if prompt_opened:
             start = 0

@@ -40,7 +40,7 @@ class SimGpus:
                    server.mem.weight_gb, kv_gb)
 
     def readings(self, ready: bool, busy_s: float, now: float | None = None) -> list[dict]:
-        """One NVML-like reading per GPU (the fields of engine.telemetry_events.GpuEvent)."""
+        """One NVML-like reading per GPU (the fields of engine.api.events.GpuEvent)."""
         now = time.monotonic() if now is None else now
         used_gb = CONTEXT_GB + self.weight_gb + (self.kv_pool_gb + GRAPH_GB if ready else 0.0)
         util = None

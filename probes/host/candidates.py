@@ -3,7 +3,7 @@
 #
 # One finder for every place that reports a missing prompt file: the prompts.paths probe (this file is inlined
 # into probes/host/prompts.py, which runs in the host's interpreter where regen is not installed), `regen plan`
-# and the supervisor (engine/ingest.py imports it: PromptFileError carries the candidates). So: standard library
+# and the supervisor (engine/text/ingest.py imports it: PromptFileError carries the candidates). So: standard library
 # only, no side effect at import, and no `from __future__` import (a SyntaxError once inlined mid-script).
 #
 # Where it looks, nearest first, each root searched breadth-first to DEPTH levels below it:

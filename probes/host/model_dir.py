@@ -6,7 +6,7 @@ import re
 import sys
 
 args = json.loads(sys.argv[1])
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # engine.config.MODEL_SAMPLING_KEYS
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # engine.config.load.MODEL_SAMPLING_KEYS
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "special_tokens_map.json"]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -1,6 +1,6 @@
 # Prompt files on the host: where they are (mode "paths"), what their rows look like ("format"),
 # and how long their prompts are through the model's chat template ("tokens").
-# Row shapes and reasons follow engine/ingest.py (the reader the run uses); this copy is standalone
+# Row shapes and reasons follow engine/text/ingest.py (the reader the run uses); this copy is standalone
 # because it runs in the host's interpreter, where regen is not installed.
 import codecs
 import errno
@@ -12,7 +12,7 @@ import re
 import stat
 import sys
 
-# the candidate finder (find_candidates, describe), shared with engine/ingest.py:
+# the candidate finder (find_candidates, describe), shared with engine/text/ingest.py:
 # @include candidates
 
 ARGS = json.loads(sys.argv[1])
@@ -146,7 +146,7 @@ def content_text(content, where):
 
 
 def normalize(obj):
-    """(messages, shape) or RowError; the same rules as engine/ingest.py."""
+    """(messages, shape) or RowError; the same rules as engine/text/ingest.py."""
     if not isinstance(obj, dict):
         raise RowError("not_object", "not an object (a JSON %s)" % json_type(obj))
     turns, field = None, None

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.config import Dispatch, Host, Router, Sampling
+from engine.config.load import Dispatch, Host, Router, Sampling
 from tests.bench import bench_common as bc
 
 TARGET_CACHED_SHARE = 0.80
@@ -114,7 +114,7 @@ def figures(rows: list[dict], wall_s: float) -> dict:
 def read_rows(run_dir: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
-    from engine.shard_store import ShardStore
+    from engine.store.shard_store import ShardStore
 
     store = ShardStore(run_dir)
     try:

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.config import Dispatch, Sampling
+from engine.config.load import Dispatch, Sampling
 from tests.bench import bench_common as bc
 from tests.bench.bench_occupancy import MAX_NEW, occupancy
 

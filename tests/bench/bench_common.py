@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from engine.config import RunConfig, dump_toml
+from engine.config.load import RunConfig, dump_toml
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_MS = Path(__file__).resolve().parent / "sim_ms.py"
@@ -48,7 +48,7 @@ def cpus_env(cpus: set[int]) -> dict[str, str]:
 
 
 def tiny_model() -> Path:
-    from engine.tiny_model import build_tiny_model
+    from engine.text.tiny_model import build_tiny_model
 
     return build_tiny_model(CACHE / "tiny-model")
 
@@ -294,7 +294,7 @@ def run_supervisor(cfg: RunConfig, *, timeout: float, rss_sample_s: float = 0.05
 
 def sim_config(model: Path, prompts: list[Path], run_dir: Path, *, gpus: int, sim_args: list[str],
                **overrides) -> RunConfig:
-    from engine.config import Alerts, Dispatch, Sampling, Workers
+    from engine.config.load import Alerts, Dispatch, Sampling, Workers
 
     workers = Workers(gpus=tuple(range(gpus)), base_port=free_port_block(gpus), launch=SIM_LAUNCH,
                       extra_args=tuple(sim_args), env=cpus_env(SIM_CPUS), ready_timeout_s=120.0)

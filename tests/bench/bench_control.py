@@ -1,4 +1,4 @@
-"""Control-op latency over SSH: an attached console's one control channel (`engine.ctl serve`, engine.protocol) versus
+"""Control-op latency over SSH: an attached console's one control channel (`engine.ctl serve`, engine.api.protocol) versus
 one `python -m engine.ctl` process per op (the form before the channel, and the CLI's one-shot commands).
 
 Starts its own throwaway OpenSSH sshd on loopback (tests.sshd_fixtures.start_sshd) and a real simulated run through
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from console.commands.demo import demo_config, write_prompts
-from console.deploy import start_run
-from console.run_client import RunClient
-from console.transport import open_transport
-from engine.protocol import PROTOCOL_VERSION
+from console.host.deploy import start_run
+from console.host.run_client import RunClient
+from console.host.connect import open_transport
+from engine.api.protocol import PROTOCOL_VERSION
 from tests.bench import bench_common as bc
 from tests.sshd_fixtures import start_sshd, stop_sshd
 

@@ -28,9 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.config import RunConfig, dump_toml
-from engine.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
-from engine.shard_store import SCHEMA_SQL
+from engine.config.load import RunConfig, dump_toml
+from engine.store.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
+from engine.store.shard_store import SCHEMA_SQL
 from tests.bench.bench_common import REPO, write_result
 from tests.bench.bench_stats import _texts, make_part
 

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
-from engine.config import Store
+from engine.config.load import Store
 from tests.bench import bench_common as bc
 
 TARGET_TOKENS_PER_S = 1_000_000
@@ -62,7 +62,7 @@ def run_regen(model: Path, prompts: Path, work: Path, gpus: int, output_mean: in
               profile: Path | None = None) -> dict:
     run_dir = work / "run"
     # parts of FULL_PART_ROWS rows: the figure is the rate between the first and the last commit, so it needs
-    # several parts; the run's default (1,024 rows or 5 s) made one part of a quick run ([store], engine.config)
+    # several parts; the run's default (1,024 rows or 5 s) made one part of a quick run ([store], engine.config.load)
     cfg = bc.sim_config(model, [prompts], run_dir, gpus=gpus, sim_args=sim_args(output_mean),
                         store=Store(part_max_rows=FULL_PART_ROWS, part_max_age_s=2.0))
     res = bc.run_supervisor(cfg, timeout=600, profile=profile)

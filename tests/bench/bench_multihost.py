@@ -43,7 +43,7 @@ def _post(url: str, body: dict) -> float:
 
 
 def router_latency(model: Path, work: Path, requests: int = 300) -> dict:
-    from engine.config import Router, RunConfig
+    from engine.config.load import Router, RunConfig
     from engine.placement.router import router_argv
     from tests.sshd_fixtures import free_port
 
@@ -98,7 +98,7 @@ SCALE_SIM = ("--max-running-requests", "16", "--sim-step-ms", "40", "--sim-step-
 
 
 def one_scale_run(hosts, n: int, model: Path, prompts: Path, work: Path) -> dict:
-    from engine.config import Alerts, Dispatch, Host, Router, RunConfig, Sampling, SIMULATOR_LAUNCH, Workers
+    from engine.config.load import Alerts, Dispatch, Host, Router, RunConfig, Sampling, SIMULATOR_LAUNCH, Workers
     from tests.sshd_fixtures import free_port
 
     run_dir = work / f"run-{n}h-{time.monotonic_ns()}"

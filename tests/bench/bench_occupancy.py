@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine.config import Sampling
+from engine.config.load import Sampling
 from tests.bench import bench_common as bc
 
 TARGET_FULL_SHARE = 0.98

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import asyncssh
 
-from console.transport import open_transport
+from console.host.connect import open_transport
 from tests.sshd_fixtures import start_sshd, stop_sshd
 
 BUILTIN_PROBE_COMMANDS = [

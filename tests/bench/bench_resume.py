@@ -15,7 +15,7 @@ token ids are made up. Generating them would take hours; resume cost depends on 
 committed samples and prompt rows, not on the answers' lengths.
 
 The run dir has been started once before, as any resumed run has: its count cache
-(run_dir/count_cache.json, engine.count_cache) is written by the product's own counting pass
+(run_dir/count_cache.json, engine.store.count_cache) is written by the product's own counting pass
 (Feed.count_stream + finish_count) when the run dir is built; that pass's time is reported
 as `count_pass_uncached_s` (what a start after the prompt files changed pays).
 
@@ -39,9 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.config import Sampling
-from engine.run_dir import prepare_run_dir
-from engine.shard_store import ShardStore, shard_id_for
+from engine.config.load import Sampling
+from engine.store.run_dir import prepare_run_dir
+from engine.store.shard_store import ShardStore, shard_id_for
 from tests.bench import bench_common as bc
 
 TARGET_RESUME_S = 3.0
@@ -108,9 +108,9 @@ def build_run(base: Path, n: int, model: Path) -> tuple[Path, float]:
 
 def prime_count_cache(run_dir: Path) -> float:
     """The counting pass of the product (as the supervisor runs it at a start): writes count_cache.json."""
-    from engine.config import load_config
-    from engine.rejects import RejectLog
-    from engine.render import Renderer
+    from engine.config.load import load_config
+    from engine.store.rejects import RejectLog
+    from engine.text.render import Renderer
     from engine.run.feed import Feed
 
     cfg = load_config(run_dir / "run.toml").model_copy(update=dict(run_dir=str(run_dir)))
@@ -135,7 +135,7 @@ def prime_count_cache(run_dir: Path) -> float:
 def one_resume(template: Path, work: Path, n: int) -> dict:
     run_dir = work / "run"
     shutil.copytree(template, run_dir)
-    from engine.config import load_config
+    from engine.config.load import load_config
 
     cfg = load_config(run_dir / "run.toml")
     cfg = cfg.model_copy(update=dict(run_dir=str(run_dir)))

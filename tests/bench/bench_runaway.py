@@ -48,7 +48,7 @@ import time
 from array import array
 from pathlib import Path
 
-from engine.config import Dispatch, Runaway, Sampling
+from engine.config.load import Dispatch, Runaway, Sampling
 from tests.bench import bench_common as bc
 
 MAX_NEW = 32768
@@ -87,7 +87,7 @@ def classify(run_dir: Path, model: Path, args: list[str]) -> dict:
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from engine.shard_store import ShardStore
+    from engine.store.shard_store import ShardStore
     from engine.simulator.generator import OutputGenerator, request_key
 
     val = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}

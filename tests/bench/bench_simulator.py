@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.simulator import SimConfig, run_simulator, throughput  # noqa: E402
 from engine.simulator.simlog import SimLog  # noqa: E402
-from engine.tiny_model import build_tiny_model  # noqa: E402
+from engine.text.tiny_model import build_tiny_model  # noqa: E402
 
 
 async def drive(url: str, n: int, concurrency: int, payload: dict) -> float:

@@ -35,7 +35,7 @@ HANDOVER_SIM = ("--max-running-requests", "4", "--sim-step-ms", "50", "--sim-ste
 
 def slurm_config(run_dir: Path, model: Path, prompts: Path, *, nodes: int, sim: tuple, time_limit: str,
                  handover_s: int):
-    from engine.config import (Alerts, Dispatch, Router, RunConfig, Sampling, SIMULATOR_LAUNCH, Slurm, Workers,
+    from engine.config.load import (Alerts, Dispatch, Router, RunConfig, Sampling, SIMULATOR_LAUNCH, Slurm, Workers,
                                config_from_dict, dump_toml)
     from tests.sshd_fixtures import free_port
 

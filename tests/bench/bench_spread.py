@@ -39,7 +39,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine.config import Sampling
+from engine.config.load import Sampling
 from tests.bench import bench_common as bc
 
 POOL = 40_000

@@ -1,4 +1,4 @@
-"""Benchmark: engine.stats.compute_stats over 1,000,000 samples in 100 committed parts, against a
+"""Benchmark: engine.store.stats.compute_stats over 1,000,000 samples in 100 committed parts, against a
 per-line json.loads loop over the same rows as JSONL computing the same figures.
 
 Run: .venv/bin/python -m tests.bench.bench_stats [--samples N] [--parts P] [--jsonl-samples M] [--keep DIR]
@@ -31,10 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.answer_shape import is_empty_answer, think_state
-from engine.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
-from engine.shard_store import SCHEMA_SQL
-from engine.stats import compute_stats
+from engine.text.answer_shape import is_empty_answer, think_state
+from engine.store.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
+from engine.store.shard_store import SCHEMA_SQL
+from engine.store.stats import compute_stats
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stats.json"
 MAX_NEW = 32768

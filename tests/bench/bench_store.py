@@ -18,8 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.ingest import Conversation, iter_prompts
-from engine.shard_store import ShardStore
+from engine.text.ingest import Conversation, iter_prompts
+from engine.store.shard_store import ShardStore
 
 
 def make_rows(part: int, n: int, tokens: int, rng: random.Random) -> list[dict]:
@@ -90,8 +90,8 @@ def bench_ingest(n: int) -> None:
 
 
 def bench_render(n: int) -> None:
-    from engine.render import Renderer
-    from engine.tiny_model import build_tiny_model
+    from engine.text.render import Renderer
+    from engine.text.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as d:
         r = Renderer(str(build_tiny_model(Path(d) / "m")), enable_thinking=True)

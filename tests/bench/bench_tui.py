@@ -36,12 +36,12 @@ from pathlib import Path
 import psutil
 
 from console.commands.demo import demo_config, write_prompts
-from console.deploy import StartedRun, start_run
-from console.transport_local import LocalTransport
+from console.host.deploy import StartedRun, start_run
+from console.host.transport_local import LocalTransport
 from console.tui.app import FULL_STATUS_EVERY_S, STATUS_EVERY_S, TABS, RegenApp
-from console.tui.model import RunModel
-from console.tui.source import HostSource
-from engine.tiny_model import build_tiny_model
+from console.view.model import RunModel
+from console.host.source import HostSource
+from engine.text.tiny_model import build_tiny_model
 from tests.bench import bench_common as bc
 from tests.tmux_screen import capture
 

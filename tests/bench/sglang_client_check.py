@@ -61,7 +61,7 @@ def ensure_venv(venv: Path) -> Path:
 def tokenizer_dir(work: Path) -> Path:
     """The tiny model, its tokenizer config in the form transformers 4.57 reads: build_tiny_model writes it with
     transformers 5 (`tokenizer_class: TokenizersBackend`, `extra_special_tokens` as a list), which 4.57 refuses."""
-    from engine.tiny_model import build_tiny_model
+    from engine.text.tiny_model import build_tiny_model
 
     built = build_tiny_model(work / "tiny-built")
     model = work / "tiny"

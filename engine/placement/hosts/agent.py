@@ -28,7 +28,7 @@ from typing import Callable
 import aiohttp
 import psutil
 
-from engine.config import ConfigError, load_config
+from engine.config.load import ConfigError, load_config
 from engine.servers.gpu import GpuSampler
 from engine.placement.hosts.link import named_specs
 from engine.placement.hosts.readings import Sampler, publish_readings

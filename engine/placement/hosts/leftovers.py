@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from engine.config import Host, RunConfig
+from engine.config.load import Host, RunConfig
 from engine.placement.hosts.link import AGENT_STOP_WAIT_S, HostError, agent_stop_command, run_ssh
-from engine.telemetry_events import AlertEvent
+from engine.api.events import AlertEvent
 
 STOPPED = "stopped agent"  # the agent's --stop line when it stopped one (engine.placement.hosts.agent.stop_holder)
 

@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
-from engine.wire import HostState
+from engine.api.wire import HostState
 from engine.servers.capacity import BatchSize, ServerCapacity, configured_batch, discover
-from engine.config import Host, RunConfig, Workers, dump_toml, host_workers
+from engine.config.load import Host, RunConfig, Workers, dump_toml, host_workers
 from engine.placement.hosts.readings import READINGS_FILE
 from engine.placement.hosts.readings_feed import ReadingsFeed, ReadingsUnavailable
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
-from engine.run.status import HostStatus
+from engine.observe.status import HostStatus
 from engine.servers.identity import IdentityCheck, ServedNames, Verdict, read_served_names
-from engine.telemetry_events import AlertEvent, WorkerEvent
+from engine.api.events import AlertEvent, WorkerEvent
 from engine.servers.workers import (
     IDENTITY_FILE, IdentityRecord, WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event,
 )

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 import psutil
 
-from engine.telemetry_events import DiskEvent, Event, GpuEvent
+from engine.api.events import DiskEvent, Event, GpuEvent
 
 log = logging.getLogger("regen.agent")
 

@@ -13,7 +13,7 @@ import time
 from typing import Awaitable, Callable
 
 from engine.placement.hosts.readings import HostReadings
-from engine.telemetry_events import DiskEvent, GpuEvent
+from engine.api.events import DiskEvent, GpuEvent
 
 log = logging.getLogger("regen.hosts")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from engine.config import RunConfig
+from engine.config.load import RunConfig
 from engine.placement.slurm import jobs as slurm_jobs
 from engine.placement.slurm.plan import jobs_file
-from engine.telemetry_events import AlertEvent
+from engine.api.events import AlertEvent
 
 
 @dataclass(frozen=True)

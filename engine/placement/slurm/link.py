@@ -36,15 +36,15 @@ import aiohttp
 
 from engine.placement.slurm import alerts as job_alerts
 from engine.placement.slurm import jobs as slurm_jobs
-from engine.config import Host, RunConfig, dump_toml
-from engine.config_schema import time_limit_seconds
+from engine.config.load import Host, RunConfig, dump_toml
+from engine.config.schema import time_limit_seconds
 from engine.placement.hosts.link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
-from engine.run.status import HostStatus, SlurmJobStatus
+from engine.observe.status import HostStatus, SlurmJobStatus
 from engine.placement.slurm.jobs import JobState, SlurmError
 from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_work_dir
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
-from engine.telemetry_events import AlertEvent
-from engine.wire import HostState, duration_text
+from engine.api.events import AlertEvent
+from engine.api.wire import HostState, duration_text
 
 log = logging.getLogger("regen.slurm")
 

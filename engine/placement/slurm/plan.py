@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config_schema import RunConfig, Slurm
+from engine.config.schema import RunConfig, Slurm
 from engine.placement.slurm.jobs import JOBS_FILE
 from engine.servers.ranks import DIST_PORT_SPAN
 

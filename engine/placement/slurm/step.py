@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from engine.placement.hosts import agent as host_agent
-from engine.config import ConfigError, dump_toml, load_config
+from engine.config.load import ConfigError, dump_toml, load_config
 from engine.servers.ranks import DistInitAddr
 from engine.servers.workers import SLURM_GPUS_VAR
 

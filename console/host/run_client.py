@@ -1,0 +1,245 @@
+"""Console side of the control socket: each op runs `<host_python> -m engine.ctl --run-dir D OP ...` on the host
+(one process per op: the CLI's one-shot commands), or, once open_channel() opened it, goes over one long-lived
+`engine.ctl serve` process (console/host/control_channel.py: an attached console); both read replies with
+engine.api.protocol's codec. Each reply is decoded once, here, into its wire type (engine.api.wire.decode: a malformed field
+is an error naming it): RunStatus, ShardsChanged, WorkerRestarted, RunEnding, HostStatus. follow() streams telemetry
+events, over the open channel when its engine carries them (else one `engine.ctl follow` process); the loop that
+reconnects and backfills is console/host/follow.py."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Callable
+
+import orjson
+
+from console.host.control_channel import ChannelClosed, ControlChannel, FollowRefused, OlderProtocol
+from console.host.remote_engine import engine_command
+from console.host.transport import Transport, TransportError
+from engine.api.protocol import (ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus, ProtocolError, Reply,
+                             ctl_argv, decode_reply)
+from engine.api.ops import (Drain, DrainHost, LogTail, LogText, Pause, RestartWorker, Resume, RunEnding,
+                                    ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
+from engine.observe.status import HostStatus, RunStatus
+from engine.api.events import Event, UnknownEventType, event_from_dict
+from engine.api.wire import WireError, decode
+
+# the wire type of each op's result
+REPLY_TYPES: dict[type, type] = {Hello: HelloResult, Status: RunStatus, LastStatus: RunStatus, Pause: ShardsChanged,
+                                 Resume: ShardsChanged, RestartWorker: WorkerRestarted, Drain: RunEnding,
+                                 Stop: RunEnding, DrainHost: HostStatus, UndrainHost: HostStatus, LogTail: LogText}
+
+
+def decode_result(op: ChannelOp, data: Any, what: str) -> Any:
+    """An op's result (decoded JSON) as its wire type; WireError names a malformed field."""
+    cls = REPLY_TYPES[type(op)]
+    if cls is RunStatus:
+        return RunStatus.from_dict(data, what)
+    if cls is HelloResult:
+        try:
+            return HelloResult.from_dict(data)
+        except ProtocolError as exc:
+            raise WireError(f"{what}: {exc}") from exc
+    return decode(cls, data, what)
+
+CTL_TIMEOUT_S = 60.0
+EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 1, 2
+
+
+class RunClientError(Exception):
+    """The host answered with an error (kind "error") or no supervisor could be reached ("unreachable")."""
+
+    def __init__(self, message: str, kind: str = "error", stderr: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.stderr = stderr
+
+
+class NoSupervisor(RunClientError):
+    """Nothing answers at the run dir's control socket: the run is stopped, finished, or its supervisor died."""
+
+    def __init__(self, message: str, stderr: str = ""):
+        super().__init__(message, kind="unreachable", stderr=stderr)
+
+
+class RunClient:
+    def __init__(self, transport: Transport, run_dir: str, host_python: str = "python3",
+                 engine_path: str | None = None):
+        self.transport = transport
+        self.run_dir = run_dir
+        self.host_python = host_python
+        self.engine_path = engine_path
+        self._ctl_lacks_no_shards = False
+        self.channel: ControlChannel | None = None  # open_channel(): ops go over it
+        self.protocol_note = ""  # open_channel() found an engine without the channel: why ops go one process each
+
+    def _command(self, *args: str) -> str:
+        return engine_command(self.host_python, ["-m", "engine.ctl", "--run-dir", self.run_dir, *args],
+                              engine_path=self.engine_path)
+
+    @property
+    def where(self) -> str:
+        return f"{self.transport.name}:{self.run_dir}"
+
+    async def open_channel(self) -> None:
+        """Carry every op over one `engine.ctl serve` process from now on. An engine that does not answer its hello
+        (deployed before the channel) keeps the one-process form, and protocol_note says so."""
+        if self.channel is not None:
+            await self.close_channel()
+        try:
+            self.channel = await ControlChannel.open(self.transport, self._command("serve"), self.where)
+            self.protocol_note = ""
+        except OlderProtocol as exc:
+            self.channel, self.protocol_note = None, str(exc)
+        except ChannelClosed as exc:
+            raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc.transport
+        except TransportError as exc:
+            raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc
+        except asyncio.TimeoutError as exc:
+            raise RunClientError(f"control channel to {self.where}: `engine.ctl serve` did not answer hello",
+                                 kind="unreachable") from exc
+        except ProtocolError as exc:
+            raise RunClientError(f"control channel to {self.where}: {exc}", kind="unreachable") from exc
+
+    async def close_channel(self) -> None:
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            try:
+                await channel.close()
+            except TransportError as exc:
+                raise RunClientError(f"closing the control channel to {self.where}: {exc}") from exc
+
+    async def _decoded(self, op: ChannelOp) -> Any:
+        """The op's reply as its wire type (REPLY_TYPES); a reply that is not one (a field of the wrong type) is an
+        error naming the field, not a screen that shows half of it."""
+        try:
+            return decode_result(op, (await self._op(op)).result, f"{op.op} reply from {self.where}")
+        except WireError as exc:
+            raise RunClientError(f"{exc} (is the engine there another version than this console's?)") from exc
+
+    async def _op(self, op: ChannelOp) -> Reply:
+        """The op's ok reply (an error reply raises); its result's wire type comes from _decoded."""
+        if self.channel is None:
+            return await self._ctl(*ctl_argv(op))
+        try:
+            reply = await self.channel.call(op, timeout=CTL_TIMEOUT_S)
+        except ChannelClosed as exc:
+            raise RunClientError(f"{exc}; {op.op} may or may not have been done (not sent again)",
+                                 kind="unreachable") from exc.transport
+        except asyncio.TimeoutError as exc:
+            raise RunClientError(f"control channel to {self.where}: no reply to {op.op} in {CTL_TIMEOUT_S:g} s; "
+                                 "it may or may not have been done (not sent again)", kind="unreachable") from exc
+        return self._result(reply)
+
+    def _result(self, reply: Reply, stderr: str = "") -> Reply:
+        if reply.ok:
+            return reply
+        if reply.kind is ErrorKind.NO_SUPERVISOR:
+            raise NoSupervisor(f"no supervisor at {self.where}: {reply.error}", stderr=stderr or reply.error)
+        raise RunClientError(f"{self.where}: {reply.error or stderr or 'error reply'}", kind="error", stderr=stderr)
+
+    async def _ctl(self, *args: str) -> Reply:
+        command = self._command(*args)
+        try:
+            result = await self.transport.run(command, timeout=CTL_TIMEOUT_S)
+        except TransportError as exc:
+            raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc
+        stderr = result.stderr.strip()
+        if result.exit_status is None:
+            why = "timed out" if result.timed_out else (result.error or "no exit status")
+            raise RunClientError(f"`{command}` on {self.transport.name}: {why}; stderr: {stderr or '(empty)'}",
+                                 kind="unreachable", stderr=stderr)
+        if result.exit_status == EXIT_UNREACHABLE:
+            raise NoSupervisor(f"no supervisor at {self.where}: {stderr or '(no stderr)'}", stderr=stderr)
+        reply = None
+        for line in reversed(result.stdout.splitlines()):
+            if line.strip().startswith("{"):
+                try:
+                    reply = decode_reply(line)
+                except ProtocolError:
+                    continue
+                break
+        if reply is None:
+            raise RunClientError(
+                f"`{command}` on {self.transport.name} exited {result.exit_status} without a JSON reply;"
+                f" stderr: {stderr or '(empty)'}; stdout: {result.stdout.strip()[:500] or '(empty)'}",
+                kind="unreachable" if result.exit_status != EXIT_ERROR_REPLY else "error", stderr=stderr)
+        return self._result(reply, stderr)
+
+    async def status(self, shards: bool = True) -> RunStatus:
+        """shards=False: without the shard list (a console that folds the shard events has it); an engine deployed
+        before the option existed refuses it (argparse), and the full status is asked for from then on."""
+        if shards or self._ctl_lacks_no_shards:
+            return await self._decoded(Status())
+        try:
+            return await self._decoded(Status(shards=False))
+        except NoSupervisor as exc:
+            if self.channel is not None or "unrecognized arguments: --no-shards" not in exc.stderr:
+                raise
+            self._ctl_lacks_no_shards = True
+            return await self._decoded(Status())
+
+    async def last_status(self) -> RunStatus:
+        """What the run dir last recorded, without a supervisor (a finished or killed run)."""
+        return await self._decoded(LastStatus())
+
+    async def pause(self, shards: list[str] | None) -> ShardsChanged:
+        return await self._decoded(Pause(shards=None if shards is None else tuple(shards)))
+
+    async def resume(self, shards: list[str] | None) -> ShardsChanged:
+        return await self._decoded(Resume(shards=None if shards is None else tuple(shards)))
+
+    async def restart_worker(self, name: str) -> WorkerRestarted:
+        return await self._decoded(RestartWorker(worker=name))
+
+    async def log_tail(self, worker: str, lines: int) -> LogText:
+        return await self._decoded(LogTail(worker=worker, lines=lines))
+
+    async def drain(self) -> RunEnding:
+        return await self._decoded(Drain())
+
+    async def drain_host(self, host: str, undo: bool = False) -> HostStatus:
+        return await self._decoded(UndrainHost(host=host) if undo else DrainHost(host=host))
+
+    async def stop(self) -> RunEnding:
+        return await self._decoded(Stop())
+
+    async def follow(self, since: float | None = None,
+                     on_malformed: Callable[[str], None] = lambda why: None) -> AsyncIterator[Event]:
+        """The run's telemetry events from `since`, until the supervisor has exited and every event was sent: over the
+        open channel (protocol 2), else one `engine.ctl follow` process. A line that is not an event of this
+        console's wire (a field of the wrong type) is skipped and said to on_malformed, an event type newer than this
+        console skipped quietly. The stream's loss raises TransportError (the connection) or RunClientError."""
+        channel = self.channel
+        if channel is not None and channel.can_follow:
+            try:
+                async for line in channel.follow(Follow(since=since)):
+                    ev = self._event(line.event, on_malformed)
+                    if ev is not None:
+                        yield ev
+            except ChannelClosed as exc:
+                if exc.transport is not None:
+                    raise exc.transport
+                raise RunClientError(f"{exc}; following again", kind="unreachable") from exc
+            except FollowRefused as exc:  # as the one-process follow's exit status 2: checked again, later
+                raise RunClientError(f"telemetry of {self.where}: {exc}", kind="unreachable") from exc
+            return
+        args = ["follow"] + (["--since", repr(float(since))] if since is not None else [])
+        async for line in self.transport.stream_lines(self._command(*args)):
+            if not line.strip():
+                continue
+            try:
+                ev = self._event(orjson.loads(line), on_malformed)
+            except orjson.JSONDecodeError as exc:
+                on_malformed(f"telemetry from {self.where}: not JSON: {exc}")
+                continue
+            if ev is not None:
+                yield ev
+
+    def _event(self, data: Any, on_malformed: Callable[[str], None]) -> Event | None:
+        try:
+            return event_from_dict(data)
+        except UnknownEventType:
+            return None  # a newer engine's event: the rest still shows
+        except WireError as exc:
+            on_malformed(f"telemetry from {self.where}: {exc}")
+            return None

@@ -1,0 +1,175 @@
+"""The words console and engine share: every state, severity and finish reason as a StrEnum, the state groups the rules
+use, the alert levels the engine judges by, one shard's figures (the status's and the telemetry event's), the one
+duration format, and decode(): a reply or event read back into these types, once. Nothing else defines a state name.
+
+StrEnum members are their strings (`RunState.DONE == "done"`, JSON as "done"), so a reply decoded from JSON and a
+member compare equal; an unknown word from a newer engine stays a plain string and fails no lookup.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class RunState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"  # every shard with work left is paused, the brake holds, or the disk guard waits
+    DISK_FULL = "disk_full"  # (dispatch figures only) commits wait for space
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    FINISHING = "finishing"  # every sample settled: the servers are stopped, the last shards compacted; then done
+    DONE = "done"
+    DRAINED = "drained"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    DEAD = "dead"  # offline: the supervisor is gone and recorded no end
+
+
+LIVE_RUN_STATES = frozenset({RunState.STARTING, RunState.RUNNING, RunState.PAUSED, RunState.DISK_FULL,
+                             RunState.DRAINING, RunState.STOPPING, RunState.FINISHING})
+ENDED_RUN_STATES = frozenset({RunState.DONE, RunState.DRAINED, RunState.STOPPED, RunState.FAILED, RunState.DEAD})
+# a supervisor's own last word: the states a run's end is recorded with (run_end events, the last dispatch event)
+FINAL_RUN_STATES = frozenset({RunState.DONE, RunState.STOPPED, RunState.FAILED})
+DISPATCHING_RUN_STATES = frozenset({RunState.RUNNING, RunState.PAUSED, RunState.DISK_FULL})
+
+
+class ShardState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    DONE = "done"
+    STOPPED = "stopped"
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    CRASHED = "crashed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    # the port is held by a process regen did not launch, or the server that answers cannot prove it is
+    # the one launched: nothing is sent to it; `error` names the holder and the remedy
+    REFUSED = "refused"
+
+
+LIVE_WORKER_STATES = frozenset({WorkerState.STARTING, WorkerState.LOADING, WorkerState.READY})
+
+
+class HostState(StrEnum):
+    CONNECTING = "connecting"
+    UP = "up"
+    DRAINED = "drained"  # up, but out of the router by the operator's choice
+    LOST = "lost"
+    FAILED = "failed"  # reached, but every server of it failed (crashed past workers.max_restarts): no work
+    STOPPED = "stopped"
+
+
+class Severity(StrEnum):
+    """AlertEvent.severity, least to most severe (the order is the notifier's threshold)."""
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"  # cut at max_new_tokens
+    ABORT = "abort"
+    REPETITION = "repetition"  # stopped by regen's runaway guard
+
+
+@dataclass(frozen=True)
+class AlertLevels:
+    """The shares a shard is alerted (and marked a problem) above: [alerts] and [runaway] of the run, judged in the
+    engine and sent with the status so the console marks shards by the same numbers."""
+    empty_share: float = 0.05
+    truncated_share: float = 0.10
+    repetition_share: float = 0.05
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> AlertLevels:
+        data = data or {}
+        return cls(**{k: float(data[k]) for k in ("empty_share", "truncated_share", "repetition_share") if k in data})
+
+
+@dataclass
+class ShardFigures:
+    """One shard's figures: a status's shard (RunStatus.shards) and the telemetry's shard event alike, each field with
+    the one meaning engine.observe.status's docstring gives it (`total`: to generate, `planned`: what the input plans)."""
+    id: str = ""
+    state: str = ShardState.PENDING  # engine.observe.status.shard_state: pending | running | paused | draining | ...
+    done: int = 0
+    total: int = 0
+    planned: int = 0
+    output_tokens: int = 0
+    empty: int = 0
+    truncated: int = 0
+    failed: int = 0
+    rejected: int = 0
+    repetition: int = 0  # stopped by the runaway guard (finish_reason "repetition")
+    after_cut: int = 0  # of the rejected: later turns not generated after a cut turn (turns_after_cut = "stop")
+    unclosed_reasoning: int = 0  # committed answers whose reasoning was never closed (not by the runaway guard)
+    dispatched: int = 0  # requests sent for it by this supervisor (offline: 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class WireError(ValueError):
+    """A reply or event that does not have the wire's shape; the text names the field (`shards.3.done: ...`)."""
+
+
+def decode(cls: type[T], data: Any, what: str) -> T:
+    """`data` (decoded JSON) as a `cls`, checked field by field: a field of the wrong type raises WireError naming it
+    (with `what`: whose reply); a field this version does not know is dropped; a field an older engine did not send
+    takes its default (a required one missing is an error)."""
+    from pydantic import ValidationError  # here: the supervisor and engine.ctl encode only, and start faster without
+
+    try:
+        return _adapter(cls).validate_python(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        said = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(the whole)'}: {e['msg']} (got {_clip(e['input'])})"
+                         for e in errors[:3])
+        more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
+        raise WireError(f"{what}: {said}{more}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(cls: type):
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
+
+
+def _clip(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def duration_text(seconds: float | None) -> str:
+    """`42m07s`, `3h05m`, `1d06h00m`: every ETA and age the operator reads, in the CLI and the TUI alike."""
+    if seconds is None:
+        return "N/A"
+    seconds = max(0, int(seconds))
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if d:
+        return f"{d}d{h:02d}h{m:02d}m"
+    if h:
+        return f"{h}h{m:02d}m"
+    return f"{m}m{s:02d}s"

@@ -1,0 +1,756 @@
+"""The run.toml schema: every key, its type, default, range and meaning, and the rules between keys (pydantic v2).
+
+Strict on purpose: a string where a number, bool or list belongs is an error, never coerced (`temperature = "0.6"`
+once passed every check and had every request refused), and an unknown key is an error. Each field's docstring is its
+description in `regen config schema` (JSON Schema, for editors) and in the generated config reference. Errors are
+worded for a person by engine.config.errors; loading and the content hash are engine.config.load's.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import urllib.parse
+from typing import Annotated, Any, Literal
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat,
+                      StrictInt, StrictStr, WithJsonSchema, model_validator)
+
+DEFAULT_LAUNCH = (
+    "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
+    " --tp-size {tp} --enable-metrics"
+)
+SIMULATOR_LAUNCH = (
+    "{python} -m engine.simulator --model-path {model} --host {host} --port {port}"
+    " --tp-size {tp} --enable-metrics"
+)
+# SGLang reads a request's sampling_seed only on a server launched with this flag (contract 7.3); the probes
+# keep their own copy (probes/context.py: they never import the engine)
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+
+TurnMode = Literal["all", "last", "first"]
+TurnsAfterCut = Literal["stop", "continue"]
+PromptFormat = Literal["auto", "jsonl", "json", "parquet"]
+NotifyFormat = Literal["generic", "slack", "discord", "ntfy"]
+Severity = Literal["info", "warning", "error", "critical"]
+RouterPolicy = Literal["cache_aware", "round_robin", "random", "power_of_two"]
+RouterLink = Literal["ssh", "lan"]
+TURN_MODES: tuple[str, ...] = TurnMode.__args__
+TURNS_AFTER_CUT: tuple[str, ...] = TurnsAfterCut.__args__
+PROMPT_FORMATS: tuple[str, ...] = PromptFormat.__args__
+NOTIFY_FORMATS: tuple[str, ...] = NotifyFormat.__args__
+SEVERITIES: tuple[str, ...] = Severity.__args__  # AlertEvent.severity, least to most severe
+ROUTER_POLICIES: tuple[str, ...] = RouterPolicy.__args__
+ROUTER_LINKS: tuple[str, ...] = RouterLink.__args__
+
+
+class ConfigRuleError(ValueError):
+    """A rule between keys is broken; `problems` are (key path, message) pairs, each one line for the operator."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(f"{key}: {text}" for key, text in problems))
+
+
+def _range_check(low: float | None, high: float | None, low_open: bool, high_open: bool):
+    def check(value: float) -> float:
+        if value != value:  # NaN
+            raise ValueError("must be a number, not nan")
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if too_low or too_high:
+            raise ValueError(f"must be {_interval(low, high, low_open, high_open)}")
+        return value
+    return check
+
+
+def _interval(low, high, low_open, high_open) -> str:
+    """`in [0, 1]`, `> 0`: the words after "must be"."""
+    if high is None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def Real(low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False):
+    """A TOML number (integer or float, kept as written so the content hash of `1` stays that of `1`), in range."""
+    schema: dict[str, Any] = {"type": "number"}
+    if low is not None:
+        schema["exclusiveMinimum" if low_open else "minimum"] = low
+    if high is not None:
+        schema["exclusiveMaximum" if high_open else "maximum"] = high
+    return Annotated[StrictInt | StrictFloat, AfterValidator(_range_check(low, high, low_open, high_open)),
+                     WithJsonSchema(schema)]
+
+
+def Int(low: int | None = None, high: int | None = None):
+    return Annotated[StrictInt, Field(ge=low, le=high)]
+
+
+def _one_or_many(value: Any) -> Any:
+    return (value,) if isinstance(value, str) else value
+
+
+# A TOML array: the list itself is taken as a tuple (frozen), its items stay strict
+IntList = Annotated[tuple[Annotated[StrictInt, Field(ge=0)], ...], Field(strict=False)]
+StrList = Annotated[tuple[StrictStr, ...], Field(strict=False)]
+Seconds = Real(0, low_open=True)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False, validate_default=False)
+
+
+class Sampling(Section):
+    """[sampling]: sent with every request (SGLang's /generate applies no model defaults). A key left out takes the
+    model's own recommended value from its generation_config.json (temperature, top_p, top_k, min_p,
+    repetition_penalty, as SGLang's OpenAI API does), else regen's default (Qwen3 thinking); `regen plan` prints
+    each effective value and where it came from."""
+    temperature: Real(0) = 0.6
+    """Sampling temperature; 0 is greedy (loops in long thinking answers)."""
+    top_p: Real(0, 1, low_open=True) = 0.95
+    """Nucleus sampling: the smallest set of tokens whose probability reaches top_p, in (0, 1]."""
+    top_k: Annotated[StrictInt, Field(ge=-1)] = 20
+    """Sample among the k most likely tokens; -1 for all (SGLang refuses 0)."""
+    min_p: Real(0, 1) = 0.0
+    """Drop tokens less likely than min_p times the most likely one, in [0, 1]."""
+    max_new_tokens: Int(1) = 32768
+    """The longest answer, in tokens (Qwen3 thinking needs 32768); an answer cut here ends with finish_reason length."""
+    presence_penalty: Real(-2, 2) = 0.0
+    """Penalty on tokens already present, in [-2, 2]."""
+    repetition_penalty: Real(0, 2) = 1.0
+    """Multiplicative repetition penalty, in [0, 2] (SGLang 0.5.23 refuses 0); 1 is none."""
+    seed: Int(0) | None = None
+    """Per-request sampling seed; needs workers launched with --enable-deterministic-inference."""
+
+    @model_validator(mode="after")
+    def _top_k_not_zero(self) -> Sampling:
+        if self.top_k == 0:
+            raise ConfigRuleError([("[sampling] top_k", "0 is refused by SGLang: write -1 (all tokens) or a k >= 1, "
+                                                       "e.g. 20")])
+        return self
+
+    def as_sglang(self) -> dict[str, Any]:
+        """Only keys SGLang's SamplingParams knows (unknown keys are a 400 in 0.5.23)."""
+        params: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "max_new_tokens": self.max_new_tokens,
+            "presence_penalty": self.presence_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "skip_special_tokens": False,
+        }
+        if self.seed is not None:
+            params["sampling_seed"] = self.seed
+        return params
+
+
+class Workers(Section):
+    """[workers]: one SGLang server per group of tp_size GPUs on the supervisor's host."""
+    gpus: IntList = (0,)
+    """GPU indices, e.g. [0, 1, 2, 3]; consecutive runs of tp_size make one server each."""
+    tp_size: Int(1, 64) = 1
+    """Tensor-parallel size: GPUs per server."""
+    base_port: Int(1, 65535) = 30000
+    """The first server's port; server i listens on base_port + i."""
+    host: StrictStr = "127.0.0.1"
+    """Address the servers bind; SGLang binds to loopback unless the operator asks otherwise."""
+    launch: StrictStr = DEFAULT_LAUNCH
+    """The launch command template ({python}, {model}, {host}, {port}, {tp}); the simulator's for a rehearsal."""
+    extra_args: StrList = ()
+    """Extra launch arguments, one list item per word, e.g. ["--mem-fraction-static", "0.85"]."""
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    """Extra environment of every server, e.g. {SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN = "1"}."""
+    api_key: StrictStr | None = None
+    """The servers' --api-key, sent as a bearer token."""
+    ready_timeout_s: Seconds = 1800.0
+    """How long a server may take to load and answer before it counts as failed."""
+    max_restarts: Int(0) = 5
+    """Restarts of a crashed or hung server before it is given up."""
+    health_timeout_s: Real(1, low_open=True) = 25.0
+    """One /health check's wait; SGLang's /health takes at least 1 s (contract 7.4)."""
+    health_failures: Int(1) = 3
+    """/health failures in a row that make a live server hung (killed, restarted)."""
+
+    @model_validator(mode="after")
+    def _gpus_fit_groups(self) -> Workers:
+        problems = gpu_list_problems("[workers]", self.gpus, self.tp_size, self.base_port)
+        try:
+            shlex.split(self.launch)
+        except ValueError as exc:
+            problems.append(("[workers] launch", f"cannot be split into words: {exc} (check its quotes)"))
+        if problems:
+            raise ConfigRuleError(problems)
+        return self
+
+    def groups(self) -> list[tuple[int, ...]]:
+        """GPU groups, one SGLang server each: consecutive runs of tp_size GPUs."""
+        return [tuple(self.gpus[i: i + self.tp_size]) for i in range(0, len(self.gpus), self.tp_size)]
+
+
+def gpu_list_problems(where: str, gpus: tuple[int, ...], tp_size: int, base_port: int) -> list[tuple[str, str]]:
+    problems = []
+    if not gpus:
+        problems.append((f"{where} gpus", "is empty: list at least one GPU index, e.g. [0]"))
+    dup = sorted({g for g in gpus if gpus.count(g) > 1})
+    if dup:
+        problems.append((f"{where} gpus", f"lists GPU {', '.join(map(str, dup))} twice: each GPU runs one server"))
+    if gpus and len(gpus) % tp_size:
+        problems.append((f"{where} gpus", f"has {len(gpus)} GPUs, not a multiple of tp_size = {tp_size}: give "
+                                          f"{tp_size} GPUs per server"))
+    servers = max(1, len(gpus) // max(tp_size, 1))
+    if base_port + servers - 1 > 65535:
+        problems.append((f"{where} base_port", f"{base_port} + {servers} servers runs past port 65535"))
+    return problems
+
+
+class Dispatch(Section):
+    """[dispatch]: how requests go to the servers. Operational (may change between restarts)."""
+    max_in_flight_per_worker: Int(1) | None = None
+    """Requests in flight per server; unset: sized from the server's own capacity."""
+    request_timeout_s: Seconds = 3600.0
+    """One request's longest wait before it is retried."""
+    max_retries: Int(0) = 5
+    """Retries of a request that failed (connection, 5xx, timeout) before its sample is failed."""
+    retry_backoff_s: Real(0) = 2.0
+    """Wait before a retry, doubled each time."""
+    affinity: bool = True
+    """Prefix affinity: a conversation's next turn goes to the server that has its prefix cached."""
+    affinity_hold_s: Real(0, 60) = 0.5
+    """How long a turn waits for the server that holds its prefix before any server takes it."""
+
+
+class Alerts(Section):
+    """[alerts]: the levels at which the run warns (the brake stops at its own, higher, levels)."""
+    empty_share: Real(0, 1) = 0.05
+    """Alert when a shard's share of empty answers is above this."""
+    truncated_share: Real(0, 1) = 0.10
+    """Alert when a shard's share of answers cut at max_new_tokens is above this."""
+    disk_free_min_gb: Real(0) = 20.0
+    """Alert when the run dir's disk has less free space than this (GB)."""
+
+
+class Runaway(Section):
+    """[runaway]: the runaway guard (engine/run/runaway.py). Each answer is streamed while it is generated and
+    stopped (SGLang's /abort_request) once its tail is degenerate repetition; the sample is committed with its exact
+    ids and finish_reason "repetition". Operational (not in the content hash). Two signals, either stops the answer:
+    cycle (the last max(min_span, min_repeats x p) tokens repeat one cycle of period p <= max_period exactly) and
+    ngram (over the last ngram_window tokens, ngram_share of the informative n-grams already occurred in it)."""
+    enabled: bool = True
+    """Stream answers and stop degenerate repetition."""
+    max_period: Int(1, 4096) = 512
+    """The longest token cycle the cycle signal looks for."""
+    min_repeats: Int(2, 10**6) = 8
+    """Repeats of one cycle that stop an answer."""
+    min_span: Int(2, 10**7) = 1024
+    """Tokens a repeated cycle must cover at least."""
+    ngram: Int(2, 256) = 12
+    """n of the n-gram signal."""
+    ngram_window: Int(64, 10**6) = 8192
+    """Tokens the n-gram signal looks back over."""
+    ngram_share: Real(0, 1, low_open=True) = 0.9
+    """Share of repeated informative n-grams that stops an answer; 1 turns the n-gram signal off."""
+    check_every: Int(1, 10**6) = 512
+    """The n-gram share is computed every this many tokens."""
+    stream_interval: Int(1, 10**6) = 1024
+    """Tokens per streamed chunk (SGLang's stream_interval). Servers are launched with their version's delta-streaming
+    flag, so a chunk carries only its new ids; each chunk still costs the client a read, a parse and a detector pass,
+    and a loop is stopped at most this many tokens late."""
+    alert_share: Real(0, 1, low_open=True) = 0.05
+    """Alert when a shard's share of repetition-stopped answers is above this."""
+
+    @model_validator(mode="after")
+    def _window_over_ngram(self) -> Runaway:
+        if self.ngram_window <= self.ngram:
+            raise ConfigRuleError([("[runaway] ngram_window", f"{self.ngram_window} must be larger than ngram = "
+                                                              f"{self.ngram} (defaults 8192 and 12)")])
+        return self
+
+
+class Brake(Section):
+    """[brake]: the data-quality brake (engine.run.brake). When the share of one kind of bad answer over the last
+    `window` committed samples is over its level, dispatch pauses run-wide until `regen resume --all`. Each level must
+    be above its alert level in [alerts]; 1.0 never brakes on that kind. Operational (not in the content hash)."""
+    enabled: bool = True
+    """false turns the brake off."""
+    window: Int(1) = 500
+    """Committed samples judged (run-wide, in commit order)."""
+    min_samples: Int(1) = 200
+    """Samples the window must hold before it judges."""
+    empty_share: Real(0, 1, low_open=True) = 0.5
+    """Brake when the share of empty answers is above this."""
+    truncated_share: Real(0, 1, low_open=True) = 0.5
+    """Brake when the share of answers cut at max_new_tokens is above this."""
+    thinking_missing_share: Real(0, 1, low_open=True) = 0.5
+    """Brake when the share of answers whose reasoning is missing or unclosed is above this (enable_thinking only)."""
+    repetition_share: Real(0, 1, low_open=True) = 0.5
+    """Brake when the share of answers the runaway guard stopped is above this."""
+    refused_share: Real(0, 1, low_open=True) = 0.25
+    """Brake when the share of samples the servers refused (HTTP 400) or failed (retries spent) is above this; a run
+    refused run-wide (20 in a row for one reason, or most of the last 200) fails instead."""
+
+    @model_validator(mode="after")
+    def _window_holds_min(self) -> Brake:
+        if self.min_samples > self.window:
+            raise ConfigRuleError([("[brake] min_samples", f"{self.min_samples} is more than window = {self.window}: "
+                                    "the window never holds that many samples, so the brake never judges; set "
+                                    "min_samples <= window (defaults 200 and 500)")])
+        return self
+
+
+class Store(Section):
+    """[store]: how finished answers become part files. Operational (not in the content hash). The age bound is the
+    crash cost: a SIGKILL loses the answers finished in the last part_max_age_s, regenerated at the restart. Each
+    shard, once finished, is compacted into one file. The rows bound caps a part's memory while it waits."""
+    part_max_rows: Int(1) = 256
+    """Rows that close a part file. It also bounds how long one commit holds the engine's interpreter (the rows made
+    into Arrow columns): at 1,024 rows the dispatch loop stalled long enough for the servers' own queues to run dry at
+    each commit (tests/bench/bench_capacity.py: 82% full-batch share against 94% with 256)."""
+    part_max_age_s: Seconds = 5.0
+    """Seconds after which a part is committed however few rows it has (a crash loses at most this much)."""
+
+
+class Metrics(Section):
+    """[metrics]: the run's figures served to Prometheus by the supervisor (GET /metrics), derived from the same
+    committed state as `regen status`. Operational (not in the content hash). A busy port does not stop the run: it
+    is an alert, and `regen status` says why nothing is served."""
+    enabled: bool = True
+    """Serve the metrics endpoint; false: not served (`regen status` says so)."""
+    host: Annotated[StrictStr, Field(min_length=1)] = "127.0.0.1"
+    """Address the endpoint binds: loopback by default, like the servers; a scraper on another machine needs the
+    host's address (or an SSH tunnel)."""
+    # 9433: clear of the exporters a GPU host already runs (node_exporter 9100, NVIDIA's DCGM exporter 9400) and of
+    # SGLang's own ports (servers 30000+, router 30500+, the router's metrics 29000 by default)
+    port: Int(0, 65535) = 9433
+    """Port of the endpoint (default clear of node_exporter's 9100 and the DCGM exporter's 9400); two runs on one
+    host need two ports; 0: a free port the system picks (`regen status` says which)."""
+    per_shard: bool = False
+    """Also export each shard's done and to-generate samples (a `shard` label: one series per shard, 10,000 for a
+    10^7-sample run); off, shards are counted by state."""
+
+
+class PlanAssumptions(Section):
+    """[plan]: what `regen plan` without --pilot assumes (printed as "assumed"); a pilot measures them."""
+    output_tokens_per_sample: Real(0, low_open=True) = 2000.0
+    """Output tokens per sample."""
+    tokens_per_s_per_gpu: Real(0, low_open=True) = 1500.0
+    """Output tokens per second per GPU (e.g. a 27B model at TP1 on one H100-class GPU)."""
+    sample_conversations: Int(1) = 2000
+    """Conversations tokenized for the prompt-length figures."""
+    loop_share: Real(0, 1) = 0.02
+    """Share of answers assumed to loop to max_new_tokens (what the runaway guard saves)."""
+
+
+class NotifyConfig(Section):
+    """[notify]: failures and the run's end sent from the host to a webhook and/or a command. Operational."""
+    url: StrictStr | None = None
+    """Webhook POSTed to (http or https)."""
+    format: NotifyFormat = "generic"
+    """Body of the webhook."""
+    headers: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    """Extra HTTP headers, e.g. {Authorization = "Bearer ..."}."""
+    command: StrList = ()
+    """argv run per notification (no shell): message JSON on stdin, REGEN_NOTIFY_* in its environment."""
+    min_severity: Severity = "critical"
+    """Alerts at or above it are sent."""
+    run_end: bool = True
+    """Also send the normal ends (done, drained, stopped); a failed end is always sent."""
+    retries: Int(1) = 3
+    """Tries per notification and destination."""
+    retry_backoff_s: Real(0) = 2.0
+    """Wait before the second try, doubled before each next one."""
+    timeout_s: Seconds = 10.0
+    """One try: the HTTP request, or the command's run."""
+    max_per_minute: Int(1) = 6
+    """More in a minute are held and sent as one "N more alerts suppressed"."""
+    dedupe_s: Real(0) = 600.0
+    """The same alert again within this is held the same way."""
+    flush_timeout_s: Seconds = 10.0
+    """At exit, the longest the supervisor waits for the last notifications."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url or self.command)
+
+    @model_validator(mode="after")
+    def _destinations(self) -> NotifyConfig:
+        problems = []
+        if self.url is not None:
+            parsed = urllib.parse.urlsplit(self.url)
+            if not self.url.strip():
+                problems.append(("[notify] url", "is empty: give the webhook URL (https://...) or remove the key"))
+            elif parsed.scheme not in ("http", "https"):
+                problems.append(("[notify] url", f"{redact_url(self.url)!r}: the scheme must be http or https (got "
+                                                 f"{parsed.scheme or 'none'!r}), e.g. https://ntfy.sh/my-topic"))
+            elif not parsed.hostname:
+                problems.append(("[notify] url", f"{redact_url(self.url)!r}: no host in the URL, e.g. "
+                                                 "https://ntfy.sh/my-topic"))
+        if "command" in self.model_fields_set and (not self.command or not self.command[0].strip()):
+            problems.append(("[notify] command", f"{list(self.command)!r}: give the program and its arguments (argv, no "
+                                                 'shell) as a non-empty list of strings, e.g. command = '
+                                                 '["/usr/local/bin/page-oncall", "--team", "ml"]'))
+        if problems:
+            raise ConfigRuleError(problems)
+        return self
+
+
+def redact_url(url: str) -> str:
+    """scheme://host/… : a webhook's path is often its secret (Slack, Discord, an ntfy topic)."""
+    parsed = urllib.parse.urlsplit(url)
+    tail = "/…" if parsed.path.strip("/") or parsed.query else ""
+    return f"{parsed.scheme}://{parsed.netloc.rpartition('@')[2]}{tail}" if parsed.netloc else url[:12] + "…"
+
+
+class Host(Section):
+    """[[hosts]]: one GPU host of a multi-host run; its SGLang workers run under a host agent there."""
+    name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]+$")]
+    """The host's name in regen (letters, digits, - and _)."""
+    address: Annotated[StrictStr, Field(min_length=1)]
+    """"local" (the dispatch host itself), an ssh alias, or user@host[:port]."""
+    gpus: IntList = (0,)
+    """GPU indices on that host."""
+    work_dir: StrictStr = "~/.regen-host"
+    """Engine copy, agent pid/log and server logs on that host."""
+    host_python: StrictStr = "python3"
+    """Interpreter of the SGLang environment on that host."""
+    tp_size: Int(1, 64) | None = None
+    """Default: [workers] tp_size."""
+    base_port: Int(1, 65535) | None = None
+    """Default: [workers] base_port."""
+    lan_address: StrictStr | None = None
+    """With router.link = "lan": the address its workers bind and are reached at."""
+    ssh_options: StrList = ()
+    """Extra OpenSSH client options from the dispatch host, e.g. ["-F", "cfg"]."""
+
+    @property
+    def is_local(self) -> bool:
+        return self.address == "local"
+
+    def ssh_destination(self) -> list[str]:
+        """`user@host:port` is not an ssh(1) destination: split the port into -p."""
+        dest = self.address
+        if dest.startswith("ssh://"):
+            return [dest]
+        head, _, port = dest.rpartition(":")
+        if head and port.isdigit() and "]" not in port:
+            return ["-p", port, head]
+        return [dest]
+
+
+class Router(Section):
+    """[router]: SGLang's own router (`sglang-router`), started on the dispatch host in front of every worker of a
+    multi-host run ([[hosts]])."""
+    policy: RouterPolicy = "cache_aware"
+    """The router's load-balancing policy."""
+    port: Int(1, 65535) = 30500
+    """The router's port on the dispatch host."""
+    prometheus_port: Int(1, 65535) | None = None
+    """The router's own metrics port; default: port + 1."""
+    python: StrictStr | None = None
+    """Interpreter that runs the router; default: host_python."""
+    link: RouterLink = "ssh"
+    """"ssh": SSH port forwards (workers stay on 127.0.0.1); "lan": workers bind each host's lan_address."""
+    forward_base_port: Int(1, 65535) = 40000
+    """Local ends of the SSH port forwards on the dispatch host."""
+    extra_args: StrList = ()
+    """Extra router arguments, one item per word."""
+    ready_timeout_s: Seconds = 60.0
+    """How long the router may take to answer."""
+    host_lost_after_s: Seconds = 10.0
+    """A host whose workers cannot be reached this long is lost."""
+
+
+_TIME_LIMIT = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's --time format in seconds: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (ValueError otherwise)."""
+    m = _TIME_LIMIT.match(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a Slurm time limit: write minutes (\"240\"), \"H:MM:SS\" (\"4:00:00\") or "
+                         "\"D-HH:MM:SS\" (\"1-00:00:00\")")
+    d, dh, dm, ds, m1, m2, m3 = (int(g) if g else None for g in m.groups())
+    if d is not None:
+        seconds = d * 86400 + dh * 3600 + (dm or 0) * 60 + (ds or 0)
+    elif m3 is not None:  # H:M:S
+        seconds = m1 * 3600 + m2 * 60 + m3
+    else:  # M or M:S
+        seconds = m1 * 60 + (m2 or 0)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is no time at all: give the allocation a time limit above 0")
+    return seconds
+
+
+def _time_limit(text: str) -> str:
+    time_limit_seconds(text)
+    return text
+
+
+def _node_count(value: Any) -> Any:
+    if isinstance(value, str):
+        low, sep, high = value.partition("-")
+        if not (sep and low.isdigit() and high.isdigit()):
+            raise ValueError(f"{value!r} is neither a node count (2) nor a range (\"2-4\")")
+        if not 1 <= int(low) <= int(high):
+            raise ValueError(f"{value!r}: a range goes from at least 1 up, e.g. \"2-4\"")
+    return value
+
+
+class Slurm(Section):
+    """[slurm]: the servers run on nodes a Slurm cluster allocates, not on [[hosts]]. `regen start` (on the login
+    node) submits one job per server group (one node, or the nodes one server spans) with sbatch; each job runs
+    regen's host agent on its nodes as a job step (srun); the supervisor and the router stay where `regen start`
+    ran and reach the servers over the cluster network. `regen plan` prints the exact sbatch and srun lines."""
+    partition: Annotated[StrictStr, Field(min_length=1)]
+    """The partition (sbatch --partition) whose nodes have the GPUs."""
+    account: StrictStr | None = None
+    """The account charged (sbatch --account); unset: the user's default."""
+    qos: StrictStr | None = None
+    """The quality of service (sbatch --qos); unset: the account's default."""
+    nodes: Annotated[Int(1) | StrictStr, AfterValidator(_node_count)] = 1
+    """Nodes of the run: a count (2), or a range ("2-4": regen submits for the most and the plan counts on the
+    fewest)."""
+    gpus_per_node: Int(1, 64) = 8
+    """GPUs asked of each node (sbatch --gres=gpu:N); [workers] tp_size of them make one server, or a server with
+    tp_size above it spans tp_size / gpus_per_node nodes."""
+    time_limit: Annotated[StrictStr, AfterValidator(_time_limit)] = "4:00:00"
+    """Each allocation's time limit (sbatch --time), in Slurm's format: "240", "4:00:00", "1-00:00:00". A run
+    longer than it goes on in the next allocation."""
+    handover_s: Int(30) = 300
+    """Seconds before the time limit at which regen drains the job's servers (requests in flight finish) and queues
+    the next allocation, which takes over (read from squeue's time left)."""
+    pending_alert_s: Int(1) = 600
+    """Seconds a job may stay PENDING before regen raises one alert with Slurm's reason (Resources, Priority, ...),
+    which [notify] sends whatever its min_severity; its start after that is said too."""
+    constraint: StrictStr | None = None
+    """Node features required (sbatch --constraint), e.g. "h100&ib"."""
+    job_name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "regen"
+    """The jobs' name prefix in squeue; job i is <job_name>-<i>."""
+    extra_args: StrList = ()
+    """Extra sbatch arguments, one item per word, e.g. ["--exclusive", "--mem=0"]."""
+    work_dir: StrictStr | None = None
+    """Where the nodes' host agents keep their engine copy and logs (a filesystem the nodes share with the login
+    node); default: <run_dir>/slurm."""
+
+    @property
+    def time_limit_s(self) -> int:
+        return time_limit_seconds(self.time_limit)
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        if isinstance(self.nodes, int):
+            return self.nodes, self.nodes
+        low, _, high = self.nodes.partition("-")
+        return int(low), int(high)
+
+
+class RunConfig(Section):
+    """run.toml: one run of regeneration. The content fields (model, tokenizer, prompts, prompt_format, turns,
+    enable_thinking, shard_size, [sampling]) decide what the shards contain; a run dir with committed samples is
+    resumed only with the same ones. Every other key is operational and may change between restarts."""
+    run_dir: Annotated[StrictStr, Field(min_length=1)]
+    """The run directory on the host (shards, state.sqlite, logs)."""
+    model: Annotated[StrictStr, Field(min_length=1)]
+    """The model directory (or name) the servers load."""
+    prompts: Annotated[StrList, BeforeValidator(_one_or_many), Field(min_length=1)]
+    """Prompt files or globs on the host (a list, or one string)."""
+    host_python: StrictStr = "python3"
+    """Interpreter of the SGLang environment on the host."""
+    tokenizer: StrictStr | None = None
+    """Tokenizer and chat template directory; default: model."""
+    prompt_format: PromptFormat = "auto"
+    """Prompt file format; auto decides by extension."""
+    turns: TurnMode = "all"
+    """Which user turns are answered: all (turn by turn on the model's own answers), last, or first."""
+    turns_after_cut: TurnsAfterCut = "stop"
+    """With turns = "all": once a turn ends at max_new_tokens or is stopped by the runaway guard, "stop" settles the
+    conversation's later turns without generating them (rejected, kind after_cut); "continue" generates them on the
+    cut history, as the model was prompted with it. A content field (in the hash only when not "stop")."""
+    enable_thinking: bool = True
+    """Passed to the chat template."""
+    shard_size: Int(1) = 1000
+    """Conversations per shard."""
+    context_length: Int(2) | None = None
+    """The servers' context length; default: the model config's."""
+    sampling: Sampling = Field(default_factory=Sampling)
+    workers: Workers = Field(default_factory=Workers)
+    dispatch: Dispatch = Field(default_factory=Dispatch)
+    alerts: Alerts = Field(default_factory=Alerts)
+    plan: PlanAssumptions = Field(default_factory=PlanAssumptions)
+    store: Store = Field(default_factory=Store)
+    runaway: Runaway = Field(default_factory=Runaway)
+    brake: Brake = Field(default_factory=Brake)
+    hosts: Annotated[tuple[Host, ...], Field(strict=False)] = ()
+    """[[hosts]]: GPU hosts of a multi-host run; empty: one host, the supervisor's own ([workers])."""
+    router: Router = Field(default_factory=Router)
+    slurm: Slurm | None = None
+    """[slurm]: the servers' nodes come from a Slurm cluster (exclusive with [[hosts]])."""
+    notify: NotifyConfig = Field(default_factory=NotifyConfig)
+    metrics: Metrics = Field(default_factory=Metrics)
+    _source_path: str | None = PrivateAttr(default=None)  # where it was loaded from (not part of the content)
+
+    @property
+    def source_path(self) -> str | None:
+        return self._source_path
+
+    def with_source(self, path: str | None) -> RunConfig:
+        copy = self.model_copy()
+        copy._source_path = path
+        return copy
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.model
+
+    def content_fields(self) -> dict[str, Any]:
+        """The fields whose change changes the data; resuming with another hash is refused."""
+        return {
+            "model": self.model,
+            "tokenizer": self.tokenizer_path,
+            "prompts": list(self.prompts),
+            "prompt_format": self.prompt_format,
+            "turns": self.turns,
+            "enable_thinking": self.enable_thinking,
+            "shard_size": self.shard_size,
+            "sampling": self.sampling.model_dump(),
+            # in the hash only when not the default, so run dirs made before the key existed keep their hash; a run
+            # that switches policy between starts is refused (it changes which samples exist)
+            **({"turns_after_cut": self.turns_after_cut} if self.turns_after_cut != "stop" else {}),
+        }
+
+    def content_hash(self) -> str:
+        blob = json.dumps(self.content_fields(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="python")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_node_gpus(cls, data: Any) -> Any:
+        """With [slurm], [workers] gpus are one node's (or one spanning server's): derived, not written."""
+        if isinstance(data, dict) and isinstance(data.get("slurm"), dict) and isinstance(data.get("workers", {}), dict):
+            workers = dict(data.get("workers", {}))
+            tp, gpn = workers.get("tp_size", 1), data["slurm"].get("gpus_per_node", 8)
+            if "gpus" not in workers and type(tp) is int and type(gpn) is int and tp > 0 and gpn > 0:
+                workers["gpus"] = list(range(tp if tp > gpn else gpn - gpn % tp))
+                data = {**data, "workers": workers}
+        return data
+
+    @model_validator(mode="after")
+    def _rules_between_sections(self) -> RunConfig:
+        problems = brake_over_alerts(self) + seed_needs_flag(self) + hosts_rules(self) + slurm_rules(self)
+        if "notify" in self.model_fields_set and not self.notify.enabled:
+            problems.append(("[notify]", 'has neither url nor command: set url = "https://..." (a webhook) and/or '
+                                         'command = ["/path/to/program", "arg"], or remove [notify]'))
+        if problems:
+            raise ConfigRuleError(problems)
+        return self
+
+
+def brake_over_alerts(cfg: RunConfig) -> list[tuple[str, str]]:
+    out = []
+    for key in (k for k in Brake.model_fields if k.endswith("_share")):
+        level, alert = getattr(cfg.brake, key), getattr(cfg.alerts, key, None)
+        if alert is not None and level <= alert:
+            out.append((f"[brake] {key}", f"{level:g} is not above [alerts] {key} = {alert:g}: the brake would stop "
+                                          f"the run before the alert warns; set it above (e.g. 0.5) or lower the alert"))
+    return out
+
+
+def seed_needs_flag(cfg: RunConfig) -> list[tuple[str, str]]:
+    """A seed only means something on servers launched with DETERMINISTIC_FLAG: refused otherwise, not paired with
+    the flag behind the operator's back (it changes the servers' kernels and speed)."""
+    if cfg.sampling.seed is None or DETERMINISTIC_FLAG in launch_words(cfg.workers):
+        return []
+    return [("[sampling] seed", f"{cfg.sampling.seed}: SGLang ignores a request's sampling_seed unless the server runs "
+                                f"with {DETERMINISTIC_FLAG}, so the answers would not follow the seed. Either add the "
+                                f'flag to the workers\' launch arguments (workers.extra_args = [..., '
+                                f'"{DETERMINISTIC_FLAG}"]; SGLang then uses deterministic, slower kernels), or '
+                                "remove sampling.seed")]
+
+
+def config_warnings(cfg: RunConfig) -> list[tuple[str, str]]:
+    """What is allowed but probably not meant: said by the `config` probe (WARN) and `regen config check`."""
+    out = []
+    if cfg.context_length is not None and cfg.sampling.max_new_tokens >= cfg.context_length:
+        out.append(("[sampling] max_new_tokens", f"{cfg.sampling.max_new_tokens} is not below context_length = "
+                                                 f"{cfg.context_length}: every answer is capped at the context its "
+                                                 "prompt leaves (SGLang's own cap)"))
+    return out
+
+
+def hosts_rules(cfg: RunConfig) -> list[tuple[str, str]]:
+    if not cfg.hosts:
+        return []
+    out = []
+    names = [h.name for h in cfg.hosts]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        out.append(("[[hosts]] name", f"{dup!r} is used twice: each host needs its own name"))
+    if sum(h.is_local for h in cfg.hosts) > 1:
+        out.append(("[[hosts]] address", 'only one host can be "local" (the dispatch host)'))
+    for i, h in enumerate(cfg.hosts, 1):
+        where = f"[[hosts]] #{i}"
+        if cfg.router.link == "lan" and not h.is_local and not h.lan_address:
+            out.append((f"{where} lan_address", 'router.link = "lan" needs it: the address its workers bind and '
+                                                "the router reaches"))
+        out += gpu_list_problems(where, h.gpus, h.tp_size or cfg.workers.tp_size, h.base_port or cfg.workers.base_port)
+    return out
+
+
+def launch_words(workers: Workers) -> list[str]:
+    """The words of the workers' launch template plus their extra_args (the template unformatted)."""
+    try:
+        words = shlex.split(workers.launch)
+    except ValueError:
+        words = workers.launch.split()  # the launch rule reports the quoting
+    return words + list(workers.extra_args)
+
+
+def host_workers(cfg: RunConfig, host: Host) -> Workers:
+    """[workers] with this host's GPUs, tp size, base port and bind address."""
+    bind = cfg.workers.host
+    if cfg.router.link == "lan" and not host.is_local:
+        bind = host.lan_address or bind
+    return cfg.workers.model_copy(update=dict(
+        gpus=host.gpus, tp_size=host.tp_size or cfg.workers.tp_size,
+        base_port=host.base_port or cfg.workers.base_port, host=bind))
+
+
+def slurm_rules(cfg: RunConfig) -> list[tuple[str, str]]:
+    """[slurm] places the servers itself: not with [[hosts]] or [workers] gpus; tp_size and gpus_per_node must tile
+    whole nodes. (router.link does not apply: the router reaches the nodes' servers over the cluster network.)"""
+    s = cfg.slurm
+    if s is None:
+        return []
+    out = []
+    if cfg.hosts:
+        out.append(("[slurm]", "and [[hosts]] both place the servers: keep [slurm] (nodes from the cluster) or "
+                               "[[hosts]] (hosts reached over SSH), not both"))
+    tp, gpn = cfg.workers.tp_size, s.gpus_per_node
+    if cfg.workers.gpus != tuple(range(tp if tp > gpn else gpn - gpn % tp)):
+        out.append(("[workers] gpus", f"is not used with [slurm]: each node's GPUs are the {s.gpus_per_node} Slurm "
+                                      "gives it (slurm.gpus_per_node); remove [workers] gpus"))
+    if tp <= gpn and gpn % tp:
+        out.append(("[workers] tp_size", f"{tp} does not divide slurm.gpus_per_node = {gpn}: {gpn % tp} GPU(s) of "
+                                         f"each node would idle; use a tp_size that divides {gpn}"))
+    if tp > gpn:
+        if tp % gpn:
+            out.append(("[workers] tp_size", f"{tp} is above slurm.gpus_per_node = {gpn} but not a multiple of it: "
+                                             "a server spanning nodes takes whole nodes"))
+        else:
+            span = tp // gpn
+            low, high = s.node_range
+            for which, n in (("", low),) if low == high else (("the fewest ", low), ("the most ", high)):
+                if n % span:
+                    out.append(("[slurm] nodes", f"{which}{n} is not a multiple of {span}, the nodes one server "
+                                                 f"spans (tp_size {tp} / gpus_per_node {gpn})"))
+    if s.handover_s >= s.time_limit_s:
+        out.append(("[slurm] handover_s", f"{s.handover_s} is not below time_limit = {s.time_limit} "
+                                          f"({s.time_limit_s} s): the servers would be drained before they start"))
+    return out

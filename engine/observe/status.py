@@ -1,0 +1,307 @@
+"""One status shape, built in one place: RunStatus, the reply of the supervisor's `status` op and of engine.ctl
+last-status (a run whose supervisor is gone), read by `regen status [--json]` and the TUI. build_run_status assembles
+both from the ledger's counts (engine.run.counts.ShardCounts: loaded from state.sqlite, moved by each commit) and the
+process-side parts; shard_state is the one shard-state rule.
+
+RunStatus fields (the JSON keys of the reply):
+  run_dir        the run dir (absolute, on the host)
+  state          the run's: starting | running | paused | draining | stopping | done | stopped | failed; offline also
+                 drained and dead (the supervisor is gone and recorded no cause: killed)
+  running        a supervisor answers (false: read from the run dir alone; then `offline` is true)
+  fatal          why the run failed (engine.fatal.FatalRecord: type, message, path, remedy, log), or null
+  phase          live: where a fatal error would be (start | run | shutdown); offline: null
+  startup        live: the start checks (engine.servers.startup.StartCheck) until they pass; offline: []
+  write_errors   live: files the supervisor cannot write (logs, telemetry.jsonl); offline: []
+  pid, started_at, config_hash, host   the supervisor's (offline: pid and config_hash null; started_at the first
+                 telemetry event's time)
+  dispatch       the run's figures (DispatchEvent, below), or null before the ledger is loaded and nothing recorded
+  workers, gpus, disk, alerts   the latest telemetry snapshots (offline: no workers, GPUs or disk; the last 20
+                 alerts telemetry.jsonl recorded); gpus and disk are every host's, each with its `host`
+                 ("" the supervisor's own, a [[hosts]] name: read by that host's agent)
+  shards         one ShardFigures (engine.api.wire) per shard (figures below, and `state` by shard_state)
+  rejects        Rejects: every row of rejects.jsonl (input rows refused when read, and samples rejected or failed),
+                 total and by reason
+  run_end        offline: the supervisor's last word (RunEndEvent: how it ended, why), or null
+  last_state     offline: the state of the last dispatch event recorded (live: null)
+  log            the supervisor's log (run_dir/supervisor.log)
+  log_tail       offline, for a dead supervisor: the last lines of that log; otherwise []
+  checked_at     when this status was taken
+  read_errors    offline: run-dir files that could not be read (so figures may be missing); live: []
+  hosts, router  multi-host runs only (keys absent otherwise): each host (HostStatus) and the router (RouterStatus)
+  metrics        live: where the run's Prometheus metrics are served (MetricsStatus: url), or why not (error:
+                 the port is busy, [metrics] enabled = false); offline: null
+  brake          the data-quality brake (engine.run.brake.BrakeStatus): engaged (dispatch paused run-wide: `state`
+                 is paused) with its cause, numbers, likely causes and remedy, and the shares over its window now;
+                 offline: the same, from the store's record and last samples under run.toml's [brake]; null before
+                 the ledger is loaded (and from an engine without the brake)
+
+Figure meanings (in `dispatch` and in each shard), the same names everywhere:
+  done           samples committed (rows in committed parts)
+  total          samples to generate: planned less rejected and failed (so a finished run is done == total)
+  planned        samples the input plans (generated turns of the good conversations)
+  rejected       samples never generated because their input cannot be (engine.run.counts); input rows refused
+                 when read are not samples: they are in `rejects` (rejects.jsonl, by reason) with the rest
+  after_cut      of the rejected: later turns not generated because an earlier turn of their conversation was cut
+                 (ended at max_new_tokens or stopped as a runaway) and turns_after_cut = "stop"
+  failed         samples whose retries were spent in this run (the next start generates them again)
+  retried        attempts that failed and went back to the queue (not an outcome)
+  in_flight      requests sent and not answered; while draining, what is left to drain
+  output_tokens, empty, truncated, repetition   sums over the committed samples (repetition: answers the runaway
+                 guard stopped, finish_reason "repetition"); per shard also unclosed_reasoning (a reasoning block
+                 opened and never closed, not by the runaway guard)
+  tokens_per_s   output tokens committed per second over the last minute of this start; null until measurable
+                 and when not running
+  eta_s          seconds left at that rate (remaining samples x committed tokens per sample); null until
+                 measurable and whenever the run is not running
+  dispatched     (per shard) requests sent for it by this supervisor (offline: 0)
+  state          (dispatch) the run state the figures were taken in: as `state`, but disk_full while commits wait
+                 for space; (per shard) shard_state's
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engine.fatal import FatalRecord
+from engine.run.brake import BrakeStatus
+from engine.servers.startup import StartCheck
+from engine.api.events import AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, WorkerEvent
+from engine.api.wire import duration_text
+from engine.api.wire import DISPATCHING_RUN_STATES, AlertLevels, ShardFigures, decode
+
+if TYPE_CHECKING:  # the console reads this module: the ledger's (pyarrow via the shard store) stays out of its imports
+    from engine.config.load import RunConfig
+    from engine.run.counts import CommitRate, ShardCounts
+
+STOPPING = ("draining", "stopping")
+
+
+def shard_state(counts: ShardCounts, paused: bool, run_state: str, started: bool) -> str:
+    """The one rule: done | paused | running | pending | draining | stopped."""
+    if counts.complete:
+        return "done"
+    if paused:
+        return "paused"
+    started = started or counts.settled > 0
+    if run_state in DISPATCHING_RUN_STATES:  # shards with work left are being worked on
+        return "running" if started else "pending"
+    if run_state in STOPPING:
+        return "draining" if started else "pending"
+    if run_state == "starting":
+        return "pending"
+    return "stopped" if started else "pending"
+
+
+def shard_status(sid: str, counts: ShardCounts, paused: bool, run_state: str, dispatched: int = 0) -> ShardFigures:
+    return ShardFigures(id=sid, state=shard_state(counts, paused, run_state, dispatched > 0), done=counts.done,
+                       total=counts.to_generate, planned=counts.total, output_tokens=counts.output_tokens,
+                       empty=counts.empty, truncated=counts.truncated, failed=counts.failed,
+                       rejected=counts.rejected, dispatched=dispatched, repetition=counts.repetition,
+                       after_cut=counts.after_cut, unclosed_reasoning=counts.unclosed_reasoning)
+
+
+def shard_statuses(shards: Mapping[str, ShardCounts], paused: Iterable[str], run_state: str,
+                   dispatched: Mapping[str, int] | None = None) -> list[ShardFigures]:
+    paused = set(paused)
+    dispatched = dispatched or {}
+    return [shard_status(sid, shards[sid], sid in paused, run_state, dispatched.get(sid, 0)) for sid in sorted(shards)]
+
+
+def dispatch_figures(shards: Mapping[str, ShardCounts], state: str, *, rate: CommitRate | None = None,
+                     in_flight: int = 0, retried: int = 0) -> DispatchEvent:
+    """The run's figures, summed over the ledger's counts; a rate and an ETA only while it runs."""
+    from engine.run.counts import eta_s
+
+    done = sum(c.done for c in shards.values())
+    total = sum(c.to_generate for c in shards.values())
+    tokens = sum(c.output_tokens for c in shards.values())
+    tok_s = rate.tokens_per_s() if rate is not None and state == "running" else None
+    return DispatchEvent(in_flight=in_flight, done=done, failed=sum(c.failed for c in shards.values()),
+                         retried=retried, rejected=sum(c.rejected for c in shards.values()), total=total,
+                         planned=sum(c.total for c in shards.values()), output_tokens=tokens,
+                         repetition=sum(c.repetition for c in shards.values()),
+                         after_cut=sum(c.after_cut for c in shards.values()),
+                         tokens_per_s=round(tok_s, 1) if tok_s is not None else None,
+                         eta_s=eta_s(total - done, done, tokens, tok_s) if state == "running" else None, state=state)
+
+
+@dataclass
+class Rejects:
+    """rejects.jsonl: every row (input rows refused when read, and samples rejected or failed), by reason."""
+    total: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SlurmJobStatus:
+    """A [slurm] group's current job, in Slurm's words (squeue)."""
+    job_id: str
+    state: str  # PENDING, RUNNING, TIMEOUT, CANCELLED, NODE_FAIL, ...
+    reason: str = ""  # Resources, Priority, ... (pending), or why it ended
+    nodes: str = ""
+    time_left: str = ""
+    next_job: str | None = None  # queued at a hand-over before the time limit
+    waiting_since: float | None = None  # not running yet (PENDING ...): since when regen saw it so (epoch s)
+
+    def state_text(self, as_of: float | None) -> str:
+        """The state, with how long a job not started has waited as of `as_of` (`PENDING 12m34s`): the CLI's and
+        the TUI's words alike."""
+        if self.state == "RUNNING" or self.waiting_since is None or as_of is None:
+            return self.state
+        return f"{self.state} {duration_text(as_of - self.waiting_since)}"
+
+    @property
+    def reason_text(self) -> str:
+        """Slurm's reason, or "" where squeue says none."""
+        return self.reason if self.reason not in ("", "None") else ""
+
+
+@dataclass
+class HostStatus:
+    """One [[hosts]] entry of a multi-host run, or one [slurm] group (its job in `job`)."""
+    name: str
+    address: str  # "local" for the dispatch host itself
+    state: str  # up | connecting | lost | drained | ... (engine.placement.hosts.link); the local host is always up
+    error: str | None = None
+    workers: list[str] = field(default_factory=list)
+    work_dir: str = ""
+    joins: int | None = None  # remote hosts only: connections made, and connections lost
+    lost: int | None = None
+    job: SlurmJobStatus | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.joins is None and self.lost is None:  # the local host has no link to count
+            del d["joins"], d["lost"]
+        if self.job is None:
+            del d["job"]
+        return d
+
+
+@dataclass
+class RouterStatus:
+    """The router in front of a multi-host run's servers."""
+    url: str
+    up: bool
+    policy: str
+    members: list[str] = field(default_factory=list)  # server URLs in it
+    restarts: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class MetricsStatus:
+    """Where the supervisor serves the run's Prometheus metrics ([metrics]), or why it does not."""
+    enabled: bool = True
+    address: str = ""  # host:port from [metrics]
+    url: str | None = None  # http://host:port/metrics while served
+    error: str | None = None  # why not served although enabled (the port is busy: who holds it)
+
+    def text(self) -> str:
+        """One line for the operator: `metrics: http://...` or why there are none."""
+        if not self.enabled:
+            return "metrics: not served ([metrics] enabled = false)"
+        if self.url:
+            return f"metrics: {self.url} (Prometheus)"
+        return f"metrics: not served on {self.address}: {self.error or 'not started yet'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunStatus:
+    """The status reply (field meanings: this module's docstring)."""
+    run_dir: str
+    state: str
+    running: bool = True
+    offline: bool = False
+    fatal: FatalRecord | None = None
+    phase: str | None = None
+    startup: list[StartCheck] = field(default_factory=list)
+    write_errors: list[str] = field(default_factory=list)
+    pid: int | None = None
+    started_at: float | None = None
+    config_hash: str | None = None
+    host: str = ""
+    dispatch: DispatchEvent | None = None
+    workers: list[WorkerEvent] = field(default_factory=list)
+    shards: list[ShardFigures] = field(default_factory=list)
+    # asked without its shard list (a console that follows the shard events keeps its own, 10,000 shards are ~2 MB)
+    shards_omitted: bool = False
+    gpus: list[GpuEvent] = field(default_factory=list)
+    disk: list[DiskEvent] = field(default_factory=list)
+    alerts: list[AlertEvent] = field(default_factory=list)
+    rejects: Rejects = field(default_factory=Rejects)
+    run_end: RunEndEvent | None = None
+    last_state: str | None = None
+    log: str = ""
+    log_tail: list[str] = field(default_factory=list)
+    checked_at: float = field(default_factory=time.time)
+    read_errors: list[str] = field(default_factory=list)
+    hosts: list[HostStatus] | None = None  # multi-host runs only (with router)
+    router: RouterStatus | None = None
+    brake: BrakeStatus | None = None
+    metrics: MetricsStatus | None = None  # live only
+    levels: AlertLevels = field(default_factory=AlertLevels)  # the shares the engine alerts a shard above
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(fatal=self.fatal.to_dict() if self.fatal is not None else None,
+                 startup=[c.to_dict() for c in self.startup],
+                 dispatch=self.dispatch.to_dict() if self.dispatch is not None else None,
+                 workers=[w.to_dict() for w in self.workers], shards=[sh.to_dict() for sh in self.shards],
+                 gpus=[g.to_dict() for g in self.gpus], disk=[x.to_dict() for x in self.disk],
+                 alerts=[a.to_dict() for a in self.alerts], rejects=self.rejects.to_dict(),
+                 run_end=self.run_end.to_dict() if self.run_end is not None else None,
+                 write_errors=list(self.write_errors), log_tail=list(self.log_tail),
+                 read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None,
+                 metrics=self.metrics.to_dict() if self.metrics is not None else None,
+                 levels=self.levels.to_dict())
+        del d["hosts"], d["router"]
+        if self.hosts is not None:
+            d["hosts"] = [h.to_dict() for h in self.hosts]
+            d["router"] = self.router.to_dict() if self.router is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any, what: str = "status reply") -> RunStatus:
+        """A reply read back (the console), checked field by field (engine.api.wire.decode: WireError names a malformed
+        field); fields an older engine did not send take their defaults, fields this one does not know are dropped."""
+        if isinstance(data, dict) and "running" not in data:  # an engine before `running`: offline said it
+            data = {**data, "running": not data.get("offline")}
+        return decode(cls, data, what)
+
+
+def build_run_status(*, run_dir: str, state: str, shards: Mapping[str, ShardCounts] | None, paused: Iterable[str] = (),
+                     dispatch_state: str | None = None, rate: CommitRate | None = None, in_flight: int = 0,
+                     retried: int = 0, dispatched: Mapping[str, int] | None = None,
+                     last_dispatch: DispatchEvent | None = None, rejects: Rejects, **parts: Any) -> RunStatus:
+    """The one place a status is assembled, live (Supervisor.status) and offline (engine.observe.offline_status).
+
+    shards: the ledger's counts, or None while there is no ledger (a starting supervisor; a run dir that recorded
+    no shard and no figures): then `last_dispatch` (the last dispatch event, or None) stands in for the figures.
+    dispatch_state: the state shards and figures are judged in (`state` unless given: disk_full while commits wait
+    for space); the figures are as of now (their ts). parts: the process-side fields of RunStatus (pid, workers, fatal, ...)."""
+    judged = dispatch_state or state
+    if shards is None:
+        shard_list, dispatch = [], last_dispatch
+    else:
+        shard_list = shard_statuses(shards, paused, judged, dispatched)
+        dispatch = dispatch_figures(shards, judged, rate=rate, in_flight=in_flight, retried=retried)
+    return RunStatus(run_dir=run_dir, state=state, dispatch=dispatch, shards=shard_list, rejects=rejects, **parts)
+
+
+def levels_of(cfg: RunConfig) -> AlertLevels:
+    """The run's alert levels ([alerts], [runaway]) as the status carries them."""
+    return AlertLevels(empty_share=cfg.alerts.empty_share, truncated_share=cfg.alerts.truncated_share,
+                       repetition_share=cfg.runaway.alert_share)

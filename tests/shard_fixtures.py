@@ -9,6 +9,7 @@ from engine.api.ops import ShardsChanged, WorkerRestarted
 from engine.observe.status import RunStatus
 from engine.api.wire import ShardFigures
 from engine.api.events import DispatchEvent, Event, ShardEvent
+from console.host.start_record import ResumeHint
 
 T0 = 1796220000.0
 SHARDS = 10_000
@@ -75,8 +76,8 @@ class ShardsSource:
                          shards=list(self.shards.values()) if shards else [], shards_omitted=not shards,
                          checked_at=T0 + 1)
 
-    async def resume_hint(self) -> str:
-        return ""
+    async def resume_hint(self) -> ResumeHint:
+        return ResumeHint()
 
     async def last_status(self) -> RunStatus:
         return await self.status()

@@ -1,6 +1,7 @@
 """Death shown as death: a supervisor killed with SIGKILL is `dead` in the TUI's header within 2 s (the follow stream's
-end is the signal), its figures go to `-`, a critical alert says it (the recorded cause, or that none was recorded),
-and the resume hint from the run's start record is on screen."""
+end is the signal), its figures go to `-` (the header's and every worker's: no live server), a critical alert says it
+(the recorded cause, or that none was recorded), and the resume line from the run's start record is under the header,
+copied on `y`."""
 from __future__ import annotations
 
 import os
@@ -52,6 +53,22 @@ async def test_a_killed_supervisor_is_dead_in_the_header_within_2_s_with_a_criti
             await wait_until(pilot, lambda: "resume with: cd " in text_of(app.query_one("#alert-detail")),
                              "the resume hint from the start record, under the dead alert")
             detail = " ".join(text_of(app.query_one("#alert-detail")).split())
+            # the Workers tab shows no live server: the worker is gone, its figures "-", not its last readings
+            await pilot.press("2")
+            workers = app.query_one("#workers-table")
+            def worker_gone() -> bool:
+                return bool(workers.row_count) and "gone (was ready)" in str(workers.get_row_at(0))
+
+            await wait_until(pilot, worker_gone, "the worker gone")
+            row = [str(c) for c in workers.get_row_at(0)]
+            assert row[4:8] == ["-", "-", "-", "-"], row  # tok/s, running, queued, in flight
+            # the next step where the operator looks: the start record's line under the header, copied on y
+            banner = " ".join(text_of(app.query_one("#next-step")).split())
+            banner_shown = app.query_one("#next-step").display
+            copied: list[str] = []
+            app.copy_to_clipboard = copied.append
+            await pilot.press("y")
+            await wait_until(pilot, lambda: bool(copied), "the resume line copied")
     finally:
         await source.close()
         # the killed commands' transports see their exit while the loop runs: every child the TUI started is reaped
@@ -59,4 +76,7 @@ async def test_a_killed_supervisor_is_dead_in_the_header_within_2_s_with_a_criti
                           "the TUI's commands reaped", describe=lambda: f"children left: {psutil.Process().children()}")
         wait_for(lambda: not process_alive(pid), 30, "the killed supervisor gone")
     assert seen_after <= 2.0, f"dead shown {seen_after:.1f} s after the kill"
-    assert f"cd {tmp_path} && regen start local --config {config} --no-preflight" in detail
+    line = f"cd {tmp_path} && regen start local --config {config} --no-preflight"
+    assert line in detail
+    assert banner_shown and f"next: {line}" in banner and "y copies it" in banner, banner
+    assert copied == [line]

@@ -9,6 +9,7 @@ a control operation is never replayed. The loop stops on what retrying cannot fi
 from __future__ import annotations
 
 import asyncio
+from enum import StrEnum
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Protocol
 
@@ -39,9 +40,19 @@ class FollowSource(Protocol):
     def follow(self, since: float | None) -> AsyncIterator[Event]: ...
 
 
+class ConnectionState(StrEnum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    RECONNECTING = "reconnecting"
+    LOST = "lost"
+    ENDED = "ended"  # the follow ended with the run: nothing more will come
+    REFUSED = "refused"
+
+
+
 @dataclass(frozen=True)
 class FollowState:
-    state: str  # connected | reconnecting | lost | ended | refused
+    state: ConnectionState
     error: str = ""  # why (connected: "regained" after a reconnect)
     retry_in_s: float | None = None
 
@@ -95,7 +106,7 @@ class RunFollower:
                     await self.source.connect()
                 running = await self._status()
                 if running:
-                    self.on_state(FollowState("connected", "regained" if failures else ""))
+                    self.on_state(FollowState(ConnectionState.CONNECTED, "regained" if failures else ""))
                 failures = 0
                 if self.source.run_dir is not None:
                     async for ev in self.source.follow(self.last_ts):
@@ -109,11 +120,11 @@ class RunFollower:
             except SourceError as exc:
                 if exc.kind != "connection":  # refused (host key, auth) or an error reply: retrying cannot help
                     self.stopped_by = exc
-                    self.on_state(FollowState("refused" if exc.kind == "refused" else "ended", str(exc)))
+                    self.on_state(FollowState(ConnectionState.REFUSED if exc.kind == "refused" else ConnectionState.ENDED, str(exc)))
                     return
                 failures += 1
                 delay = self.backoff.delay_s(failures)
-                self.on_state(FollowState("reconnecting" if failures <= self.backoff.lost_after else "lost",
+                self.on_state(FollowState(ConnectionState.RECONNECTING if failures <= self.backoff.lost_after else ConnectionState.LOST,
                                           str(exc), delay))
                 await self._sleep_or_wake(delay)
 
@@ -125,7 +136,7 @@ class RunFollower:
         except SourceError as exc:
             if exc.kind != "no_supervisor":
                 raise
-            self.on_state(FollowState("ended", str(exc)))
+            self.on_state(FollowState(ConnectionState.ENDED, str(exc)))
         try:
             self.on_status(await self.source.last_status())
         except SourceError as exc:

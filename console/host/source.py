@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, NoReturn, Protocol
 import orjson
 
 from console.host import start_record
+from console.host.start_record import ResumeHint
 from console.config_probe import config_failed_report, config_passed
 from console.host.follow import FollowSource, SourceError
 from console.view.hints import regen_command
@@ -58,7 +59,7 @@ class DataSource(FollowSource, Protocol):
     async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str: ...
     async def stats(self) -> dict[str, Any]: ...
     async def probes(self, only: set[str] | None = None) -> ProbeReport: ...
-    async def resume_hint(self) -> str: ...
+    async def resume_hint(self) -> ResumeHint: ...
     async def close(self) -> None: ...
     supervised: bool  # a live supervisor answers here (HostSource), not a recording
 
@@ -218,12 +219,12 @@ class HostSource:
         """What the run dir recorded (engine.ctl last-status): for a run whose supervisor is gone."""
         return await self._call("last_status")
 
-    async def resume_hint(self) -> str:
+    async def resume_hint(self) -> ResumeHint:
         """`cd DIR && regen start ...` from the run's start record, or why there is none (console.host.start_record)."""
         if self.client is None:
             await self.connect()
         record, why = await start_record.read(self.transport, self.client.run_dir)
-        return f"resume with: {record.resume_hint()} ({record.where()})" if record is not None else why
+        return ResumeHint(record.resume_hint(), record.where()) if record is not None else ResumeHint(note=why)
 
     async def pause(self, shards: list[str] | None) -> ShardsChanged:
         return await self._call("pause", shards)
@@ -432,8 +433,8 @@ class ReplaySource:
             raise SourceError("replay: no supervisor (a recorded run)", "no_supervisor")
         return self._status
 
-    async def resume_hint(self) -> str:
-        return ""  # a replay is not resumed from here
+    async def resume_hint(self) -> ResumeHint:
+        return ResumeHint()  # a replay is not resumed from here
 
     async def last_status(self) -> RunStatus:
         """A recording with an offline status (running false) has one; otherwise there is nothing more to read."""

@@ -17,7 +17,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, TabbedContent, TabPane
 
-from console.host.follow import Backoff, RunFollower
+from console.host.follow import Backoff, ConnectionState, RunFollower
 from console.tui.messages import (ConnectionChanged, ControlDone, LogTail, ProbeReportReady, StatsReceived,
                                   StatusReceived, TelemetryBatch)
 from console.view.model import AlertView, RunModel
@@ -31,8 +31,9 @@ from console.tui.panel_workers import WorkersPanel
 from console.tui.screens import ConfirmScreen, HelpScreen
 from console.host.ssh_options import SshOptions
 from console.host.source import DataSource, HostSource, SourceError
-from console.tui.widgets import RunHeader
+from console.tui.widgets import NextStep, RunHeader
 from engine.api.ops import ShardsChanged, WorkerRestarted
+from console.host.start_record import ResumeHint
 
 BATCH_INTERVAL_S = 0.25  # telemetry is posted at most 4 times a second
 STATUS_EVERY_S = 10.0
@@ -44,6 +45,7 @@ STATS_EVERY_S = 30.0
 LOG_EVERY_S = 5.0
 BACKFILL_S = 3600.0  # on first attach: the last hour of telemetry
 BACKOFF_MAX_S = 60.0
+DISCONNECTED = (ConnectionState.RECONNECTING, ConnectionState.LOST)
 LOST_AFTER = 5  # failed attempts before "reconnecting" becomes "lost"
 REFUSED_TOAST_S = 600.0  # the host refused us (host key, auth): the remedy stays on screen
 ENDED_CHECK_S = 15.0
@@ -85,6 +87,7 @@ class RegenApp(App):
         Binding("q", "quit_ended", "Quit"),  # shown instead of the one above once the run's supervisor is gone
         Binding("question_mark", "help", "Help"),
         Binding("ctrl+r", "reconnect", "Reconnect"),
+        Binding("y", "copy_next_step", "Copy resume line"),
         *[Binding(str(i + 1), f"tab('{t}')", t.capitalize(), show=False) for i, t in enumerate(TABS)],
     ]
 
@@ -113,6 +116,7 @@ class RegenApp(App):
     # -- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield RunHeader(id="run-header")
+        yield NextStep(id="next-step")
         with TabbedContent(initial="workers", id="tabs"):
             with TabPane("Preflight", id="preflight"):
                 yield PreflightPanel(id="panel-preflight")
@@ -132,6 +136,7 @@ class RegenApp(App):
         self.title = f"regen · {self.source.host}"
         # kept, not queried: a modal screen on top must not hide them from the data handlers
         self._header = self.query_one(RunHeader)
+        self._next_step = self.query_one(NextStep)
         self._tabs = self.query_one("#tabs", TabbedContent)
         self._panels = {t: self.query_one(f"#panel-{t}") for t in TABS}
         self._draw_header()
@@ -152,7 +157,7 @@ class RegenApp(App):
         try:
             self.model.resume_hint = await self.source.resume_hint()
         except SourceError as exc:
-            self.model.resume_hint = f"the run's start record could not be read: {exc}"
+            self.model.resume_hint = ResumeHint(note=f"the run's start record could not be read: {exc}")
         if self.run_probes_on_start:
             self.run_probes()
 
@@ -166,6 +171,16 @@ class RegenApp(App):
     # -- drawing -----------------------------------------------------------------------------
     def _draw_header(self) -> None:
         self._header.show(self.model, self.clock(), self.monotonic())
+        self._next_step.show(self.model)
+
+    def action_copy_next_step(self) -> None:
+        """The resume line to the terminal's clipboard (OSC 52: works over SSH where the terminal allows it)."""
+        hint = self.model.next_step()
+        if hint is None or not hint.command:
+            self.notify("nothing to copy: the run is live" if hint is None else hint.note, title="resume line")
+            return
+        self.copy_to_clipboard(hint.command)
+        self.notify(hint.command, title="copied to the clipboard")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """A run whose supervisor is gone (a replay, a finished run) has nothing to pause, resume or restart, and
@@ -175,6 +190,8 @@ class RegenApp(App):
             return not ended
         if action == "quit_ended":
             return ended
+        if action == "copy_next_step":
+            return self.model.next_step() is not None
         return True
 
     def _run_gone(self) -> bool:
@@ -316,46 +333,48 @@ class RegenApp(App):
     def on_connection_changed(self, msg: ConnectionChanged) -> None:
         conn = self.model.connection
         before = conn.state
-        conn.state, conn.error = msg.state, msg.error
+        conn.state, conn.error = ConnectionState(msg.state), msg.error
         conn.retry_at = None if msg.retry_in_s is None else self.monotonic() + msg.retry_in_s
         conn.since = self.monotonic()
         now = self.clock()
-        if msg.state in ("reconnecting", "lost") and before not in ("reconnecting", "lost"):
+        if msg.state in DISCONNECTED and before not in DISCONNECTED:
             self.model.add_alert(AlertView(now, "error", f"connection lost: {msg.error}", key=f"console.conn.lost.{now}",
                                            origin="console"))
-        elif msg.state == "connected" and before in ("reconnecting", "lost"):
+        elif msg.state == ConnectionState.CONNECTED and before in DISCONNECTED:
             self.model.add_alert(AlertView(now, "info", "connection regained; history backfilled",
                                            key=f"console.conn.ok.{now}", origin="console"))
             self.notify("connection regained; history backfilled", title="connection")
-        elif msg.state == "refused" and before != "refused":
+        elif msg.state == ConnectionState.REFUSED and before != ConnectionState.REFUSED:
             self.model.add_alert(AlertView(now, "critical", msg.error, key=f"console.refused.{now}", origin="console"))
             self.notify(msg.error, title="connection refused", severity="error", timeout=REFUSED_TOAST_S)
-        elif msg.state == "ended" and before != "ended" and msg.error:
+        elif msg.state == ConnectionState.ENDED and before != ConnectionState.ENDED and msg.error:
             # the stream's end and the control socket's refusal: the supervisor is gone; dead unless it said otherwise
             dead = getattr(self.source, "supervised", False) and self.model.mark_dead(now, msg.error)
             if not dead:
                 self.model.add_alert(AlertView(now, "info", msg.error, key=f"console.ended.{msg.error}",
                                                origin="console"))
         self._take_source_notes()
-        self._mark({"alerts", "header", "shards"})  # "shards": its control hints follow the run being gone
+        # every figure's liveness follows the connection and the supervisor (console/view/liveness.py); "shards": its
+        # control hints follow the run being gone
+        self._mark({"alerts", "header", "shards", "workers", "disk"})
         self._notify_alerts()
 
     @work(exclusive=True, group="status", exit_on_error=False)
     async def poll_status(self) -> None:
-        if self.model.connection.state != "connected":
+        if self.model.connection.state != ConnectionState.CONNECTED:
             return
         full = self._full_status_at is None or self.monotonic() - self._full_status_at >= FULL_STATUS_EVERY_S
         try:
             status = await self.source.status(shards=full)
         except SourceError as exc:
             if exc.kind == "no_supervisor":
-                self.post_message(ConnectionChanged("ended", error=str(exc)))
+                self.post_message(ConnectionChanged(ConnectionState.ENDED, error=str(exc)))
                 await self._fetch_last_status()
             return  # a connection failure shows through the telemetry stream's reconnect
         self.post_message(StatusReceived(status))
 
     def action_reconnect(self) -> None:
-        if self.model.connection.state == "refused":  # the follow worker stopped: start it again
+        if self.model.connection.state == ConnectionState.REFUSED:  # the follow worker stopped: start it again
             self.follow_telemetry(again=True)
         self._wake_follow.set()
         self.poll_status()

@@ -6,6 +6,8 @@ from typing import Any
 
 from textual.message import Message
 
+from console.host.follow import ConnectionState
+
 from engine.api.ops import ShardsChanged, WorkerRestarted
 from engine.observe.status import RunStatus
 from engine.api.events import Event
@@ -26,7 +28,7 @@ class StatusReceived(Message):
 
 @dataclass
 class ConnectionChanged(Message):
-    state: str  # connecting | connected | reconnecting | lost | ended | refused
+    state: ConnectionState
     retry_in_s: float | None = None
     error: str = ""
 

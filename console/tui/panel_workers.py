@@ -2,6 +2,7 @@
 throughput and VRAM charts, the log tail."""
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -11,10 +12,12 @@ from console.view.batch_text import batch_text, queued_text
 from console.view.cache_text import cache_text
 from console.view.log_polls import without_polls
 from console.tui.charts import TimeChart
-from console.view.host_table import HostTable
-from console.view.model import RunModel, na
+from console.tui.host_table import HostTable
+from console.view.liveness import Freshness
+from console.view.model import RunModel, WorkerView, na
 from console.tui.sparkline import ScaledSparkline, on_scale
 from console.tui.widgets import FigureTable, selected_row_key, styled, sync_table
+from engine.api.wire import LIVE_WORKER_STATES
 
 # numbers and states first, the text columns last: a narrow terminal scrolls them off, never the figures
 COLUMNS = ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util",
@@ -32,6 +35,31 @@ def no_gpu_text(m: RunModel) -> str:
     if errors:
         return "no GPU readings: " + "; ".join(errors)
     return "no GPU readings yet" if not m.gpus else "no GPU memory readings"
+
+
+def worker_cells(m: RunModel, w: WorkerView) -> tuple:
+    """One row; a worker whose figures are no longer live (console/view/liveness.py) shows why instead of its last
+    readings: `gone`, `ended`, `stale 14s` (the state it last reported beside it), its rates and requests as "-"."""
+    alive = m.worker_liveness(w)
+    g = m.worker_gpu(w)
+    used, total = g["mem_used_mb"], g["mem_total_mb"]
+    vram = "N/A" if used is None or total is None else f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
+    if alive.freshness in (Freshness.ENDED, Freshness.GONE) and w.state in LIVE_WORKER_STATES:
+        state = Text(f"{alive.mark()} (was {w.state})", style="bold red" if alive.freshness is Freshness.GONE else "dim")
+    elif alive.freshness is Freshness.STALE:
+        state = Text(f"{w.state} ({alive.mark(m.last_ts)})", style="yellow")
+    else:
+        state = styled(w.state)
+    if alive.freshness in (Freshness.ENDED, Freshness.GONE):
+        gone = "-"
+        return (w.name, state, na(w.pid), ",".join(map(str, w.gpus)), gone, gone, gone, gone, gone, gone, gone,
+                str(w.restarts), batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
+                cache_text(w.prompt_tokens, w.cached_tokens), (w.error or alive.why)[:60])
+    return (w.name, state, na(w.pid), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
+            na(w.running, "{:.0f}"), queued_text(w.queued, w.held), f"{w.in_flight}/{w.capacity}", vram,
+            na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts),
+            batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
+            cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])
 
 
 class WorkersPanel(Vertical):
@@ -75,15 +103,7 @@ class WorkersPanel(Vertical):
         self._hosts.show(m)
         rows = []
         for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name)):
-            g = m.worker_gpu(w)
-            used, total = g["mem_used_mb"], g["mem_total_mb"]
-            vram = "N/A" if used is None or total is None else f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
-            rows.append((w.name, (
-                w.name, styled(w.state), na(w.pid), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
-                na(w.running, "{:.0f}"), queued_text(w.queued, w.held), f"{w.in_flight}/{w.capacity}", vram,
-                na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts),
-                batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
-                cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])))
+            rows.append((w.name, worker_cells(m, w)))
         sync_table(self._table, rows, COLUMNS)
         self._sparklines(m)
         series = [("all", m.throughput, 1.0)] + [(w.name, w.tok_history, 1.0)

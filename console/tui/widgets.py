@@ -72,6 +72,37 @@ class RunHeader(Widget):
             self.refresh()
 
 
+class NextStep(Widget):
+    """One line under the header once the supervisor is gone (not for a finished run): the `regen start` that resumes
+    it, as `regen status` prints it, and the key that copies it. Hidden otherwise."""
+
+    DEFAULT_CSS = "NextStep { height: 1; background: $warning 20%; }"
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self._text = Text()
+        self.display = False
+
+    def render(self) -> Text:
+        return self._text
+
+    def show(self, m: RunModel) -> None:
+        hint = m.next_step()
+        shown = hint is not None and bool(hint.text())
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if hint is not None and hint.command:
+            t.append(" next: ", style="bold")
+            t.append(hint.command, style="bold")
+            t.append("  (y copies it" + (f"; {hint.note})" if hint.note else ")"), style="dim")
+        elif hint is not None:
+            t.append(f" next: {hint.note}", style="yellow")
+        if self.display != shown:
+            self.display = shown
+        if t != self._text:
+            self._text = t
+            self.refresh()
+
+
 class FigureTable(DataTable):
     """A DataTable that renders again only the cells whose content changed: DataTable keys its rendered cells on a
     count of its updates, so the one figure a telemetry batch changes re-rendered every cell (the Workers tab's main

@@ -12,7 +12,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from console.view.liveness import Freshness, Liveness, of_host, of_run, of_worker
 from console.view.series import Series
+from console.host.follow import ConnectionState
+from console.host.start_record import ResumeHint
 from engine.api.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, ShardFigures
 from engine.fatal import FatalRecord
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
@@ -68,6 +71,7 @@ class WorkerView:
     prompt_tokens: int | None = None  # committed from it in this start, and how many its prefix cache served
     cached_tokens: int | None = None
     tok_history: Series = field(default_factory=Series)
+    as_of: float | None = None  # the host time of its last reading
 
 
 @dataclass
@@ -159,17 +163,18 @@ class AlertView:
 
 @dataclass
 class Connection:
-    state: str = "connecting"  # connecting | connected | reconnecting | lost | ended | refused
+    state: ConnectionState = ConnectionState.CONNECTING
     retry_at: float | None = None  # monotonic time of the next attempt
     error: str = ""
     since: float = field(default_factory=time.monotonic)
 
     def text(self, now_mono: float | None = None) -> str:
         now_mono = time.monotonic() if now_mono is None else now_mono
-        if self.state in ("reconnecting", "lost") and self.retry_at is not None:
+        if self.state in (ConnectionState.RECONNECTING, ConnectionState.LOST) and self.retry_at is not None:
             left = max(0, round(self.retry_at - now_mono))
-            return f"{self.state} in {left}s" if self.state == "reconnecting" else f"lost (retry in {left}s)"
-        return self.state
+            return (f"{self.state} in {left}s" if self.state == ConnectionState.RECONNECTING
+                    else f"lost (retry in {left}s)")
+        return str(self.state)
 
 
 class RunModel:
@@ -188,7 +193,7 @@ class RunModel:
         self.shards: dict[str, ShardView] = {}
         self.changed_shards: set[str] = set()  # since the UI last took them (take_changed_shards)
         self.levels = AlertLevels()  # the engine's alert levels (status `levels`): the shards' problem marks
-        self.resume_hint = ""  # from the run's start record (console.host.start_record), shown with a death
+        self.resume_hint = ResumeHint()  # from the run's start record (console.host.start_record), shown with a death
         self._dead_alerted = False  # one death alert per death (the live signal, then the recorded last state)
         self.disks: dict[tuple[str, str], DiskView] = {}  # by (host, path)
         self.alerts: deque[AlertView] = deque(maxlen=ALERTS_KEPT)
@@ -336,7 +341,7 @@ class RunModel:
         if self._dead_alerted:
             return
         self._dead_alerted = True
-        evidence = "\n".join(x for x in (why, self.resume_hint) if x)
+        evidence = "\n".join(x for x in (why, self.resume_hint.text()) if x)
         self.add_alert(AlertView(ts, "critical", "supervisor dead: killed, no cause recorded", evidence,
                                  f"dead:{ts}", "console"))
 
@@ -346,7 +351,7 @@ class RunModel:
     @property
     def gone(self) -> bool:
         """The supervisor is gone (a replay, a finished run): nothing to pause, resume or restart."""
-        return self.running is False or self.connection.state == "ended"
+        return self.running is False or self.connection.state == ConnectionState.ENDED
 
     @property
     def is_running(self) -> bool:
@@ -366,6 +371,7 @@ class RunModel:
         w.discovered_batch, w.discovered_source = ev.discovered_batch, ev.discovered_source
         w.host, w.remote = getattr(ev, "host", ""), getattr(ev, "remote", False)
         w.prompt_tokens, w.cached_tokens = ev.prompt_tokens, ev.cached_tokens
+        w.as_of = ev.ts
         w.tok_history.add(ev.ts, ev.gen_throughput if ev.gen_throughput is not None else
                           (0.0 if ev.state != "ready" else None))
         changed = {"workers"}
@@ -520,6 +526,38 @@ class RunModel:
             "util_pct": agg([g.util_pct for g in gs], lambda v: sum(v) / len(v)),
             "temp_c": agg([g.temp_c for g in gs], max),
         }
+
+    # -- liveness (console/view/liveness.py): what each figure is worth now ------------------------------------
+    def run_liveness(self) -> Liveness:
+        """The supervisor's: the source of every live figure."""
+        connected = self.connection.state not in (ConnectionState.RECONNECTING, ConnectionState.LOST)
+        return of_run(running=self.running, state=self.state, connected=connected, pid=self.pid,
+                      lost_since=self.last_ts)
+
+    def host_liveness(self, name: str) -> Liveness | None:
+        """A multi-host run's host by name (None: no such host in the last status: a one-host run)."""
+        h = next((h for h in self.hosts if h.name == name), None)
+        return None if h is None else of_host(self.run_liveness(), name, h.state)
+
+    def worker_liveness(self, w: WorkerView) -> Liveness:
+        host = self.host_liveness(w.host) if w.remote and w.host else None
+        return of_worker(self.run_liveness(), w.name, w.state, w.as_of, self.last_ts, host)
+
+    def gpu_liveness(self, g: GpuView) -> Liveness:
+        """A GPU's readings: its host agent's (a remote host) or the supervisor's."""
+        run = self.run_liveness()
+        host = self.host_liveness(g.host) if g.host else None
+        if host is not None and not host.live and run.live:
+            return Liveness(host.freshness, f"{g.label} readings", why=host.why)
+        return Liveness(run.freshness, f"{g.label} readings", why=run.why) if not run.live else run
+
+    def next_step(self) -> ResumeHint | None:
+        """What to do now that the supervisor is gone, where the operator looks (the TUI's banner, copied on a key):
+        the same resume line as `regen status` (the run's start record); None while the run is live, or done."""
+        run = self.run_liveness()
+        if self.state == RunState.DONE or run.freshness in (Freshness.LIVE, Freshness.STALE):
+            return None
+        return self.resume_hint
 
     def paused_shards(self) -> list[str]:
         return sorted(s.id for s in self.shards.values() if s.state == "paused")

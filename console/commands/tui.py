@@ -1,9 +1,13 @@
 """regen tui HOST [--run-dir DIR]: the operations console (quitting it never stops the run)."""
 from __future__ import annotations
 
+import asyncio
 import sys
 
+from console.host.deploy import EXIT_ERROR, EXIT_UNREACHABLE, client_for
+from console.host.run_client import RunClientError
 from console.host.ssh_options import SshOptions, add_ssh_options
+from console.host.transport import TransportError
 
 
 def add_arguments(parser) -> None:
@@ -34,5 +38,31 @@ def run(args) -> int:
 
     from console.view.hints import typed_again
 
+    refused = asyncio.run(refusal(args))
+    if refused is not None:
+        return refused
     return int(run_tui(args.host, args.run_dir, host_python=args.host_python, ssh=SshOptions.from_args(args),
                        accept_new_command=typed_again(args, accept_new=True)) or 0)
+
+
+async def refusal(args) -> int | None:
+    """What `regen status` refuses, the console refuses before it opens, with the same words and exit code: a host
+    that cannot be reached (an alias that does not resolve, an unknown key), a run dir that is not there or is not a
+    run's. None: the run dir is one; the console opens (a stopped or finished run included)."""
+    from console.host.connect import open_transport
+    from console.view.hints import cannot_reach
+
+    try:
+        transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
+    except TransportError as exc:
+        print(cannot_reach(args.host, exc, args), file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        if args.run_dir is not None:
+            await client_for(transport, args.run_dir, args.host_python)
+    except RunClientError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_UNREACHABLE if exc.kind == "unreachable" else EXIT_ERROR
+    finally:
+        await transport.close()
+    return None

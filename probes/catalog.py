@@ -1053,9 +1053,13 @@ def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
         f.fail(f"cannot list {rd}: {info['error']}")
     if not info.get("writable"):
         f.fail(f"{rd} is not writable by this user")
+    own = ""  # the console asking is attached to this run: its live supervisor is the run's own, not a rival
     if info.get("supervisor_alive"):
-        f.fail(f"a supervisor (pid {info['supervisor_pid']}) already runs this run dir {rd}",
-               "watch it with `regen status` / `regen tui`, or `regen stop` it before starting it again")
+        if ctx.attached:
+            own = f"this run's supervisor (pid {info['supervisor_pid']}) runs it"
+        else:
+            f.fail(f"a supervisor (pid {info['supervisor_pid']}) already runs this run dir {rd}",
+                   "watch it with `regen status` / `regen tui`, or `regen stop` it before starting it again")
     if info.get("db_error"):
         f.fail(f"{rd}/state.sqlite: {info['db_error']}")
     stored = info.get("content_hash")
@@ -1090,6 +1094,8 @@ def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
                    f"samples committed; changed: {', '.join(changes)}{note}",
                    "set run_dir to a new directory to start over with these values, or revert these fields to resume")
             summary = ""
+    if own and mode == "resume":
+        mode, summary = "live", f"live: {own}; {info.get('samples_committed', 0)} samples committed"
     return f.verdict(summary, expected=expected, actual=f"stored hash {stored}, config hash {ctx.content_hash}",
                      data=dict(info, mode=mode))
 

@@ -70,6 +70,8 @@ class ProbeContext:
     # Resume check: what the config would freeze into the run dir.
     content_hash: str | None = None
     content_fields: dict[str, Any] = field(default_factory=dict)
+    # the console asking watches this run dir (the TUI attached to it): a live supervisor there is the run's own
+    attached: bool = False
     sample_rows: int = 1000  # rows per prompt file read by prompts.format / prompts.tokens
     router_python: str | None = None  # multi-host dispatch host: the python that runs sglang-router
     launch: str = ""  # workers.launch of the run config ("" without a config)

@@ -272,6 +272,25 @@ def _run_config(tmp_path, model, prompts, **sampling):
                              "sampling": sampling})
 
 
+def test_a_live_supervisor_fails_a_start_but_is_this_runs_own_for_the_console_attached_to_it(tiny_model_dir, tmp_path):
+    """`regen start` on a run dir a supervisor runs: FAIL (a rival). The TUI attached to that run asks the same probe
+    (ctx.attached): the supervisor is the run's own, PASS, with its pid."""
+    import os
+
+    from console.host.preflight import context_from_config
+    from engine.store.run_dir import prepare_run_dir
+
+    cfg = _run_config(tmp_path, tiny_model_dir, [str(tmp_path / "p.jsonl")])
+    prepare_run_dir(cfg)
+    (tmp_path / "run" / "supervisor.pid").write_text(f"{os.getpid()}\n")  # a live process: this test's
+    ctx = dataclasses.replace(context_from_config(cfg), python=config_context(tmp_path, tiny_model_dir, []).python)
+    rival = run_local(ctx, {"run_dir.resume"})["run_dir.resume"]
+    assert rival.status is Status.FAIL and f"a supervisor (pid {os.getpid()}) already runs this run dir" in rival.summary
+    own = run_local(dataclasses.replace(ctx, attached=True), {"run_dir.resume"})["run_dir.resume"]
+    assert own.status is Status.PASS and own.data["mode"] == "live"
+    assert own.summary == f"live: this run's supervisor (pid {os.getpid()}) runs it; 0 samples committed"
+
+
 def test_resume_new_resumable_and_changed(tiny_model_dir, tmp_path):
     from console.commands.probe import context_from_config
     from engine.store.run_dir import prepare_run_dir

@@ -8,6 +8,7 @@ operation was refused: show the text).
 """
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import shlex
 import time
@@ -386,7 +387,8 @@ class HostSource:
             await self.status()
         except SourceError:
             live = False
-        return cfg, context_from_config(cfg), live
+        # attached to this run dir: its live supervisor is the run's own (run_dir.resume says so, not FAIL)
+        return cfg, dataclasses.replace(context_from_config(cfg), attached=True), live
 
     async def close(self) -> None:
         if self.client is not None:

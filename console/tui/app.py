@@ -46,6 +46,7 @@ LOG_EVERY_S = 5.0
 BACKFILL_S = 3600.0  # on first attach: the last hour of telemetry
 BACKOFF_MAX_S = 60.0
 DISCONNECTED = (ConnectionState.RECONNECTING, ConnectionState.LOST)
+_NOT_PROBED = object()
 LOST_AFTER = 5  # failed attempts before "reconnecting" becomes "lost"
 REFUSED_TOAST_S = 600.0  # the host refused us (host key, auth): the remedy stays on screen
 ENDED_CHECK_S = 15.0
@@ -112,6 +113,7 @@ class RegenApp(App):
         self.last_event_on_screen: tuple[float, float] | None = None  # (event ts, wall time it was drawn)
         self._full_status_at: float | None = None  # monotonic time of the last status with its shard list
         self._hints_gone = False  # the footer's hints are a gone run's (no pause/resume, plain Quit)
+        self._probed_supervisor: object = _NOT_PROBED  # the supervisor pid run_dir.resume last saw (None: none)
 
     # -- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -319,6 +321,17 @@ class RegenApp(App):
         self._take_source_notes()
         self._mark(self.model.apply_status(msg.status))
         self._notify_alerts()
+        self._rejudge_resume()
+
+    def _rejudge_resume(self) -> None:
+        """run_dir.resume judges who runs the run dir: judged again when the supervisor changes (a new pid, or none)."""
+        supervisor = self.model.pid if self.model.running else None
+        if not self.run_probes_on_start or supervisor == self._probed_supervisor:
+            return
+        first = self._probed_supervisor is _NOT_PROBED
+        self._probed_supervisor = supervisor
+        if not first:  # the first status comes with the start's full probe run
+            self.run_probes({"run_dir.resume"})
 
     def _take_source_notes(self) -> bool:
         """What the source saw on its way (an engine without the control channel, a channel reopened): alerts; the

@@ -61,7 +61,7 @@ from engine.run.compactor import Compactor
 from engine.api.ops import (Drain, DrainHost, LogTail, LogText, Op, Pause, RestartWorker, Resume, RunEnding,
                                     ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
 from engine.run.dispatcher import Dispatcher
-from engine.observe.metrics_server import MetricsServer
+from engine.observe.metrics_server import ALERT_KEY as METRICS_ALERT_KEY, MetricsServer
 from engine.run.feed import Feed
 from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
@@ -70,7 +70,7 @@ from engine.run.prompt_limit import tightest
 from engine.observe.status import Rejects, levels_of, RunStatus, build_run_status, dispatch_figures, shard_statuses
 from engine.observe.watch import RunWatch
 from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
-from engine.api.wire import FINAL_RUN_STATES, RunState, ShardFigures
+from engine.api.wire import FINAL_RUN_STATES, AlertKind, RunState, Severity, ShardFigures
 from engine.placement.fleet import Fleet
 from engine.placement.hosts.link import HostError
 from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
@@ -138,11 +138,16 @@ class Supervisor:
         removed = self.store.recover()
         if removed:
             log.info("recovered the shard store: removed %d uncommitted files: %s", len(removed), ", ".join(removed[:10]))
+        # the alerts an earlier supervisor raised stay raised (not said again) until their condition is judged again
+        self.telemetry.keep_alerts(self.store)
         self.rejects = RejectLog(self.run_dir)
         self.control = ControlServer(self.run_dir / "control.sock", self.handle)
         await self.control.start()
         self.metrics = MetricsServer(self.cfg.metrics, self.status, self.emit)
-        await self.metrics.start()  # a busy port is an alert and a status note, not the run's end
+        served = await self.metrics.start()  # a busy port is an alert and a status note, not the run's end
+        if served.error is None:  # an earlier supervisor's busy port is not this one's
+            self.telemetry.clear(METRICS_ALERT_KEY, f"cleared: Prometheus metrics served at {served.url}"
+                                 if served.url else "cleared: Prometheus metrics not asked for ([metrics] enabled = false)")
         try:
             return await self._run()
         finally:
@@ -299,6 +304,9 @@ class Supervisor:
             log.info("data-quality brake: %s", ledger.brake_note)
         if ledger.braked:  # kept from the last supervisor, or taken on the store's last samples at this start
             self._on_brake(ledger.brake.engaged, True)
+        else:  # an earlier supervisor's brake alert, and the brake is off now (lifted by a changed [brake])
+            self.telemetry.clear(BRAKE_ALERT_KEY, "cleared: data-quality brake: not engaged at this start",
+                                 ledger.brake_note)
         log.info("plan: %d samples in %d shards (%d already committed), %d bad input rows, %s", ledger.total,
                  len(ledger.shards), ledger.done, feed.input_rejects, feed.counted())
         self.startup.ok("count", f"{ledger.total} samples in {len(ledger.shards)} shards ({ledger.done} already done)")
@@ -314,17 +322,17 @@ class Supervisor:
     def _on_brake(self, status: BrakeStatus, engaged: bool) -> None:
         """The ledger braked (or released the brake): the operator is told why, with the numbers and the causes."""
         if engaged:
-            self.emit(AlertEvent(severity="error", key=BRAKE_ALERT_KEY,
+            self.emit(AlertEvent(severity=Severity.ERROR, key=BRAKE_ALERT_KEY, kind=AlertKind.RAISED,
                                  text=f"data-quality brake: dispatch paused run-wide: {status.text}",
                                  evidence=status.evidence()))
         else:
-            self.emit(AlertEvent(severity="info", key=BRAKE_ALERT_KEY,
-                                 text="cleared: data-quality brake released by resume --all; its window starts over",
-                                 evidence=f"it braked on: {status.text}"))
+            self.telemetry.clear(BRAKE_ALERT_KEY,
+                                 "cleared: data-quality brake released by resume --all; its window starts over",
+                                 f"it braked on: {status.text}")
 
     def _on_refused(self, trip: RefusalTrip) -> None:
         """The servers refuse the run's requests run-wide: a critical alert quoting them, and the run fails."""
-        self.emit(AlertEvent(severity="critical", key="refused", text=trip.text(), evidence=trip.evidence()))
+        self.emit(AlertEvent(severity=Severity.CRITICAL, key="refused", text=trip.text(), evidence=trip.evidence()))
         self._fail(RunRefused(f"{trip.text()}; likely config key: {trip.key}", self.cfg.source_path))
 
     def _update_workers_check(self) -> None:
@@ -426,10 +434,13 @@ class Supervisor:
     def _on_worker_state(self, w: Worker, state: str) -> None:
         if state == WorkerState.READY:
             self._ready_seen.set()
+            # its own server serves: a refusal an earlier supervisor raised for it ended (this one's own refusal is
+            # cleared by the worker when the port is free again)
+            self.telemetry.clear(f"worker:{w.name}:refused", f"worker {w.name}: its own server is ready", w.url)
         self._update_workers_check()
         if state == WorkerState.FAILED and all(x.state == WorkerState.FAILED for x in self.workers):
             evidence = "; ".join(f"{x.name}: {x.error}" for x in self.workers)
-            self.emit(AlertEvent(severity="critical", text="every worker failed: the run stops",
+            self.emit(AlertEvent(severity=Severity.CRITICAL, text="every worker failed: the run stops",
                                  evidence=evidence, key="all-failed"))
             self._fail(WorkersFailed(f"every worker failed: {evidence}", str(self.run_dir / "workers")))
 
@@ -538,7 +549,9 @@ class Supervisor:
         self._update_workers_check()
         ledger, d = self.ledger, self.dispatcher
         write_errors = safe_log.failures() + ([f"{t.path}: {t.write_error} ({t.dropped} events not written)"]
-                                              if t.write_error else [])
+                                              if t.write_error else []) + (
+            [f"the raised alerts' record ({self.run_dir / 'state.sqlite'}): {t.raised.write_error}"]
+            if t.raised.write_error else [])
         fleet = self.fleet
         return build_run_status(
             run_dir=str(self.run_dir), state=self.state(), dispatch_state=self.dispatch_state(),
@@ -550,7 +563,7 @@ class Supervisor:
             pid=os.getpid(), started_at=self.started_at, config_hash=self.cfg.content_hash(), levels=levels_of(self.cfg),
             host=socket.gethostname(), log=str(self.run_dir / "supervisor.log"),
             workers=[w.snapshot() for w in self.workers], gpus=list(t.gpus.values()), disk=list(t.disk.values()),
-            alerts=list(t.alerts), hosts=fleet.host_statuses() if fleet is not None else None,
+            alerts=t.raised_alerts(), alert_events=list(t.alerts), hosts=fleet.host_statuses() if fleet is not None else None,
             router=fleet.router_status() if fleet is not None else None,
             brake=ledger.brake.status() if ledger is not None else None,
             metrics=dataclasses.replace(self.metrics.state) if self.metrics is not None else None)

@@ -1,8 +1,10 @@
 """telemetry.jsonl writer, the latest-status cache for the `status` op, and the alert rules.
 
 Lines are appended and flushed per event (a reader never sees half a line for long) and fsynced
-every few seconds. Alerts carry a stable `key`; rules that watch a state (quality shares, disk)
-fire once when the state is entered and again only after it was left.
+every few seconds. Alerts carry a stable `key`; an alert of a condition (engine.api.wire.AlertKind: raised, then
+cleared) goes through the run's record of raised alerts (engine.store.alert_record, kept in state.sqlite once the supervisor
+attaches its store): raised once while the condition holds, also across a supervisor restart, and cleared when it
+ends. `condition()` is that rule for a state judged again and again (quality shares, disk).
 
 When the file cannot be written (a full disk) telemetry degrades instead of taking the run down:
 the failure is logged once, the latest state stays in memory (the `status` op keeps answering),
@@ -12,6 +14,7 @@ again, other events are counted as dropped; a line a failing write cut is ended 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import time
@@ -20,8 +23,10 @@ from typing import Callable, Iterable
 
 import psutil
 
+from engine.store.alert_record import AlertRecord, AlertStore
 from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                      ShardEvent, WorkerEvent)
+from engine.api.wire import AlertKind, Severity
 
 log = logging.getLogger("regen.telemetry")
 
@@ -43,8 +48,8 @@ class Telemetry:
         self.gpus: dict[tuple[str, int], GpuEvent] = {}  # by (host, index): every host's, "" the supervisor's own
         self.disk: dict[tuple[str, str], DiskEvent] = {}  # by (host, path)
         self.shards: dict[str, ShardEvent] = {}
-        self.alerts: collections.deque[AlertEvent] = collections.deque(maxlen=50)
-        self._active_conditions: set[str] = set()
+        self.alerts: collections.deque[AlertEvent] = collections.deque(maxlen=50)  # the latest said: history
+        self.raised = AlertRecord()  # the conditions that hold now (in memory until keep_alerts attaches the store)
         self.write_error: str | None = None  # why telemetry.jsonl cannot be written now
         self.write_error_since: float | None = None
         self.dropped = 0  # events not written during the current failure
@@ -66,8 +71,16 @@ class Telemetry:
         elif isinstance(event, ShardEvent):
             self.shards[event.id] = event
         elif isinstance(event, AlertEvent):
+            if event.key and event.kind == AlertKind.RAISED and not self.raised.raise_(event):
+                return  # this condition is raised already (perhaps by the supervisor before a restart): said once
+            if event.key and event.kind == AlertKind.CLEARED:
+                was = self.raised.clear(event.key)
+                if was is None:
+                    return  # nothing raised to clear (a judge that says `cleared` on its first look after a start)
+                said = f"raised {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(was.ts))}: {was.text}"
+                event = dataclasses.replace(event, evidence=f"{said}\n{event.evidence}" if event.evidence else said)
             self.alerts.append(event)
-            log.log(logging.ERROR if event.severity in ("error", "critical") else logging.WARNING,
+            log.log(logging.ERROR if event.severity in (Severity.ERROR, Severity.CRITICAL) else logging.WARNING,
                     "ALERT %s: %s%s", event.severity, event.text, f"\n{event.evidence}" if event.evidence else "")
         self._record(event)
         for listener in self.listeners:
@@ -140,14 +153,31 @@ class Telemetry:
             self._retry()
         return self.write_error is None
 
-    def condition(self, key: str, active: bool, severity: str, text: str, evidence: str = "") -> None:
-        """Alert once when a watched condition becomes true; re-arm when it clears."""
-        if active and key not in self._active_conditions:
-            self._active_conditions.add(key)
-            self.emit(AlertEvent(severity=severity, text=text, evidence=evidence, key=key))
-        elif not active and key in self._active_conditions:
-            self._active_conditions.discard(key)
-            self.emit(AlertEvent(severity="info", text=f"cleared: {text.split(':')[0]}", key=key))
+    def keep_alerts(self, store: AlertStore) -> list[AlertEvent]:
+        """Record the raised alerts in the run's store from now on; what an earlier supervisor raised is loaded
+        (returned) and stays raised until its condition is judged again."""
+        return self.raised.attach(store)
+
+    def raised_alerts(self) -> list[AlertEvent]:
+        """The alerts raised now (their conditions hold), oldest first."""
+        return self.raised.raised()
+
+    def condition(self, key: str, active: bool, severity: Severity, text: str, evidence: str = "",
+                  cleared: str | None = None) -> None:
+        """Judge a watched condition: alert once when it holds (not again while it is raised, also when an earlier
+        supervisor raised it), `cleared` (info; `cleared` is its text, by default the alert's head) when it ends."""
+        if active:
+            if key not in self.raised:
+                self.emit(AlertEvent(severity=severity, text=text, evidence=evidence, key=key, kind=AlertKind.RAISED))
+        elif key in self.raised:
+            self.clear(key, cleared or f"cleared: {text.split(':')[0]}", evidence)
+
+    def clear(self, key: str, text: str, evidence: str = "") -> None:
+        """End a raised condition (its evidence: when and with what text it was raised, then `evidence`, the
+        state now); nothing when `key` is not raised."""
+        if key in self.raised:
+            self.emit(AlertEvent(severity=Severity.INFO, text=text, key=key, kind=AlertKind.CLEARED,
+                                 evidence=f"now: {evidence}" if evidence else ""))
 
     def close(self) -> None:
         self.flush_kept()

@@ -42,7 +42,9 @@ def rich_status() -> RunStatus:
                             truncated=0, failed=1, rejected=1, dispatched=9)],
         gpus=[GpuEvent(ts=20.0, index=0, name="H200", mem_used_mb=1.0, mem_total_mb=2.0)],
         disk=[DiskEvent(ts=20.0, path="/r", free_bytes=1, total_bytes=2)],
-        alerts=[AlertEvent(ts=19.0, severity="warning", text="slow", evidence="e", key="k")],
+        alerts=[AlertEvent(ts=19.0, severity="warning", text="slow", evidence="e", key="k", kind="raised")],
+        alert_events=[AlertEvent(ts=18.0, severity="error", text="worker w0 crashed", key="worker:w0:crash"),
+                      AlertEvent(ts=19.0, severity="warning", text="slow", evidence="e", key="k", kind="raised")],
         rejects=Rejects(total=3, by_reason={"malformed_json": 2, "generation_failed": 1}),
         run_end=RunEndEvent(ts=21.0, state="stopped", exit_code=0, cause="SIGTERM received", done=5, total=8),
         fatal=FATAL, log="/r/supervisor.log", log_tail=["a"], checked_at=22.0, read_errors=["reject log: x"],
@@ -104,7 +106,8 @@ def test_offline_status_is_the_committed_figures_with_the_last_events_cause(tmp_
     (tmp_path / "telemetry.jsonl").open("ab").write(b'{"type": "dispatch", "ts": 1')  # a line cut by a kill
     s = offline_status(tmp_path)
     assert (s.state, s.running, s.offline, s.last_state, s.fatal) == ("drained", False, True, "running", None)
-    assert s.run_end.cause == "drain requested" and [a.text for a in s.alerts] == ["worker w0 crashed"]
+    assert s.run_end.cause == "drain requested" and [a.text for a in s.alert_events] == ["worker w0 crashed"]
+    assert s.alerts == []  # a crash is an event (history), not a condition raised now: the store records none
     assert (s.dispatch.done, s.dispatch.retried, s.dispatch.tokens_per_s) == (5, 4, None)
     assert s.dispatch.ts > 103.0  # the committed figures as read now, newer than every recorded event
     assert {sh.id: sh.state for sh in s.shards} == {"s00000": "done", "s00001": "paused", "s00002": "pending"}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.run.spread import STRANDED_ALERT_S, ServerLoad, StrandedWatch, room, within_share
+from engine.api.wire import AlertKind
 
 
 def load(name: str, in_flight: int, capacity: int = 100, **kw) -> ServerLoad:
@@ -46,9 +47,14 @@ def test_the_stranded_alert_fires_once_after_the_idle_time_and_clears():
     watch = StrandedWatch()
     busy = load("a", 100, running=60.0, queued=40.0)
     idle = load("b", 0, running=0.0, queued=0.0)
-    assert watch.check([busy, idle], now=100.0) is None  # idle from now
+    # the first look says `cleared` (telemetry drops it unless an earlier supervisor's alert is still raised)
+    first = watch.check([busy, idle], now=100.0)  # idle from now
+    assert first is not None and first.kind == AlertKind.CLEARED
+    assert watch.check([busy, idle], now=100.5) is None
     ev = watch.check([busy, idle], now=100.0 + STRANDED_ALERT_S)
     assert ev is not None and ev.severity == "warning" and "while b idles" in ev.text and "a 40" in ev.evidence
+    assert ev.kind == AlertKind.RAISED
     assert watch.check([busy, idle], now=101.0 + STRANDED_ALERT_S) is None  # said once
     done = watch.check([busy, load("b", 20, running=20.0, queued=0.0)], now=102.0 + STRANDED_ALERT_S)
     assert done is not None and done.severity == "info" and done.text.startswith("cleared")
+    assert done.kind == AlertKind.CLEARED

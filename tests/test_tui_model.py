@@ -103,7 +103,7 @@ def test_a_keys_alerts_with_other_texts_stay_one_row_each_through_every_status_r
     said = [AlertEvent(ts=1, severity="info", text="slurm job 6 submitted for regen-0", key="slurm-submit:regen-0"),
             AlertEvent(ts=5, severity="info", text="slurm job 9 submitted for regen-0", key="slurm-submit:regen-0")]
     for _ in range(3):
-        m.apply_status(RunStatus(run_dir="/r", state="running", running=True, alerts=said))
+        m.apply_status(RunStatus(run_dir="/r", state="running", running=True, alert_events=said))  # history: every reply
     assert [(a.text, a.count) for a in m.alerts] == [("slurm job 6 submitted for regen-0", 1),
                                                      ("slurm job 9 submitted for regen-0", 1)]
 

@@ -24,7 +24,7 @@ from console.view.fit_table import Col, fitted_table
 from console.view.hints import hint_from_args
 from console.commands.status_hardware import hardware_parts
 from console.host.run_client import RunClientError
-from engine.api.wire import duration_text
+from engine.api.wire import AlertKind, duration_text
 from engine.run.brake import BrakeStatus
 from engine.observe.status import HostStatus, RunStatus
 from engine.api.events import DispatchEvent
@@ -148,6 +148,8 @@ WORKER_COLUMNS = [Col("name"), Col("state"), Col("gpus", short="gpu"), Col("pid"
 HOST_COLUMNS = [Col("host"), Col("address", drop=2), Col("state"), Col("servers"), Col("joins"), Col("lost"),
                 Col("error", drop=1)]
 WIDE = 10_000  # --wide, or piped: every column whole, lines unwrapped
+ALERTS_SHOWN = 20  # raised now: the first ones (oldest), and how many more
+EVENTS_SHOWN = 5  # one-shot alert events: the latest
 
 
 def status_console(wide: bool) -> Console:
@@ -218,14 +220,32 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     # every row of rejects.jsonl: input rows refused when read, and samples rejected or failed (by its reason)
     parts.append(Text(f"rejects: {s.rejects.total} (rejects.jsonl rows, by reason: "
                       + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none") + ")"))
-    if s.alerts:
-        a = Table(title="alerts (latest last)")
-        for col in ("time", "severity", "text"):
-            a.add_column(col)
-        for al in s.alerts[-10:]:
-            a.add_row(time.strftime("%H:%M:%S", time.localtime(al.ts)), al.severity, al.text)
-        parts.append(a)
+    parts += alert_parts(s)
     return Group(*parts)
+
+
+def alert_parts(s: RunStatus) -> list[Table]:
+    """The alerts raised now (each condition that still holds, from the run's record), then the latest one-shot alert
+    events (history: a crash, a submitted job); a condition's raised / cleared lines are not repeated there."""
+    parts = []
+    if s.alerts:
+        a = Table(title=f"alerts raised now ({len(s.alerts)}: each until its condition ends; oldest first)")
+        for col in ("since", "severity", "text"):
+            a.add_column(col)
+        for al in s.alerts[:ALERTS_SHOWN]:
+            a.add_row(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(al.ts)), al.severity, al.text)
+        if len(s.alerts) > ALERTS_SHOWN:
+            a.add_row("", "", f"... {len(s.alerts) - ALERTS_SHOWN} more (--json lists every one)")
+        parts.append(a)
+    said = [e for e in s.alert_events if e.kind == AlertKind.EVENT][-EVENTS_SHOWN:]
+    if said:
+        h = Table(title="recent alert events (history, latest last)")
+        for col in ("time", "severity", "text"):
+            h.add_column(col)
+        for al in said:
+            h.add_row(time.strftime("%H:%M:%S", time.localtime(al.ts)), al.severity, al.text)
+        parts.append(h)
+    return parts
 
 
 def brake_text(b: BrakeStatus, host: str = "") -> Text:

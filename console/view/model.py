@@ -459,7 +459,9 @@ class RunModel:
             changed |= self._fold_shard(sh, as_of)
         for ev in status.disk:
             changed |= self._snapshot(ev)
-        for ev in status.alerts:
+        # the Alerts tab is history: the latest alert events said, and the alerts raised now (a condition raised by an
+        # earlier supervisor of the run may be older than every event kept), each once (by key and text)
+        for ev in sorted(status.alert_events + status.alerts, key=lambda a: a.ts):
             self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
             changed.add("alerts")
         self.rejects = status.rejects

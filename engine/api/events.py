@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from engine.api.wire import ShardFigures, decode
+from engine.api.wire import AlertKind, Severity, ShardFigures, decode
 
 
 @dataclass
@@ -119,10 +119,13 @@ class ShardEvent(Event, ShardFigures):
 @dataclass
 class AlertEvent(Event):
     type: ClassVar[str] = "alert"
-    severity: str = "warning"  # info | warning | error | critical
+    severity: str = Severity.WARNING  # info | warning | error | critical (engine.api.wire.Severity)
     text: str = ""
     evidence: str = ""
     key: str = ""  # stable key so the console can de-duplicate repeats
+    # engine.api.wire.AlertKind: event (said once), or raised / cleared (a condition keyed by `key`, recorded with the run
+    # while it holds: engine.store.alert_record); an older engine's lines have no kind: events
+    kind: str = AlertKind.EVENT
 
 
 @dataclass

@@ -81,6 +81,15 @@ class Severity(StrEnum):
 SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
 
 
+class AlertKind(StrEnum):
+    """AlertEvent.kind: a one-shot event, or a condition's start and end. A raised condition is recorded with the run
+    (state.sqlite) until it is cleared: the status lists it while it holds, and a restarted supervisor neither raises it
+    again nor forgets to clear it (engine.store.alert_record)."""
+    EVENT = "event"  # said once (a worker crashed, a slurm job was submitted): history, never `raised now`
+    RAISED = "raised"  # a condition began (one per key until cleared)
+    CLEARED = "cleared"  # that condition ended
+
+
 class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"  # cut at max_new_tokens

@@ -28,7 +28,7 @@ from engine.config.load import Metrics
 from engine.servers.port_holder import holders
 from engine.observe.status import MetricsStatus, RunStatus
 from engine.api.events import AlertEvent
-from engine.api.wire import RunState, Severity, ShardState, WorkerState
+from engine.api.wire import AlertKind, RunState, Severity, ShardState, WorkerState
 
 log = logging.getLogger("regen.metrics")
 
@@ -179,15 +179,15 @@ def _rejects_alerts_disk(s: RunStatus) -> Iterable[Metric]:
     for reason, n in sorted(s.rejects.by_reason.items()):
         rejects.add_metric([reason], n)
     yield rejects
-    alerts = GaugeMetricFamily("regen_alerts", "Alerts in the status's recent list (the last 50), by severity.",
-                               labels=["severity"])
-    last = GaugeMetricFamily("regen_alert_last_time_seconds", "When the latest alert of each severity was raised "
-                             "(unix time).", labels=["severity"])
+    alerts = GaugeMetricFamily("regen_alerts", "Alerts raised now (each condition that still holds, once), by "
+                               "severity.", labels=["severity"])
+    last = GaugeMetricFamily("regen_alert_last_time_seconds", "When the latest alert of each severity was said, a "
+                             "one-shot event or a condition's raise (unix time).", labels=["severity"])
     for sev in Severity:
-        of = [a for a in s.alerts if a.severity == sev]
-        alerts.add_metric([sev], len(of))
-        if of:
-            last.add_metric([sev], max(a.ts for a in of))
+        alerts.add_metric([sev], sum(1 for a in s.alerts if a.severity == sev))
+        said = [a.ts for a in s.alert_events + s.alerts if a.severity == sev and a.kind != AlertKind.CLEARED]
+        if said:
+            last.add_metric([sev], max(said))
     yield from (alerts, last)
     free = GaugeMetricFamily("regen_disk_free_bytes", "Free space on the run dir's disk (and each host's work dir).",
                              labels=["host", "path"])
@@ -245,7 +245,7 @@ class MetricsServer:
         else:
             self.state.error = f"cannot bind {where}: {exc}; check [metrics] host and port"
         log.warning("metrics not served: %s", self.state.error)
-        self.emit(AlertEvent(severity="warning", key=ALERT_KEY,
+        self.emit(AlertEvent(severity=Severity.WARNING, key=ALERT_KEY, kind=AlertKind.RAISED,
                              text=f"Prometheus metrics not served on {where}: the run goes on without them",
                              evidence=self.state.error))
 

@@ -1,7 +1,8 @@
 """The status of a run whose supervisor is gone, read from its run dir alone (engine.ctl last-status).
 
 The run dir's fatal.json, state.sqlite, telemetry.jsonl and rejects.jsonl go through engine.observe.status's one builder,
-marked `running: false`; the data-quality brake is loaded from the store under run.toml's [brake] as a start loads it. `state` is how the run ended: failed (with `fatal`: what, where, the remedy), done / drained /
+marked `running: false`; the data-quality brake is loaded from the store under run.toml's [brake] as a start loads it,
+the alerts raised now from the store's record of them (engine.store.alert_record), the alert history from telemetry.jsonl. `state` is how the run ended: failed (with `fatal`: what, where, the remedy), done / drained /
 stopped (its `run_end` event), or dead (no cause recorded: killed; `log_tail` has the last lines of supervisor.log).
 """
 from __future__ import annotations
@@ -38,17 +39,19 @@ def offline_status(run_dir: Path) -> RunStatus:
         raise NotARunDir(f"{run_dir} holds no state.sqlite: not a run dir, or the run never started")
     progress, read_errors = [], []
     brake, levels = None, AlertLevels()
+    raised: list[AlertEvent] = []
     if has_store:
         try:  # a full disk (the reason the run died, perhaps) must not hide its recorded cause
             store = ShardStore(run_dir)
             try:
                 progress = store.progress()
                 brake, levels = _brake(run_dir, store, read_errors)
+                raised = _raised(store, read_errors)
             finally:
                 store.close()
         except OSError as exc:
             read_errors.append(f"shard store: {exc}")
-    started, dispatch, alerts, ended = _telemetry(run_dir / "telemetry.jsonl")
+    started, dispatch, said, ended = _telemetry(run_dir / "telemetry.jsonl")
     rejects = Rejects()
     if has_store:
         try:
@@ -75,7 +78,7 @@ def offline_status(run_dir: Path) -> RunStatus:
         rejects=rejects, running=False, offline=True,
         fatal=fatal, run_end=ended, last_state=last_state, log=str(log_path),
         log_tail=_log_tail(log_path) if state == "dead" else [], started_at=started, host=os.uname().nodename,
-        alerts=alerts[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time(), brake=brake, levels=levels)
+        alerts=raised, alert_events=said[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time(), brake=brake, levels=levels)
 
 
 def _brake(run_dir: Path, store, read_errors: list[str]) -> tuple[BrakeStatus | None, AlertLevels]:
@@ -95,9 +98,20 @@ def _brake(run_dir: Path, store, read_errors: list[str]) -> tuple[BrakeStatus | 
     return brake.status(), levels_of(cfg)
 
 
+def _raised(store, read_errors: list[str]) -> list[AlertEvent]:
+    """The alerts the run records as raised now (the conditions that held when its last supervisor judged them)."""
+    from engine.store.alert_record import raised_alerts_in
+
+    try:
+        return raised_alerts_in(store)
+    except OSError as exc:
+        read_errors.append(f"raised alerts: {exc}")
+        return []
+
+
 def _telemetry(path: Path) -> tuple[float | None, DispatchEvent | None, list[AlertEvent], RunEndEvent | None]:
-    """From telemetry.jsonl: the first event's time, the last dispatch event, the alerts, and the last run_end when
-    no later supervisor wrote after it."""
+    """From telemetry.jsonl: the first event's time, the last dispatch event, the alert events said (history), and
+    the last run_end when no later supervisor wrote after it."""
     started, dispatch, alerts, run_end, after_end = None, None, [], None, False
     try:
         with open(path, "rb") as f:

@@ -15,9 +15,13 @@ RunStatus fields (the JSON keys of the reply):
   pid, started_at, config_hash, host   the supervisor's (offline: pid and config_hash null; started_at the first
                  telemetry event's time)
   dispatch       the run's figures (DispatchEvent, below), or null before the ledger is loaded and nothing recorded
-  workers, gpus, disk, alerts   the latest telemetry snapshots (offline: no workers, GPUs or disk; the last 20
-                 alerts telemetry.jsonl recorded); gpus and disk are every host's, each with its `host`
-                 ("" the supervisor's own, a [[hosts]] name: read by that host's agent)
+  workers, gpus, disk   the latest telemetry snapshots (offline: no workers, GPUs or disk); gpus and disk are every
+                 host's, each with its `host` ("" the supervisor's own, a [[hosts]] name: read by that host's agent)
+  alerts         the alerts raised now, oldest first: each condition that still holds, once (its `ts`: when it was
+                 raised, also by an earlier supervisor of the run), from the run's record (engine.store.alert_record, in
+                 state.sqlite; live and offline alike); a cleared one is gone from it
+  alert_events   history: the latest alert events said (live: the last 50 of this supervisor; offline: the last 20
+                 telemetry.jsonl recorded), one-shot events and the conditions' raised / cleared lines alike (`kind`)
   shards         one ShardFigures (engine.api.wire) per shard (figures below, and `state` by shard_state)
   rejects        Rejects: every row of rejects.jsonl (input rows refused when read, and samples rejected or failed),
                  total and by reason
@@ -240,7 +244,8 @@ class RunStatus:
     shards_omitted: bool = False
     gpus: list[GpuEvent] = field(default_factory=list)
     disk: list[DiskEvent] = field(default_factory=list)
-    alerts: list[AlertEvent] = field(default_factory=list)
+    alerts: list[AlertEvent] = field(default_factory=list)  # raised now (the record), not a replay of telemetry
+    alert_events: list[AlertEvent] = field(default_factory=list)  # history: the latest alert events said
     rejects: Rejects = field(default_factory=Rejects)
     run_end: RunEndEvent | None = None
     last_state: str | None = None
@@ -261,7 +266,8 @@ class RunStatus:
                  dispatch=self.dispatch.to_dict() if self.dispatch is not None else None,
                  workers=[w.to_dict() for w in self.workers], shards=[sh.to_dict() for sh in self.shards],
                  gpus=[g.to_dict() for g in self.gpus], disk=[x.to_dict() for x in self.disk],
-                 alerts=[a.to_dict() for a in self.alerts], rejects=self.rejects.to_dict(),
+                 alerts=[a.to_dict() for a in self.alerts], alert_events=[a.to_dict() for a in self.alert_events],
+                 rejects=self.rejects.to_dict(),
                  run_end=self.run_end.to_dict() if self.run_end is not None else None,
                  write_errors=list(self.write_errors), log_tail=list(self.log_tail),
                  read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None,

@@ -1,7 +1,8 @@
 """The run's periodic watch: the disk guard, the data-quality alerts and the throughput-drop alert.
 
 Each tick it reads what it watches and raises or clears its alerts (Telemetry.condition: once when a
-condition starts, `cleared` when it ends). It decides; the supervisor acts on what it says (a full disk
+condition starts, `cleared` when it ends; the raised ones are recorded with the run, so a restarted supervisor clears
+what an earlier one raised). It decides; the supervisor acts on what it says (a full disk
 holds dispatch).
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from engine.config.load import RunConfig
 from engine.run.counts import ShardCounts
 from engine.telemetry import Telemetry, ThroughputWatch, disk_events
 from engine.api.events import DispatchEvent
+from engine.api.wire import Severity
 
 QUALITY_MIN_SAMPLES = 50  # a share over fewer committed samples of a shard is noise
 COMMIT_RESERVE_SHARE = 0.1  # dispatch stops at alerts.disk_free_min_gb; commits go on until a tenth of it is left
@@ -42,7 +44,7 @@ class RunWatch:
         changed = low != self.disk_full
         self.disk_full = low
         self.telemetry.condition(
-            "disk-low", low, "critical",
+            "disk-low", low, Severity.CRITICAL,
             f"disk low: {_size(run_disk.free_bytes)} free under {self.run_dir}: dispatch paused",
             f"alerts.disk_free_min_gb = {self.cfg.alerts.disk_free_min_gb}; dispatch resumes when space is freed")
         return changed
@@ -53,30 +55,44 @@ class RunWatch:
 
     # -- data quality -----------------------------------------------------------------------------
     def quality(self, shards: Mapping[str, ShardCounts]) -> None:
-        a = self.cfg.alerts
+        """Judge every shard's shares (each time: a share that fell to its level, a level raised in run.toml, the
+        runaway guard turned off, clear what an earlier supervisor raised). Under QUALITY_MIN_SAMPLES committed
+        samples a shard is not judged: a share is noise, so nothing holds."""
+        a, raised = self.cfg.alerts, self.telemetry.raised
         for sid, p in shards.items():
             n = p.done
-            if n < QUALITY_MIN_SAMPLES:
-                continue
-            empty_share, trunc_share = p.empty / n, p.truncated / n
+            judged = n >= QUALITY_MIN_SAMPLES
+            m = max(n, 1)
+            empty_share, trunc_share, rep_share = p.empty / m, p.truncated / m, p.repetition / m
+            level = self.cfg.runaway.alert_share
+            holds = (judged and empty_share > a.empty_share, judged and trunc_share > a.truncated_share,
+                     judged and self.cfg.runaway.enabled and rep_share > level)
+            keys = (f"empty:{sid}", f"truncated:{sid}", f"repetition:{sid}")
+            if not any(holds) and not any(k in raised for k in keys):
+                continue  # the common case (a healthy or young shard): nothing to say, nothing to clear
             self.telemetry.condition(
-                f"empty:{sid}", empty_share > a.empty_share, "error",
+                keys[0], holds[0], Severity.ERROR,
                 f"shard {sid}: {empty_share:.0%} empty answers (threshold alerts.empty_share {a.empty_share:.0%})",
-                f"{p.empty} of {n} samples are empty answers (e.g. <think>\\n\\n</think>\\n\\nOK.<|im_end|>)")
+                f"{p.empty} of {n} samples are empty answers (e.g. <think>\\n\\n</think>\\n\\nOK.<|im_end|>)",
+                cleared=f"cleared: shard {sid}: {empty_share:.0%} empty answers ({p.empty} of {n}), not above"
+                        f" alerts.empty_share {a.empty_share:.0%}")
             self.telemetry.condition(
-                f"truncated:{sid}", trunc_share > a.truncated_share, "warning",
+                keys[1], holds[1], Severity.WARNING,
                 f"shard {sid}: {trunc_share:.0%} truncated answers (threshold alerts.truncated_share"
                 f" {a.truncated_share:.0%})",
-                f"{p.truncated} of {n} samples hit max_new_tokens (finish_reason length)")
-            if self.cfg.runaway.enabled:
-                rep_share, level = p.repetition / n, self.cfg.runaway.alert_share
-                self.telemetry.condition(
-                    f"repetition:{sid}", rep_share > level, "warning",
-                    f"shard {sid}: {rep_share:.0%} answers stopped as runaway repetition (threshold"
-                    f" runaway.alert_share {level:.0%})",
-                    f"{p.repetition} of {n} samples fell into a token loop and were stopped (finish_reason"
-                    " repetition); greedy or low-temperature sampling loops more: check sampling.temperature and"
-                    " sampling.presence_penalty")
+                f"{p.truncated} of {n} samples hit max_new_tokens (finish_reason length)",
+                cleared=f"cleared: shard {sid}: {trunc_share:.0%} truncated answers ({p.truncated} of {n}), not above"
+                        f" alerts.truncated_share {a.truncated_share:.0%}")
+            self.telemetry.condition(
+                keys[2], holds[2], Severity.WARNING,
+                f"shard {sid}: {rep_share:.0%} answers stopped as runaway repetition (threshold"
+                f" runaway.alert_share {level:.0%})",
+                f"{p.repetition} of {n} samples fell into a token loop and were stopped (finish_reason"
+                " repetition); greedy or low-temperature sampling loops more: check sampling.temperature and"
+                " sampling.presence_penalty",
+                cleared=f"cleared: shard {sid}: {rep_share:.0%} answers stopped as runaway repetition"
+                        f" ({p.repetition} of {n}), not above runaway.alert_share {level:.0%}"
+                        + ("" if self.cfg.runaway.enabled else " (the runaway guard is off)"))
 
     # -- throughput -------------------------------------------------------------------------------
     def throughput(self, figures: DispatchEvent, work_waiting: bool) -> None:
@@ -84,7 +100,7 @@ class RunWatch:
         busy = (figures.state == "running" and figures.in_flight > 0 and work_waiting
                 and figures.tokens_per_s is not None)
         dropped, why = self._throughput.dropped(figures.tokens_per_s or 0.0, busy)
-        self.telemetry.condition("throughput-drop", dropped, "warning", f"throughput dropped: {why}", why)
+        self.telemetry.condition("throughput-drop", dropped, Severity.WARNING, f"throughput dropped: {why}", why)
 
 
 def _size(nbytes: int) -> str:

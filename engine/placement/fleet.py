@@ -21,7 +21,7 @@ from engine.placement.router import RouterEndpoint, RouterError, RouterProcess
 from engine.observe.status import HostStatus, RouterStatus
 from engine.fatal import HostsFailed
 from engine.api.events import AlertEvent
-from engine.api.wire import HostState
+from engine.api.wire import AlertKind, HostState, Severity
 from engine.servers.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.fleet")
@@ -74,6 +74,8 @@ class Fleet:
         self.on_change: Callable[[], None] = lambda: None  # the router's membership changed
         self.on_failed: Callable[[HostsFailed], None] = lambda exc: None  # every host's servers failed: the run ends
         self.failed_hosts: dict[str, str] = {}  # host -> what its servers said when the last of them failed
+        self._served: set[str] = set()  # hosts and servers seen serving by this process (the first time clears
+        # what an earlier supervisor of the run raised for them and is still raised: telemetry drops it otherwise)
         self._ended = False
 
     async def start(self) -> None:
@@ -133,20 +135,29 @@ class Fleet:
         one) is a critical alert with their last words, and the run goes on with the others; when no host is left
         to serve, the run ends with them (on_failed)."""
         by_host = self.servers_by_host()
+        for w in (w for servers in by_host.values() for w in servers):
+            if w.state == WorkerState.READY and w.name not in self._served:
+                self._served.add(w.name)
+                self.emit(AlertEvent(severity=Severity.INFO, key=f"worker:{w.name}:refused", kind=AlertKind.CLEARED,
+                                     text=f"worker {w.name}: its own server is ready", evidence=w.url))
         for name, servers in by_host.items():
             failed = bool(servers) and all(w.state == WorkerState.FAILED for w in servers)
             if failed and name not in self.failed_hosts:
                 self.failed_hosts[name] = host_last_words(name, servers, self._log_of)
                 others = [h for h in by_host if h != name and h not in self.failed_hosts]
                 self.emit(AlertEvent(
-                    severity="critical", key=f"host-failed:{name}",
+                    severity=Severity.CRITICAL, key=f"host-failed:{name}", kind=AlertKind.RAISED,
                     text=f"host {name}: every server failed, not restarted again; " + (
                         f"the run goes on with {', '.join(others)}" if others else "no host is left to serve"),
                     evidence=self.failed_hosts[name]))
-            elif not failed and name in self.failed_hosts and any(w.state == WorkerState.READY for w in servers):
-                del self.failed_hosts[name]
-                self.emit(AlertEvent(severity="info", key=f"host-failed:{name}", text=f"host {name} serves again",
-                                     evidence="a server of it is ready"))
+            elif (not failed and (name in self.failed_hosts or f"host:{name}" not in self._served)
+                  and any(w.state == WorkerState.READY for w in servers)):
+                # serves again; or serves for the first time in this process: a `host-failed` an earlier supervisor
+                # raised is cleared (telemetry says nothing when none is raised)
+                self.failed_hosts.pop(name, None)
+                self._served.add(f"host:{name}")
+                self.emit(AlertEvent(severity=Severity.INFO, key=f"host-failed:{name}", kind=AlertKind.CLEARED,
+                                     text=f"host {name} serves again", evidence="a server of it is ready"))
         if by_host and set(self.failed_hosts) >= set(by_host) and not self._ended:
             self._ended = True
             self.on_failed(HostsFailed("every server of every host failed: " + " | ".join(

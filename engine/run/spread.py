@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.api.events import AlertEvent
+from engine.api.wire import AlertKind, Severity
 
 STRANDED_ALERT_S = 5.0  # a server idle this long while another's own queue holds work: an alert
 STRANDED_KEY = "stranded-queue"
@@ -57,11 +58,13 @@ def room(load: ServerLoad) -> int:
 
 class StrandedWatch:
     """Says (once, and once cleared) when a server's own waiting queue holds work while another server has been
-    idle, nothing in flight and nothing running, for STRANDED_ALERT_S."""
+    idle, nothing in flight and nothing running, for STRANDED_ALERT_S. A condition (engine.api.wire.AlertKind): its first
+    look after a start says `cleared` when nothing is stranded, which clears an earlier supervisor's alert still
+    raised in the run's record (telemetry says nothing when none is)."""
 
     def __init__(self) -> None:
         self._idle_since: dict[str, float] = {}
-        self.alerted = False
+        self.alerted: bool | None = None  # None: not judged yet by this process
 
     def check(self, loads: list[ServerLoad], now: float) -> AlertEvent | None:
         for x in loads:
@@ -79,11 +82,11 @@ class StrandedWatch:
                 return None
             self.alerted = True
             held = ", ".join(f"{x.name} {int(x.queued or 0)}" for x in waiting)
-            return AlertEvent(severity="warning", key=STRANDED_KEY,
+            return AlertEvent(severity=Severity.WARNING, key=STRANDED_KEY, kind=AlertKind.RAISED,
                               text=f"work waits in a server's own queue while {', '.join(idle)} idles",
                               evidence=f"queued in SGLang: {held}; idle for {STRANDED_ALERT_S:.0f} s or more")
-        if self.alerted:
+        if self.alerted is not False:
             self.alerted = False
-            return AlertEvent(severity="info", key=STRANDED_KEY,
+            return AlertEvent(severity=Severity.INFO, key=STRANDED_KEY, kind=AlertKind.CLEARED,
                               text="cleared: no server idles while another's queue holds work")
         return None

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 
 from engine.servers import stream_flag
-from engine.api.wire import WorkerState  # noqa: F401  (the workers' states are the wire's)
+from engine.api.wire import AlertKind, Severity, WorkerState  # noqa: F401  (the workers' states are the wire's)
 from engine.servers.capacity import BatchSize, ServerCapacity, batch_from_log, configured_batch, discover, parse_server_info
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
@@ -458,7 +458,8 @@ class Worker:
         self.pid = None  # no server of ours runs: the pid shown must never be the other process's
         if first:
             self._set_state(WorkerState.REFUSED)
-            self._alert("critical", f"worker {self.name} refused: {error}", evidence, "refused")
+            self._alert(Severity.CRITICAL, f"worker {self.name} refused: {error}", evidence, "refused",
+                        AlertKind.RAISED)
         elif changed:  # another holder now: show it, without a second alert
             log.warning("worker %s: still refused: %s", self.name, error)
             self.emit(self.snapshot())
@@ -467,8 +468,8 @@ class Worker:
     def _clear_refusal(self) -> None:
         where = f"port {self.spec.port} on {self.spec.host}"
         log.info("worker %s: %s is free again; launching its server", self.name, where)
-        self._alert("info", f"worker {self.name}: {where} is free again; launching its server",
-                    f"refused before: {self.error}", "refused")
+        self._alert(Severity.INFO, f"worker {self.name}: {where} is free again; launching its server",
+                    f"refused before: {self.error}", "refused", AlertKind.CLEARED)
         self.error = None
 
     async def _wait_for_port(self) -> bool:
@@ -510,7 +511,7 @@ class Worker:
                 self.last_error_lines = [self.error]
                 self._count_crash()
                 self._set_state(WorkerState.CRASHED)
-                self._alert("error", f"worker {self.name} could not be launched", str(exc), "launch")
+                self._alert(Severity.ERROR, f"worker {self.name} could not be launched", str(exc), "launch")
             else:
                 outcome = await self._monitor()
                 if self._stopping:
@@ -529,7 +530,7 @@ class Worker:
             if len(self._crash_times) > self.cfg.workers.max_restarts:
                 self._set_state(WorkerState.FAILED)
                 self._alert(
-                    "critical",
+                    Severity.CRITICAL,
                     f"worker {self.name} failed: {len(self._crash_times)} crashes in {RESTART_WINDOW_S:.0f} s,"
                     f" not restarted again",
                     "\n".join([self.error or ""] + self.last_error_lines), "failed",
@@ -647,7 +648,7 @@ class Worker:
                         health_failures += 1
                         if health_failures >= self.cfg.workers.health_failures and proc.returncode is None:
                             self.error = f"hung: /health failed {health_failures} times while the process lives; killed"
-                            self._alert("error", f"worker {self.name} hung, killing it", self.error, "hung")
+                            self._alert(Severity.ERROR, f"worker {self.name} hung, killing it", self.error, "hung")
                             await self._kill(2.0)
                             return self._crashed(proc.returncode, reason=self.error)
                     next_health = time.monotonic() + min(HEALTH_INTERVAL_S, timeout)
@@ -672,7 +673,7 @@ class Worker:
         log.info("worker %s: identity %s: %s", self.name, check.verdict, check.reason)
         if check.warning and not self._proxy_warned:
             self._proxy_warned = True
-            self._alert("warning", f"worker {self.name}: {check.warning}", self._identity_evidence(check), "proxy")
+            self._alert(Severity.WARNING, f"worker {self.name}: {check.warning}", self._identity_evidence(check), "proxy")
         return check
 
     def _identity_evidence(self, check: IdentityCheck) -> str:
@@ -710,7 +711,7 @@ class Worker:
         self.last_error_lines = evidence_lines
         self._count_crash()
         self._set_state(WorkerState.CRASHED)
-        self._alert("error", f"worker {self.name} crashed ({code})", "\n".join(evidence_lines), "crash")
+        self._alert(Severity.ERROR, f"worker {self.name} crashed ({code})", "\n".join(evidence_lines), "crash")
         return "crashed"
 
     def _count_crash(self) -> None:
@@ -788,6 +789,6 @@ class Worker:
         except ProcessLookupError:
             pass  # whole group already gone: the normal case
 
-    def _alert(self, severity: str, text: str, evidence: str, key: str) -> None:
+    def _alert(self, severity: Severity, text: str, evidence: str, key: str, kind: AlertKind = AlertKind.EVENT) -> None:
         self.emit(AlertEvent(severity=severity, text=text, evidence=redact(evidence, self.cfg.workers.api_key),
-                             key=f"worker:{self.name}:{key}"))
+                             key=f"worker:{self.name}:{key}", kind=kind))

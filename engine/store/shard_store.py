@@ -16,6 +16,9 @@ compacted; and run_dir/state.sqlite (WAL, synchronous=FULL) with the tables
     outcomes(sample_id TEXT PRIMARY KEY, shard_id, outcome, reason, settled_at)
                                                            -- samples settled without a row: rejected | failed
     meta(key TEXT PRIMARY KEY, value)   -- also the data-quality brake's record (brake(), set_brake())
+    alerts(key TEXT PRIMARY KEY, severity, text, evidence, raised_at)
+                                        -- the alerts raised now (engine.store.alert_record): a row per condition that
+                                        -- holds, removed when it is cleared; a restarted supervisor loads them
 
 A commit is: validate rows -> refuse duplicates -> write part-N.parquet.tmp, fsync -> rename to
 part-N.parquet, fsync the directory -> ONE sqlite transaction (part row, every sample id, the
@@ -116,6 +119,8 @@ CREATE TABLE IF NOT EXISTS outcomes(
     settled_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS outcomes_shard ON outcomes(shard_id, outcome);
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS alerts(
+    key TEXT PRIMARY KEY, severity TEXT NOT NULL, text TEXT NOT NULL, evidence TEXT NOT NULL, raised_at REAL NOT NULL);
 """
 
 
@@ -155,6 +160,16 @@ class PartInfo:
     truncated: int = field(default=0, compare=False)
     repetition: int = field(default=0, compare=False)
     shapes: tuple[SampleShape, ...] = field(default=(), compare=False, repr=False)  # each row's, in commit order
+
+
+@dataclass(frozen=True)
+class StoredAlert:
+    """A row of the alerts table: a condition raised and not cleared (engine.store.alert_record)."""
+    key: str
+    severity: str
+    text: str
+    evidence: str
+    raised_at: float
 
 
 class DuplicateSample(Exception):
@@ -525,6 +540,37 @@ class ShardStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot {'record' if record is not None else 'clear'} the data-quality brake in "
                              f"{self.db_path}: {exc}") from exc
+
+    # --- the alerts raised now (engine.store.alert_record) --------------------------------------------
+
+    def raised_alerts(self) -> list[StoredAlert]:
+        """Every alert raised and not cleared, oldest first."""
+        try:
+            with self._lock:
+                rows = self._db.execute("SELECT key, severity, text, evidence, raised_at FROM alerts"
+                                        " ORDER BY raised_at, key").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the raised alerts in {self.db_path}: {exc}") from exc
+        return [StoredAlert(*r) for r in rows]
+
+    def record_alert(self, alert: StoredAlert) -> None:
+        """Record a raised alert (replacing the row of its key); durable (synchronous=FULL) before it returns."""
+        try:
+            with self._lock:
+                self._db.execute("INSERT INTO alerts(key, severity, text, evidence, raised_at) VALUES(?,?,?,?,?)"
+                                 " ON CONFLICT(key) DO UPDATE SET severity=excluded.severity, text=excluded.text,"
+                                 " evidence=excluded.evidence, raised_at=excluded.raised_at",
+                                 (alert.key, alert.severity, alert.text, alert.evidence, alert.raised_at))
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot record the alert {alert.key!r} in {self.db_path}: {exc}") from exc
+
+    def drop_alert(self, key: str) -> None:
+        """Remove a cleared alert's row (nothing when there is none)."""
+        try:
+            with self._lock:
+                self._db.execute("DELETE FROM alerts WHERE key=?", (key,))
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot remove the cleared alert {key!r} from {self.db_path}: {exc}") from exc
 
     # --- commit ------------------------------------------------------------------------------
 

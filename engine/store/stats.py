@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 from engine.text.answer_shape import EMPTY_MAX_VISIBLE_TOKENS, THINK_CLOSE, THINK_OPEN
 from engine.store.shard_store import REPETITION, SHARD_FILE, SHARDS_DIR, STATE_DB, read_committed
 from engine.api.events import AlertEvent
+from engine.api.wire import AlertKind, Severity
 
 SCHEMA = "regen.stats/1"
 DEFAULT_TRAIN_MAX_LENGTH = 4096
@@ -169,7 +170,7 @@ class IntegrityError:
 @dataclass
 class Flag:
     key: str  # stable: "empty_share", "truncated_share", "integrity", "worker:<name>:empty_share", ...
-    severity: str  # warning | error
+    severity: Severity  # warning | error
     text: str
     value: float
     threshold: float | None
@@ -693,17 +694,17 @@ def _flags(s: RunStats) -> list[Flag]:
     flags: list[Flag] = []
     t = s.thresholds
     if s.empty.share > t["empty_share"]:
-        flags.append(Flag("empty_share", "error",
+        flags.append(Flag("empty_share", Severity.ERROR,
                           f"{s.empty.count} of {s.samples} samples ({s.empty.share:.1%}) are empty answers "
                           f"(only the template boilerplate); threshold {t['empty_share']:.1%}",
                           s.empty.share, t["empty_share"]))
     if s.truncated.share > t["truncated_share"]:
-        flags.append(Flag("truncated_share", "warning",
+        flags.append(Flag("truncated_share", Severity.WARNING,
                           f"{s.truncated.count} of {s.samples} samples ({s.truncated.share:.1%}) hit max_new_tokens "
                           f"(finish_reason=length); threshold {t['truncated_share']:.1%}",
                           s.truncated.share, t["truncated_share"]))
     if s.repetition.share > t["repetition_share"]:
-        flags.append(Flag("repetition_share", "warning",
+        flags.append(Flag("repetition_share", Severity.WARNING,
                           f"{s.repetition.count} of {s.samples} samples ({s.repetition.share:.1%}) were stopped as "
                           f"runaway repetition (finish_reason=repetition); threshold {t['repetition_share']:.1%}",
                           s.repetition.share, t["repetition_share"]))
@@ -712,26 +713,39 @@ def _flags(s: RunStats) -> list[Flag]:
             continue  # the run-wide flag already says it; a group is flagged when it stands out
         for g in groups:
             if "empty" in g.flagged:
-                flags.append(Flag(f"{kind}:{g.name}:empty_share", "warning",
+                flags.append(Flag(f"{kind}:{g.name}:empty_share", Severity.WARNING,
                                   f"{kind} {g.name}: {g.empty.count} of {g.samples} samples ({g.empty.share:.1%}) "
                                   "are empty answers", g.empty.share, t["empty_share"]))
     if s.integrity_error_count or s.mask_check.mismatches:
         kinds = sorted({e.kind for e in s.integrity_errors})
-        flags.append(Flag("integrity", "error",
+        flags.append(Flag("integrity", Severity.ERROR,
                           f"{s.integrity_error_count} integrity error(s) ({', '.join(kinds)}); "
                           f"{s.mask_check.mismatches} sample(s) whose loss_mask disagrees with prompt_len/output_len",
                           float(s.integrity_error_count), None))
     return flags
 
 
-def stats_alerts(stats: RunStats) -> list[AlertEvent]:
-    """The quality flags as telemetry alerts (stable keys: the supervisor de-duplicates on them)."""
+STATS_ALERT_PREFIX = "stats."
+
+
+def stats_alerts(stats: RunStats, raised: Iterable[str] = ()) -> list[AlertEvent]:
+    """The quality flags as telemetry alerts: each flag a condition raised under a stable key (`stats.<flag key>`:
+    telemetry's record of raised alerts says it once, engine.store.alert_record), and, for each key of `raised` (the alerts
+    raised now) of a flag these stats no longer have, its `cleared` alert."""
     alerts = []
     for f in stats.flags:
         evidence = {"value": f.value, "threshold": f.threshold, "samples": stats.samples, "run_dir": stats.run_dir}
         if f.key == "integrity":
             evidence["errors"] = [asdict(e) for e in stats.integrity_errors[:5]]
-        alerts.append(AlertEvent(severity=f.severity, text=f.text, evidence=json.dumps(evidence), key=f"stats.{f.key}"))
+        alerts.append(AlertEvent(severity=Severity(f.severity), text=f.text, evidence=json.dumps(evidence),
+                                 key=f"{STATS_ALERT_PREFIX}{f.key}", kind=AlertKind.RAISED))
+    flagged = {a.key for a in alerts}
+    for key in raised:
+        if key.startswith(STATS_ALERT_PREFIX) and key not in flagged:
+            alerts.append(AlertEvent(severity=Severity.INFO, key=key, kind=AlertKind.CLEARED,
+                                     text=f"cleared: {key[len(STATS_ALERT_PREFIX):]}: not flagged by the stats of "
+                                          f"{stats.samples} samples",
+                                     evidence=json.dumps({"samples": stats.samples, "run_dir": stats.run_dir})))
     return alerts
 
 

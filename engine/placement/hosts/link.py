@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
-from engine.api.wire import HostState
+from engine.api.wire import AlertKind, HostState, Severity
 from engine.servers.capacity import BatchSize, ServerCapacity, configured_batch, discover
 from engine.config.load import Host, RunConfig, Workers, dump_toml, host_workers
 from engine.placement.hosts.readings import READINGS_FILE
@@ -406,8 +406,15 @@ class HostLink:
             self.state, self.error = (HostState.DRAINED if self.drained else HostState.UP), None
             self.joins += 1
             if rejoined:
-                self.emit(AlertEvent(severity="info", text=f"host {self.host.name} rejoined; it gets work again",
+                self.emit(AlertEvent(severity=Severity.INFO, text=f"host {self.host.name} rejoined; it gets work again",
                                      evidence=f"{self.host.address}: link up, agent running", key=f"host-rejoin:{self.host.name}"))
+            # the link is up: unreachable / lost end (raised by this link, or by an earlier supervisor of the run;
+            # telemetry says nothing when neither is raised)
+            for key, what in ((f"host-unreachable:{self.host.name}", "can be reached"),
+                              (f"host-lost:{self.host.name}", "is back")):
+                self.emit(AlertEvent(severity=Severity.INFO, key=key, kind=AlertKind.CLEARED,
+                                     text=f"cleared: host {self.host.name} {what}",
+                                     evidence=f"{self.host.address}: link up, agent running"))
             log.info("host %s: up (join %d)", self.host.name, self.joins)
             self._readings_task = asyncio.create_task(self.readings.run(), name=f"readings-{self.host.name}")
             try:
@@ -429,8 +436,8 @@ class HostLink:
         self.readings.mark_stale("the host cannot be reached")  # why: in its host row and alert
         if first:
             log.warning("host %s: %s", self.host.name, why)
-            self.emit(AlertEvent(severity="error", text=f"host {self.host.name} cannot be reached", evidence=why,
-                                 key=f"host-unreachable:{self.host.name}"))
+            self.emit(AlertEvent(severity=Severity.ERROR, text=f"host {self.host.name} cannot be reached", evidence=why,
+                                 key=f"host-unreachable:{self.host.name}", kind=AlertKind.RAISED))
 
     async def _lose(self, reason: str) -> None:
         self.lost_count += 1
@@ -441,8 +448,9 @@ class HostLink:
         # requests open through the forwards fail now instead of at their timeouts: re-dispatched
         await self._close_tunnel()
         log.error("host %s lost: %s", self.host.name, reason)
-        self.emit(AlertEvent(severity="error", text=f"host {self.host.name} lost: its in-flight samples are"
-                             " re-dispatched to the other hosts", evidence=reason, key=f"host-lost:{self.host.name}"))
+        self.emit(AlertEvent(severity=Severity.ERROR, text=f"host {self.host.name} lost: its in-flight samples are"
+                             " re-dispatched to the other hosts", evidence=reason, key=f"host-lost:{self.host.name}",
+                             kind=AlertKind.RAISED))
 
     async def _sleep(self, seconds: float) -> None:
         try:
@@ -603,8 +611,9 @@ class HostLink:
             self._tell_crashes(m, record)  # a crash and relaunch between two reads is said before the rejoin
         if check.verdict == Verdict.PROVEN:
             if m.state == WorkerState.REFUSED:
-                self.emit(AlertEvent(severity="info", text=f"worker {m.name}: its own server answers again; it rejoins",
-                                     evidence=f"refused before: {m.error}", key=f"worker:{m.name}:refused"))
+                self.emit(AlertEvent(severity=Severity.INFO, text=f"worker {m.name}: its own server answers again; it rejoins",
+                                     evidence=f"refused before: {m.error}", key=f"worker:{m.name}:refused",
+                                     kind=AlertKind.CLEARED))
             m.served_model_name = record.served_model_name
             log.info("worker %s: %s", m.name, check.reason)
             return True
@@ -621,8 +630,8 @@ class HostLink:
         if first:
             evidence = f"host: {self.host.name} ({self.host.address})\nserver: {m.url}\n" + (
                 f"agent record: {record.to_json()}" if record else "agent record: none")
-            self.emit(AlertEvent(severity="critical", text=f"worker {m.name} refused on host {self.host.name}: {reason}",
-                                 evidence=evidence, key=f"worker:{m.name}:refused"))
+            self.emit(AlertEvent(severity=Severity.CRITICAL, text=f"worker {m.name} refused on host {self.host.name}: {reason}",
+                                 evidence=evidence, key=f"worker:{m.name}:refused", kind=AlertKind.RAISED))
 
     async def _recheck_refused(self, m: RemoteWorker) -> None:
         """A refused server that stopped answering: once the agent no longer refuses it (the port was

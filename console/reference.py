@@ -47,9 +47,9 @@ def _range_text(prop: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _default_text(prop: dict[str, Any]) -> str:
+def _default_text(prop: dict[str, Any], required: bool) -> str:
     if "default" not in prop:
-        return "required"
+        return "required" if required else "empty"  # a default_factory ({} or []) is no JSON default
     value = prop["default"]
     if value is None:
         return "unset"
@@ -74,7 +74,7 @@ def _table(model, schema: dict[str, Any], defs: dict[str, Any]) -> list[str]:
         if _section_ref(prop):
             continue  # a section: its own table
         meaning = (prop.get("description") or "").replace("\n", " ").replace("|", "\\|")
-        lines.append(f"| `{key}` | {_type_text(prop, defs)} | {_default_text(prop)} | {_range_text(prop)} | "
+        lines.append(f"| `{key}` | {_type_text(prop, defs)} | {_default_text(prop, key in schema.get('required', ()))} | {_range_text(prop)} | "
                      f"{meaning} |")
     return lines
 

@@ -32,8 +32,15 @@ class DiskPanel(Vertical):
         errors = any(d.error is not None for d in disks)  # a host's readings stopped: N/A, and why
         for c in ("host",) * multi + ("path", "free", "total", "used %", "write rate", "full in") + ("error",) * errors:
             t.add_column(c)
+        run = m.run_liveness()  # the supervisor reads the disks: once it is gone, the figures are its last
         for d in disks:
             host = (d.host or "dispatch",) * multi
+            if not run.live and d.error is None:
+                used = 100.0 * (1 - d.free_bytes / d.total_bytes) if d.total_bytes else None
+                t.add_row(*host, d.path, bytes_text(d.free_bytes), bytes_text(d.total_bytes),
+                          "N/A" if used is None else f"{used:.1f}%", "-",
+                          run.mark(m.last_ts), *("",) * errors, style="dim")
+                continue
             if d.error is not None:
                 t.add_row(*host, d.path, "N/A", "N/A", "N/A", "N/A", "N/A", d.error, style="yellow")
                 continue
@@ -48,6 +55,6 @@ class DiskPanel(Vertical):
         self.query_one("#disk-table", Static).update(t)
         unit, size = size_unit(max((d.total_bytes for d in disks), default=0))
         chart = self.query_one("#disk-chart", TimeChart)
-        chart.border_title = f"free space ({unit})"
+        chart.border_title = f"free space ({unit})" + ("" if run.live else f", last readings ({run.text(m.last_ts)})")
         chart.set_y_label(unit)
         chart.draw([(d.label, d.history, 1 / size) for d in disks], empty="no disk readings yet")

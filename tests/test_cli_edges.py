@@ -36,3 +36,46 @@ def test_config_check_of_a_missing_file_names_the_command_it_was_given_to(tmp_pa
     assert err.startswith(f"regen config check: {missing}: (file): cannot be read: [Errno 2] No such file or directory")
     assert err.rstrip().endswith("fix: check the path given to `regen config check`"), err
     assert "--config" not in err
+
+
+# -- piped output: every column whole, as `regen status` prints it -------------------------------------------------
+
+LONG = "a-directory-name-long-enough-that-an-80-column-table-must-cut-it"
+
+
+def _piped_at_80_columns(monkeypatch) -> None:
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)  # capsys: stdout is not a terminal
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+
+
+def test_stats_piped_prints_whole_columns(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    from engine.render import Renderer
+    from engine.shard_store import ShardStore
+    from tests.test_stats import make_row
+
+    renderer = Renderer(str(tiny_model_dir), enable_thinking=True)
+    source = str(tmp_path / LONG / "chat_prompts.jsonl")
+    rows = [{**make_row(renderer, i), "source": source, "worker": f"http://127.0.0.1:30000/{LONG}"} for i in range(6)]
+    with ShardStore(tmp_path) as store:
+        store.ensure_shards({"s00000": 6})
+        store.commit("s00000", rows)
+    _piped_at_80_columns(monkeypatch)
+    main(["stats", str(tmp_path), "--empty-threshold", "1", "--truncated-threshold", "1"])
+    out = capsys.readouterr().out
+    assert source in out and f"http://127.0.0.1:30000/{LONG}" in out, out
+    assert "…" not in out
+
+
+def test_plan_piped_prints_whole_columns(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    from tests.test_plan import write_config, write_prompts
+
+    deep = tmp_path / LONG
+    deep.mkdir()
+    prompts = write_prompts(deep)
+    cfg = write_config(tmp_path, tiny_model_dir, prompts)
+    _piped_at_80_columns(monkeypatch)
+    assert main(["plan", "local", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert all(str(p) in out for p in prompts), out
+    assert "…" not in out

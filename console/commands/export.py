@@ -26,6 +26,7 @@ from console.run_dir_lookup import locate_run_dir
 from console.remote_engine import RemoteEngineError, engine_command, engine_report, recorded_python
 from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport
+from console.wide_console import report_console
 from engine.export.cli_args import add_export_arguments, options_from
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -81,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     elif args.verify:
-        render_verify(data, Console(highlight=False))
+        render_verify(data, report_console(highlight=False))
     else:
-        render(data, Console(highlight=False))
+        render(data, report_console(highlight=False))
     if args.verify:
         return EXIT_OK if data.get("ok") else EXIT_MISMATCH
     return EXIT_OK

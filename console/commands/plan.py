@@ -22,6 +22,7 @@ from rich.text import Text
 from console.hints import cannot_reach
 from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport, quote_argv
+from console.wide_console import report_console
 from engine.wire import duration_text
 
 EXIT_OK, EXIT_FAILED = 0, 2
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        render(data, Console(highlight=False))
+        render(data, report_console(highlight=False))
     return EXIT_OK
 
 

@@ -24,6 +24,7 @@ from console.run_dir_lookup import locate_run_dir
 from console.remote_engine import RemoteEngineError, deployed_engine, engine_command, engine_report, recorded_python
 from console.ssh_options import SshOptions, add_ssh_options
 from console.transport import TransportError, open_transport
+from console.wide_console import report_console
 
 EXIT_OK, EXIT_FLAGGED, EXIT_UNREADABLE = 0, 1, 2
 REMOTE_TIMEOUT_S = 1800.0
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        render(data, Console(highlight=False))
+        render(data, report_console(highlight=False))
     return EXIT_FLAGGED if data.get("flags") else EXIT_OK
 
 

@@ -22,6 +22,7 @@ from console.cause import NOT_RUNNING_STATES, not_running_lines
 from console.deploy import EXIT_OK, add_host_args, run_with_client
 from console.fit_table import Col, fitted_table
 from console.hints import hint_from_args
+from console.wide_console import WIDE, report_console
 from console.commands.status_hardware import hardware_parts
 from console.run_client import RunClientError
 from engine.wire import duration_text
@@ -147,15 +148,11 @@ WORKER_COLUMNS = [Col("name"), Col("state"), Col("gpus", short="gpu"), Col("pid"
                   Col("cache hit", drop=3), Col("error", drop=1)]
 HOST_COLUMNS = [Col("host"), Col("address", drop=2), Col("state"), Col("servers"), Col("joins"), Col("lost"),
                 Col("error", drop=1)]
-WIDE = 10_000  # --wide, or piped: every column whole, lines unwrapped
 
 
 def status_console(wide: bool) -> Console:
     """The terminal's width; full width when asked (--wide) or when the output is not a terminal (piped)."""
-    console = Console()
-    if wide or not console.is_terminal:
-        console = Console(width=WIDE)
-    return console
+    return report_console(wide)
 
 
 def render_status(s: RunStatus, console: Console | None = None, host: str = "") -> Group:

@@ -130,7 +130,8 @@ def package_tree(dst: Path) -> Path:
 
 async def client_for(transport: Transport, run_dir: str, host_python: str = "python3") -> RunClient:
     """A RunClient using the python and engine recorded at start (fallback: `host_python`, no PYTHONPATH)."""
-    abs_dir = await locate_run_dir(transport, run_dir)  # NoSuchRunDir names the path it looked for
+    # NoSuchRunDir names the path it looked for; NotARunDir what that directory holds instead of a run
+    abs_dir = await locate_run_dir(transport, run_dir, require_run=True)
     try:
         result = await transport.run(f"cat -- {shlex.quote(abs_dir + '/' + LAUNCH_FILE)}", timeout=30)
     except TransportError as exc:

@@ -79,3 +79,39 @@ def test_plan_piped_prints_whole_columns(tmp_path, tiny_model_dir, monkeypatch, 
     out = capsys.readouterr().out
     assert all(str(p) in out for p in prompts), out
     assert "…" not in out
+
+
+# -- a directory that is not a run dir: said so before any engine is asked, exit 2 -----------------------------------
+
+def _assert_not_a_run_dir(r, where: str, looked_at, holds: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith(f"{where} is not a run dir: {looked_at} on "), r.stderr
+    assert "holds none of run.toml, state.sqlite, supervisor.log, fatal.json, .regen/" in r.stderr
+    assert f"(it holds: {holds})" in r.stderr
+    assert "A run dir is the directory `regen start` made for a run" in r.stderr
+    for wrong in ("ModuleNotFoundError", "Traceback", "to resume it", "regen start local --config"):
+        assert wrong not in r.stderr + r.stdout, r.stderr
+
+
+def test_status_of_a_directory_that_is_not_a_run_dir_says_so_locally(tmp_path):
+    from tests.test_cli_run import regen
+
+    not_a_run = tmp_path / "not a run"
+    not_a_run.mkdir()
+    (not_a_run / "notes.txt").write_text("x")
+    r = regen("status", "local", "--run-dir", str(not_a_run), home=tmp_path)
+    _assert_not_a_run_dir(r, f"local:{not_a_run}", not_a_run, "notes.txt")
+    for op in (["stop"], ["pause", "--all"], ["status", "--json"]):
+        again = regen(op[0], "local", *op[1:], "--run-dir", str(not_a_run), home=tmp_path)
+        _assert_not_a_run_dir(again, f"local:{not_a_run}", not_a_run, "notes.txt")
+
+
+@pytest.mark.sshd
+def test_status_of_a_directory_that_is_not_a_run_dir_says_so_over_ssh(sshd, tmp_path):
+    from tests.test_cli_run import regen
+
+    not_a_run = tmp_path / "not a run"
+    not_a_run.mkdir()
+    r = regen("status", sshd.alias, "--run-dir", str(not_a_run), "--ssh-config", str(sshd.ssh_config_path),
+              home=tmp_path)
+    _assert_not_a_run_dir(r, f"{sshd.alias}:{not_a_run}", not_a_run, "nothing")

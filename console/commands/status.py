@@ -36,7 +36,7 @@ EXIT_NOT_RUNNING = 4  # the supervisor is gone without a fault recorded: stopped
 EXIT_CODES = """exit status:
   0  a supervisor runs this run dir (any state), or the run is done
   1  the host answered with an error
-  2  nothing to reach: host unreachable, or no run at that run dir
+  2  nothing to reach: host unreachable, no such run dir, or a directory that is not a run dir
   3  the run failed: its supervisor recorded the cause (shown first; --json: "fatal")
   4  the run is not running and recorded no fault: stopped, drained, or killed (state "dead")
   130  --follow interrupted by Ctrl-C (the run goes on)"""

@@ -7,6 +7,7 @@ import pytest
 
 import engine
 from console.cli import main
+from tests.test_cli_run import cleanup_runs, regen  # noqa: F401  (fixture)
 
 
 def test_version_prints_regen_and_the_engine_version(capsys):
@@ -94,8 +95,6 @@ def _assert_not_a_run_dir(r, where: str, looked_at, holds: str) -> None:
 
 
 def test_status_of_a_directory_that_is_not_a_run_dir_says_so_locally(tmp_path):
-    from tests.test_cli_run import regen
-
     not_a_run = tmp_path / "not a run"
     not_a_run.mkdir()
     (not_a_run / "notes.txt").write_text("x")
@@ -108,10 +107,30 @@ def test_status_of_a_directory_that_is_not_a_run_dir_says_so_locally(tmp_path):
 
 @pytest.mark.sshd
 def test_status_of_a_directory_that_is_not_a_run_dir_says_so_over_ssh(sshd, tmp_path):
-    from tests.test_cli_run import regen
-
     not_a_run = tmp_path / "not a run"
     not_a_run.mkdir()
     r = regen("status", sshd.alias, "--run-dir", str(not_a_run), "--ssh-config", str(sshd.ssh_config_path),
               home=tmp_path)
     _assert_not_a_run_dir(r, f"{sshd.alias}:{not_a_run}", not_a_run, "nothing")
+
+
+# -- status --follow of a run that is not running: the same resume line as plain status ---------------------------
+
+def test_follow_of_a_failed_run_prints_the_start_records_line_as_status_does(tmp_path, tiny_model_dir, cleanup_runs):
+    from tests.run_helpers import make_config
+    from tests.test_faults_fatal import start_fails, write_config
+
+    run_dir = tmp_path / "run"
+    cleanup_runs.append(run_dir)
+    missing = tmp_path / "data" / "chat.jsonl"
+    cfg = make_config(run_dir, tiny_model_dir, prompts=10, gpus=1).model_copy(update=dict(prompts=(str(missing),)))
+    config = write_config(tmp_path, cfg)
+    start_fails(config, tmp_path)
+    plain = regen("status", "local", "--run-dir", str(run_dir), home=tmp_path)
+    followed = regen("status", "local", "--run-dir", str(run_dir), "--follow", home=tmp_path, timeout=120)
+    assert plain.returncode == followed.returncode == 3, (plain.stderr, followed.stderr)
+    again = f"  after the fix, start again: cd {tmp_path} && regen start local --config {config} --no-preflight"
+    assert again in plain.stdout.splitlines(), plain.stdout
+    assert again in followed.stdout.splitlines(), followed.stdout
+    assert "start again: regen start" not in followed.stdout  # not the line built without the record
+    assert followed.stdout.splitlines()[0] == plain.stdout.splitlines()[0]  # `failed: PromptFileError: ...` first

@@ -70,7 +70,7 @@ from engine.run.prompt_limit import tightest
 from engine.run.status import Rejects, levels_of, RunStatus, build_run_status, dispatch_figures, shard_statuses
 from engine.run.watch import RunWatch
 from engine.telemetry_events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
-from engine.wire import FINAL_RUN_STATES, RunState, ShardFigures
+from engine.wire import ALREADY_SETTLED, FINAL_RUN_STATES, RunState, ShardFigures
 from engine.placement.fleet import Fleet
 from engine.placement.hosts.link import HostError
 from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
@@ -165,7 +165,7 @@ class Supervisor:
             log.info("every sample is already settled (%d done): nothing to generate", self.ledger.done)
             self.startup.ok("workers", "none launched: every sample is already settled")
             self.mode = RunState.DONE
-            self.end_how, self.end_cause = "done", "every sample was already settled"
+            self.end_how, self.end_cause = "done", ALREADY_SETTLED
             await self._close_early(early)
             # a shard finished by the last start and not yet compacted (it was stopped or killed first)
             await Compactor(self.store, self.ledger, self.emit).drain()

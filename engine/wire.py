@@ -36,6 +36,9 @@ ENDED_RUN_STATES = frozenset({RunState.DONE, RunState.DRAINED, RunState.STOPPED,
 # a supervisor's own last word: the states a run's end is recorded with (run_end events, the last dispatch event)
 FINAL_RUN_STATES = frozenset({RunState.DONE, RunState.STOPPED, RunState.FAILED})
 DISPATCHING_RUN_STATES = frozenset({RunState.RUNNING, RunState.PAUSED, RunState.DISK_FULL})
+# the run_end cause of a start that found every sample already settled (a finished run started again): it generated
+# nothing and exited at once; `regen start` says the run is finished instead of "started"
+ALREADY_SETTLED = "every sample was already settled"
 
 
 class ShardState(StrEnum):

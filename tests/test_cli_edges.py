@@ -134,3 +134,51 @@ def test_follow_of_a_failed_run_prints_the_start_records_line_as_status_does(tmp
     assert again in followed.stdout.splitlines(), followed.stdout
     assert "start again: regen start" not in followed.stdout  # not the line built without the record
     assert followed.stdout.splitlines()[0] == plain.stdout.splitlines()[0]  # `failed: PromptFileError: ...` first
+
+
+# -- start on a finished run: says so (exit 3), leaves no supervisor -----------------------------------------------
+
+def _supervisors_of(run_dir) -> list[int]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "engine.supervisor" in cmd and str(run_dir) in cmd:
+            found.append(p.info["pid"])
+    return found
+
+
+def test_start_on_a_finished_run_says_it_is_finished_and_leaves_no_supervisor(tmp_path, tiny_model_dir,
+                                                                              cleanup_runs):
+    import json
+
+    from tests.run_helpers import make_config, wait_for
+    from tests.test_faults_fatal import write_config
+
+    run_dir = tmp_path / "run"
+    cleanup_runs.append(run_dir)
+    config = write_config(tmp_path, make_config(run_dir, tiny_model_dir, prompts=8, gpus=1))
+    first = regen("start", "local", "--config", str(config), "--no-preflight", home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    wait_for(lambda: not (run_dir / "supervisor.pid").exists(), 120, "the first run to finish")
+    done = regen("status", "local", "--run-dir", str(run_dir), "--json", home=tmp_path)
+    assert json.loads(done.stdout)["state"] == "done", done.stdout
+
+    again = regen("start", "local", "--config", str(config), "--no-preflight", home=tmp_path)
+    assert again.returncode == 3, again.stdout + again.stderr
+    assert "started: supervisor" not in again.stdout
+    said = again.stderr[again.stderr.index("regen start: the run on"):].splitlines()
+    assert said[0].startswith(f"regen start: the run on local:{run_dir} is already finished (state done: "), said
+    assert said[0].endswith("samples, every sample was already settled); nothing was started and no supervisor runs. "
+                            "See it, check it, or export it with:"), said
+    assert said[1:4] == [f"  regen status local --run-dir {run_dir}", f"  regen stats {run_dir}",
+                         f"  regen export {run_dir} --format tokens-jsonl --out OUT"]
+    assert said[4] == "to generate the data again, set run_dir in the config to a new directory"
+    assert _supervisors_of(run_dir) == [] and not (run_dir / "supervisor.pid").exists()
+
+    js = regen("start", "local", "--config", str(config), "--no-preflight", "--json", home=tmp_path)
+    assert js.returncode == 3
+    data = json.loads(js.stdout)
+    assert data["started"] is False and data["already_finished"] is True and data["status"]["state"] == "done"
+    assert _supervisors_of(run_dir) == []

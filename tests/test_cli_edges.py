@@ -182,3 +182,23 @@ def test_start_on_a_finished_run_says_it_is_finished_and_leaves_no_supervisor(tm
     data = json.loads(js.stdout)
     assert data["started"] is False and data["already_finished"] is True and data["status"]["state"] == "done"
     assert _supervisors_of(run_dir) == []
+
+
+# -- a rate from the first commits: the headless demo's lines (and --follow's) are not `- tok/s` throughout ----------
+
+@pytest.mark.slow
+def test_headless_demo_lines_show_a_rate_once_samples_are_committed(tmp_path, cleanup_runs):
+    import re
+
+    run_dir = tmp_path / "demo run"
+    cleanup_runs.append(run_dir)
+    r = regen("demo", "--quick", "--headless", "--until-done", "--gpus", "2", "--prompts", "200", "--run-dir",
+              str(run_dir), home=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    running = [ln for ln in r.stdout.splitlines() if "] running: " in ln]
+    committed = [ln for ln in running if not re.search(r"running: 0/", ln)]
+    assert committed, r.stdout
+    rated = [ln for ln in committed if re.search(r", \d+ tok/s, ", ln)]
+    assert rated, r.stdout  # a rate exists after the first commits
+    ended = [ln for ln in r.stdout.splitlines() if "] done: " in ln]
+    assert ended and "- tok/s" in ended[-1], r.stdout  # the run's end: done, no rate

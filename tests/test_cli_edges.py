@@ -202,3 +202,65 @@ def test_headless_demo_lines_show_a_rate_once_samples_are_committed(tmp_path, cl
     assert rated, r.stdout  # a rate exists after the first commits
     ended = [ln for ln in r.stdout.splitlines() if "] done: " in ln]
     assert ended and "- tok/s" in ended[-1], r.stdout  # the run's end: done, no rate
+
+
+# -- the run's rejects: one count with its parts, the same words in status, --json and the TUI header --------------
+
+def test_rejects_are_one_count_with_its_parts_in_status_json_and_the_tui_header():
+    import io
+
+    from rich.console import Console
+
+    from console.commands.status import render_status
+    from console.tui.model import RunModel
+    from console.tui.widgets import RunHeader
+    from engine.run.status import Rejects, RunStatus
+    from engine.telemetry_events import DispatchEvent
+
+    rejects = Rejects(total=7, by_reason={"malformed_json": 4, "unknown_role": 2, "context_overflow": 1})
+    status = RunStatus(run_dir="/r", state="running", host="gpu-box", pid=1, started_at=0.0, rejects=rejects,
+                       dispatch=DispatchEvent(done=3, total=10, rejected=1))
+    out = io.StringIO()
+    Console(file=out, width=200).print(render_status(status))
+    printed = out.getvalue()
+    assert "rejected samples 1," in printed  # the progress line: the samples' part
+    assert ("rejects 7 (6 input rows, 1 sample rejected); rejects.jsonl rows by reason: context_overflow 1, "
+            "malformed_json 4, unknown_role 2") in printed, printed
+    assert "rejects: 7" not in printed
+
+    said = status.to_dict()["rejects"]
+    assert (said["total"], said["input_rows"], said["samples_rejected"], said["samples_failed"]) == (7, 6, 1, 0)
+    assert RunStatus.from_dict(status.to_dict()).rejects == rejects
+
+    model = RunModel("gpu-box", "/r")
+    model.apply_status(status)
+    header = RunHeader()
+    header.show(model, 1000.0, 10.0)
+    assert "  rejects 7 (6 input rows, 1 sample rejected)" in header.render().plain
+
+    older = RunStatus.from_dict({**status.to_dict(), "rejects": {"total": 7, "by_reason": rejects.by_reason}})
+    assert older.rejects.text() == "7 (6 input rows, 1 sample rejected)"  # an engine that sent no parts
+    assert Rejects(3, {"generation_failed": 2, "earlier_turn_failed": 1}).text() == "3 (3 samples failed)"
+    assert Rejects().text() == "0"
+
+
+def test_every_sample_reject_kind_the_engine_writes_is_counted_as_a_sample():
+    """The ledger and the feed settle samples with these kinds: each must be in engine.wire's sample kinds (else it
+    would be counted as an input row)."""
+    import re
+    from pathlib import Path
+
+    from engine.shard_store import AFTER_CUT
+    from engine.wire import SAMPLE_FAILED_KINDS, SAMPLE_REJECTED_KINDS
+
+    root = Path(__file__).parent.parent / "engine" / "run"
+    written = set()
+    for name in ("ledger.py", "feed.py"):
+        text = (root / name).read_text()
+        written |= set(re.findall(r'kind="([a-z_]+)"', text))
+        written |= set(re.findall(r'"generation_failed" if kind == "failed" else "([a-z_]+)"', text))
+        if 'kind=f"earlier_turn_{kind}"' in text:
+            written |= {"earlier_turn_failed", "earlier_turn_rejected"}
+    written |= {"generation_failed", AFTER_CUT}
+    assert written >= {"sglang_rejected", "earlier_turn_rejected", "template_error", "context_overflow"}, written
+    assert written <= SAMPLE_FAILED_KINDS | SAMPLE_REJECTED_KINDS, written - (SAMPLE_FAILED_KINDS | SAMPLE_REJECTED_KINDS)

@@ -212,9 +212,10 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
         parts.append(hosts_table(s, console))
     parts += [workers, shard_table]
     parts += hardware_parts(s, console)  # GPUs and disks, by host in a multi-host run
-    # every row of rejects.jsonl: input rows refused when read, and samples rejected or failed (by its reason)
-    parts.append(Text(f"rejects: {s.rejects.total} (rejects.jsonl rows, by reason: "
-                      + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none") + ")"))
+    # every row of rejects.jsonl, with its parts (input rows refused when read, samples rejected or failed; the TUI's
+    # header says the same words) and by its reason
+    parts.append(Text(f"rejects {s.rejects.text()}; rejects.jsonl rows by reason: "
+                      + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none")))
     if s.alerts:
         a = Table(title="alerts (latest last)")
         for col in ("time", "severity", "text"):

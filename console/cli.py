@@ -1,9 +1,28 @@
-"""`regen` command line: one module per subcommand under console/commands/."""
+"""`regen` command line (each subcommand is a module under console/commands/, see COMMANDS)."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+
+import engine
+
+# what `regen --help` says of the tool: the operator's view of it and its flow, not the code's layout
+DESCRIPTION = """\
+regen regenerates speculative-decoding drafter training data (DFlash, EAGLE-3) with the target
+model itself: one SGLang server per GPU on a training host reached over SSH (HOST: an ssh alias,
+user@host[:port], or `local` for this machine), writing shards of exact token ids and loss masks.
+
+the flow:
+  regen probe HOST --config run.toml      preflight the host: prompts, model, GPUs, ports, disk
+  regen plan HOST --config run.toml       shards, GPU time, wall time, disk (--pilot N: measured)
+  regen start HOST --config run.toml      start the run, detached (it survives the SSH session)
+  regen status HOST --run-dir DIR         watch it (--follow; or the console: regen tui HOST)
+  regen export HOST:DIR --format F --out PATH
+                                          the files a drafter trainer reads (first: regen stats)
+
+regen demo runs the whole flow on this machine, the SGLang simulator standing in for the GPUs."""
+EPILOG = "`regen COMMAND --help` describes each command, its options and its exit status."
 
 # (subcommand, module under console.commands). Each module has add_arguments(p) and run(args) -> int.
 COMMANDS = [
@@ -24,8 +43,10 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="regen", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="regen", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"regen {engine.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name, help_text in COMMANDS:
         try:
             module = importlib.import_module(f"console.commands.{module_name}")

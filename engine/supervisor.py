@@ -67,10 +67,10 @@ from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
 from engine.run.refusals import RefusalTrip
 from engine.run.prompt_limit import tightest
-from engine.observe.status import Rejects, levels_of, RunStatus, build_run_status, dispatch_figures, shard_statuses
+from engine.observe.status import Rejects, RunStatus, build_run_status, dispatch_figures, levels_of, shard_statuses
 from engine.observe.watch import RunWatch
 from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
-from engine.api.wire import FINAL_RUN_STATES, AlertKind, RunState, Severity, ShardFigures
+from engine.api.wire import ALREADY_SETTLED, AlertKind, FINAL_RUN_STATES, RunState, Severity, ShardFigures
 from engine.placement.fleet import Fleet
 from engine.placement.hosts.link import HostError
 from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
@@ -170,7 +170,7 @@ class Supervisor:
             log.info("every sample is already settled (%d done): nothing to generate", self.ledger.done)
             self.startup.ok("workers", "none launched: every sample is already settled")
             self.mode = RunState.DONE
-            self.end_how, self.end_cause = "done", "every sample was already settled"
+            self.end_how, self.end_cause = "done", ALREADY_SETTLED
             await self._close_early(early)
             # a shard finished by the last start and not yet compacted (it was stopped or killed first)
             await Compactor(self.store, self.ledger, self.emit).drain()

@@ -97,6 +97,10 @@ def test_bad_rows_are_rejected_with_reasons_good_rows_produced_counts_shown(tmp_
     assert counts["total"] == len(BAD_ROWS)
     assert sum(counts["by_reason"].values()) == len(BAD_ROWS)
     assert st_text.returncode == 0, st_text.stderr
-    assert f"rejects: {len(BAD_ROWS)} " in st_text.stdout
+    overflow = sum(1 for _, k in BAD_ROWS if k == "context_overflow")  # a sample (turn), not an input row
+    assert (counts["input_rows"], counts["samples_rejected"], counts["samples_failed"]) == (
+        len(BAD_ROWS) - overflow, overflow, 0), counts
+    assert (f"rejects {len(BAD_ROWS)} ({len(BAD_ROWS) - overflow} input rows, {overflow} sample rejected); "
+            "rejects.jsonl rows by reason: ") in st_text.stdout, st_text.stdout
     for kind in set(expected_kinds):
         assert kind in st_text.stdout

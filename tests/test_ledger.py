@@ -22,10 +22,14 @@ def test_the_commit_rate_is_none_until_measurable_and_counts_only_this_start_and
     rate.add(500, now=0.0)
     assert rate.tokens_per_s(now=1.0) is None  # dispatch has not begun
     rate.start(now=100.0)
-    for t in (101.0, 102.0, 103.0):
-        rate.add(100, now=t)
-    assert rate.tokens_per_s(now=105.0) is None  # under RATE_MIN_SPAN_S since the start
-    assert rate.tokens_per_s(now=100.0 + RATE_MIN_SPAN_S) == 300 / RATE_MIN_SPAN_S  # the earlier 500 is not counted
+    rate.add(100, now=100.5)
+    assert rate.tokens_per_s(now=100.0 + RATE_MIN_SPAN_S) is None  # one commit: not yet a rate
+    rate.add(100, now=101.0)
+    assert rate.tokens_per_s(now=100.0 + RATE_MIN_SPAN_S / 2) is None  # under RATE_MIN_SPAN_S since the start
+    # from the first commits on: every token committed since this start's dispatch, over all that time
+    assert rate.tokens_per_s(now=100.0 + RATE_MIN_SPAN_S) == 200 / RATE_MIN_SPAN_S  # the earlier 500 is not counted
+    rate.add(100, now=103.0)
+    assert rate.tokens_per_s(now=105.0) == 300 / 5.0
     later = 100.0 + RATE_WINDOW_S + 50
     for t in (later - 3, later - 2, later - 1):
         rate.add(60, now=t)

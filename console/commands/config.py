@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
         return 0
     try:
-        cfg = load_config(args.file)
+        cfg = load_config(args.file, given_to="`regen config check`")
     except ConfigError as exc:
         if args.json:
             sys.stdout.write(json.dumps({"valid": False, **exc.to_dict()}, indent=2) + "\n")

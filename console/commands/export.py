@@ -27,6 +27,7 @@ from console.host.remote_engine import RemoteEngineError, engine_command, engine
 from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.transport import TransportError
 from console.host.connect import open_transport
+from console.view.wide_console import report_console
 from engine.export.cli_args import add_export_arguments, options_from
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -82,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     elif args.verify:
-        render_verify(data, Console(highlight=False))
+        render_verify(data, report_console(highlight=False))
     else:
-        render(data, Console(highlight=False))
+        render(data, report_console(highlight=False))
     if args.verify:
         return EXIT_OK if data.get("ok") else EXIT_MISMATCH
     return EXIT_OK

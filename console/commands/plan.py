@@ -24,6 +24,7 @@ from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.transport import TransportError, quote_argv
 from console.host.connect import open_transport
 from engine.api.wire import duration_text
+from console.view.wide_console import report_console
 
 EXIT_OK, EXIT_FAILED = 0, 2
 PLAN_TIMEOUT_S = 3600.0
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        render(data, Console(highlight=False))
+        render(data, report_console(highlight=False))
     return EXIT_OK
 
 

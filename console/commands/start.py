@@ -12,11 +12,15 @@ Then the supervisor is started and watched through its start checks (config, run
 files open, tokenizer loaded, count started, workers launched), one progress line each; a
 supervisor that dies during its start makes `start` exit 1 with its recorded cause and remedy.
 
+A run already finished (every sample settled: state done) is not started again: the supervisor finds nothing to
+generate and exits, and `start` says the run is finished, with how to see, check and export it (exit 3).
+
 Exit status: 0 started (also when some workers could not launch while the others run: a warning line
 `started with 1 of 2 workers: gpu0 refused (...)` says which, and `regen status` shows it); 1 not started as
 configured (preflight refused, bad config, a live supervisor on the run dir, the supervisor failed its start: the
 cause is printed; none of its workers launched, or its start checks did not pass in time: the supervisor may live
-on, and the message says so and that `regen stop` ends it); 2 the host could not be reached.
+on, and the message says so and that `regen stop` ends it); 2 the host could not be reached; 3 the run is already
+finished (state done): nothing was started, and no supervisor is left running.
 """
 from __future__ import annotations
 
@@ -25,9 +29,9 @@ import asyncio
 import json
 import sys
 
-from console.host.deploy import (EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, AlreadyRunning, DeployError, StartFailed,
-                            start_run)
-from console.view.hints import cannot_reach, hint_from_args, typed_again
+from console.host.deploy import (AlreadyFinished, AlreadyRunning, DeployError, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE,
+                                 StartFailed, start_run)
+from console.view.hints import cannot_reach, hint_from_args, run_dir_command, typed_again
 from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.start_record import StartRecord
 from console.host.transport import TransportError
@@ -35,6 +39,8 @@ from console.host.connect import open_transport
 from console.config_probe import config_failed_report, config_passed
 from engine.config.load import ConfigError, load_config
 from probes.render import render_report
+
+EXIT_ALREADY_FINISHED = 3  # the run is done: the supervisor found nothing to generate and exited; nothing runs
 
 # what must hold on every host of a multi-host run for its servers to start
 PREFLIGHT = ("connection", "host.python", "ports", "disk.run_dir", "router.package", "prompts.paths",
@@ -54,7 +60,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=float, default=None, help="preflight: each probe's timeout")
     parser.epilog = ("exit status: 0 started (a warning names workers that did not launch); 1 not started as configured"
                      " (the cause is printed; when the supervisor lives on, e.g. none of its workers launched, it says"
-                     " so and how to stop it); 2 host not reached")
+                     " so and how to stop it); 2 host not reached; 3 the run is already finished (state done):"
+                     " nothing started, no supervisor left running; the message says how to see and export it")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
@@ -93,6 +100,13 @@ def run(args) -> int:
         try:
             started = await start_run(transport, cfg, progress=progress,
                                       record=StartRecord.of(["start", *args.argv[1:]]))
+        except AlreadyFinished as exc:
+            if args.json:
+                print(json.dumps(exc.to_dict(), indent=2))
+            print(f"regen start: {exc}. See it, check it, or export it with:\n  " + "\n  ".join(
+                finished_hints(args, exc.run_dir)) + "\nto generate the data again, set run_dir in the config to a new"
+                " directory", file=sys.stderr)
+            return EXIT_ALREADY_FINISHED
         except AlreadyRunning as exc:
             print(f"regen start: {exc}; watch it, or stop it, with:\n  {watch_hints(args, exc.run_dir)[0]}\n"
                   f"  {hint_from_args(args, 'stop', '--run-dir', exc.run_dir)}", file=sys.stderr)
@@ -128,6 +142,14 @@ def run(args) -> int:
 def watch_hints(args, run_dir: str) -> list[str]:
     """`regen status ...` and `regen tui ...` for the run, shell-quoted, with the SSH options given."""
     return [hint_from_args(args, "status", "--run-dir", run_dir), hint_from_args(args, "tui", "--run-dir", run_dir)]
+
+
+def finished_hints(args, run_dir: str) -> list[str]:
+    """`regen status`, `regen stats` and `regen export` for a finished run, shell-quoted, with the SSH options given."""
+    ssh = SshOptions.from_args(args)
+    return [hint_from_args(args, "status", "--run-dir", run_dir),
+            run_dir_command("stats", args.host, run_dir, ssh=ssh),
+            run_dir_command("export", args.host, run_dir, "--format", "tokens-jsonl", "--out", "OUT", ssh=ssh)]
 
 
 def preflight_host(args, cfg) -> int | None:

@@ -21,10 +21,12 @@ from rich.text import Text
 from console.view.hints import cannot_reach
 from console.host.run_client import RunClientError
 from console.host.run_dir_lookup import locate_run_dir
-from console.host.remote_engine import RemoteEngineError, deployed_engine, engine_command, engine_report, recorded_python
+from console.host.remote_engine import (RemoteEngineError, deployed_engine, engine_command, engine_report,
+                                        recorded_python)
 from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.transport import TransportError
 from console.host.connect import open_transport
+from console.view.wide_console import report_console
 
 EXIT_OK, EXIT_FLAGGED, EXIT_UNREADABLE = 0, 1, 2
 REMOTE_TIMEOUT_S = 1800.0
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        render(data, Console(highlight=False))
+        render(data, report_console(highlight=False))
     return EXIT_FLAGGED if data.get("flags") else EXIT_OK
 
 

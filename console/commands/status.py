@@ -22,6 +22,7 @@ from console.view.cause import NOT_RUNNING_STATES, not_running_lines
 from console.host.deploy import EXIT_OK, add_host_args, run_with_client
 from console.view.fit_table import Col, fitted_table
 from console.view.hints import hint_from_args
+from console.view.wide_console import WIDE, report_console
 from console.commands.status_hardware import hardware_parts
 from console.host.run_client import RunClientError
 from engine.api.wire import AlertKind, duration_text
@@ -35,7 +36,7 @@ EXIT_NOT_RUNNING = 4  # the supervisor is gone without a fault recorded: stopped
 EXIT_CODES = """exit status:
   0  a supervisor runs this run dir (any state), or the run is done
   1  the host answered with an error
-  2  nothing to reach: host unreachable, or no run at that run dir
+  2  nothing to reach: host unreachable, no such run dir, or a directory that is not a run dir
   3  the run failed: its supervisor recorded the cause (shown first; --json: "fatal")
   4  the run is not running and recorded no fault: stopped, drained, or killed (state "dead")
   130  --follow interrupted by Ctrl-C (the run goes on)"""
@@ -147,17 +148,13 @@ WORKER_COLUMNS = [Col("name"), Col("state"), Col("gpus", short="gpu"), Col("pid"
                   Col("cache hit", drop=3), Col("error", drop=1)]
 HOST_COLUMNS = [Col("host"), Col("address", drop=2), Col("state"), Col("servers"), Col("joins"), Col("lost"),
                 Col("error", drop=1)]
-WIDE = 10_000  # --wide, or piped: every column whole, lines unwrapped
 ALERTS_SHOWN = 20  # raised now: the first ones (oldest), and how many more
 EVENTS_SHOWN = 5  # one-shot alert events: the latest
 
 
 def status_console(wide: bool) -> Console:
     """The terminal's width; full width when asked (--wide) or when the output is not a terminal (piped)."""
-    console = Console()
-    if wide or not console.is_terminal:
-        console = Console(width=WIDE)
-    return console
+    return report_console(wide)
 
 
 def render_status(s: RunStatus, console: Console | None = None, host: str = "") -> Group:
@@ -217,9 +214,10 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
         parts.append(hosts_table(s, console))
     parts += [workers, shard_table]
     parts += hardware_parts(s, console)  # GPUs and disks, by host in a multi-host run
-    # every row of rejects.jsonl: input rows refused when read, and samples rejected or failed (by its reason)
-    parts.append(Text(f"rejects: {s.rejects.total} (rejects.jsonl rows, by reason: "
-                      + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none") + ")"))
+    # every row of rejects.jsonl, with its parts (input rows refused when read, samples rejected or failed; the TUI's
+    # header says the same words) and by its reason
+    parts.append(Text(f"rejects {s.rejects.text()}; rejects.jsonl rows by reason: "
+                      + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none")))
     parts += alert_parts(s)
     return Group(*parts)
 

@@ -7,6 +7,7 @@ import asyncio
 import sys
 import time
 
+from console.host import start_record
 from console.commands.status import cause_block, exit_code_of, progress_line
 from console.host.deploy import EXIT_ERROR, EXIT_UNREACHABLE
 from console.host.follow import FollowState, RunFollower, SourceError
@@ -70,12 +71,14 @@ async def follow_status(args) -> int:
         for note in source.take_notes():
             print(_stamp(f"{note.severity}: {note.text}"), file=sys.stderr, flush=True)
 
-    def on_status(status: RunStatus) -> None:
+    async def on_status(status: RunStatus) -> None:
         nonlocal last
         say_notes()
         last = status
         if not status.running:
-            cause = cause_block(status, args).plain.rstrip()
+            # the resume line from the run's start record, as plain `regen status` prints it (one builder: cause_block)
+            record = await start_record.read(source.transport, source.client.run_dir) if source.client else None
+            cause = cause_block(status, args, record).plain.rstrip()
             if cause:
                 print(cause, flush=True)
         figures = status.dispatch or DispatchEvent()

@@ -33,9 +33,8 @@ from console.host.run_dir_lookup import locate_run_dir
 from console.host.ssh_options import SshOptions, add_ssh_options
 from console.view.startup_failure import cause_first, startup_failure_text
 from console.host.transport import Transport, TransportError, quote_argv
-from console.host.start_record import START_RECORD, StartRecord
-from console.host.start_record import read as start_record_read
-from engine.api.wire import LIVE_WORKER_STATES, RunState
+from console.host.start_record import START_RECORD, StartRecord, read as start_record_read
+from engine.api.wire import ALREADY_SETTLED, LIVE_WORKER_STATES, RunState
 from engine.config.load import RunConfig, dump_toml
 from engine.fatal import FatalRecord
 from engine.observe.status import RunStatus
@@ -43,6 +42,7 @@ from engine.servers.startup import StartCheck
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0
+EXIT_WAIT_S = 30.0  # a supervisor that found nothing to generate: time for it to exit (it does so at once)
 WORKERS_FAILED_GRACE_S = 10.0  # a failed workers check: time for the supervisor to exit with its recorded cause
 LOG_TAIL_LINES = 200  # enough to find this start's first line in supervisor.log; a few of them are shown
 LAUNCH_FILE = ".regen/launch.json"
@@ -69,6 +69,19 @@ class StartFailed(DeployError):
         return {"started": False, "run_dir": self.run_dir, "pid": self.pid, "supervisor_alive": self.alive,
                 "error": str(self), "fatal": self.fatal.to_dict() if self.fatal is not None else None,
                 "failed_check": self.check.to_dict() if self.check is not None else None, "log_tail": self.log_tail}
+
+
+class AlreadyFinished(DeployError):
+    """The run was finished already (every sample settled): the supervisor started found nothing to generate and
+    exited; nothing runs (`status`: the run dir's last status, state done)."""
+
+    def __init__(self, message: str, run_dir: str, status: RunStatus):
+        super().__init__(message)
+        self.run_dir, self.status = run_dir, status
+
+    def to_dict(self) -> dict:
+        return {"started": False, "already_finished": True, "run_dir": self.run_dir, "error": str(self),
+                "status": self.status.to_dict()}
 
 
 class AlreadyRunning(DeployError):
@@ -130,7 +143,8 @@ def package_tree(dst: Path) -> Path:
 
 async def client_for(transport: Transport, run_dir: str, host_python: str = "python3") -> RunClient:
     """A RunClient using the python and engine recorded at start (fallback: `host_python`, no PYTHONPATH)."""
-    abs_dir = await locate_run_dir(transport, run_dir)  # NoSuchRunDir names the path it looked for
+    # NoSuchRunDir names the path it looked for; NotARunDir what that directory holds instead of a run
+    abs_dir = await locate_run_dir(transport, run_dir, require_run=True)
     try:
         result = await transport.run(f"cat -- {shlex.quote(abs_dir + '/' + LAUNCH_FILE)}", timeout=30)
     except TransportError as exc:
@@ -196,10 +210,36 @@ async def start_run(transport: Transport, cfg: RunConfig, *, host_python: str | 
 
     client = RunClient(transport, run_dir, host_python=python, engine_path=engine_path)
     status = await wait_started(transport, client, pid, wait_s, progress)
+    if status.state == RunState.DONE:
+        await _refuse_if_already_finished(transport, client, pid)
     # only a start that was accepted: a refused one must not replace the run's own record
     not_recorded = await _put_record(transport, run_dir, record) if record is not None else ""
     return StartedRun(run_dir=run_dir, pid=pid, host_python=python, engine_path=engine_path, status=status,
                       warning="; ".join(w for w in (partial_start(status), not_recorded) if w))
+
+
+async def _refuse_if_already_finished(transport: Transport, client: RunClient, pid: int) -> None:
+    """A start that reached `done` at once: if its supervisor found every sample already settled (its run_end cause,
+    engine.api.wire.ALREADY_SETTLED), wait until it has exited and raise AlreadyFinished; a short run that generated its
+    samples during the start is a start (returns)."""
+    where = f"{transport.name}:{client.run_dir}"
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while await _alive(transport, pid):
+        if time.monotonic() > deadline:
+            raise DeployError(f"the supervisor (pid {pid}) on {where} reported the run done but has not exited within "
+                              f"{EXIT_WAIT_S:.0f} s; `regen stop` ends it")
+        await asyncio.sleep(0.2)
+    try:
+        last = await client.last_status()
+    except RunClientError as exc:
+        raise DeployError(f"the supervisor (pid {pid}) on {where} ended at once (state done), and the run dir's last "
+                          f"status could not be read: {exc}") from exc
+    if last.run_end is None or last.run_end.cause != ALREADY_SETTLED:
+        return
+    d = last.dispatch
+    figures = f"{d.done}/{d.total} samples, " if d is not None else ""
+    raise AlreadyFinished(f"the run on {where} is already finished (state done: {figures}{ALREADY_SETTLED}); "
+                          "nothing was started and no supervisor runs", client.run_dir, last)
 
 
 async def _put_record(transport: Transport, run_dir: str, record: StartRecord) -> str:

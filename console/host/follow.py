@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from enum import StrEnum
+import inspect
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from engine.observe.status import RunStatus
 from engine.api.events import Event
@@ -73,14 +74,14 @@ def _ignore(_: Any) -> None:
 
 class RunFollower:
     """events() yields the run's telemetry across reconnects; on_state gets each FollowState, on_status each status
-    (live, or the run dir's last one when the supervisor is gone), on_warning what could not be read but does not
+    (live, or the run dir's last one when the supervisor is gone; a coroutine function is awaited), on_warning what could not be read but does not
     stop the loop. watch_ended: after the run ended, keep checking every ended_check_s whether it runs again (the
     TUI) instead of returning (`regen status --follow`). `stopped_by` is the error that stopped it, if any.
     One follower keeps its place (the last ts) across calls of events(), e.g. after a refusal and ctrl+r."""
 
     def __init__(self, source: FollowSource, *, since: float | None,
                  on_state: Callable[[FollowState], None] = _ignore,
-                 on_status: Callable[[RunStatus], None] = _ignore,
+                 on_status: Callable[[RunStatus], None | Awaitable[None]] = _ignore,
                  on_warning: Callable[[str], None] = _ignore,
                  backoff: Backoff = Backoff(), ended_check_s: float = 15.0, watch_ended: bool = True,
                  wake: asyncio.Event | None = None):
@@ -131,20 +132,25 @@ class RunFollower:
     async def _status(self) -> bool:
         """Whether a supervisor runs the run; either way the status to show goes to on_status."""
         try:
-            self.on_status(await self.source.status())
+            await self._said(await self.source.status())
             return True
         except SourceError as exc:
             if exc.kind != "no_supervisor":
                 raise
             self.on_state(FollowState(ConnectionState.ENDED, str(exc)))
         try:
-            self.on_status(await self.source.last_status())
+            await self._said(await self.source.last_status())
         except SourceError as exc:
             if exc.kind == "connection":
                 raise
             if exc.kind != "no_supervisor":  # a recording without a status has nothing more to say; else: say it
                 self.on_warning(f"the run dir's last state could not be read: {exc}")
         return False
+
+    async def _said(self, status: RunStatus) -> None:
+        said = self.on_status(status)
+        if inspect.isawaitable(said):
+            await said
 
     def _fresh(self, ev: Event) -> bool:
         """False for an event already delivered: a backfill starts at last_ts inclusive."""

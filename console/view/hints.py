@@ -20,6 +20,15 @@ def regen_command(cmd: str, host: str, *rest: str, ssh: SshOptions = SshOptions(
     return shlex.join(argv)
 
 
+def run_dir_command(cmd: str, host: str, run_dir: str, *rest: str, ssh: SshOptions = SshOptions()) -> str:
+    """`regen cmd DIR|HOST:DIR rest...` for the commands that take a run dir as their target (stats, export): the
+    plain DIR for `local` (a run dir here), else HOST:DIR with the SSH options given."""
+    argv = [PROG, cmd, run_dir if host == "local" else f"{host}:{run_dir}", *rest]
+    if host != "local":
+        argv += ssh.hint_argv()
+    return shlex.join(argv)
+
+
 def hint_from_args(args: argparse.Namespace, cmd: str, *rest: str, accept_new: bool = False) -> str:
     """The same for the host and SSH options of a parsed command line (args.host, args.ssh_config, args.accept_new)."""
     return regen_command(cmd, args.host, *rest, ssh=SshOptions.from_args(args), accept_new=accept_new)

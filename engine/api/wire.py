@@ -36,6 +36,16 @@ ENDED_RUN_STATES = frozenset({RunState.DONE, RunState.DRAINED, RunState.STOPPED,
 # a supervisor's own last word: the states a run's end is recorded with (run_end events, the last dispatch event)
 FINAL_RUN_STATES = frozenset({RunState.DONE, RunState.STOPPED, RunState.FAILED})
 DISPATCHING_RUN_STATES = frozenset({RunState.RUNNING, RunState.PAUSED, RunState.DISK_FULL})
+# rejects.jsonl kinds of the samples (turns) a run settled without generating them; every other kind is an input row
+# refused when the prompt files were read (malformed_json, unknown_role, duplicate_id, ...). The ledger writes these:
+# a server's refusal or spent retries (and the later turns that chained on it), a turn after a cut one
+# (turns_after_cut = "stop"), a turn that does not render or fit the context (the feed's Unfit)
+SAMPLE_FAILED_KINDS = frozenset({"generation_failed", "earlier_turn_failed"})
+SAMPLE_REJECTED_KINDS = frozenset({"sglang_rejected", "earlier_turn_rejected", "after_cut", "template_error",
+                                   "context_overflow"})
+# the run_end cause of a start that found every sample already settled (a finished run started again): it generated
+# nothing and exited at once; `regen start` says the run is finished instead of "started"
+ALREADY_SETTLED = "every sample was already settled"
 
 
 class ShardState(StrEnum):

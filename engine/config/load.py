@@ -48,12 +48,14 @@ def config_from_dict(data: Any, source_path: str | None = None) -> RunConfig:
     return cfg.with_source(source_path)
 
 
-def load_config(path: str | Path) -> RunConfig:
+def load_config(path: str | Path, given_to: str = "--config") -> RunConfig:
+    """given_to: where the operator gave the path (an option, or a command such as `regen config check`): the fix
+    of an unreadable file names it."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError([ConfigIssue("(file)", f"cannot be read: {exc}", "check the path given to --config")],
+        raise ConfigError([ConfigIssue("(file)", f"cannot be read: {exc}", f"check the path given to {given_to}")],
                           str(path)) from exc
     try:
         data = tomllib.loads(raw.decode("utf-8"))

@@ -24,7 +24,7 @@ RunStatus fields (the JSON keys of the reply):
                  telemetry.jsonl recorded), one-shot events and the conditions' raised / cleared lines alike (`kind`)
   shards         one ShardFigures (engine.api.wire) per shard (figures below, and `state` by shard_state)
   rejects        Rejects: every row of rejects.jsonl (input rows refused when read, and samples rejected or failed),
-                 total and by reason
+                 total, by reason, and its parts: input_rows, samples_rejected, samples_failed (they sum to total)
   run_end        offline: the supervisor's last word (RunEndEvent: how it ended, why), or null
   last_state     offline: the state of the last dispatch event recorded (live: null)
   log            the supervisor's log (run_dir/supervisor.log)
@@ -73,8 +73,8 @@ from engine.fatal import FatalRecord
 from engine.run.brake import BrakeStatus
 from engine.servers.startup import StartCheck
 from engine.api.events import AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, WorkerEvent
-from engine.api.wire import duration_text
-from engine.api.wire import DISPATCHING_RUN_STATES, AlertLevels, ShardFigures, decode
+from engine.api.wire import (AlertLevels, DISPATCHING_RUN_STATES, SAMPLE_FAILED_KINDS, SAMPLE_REJECTED_KINDS,
+                             ShardFigures, decode, duration_text)
 
 if TYPE_CHECKING:  # the console reads this module: the ledger's (pyarrow via the shard store) stays out of its imports
     from engine.config.load import RunConfig
@@ -134,9 +134,31 @@ def dispatch_figures(shards: Mapping[str, ShardCounts], state: str, *, rate: Com
 
 @dataclass
 class Rejects:
-    """rejects.jsonl: every row (input rows refused when read, and samples rejected or failed), by reason."""
+    """rejects.jsonl: every row, by reason (its kind), and the parts they sum to: input rows refused when read, and the
+    samples settled without being generated, rejected or failed (engine.api.wire's SAMPLE_*_KINDS). The parts are derived
+    from by_reason when not given (the engine's status, an older engine's reply)."""
     total: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
+    input_rows: int | None = None
+    samples_rejected: int | None = None
+    samples_failed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.samples_rejected is None:
+            self.samples_rejected = sum(n for k, n in self.by_reason.items() if k in SAMPLE_REJECTED_KINDS)
+        if self.samples_failed is None:
+            self.samples_failed = sum(n for k, n in self.by_reason.items() if k in SAMPLE_FAILED_KINDS)
+        if self.input_rows is None:
+            self.input_rows = max(0, self.total - self.samples_rejected - self.samples_failed)
+
+    def text(self) -> str:
+        """`7 (6 input rows, 1 sample rejected)`: the count and its parts, in the words `regen status` and the TUI's
+        header both print (the progress line's `rejected samples N` / `failed N` are the samples' part)."""
+        parts = [f"{n} {what}" for n, what in (
+            (self.input_rows, "input row" if self.input_rows == 1 else "input rows"),
+            (self.samples_rejected, "sample rejected" if self.samples_rejected == 1 else "samples rejected"),
+            (self.samples_failed, "sample failed" if self.samples_failed == 1 else "samples failed")) if n]
+        return f"{self.total} ({', '.join(parts)})" if parts else str(self.total)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from engine.store.shard_store import PartInfo, ShardProgress
 
 RATE_WINDOW_S = 60.0
-RATE_MIN_SPAN_S = 10.0  # a rate over less time than this is noise (one commit of many rows)
-RATE_MIN_COMMITS = 3
+# a rate exists from the first commits: the span runs from this start's dispatch (never less), so an early rate is
+# every token committed since then over all that time, warm-up included: low at worst, never a spike; a rate needs
+# two commits (one commit of many rows over a short span says more of the part size than of the pace) and 2 s
+RATE_MIN_SPAN_S = 2.0
+RATE_MIN_COMMITS = 2
 
 
 @dataclass

@@ -157,3 +157,19 @@ def test_plan_warns_when_prompts_leave_less_room_than_max_new_tokens(tiny_model_
     assert cli_main(["plan", "local", "--config", str(roomy), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["warnings"] == [] and d["context"]["over_limit"] == d["context"]["capped"] == 0
+
+
+def test_a_probe_timeout_cuts_the_scan_budget_so_the_scan_can_say_how_far_it_read(tiny_model_dir, tmp_path):
+    from tests.test_cli_run import regen
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(sharegpt(i)) + "\n" for i in range(10)))
+    cfg = plan_config(tmp_path, tiny_model_dir, path, 8192)
+    cfg.write_text(cfg.read_text().replace("context_length", f"host_python = {json.dumps(sys.executable)}\n"
+                                                             "context_length"))
+    r = regen("probe", "local", "--config", str(cfg), "--only", "prompts.format", "--timeout", "20", "--json",
+              home=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fmt = next(p for p in json.loads(r.stdout)["probes"] if p["id"] == "prompts.format")
+    assert fmt["status"] == "PASS" and '"budget_s": 12.0' in fmt["command"]
+    assert fmt["summary"].startswith("read 10 of 10 rows (every row) in 1 file(s)")

@@ -81,8 +81,12 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
                      accept_new_command: str | None = None) -> tuple[ProbeReport, bool]:
     """The report, and whether the host was reached. accept_new_command: the remedy shown for a host not yet
     in known_hosts (the operator's command line again, with --accept-new)."""
+    import dataclasses
+
     from console.transport import TransportError, open_transport
 
+    if timeout_s is not None:  # each probe's command is cut at timeout_s: the prompt scans stop well before it
+        ctx = dataclasses.replace(ctx, scan_budget_s=min(ctx.scan_budget_s, SCAN_SHARE_OF_TIMEOUT * timeout_s))
     t0 = time.monotonic()
     try:
         transport = await open_transport(host, accept_new=accept_new, connect_timeout=timeout_s or 10.0,
@@ -109,6 +113,9 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
     return report, True
 
 
+# with --timeout S, the prompt probes read rows for at most this share of S (then say how far they read), leaving the
+# rest for the tokenizer and the reply: a scan cut by the timeout would say nothing at all
+SCAN_SHARE_OF_TIMEOUT = 0.6
 DISPATCH_PROBES = {"prompts", "disk.run_dir", "run_dir.resume", "router.package", "model.dir"}
 SLURM_PROBES = {"slurm"}
 GPU_HOST_PROBES = {"packages", "sampling.seed", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "model.weights", "ports"}

@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from probes.context import DETERMINISTIC_FLAG, GIB, REHEARSAL, ProbeContext
+from probes.context import DETERMINISTIC_FLAG, GIB, REHEARSAL, ProbeContext, prompt_input_limit
 from probes.host import script
 from probes.host.candidates import candidate_words, describe, search_from_dict
 from probes.shell import shell_path
@@ -824,12 +824,29 @@ def judge_weights(res: CommandResult, inp: JudgeInput) -> Verdict:
 
 
 def prompts_args(ctx: ProbeContext, mode: str) -> dict:
-    args: dict[str, Any] = {"mode": mode, "patterns": list(ctx.prompts), "format": ctx.prompt_format,
-                            "sample": ctx.sample_rows}
+    args: dict[str, Any] = {"mode": mode, "patterns": list(ctx.prompts), "format": ctx.prompt_format}
+    if mode in ("format", "tokens"):
+        args["budget_s"] = ctx.scan_budget_s
     if mode == "tokens":
-        args["tokenizer"] = ctx.tokenizer_path
-        args["enable_thinking"] = ctx.enable_thinking
+        args.update(tokenizer=ctx.tokenizer_path, enable_thinking=ctx.enable_thinking, turns=ctx.turns,
+                    sample=ctx.sample_rows, ends=ctx.end_rows, longest=ctx.longest_rows)
     return args
+
+
+def rows_read_words(files: list[dict], budget_s: float | None) -> tuple[str, bool]:
+    """(`read 914,000 of 914,000 rows (every row)`, whether every row of every file was read)."""
+    ok = [fr for fr in files if not fr.get("error")]
+    read = sum(fr.get("read", 0) for fr in ok)
+    rows = sum(fr.get("rows") or 0 for fr in ok)
+    complete = all(fr.get("complete") for fr in ok)
+    exact = all(fr.get("rows_exact") for fr in ok)
+    if complete:
+        return f"read {read:,} of {rows:,} rows (every row)", True
+    why = sorted({fr.get("stopped") or "?" for fr in ok if not fr.get("complete")})
+    budget = f" of {budget_s:g} s" if budget_s is not None and "time budget" in why else ""
+    unknown = sum(1 for fr in ok if fr.get("rows") is None)
+    total = f"{'' if exact else '~'}{rows:,} rows" + (f" and {unknown} file(s) of unknown rows" if unknown else "")
+    return f"read {read:,} of {total} (stopped: {', '.join(why)}{budget})", False
 
 
 def legacy_candidates(missing: list[dict]) -> dict:
@@ -898,7 +915,7 @@ def judge_prompt_format(res: CommandResult, inp: JudgeInput) -> Verdict:
     f = Findings()
     by_source: dict[str, int] = {}
     shapes: dict[str, int] = {}
-    sampled = good = with_assistant = user_turns = rows = bytes_sampled = 0
+    read = good = with_assistant = user_turns = rows = bytes_read = 0
     malformed: list[dict] = []
     malformed_total = 0
     for fr in files:
@@ -906,49 +923,59 @@ def judge_prompt_format(res: CommandResult, inp: JudgeInput) -> Verdict:
             f.fail(f"{fr['path']}: {fr['error']}",
                    f"install pyarrow into {inp.ctx.python}" if fr.get("import_error") else "")
             continue
-        sampled += fr["sampled"]
+        read += fr["read"]
         good += fr["good"]
         with_assistant += fr["with_assistant"]
         user_turns += fr["user_turns"]
         rows += fr.get("rows") or 0
-        bytes_sampled += fr.get("bytes_sampled") or 0
+        bytes_read += fr.get("bytes_read") or 0
         malformed += fr["malformed"]
         malformed_total += fr["malformed_count"]
         for k, v in fr["by_source"].items():
             by_source[k] = by_source.get(k, 0) + v
         for k, v in fr["shapes"].items():
             shapes[k] = shapes.get(k, 0) + v
-        if fr["sampled"] and not fr["good"]:
-            f.fail(f"{fr['path']}: none of the {fr['sampled']} sampled rows is a usable conversation "
+        if fr["read"] and not fr["good"]:
+            f.fail(f"{fr['path']}: none of the {fr['read']:,} rows read is a usable conversation "
                    f"(first: {fr['malformed'][0]['where']}: {fr['malformed'][0]['reason']})",
                    "expected ShareGPT (conversations: [{from, value}]) or OpenAI (messages: [{role, content}]) rows")
-        elif not fr["sampled"]:
+        elif not fr["read"] and fr.get("complete"):
             f.warn(f"{fr['path']}: the file is empty ({fr.get('size')} bytes, no rows)")
-    if files and not good and not any(fr.get("error") for fr in files):
+    if files and not good and (read or all(fr.get("complete") for fr in files)) \
+            and not any(fr.get("error") for fr in files):
         f.fail("no usable conversation in any prompt file")
+    read_words, complete = rows_read_words(files, info.get("budget_s"))
     if malformed_total:
-        f.warn(f"{malformed_total} malformed row(s) in the sample, e.g. "
+        f.warn(f"{malformed_total:,} malformed row(s) of the {read:,} read, e.g. "
                + "; ".join(f"{m['where']}: {m['reason']}" for m in malformed[:3]),
                "malformed rows are skipped and logged to rejects.jsonl; fix them at the source to keep them")
+    if not complete and any(not fr.get("error") for fr in files):
+        f.warn(f"not every row was checked: {read_words}",
+               "the rows not read here are checked as the run reads them (each bad one to rejects.jsonl); "
+               "`regen plan` reads every row")
     mixed = sum(v for k, v in shapes.items() if k.startswith("mixed"))
     if mixed:
         f.warn(f"{mixed} row(s) mix ShareGPT (from/value) and OpenAI (role/content) turns in one conversation")
     share = with_assistant / good if good else 0.0
-    data = {"files": files, "sampled": sampled, "good": good, "malformed_count": malformed_total,
+    data = {"files": files, "read": read, "complete": complete, "good": good, "malformed_count": malformed_total,
             "malformed": malformed, "by_source": by_source, "shapes": shapes, "assistant_share": share,
             "rows": rows, "user_turns_mean": (user_turns / good) if good else None,
-            "row_bytes_mean": (bytes_sampled / sampled) if sampled and bytes_sampled else None}
+            "row_bytes_mean": (bytes_read / read) if read and bytes_read else None, "read_s": info.get("read_s")}
     actual = "\n".join(
-        [f"{fr['path']}: {fr.get('format')}, {fr.get('rows')} rows{'' if fr.get('rows_exact') else ' (estimated)'}, "
-         f"sampled {fr['sampled']}, good {fr['good']}, malformed {fr['malformed_count']}"
+        [f"{read_words} in " + (f"{info['read_s']:.1f} s" if info.get("read_s") is not None else "?")]
+        + [f"{fr['path']}: {fr.get('format')}, "
+           + (f"{fr['rows']:,} rows{'' if fr.get('rows_exact') else ' (estimated)'}" if fr.get("rows") is not None
+              else "rows unknown") + ", "
+         f"read {fr['read']:,}{'' if fr.get('complete') else ' (stopped: ' + str(fr.get('stopped')) + ')'}, "
+         f"good {fr['good']:,}, malformed {fr['malformed_count']:,}"
          if not fr.get("error") else f"{fr['path']}: {fr['error']}" for fr in files]
         + [f"  {m['where']}: {m['reason']}" for m in malformed[:20]]
         + ([f"  ... {malformed_total - 20} more"] if malformed_total > 20 else []))
-    summary = (f"{rows} rows in {len(files)} file(s); sample {good}/{sampled} good; shapes "
-               + ", ".join(f"{k} {v}" for k, v in shapes.items())
+    summary = (f"{read_words} in {len(files)} file(s): {good:,} good; shapes "
+               + ", ".join(f"{k} {v:,}" for k, v in shapes.items())
                + f"; {share:.0%} already have assistant answers; sources: "
-               + ", ".join(f"{k} {v}" for k, v in sorted(by_source.items(), key=lambda kv: -kv[1])[:5]))
-    return f.verdict(summary, expected=f"rows in a known shape (sample of up to {inp.ctx.sample_rows} per file)",
+               + ", ".join(f"{k} {v:,}" for k, v in sorted(by_source.items(), key=lambda kv: -kv[1])[:5]))
+    return f.verdict(summary, expected=f"every row in a known shape (every row read, within {inp.ctx.scan_budget_s:g} s)",
                      actual=actual, data=data)
 
 
@@ -961,34 +988,57 @@ def judge_prompt_tokens(res: CommandResult, inp: JudgeInput) -> Verdict:
     ctx = inp.ctx
     model = inp.dep_data("model.dir")
     context = model.get("context_length") or ctx.context_length
-    expected = f"prompts fit the context ({context} tokens) with room for max_new_tokens {ctx.max_new_tokens}"
+    limit = prompt_input_limit(context) if context else None
+    expected = (f"prompts under SGLang's input limit ({limit:,} tokens: context {context:,} - 6) with room for "
+                f"max_new_tokens {ctx.max_new_tokens}" if limit else "prompt lengths (the context is unknown)")
     if tok.get("error"):
         remedy = f"install transformers into {ctx.python}" if tok.get("stage") == "import" else \
             "check the tokenizer files in the model dir"
         return Verdict(Status.FAIL, tok["error"], expected, tok["error"], remedy, data=tok)
     f = Findings()
     lengths = tok.pop("lengths", [])
+    checked = tok.pop("checked_lengths", [])
+    read_words, complete = rows_read_words(info.get("files", []), info.get("budget_s"))
+    how = f"{read_words}; rendered {tok.get('checked', len(checked)):,}: {tok.get('how', '')}"
     if tok.get("template_failure_count"):
-        f.warn(f"the chat template failed on {tok['template_failure_count']} sampled row(s), e.g. "
+        f.warn(f"the chat template failed on {tok['template_failure_count']} rendered row(s), e.g. "
                + "; ".join(f"{x['where']}: {x['reason']}" for x in tok["template_failures"][:3]))
     if not lengths:
-        f.fail("no sampled row could be rendered through the chat template")
-        return f.verdict("", expected=expected, data=tok)
-    over = sum(1 for n in lengths if context and n >= context)
+        f.fail("no row read could be rendered through the chat template")
+        return f.verdict("", expected=expected, actual=how, data=tok)
+    over = [t for t in tok.get("top", []) if limit and t["tokens"] >= limit]
+    over_n = sum(1 for n in checked if limit and n >= limit)
+    longest = tok.get("longest_lengths") or []
+    # every one of the longest-by-characters rows is over the limit: more rows than those may be
+    at_least = "at least " if limit and longest and len(longest) >= tok.get("longest_asked", 0) > 0 \
+        and min(longest) >= limit else ""
     p50, p99 = tok["p50"], tok["p99"]
-    if context:
-        if p50 >= context:
-            f.fail(f"half the prompts are >= the context length {context} (p50 {p50})", "raise context_length or "
-                   "filter the prompts")
-        elif over:
-            f.warn(f"{over} of {len(lengths)} sampled prompts are >= the context length {context}; those will fail")
+    if limit:
+        if p50 >= limit:
+            f.fail(f"half the prompts are over SGLang's input limit {limit:,} (context {context:,}; p50 {p50:,})",
+                   "raise context_length (if the model allows it) or filter the prompts")
+        elif over_n:
+            rows_read = sum(fr.get("read", 0) for fr in info.get("files", []) if not fr.get("error"))
+            f.warn(f"{at_least}{over_n:,} prompt(s) over SGLang's input limit of {limit:,} tokens (context "
+                   f"{context:,}), found among {len(checked):,} rendered of {rows_read:,} rows read (the longest by "
+                   "characters included): those turns are rejected, not generated, each to rejects.jsonl; e.g. "
+                   + ", ".join(f"{t['where']} ({t['tokens']:,} tokens)" for t in over[:3]),
+                   "filter those rows out of the prompt files to keep the counts true, or raise context_length (a "
+                   "model whose context allows it)")
         elif ctx.max_new_tokens and p99 + ctx.max_new_tokens > context:
             f.warn(f"p99 prompt {p99} + max_new_tokens {ctx.max_new_tokens} > context {context}: long answers will be "
                    "cut at the context length (finish_reason length)")
-    tok.update(context_length=context, over_context=over)
+    if not complete:
+        f.warn(f"not every row was read: {read_words}",
+               "the rows not read here are checked as the run reads them (an over-long prompt is a reject); "
+               "`regen plan` reads every row")
+    tok.update(context_length=context, input_limit=limit, over_context=over_n, over_examples=over[:10],
+               read_words=read_words, complete=complete)
     return f.verdict(f"prompt tokens p50 {p50} / p90 {tok['p90']} / p99 {p99} / max {tok['max']} over {len(lengths)} "
-                     f"rows; context {context}", expected=expected,
-                     actual=f"p50 {p50}, p90 {tok['p90']}, p99 {p99}, max {tok['max']}, mean {tok['mean']:.0f}",
+                     f"rows spread over the file(s) and the {len(longest)} longest; {read_words}; context {context}",
+                     expected=expected,
+                     actual=f"p50 {p50}, p90 {tok['p90']}, p99 {p99}, max {tok['max']}, mean {tok['mean']:.0f}\n{how}"
+                     + "".join(f"\n  {t['where']}: {t['tokens']:,} tokens" for t in tok.get("top", [])[:5]),
                      data=tok)
 
 
@@ -1140,10 +1190,10 @@ def _catalog() -> list[Probe]:
               real_gpus=True),
         Probe("prompts.paths", "prompt files exist", lambda c: python_command(c, "prompts", prompts_args(c, "paths")),
               judge_prompt_paths, needs=py, timeout_s=60, script="prompts", config="config"),
-        Probe("prompts.format", "prompt rows (sample): shape, sources, malformed rows",
+        Probe("prompts.format", "prompt rows (every row): shape, sources, malformed rows",
               lambda c: python_command(c, "prompts", prompts_args(c, "format")), judge_prompt_format,
               needs=("prompts.paths",), timeout_s=180, script="prompts", config="config"),
-        Probe("prompts.tokens", "prompt token lengths through the chat template vs the context",
+        Probe("prompts.tokens", "prompt token lengths through the chat template vs the context (every row read)",
               lambda c: python_command(c, "prompts", prompts_args(c, "tokens")), judge_prompt_tokens,
               needs=("prompts.format", "model.dir"), timeout_s=180, script="prompts", config="config"),
         Probe("ports", "worker ports free", lambda c: python_command(c, "ports", {"host": c.bind_host,

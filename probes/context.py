@@ -19,6 +19,15 @@ _SIMULATOR_LAUNCH = re.compile(r"(?:^|\s)-m\s*engine\.simulator(?:\s|$)")
 # SGLang reads a request's sampling_seed only on a server launched with this flag (contract 7.3;
 # engine/config/load.py DETERMINISTIC_FLAG, which refuses a seed without it at config load)
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+# SGLang refuses a prompt of min(context_len - 1, max_total_num_tokens - 1) - 5 tokens or more (contract 7.4; the
+# engine's copy, which the run's feed applies: engine/run/prompt_limit.py INPUT_MARGIN); with the context alone
+# known, prompts of context - 6 tokens or more are refused
+PROMPT_INPUT_MARGIN = 5
+
+
+def prompt_input_limit(context_length: int) -> int:
+    """Prompts of this many tokens or more are refused by a server of this context length (turns rejected)."""
+    return context_length - 1 - PROMPT_INPUT_MARGIN
 
 
 def is_rehearsal(launch: str | None) -> bool:
@@ -72,7 +81,13 @@ class ProbeContext:
     content_fields: dict[str, Any] = field(default_factory=dict)
     # the console asking watches this run dir (the TUI attached to it): a live supervisor there is the run's own
     attached: bool = False
-    sample_rows: int = 1000  # rows per prompt file read by prompts.format / prompts.tokens
+    # prompts.format and prompts.tokens read every row of every prompt file (until scan_budget_s); prompts.tokens
+    # renders through the chat template sample_rows rows spread over all of them, each file's first and last
+    # end_rows, and the longest_rows longest prompts by characters
+    sample_rows: int = 1000
+    end_rows: int = 5
+    longest_rows: int = 64
+    scan_budget_s: float = 120.0
     router_python: str | None = None  # multi-host dispatch host: the python that runs sglang-router
     launch: str = ""  # workers.launch of the run config ("" without a config)
     launch_args: tuple[str, ...] = ()  # workers.extra_args, added to the launch line

@@ -185,9 +185,11 @@ def test_messages_jsonl_has_modelopt_rows(finished_run, tmp_path):
     out = tmp_path / "mj"
     export(run_dir, out, "messages-jsonl")
     rows = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
-    assert rows and all(set(r) == {"conversation_id", "messages"} for r in rows)
+    assert rows and all(set(r) == {"sample_id", "conversation_id", "turn", "messages"} for r in rows)
     for r in rows:
-        s = shard[r["conversation_id"]]
+        # the row's own id is sample_id; conversation_id is the conversation's, shared by its turns
+        assert r["sample_id"] == f"{r['conversation_id']}#turn{r['turn']}"
+        s = shard[r["sample_id"]]
         final = r["messages"][-1]["content"]
         assert final.startswith("<think>\n") and final == renderer.history_answer(s["input_ids"][s["prompt_len"]:])
 

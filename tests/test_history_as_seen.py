@@ -29,7 +29,7 @@ def _exported(out, fmt: str) -> list[tuple[str, list[dict]]]:
         return [(r["id"], r["conversations"][:-1]) for r in rows]
     if fmt == "messages-jsonl":
         rows = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
-        return [(r["conversation_id"], r["messages"][:-1]) for r in rows]
+        return [(r["sample_id"], r["messages"][:-1]) for r in rows]
     rows = pq.read_table(sorted(out.glob("*.parquet"))).to_pylist()
     return [(r["id"], r["messages"][:-1]) for r in rows]
 

@@ -175,7 +175,7 @@ def test_malformed_rows_reported_with_file_and_line(tiny_model_dir, tmp_path):
     assert where[f"{bad}:6"]["kind"] == "unknown_role"
     assert r.data["good"] == 2 and r.data["malformed_count"] == 5
     assert f"{bad}:2: malformed JSON" in r.actual
-    assert r.summary.startswith("5 malformed row(s) in the sample, e.g. ")
+    assert r.summary.startswith("5 malformed row(s) of the 7 read, e.g. ")
 
 
 def test_malformed_reasons_match_the_engine_reader(tiny_model_dir, tmp_path):
@@ -196,7 +196,7 @@ def test_file_with_no_good_rows_fails(tiny_model_dir, tmp_path):
     bad = write_jsonl(tmp_path / "wrong.jsonl", [{"question": "q", "answer": "a"}] * 3)
     r = run_local(config_context(tmp_path, tiny_model_dir, [str(bad)]), {"prompts.format"})["prompts.format"]
     assert r.status is Status.FAIL
-    assert f"{bad}: none of the 3 sampled rows is a usable conversation (first: {bad}:1: no conversation" in r.summary
+    assert f"{bad}: none of the 3 rows read is a usable conversation (first: {bad}:1: no conversation" in r.summary
 
 
 def test_prompt_tokens_through_the_chat_template(model_copy, tmp_path, tiny_tokenizer):
@@ -239,7 +239,7 @@ def test_prompt_tokens_over_context_warns(model_copy, tmp_path):
     ctx = config_context(tmp_path, model_copy, [str(f)], context_length=8, max_new_tokens=4)
     r = run_local(ctx, {"prompts.tokens"})["prompts.tokens"]
     assert r.status is Status.FAIL
-    assert "half the prompts are >= the context length 8" in r.summary
+    assert "half the prompts are over SGLang's input limit 2 (context 8; p50 " in r.summary
 
 
 # ---------------------------------------------------------------------------------------------- ports
@@ -354,12 +354,12 @@ def test_json_array_and_parquet_malformed_rows(tiny_model_dir, tmp_path):
     where = {m["where"]: m for m in r.data["malformed"]}
     assert where[f"{arr}:row1"]["reason"] == "'messages' is not a list (a JSON string)"
     assert where[f"{arr}:row3"]["kind"] == "malformed_json"
-    assert "sampling of this file stopped here" in where[f"{arr}:row3"]["reason"]
+    assert "reading of this file stopped here" in where[f"{arr}:row3"]["reason"]
     assert where[f"{tmp_path / 't.parquet'}:row1"]["reason"] == "empty conversation"
     assert r.data["good"] == 3
 
 
-def test_gzipped_jsonl_and_sample_limit(tiny_model_dir, tmp_path):
+def test_gzipped_jsonl_is_read_to_its_end(tiny_model_dir, tmp_path):
     import gzip
 
     path = tmp_path / "big.jsonl.gz"
@@ -369,7 +369,8 @@ def test_gzipped_jsonl_and_sample_limit(tiny_model_dir, tmp_path):
     ctx = config_context(tmp_path, tiny_model_dir, [str(path)], sample_rows=50)
     r = run_local(ctx, {"prompts.format"})["prompts.format"]
     assert r.status is Status.PASS, r.summary
-    assert r.data["sampled"] == 50 and r.data["rows"] == 300
+    assert r.data["read"] == 300 and r.data["rows"] == 300 and r.data["complete"]  # every row, not a sample
+    assert r.summary.startswith("read 300 of 300 rows (every row) in 1 file(s)")
 
 
 def test_missing_host_libraries_fail_with_their_import_error(model_copy, tmp_path, monkeypatch):

@@ -2,8 +2,10 @@
 in `regen status` (human and --json), the alert, the notification and the fatal record; nothing is written as done;
 the run dir (nothing committed) then takes the corrected config and runs to done.
 
-The refusal is real: `repetition_penalty = 0` is a valid value for SGLang 0.5.5 (so regen's schema, which cannot know
-the servers' version, takes it), and SGLang 0.5.23, the simulator's default profile, refuses it with HTTP 400.
+The refusal is real: `repetition_penalty = 0` is a valid value for SGLang 0.5.5 (so regen's schema takes it), and SGLang
+0.5.23, the simulator's default profile, refuses it with HTTP 400. `regen config check` and preflight now refuse it
+for a 0.5.23 target (tests/test_sampling_versions.py); the run here is started with --no-preflight, as an operator
+who skips both would, to check what a run whose requests are all refused does.
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ async def test_a_rehearsal_whose_server_refuses_every_request_fails_with_its_wor
     config = write_config(tmp_path, bad)
     try:
         check = regen("config", "check", str(config), home=tmp_path)
-        assert check.returncode == 0, check.stderr  # valid for the schema: only the server knows its version
+        assert check.returncode == 1, check.stderr  # the simulator plays 0.5.23, which refuses 0
+        assert "[sampling] repetition_penalty: 0 is refused by SGLang 0.5.23" in check.stderr
         started = regen("start", "local", "--config", str(config), "--no-preflight", home=tmp_path)
         assert started.returncode == 0, started.stdout + started.stderr
 
@@ -62,7 +65,7 @@ async def test_a_rehearsal_whose_server_refuses_every_request_fails_with_its_wor
         wait_for(ended, 60, "the refused run to end")
         end = next(e for e in events(run_dir) if e["type"] == "run_end")
         assert end["state"] == "failed" and end["done"] == 0, end
-        assert "repetition_penalty must be in (0, 2], got 0" in end["cause"]
+        assert "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 0" in end["cause"]
 
         alerts = [e for e in events(run_dir) if e["type"] == "alert" and e.get("key") == "refused"]
         assert alerts and alerts[0]["severity"] == "critical"

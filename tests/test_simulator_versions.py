@@ -145,7 +145,8 @@ async def test_repetition_penalty_range_per_version(start_sim, version):
     sim = await start_sim(sim_sglang_version=version)
     status, body = await post(sim.url + "/generate", {"text": "x", "sampling_params": {"repetition_penalty": 0}})
     if PROFILES[version].repetition_penalty_excludes_zero:
-        assert status == 400 and body["error"]["message"] == "repetition_penalty must be in (0, 2], got 0."
+        assert status == 400 and body["error"]["message"] == ("repetition_penalty must be in (0, 2] (1.0 = "
+                                                                "no penalty), got 0.")
     else:
         assert status == 200
     status, body = await post(sim.url + "/generate", {"text": "x", "sampling_params": {"repetition_penalty": 2.5}})

@@ -107,11 +107,11 @@ def test_a_json_array_of_300_records_is_300_rows(tmp_path):
     path = tmp_path / "prompts.json"
     path.write_text(json.dumps([{"messages": [{"role": "user", "content": f"question {i} " + "x" * (i % 37)}]}
                                 for i in range(300)], indent=2))
-    args = json.dumps({"mode": "format", "patterns": [str(path)], "sample": 1000})
+    args = json.dumps({"mode": "format", "patterns": [str(path)]})
     out = subprocess.run([sys.executable, "-c", host_script("prompts"), args], capture_output=True, text=True,
                          check=True)
     facts = json.loads(out.stdout)["files"][0]
-    assert (facts["rows"], facts["rows_exact"], facts["sampled"]) == (300, True, 300)
+    assert (facts["rows"], facts["rows_exact"], facts["read"], facts["complete"]) == (300, True, 300, True)
 
 
 # -- the console ------------------------------------------------------------------------------------

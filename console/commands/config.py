@@ -2,6 +2,9 @@
 
 check: every error of the file at once, each with its key, the value found and the fix; exit 0 valid, 1 invalid
 (unreadable or not TOML included). --json prints {"valid", "path", "errors": [{key, problem, fix, line}]}.
+Where the config names its servers' SGLang version (a rehearsal: the simulator plays one), [sampling] is judged
+against that version's ranges too (engine.config.schema.sampling_version_check); otherwise a value some version
+refuses is a warning, judged by preflight against the host's installed sglang.
 """
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ import argparse
 import json
 import sys
 
-from engine.config.load import ConfigError, load_config
-from engine.config.schema import RunConfig, config_warnings
+from engine.config.load import ConfigError, ConfigIssue, load_config
+from engine.config.schema import RunConfig, config_warnings, sampling_version_check
 
 SCHEMA_ID = "https://regen.invalid/run.toml.schema.json"
 
@@ -32,13 +35,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         cfg = load_config(args.file, given_to="`regen config check`")
+        refused, version_warnings = sampling_version_check(cfg)
+        if refused:
+            raise ConfigError([ConfigIssue(key, text, "") for key, text in refused], args.file)
     except ConfigError as exc:
         if args.json:
             sys.stdout.write(json.dumps({"valid": False, **exc.to_dict()}, indent=2) + "\n")
         else:
             print(f"regen config check: {exc}", file=sys.stderr)
         return 1
-    warnings = [f"{key}: {text}" for key, text in config_warnings(cfg)]
+    warnings = [f"{key}: {text}" for key, text in config_warnings(cfg) + version_warnings]
     if args.json:
         sys.stdout.write(json.dumps({"valid": True, "path": args.file, "errors": [], "warnings": warnings}, indent=2)
                          + "\n")

@@ -170,6 +170,14 @@ def render(d: dict[str, Any], console: Console) -> None:
         console.print(f"prompt tokens ({pt['samples_sampled']:,} prompts of {pt['conversations_sampled']:,} sampled "
                       f"conversations): mean {pt['mean']:.0f}, p50 {pt['p50']:.0f}, p90 {pt['p90']:.0f}, "
                       f"p99 {pt['p99']:.0f}, max {pt['max']:,}  [dim]({pt['note']})[/dim]")
+    ctx = d.get("context")
+    if ctx:
+        console.print(Text(f"context {ctx['context_length']:,} ({ctx['context_source']}): prompts of "
+                           f"{ctx['input_limit']:,} tokens or more are refused; {ctx['rendered']:,} prompts rendered "
+                           f"({ctx['how']}): {ctx['over_limit']:,} over, {ctx['capped']:,} leave less than "
+                           f"max_new_tokens {ctx['max_new_tokens']:,}", style="dim"))
+    for warning in d.get("warnings", []):
+        console.print(Text("WARN ", style="bold yellow") + Text(warning))
     if d.get("pilot"):
         p = d["pilot"]
         asked = (f"{p['requested']} asked, {p['needed']} fill the batches" if p["requested"] != p["prompts"]

@@ -71,7 +71,7 @@ async def probe_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] |
 
 def run_fleet(args: argparse.Namespace, cfg: RunConfig, only: set[str] | None) -> int:
     sections = asyncio.run(probe_fleet(args, cfg, only))
-    sections[0][2].results.insert(0, config_passed(cfg, sections[0][2]))
+    sections[0][2].results.insert(0, config_passed(cfg, sections[0][2], [rep for _, _, rep, _ in sections[1:]]))
     if args.json:
         doc = {"schema": "regen.probe-fleet/1",
                "hosts": [{"name": n, "address": a, "reached": r, "report": rep.to_dict()} for n, a, rep, r in sections]}

@@ -204,6 +204,8 @@ def preflight(args, cfg) -> int | None:
 
     wanted = {p.strip() for p in (args.preflight or ",".join(PREFLIGHT)).split(",") if p.strip()}
     sections = asyncio.run(probe_fleet(args, cfg, wanted, per_role=True))
+    # the run config against what the hosts said (the sglang each GPU host runs judges [sampling])
+    sections[0][2].results.insert(0, config_passed(cfg, sections[0][2], [rep for _, _, rep, _ in sections[1:]]))
     bad = [(name, address, report, reached) for name, address, report, reached in sections
            if not reached or report.exit_code()]
     if not bad:

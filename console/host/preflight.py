@@ -2,6 +2,7 @@
 probes run over its transport. `regen probe`, `regen start` and the TUI's Preflight tab all run them through here."""
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 
@@ -50,6 +51,8 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
     from console.host.transport import TransportError
     from console.host.connect import open_transport
 
+    if timeout_s is not None:  # each probe's command is cut at timeout_s: the prompt scans stop well before it
+        ctx = dataclasses.replace(ctx, scan_budget_s=min(ctx.scan_budget_s, SCAN_SHARE_OF_TIMEOUT * timeout_s))
     t0 = time.monotonic()
     try:
         transport = await open_transport(host, accept_new=accept_new, connect_timeout=timeout_s or 10.0,
@@ -76,6 +79,9 @@ async def probe_host(host: str, ctx: ProbeContext, only: set[str] | None, *, acc
     return report, True
 
 
+# with --timeout S, the prompt probes read rows for at most this share of S (then say how far they read), leaving the
+# rest for the tokenizer and the reply: a scan cut by the timeout would say nothing at all
+SCAN_SHARE_OF_TIMEOUT = 0.6
 DISPATCH_PROBES = {"prompts", "disk.run_dir", "run_dir.resume", "router.package", "model.dir"}
 SLURM_PROBES = {"slurm"}
 GPU_HOST_PROBES = {"packages", "sampling.seed", "gpu", "cuda.torch", "disk.run_dir", "disk.shm", "model.dir", "model.weights", "ports"}

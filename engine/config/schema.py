@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 import urllib.parse
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat,
@@ -122,7 +123,9 @@ class Sampling(Section):
     presence_penalty: Real(-2, 2) = 0.0
     """Penalty on tokens already present, in [-2, 2]."""
     repetition_penalty: Real(0, 2) = 1.0
-    """Multiplicative repetition penalty, in [0, 2] (SGLang 0.5.23 refuses 0); 1 is none."""
+    """Multiplicative repetition penalty, in [0, 2]; 1 is none. SGLang 0.5.12 and later refuse 0 (their range is
+    (0, 2]): judged against the servers' version by `regen config check` (a rehearsal names it) and by preflight
+    (the host's installed sglang)."""
     seed: Int(0) | None = None
     """Per-request sampling seed; needs workers launched with --enable-deterministic-inference."""
 
@@ -148,6 +151,115 @@ class Sampling(Section):
         if self.seed is not None:
             params["sampling_seed"] = self.seed
         return params
+
+
+# -- [sampling] ranges that differ between SGLang versions ---------------------------------------------------------
+# Read from SamplingParams.verify() of each released wheel, sglang/srt/sampling/sampling_params.py:
+#   repetition_penalty in [0, 2]: 0.5.5.post3 :122, 0.5.10 :127, 0.5.11 :142
+#   repetition_penalty in (0, 2]: 0.5.12 :142 (the first), 0.5.13 :142, 0.5.16 :197, 0.5.23 :275
+# Every other key regen sends has one range in all of them (temperature >= 0 and, from 0.5.16, finite, which the
+# schema already asks; top_p (0, 1]; top_k -1 or >= 1; min_p [0, 1]; presence_penalty [-2, 2]). The schema's field
+# keeps the widest range (a config is valid for some version); a known version narrows it here.
+
+
+@dataclass(frozen=True)
+class VersionRange:
+    """The range an SGLang release (and every later one, until the next row of the same key) takes for a key."""
+    key: str  # the [sampling] key
+    since: tuple[int, int, int]  # the first release with this range
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def allows(self, value: float) -> bool:
+        return _range_allows(value, self.low, self.high, self.low_open, self.high_open)
+
+    @property
+    def words(self) -> str:
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+def _range_allows(value: float, low: float, high: float, low_open: bool, high_open: bool) -> bool:
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    return above and below
+
+
+SAMPLING_VERSION_RANGES: tuple[VersionRange, ...] = (
+    VersionRange("repetition_penalty", (0, 0, 0), 0, 2),
+    VersionRange("repetition_penalty", (0, 5, 12), 0, 2, low_open=True),
+)
+# a fix that is in range for every version, per key (the key's neutral value)
+_SAMPLING_NEUTRAL = {"repetition_penalty": "1.0 (no penalty)"}
+
+
+def sglang_version_tuple(text: str | None) -> tuple[int, int, int] | None:
+    """`0.5.10.post1` -> (0, 5, 10); None when the text does not start with three numbers."""
+    m = re.match(r"\s*v?(\d+)\.(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def version_range(key: str, version: tuple[int, int, int]) -> VersionRange | None:
+    """The range `version` takes for `key` (None: the key's range does not depend on the version)."""
+    rows = [r for r in SAMPLING_VERSION_RANGES if r.key == key and r.since <= version]
+    return max(rows, key=lambda r: r.since) if rows else None
+
+
+def sampling_version_problems(sampling: Sampling, version: str, how: str) -> list[tuple[str, str]]:
+    """[sampling] values the SGLang `version` refuses (its servers would answer every request HTTP 400), each with
+    the key, the value, the version, where the version was read (`how`) and the fix. [] for a version that cannot
+    be parsed (`sglang_version_tuple` is None): the caller says that it could not judge."""
+    parsed = sglang_version_tuple(version)
+    if parsed is None:
+        return []
+    out = []
+    for key in dict.fromkeys(r.key for r in SAMPLING_VERSION_RANGES):
+        value, rng = getattr(sampling, key), version_range(key, parsed)
+        if rng is None or rng.allows(value):
+            continue
+        first = ".".join(map(str, rng.since))
+        out.append((f"[sampling] {key}", f"{value:g} is refused by SGLang {version} ({how}): from {first} on, SGLang "
+                                         f"takes {rng.words}, so every request would fail with HTTP 400; fix: write "
+                                         f"a value in {rng.words}, e.g. {_SAMPLING_NEUTRAL.get(key, 'its default')}"))
+    return out
+
+
+def sampling_version_warnings(sampling: Sampling) -> list[tuple[str, str]]:
+    """Values valid for the schema that some SGLang versions refuse, for when the servers' version is not known
+    yet (preflight reads it from the host): each with the versions that refuse it and the fix."""
+    out = []
+    for key in dict.fromkeys(r.key for r in SAMPLING_VERSION_RANGES):
+        value = getattr(sampling, key)
+        rows = sorted((r for r in SAMPLING_VERSION_RANGES if r.key == key), key=lambda r: r.since)
+        refusing = [r for r in rows if not r.allows(value)]
+        if not refusing:
+            continue
+        spans = []
+        for r in refusing:
+            later = next((n for n in rows if n.since > r.since), None)
+            span = f"{'.'.join(map(str, r.since))} and later" if later is None else \
+                f"{'.'.join(map(str, r.since))} to before {'.'.join(map(str, later.since))}"
+            spans.append(f"SGLang {span} ({r.words})")
+        out.append((f"[sampling] {key}", f"{value:g} is refused by " + ", ".join(spans) + ": preflight judges it "
+                                         "against the host's installed sglang; a value every version takes: "
+                                         f"{_SAMPLING_NEUTRAL.get(key, 'its default')}"))
+    return out
+
+
+def simulated_sglang_version(words: list[str]) -> str | None:
+    """The SGLang version a simulator launch plays (its --sim-sglang-version, else the simulator's default), or None
+    when the launch is not the simulator's: one that runs engine.simulator, or passes --sim-* flags (SGLang has none)."""
+    if "engine.simulator" not in words and not any(w.startswith("--sim-") for w in words):
+        return None
+    for i, word in enumerate(words):
+        if word == "--sim-sglang-version" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--sim-sglang-version="):
+            return word.split("=", 1)[1]
+    from engine.simulator.profiles import DEFAULT_VERSION
+
+    return DEFAULT_VERSION
 
 
 class Workers(Section):
@@ -673,6 +785,28 @@ def seed_needs_flag(cfg: RunConfig) -> list[tuple[str, str]]:
                                 f'flag to the workers\' launch arguments (workers.extra_args = [..., '
                                 f'"{DETERMINISTIC_FLAG}"]; SGLang then uses deterministic, slower kernels), or '
                                 "remove sampling.seed")]
+
+
+def named_sglang_version(cfg: RunConfig) -> tuple[str, str] | None:
+    """(version, where it was read) of the SGLang the config's servers are, when the config itself names it: a
+    rehearsal's simulator plays one version (--sim-sglang-version, else its default). None for real SGLang servers:
+    their version is the host's installed sglang, which preflight reads."""
+    words = launch_words(cfg.workers)
+    version = simulated_sglang_version(words)
+    if version is None:
+        return None
+    given = any(w == "--sim-sglang-version" or w.startswith("--sim-sglang-version=") for w in words)
+    return version, ("--sim-sglang-version in [workers] launch / extra_args" if given
+                     else "the simulator's default version; [workers] launch runs engine.simulator")
+
+
+def sampling_version_check(cfg: RunConfig) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(errors, warnings) of [sampling] against the servers' SGLang version where the config names it (a rehearsal);
+    otherwise no error, and a warning for each value some version refuses (preflight judges it on the host)."""
+    named = named_sglang_version(cfg)
+    if named is not None:
+        return sampling_version_problems(cfg.sampling, *named), []
+    return [], sampling_version_warnings(cfg.sampling)
 
 
 def config_warnings(cfg: RunConfig) -> list[tuple[str, str]]:

@@ -175,7 +175,9 @@ class ConversationWriter:
             return {"id": sid, "conversations": history + [final]}
         messages = history + [{"role": "assistant", "content": answer.inline()}]
         if self.opts.fmt == MESSAGES_JSONL:
-            return {"conversation_id": sid, "messages": messages}
+            # conversation_id is the conversation's (shared by its turns), sample_id the row's own
+            # (`<conversation_id>#turn<k>`): one row per generated turn, as in tokens-jsonl
+            return {"sample_id": sid, "conversation_id": cid, "turn": turn, "messages": messages}
         return {"id": sid, "conversation_id": cid, "turn": turn, "messages": messages}
 
     def close(self) -> list[FileRecord]:

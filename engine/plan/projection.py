@@ -1,5 +1,11 @@
 """`regen plan`: the shard plan, prompt token counts, and the GPU-time / wall-time / disk projection.
 
+Every prompt row is read (the shard plan counts them all). The token figures render a uniform sample of the
+conversations plus the LONGEST_RENDERED longest prompts by characters of every row read, so a prompt too long for the
+context is found wherever it is in the files; `context` says how many rendered prompts are over SGLang's input limit
+(context - 6 tokens: their turns are rejected, not generated) and how many leave less room than max_new_tokens (their
+answers are cut at the context), and each is a WARN line (`warnings` in --json), with or without a pilot.
+
 Without a pilot the projection uses the config's [plan] assumptions (printed as "assumed").
 With `pilot=N` the throughput and output lengths are measured on live servers first (engine/plan/pilot.py: each
 server kept at the batch the run will give it, N raised to what fills it).
@@ -9,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import heapq
 import json
 import math
 import random
@@ -32,6 +39,8 @@ from engine.placement.slurm.plan import SlurmPlan, layout_of, plan_slurm
 from engine.store.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 
 SCHEMA = "regen.plan/1"
+LONGEST_RENDERED = 64  # the longest prompts by characters of every row read, rendered besides the sample
+EXAMPLES_LISTED = 10
 
 
 class PlanError(Exception):
@@ -71,6 +80,28 @@ class PromptTokens:
     p99: float | None
     max: int | None
     note: str
+
+
+@dataclass
+class ContextCheck:
+    """The planned prompts against the context, before any server starts. Decided: a prompt at or over SGLang's
+    input limit (context - 6 tokens, engine.run.prompt_limit) is a WARN (its turn is rejected, not generated); a
+    prompt that leaves less room than max_new_tokens is a WARN too (its answer is cut at the context, finish_reason
+    length, which the export drops by default). The servers may lower the limit (their KV pool): the run's feed
+    applies the tightest figure they report."""
+    context_length: int
+    context_source: str  # where the context length was read
+    input_limit: int  # prompts of this many tokens or more are refused
+    max_new_tokens: int
+    rows_read: int  # conversations read (every row of every prompt file)
+    rendered: int  # prompts rendered for this check (a conversation's every planned turn)
+    how: str  # which conversations were rendered
+    over_limit: int  # rendered prompts at or over input_limit
+    over_limit_at_least: bool  # the longest-by-characters rows were all over: more rows than those may be
+    over_examples: list[dict[str, Any]]  # {where, sample_id, tokens}, the longest first
+    capped: int  # rendered prompts under the limit whose room for the answer is below max_new_tokens
+    capped_examples: list[dict[str, Any]]
+    longest: int | None  # the longest rendered prompt, in tokens
 
 
 @dataclass
@@ -147,6 +178,8 @@ class Plan:
     sampling_note: str = ""
     turns_after_cut: CutPolicyProjection | None = None
     slurm: SlurmPlan | None = None  # with [slurm]: the jobs regen submits and the allocations the run needs
+    context: ContextCheck | None = None  # the prompts against the context (every row read)
+    warnings: list[str] = field(default_factory=list)  # what the operator must see before starting (WARN lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -159,9 +192,26 @@ def _user_messages(conv: Conversation) -> int:
     return sum(1 for m in conv.messages if m["role"] == "user")
 
 
-def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0) -> tuple[ShardPlan, list[Conversation]]:
-    """One streaming pass: counts per turn mode and a uniform reservoir sample of conversations."""
+def prompt_chars(conv: Conversation, turns: str) -> int:
+    """Characters of the longest prompt a conversation gives: its history up to its last user turn (its first with
+    turns = "first"): what finds the longest prompts in tokens without rendering every row."""
+    total = upto = 0
+    for m in conv.messages:
+        content = m["content"]
+        total += len(content) if isinstance(content, str) else 0
+        if m["role"] == "user":
+            upto = total
+            if turns == "first":
+                break
+    return upto
+
+
+def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0, longest: int = 0
+                 ) -> tuple[ShardPlan, list[Conversation], list[Conversation]]:
+    """One streaming pass over every row: counts per turn mode, a uniform reservoir sample of conversations, and the
+    `longest` conversations by prompt characters (longest first)."""
     rng = random.Random(seed)
+    heap: list[tuple[int, int, Conversation]] = []  # (chars, -index, conversation): the smallest of them on top
     conversations = rejects = 0
     by_reason: dict[str, int] = {}
     samples = {"all": 0, "last": 0, "first": 0}
@@ -182,6 +232,12 @@ def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0) -> tuple[Shard
             samples["first"] += 1 if n else 0
             user_turns[n] = user_turns.get(n, 0) + 1
             sources[item.source] = sources.get(item.source, 0) + 1
+            if longest:
+                chars = prompt_chars(item, cfg.turns)
+                if len(heap) < longest:
+                    heapq.heappush(heap, (chars, -item.index, item))
+                elif chars > heap[0][0]:  # ties keep the earlier row
+                    heapq.heapreplace(heap, (chars, -item.index, item))
             if len(reservoir) < sample_size:
                 reservoir.append(item)
             else:
@@ -196,7 +252,7 @@ def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0) -> tuple[Shard
     plan = ShardPlan(conversations, rejects, by_reason, samples, cfg.turns, samples[cfg.turns], cfg.shard_size,
                      shards, last, dict(sorted(sources.items())), dict(sorted(user_turns.items())))
     reservoir.sort(key=lambda c: c.index)
-    return plan, reservoir
+    return plan, reservoir, [c for _, _, c in sorted(heap, key=lambda e: e[:2], reverse=True)]
 
 
 def _renderer(cfg: RunConfig):
@@ -228,6 +284,53 @@ def prompt_token_stats(rendered: list[tuple[Conversation, int, list[int]]], n_co
     p50, p90, p99 = np.percentile(lens, [50, 90, 99])
     return PromptTokens(n_convs, int(lens.size), float(lens.mean()), float(p50), float(p90), float(p99),
                         int(lens.max()), note)
+
+
+def _where(conv: Conversation) -> str:
+    if conv.line is not None:
+        return f"{conv.file}:{conv.line}"
+    return f"{conv.file}:row{conv.row}" if conv.row is not None else conv.origin
+
+
+def check_context(cfg: RunConfig, renderer, rendered: list[tuple[Conversation, int, list[int]]], rows_read: int,
+                  how: str, longest_asked: int, longest_ids: set[int]) -> tuple[ContextCheck, list[str]]:
+    """The rendered prompts against SGLang's input limit and the room for max_new_tokens; the WARN lines."""
+    from engine.run.prompt_limit import from_context
+
+    where = "run.toml context_length" if cfg.context_length else "the model's config / tokenizer"
+    limit = from_context(renderer.context_length, where)
+    max_new = cfg.sampling.max_new_tokens
+    lens = [(conv, turn, len(ids)) for conv, turn, ids in rendered]
+    lens.sort(key=lambda x: -x[2])
+    over = [x for x in lens if not limit.fits(x[2])]
+    capped = [x for x in lens if limit.fits(x[2]) and limit.room(x[2]) < max_new]
+    long_over = [x for x in over if x[0].index in longest_ids]
+    at_least = bool(longest_asked) and len({x[0].index for x in long_over}) >= longest_asked
+
+    def examples(items) -> list[dict[str, Any]]:
+        return [{"where": _where(c), "sample_id": f"{c.conversation_id}#turn{t}", "tokens": n}
+                for c, t, n in items[:EXAMPLES_LISTED]]
+
+    check = ContextCheck(renderer.context_length, where, limit.max_input_len, max_new, rows_read, len(lens), how,
+                         len(over), at_least, examples(over), len(capped), examples(capped),
+                         lens[0][2] if lens else None)
+    warnings = []
+    if over:
+        shown = ", ".join(f"{e['where']} {e['sample_id']} ({e['tokens']:,} tokens)" for e in check.over_examples[:3])
+        warnings.append(
+            f"{'at least ' if at_least else ''}{len(over):,} prompt(s) at or over SGLang's input limit of "
+            f"{limit.max_input_len:,} tokens (context_length {renderer.context_length:,} from {where}, minus 6): "
+            f"those turns are rejected, not generated (each to rejects.jsonl); e.g. {shown}. Found among {len(lens):,}"
+            f" prompts rendered ({how}); filter those rows out of the prompt files, or raise context_length where "
+            "the model allows it")
+    if capped:
+        shown = ", ".join(f"{e['sample_id']} ({e['tokens']:,} tokens)" for e in check.capped_examples[:3])
+        warnings.append(
+            f"{len(capped):,} of {len(lens):,} rendered prompts leave less than max_new_tokens {max_new:,} for the "
+            f"answer (context {renderer.context_length:,}): their answers are cut at the context (finish_reason "
+            f"length; the export drops those by default), e.g. {shown}; lower max_new_tokens or raise context_length "
+            "to keep them whole")
+    return check, warnings
 
 
 ASSUMED_BYTES_PER_OUTPUT_TOKEN = 5.0  # 4 B token id (PLAIN, zstd gains little on diverse ids) + ~1 B of zstd text
@@ -473,10 +576,22 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
               python: str | None = None) -> Plan:
     cfg, effective = resolve_sampling(cfg)  # what the run would send: run.toml, else the model's, else regen's
     sample_size = sample_conversations or cfg.plan.sample_conversations
-    shard_plan, sample = scan_prompts(cfg, sample_size)
+    shard_plan, sample, longest = scan_prompts(cfg, sample_size, longest=LONGEST_RENDERED)
     renderer = _renderer(cfg)
     rendered = sample_prompts(renderer, cfg, sample)
     prompt = prompt_token_stats(rendered, len(sample), cfg.turns)
+    sampled = {c.index for c in sample}
+    extra = [c for c in longest if c.index not in sampled]
+    rendered_long = sample_prompts(renderer, cfg, extra)
+    rows_read = shard_plan.conversations
+    how = (f"{len(sample):,} conversations sampled uniformly and the {len(longest):,} longest by prompt characters of "
+           f"all {rows_read:,} read")
+    context, warnings = check_context(cfg, renderer, rendered + rendered_long, rows_read, how,
+                                      LONGEST_RENDERED if len(longest) >= LONGEST_RENDERED else 0,
+                                      {c.index for c in longest})
+    if context.longest is not None and (prompt.max is None or context.longest > prompt.max):
+        prompt.max = context.longest
+        prompt.note += f"; max over the sample and the {len(longest):,} longest prompts by characters"
     notes: list[str] = []
     result = None
     outputs = None
@@ -488,7 +603,7 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
         def prompts_for(k: int) -> list[tuple[Conversation, int, list[int]]]:
             if k <= len(rendered):
                 return rendered
-            _, more = scan_prompts(cfg, k)  # a second pass with a sample the size the pilot needs
+            _, more, _ = scan_prompts(cfg, k)  # a second pass with a sample the size the pilot needs
             return sample_prompts(renderer, cfg, more)
 
         try:
@@ -506,7 +621,8 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
     return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
                 runaway=guard, brake=plan_of(cfg), sampling=effective.as_dict(), sampling_note=effective.note,
                 turns_after_cut=project_cut_policy(cfg, shard_plan, projection, result),
-                slurm=None if cfg.slurm is None else plan_slurm(cfg, projection.wall_hours.high * 3600))
+                slurm=None if cfg.slurm is None else plan_slurm(cfg, projection.wall_hours.high * 3600),
+                context=context, warnings=warnings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

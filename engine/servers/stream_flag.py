@@ -16,7 +16,6 @@ INCREMENTAL = "--incremental-streaming-output"
 LEGACY = "--stream-output"
 FLAGS = (INCREMENTAL, LEGACY)
 INCREMENTAL_FROM = (0, 5, 10)
-SIMULATOR_MODULE = "engine.simulator"
 VERSION_CODE = "import importlib.metadata as m; print(m.version('sglang'))"
 
 
@@ -39,16 +38,9 @@ def flag_for(version: str) -> str | None:
 def simulated_version(argv: list[str]) -> str | None:
     """The SGLang version a simulator launch speaks (its --sim-sglang-version, else its default), or None when
     the launch is not the simulator's: one that runs engine.simulator, or passes --sim-* flags (SGLang has none)."""
-    if SIMULATOR_MODULE not in argv and not any(w.startswith("--sim-") for w in argv):
-        return None
-    from engine.simulator.profiles import DEFAULT_VERSION
+    from engine.config.schema import simulated_sglang_version
 
-    for i, word in enumerate(argv):
-        if word == "--sim-sglang-version" and i + 1 < len(argv):
-            return argv[i + 1]
-        if word.startswith("--sim-sglang-version="):
-            return word.split("=", 1)[1]
-    return DEFAULT_VERSION
+    return simulated_sglang_version(argv)
 
 
 async def choose(argv: list[str], python: str, timeout: float = 60.0) -> StreamFlag:

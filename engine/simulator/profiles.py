@@ -35,7 +35,8 @@ class Profile:
     # a second in-flight request with the same rid: HTTP 400 from 0.5.10; 0.5.5 overwrites the earlier
     # one's state silently, whose client then never gets an answer (0.5.5 tokenizer_manager.py:938; contract 7.4)
     refuses_duplicate_rid: bool
-    # repetition_penalty in (0, 2] (0.5.23 sampling/sampling_params.py:277); [0, 2] before (contract 2.2)
+    # repetition_penalty in (0, 2] from 0.5.12 (0.5.12 sampling/sampling_params.py:142, 0.5.23 :275); [0, 2] before
+    # (0.5.10 :127); engine.config.schema.SAMPLING_VERSION_RANGES holds the same rows for the config checks
     repetition_penalty_excludes_zero: bool
     # --enable-priority-scheduling exports every scheduler gauge under priority="" (the total) and per
     # priority (0.5.23 observability/metrics_collector.py:1413-1430; contract 7.5)

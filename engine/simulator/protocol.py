@@ -72,7 +72,8 @@ def validate_sampling(params: Any, profile: Profile) -> dict[str, Any]:
         raise bad_request(f"presence_penalty must be in [-2, 2], got {sp['presence_penalty']}.")
     if profile.repetition_penalty_excludes_zero:
         if not 0.0 < sp["repetition_penalty"] <= 2.0:
-            raise bad_request(f"repetition_penalty must be in (0, 2], got {sp['repetition_penalty']}.")
+            # 0.5.12+ words (0.5.23 sampling/sampling_params.py:275-278)
+            raise bad_request(f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {sp['repetition_penalty']}.")
     elif not 0.0 <= sp["repetition_penalty"] <= 2.0:
         raise bad_request(f"repetition_penalty must be in [0, 2], got {sp['repetition_penalty']}.")
     seed = sp["sampling_seed"]

@@ -1,16 +1,18 @@
 # Prompt files on the host: where they are (mode "paths"), what their rows look like ("format"),
 # and how long their prompts are through the model's chat template ("tokens").
-# Row shapes and reasons follow engine/text/ingest.py (the reader the run uses); this copy is standalone
 # because it runs in the host's interpreter, where regen is not installed.
 import codecs
+import collections
 import errno
 import glob
 import gzip
+import heapq
 import json
 import os
 import re
 import stat
 import sys
+import time
 
 # the candidate finder (find_candidates, describe), shared with engine/text/ingest.py:
 # @include candidates
@@ -19,7 +21,6 @@ ARGS = json.loads(sys.argv[1])
 ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "bot": "assistant",
                 "model": "assistant", "chatgpt": "assistant", "system": "system"}
 FORMAT_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
-EXACT_COUNT_MAX_BYTES = 2 << 30  # count JSONL lines exactly up to this size, estimate above
 MAX_MALFORMED_LISTED = 50
 EXCERPT = 160
 
@@ -229,16 +230,12 @@ def detect_format(path, fmt):
     return guess
 
 
-def jsonl_rows(path, limit):
-    """(origin, obj or RowError, raw bytes length) for up to `limit` non-blank lines."""
-    n = 0
+def jsonl_rows(path):
+    """(origin, obj or RowError, raw line) for every non-blank line."""
     with open_binary(path) as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            if n >= limit:
-                return
-            n += 1
             origin = {"line": lineno}
             try:
                 text = raw.decode("utf-8")
@@ -251,7 +248,9 @@ def jsonl_rows(path, limit):
                 yield origin, RowError("malformed_json", "malformed JSON: %s" % exc), raw
 
 
-def json_array_rows(path, limit, max_bytes=64 << 20):
+def json_array_rows(path, max_object_bytes=64 << 20):
+    """(origin, obj or RowError, raw text) for every element of a JSON array, read in 1 MiB chunks; one element may
+    span up to max_object_bytes before it is called malformed."""
     decoder = json.JSONDecoder()
     utf8 = codecs.getincrementaldecoder("utf-8")()
     buf, pos, row, consumed, eof = "", 0, 0, 0, False
@@ -272,7 +271,7 @@ def json_array_rows(path, limit, max_bytes=64 << 20):
                 yield {"row": 0}, RowError("not_array", "not a JSON array (starts with %r)" % stripped[:20]), b""
                 return
             pos = len(buf) - len(stripped) + 1
-            while row < limit:
+            while True:
                 while True:
                     while pos < len(buf) and buf[pos] in " \t\r\n,":
                         pos += 1
@@ -281,13 +280,14 @@ def json_array_rows(path, limit, max_bytes=64 << 20):
                     fill()
                 if pos >= len(buf) or buf[pos] == "]":
                     return
+                started = consumed  # the bytes read while this element is incomplete are its own
                 while True:
                     try:
                         obj, end = decoder.raw_decode(buf, pos)
                         break
                     except ValueError as exc:
-                        if eof or consumed > max_bytes:
-                            yield {"row": row}, RowError("malformed_json", "malformed JSON: %s (sampling of this file "
+                        if eof or consumed - started > max_object_bytes:
+                            yield {"row": row}, RowError("malformed_json", "malformed JSON: %s (reading of this file "
                                                          "stopped here)" % exc), buf[pos:pos + EXCERPT].encode()
                             return
                         fill()
@@ -297,16 +297,16 @@ def json_array_rows(path, limit, max_bytes=64 << 20):
                 if pos > (1 << 20):  # drop what was parsed, not on every row (that would copy the buffer each time)
                     buf, pos = buf[pos:], 0
         except UnicodeDecodeError as exc:
-            yield {"row": row}, RowError("invalid_utf8", "invalid UTF-8 near byte %d of the file: %s (sampling of this "
+            yield {"row": row}, RowError("invalid_utf8", "invalid UTF-8 near byte %d of the file: %s (reading of this "
                                          "file stopped here)" % (consumed - len(exc.object) + exc.start, exc.reason)), b""
 
 
-def parquet_rows(path, limit):
+def parquet_rows(path):
     import pyarrow.parquet as pq  # the host's pyarrow; an ImportError is reported by the caller
 
     pf = pq.ParquetFile(path)
     row = 0
-    for batch in pf.iter_batches(batch_size=min(limit, 4096)):
+    for batch in pf.iter_batches(batch_size=4096):
         try:
             rows = batch.to_pylist()
         except UnicodeDecodeError:
@@ -318,48 +318,121 @@ def parquet_rows(path, limit):
                     rows.append(RowError("invalid_utf8", "invalid UTF-8 in a string column at byte %d: %s"
                                          % (exc.start, exc.reason)))
         for obj in rows:
-            if row >= limit:
-                return
             yield {"row": row}, obj, b""
             row += 1
 
 
-def count_rows(path, fmt, sampled_bytes, sampled_rows, read_whole=False):
-    """(rows, exact) for the whole file: JSONL lines counted, Parquet from its metadata, a JSON array read to its
-    end (read_whole) counted, else estimated from the bytes per row sampled."""
-    size = os.path.getsize(path)
-    if read_whole:
-        return sampled_rows, True
+def total_rows(path, fmt, read, bytes_read, complete):
+    """(rows, exact) of the whole file: the rows read when the file was read to its end; Parquet's from its
+    metadata; else estimated from the bytes per row read (a gzip file's size is its compressed size)."""
+    if complete:
+        return read, True
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows, True
-    if fmt == "jsonl" and size <= EXACT_COUNT_MAX_BYTES:
-        n = 0
-        with open_binary(path) as f:
-            for raw in f:
-                if raw.strip():
-                    n += 1
-        return n, True
-    if not sampled_rows:
-        return 0, False
-    return int(size / max(1.0, sampled_bytes / sampled_rows)), False
+    if not read or not bytes_read:
+        return None, False  # nothing read to estimate from
+    return max(read, int(os.path.getsize(path) / (bytes_read / float(read)))), False
 
 
 def excerpt(raw):
     return raw[:EXCERPT].decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)[:EXCERPT]
 
 
-def sample_file(path, fmt, limit, keep_messages=False):
-    out = {"path": path, "sampled": 0, "good": 0, "malformed": [], "malformed_count": 0, "by_source": {},
-           "shapes": {}, "with_assistant": 0, "user_turns": 0, "bytes_sampled": 0}
-    good = []
+def prompt_messages(messages, turns):
+    """The longest prompt a conversation gives: its history up to its last user turn (its first with turns
+    "first"), the prompt regen renders for that turn with the dataset's own earlier answers."""
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    cut = users[0] if turns == "first" else users[-1]
+    return messages[: cut + 1]
+
+
+def prompt_chars(messages, turns):
+    """The characters of prompt_messages(messages, turns), in one pass (it runs on every row)."""
+    total = upto = 0
+    for m in messages:
+        total += len(m["content"])
+        if m["role"] == "user":
+            upto = total
+            if turns == "first":
+                break
+    return upto
+
+
+class Picker:
+    """Which good rows are tokenized (tokenizing every row of a 10^6-row set takes too long for a probe): rows
+    spread evenly over every row read (every stride-th row; the stride doubles each time the pick fills up, so the
+    pick covers the whole stream, tail included), each file's first and last `ends` rows, and the `longest` rows by
+    the characters of their prompt (where an over-long prompt is)."""
+
+    def __init__(self, spread, ends, longest):
+        self.spread_n, self.ends_n, self.longest_n = max(1, spread), max(0, ends), max(0, longest)
+        self.stride, self.seq = 1, 0
+        self.spread, self.ends, self.heap = [], [], []
+        self.tail, self.head_left = None, 0
+
+    def begin_file(self):
+        self.tail, self.head_left = collections.deque(maxlen=self.ends_n), self.ends_n
+
+    def end_file(self):
+        self.ends.extend(self.tail or ())
+        self.tail = None
+
+    def add(self, where, messages, turns):
+        entry = (self.seq, where, messages, prompt_chars(messages, turns))
+        self.seq += 1
+        if self.head_left > 0:
+            self.ends.append(entry)
+            self.head_left -= 1
+        elif self.ends_n:
+            self.tail.append(entry)
+        if entry[0] % self.stride == 0:
+            self.spread.append(entry)
+            if len(self.spread) >= 2 * self.spread_n:
+                self.spread, self.stride = self.spread[::2], self.stride * 2
+        if self.longest_n:
+            if len(self.heap) < self.longest_n:
+                heapq.heappush(self.heap, (entry[3], -entry[0], entry))
+            elif entry[3] > self.heap[0][0]:  # ties keep the earlier row
+                heapq.heapreplace(self.heap, (entry[3], -entry[0], entry))
+
+    def spread_pick(self):
+        n = min(self.spread_n, len(self.spread))
+        return [self.spread[(i * len(self.spread)) // n] for i in range(n)]
+
+    def picked(self):
+        """(sample entries, longest entries): the sample (spread and ends) gives the distribution; the longest
+        rows, tokenized too, the max and the prompts over the context."""
+        sample = {e[0]: e for e in self.spread_pick() + self.ends}
+        longest = [e for _, _, e in sorted(self.heap, key=lambda item: item[:2], reverse=True)]
+        return sorted(sample.values(), key=lambda e: e[0]), longest
+
+    def how(self, read):
+        spread = len(self.spread_pick())
+        gap = "every row" if spread >= self.seq else "about every %dth" % max(2, round(self.seq / float(spread or 1)))
+        return ("%d rows spread evenly over all %d good rows of the %d read (%s), the first and last %d of each "
+                "file, and the %d longest prompts by characters" % (spread, self.seq, read, gap, self.ends_n,
+                                                                     len(self.heap)))
+
+
+def read_file(path, fmt, deadline, picker=None, turns="all"):
+    """Every row of one file (until `deadline`, a time.monotonic() value): counts, shapes, sources, malformed rows
+    (their first MAX_MALFORMED_LISTED listed); the good rows go to `picker` when tokens are wanted."""
+    out = {"path": path, "read": 0, "good": 0, "malformed": [], "malformed_count": 0, "by_source": {},
+           "shapes": {}, "with_assistant": 0, "user_turns": 0, "bytes_read": 0, "complete": False}
+    if picker is not None:
+        picker.begin_file()
     try:
         out["format"] = fmt = detect_format(path, fmt)
         reader = {"jsonl": jsonl_rows, "json": json_array_rows, "parquet": parquet_rows}[fmt]
-        for origin, obj, raw in reader(path, limit):
-            out["sampled"] += 1
-            out["bytes_sampled"] += len(raw)
+        stopped_early = False
+        for origin, obj, raw in reader(path):
+            if out["read"] % 1024 == 0 and time.monotonic() > deadline:
+                stopped_early = True
+                break
+            out["read"] += 1
+            out["bytes_read"] += len(raw)
             where = "%s:%s" % (path, origin["line"]) if "line" in origin else "%s:row%d" % (path, origin["row"])
             try:
                 if isinstance(obj, RowError):
@@ -381,12 +454,16 @@ def sample_file(path, fmt, limit, keep_messages=False):
             if any(m["role"] == "assistant" for m in messages):
                 out["with_assistant"] += 1
             out["user_turns"] += sum(1 for m in messages if m["role"] == "user")
-            if keep_messages:
-                good.append((where, messages))
-        # a JSON array's sampling stops at its end, or at a row it cannot read (its kind then counted below)
-        stopped = set(out.get("malformed_by_kind", {})) & {"malformed_json", "invalid_utf8", "not_array"}
-        read_whole = fmt == "json" and out["sampled"] < limit and not stopped
-        rows, exact = count_rows(path, fmt, out["bytes_sampled"], out["sampled"], read_whole)
+            if picker is not None:
+                picker.add(where, messages, turns)
+        # a JSON array whose reading stopped at a row it cannot read was not read to its end
+        cut = set(out.get("malformed_by_kind", {})) & {"malformed_json", "invalid_utf8", "not_array"}
+        out["complete"] = not stopped_early and not (fmt == "json" and cut)
+        if stopped_early:
+            out["stopped"] = "time budget"
+        elif not out["complete"]:
+            out["stopped"] = "unreadable JSON array element"
+        rows, exact = total_rows(path, fmt, out["read"], out["bytes_read"], out["complete"])
         out["rows"], out["rows_exact"] = rows, exact
     except RowError as exc:
         out["error"] = exc.reason
@@ -395,7 +472,10 @@ def sample_file(path, fmt, limit, keep_messages=False):
         out["import_error"] = err(exc)
     except (OSError, ValueError, EOFError) as exc:  # unreadable file, gzip or Parquet corruption (ArrowInvalid is a ValueError)
         out["error"] = err(exc)
-    return out, good
+    finally:
+        if picker is not None:
+            picker.end_file()
+    return out
 
 
 # ----------------------------------------------------------------------------------------- tokens
@@ -407,7 +487,12 @@ def percentile(sorted_values, q):
     return sorted_values[k]
 
 
-def token_lengths(conversations, tokenizer_path, enable_thinking):
+TOP_LISTED = 20  # the longest tokenized prompts listed, with where they are
+
+
+def token_lengths(picker, read, tokenizer_path, enable_thinking, turns):
+    """The picked rows' prompts through the chat template: the sample's distribution, and every tokenized
+    prompt's length (the longest by characters included) for the max and the prompts over the context."""
     try:
         from transformers import AutoTokenizer
     except Exception as exc:
@@ -416,22 +501,32 @@ def token_lengths(conversations, tokenizer_path, enable_thinking):
         tok = AutoTokenizer.from_pretrained(tokenizer_path)
     except Exception as exc:
         return {"error": "cannot load the tokenizer from %s: %s" % (tokenizer_path, err(exc)), "stage": "load"}
-    lengths, failures, failure_count = [], [], 0
-    for where, messages in conversations:
-        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-        history = messages[: last_user + 1]  # the longest prompt of the conversation: its last user turn
+    sample, longest = picker.picked()
+    counted = {}  # seq -> tokens (a row both in the sample and among the longest is tokenized once)
+    failures, failure_count = [], 0
+    top = []
+    for seq, where, messages, chars in sample + longest:
+        if seq in counted:
+            continue
         try:
-            text = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True,
+            text = tok.apply_chat_template(prompt_messages(messages, turns), tokenize=False, add_generation_prompt=True,
                                            enable_thinking=enable_thinking)
-            lengths.append(len(tok.encode(text, add_special_tokens=False)))
+            counted[seq] = n = len(tok.encode(text, add_special_tokens=False))
+            top.append({"where": where, "tokens": n, "chars": chars})
         except Exception as exc:
+            counted[seq] = None
             failure_count += 1
             if len(failures) < MAX_MALFORMED_LISTED:
                 failures.append({"where": where, "reason": "chat template failed: %s" % err(exc)})
-    lengths.sort()
+    lengths = sorted(counted[e[0]] for e in sample if counted.get(e[0]) is not None)
+    checked = sorted(n for n in counted.values() if n is not None)
+    top.sort(key=lambda t: -t["tokens"])
     return {"count": len(lengths), "p50": percentile(lengths, 50), "p90": percentile(lengths, 90),
-            "p99": percentile(lengths, 99), "max": lengths[-1] if lengths else None,
+            "p99": percentile(lengths, 99), "max": checked[-1] if checked else None,
             "mean": (sum(lengths) / len(lengths)) if lengths else None, "lengths": lengths,
+            "checked": len(checked), "checked_lengths": checked, "read": read, "how": picker.how(read),
+            "longest_lengths": [counted[e[0]] for e in longest if counted.get(e[0]) is not None],
+            "longest_asked": picker.longest_n, "top": top[:TOP_LISTED],
             "template_failures": failures, "template_failure_count": failure_count,
             "tokenizer_class": type(tok).__name__}
 
@@ -445,16 +540,22 @@ def main():
                 m["candidates"] = find_candidates(m["pattern"]).to_dict()
         print(json.dumps({"files": files, "missing": missing}))
         return
-    results, conversations = [], []
+    started = time.monotonic()
+    deadline = started + float(ARGS.get("budget_s", 120.0))
+    picker = Picker(int(ARGS.get("sample", 1000)), int(ARGS.get("ends", 5)), int(ARGS.get("longest", 64))) \
+        if mode == "tokens" else None
+    results = []
     for f in files:
-        res, good = sample_file(f["path"], ARGS.get("format", "auto"), int(ARGS.get("sample", 1000)),
-                                keep_messages=(mode == "tokens"))
+        res = read_file(f["path"], ARGS.get("format", "auto"), deadline, picker, ARGS.get("turns", "all"))
         res["size"] = f.get("size")
         results.append(res)
-        conversations += good
-    out = {"files": results, "missing": missing}
+    out = {"files": results, "missing": missing, "read_s": round(time.monotonic() - started, 3),
+           "budget_s": float(ARGS.get("budget_s", 120.0))}
     if mode == "tokens":
-        out["tokens"] = token_lengths(conversations, ARGS["tokenizer"], bool(ARGS.get("enable_thinking", True)))
+        read = sum(r.get("read", 0) for r in results)
+        out["tokens"] = token_lengths(picker, read, ARGS["tokenizer"], bool(ARGS.get("enable_thinking", True)),
+                                      ARGS.get("turns", "all"))
+        out["tokens_s"] = round(time.monotonic() - started - out["read_s"], 3)
     print(json.dumps(out))
 
 

@@ -190,9 +190,14 @@ class RouterStatus:
     url: str
     up: bool
     policy: str
-    members: list[str] = field(default_factory=list)  # server URLs in it
+    members: list[str] = field(default_factory=list)  # server URLs given to it
     restarts: int = 0
     error: str | None = None
+    # the servers it routes to: of the members, those it lists itself, healthy (GET /workers: a server given to it
+    # is listed about a second later); dispatch waits for one
+    routed: list[str] = field(default_factory=list)
+    in_flight: int = 0  # requests regen has open through it (its servers' own figures: each worker's in_flight)
+    capacity: int = 0  # the dispatcher's target for it: the routed servers' batches plus a queue margin
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -249,6 +249,7 @@ class SlurmLink(HostLink):
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
         for m in self.members:
             m.url = f"http://{node['address']}:{m.spec.port}"
+            m.node, m.job_id = str(node.get("node") or job.nodes), job.job_id
         self._pending_said = None
         if self._handing_over:  # the drain was the last job's hand-over, not the operator's
             self._handing_over, self.drained = False, False

@@ -82,6 +82,15 @@ class HostState(StrEnum):
     LOST = "lost"
     FAILED = "failed"  # reached, but every server of it failed (crashed past workers.max_restarts): no work
     STOPPED = "stopped"
+    ENDED = "ended"  # a [slurm] group whose allocation ended for good (the run is over): its job's last state says how
+
+
+class JobSource(StrEnum):
+    """Which of Slurm's commands said a [slurm] group's job state (SlurmJobStatus.source)."""
+    SQUEUE = "squeue"  # the queue: pending and running jobs, and ended ones for MinJobAge
+    SCONTROL = "scontrol"  # slurmctld's memory of a job that left the queue
+    SACCT = "sacct"  # the accounting record, once slurmctld forgot the job
+    NONE = "none"  # none of them knows the job (state GONE; its reason says what each said)
 
 
 class Severity(StrEnum):

@@ -16,7 +16,7 @@ JOB_STYLE = {"RUNNING": "green", "PENDING": "bold yellow", "CONFIGURING": "yello
 
 
 def host_style(state: str) -> str:
-    return "green" if state == "up" else "dim" if state in ("drained", "stopped") else "bold red" if state in (
+    return "green" if state == "up" else "dim" if state in ("drained", "stopped", "ended") else "bold red" if state in (
         "lost", "failed") else "yellow"
 
 
@@ -26,9 +26,11 @@ def job_cells(h: HostStatus, as_of: float | None) -> tuple:
     if j is None:
         return ("",) * 6
     nodes = j.nodes if j.nodes not in ("", "(null)") else ""
-    left = j.time_left if j.state == "RUNNING" else ""  # squeue's %L of a job not started is its whole limit
-    return (j.job_id, Text(j.state_text(as_of), style=JOB_STYLE.get(j.state, "bold red")), j.reason_text, nodes, left,
-            j.next_job or "")
+    # squeue's %L of a job not started is its whole limit; the engine words it (`past its limit`, never INVALID)
+    left = j.time_left if j.state == "RUNNING" else ""
+    # a job that ended with the run (the host `ended`) is its last state, not an alarm
+    style = "dim" if j.ended and h.state == "ended" else JOB_STYLE.get(j.state, "bold red")
+    return (j.job_id, Text(j.state_text(as_of), style=style), j.reason_text, nodes, left, j.next_job or "")
 
 
 def host_rows(m: RunModel) -> tuple[list[str], list[tuple[str, tuple]]]:

@@ -15,6 +15,7 @@ from console.tui.host_table import HostTable
 from console.tui.model import RunModel, na
 from console.tui.sparkline import ScaledSparkline, on_scale
 from console.tui.widgets import FigureTable, selected_row_key, styled, sync_table
+from engine.wire import in_flight_text, pid_text
 
 # numbers and states first, the text columns last: a narrow terminal scrolls them off, never the figures
 COLUMNS = ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util",
@@ -79,8 +80,9 @@ class WorkersPanel(Vertical):
             used, total = g["mem_used_mb"], g["mem_total_mb"]
             vram = "N/A" if used is None or total is None else f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
             rows.append((w.name, (
-                w.name, styled(w.state), na(w.pid), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
-                na(w.running, "{:.0f}"), queued_text(w.queued, w.held), f"{w.in_flight}/{w.capacity}", vram,
+                w.name, styled(w.state), pid_text(w.pid, w.node, w.job_id), ",".join(map(str, w.gpus)),
+                na(w.tok_s, "{:,.0f}"), na(w.running, "{:.0f}"), queued_text(w.queued, w.held),
+                in_flight_text(w.in_flight, w.capacity, w.in_flight_source, m.router_in_flight), vram,
                 na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts),
                 batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
                 cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])))

@@ -140,14 +140,18 @@ class Rejects:
 
 @dataclass
 class SlurmJobStatus:
-    """A [slurm] group's current job, in Slurm's words (squeue)."""
+    """A [slurm] group's current job, in Slurm's words (squeue; once the job left the queue scontrol, then sacct)."""
     job_id: str
-    state: str  # PENDING, RUNNING, TIMEOUT, CANCELLED, NODE_FAIL, ...
+    state: str  # PENDING, RUNNING, TIMEOUT, CANCELLED, NODE_FAIL, ... (Slurm's); GONE: no command knows it any more
     reason: str = ""  # Resources, Priority, ... (pending), or why it ended
     nodes: str = ""
+    # squeue's time left as the operator reads it (engine.placement.slurm.jobs.time_left_text): `47:48`, `past its
+    # limit` (squeue's INVALID: over its limit, not killed yet), `no limit`; "" where not known
     time_left: str = ""
     next_job: str | None = None  # queued at a hand-over before the time limit
     waiting_since: float | None = None  # not running yet (PENDING ...): since when regen saw it so (epoch s)
+    ended: bool = False  # the job ended for good (not pending, running or requeued): `state` is its last state
+    source: str = ""  # which command said the state (engine.wire.JobSource); "" from an engine before the field
 
     def state_text(self, as_of: float | None) -> str:
         """The state, with how long a job not started has waited as of `as_of` (`PENDING 12m34s`): the CLI's and
@@ -155,6 +159,12 @@ class SlurmJobStatus:
         if self.state == "RUNNING" or self.waiting_since is None or as_of is None:
             return self.state
         return f"{self.state} {duration_text(as_of - self.waiting_since)}"
+
+    def left_text(self) -> str:
+        """A running job's time left in a sentence: `47:48 left`, `past its limit`, `no limit`; "" otherwise."""
+        if self.state != "RUNNING" or not self.time_left:
+            return ""
+        return self.time_left if not self.time_left[:1].isdigit() else f"{self.time_left} left"
 
     @property
     def reason_text(self) -> str:

@@ -107,6 +107,7 @@ class Fleet:
         if self._stopped:
             return
         self._stopped = True
+        self.router.closing()
         for task in list(self._changes):
             task.cancel()
         await asyncio.gather(*(link.stop() for link in self.links), *(w.stop() for w in self.local_workers),

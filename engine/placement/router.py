@@ -240,6 +240,11 @@ class RouterProcess:
                     self.error = str(exc)
                     log.error("%s", exc)
 
+    def closing(self) -> None:
+        """The run is ending: the router goes with every server in it, so servers stopping now are not removed one by
+        one (a DELETE racing the router's own stop fails)."""
+        self._stopping = True
+
     async def stop(self) -> None:
         self._stopping = True
         for task in (self._watch, self._lister):
@@ -272,7 +277,7 @@ class RouterProcess:
         async with self._lock:
             self.members.discard(url)
             self.listed.pop(url, None)  # not routed to from now on, whatever the router still lists
-            if not self.up:
+            if not self.up or self._stopping:  # stopping: the router goes with every server in it
                 return
             for wid in await self._ids_for(url):
                 try:

@@ -270,10 +270,14 @@ class SlurmLink(HostLink):
     async def _watch(self) -> str:
         servers = asyncio.create_task(super()._watch(), name=f"servers-{self.host.name}")
         job = asyncio.create_task(self._watch_job(), name=f"job-{self.host.name}")
-        done, pending = await asyncio.wait({servers, job}, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            done, _ = await asyncio.wait({servers, job}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # also when this task is cancelled (the link stopping): asyncio.wait leaves its tasks running, and the job's
+            # watcher would see the cancel of the run's end as a job that ended, with an error alert
+            for task in (servers, job):
+                task.cancel()
+            await asyncio.gather(servers, job, return_exceptions=True)
         return next(iter(done)).result()
 
     async def _watch_job(self) -> str:
@@ -328,7 +332,7 @@ class SlurmLink(HostLink):
 
     def _ended(self, job: JobState) -> None:
         """The alert for a job that ended, once per job, in Slurm's words (job id, state, reason)."""
-        if job.job_id in self._said_ended:
+        if job.job_id in self._said_ended or self._stopping:  # stopping: regen's own cancel, told in the log
             return
         reason = f" ({job.given_reason})" if job.given_reason else ""
         if job.active:  # requeued (preempted, a node failed, scontrol requeue): the same id runs again once placed

@@ -166,3 +166,33 @@ async def test_the_real_router_lists_a_server_about_a_second_after_it_was_given(
             assert not router.routes_to(sim.url)  # at once, whatever the router still lists
         finally:
             await router.stop()
+
+
+def test_once_ready_a_list_that_drops_every_server_for_a_moment_cancels_nothing():
+    """The router's own health check may drop a busy server from its list: the endpoint stays ready (its requests
+    open through the router are not cancelled and re-sent as retries); a new request answered 503 goes back to the
+    queue without an attempt (above). A server that leaves regen's side (its host lost) does end it."""
+    router = _Router("cache_aware")
+    a = _member("h1.gpu0", 40000)
+    ep = RouterEndpoint(router, members=[a])
+    seen = []
+    ep.listeners.append(lambda _, state: seen.append(state))
+    router.members = {a.url}
+    router.listed = {a.url: ListedWorker(a.url, "1", True, 3)}
+    ep.refresh()
+    router.listed = {a.url: ListedWorker(a.url, "1", False, 3)}  # unhealthy in the router's eyes
+    ep.refresh()
+    assert ep.state == WorkerState.READY and seen == [WorkerState.READY]
+    assert ep.capacity_info.max_running_requests == 16 and a.in_flight is None  # not listed: its count not known
+    a.state = WorkerState.LOST
+    router.members = set()
+    ep.refresh()
+    assert seen == [WorkerState.READY, WorkerState.STARTING]
+    # and ready again only once the router lists a server again
+    a.state = WorkerState.READY
+    router.members = {a.url}
+    ep.refresh()
+    assert ep.state == WorkerState.STARTING
+    router.listed = {a.url: ListedWorker(a.url, "1", True, 0)}
+    ep.refresh()
+    assert ep.state == WorkerState.READY

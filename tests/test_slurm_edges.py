@@ -10,7 +10,6 @@ import pytest
 
 from engine.ctl import answer
 from engine.protocol import LastStatus, encode_reply
-from tests.slurm_fixtures import slurm  # noqa: F401  (fixture)
 from tests.test_engine_run import renderer_for, status, supervisors, wait_for  # noqa: F401
 from tests.test_slurm_run import alert, every_sample_once, job_of, slurm_config
 

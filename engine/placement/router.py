@@ -343,19 +343,30 @@ class RouterEndpoint:
         """The ready servers the router routes to now (given to it, and listed by it healthy)."""
         return [m for m in self.members if m.state == WorkerState.READY and self.router.routes_to(m.url)]
 
+    def serving(self) -> list:
+        """The servers the endpoint's capacity counts: those the router lists. The endpoint turns ready only once the
+        router lists one (before that every request would be answered 503 "No available workers"); once ready, a
+        list that drops every server for a moment (the router's own health check) leaves it ready with the servers
+        given to it: requests open through the router may still be answered and are not cancelled for it, and a new
+        one answered 503 goes back to regen's queue without an attempt (engine.run.dispatcher)."""
+        routed = self.routed()
+        if routed or self.state != WorkerState.READY:
+            return routed
+        return [m for m in self.members if m.state == WorkerState.READY and m.url in self.router.members]
+
     @property
     def queue_margin(self) -> int:
         """Half a batch queued per ready server: the router picks servers without seeing their free slots."""
-        return sum(max(2, m.capacity_info.batch().size // 2) for m in self.routed())
+        return sum(max(2, m.capacity_info.batch().size // 2) for m in self.serving())
 
     def no_servers(self) -> None:
-        """The router answered 503 "No available workers" although it was thought to route somewhere (its own health
-        check dropped the servers, a restart): its list is read again now, and the endpoint waits for it."""
+        """The router answered 503 "No available workers": its list is read again now (the dispatcher holds the
+        router's pulls meanwhile)."""
         self.router.relist_soon()
 
     def refresh(self) -> None:
-        ready = self.routed()
-        self._attribute(ready)
+        ready = self.serving()
+        self._attribute(self.routed())
         batches = [m.capacity_info.batch() for m in ready]
         self.capacity_info = ServerCapacity(
             max_running_requests=sum(b.size for b in batches) or None,

@@ -47,7 +47,8 @@ class GpuEvent(Event):
 class WorkerEvent(Event):
     type: ClassVar[str] = "worker"
     name: str = ""
-    state: str = "starting"  # starting | loading | ready | crashed | failed | stopped | refused
+    # engine.wire.WorkerState: starting | loading | ready | crashed | failed | stopped | refused | unreachable | lost
+    state: str = "starting"
     url: str = ""
     gpus: list[int] = field(default_factory=list)
     pid: int | None = None

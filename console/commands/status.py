@@ -270,9 +270,11 @@ def hosts_table(s: RunStatus, console: Console) -> Table:
              else "hosts (no router)" if r is None else
              f"hosts (router {r.url} {r.policy}, {'up' if r.up else 'DOWN'}, {len(r.members)} servers in it"
              + (f", {len(r.routed)} listed by it" if len(r.routed) != len(r.members) else "")
-             + f", {r.in_flight} in flight" + (f", restarts {r.restarts}" if r.restarts else "") + (f": {r.error}" if r.error else "") + ")")
+             + f", {r.in_flight} in flight" + (f", restarts {r.restarts}" if r.restarts else "")
+             + (f": {r.error}" if r.error else "") + ")")
     rows = [[h.name, job_text(h, s.checked_at) or h.address,
-             Text(h.state, style="green" if h.state == "up" else "dim" if h.state in ("ended", "stopped") else "bold red"),
+             Text(h.state, style="green" if h.state == "up" else "dim" if h.state in ("ended", "stopped")
+                  else "bold red"),
              str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
              (h.error or "")[:80]]
             for h in s.hosts or []]

@@ -179,3 +179,18 @@ def test_status_json_of_an_ended_job_round_trips():
     j = SlurmJobStatus("41", "NODE_FAIL", "NodeDown", "n2", ended=True, source=JobSource.SACCT)
     assert RunStatus.from_dict({"run_dir": "/r", "state": "done", "hosts": [
         {"name": "regen-0", "address": "x", "state": "ended", "job": j.__dict__}]}).hosts[0].job == j
+
+
+def test_a_slurm_that_does_not_answer_is_said_not_guessed(tmp_path, monkeypatch):
+    c = cfg(tmp_path)
+    jobs = Path(c.run_dir) / "slurm" / "jobs.jsonl"
+    jobs.parent.mkdir(parents=True)
+    jobs.write_text(json.dumps({"job": "41", "group": 0, "ts": 0}) + "\n")
+
+    async def state(job_id: str) -> JobState:
+        raise slurm_jobs.SlurmError("squeue did not answer within 30 s (is slurmctld reachable?)")
+
+    monkeypatch.setattr(slurm_jobs, "state", state)
+    [row] = allocations_after(c)
+    assert (row.state, row.job.job_id, row.job.state, row.job.ended) == ("stopped", "41", "UNKNOWN", False)
+    assert "the last state of slurm job 41 cannot be read: squeue did not answer" in row.error

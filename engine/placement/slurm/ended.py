@@ -22,28 +22,28 @@ async def _allocations(cfg: RunConfig) -> list[HostStatus]:
     from engine.placement.slurm.link import group_host, job_status  # the link's words for a job, and its host entry
 
     last = slurm_jobs.last_jobs(jobs_file(cfg))
-    rows = []
-    for group in range(layout_of(cfg).groups):
+
+    async def row_of(group: int) -> HostStatus:
         host = group_host(cfg, group)
         row = HostStatus(name=job_name(cfg, group), address=host.address, state=HostState.STOPPED,
                          work_dir=host.work_dir)
         job_id = last.get(group)
         if job_id is None:
             row.error = f"no job was submitted for it ({jobs_file(cfg)} names none)"
-            rows.append(row)
-            continue
+            return row
         try:
             job = await slurm_jobs.state(job_id)
         except slurm_jobs.SlurmError as exc:
             row.job = SlurmJobStatus(job_id=job_id, state="UNKNOWN", reason="Slurm did not answer")
             row.error = f"the last state of slurm job {job_id} cannot be read: {exc}"
-            rows.append(row)
-            continue
+            return row
         row.job = job_status(job)
         if job.active:
             row.error = (f"slurm job {job_id} is still {job.state} with no supervisor: `regen stop` cancels it, "
                          "`regen start` takes the run over")
         else:
             row.state = HostState.ENDED
-        rows.append(row)
-    return rows
+        return row
+
+    # every group asked at once: a status must not wait for Slurm group after group
+    return list(await asyncio.gather(*(row_of(g) for g in range(layout_of(cfg).groups))))

@@ -25,7 +25,7 @@ from console.view.hints import hint_from_args
 from console.view.wide_console import WIDE, report_console
 from console.commands.status_hardware import hardware_parts
 from console.host.run_client import RunClientError
-from engine.api.wire import AlertKind, duration_text
+from engine.api.wire import AlertKind, duration_text, in_flight_text, pid_text
 from engine.run.brake import BrakeStatus
 from engine.observe.status import HostStatus, RunStatus
 from engine.api.events import DispatchEvent
@@ -191,7 +191,9 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     for w in sorted(s.workers, key=lambda w: (w.host or "", w.name)):
         batch = batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source)
         worker_rows.append([*([w.host or ""] if multi else []), w.name, w.state, ",".join(map(str, w.gpus)),
-                            _na(w.pid), str(w.restarts), f"{w.in_flight}/{w.capacity}", batch,
+                            pid_text(w.pid, w.node, w.job_id), str(w.restarts),
+                            in_flight_text(w.in_flight, w.capacity, w.in_flight_source,
+                                           s.router.in_flight if s.router is not None else None), batch,
                             _na(w.running_reqs, "{:.0f}"), queued_text(w.queued_reqs, w.held),
                             _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"),
                             cache_text(w.prompt_tokens, w.cached_tokens), w.error or ""])
@@ -274,18 +276,23 @@ def job_text(h: HostStatus, as_of: float | None = None) -> str:
     if j is None:
         return ""
     reason = f" ({j.reason_text})" if j.reason_text else ""
-    nodes = f" on {j.nodes}" if j.nodes and j.state == "RUNNING" else ""
-    left = f", {j.time_left} left" if j.time_left and j.state == "RUNNING" else ""
+    nodes = f" on {j.nodes}" if j.nodes and j.nodes != "(null)" and (j.state == "RUNNING" or j.ended) else ""
+    left = f", {j.left_text()}" if j.left_text() else ""
     nxt = f", next job {j.next_job} queued" if j.next_job else ""
     return f"job {j.job_id} {j.state_text(as_of)}{reason}{nodes}{left}{nxt}"
 
 
 def hosts_table(s: RunStatus, console: Console) -> Table:
     r = s.router
-    title = ("hosts (no router)" if r is None else
+    title = ("hosts (no supervisor: each job's last state, as Slurm says it now)" if r is None and not s.running
+             else "hosts (no router)" if r is None else
              f"hosts (router {r.url} {r.policy}, {'up' if r.up else 'DOWN'}, {len(r.members)} servers in it"
-             + (f", restarts {r.restarts}" if r.restarts else "") + (f": {r.error}" if r.error else "") + ")")
-    rows = [[h.name, job_text(h, s.checked_at) or h.address, Text(h.state, style="green" if h.state == "up" else "bold red"),
+             + (f", {len(r.routed)} listed by it" if len(r.routed) != len(r.members) else "")
+             + f", {r.in_flight} in flight" + (f", restarts {r.restarts}" if r.restarts else "")
+             + (f": {r.error}" if r.error else "") + ")")
+    rows = [[h.name, job_text(h, s.checked_at) or h.address,
+             Text(h.state, style="green" if h.state == "up" else "dim" if h.state in ("ended", "stopped")
+                  else "bold red"),
              str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
              (h.error or "")[:80]]
             for h in s.hosts or []]

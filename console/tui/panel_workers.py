@@ -17,7 +17,7 @@ from console.view.liveness import Freshness
 from console.view.model import RunModel, WorkerView, na
 from console.tui.sparkline import ScaledSparkline, on_scale
 from console.tui.widgets import FigureTable, selected_row_key, styled, sync_table
-from engine.api.wire import LIVE_WORKER_STATES
+from engine.api.wire import LIVE_WORKER_STATES, in_flight_text, pid_text
 
 # numbers and states first, the text columns last: a narrow terminal scrolls them off, never the figures
 COLUMNS = ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util",
@@ -52,11 +52,13 @@ def worker_cells(m: RunModel, w: WorkerView) -> tuple:
         state = styled(w.state)
     if alive.freshness in (Freshness.ENDED, Freshness.GONE):
         gone = "-"
-        return (w.name, state, na(w.pid), ",".join(map(str, w.gpus)), gone, gone, gone, gone, gone, gone, gone,
+        return (w.name, state, pid_text(w.pid, w.node, w.job_id), ",".join(map(str, w.gpus)), gone, gone, gone, gone,
+                gone, gone, gone,
                 str(w.restarts), batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
                 cache_text(w.prompt_tokens, w.cached_tokens), (w.error or alive.why)[:60])
-    return (w.name, state, na(w.pid), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
-            na(w.running, "{:.0f}"), queued_text(w.queued, w.held), f"{w.in_flight}/{w.capacity}", vram,
+    return (w.name, state, pid_text(w.pid, w.node, w.job_id), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
+            na(w.running, "{:.0f}"), queued_text(w.queued, w.held),
+            in_flight_text(w.in_flight, w.capacity, w.in_flight_source, m.router_in_flight), vram,
             na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts),
             batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
             cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])

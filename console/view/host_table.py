@@ -15,8 +15,11 @@ JOB_STYLE = {"RUNNING": "green", "PENDING": "bold yellow", "CONFIGURING": "yello
              "REQUEUED": "bold yellow", "SUSPENDED": "bold yellow"}  # any other state is an end: red
 
 
+FINAL_HOST_STATES = ("ended", "stopped", "lost", "failed")
+
+
 def host_style(state: str) -> str:
-    return "green" if state == "up" else "dim" if state in ("drained", "stopped") else "bold red" if state in (
+    return "green" if state == "up" else "dim" if state in ("drained", "stopped", "ended") else "bold red" if state in (
         "lost", "failed") else "yellow"
 
 
@@ -27,9 +30,11 @@ def job_cells(h: HostStatus, as_of: float | None, live: bool = True) -> tuple:
     if j is None:
         return ("",) * 6
     nodes = j.nodes if j.nodes not in ("", "(null)") else ""
-    left = j.time_left if j.state == "RUNNING" and live else ""  # squeue's %L of a job not started is its whole limit
-    return (j.job_id, Text(j.state_text(as_of), style=JOB_STYLE.get(j.state, "bold red")), j.reason_text, nodes, left,
-            j.next_job or "")
+    # squeue's %L of a job not started is its whole limit; the engine words it (`past its limit`, never INVALID)
+    left = j.time_left if j.state == "RUNNING" and live else ""
+    # a job that ended with the run (the host `ended`) is its last state, not an alarm
+    style = "dim" if j.ended and h.state == "ended" else JOB_STYLE.get(j.state, "bold red")
+    return (j.job_id, Text(j.state_text(as_of), style=style), j.reason_text, nodes, left, j.next_job or "")
 
 
 def host_rows(m: RunModel) -> tuple[list[str], list[tuple[str, tuple]]]:
@@ -40,7 +45,10 @@ def host_rows(m: RunModel) -> tuple[list[str], list[tuple[str, tuple]]]:
     for h in m.hosts:
         # the run over (or its supervisor gone): each host's last word is history, its link is no more
         live = run.live
-        state = Text(h.state, style=host_style(h.state)) if live else Text(f"{run.mark()} (was {h.state})", style="dim")
+        if live or h.state in FINAL_HOST_STATES:  # the host's own last word already says it is over
+            state = Text(h.state, style=host_style(h.state))
+        else:
+            state = Text(f"{run.mark()} (was {h.state})", style="dim")
         error = h.error or ""
         if h.job is not None and error.startswith(f"slurm job {h.job.job_id} "):
             error = ""  # the job's state in words (`slurm job 4128 PENDING (Resources)`): the job's cells say it

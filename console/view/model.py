@@ -57,7 +57,8 @@ class WorkerView:
     queued: float | None = None
     tok_s: float | None = None
     token_usage: float | None = None
-    in_flight: int = 0
+    in_flight: int | None = 0  # None: not known (behind a router that keeps no count, or no live figure)
+    in_flight_source: str = "dispatch"  # who counted it (engine.api.wire.InFlightSource)
     held: int = 0  # regen's queued items held for it (not sent)
     capacity: int = 0
     batch_size: int | None = None  # the server's running batch dispatch works with, and where it came from
@@ -68,6 +69,8 @@ class WorkerView:
     url: str = ""
     host: str = ""  # multi-host runs: the [[hosts]] name
     remote: bool = False  # on another host: its GPUs are that host's agent's readings (GpuView.host)
+    node: str = ""  # a [slurm] group's server: the node and job that run it
+    job_id: str = ""
     prompt_tokens: int | None = None  # committed from it in this start, and how many its prefix cache served
     cached_tokens: int | None = None
     tok_history: Series = field(default_factory=Series)
@@ -219,6 +222,8 @@ class RunModel:
         # a multi-host run's hosts ([slurm]: each group's job, as squeue said it), from the last status reply
         self.hosts: list[HostStatus] = []
         self.hosts_as_of: float | None = None  # that reply's checked_at: how long a job has waited, as of then
+        # what regen has open through the router (a multi-host run), for a server whose own count is not known
+        self.router_in_flight: int | None = None
 
     # -- folding -----------------------------------------------------------------------------
     def apply_all(self, events: Iterable[Event]) -> set[str]:
@@ -367,6 +372,7 @@ class RunModel:
         w.state, w.gpus, w.pid, w.restarts, w.url = ev.state, list(ev.gpus), ev.pid, ev.restarts, ev.url
         w.running, w.queued, w.tok_s, w.token_usage = ev.running_reqs, ev.queued_reqs, ev.gen_throughput, ev.token_usage
         w.in_flight, w.capacity, w.error, w.held = ev.in_flight, ev.capacity, ev.error, ev.held
+        w.in_flight_source, w.node, w.job_id = ev.in_flight_source, ev.node, ev.job_id
         w.batch_size, w.batch_source = ev.batch_size, ev.batch_source
         w.discovered_batch, w.discovered_source = ev.discovered_batch, ev.discovered_source
         w.host, w.remote = getattr(ev, "host", ""), getattr(ev, "remote", False)
@@ -467,6 +473,10 @@ class RunModel:
         self.rejects = status.rejects
         if status.hosts is not None and (status.hosts != self.hosts or self._waiting(status.hosts)):
             self.hosts, self.hosts_as_of = status.hosts, status.checked_at
+            changed.add("workers")
+        router_in_flight = status.router.in_flight if status.router is not None else None
+        if router_in_flight != self.router_in_flight:
+            self.router_in_flight = router_in_flight
             changed.add("workers")
         if status.levels != self.levels:
             self.levels = status.levels

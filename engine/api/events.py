@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from engine.api.wire import AlertKind, Severity, ShardFigures, decode
+from engine.api.wire import AlertKind, InFlightSource, Severity, ShardFigures, decode
 
 
 @dataclass
@@ -47,7 +47,8 @@ class GpuEvent(Event):
 class WorkerEvent(Event):
     type: ClassVar[str] = "worker"
     name: str = ""
-    state: str = "starting"  # starting | loading | ready | crashed | failed | stopped | refused
+    # engine.api.wire.WorkerState: starting | loading | ready | crashed | failed | stopped | refused | unreachable | lost
+    state: str = "starting"
     url: str = ""
     gpus: list[int] = field(default_factory=list)
     pid: int | None = None
@@ -56,7 +57,11 @@ class WorkerEvent(Event):
     queued_reqs: float | None = None
     gen_throughput: float | None = None  # tokens/s from sglang:gen_throughput
     token_usage: float | None = None  # KV pool fraction
-    in_flight: int = 0  # requests this dispatcher has outstanding on it
+    # requests open on it: regen's own count when it is a dispatch target; behind the router, the router's count of
+    # it, or None where the router keeps none (in_flight_source says which: engine.api.wire.InFlightSource), or where
+    # the server has no live figure (its host lost)
+    in_flight: int | None = 0
+    in_flight_source: str = InFlightSource.DISPATCH
     held: int = 0  # items regen's own queue holds for it (prefix affinity), not sent yet: any server may still take them
     capacity: int = 0  # in-flight target: the batch size plus a queue margin
     # the server's running batch size dispatch works with and where it came from (engine/servers/capacity.py:
@@ -70,6 +75,8 @@ class WorkerEvent(Event):
     error: str | None = None
     host: str = ""  # the [[hosts]] name in a multi-host run; "" on one host
     remote: bool = False  # on another host than the supervisor's: its GPUs are not in this host's readings
+    node: str = ""  # a [slurm] group's server: the node its job runs it on (its pid is that node's)
+    job_id: str = ""  # a [slurm] group's server: the job that runs it
     # prompt tokens of the samples committed from it in this start, and how many its prefix cache served
     # (meta_info.cached_tokens); None: not a dispatch target (a server behind the router: the router's row has them)
     prompt_tokens: int | None = None

@@ -66,9 +66,23 @@ class WorkerState(StrEnum):
     # the port is held by a process regen did not launch, or the server that answers cannot prove it is
     # the one launched: nothing is sent to it; `error` names the holder and the remedy
     REFUSED = "refused"
+    # a server on another host (a [[hosts]] entry, a [slurm] group's job): its host cannot be reached (a join that
+    # failed, a job not running), or was reached and then lost (the link died, its job ended: NODE_FAIL, TIMEOUT ...).
+    # Neither has live figures: its gauges, pid and in-flight count are dropped, not kept from the last reading
+    UNREACHABLE = "unreachable"
+    LOST = "lost"
 
 
 LIVE_WORKER_STATES = frozenset({WorkerState.STARTING, WorkerState.LOADING, WorkerState.READY})
+
+
+class InFlightSource(StrEnum):
+    """Who counted a server's `in_flight` (WorkerEvent.in_flight_source)."""
+    DISPATCH = "dispatch"  # regen's dispatcher: the requests it sent to this server and has not had answered
+    ROUTER = "router"  # behind sglang-router: the router's own count of requests open on it (GET /workers `load`)
+    # behind a router that does not count per server (its policy keeps no load): `in_flight` is None, not 0; the
+    # router's row (RouterStatus.in_flight) has what regen has open through it
+    UNKNOWN = "unknown"
 
 
 class HostState(StrEnum):
@@ -78,6 +92,15 @@ class HostState(StrEnum):
     LOST = "lost"
     FAILED = "failed"  # reached, but every server of it failed (crashed past workers.max_restarts): no work
     STOPPED = "stopped"
+    ENDED = "ended"  # a [slurm] group whose allocation ended for good (the run is over): its job's last state says how
+
+
+class JobSource(StrEnum):
+    """Which of Slurm's commands said a [slurm] group's job state (SlurmJobStatus.source)."""
+    SQUEUE = "squeue"  # the queue: pending and running jobs, and ended ones for MinJobAge
+    SCONTROL = "scontrol"  # slurmctld's memory of a job that left the queue
+    SACCT = "sacct"  # the accounting record, once slurmctld forgot the job
+    NONE = "none"  # none of them knows the job (state GONE; its reason says what each said)
 
 
 class Severity(StrEnum):
@@ -192,3 +215,25 @@ def duration_text(seconds: float | None) -> str:
     if h:
         return f"{h}h{m:02d}m"
     return f"{m}m{s:02d}s"
+
+
+def in_flight_text(in_flight: int | None, capacity: int, source: str = InFlightSource.DISPATCH,
+                   router_in_flight: int | None = None) -> str:
+    """A server's in-flight cell, the CLI's and the TUI's alike: `12/40` (regen's own count against its target),
+    `12 (router)` (the router's count of it), `N/A (router 96)` (behind a router that does not count per server:
+    not known, with what the router has open in all), `N/A` (no live figure: its host is lost)."""
+    if source == InFlightSource.ROUTER and in_flight is not None:
+        return f"{in_flight} (router)"
+    if in_flight is None:
+        return "N/A" + (f" (router {router_in_flight})" if router_in_flight is not None and
+                        source == InFlightSource.UNKNOWN else "")
+    return f"{in_flight}/{capacity}"
+
+
+def pid_text(pid: int | None, node: str = "", job_id: str = "") -> str:
+    """A server's process: `4711`, on another machine `4711 on gpu-a17` or with its Slurm job `4711 on gpu-a17, job
+    4127`; `N/A` while no process is known (not launched yet, its host lost)."""
+    where = ", ".join(x for x in (f"on {node}" if node else "", f"job {job_id}" if job_id else "") if x)
+    if pid is None:
+        return f"N/A ({where})" if job_id else "N/A"
+    return f"{pid} {where}" if where else str(pid)

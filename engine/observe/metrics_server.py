@@ -141,7 +141,8 @@ def _shards(s: RunStatus, per_shard: bool) -> Iterable[Metric]:
 def _workers(s: RunStatus) -> Iterable[Metric]:
     state = GaugeMetricFamily("regen_worker_state", "Each SGLang server regen launched: 1 for the state it is in.",
                               labels=["worker", "host", "state"])
-    in_flight = GaugeMetricFamily("regen_worker_requests_in_flight", "Requests regen has outstanding on the server.",
+    in_flight = GaugeMetricFamily("regen_worker_requests_in_flight", "Requests regen has outstanding on the server "
+                                  "(behind the router: the router's count of it; absent where not known).",
                                   labels=["worker", "host"])
     capacity = GaugeMetricFamily("regen_worker_capacity_requests", "The server's in-flight target: its batch plus a "
                                  "small queue margin.", labels=["worker", "host"])
@@ -151,7 +152,8 @@ def _workers(s: RunStatus) -> Iterable[Metric]:
         names = [*WorkerState] + ([w.state] if w.state not in tuple(WorkerState) else [])
         for name in names:
             state.add_metric([w.name, w.host, name], 1.0 if w.state == name else 0.0)
-        in_flight.add_metric([w.name, w.host], w.in_flight)
+        if w.in_flight is not None:  # None: not known (behind a router that keeps no count; its host lost)
+            in_flight.add_metric([w.name, w.host], w.in_flight)
         capacity.add_metric([w.name, w.host], w.capacity)
         restarts.add_metric([w.name, w.host], w.restarts)
     yield from (state, in_flight, capacity, restarts)

@@ -166,14 +166,18 @@ class Rejects:
 
 @dataclass
 class SlurmJobStatus:
-    """A [slurm] group's current job, in Slurm's words (squeue)."""
+    """A [slurm] group's current job, in Slurm's words (squeue; once the job left the queue scontrol, then sacct)."""
     job_id: str
-    state: str  # PENDING, RUNNING, TIMEOUT, CANCELLED, NODE_FAIL, ...
+    state: str  # PENDING, RUNNING, TIMEOUT, CANCELLED, NODE_FAIL, ... (Slurm's); GONE: no command knows it any more
     reason: str = ""  # Resources, Priority, ... (pending), or why it ended
     nodes: str = ""
+    # squeue's time left as the operator reads it (engine.placement.slurm.jobs.time_left_text): `47:48`, `past its
+    # limit` (squeue's INVALID: over its limit, not killed yet), `no limit`; "" where not known
     time_left: str = ""
     next_job: str | None = None  # queued at a hand-over before the time limit
     waiting_since: float | None = None  # not running yet (PENDING ...): since when regen saw it so (epoch s)
+    ended: bool = False  # the job ended for good (not pending, running or requeued): `state` is its last state
+    source: str = ""  # which command said the state (engine.api.wire.JobSource); "" from an engine before the field
 
     def state_text(self, as_of: float | None) -> str:
         """The state, with how long a job not started has waited as of `as_of` (`PENDING 12m34s`): the CLI's and
@@ -181,6 +185,12 @@ class SlurmJobStatus:
         if self.state == "RUNNING" or self.waiting_since is None or as_of is None:
             return self.state
         return f"{self.state} {duration_text(as_of - self.waiting_since)}"
+
+    def left_text(self) -> str:
+        """A running job's time left in a sentence: `47:48 left`, `past its limit`, `no limit`; "" otherwise."""
+        if self.state != "RUNNING" or not self.time_left:
+            return ""
+        return self.time_left if not self.time_left[:1].isdigit() else f"{self.time_left} left"
 
     @property
     def reason_text(self) -> str:
@@ -216,9 +226,14 @@ class RouterStatus:
     url: str
     up: bool
     policy: str
-    members: list[str] = field(default_factory=list)  # server URLs in it
+    members: list[str] = field(default_factory=list)  # server URLs given to it
     restarts: int = 0
     error: str | None = None
+    # the servers it routes to: of the members, those it lists itself, healthy (GET /workers: a server given to it
+    # is listed about a second later); dispatch waits for one
+    routed: list[str] = field(default_factory=list)
+    in_flight: int = 0  # requests regen has open through it (its servers' own figures: each worker's in_flight)
+    capacity: int = 0  # the dispatcher's target for it: the routed servers' batches plus a queue margin
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -43,7 +43,7 @@ class Fleet:
         self.emit = emit
         self.router = RouterProcess(cfg, run_dir, session, emit)
         self.endpoint = RouterEndpoint(self.router)
-        self.router.on_change = self.endpoint.refresh
+        self.router.on_change = self._routed_changed  # the servers the router routes to changed (its own list)
         engine_root = Path(engine.__file__).resolve().parent.parent
         self.local_workers: list[Worker] = []
         self.links: list[HostLink] = []
@@ -109,6 +109,7 @@ class Fleet:
         if self._stopped:
             return
         self._stopped = True
+        self.router.closing()
         for task in list(self._changes):
             task.cancel()
         await asyncio.gather(*(link.stop() for link in self.links), *(w.stop() for w in self.local_workers),
@@ -121,6 +122,10 @@ class Fleet:
         task.add_done_callback(self._changes.discard)
         if not self._stopped:
             self._judge_hosts()
+
+    def _routed_changed(self) -> None:
+        self.endpoint.refresh()
+        self.on_change()
 
     def servers_by_host(self) -> dict[str, list]:
         by_host: dict[str, list] = {h.name: [] for h in self.cfg.hosts}
@@ -214,4 +219,6 @@ class Fleet:
 
     def router_status(self) -> RouterStatus:
         return RouterStatus(url=self.router.url, up=self.router.up, policy=self.cfg.router.policy,
-                            members=sorted(self.router.members), restarts=self.router.restarts, error=self.router.error)
+                            members=sorted(self.router.members), restarts=self.router.restarts, error=self.router.error,
+                            routed=sorted(m.url for m in self.endpoint.routed()), in_flight=self.endpoint.in_flight or 0,
+                            capacity=self.endpoint.capacity)

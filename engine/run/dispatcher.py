@@ -75,6 +75,13 @@ START_GRACE_S = 10.0  # a server still starting counts in the fair share this lo
 MOVE_AFTER_S = 1.0  # a server under its batch with an empty queue this long takes work waiting in another's queue
 FAULT_PAUSE_S = 0.25  # a server's first failed request stops its pulls this long; each further one in a row doubles it
 STREAM_END_WAIT_S = 10.0  # a stream's end ([DONE]) not come this long after its final chunk: its connection closed
+# sglang-router's 503 when it has no server to route to ({"error": {"code": "no_available_workers", "message": "No
+# available workers (all circuits open or unhealthy)"}}): the request reached no server
+NO_SERVERS_CODE = "no_available_workers"
+NO_SERVERS_TEXT = "No available workers"
+UNROUTED_PAUSE_S = 0.2  # such a router takes no new work this long, doubling while it answers so, at most 2 s
+UNROUTED_MAX_PAUSE_S = 2.0
+UNROUTED_ALERT_AFTER = 20  # answered so this many times in a row (tens of seconds): an alert, once per run of them
 
 
 class WorkQueue(Protocol):
@@ -135,6 +142,8 @@ class Dispatcher:
         self.moved = 0  # requests moved off a server's queue in this run
         self._no_pull_until: dict[str, float] = {}  # a worker work was just moved off takes none for MOVE_AFTER_S
         self._faults: dict[str, int] = {}  # per worker: requests failed in a row by the server (reset by an answer)
+        self.unrouted = 0  # requests a router answered 503 "No available workers" (re-queued, not attempts)
+        self._unrouted_run: dict[str, int] = {}  # per router target: such answers in a row (reset by an answer)
         for w in workers:
             w.listeners.append(self._on_worker_state)
 
@@ -447,6 +456,10 @@ class Dispatcher:
         elif status == 400:
             self.deliver(Rejected(item, f"rejected by SGLang (HTTP 400): {message}",
                                   excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}"))
+        elif status == 503 and hasattr(w, "no_servers") and _no_servers(body):
+            if self._aborting:
+                return
+            self._unrouted(w, item, _error_message(body))
         else:
             if self._aborting:
                 return
@@ -652,6 +665,7 @@ class Dispatcher:
             self._retry_or_fail(item, immediate=moving)  # moving, it had started: retried at once
             return
         self._faults.pop(w.name, None)
+        self._unrouted_run.pop(w.name, None)
         completion = meta.get("completion_tokens")
         n = len(ids32)
         self.request_size.answered(n)
@@ -684,6 +698,28 @@ class Dispatcher:
         if self.cfg.turns == "all" and not item.is_last_turn:
             answer = self.renderer.history_answer(ids32, item.prompt_opened)
         self.deliver(Generated(item, row, answer))
+
+    def _unrouted(self, w: Worker, item: WorkItem, message: str) -> None:
+        """The router answered 503 "No available workers": the request reached no server, so it is no attempt of the
+        sample (not in `retried`, no backoff of its own): it goes back to the front of regen's queue as it was. The
+        router's list of servers is read again now (the endpoint is ready only while the router lists one), and the
+        router takes no new work for a moment, doubling while it goes on answering so (each pull would be answered
+        the same at once). Said in the log once per run of such answers, and alerted if it lasts."""
+        self.unrouted += 1
+        n = self._unrouted_run[w.name] = self._unrouted_run.get(w.name, 0) + 1
+        until = time.monotonic() + min(UNROUTED_MAX_PAUSE_S, UNROUTED_PAUSE_S * 2 ** min(n - 1, 8))
+        if until > self._no_pull_until.get(w.name, 0.0):
+            self._no_pull_until[w.name] = until
+        if n == 1:
+            log.warning("%s had no server to route %s to (HTTP 503: %s): re-queued (not an attempt); the router's "
+                        "list of servers is read again", w.name, item.sample_id, message)
+        if n == UNROUTED_ALERT_AFTER:
+            self.emit(AlertEvent(
+                severity="error", text=f"{w.name} has answered {n} requests in a row with 503 \"No available "
+                "workers\" although it lists servers: nothing reaches them", evidence=f"{item.sample_id}: {message}; "
+                f"see the router's own list (GET {w.url}/workers) and its log", key=f"router-no-servers:{w.name}"))
+        w.no_servers()
+        self.deliver(Retry(item, 0.0))
 
     def _server_fault(self, w: Worker) -> None:
         """The server failed a request: its loop pulls nothing for FAULT_PAUSE_S, doubled for each failure in a row,
@@ -719,6 +755,18 @@ def _margin(w, size: int) -> int:
     queue); a server gets a quarter of its batch (engine.run.batch_feedback.margin_for)."""
     own = getattr(w, "queue_margin", None)
     return own if own else margin_for(size)
+
+
+def _no_servers(body: bytes) -> bool:
+    """A router's 503 that says it had no server to route to (sglang-router's `no_available_workers`)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return NO_SERVERS_TEXT in body[:500].decode("utf-8", errors="replace")
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict) and err.get("code") == NO_SERVERS_CODE:
+        return True
+    return NO_SERVERS_TEXT in _error_message(body)
 
 
 def _error_message(body: bytes) -> str:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 
 from engine.servers import stream_flag
-from engine.api.wire import AlertKind, Severity, WorkerState  # noqa: F401  (the workers' states are the wire's)
+from engine.api.wire import AlertKind, InFlightSource, Severity, WorkerState
 from engine.servers.capacity import BatchSize, ServerCapacity, batch_from_log, configured_batch, discover, parse_server_info
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
@@ -321,9 +321,9 @@ def worker_event(w, *, host: str = "", remote: bool = False) -> WorkerEvent:
     return with_batch(WorkerEvent(
         name=w.name, state=w.state, url=w.url, gpus=list(w.spec.gpus), pid=w.pid, restarts=w.restarts,
         running_reqs=m.running_reqs, queued_reqs=m.queued_reqs, gen_throughput=m.gen_throughput,
-        token_usage=m.token_usage, in_flight=w.in_flight, held=getattr(w, "held", 0), capacity=w.capacity,
-        error=w.error, host=host,
-        remote=remote, **served_fields(w.served)), w)
+        token_usage=m.token_usage, in_flight=w.in_flight, in_flight_source=w.in_flight_source,
+        held=getattr(w, "held", 0), capacity=w.capacity, error=w.error, host=host, remote=remote,
+        node=getattr(w, "node", ""), job_id=getattr(w, "job_id", ""), **served_fields(w.served)), w)
 
 
 def served_fields(served: ServedTokens | None) -> dict:
@@ -347,7 +347,10 @@ class Worker:
     capacity_info: ServerCapacity = field(default_factory=ServerCapacity)
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     error: str | None = None
-    in_flight: int = 0  # maintained by the dispatcher
+    # maintained by the dispatcher; behind the router (a [[hosts]] run's local servers) by the router's endpoint:
+    # the router's count of it, or None where the router keeps none (engine.placement.router.RouterEndpoint.refresh)
+    in_flight: int | None = 0
+    in_flight_source: str = InFlightSource.DISPATCH
     held: int = 0  # maintained by the dispatcher: regen's queued items held for it
     capacity: int = 0  # maintained by the dispatcher
     batch: BatchSize | None = None  # maintained by the dispatcher: the batch size it works with

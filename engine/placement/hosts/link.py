@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
-from engine.api.wire import AlertKind, HostState, Severity
+from engine.api.wire import AlertKind, HostState, InFlightSource, Severity
 from engine.servers.capacity import BatchSize, ServerCapacity, configured_batch, discover
 from engine.config.load import Host, RunConfig, Workers, dump_toml, host_workers
 from engine.placement.hosts.readings import READINGS_FILE
@@ -68,6 +68,8 @@ FORWARD_READY_S = 20.0
 MAX_BACKOFF_S = 30.0
 IDENTITY_REFRESH_S = 2.0  # the agents' identity records are read over ssh at most this often
 ENDED = (WorkerState.CRASHED, WorkerState.FAILED)
+# a server whose host (or job) is not there: what was last read of it is not live
+GONE = (WorkerState.UNREACHABLE, WorkerState.LOST, WorkerState.STOPPED)
 
 
 class HostError(Exception):
@@ -115,10 +117,15 @@ class RemoteWorker:
     error: str | None = None
     capacity_info: ServerCapacity = field(default_factory=ServerCapacity)
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
-    in_flight: int = 0
+    # behind the router (always, in a multi-host run): the router's count of requests open on it, or None where the
+    # router keeps none or the server has no live figure (engine.placement.router.RouterEndpoint.refresh)
+    in_flight: int | None = 0
+    in_flight_source: str = InFlightSource.DISPATCH
     held: int = 0
     capacity: int = 0
     batch: BatchSize | None = None  # set by a dispatcher that sends to it directly (the router's members: never)
+    node: str = ""  # a [slurm] group's server: the node its job runs on (pid is that node's)
+    job_id: str = ""  # a [slurm] group's server: its job
     listeners: list[Callable[["RemoteWorker", str], None]] = field(default_factory=list)
     unhealthy_since: float | None = None
     ready_this_join: bool = False
@@ -138,12 +145,22 @@ class RemoteWorker:
 
     def set_state(self, state: str, error: str | None = None) -> None:
         self.error = error
+        if state in GONE or state in ENDED:
+            self.drop_live_figures()
         if state == self.state:
             return
         log.info("worker %s: %s -> %s%s", self.name, self.state, state, f" ({error})" if error else "")
         self.state = state
         for listener in list(self.listeners):
             listener(self, state)
+
+    def drop_live_figures(self) -> None:
+        """Its host or job is gone (lost, unreachable, stopped): no reading of it is live any more. Its gauges, pid and
+        in-flight count go (N/A), not kept at their last values; they come back with the next reading once it
+        answers again."""
+        self.metrics = ServerMetrics()
+        self.pid = None
+        self.in_flight = None
 
     def snapshot(self) -> WorkerEvent:
         return worker_event(self, host=self.host, remote=True)
@@ -430,7 +447,7 @@ class HostLink:
         first = self.error != why
         self.error = why
         for m in self.members:
-            m.set_state("unreachable" if m.state != WorkerState.STOPPED else m.state, why)
+            m.set_state(WorkerState.UNREACHABLE if m.state != WorkerState.STOPPED else m.state, why)
         if self.state != HostState.LOST:
             self.state = HostState.LOST if self.joins else HostState.CONNECTING
         self.readings.mark_stale("the host cannot be reached")  # why: in its host row and alert
@@ -443,7 +460,7 @@ class HostLink:
         self.lost_count += 1
         self.state, self.error = HostState.LOST, reason
         for m in self.members:
-            m.set_state("unreachable", reason)
+            m.set_state(WorkerState.LOST, reason)
         self.readings.mark_stale("the host is lost")
         # requests open through the forwards fail now instead of at their timeouts: re-dispatched
         await self._close_tunnel()
@@ -465,7 +482,7 @@ class HostLink:
         for m in self.members:
             m.unhealthy_since = None
             m.ready_this_join = False
-            if m.state in ("unreachable", WorkerState.STOPPED):
+            if m.state in GONE:
                 m.set_state(WorkerState.STARTING)
         while not self._stopping:
             if self._tunnel is not None and self._tunnel.returncode is not None:
@@ -501,7 +518,9 @@ class HostLink:
             if now >= next_metrics:
                 next_metrics = now + METRICS_EVERY_S
                 ready = [m for m in self.members if m.state == WorkerState.READY]
-                await asyncio.gather(*(self._scrape(m) for m in ready), *(self._still_admitted(m) for m in ready))
+                # a drained server still runs what it was sent: its gauges are read as long as it answers
+                serving = ready + [m for m in self.members if m.state == HostState.DRAINED]
+                await asyncio.gather(*(self._scrape(m) for m in serving), *(self._still_admitted(m) for m in ready))
             await asyncio.sleep(POLL_S)
         return "stopping"
 
@@ -525,7 +544,7 @@ class HostLink:
                         key=f"worker:{m.name}:failed"))
             return True
         if m.state in ENDED and record.state in (WorkerState.STARTING, WorkerState.LOADING):
-            m.restarts = record.restarts
+            m.restarts, m.pid = record.restarts, record.pid
             m.set_state(record.state, f"the host agent's server: {record.state} (restart {record.restarts})")
             return True
         return False
@@ -610,6 +629,7 @@ class HostLink:
         if record is not None:
             self._tell_crashes(m, record)  # a crash and relaunch between two reads is said before the rejoin
         if check.verdict == Verdict.PROVEN:
+            m.pid = record.pid  # the host agent's launch, on its host
             if m.state == WorkerState.REFUSED:
                 self.emit(AlertEvent(severity=Severity.INFO, text=f"worker {m.name}: its own server answers again; it rejoins",
                                      evidence=f"refused before: {m.error}", key=f"worker:{m.name}:refused",

@@ -1,6 +1,8 @@
-"""Slurm's commands as regen uses them: sbatch a job, read its state (squeue, then scontrol once it left the queue),
-scancel the ids regen submitted. Every call is the plain command (SLURM_CONF and PATH of the supervisor's
-environment); what Slurm says is kept word for word for the operator."""
+"""Slurm's commands as regen uses them: sbatch a job, read its state (squeue; once it left the queue scontrol, while
+slurmctld still remembers it, for MinJobAge; then sacct, the accounting record), scancel the ids regen submitted.
+Every call is the plain command (SLURM_CONF and PATH of the supervisor's environment); what Slurm says is kept word
+for word for the operator, except the time left of a job past its limit: squeue prints `INVALID` until the job is
+killed (about 30 s later), and that word is never shown (time_left_text)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,9 +11,22 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine.api.wire import JobSource
+
 TIMEOUT_S = 30.0
 JOBS_FILE = "jobs.jsonl"  # under the slurm work dir: every job regen submitted (regen stop cancels these only)
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+GONE = "GONE"  # the state of a job neither squeue, scontrol nor sacct knows (any more)
+# squeue's %L words that are not a duration, as the operator reads them
+TIME_LEFT_WORDS = {"INVALID": "past its limit", "UNLIMITED": "no limit", "NOT_SET": "not set"}
+SACCT_FIELDS = "JobID,State,Reason,NodeList"  # sacct -P -o: one line per job, fields split by |
+
+
+def time_left_text(raw: str) -> str:
+    """squeue's time left as the operator reads it: a duration as squeue prints it (`47:48`, `1-02:00:00`), `past its
+    limit` for INVALID (a job over its limit that Slurm has not killed yet), `no limit`, `not set`."""
+    raw = raw.strip()
+    return TIME_LEFT_WORDS.get(raw, raw)
 
 
 class SlurmError(Exception):
@@ -28,6 +43,7 @@ class JobState:
     # how often Slurm requeued it (preemption in a REQUEUE partition, a node failure, `scontrol requeue`): a requeued
     # job keeps its id, so (job id, restarts) names one life of it (engine/placement/slurm/step.py's job dir)
     restarts: int = 0
+    source: str = JobSource.SQUEUE  # which command said it
 
     @property
     def active(self) -> bool:
@@ -109,7 +125,38 @@ def parse_scontrol(job_id: str, out: str) -> JobState | None:
     if "JobState" not in fields:
         return None
     return JobState(job_id, fields["JobState"], fields.get("Reason", ""), fields.get("NodeList", ""),
-                    fields.get("TimeLimit", ""), _count(fields.get("Restarts", "")))
+                    fields.get("TimeLimit", ""), _count(fields.get("Restarts", "")), JobSource.SCONTROL)
+
+
+def parse_sacct(job_id: str, out: str) -> JobState | None:
+    """The job's line of `sacct -n -P -X -j ID -o SACCT_FIELDS` (`4127|CANCELLED by 1000|None|gpu-a17`); None if it is
+    not there. `CANCELLED by UID` is the state CANCELLED, and who cancelled it goes to the reason."""
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 4 or parts[0] != job_id or not parts[1].strip():
+            continue
+        state, _, by = parts[1].strip().partition(" ")
+        reason = parts[2].strip()
+        if by:
+            reason = f"{reason}, {by}" if reason not in ("", "None") else by
+        return JobState(job_id, state, reason, parts[3].strip(), "", 0, JobSource.SACCT)
+    return None
+
+
+def last_jobs(jobs_file: Path) -> dict[int, str]:
+    """The last job regen submitted for each server group (jobs_file's order), by group."""
+    try:
+        lines = jobs_file.read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    out: dict[int, str] = {}
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            out[int(rec["group"])] = str(rec["job"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a crash mid-write
+    return out
 
 
 def _count(text: str) -> int:
@@ -127,7 +174,18 @@ async def state(job_id: str) -> JobState:
     if found is None and rc != 0 and "Invalid job id" not in err:  # not an answer about the job: Slurm's trouble
         raise SlurmError(f"scontrol show job {job_id} (exit {rc}): {err.strip() or out.strip() or '(no output)'} "
                          "(is SLURM_CONF right, slurmctld reachable?)")
-    return found or JobState(job_id, "GONE", "no longer known to slurmctld")
+    if found is not None:
+        return found
+    # slurmctld forgot it (MinJobAge after its end): the accounting record, where the cluster keeps one
+    try:
+        rc, out, err = await run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", SACCT_FIELDS])
+    except SlurmError as exc:
+        return JobState(job_id, GONE, f"no longer known to slurmctld; {exc}", source=JobSource.NONE)
+    found = parse_sacct(job_id, out) if rc == 0 else None
+    if found is not None:
+        return found
+    said = f"sacct (exit {rc}): {err.strip() or out.strip() or '(no output)'}" if rc != 0 else "sacct has no record of it"
+    return JobState(job_id, GONE, f"no longer known to slurmctld; {said}", source=JobSource.NONE)
 
 
 async def cancel(job_ids: list[str]) -> str:

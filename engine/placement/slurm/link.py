@@ -40,7 +40,7 @@ from engine.config.load import Host, RunConfig, dump_toml
 from engine.config.schema import time_limit_seconds
 from engine.placement.hosts.link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
 from engine.observe.status import HostStatus, SlurmJobStatus
-from engine.placement.slurm.jobs import JobState, SlurmError
+from engine.placement.slurm.jobs import JobState, SlurmError, time_left_text
 from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_work_dir
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.api.events import AlertEvent
@@ -51,13 +51,17 @@ log = logging.getLogger("regen.slurm")
 POLL_S = 2.0
 NODE_FILE_WAIT_S = 60.0
 FINAL_STATE_WAIT_S = 15.0
+RELEASE_WAIT_S = 5.0  # a job cancelled at the run's end: its end is read this long at most (the status shows it)
 # pending reasons that are Slurm's routine, told as info: waiting its turn, and the delay Slurm puts on a requeued
 # job before it may start again (right after the requeue alert)
 ROUTINE_PENDING = ("Priority", "BeginTime")
 
 
 def time_left_s(text: str) -> int | None:
-    """squeue's %L (`9:58`, `1:00:00`, `1-02:00:00`) in seconds; None for UNLIMITED, NOT_SET, INVALID."""
+    """squeue's %L (`9:58`, `1:00:00`, `1-02:00:00`) in seconds; 0 for INVALID (past its limit, not killed yet);
+    None for UNLIMITED, NOT_SET."""
+    if text.strip() == "INVALID":
+        return 0
     try:
         return time_limit_seconds(text)
     except ValueError:
@@ -80,6 +84,13 @@ class Waiting:
     since: float  # the link's clock (monotonic)
     wall_since: float  # time.time(), for the status
     alerted: bool = False
+
+
+def job_status(job: JobState, next_job: str | None = None, waiting_since: float | None = None) -> SlurmJobStatus:
+    """A job as the status carries it: Slurm's words, its time left as the operator reads it, whether it ended."""
+    return SlurmJobStatus(job_id=job.job_id, state=job.state, reason=job.reason, nodes=job.nodes,
+                          time_left=time_left_text(job.time_left) if job.state == "RUNNING" else "",
+                          next_job=next_job, waiting_since=waiting_since, ended=not job.active, source=job.source)
 
 
 class SlurmLink(HostLink):
@@ -249,6 +260,7 @@ class SlurmLink(HostLink):
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
         for m in self.members:
             m.url = f"http://{node['address']}:{m.spec.port}"
+            m.node, m.job_id = str(node.get("node") or job.nodes), job.job_id
         self._pending_said = None
         if self._handing_over:  # the drain was the last job's hand-over, not the operator's
             self._handing_over, self.drained = False, False
@@ -258,10 +270,14 @@ class SlurmLink(HostLink):
     async def _watch(self) -> str:
         servers = asyncio.create_task(super()._watch(), name=f"servers-{self.host.name}")
         job = asyncio.create_task(self._watch_job(), name=f"job-{self.host.name}")
-        done, pending = await asyncio.wait({servers, job}, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            done, _ = await asyncio.wait({servers, job}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # also when this task is cancelled (the link stopping): asyncio.wait leaves its tasks running, and the job's
+            # watcher would see the cancel of the run's end as a job that ended, with an error alert
+            for task in (servers, job):
+                task.cancel()
+            await asyncio.gather(servers, job, return_exceptions=True)
         return next(iter(done)).result()
 
     async def _watch_job(self) -> str:
@@ -316,7 +332,7 @@ class SlurmLink(HostLink):
 
     def _ended(self, job: JobState) -> None:
         """The alert for a job that ended, once per job, in Slurm's words (job id, state, reason)."""
-        if job.job_id in self._said_ended:
+        if job.job_id in self._said_ended or self._stopping:  # stopping: regen's own cancel, told in the log
             return
         reason = f" ({job.given_reason})" if job.given_reason else ""
         if job.active:  # requeued (preempted, a node failed, scontrol requeue): the same id runs again once placed
@@ -359,7 +375,7 @@ class SlurmLink(HostLink):
             return
         self.emit(AlertEvent(severity="info", text=f"slurm job {self.job.job_id} ({self.host.name}) nears its time "
                              f"limit: its servers are drained, job {self.next_job} queued to take over",
-                             evidence=self.job.words() + f", time left {self.job.time_left}",
+                             evidence=self.job.words() + f", time left {time_left_text(self.job.time_left)}",
                              key=f"slurm-handover:{self.host.name}"))
 
     def server_log_where(self, m) -> str:
@@ -377,12 +393,34 @@ class SlurmLink(HostLink):
                 said = str(exc)
             if said:
                 log.warning("group %s: %s", self.host.name, said)
+            else:
+                self.next_job = None  # cancelled with it: nothing takes over
+            await self._read_end()
+
+    async def _read_end(self) -> None:
+        """The job's state once cancelled, as Slurm says it (CANCELLED, or COMPLETING for a moment): what the status
+        shows from now on, not the RUNNING read before the cancel. Read for at most RELEASE_WAIT_S."""
+        if self.job is None:
+            return
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while True:
+            try:
+                self.job = await slurm_jobs.state(self.job.job_id)
+            except SlurmError as exc:
+                log.warning("group %s: the state of job %s after its cancel: %s", self.host.name, self.job.job_id, exc)
+                return
+            if not self.job.active or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.5)
+        log.info("group %s: %s%s", self.host.name, self.job.words(), "" if not self.job.active else
+                 f" {RELEASE_WAIT_S:.0f} s after its cancel (its end is read again by `regen status` once the "
+                 "supervisor is gone)")
 
     def status(self) -> HostStatus:
         st = super().status()
         job = self.job
         waiting = self._waiting if job and self._waiting and self._waiting.job_id == job.job_id else None
-        st.job = SlurmJobStatus(job_id=job.job_id, state=job.state, reason=job.reason, nodes=job.nodes,
-                                time_left=job.time_left, next_job=self.next_job,
-                                waiting_since=waiting.wall_since if waiting else None) if job else None
+        st.job = job_status(job, self.next_job, waiting.wall_since if waiting else None) if job else None
+        if self._stopping and job is not None and not job.active:
+            st.state = HostState.ENDED  # stopped with the run, its job's end read from Slurm (_release)
         return st

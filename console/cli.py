@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: hints repeat it (console/view/hints.py)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: hints repeat it (console/host/hints.py)
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from console.cli import main as regen_main
-from console.config_probe import config_passed
+from console.host.config_probe import config_passed
 from engine.config.load import config_from_dict
 from engine.config.schema import (SAMPLING_VERSION_RANGES, Sampling, named_sglang_version, sampling_version_problems,
                                   sampling_version_warnings, sglang_version_tuple, version_range)

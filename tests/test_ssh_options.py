@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from console.cli import build_parser, main
-from console.view.hints import hint_from_args, regen_command, typed_again
+from console.host.hints import hint_from_args, regen_command, typed_again
 from console.host.ssh_options import ENV_SSH_CONFIG, SshOptions
 from console.host.source import HostSource, SourceError
 

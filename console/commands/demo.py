@@ -18,7 +18,7 @@ from pathlib import Path
 
 from console.commands.status import progress_line
 from console.host.deploy import EXIT_ERROR, EXIT_OK, DeployError, start_run
-from console.view.hints import regen_command
+from console.host.hints import regen_command
 from console.host.run_client import RunClientError
 from console.host.transport import TransportError
 from console.host.connect import open_transport

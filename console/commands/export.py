@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from console.commands.stats import missing_local_dir, split_target
-from console.view.hints import cannot_reach
+from console.host.hints import cannot_reach
 from console.host.run_client import RunClientError
 from console.host.run_dir_lookup import locate_run_dir
 from console.host.remote_engine import RemoteEngineError, engine_command, engine_report, recorded_python

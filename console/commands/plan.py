@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from console.view.hints import cannot_reach
+from console.host.hints import cannot_reach
 from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.transport import TransportError, quote_argv
 from console.host.connect import open_transport

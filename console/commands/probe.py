@@ -20,8 +20,8 @@ import sys
 
 from rich.console import Console
 
-from console.config_probe import CONFIG_PROBE, config_failed_report, config_passed
-from console.view.hints import typed_again
+from console.host.config_probe import CONFIG_PROBE, config_failed_report, config_passed
+from console.host.hints import typed_again
 from console.host.preflight import (DISPATCH_PROBES, GPU_HOST_PROBES, SLURM_PROBES, context_from_config, host_contexts,
                                     probe_host, ssh_config_of)
 from console.host.ssh_options import add_ssh_options

@@ -31,12 +31,12 @@ import sys
 
 from console.host.deploy import (AlreadyFinished, AlreadyRunning, DeployError, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE,
                                  StartFailed, start_run)
-from console.view.hints import cannot_reach, hint_from_args, run_dir_command, typed_again
+from console.host.hints import cannot_reach, hint_from_args, run_dir_command, typed_again
 from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.start_record import StartRecord
 from console.host.transport import TransportError
 from console.host.connect import open_transport
-from console.config_probe import config_failed_report, config_passed
+from console.host.config_probe import config_failed_report, config_passed
 from engine.config.load import ConfigError, load_config
 from probes.render import render_report
 

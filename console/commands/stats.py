@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from console.view.hints import cannot_reach
+from console.host.hints import cannot_reach
 from console.host.run_client import RunClientError
 from console.host.run_dir_lookup import locate_run_dir
 from console.host.remote_engine import (RemoteEngineError, deployed_engine, engine_command, engine_report,

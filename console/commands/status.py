@@ -21,7 +21,7 @@ from console.host.start_record import StartRecord
 from console.view.cause import NOT_RUNNING_STATES, not_running_lines
 from console.host.deploy import EXIT_OK, add_host_args, run_with_client
 from console.view.fit_table import Col, fitted_table
-from console.view.hints import hint_from_args
+from console.host.hints import hint_from_args
 from console.view.wide_console import WIDE, report_console
 from console.commands.status_hardware import hardware_parts
 from console.host.run_client import RunClientError

@@ -11,7 +11,7 @@ from console.host import start_record
 from console.commands.status import cause_block, exit_code_of, progress_line
 from console.host.deploy import EXIT_ERROR, EXIT_UNREACHABLE
 from console.host.follow import FollowState, RunFollower, SourceError
-from console.view.hints import hint_from_args
+from console.host.hints import hint_from_args
 from console.host.run_client import RunClientError
 from console.host.ssh_options import SshOptions
 from engine.observe.status import RunStatus

@@ -36,7 +36,7 @@ def run(args) -> int:
         return int(app.return_code or 0)
     from console.tui.app import run_tui
 
-    from console.view.hints import typed_again
+    from console.host.hints import typed_again
 
     refused = asyncio.run(refusal(args))
     if refused is not None:
@@ -50,7 +50,7 @@ async def refusal(args) -> int | None:
     that cannot be reached (an alias that does not resolve, an unknown key), a run dir that is not there or is not a
     run's. None: the run dir is one; the console opens (a stopped or finished run included)."""
     from console.host.connect import open_transport
-    from console.view.hints import cannot_reach
+    from console.host.hints import cannot_reach
 
     try:
         transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())

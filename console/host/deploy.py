@@ -377,7 +377,7 @@ def run_with_client(args, op) -> int:
     """Open the transport, build the RunClient from the run dir, await op(client); map errors to exit codes."""
     import sys
 
-    from console.view.hints import cannot_reach
+    from console.host.hints import cannot_reach
     from console.host.connect import open_transport
 
     async def main() -> int:
@@ -405,7 +405,7 @@ def run_with_client(args, op) -> int:
 def no_supervisor_text(args, run_dir: str, exc: NoSupervisor, record: StartRecord | None = None) -> str:
     """A run whose supervisor is not running, and the `regen start` that resumes it (run_dir: absolute): from the
     run's start record when there is one, else built from the frozen config (and said so)."""
-    from console.view.hints import hint_from_args
+    from console.host.hints import hint_from_args
 
     local = args.host == "local"
     config = f"{run_dir}/run.toml" if local else "run.toml"

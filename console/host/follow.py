@@ -9,11 +9,11 @@ a control operation is never replayed. The loop stops on what retrying cannot fi
 from __future__ import annotations
 
 import asyncio
-from enum import StrEnum
 import inspect
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
+from console.view.model import ConnectionState
 from engine.observe.status import RunStatus
 from engine.api.events import Event
 
@@ -39,16 +39,6 @@ class FollowSource(Protocol):
     async def status(self) -> RunStatus: ...
     async def last_status(self) -> RunStatus: ...
     def follow(self, since: float | None) -> AsyncIterator[Event]: ...
-
-
-class ConnectionState(StrEnum):
-    CONNECTING = "connecting"
-    CONNECTED = "connected"
-    RECONNECTING = "reconnecting"
-    LOST = "lost"
-    ENDED = "ended"  # the follow ended with the run: nothing more will come
-    REFUSED = "refused"
-
 
 
 @dataclass(frozen=True)

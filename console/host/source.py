@@ -20,10 +20,10 @@ from typing import Any, AsyncIterator, NoReturn, Protocol
 import orjson
 
 from console.host import start_record
-from console.host.start_record import ResumeHint
-from console.config_probe import config_failed_report, config_passed
+from console.view.model import ResumeHint
+from console.host.config_probe import config_failed_report, config_passed
 from console.host.follow import FollowSource, SourceError
-from console.view.hints import regen_command
+from console.host.hints import regen_command
 from console.host.remote_engine import engine_command
 from console.host.control_channel import ChannelClosed
 from console.host.run_client import NoSupervisor, RunClient, RunClientError

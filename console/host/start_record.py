@@ -38,20 +38,6 @@ class StartRecord:
         return json.dumps(asdict(self))
 
 
-@dataclass(frozen=True)
-class ResumeHint:
-    """The `regen start` that resumes the run, from its start record (console/host/start_record.py), and where that line
-    comes from; or, without a record, only why (command "")."""
-    command: str = ""
-    note: str = ""
-
-    def text(self) -> str:
-        if not self.command:
-            return self.note
-        return f"resume with: {self.command}" + (f" ({self.note})" if self.note else "")
-
-
-
 def parse(text: str) -> StartRecord | None:
     try:
         data = json.loads(text)

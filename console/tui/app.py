@@ -17,7 +17,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, TabbedContent, TabPane
 
-from console.host.follow import Backoff, ConnectionState, RunFollower
+from console.host.follow import Backoff, RunFollower
+from console.view.model import ConnectionState
 from console.tui.messages import (ConnectionChanged, ControlDone, LogTail, ProbeReportReady, StatsReceived,
                                   StatusReceived, TelemetryBatch)
 from console.view.model import AlertView, RunModel
@@ -33,7 +34,7 @@ from console.host.ssh_options import SshOptions
 from console.host.source import DataSource, HostSource, SourceError
 from console.tui.widgets import NextStep, RunHeader
 from engine.api.ops import ShardsChanged, WorkerRestarted
-from console.host.start_record import ResumeHint
+from console.view.model import ResumeHint
 
 BATCH_INTERVAL_S = 0.25  # telemetry is posted at most 4 times a second
 STATUS_EVERY_S = 10.0

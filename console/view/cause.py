@@ -31,7 +31,7 @@ def cause_lines(fatal: FatalRecord) -> list[str]:
 
 def not_running_lines(status: RunStatus, start_hint: str, note: str = "") -> list[str]:
     """What an operator reads first about a run whose supervisor is gone: the cause, or that none was recorded,
-    then how to start it again (start_hint: the `regen start ...` line, built by console.view.hints; note: a line
+    then how to start it again (start_hint: the `regen start ...` line, built by console.host.hints; note: a line
     that explains it, e.g. where the config is)."""
     state = status.state
     extra = [f"  {note}"] if note else []

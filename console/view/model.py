@@ -10,12 +10,11 @@ import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Iterable
 
 from console.view.liveness import Freshness, Liveness, of_host, of_run, of_worker
 from console.view.series import Series
-from console.host.follow import ConnectionState
-from console.host.start_record import ResumeHint
 from engine.api.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, ShardFigures
 from engine.fatal import FatalRecord
 from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
@@ -162,6 +161,32 @@ class AlertView:
     key: str = ""
     origin: str = "host"  # host (the supervisor's alert) | console (seen by the console)
     count: int = 1
+
+
+class ConnectionState(StrEnum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    RECONNECTING = "reconnecting"
+    LOST = "lost"
+    ENDED = "ended"  # the follow ended with the run: nothing more will come
+    REFUSED = "refused"
+
+
+
+
+@dataclass(frozen=True)
+class ResumeHint:
+    """The `regen start` that resumes the run, from its start record (console/host/start_record.py), and where that line
+    comes from; or, without a record, only why (command "")."""
+    command: str = ""
+    note: str = ""
+
+    def text(self) -> str:
+        if not self.command:
+            return self.note
+        return f"resume with: {self.command}" + (f" ({self.note})" if self.note else "")
+
+
 
 
 @dataclass

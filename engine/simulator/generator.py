@@ -24,7 +24,7 @@ import math
 import random
 from array import array
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence, cast
 
 from engine.text.tiny_model import corpus
 
@@ -61,7 +61,7 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, conversation: list[dict], **kwargs: Any) -> Any: ...
 
 
-_TOKENIZERS: dict[str, Any] = {}
+_TOKENIZERS: dict[str, Tokenizer] = {}
 
 
 def load_tokenizer(path: str) -> Tokenizer:
@@ -70,11 +70,11 @@ def load_tokenizer(path: str) -> Tokenizer:
     if tok is None:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(path)
+        # transformers annotates convert_tokens_to_ids / convert_ids_to_tokens as unions over one-or-many (no
+        # overloads); Tokenizer names the one form of each that the simulator calls
+        tok = cast(Tokenizer, AutoTokenizer.from_pretrained(path))
         _TOKENIZERS[path] = tok
-    # transformers annotates convert_tokens_to_ids / convert_ids_to_tokens as unions over one-or-many (no
-    # overloads); Tokenizer names the one form of each that the simulator calls
-    return tok  # type: ignore[return-value]
+    return tok
 
 
 def request_key(seed: int, rid: str | None, input_ids: Sequence[int]) -> bytes:

@@ -76,6 +76,8 @@ class ControlServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        if task is None:  # asyncio.start_unix_server runs each connection's handler as a task
+            raise RuntimeError("a control connection handled outside a task")
         self._connections[task] = writer
         try:
             while True:

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -22,10 +22,12 @@ import engine
 from engine.control import request
 from engine.api.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus,
                              ProtocolError, Reply, decode_request, encode_event_line, encode_reply)
-from engine.api.ops import (EXITED, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, RunEnding,
+from engine.api.ops import (EXITED, Drain, DrainHost, LogTail, Op, Pause, RestartWorker, Resume, RunEnding,
                                     Status, Stop, UndrainHost, to_request)
 
 EXIT_OK, EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 0, 1, 2
+# the ops answered with one reply (answer()); follow is a stream (follow(), stream_follow())
+Answered = Op | Hello | LastStatus
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def op_of(args: argparse.Namespace) -> ChannelOp:
+def op_of(args: argparse.Namespace) -> Answered:
     """The control op a parsed command line asks for."""
     if args.op in ("pause", "resume"):
         return (Pause if args.op == "pause" else Resume)(shards=None if args.all else tuple(args.shards))
@@ -72,7 +74,8 @@ def op_of(args: argparse.Namespace) -> ChannelOp:
         return Status(shards=not args.no_shards)
     if args.op == "last-status":
         return LastStatus()
-    return {"drain": Drain, "stop": Stop, "hello": Hello}[args.op]()
+    plain: dict[str, Callable[[], Answered]] = {"drain": Drain, "stop": Stop, "hello": Hello}
+    return plain[args.op]()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def answer(run_dir: Path, op: ChannelOp, rid: int | None, timeout: float) -> Reply:
+def answer(run_dir: Path, op: Answered, rid: int | None, timeout: float) -> Reply:
     """The reply to one op: hello and last_status answered here, the others by the supervisor's control socket."""
     if isinstance(op, Hello):
         return Reply(rid, True, HelloResult(engine.__version__, PROTOCOL_VERSION).to_dict())

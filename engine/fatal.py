@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from engine.api.events import FatalEvent
 
@@ -93,7 +93,7 @@ class FatalRecord:
 
 
 # -- what went wrong, where, and what to do ------------------------------------------------------
-def _chain(exc: BaseException):
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

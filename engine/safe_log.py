@@ -110,9 +110,12 @@ class ResilientHandler(logging.Handler):
         self.failure, self.failed_since, self.dropped = None, None, 0
 
     def close(self) -> None:
-        with self.lock:
+        self.acquire()  # logging.Handler's own lock (its `lock` attribute is typed as maybe None)
+        try:
             if self._kept and self.failure is not None:
                 self._recover()  # a last try at exit
+        finally:
+            self.release()
         super().close()
 
 

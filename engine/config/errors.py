@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 # a union member's tag in an error's location (Real is int | float): not a key
 _UNION_TAGS = {"int", "float", "str", "constrained-int", "constrained-float", "function-after[check(), int]",
@@ -84,7 +85,7 @@ def issues_of(exc: ValidationError, data: dict[str, Any]) -> list[ConfigIssue]:
     seen: set[str] = set()
     for err in exc.errors(include_url=False):
         rule = (err.get("ctx") or {}).get("error")
-        if err["type"] == "value_error" and hasattr(rule, "problems"):
+        if err["type"] == "value_error" and rule is not None and hasattr(rule, "problems"):  # a ConfigRuleError
             for key, text in rule.problems:
                 out.append(ConfigIssue(key, text, ""))
             continue
@@ -96,7 +97,7 @@ def issues_of(exc: ValidationError, data: dict[str, Any]) -> list[ConfigIssue]:
     return out
 
 
-def _issue(err: dict[str, Any], data: dict[str, Any]) -> ConfigIssue:
+def _issue(err: ErrorDetails, data: dict[str, Any]) -> ConfigIssue:
     kind, loc, found = err["type"], tuple(err["loc"]), err.get("input")
     key = key_path(loc)
     if kind == "extra_forbidden":
@@ -164,7 +165,7 @@ def _about(loc: tuple[Any, ...]) -> str:
     return shown + (f"; {about}" if about else "")
 
 
-def _range_words(loc: tuple[Any, ...], err: dict[str, Any]) -> str:
+def _range_words(loc: tuple[Any, ...], err: ErrorDetails) -> str:
     """`must be an integer in 1..4096` when both bounds are known, else pydantic's one bound in plain words."""
     field = _field(loc)
     low = high = None

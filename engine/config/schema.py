@@ -12,9 +12,10 @@ import json
 import re
 import shlex
 import urllib.parse
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated, Any, Callable, Iterator, Literal, TypeAlias, get_args
 
+from annotated_types import GroupedMetadata
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat,
                       StrictInt, StrictStr, WithJsonSchema, model_validator)
 
@@ -37,13 +38,13 @@ NotifyFormat = Literal["generic", "slack", "discord", "ntfy"]
 Severity = Literal["info", "warning", "error", "critical"]
 RouterPolicy = Literal["cache_aware", "round_robin", "random", "power_of_two"]
 RouterLink = Literal["ssh", "lan"]
-TURN_MODES: tuple[str, ...] = TurnMode.__args__
-TURNS_AFTER_CUT: tuple[str, ...] = TurnsAfterCut.__args__
-PROMPT_FORMATS: tuple[str, ...] = PromptFormat.__args__
-NOTIFY_FORMATS: tuple[str, ...] = NotifyFormat.__args__
-SEVERITIES: tuple[str, ...] = Severity.__args__  # AlertEvent.severity, least to most severe
-ROUTER_POLICIES: tuple[str, ...] = RouterPolicy.__args__
-ROUTER_LINKS: tuple[str, ...] = RouterLink.__args__
+TURN_MODES: tuple[str, ...] = get_args(TurnMode)
+TURNS_AFTER_CUT: tuple[str, ...] = get_args(TurnsAfterCut)
+PROMPT_FORMATS: tuple[str, ...] = get_args(PromptFormat)
+NOTIFY_FORMATS: tuple[str, ...] = get_args(NotifyFormat)
+SEVERITIES: tuple[str, ...] = get_args(Severity)  # AlertEvent.severity, least to most severe
+ROUTER_POLICIES: tuple[str, ...] = get_args(RouterPolicy)
+ROUTER_LINKS: tuple[str, ...] = get_args(RouterLink)
 
 
 class ConfigRuleError(ValueError):
@@ -54,7 +55,7 @@ class ConfigRuleError(ValueError):
         super().__init__("\n".join(f"{key}: {text}" for key, text in problems))
 
 
-def _range_check(low: float | None, high: float | None, low_open: bool, high_open: bool):
+def _range_check(low: float | None, high: float | None, low_open: bool, high_open: bool) -> Callable[[float], float]:
     def check(value: float) -> float:
         if value != value:  # NaN
             raise ValueError("must be a number, not nan")
@@ -75,19 +76,28 @@ def _interval(low, high, low_open, high_open) -> str:
     return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
 
-def Real(low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False):
-    """A TOML number (integer or float, kept as written so the content hash of `1` stays that of `1`), in range."""
-    schema: dict[str, Any] = {"type": "number"}
-    if low is not None:
-        schema["exclusiveMinimum" if low_open else "minimum"] = low
-    if high is not None:
-        schema["exclusiveMaximum" if high_open else "maximum"] = high
-    return Annotated[StrictInt | StrictFloat, AfterValidator(_range_check(low, high, low_open, high_open)),
-                     WithJsonSchema(schema)]
+# A TOML number (integer or float, kept as written so the content hash of `1` stays that of `1`)
+Real: TypeAlias = StrictInt | StrictFloat
 
 
-def Int(low: int | None = None, high: int | None = None):
-    return Annotated[StrictInt, Field(ge=low, le=high)]
+@dataclass(frozen=True)
+class Range(GroupedMetadata):
+    """`Annotated[Real, Range(0, 1)]`: a number in range (never NaN), the range also in the JSON Schema. Pydantic
+    expands it (annotated_types' grouped metadata) into its validator and its schema."""
+    low: float | None = None
+    high: float | None = None
+    _: KW_ONLY
+    low_open: bool = False
+    high_open: bool = False
+
+    def __iter__(self) -> Iterator[object]:
+        schema: dict[str, Any] = {"type": "number"}
+        if self.low is not None:
+            schema["exclusiveMinimum" if self.low_open else "minimum"] = self.low
+        if self.high is not None:
+            schema["exclusiveMaximum" if self.high_open else "maximum"] = self.high
+        yield AfterValidator(_range_check(self.low, self.high, self.low_open, self.high_open))
+        yield WithJsonSchema(schema)
 
 
 def _one_or_many(value: Any) -> Any:
@@ -97,7 +107,7 @@ def _one_or_many(value: Any) -> Any:
 # A TOML array: the list itself is taken as a tuple (frozen), its items stay strict
 IntList = Annotated[tuple[Annotated[StrictInt, Field(ge=0)], ...], Field(strict=False)]
 StrList = Annotated[tuple[StrictStr, ...], Field(strict=False)]
-Seconds = Real(0, low_open=True)
+Seconds = Annotated[Real, Range(0, low_open=True)]
 
 
 class Section(BaseModel):
@@ -110,23 +120,23 @@ class Sampling(Section):
     model's own recommended value from its generation_config.json (temperature, top_p, top_k, min_p,
     repetition_penalty, as SGLang's OpenAI API does), else regen's default (Qwen3 thinking); `regen plan` prints
     each effective value and where it came from."""
-    temperature: Real(0) = 0.6
+    temperature: Annotated[Real, Range(0)] = 0.6
     """Sampling temperature; 0 is greedy (loops in long thinking answers)."""
-    top_p: Real(0, 1, low_open=True) = 0.95
+    top_p: Annotated[Real, Range(0, 1, low_open=True)] = 0.95
     """Nucleus sampling: the smallest set of tokens whose probability reaches top_p, in (0, 1]."""
     top_k: Annotated[StrictInt, Field(ge=-1)] = 20
     """Sample among the k most likely tokens; -1 for all (SGLang refuses 0)."""
-    min_p: Real(0, 1) = 0.0
+    min_p: Annotated[Real, Range(0, 1)] = 0.0
     """Drop tokens less likely than min_p times the most likely one, in [0, 1]."""
-    max_new_tokens: Int(1) = 32768
+    max_new_tokens: Annotated[StrictInt, Field(ge=1)] = 32768
     """The longest answer, in tokens (Qwen3 thinking needs 32768); an answer cut here ends with finish_reason length."""
-    presence_penalty: Real(-2, 2) = 0.0
+    presence_penalty: Annotated[Real, Range(-2, 2)] = 0.0
     """Penalty on tokens already present, in [-2, 2]."""
-    repetition_penalty: Real(0, 2) = 1.0
+    repetition_penalty: Annotated[Real, Range(0, 2)] = 1.0
     """Multiplicative repetition penalty, in [0, 2]; 1 is none. SGLang 0.5.12 and later refuse 0 (their range is
     (0, 2]): judged against the servers' version by `regen config check` (a rehearsal names it) and by preflight
     (the host's installed sglang)."""
-    seed: Int(0) | None = None
+    seed: Annotated[StrictInt, Field(ge=0)] | None = None
     """Per-request sampling seed; needs workers launched with --enable-deterministic-inference."""
 
     @model_validator(mode="after")
@@ -266,9 +276,9 @@ class Workers(Section):
     """[workers]: one SGLang server per group of tp_size GPUs on the supervisor's host."""
     gpus: IntList = (0,)
     """GPU indices, e.g. [0, 1, 2, 3]; consecutive runs of tp_size make one server each."""
-    tp_size: Int(1, 64) = 1
+    tp_size: Annotated[StrictInt, Field(ge=1, le=64)] = 1
     """Tensor-parallel size: GPUs per server."""
-    base_port: Int(1, 65535) = 30000
+    base_port: Annotated[StrictInt, Field(ge=1, le=65535)] = 30000
     """The first server's port; server i listens on base_port + i."""
     host: StrictStr = "127.0.0.1"
     """Address the servers bind; SGLang binds to loopback unless the operator asks otherwise."""
@@ -282,11 +292,11 @@ class Workers(Section):
     """The servers' --api-key, sent as a bearer token."""
     ready_timeout_s: Seconds = 1800.0
     """How long a server may take to load and answer before it counts as failed."""
-    max_restarts: Int(0) = 5
+    max_restarts: Annotated[StrictInt, Field(ge=0)] = 5
     """Restarts of a crashed or hung server before it is given up."""
-    health_timeout_s: Real(1, low_open=True) = 25.0
+    health_timeout_s: Annotated[Real, Range(1, low_open=True)] = 25.0
     """One /health check's wait; SGLang's /health takes at least 1 s (contract 7.4)."""
-    health_failures: Int(1) = 3
+    health_failures: Annotated[StrictInt, Field(ge=1)] = 3
     """/health failures in a row that make a live server hung (killed, restarted)."""
 
     @model_validator(mode="after")
@@ -323,27 +333,27 @@ def gpu_list_problems(where: str, gpus: tuple[int, ...], tp_size: int, base_port
 
 class Dispatch(Section):
     """[dispatch]: how requests go to the servers. Operational (may change between restarts)."""
-    max_in_flight_per_worker: Int(1) | None = None
+    max_in_flight_per_worker: Annotated[StrictInt, Field(ge=1)] | None = None
     """Requests in flight per server; unset: sized from the server's own capacity."""
     request_timeout_s: Seconds = 3600.0
     """One request's longest wait before it is retried."""
-    max_retries: Int(0) = 5
+    max_retries: Annotated[StrictInt, Field(ge=0)] = 5
     """Retries of a request that failed (connection, 5xx, timeout) before its sample is failed."""
-    retry_backoff_s: Real(0) = 2.0
+    retry_backoff_s: Annotated[Real, Range(0)] = 2.0
     """Wait before a retry, doubled each time."""
     affinity: bool = True
     """Prefix affinity: a conversation's next turn goes to the server that has its prefix cached."""
-    affinity_hold_s: Real(0, 60) = 0.5
+    affinity_hold_s: Annotated[Real, Range(0, 60)] = 0.5
     """How long a turn waits for the server that holds its prefix before any server takes it."""
 
 
 class Alerts(Section):
     """[alerts]: the levels at which the run warns (the brake stops at its own, higher, levels)."""
-    empty_share: Real(0, 1) = 0.05
+    empty_share: Annotated[Real, Range(0, 1)] = 0.05
     """Alert when a shard's share of empty answers is above this."""
-    truncated_share: Real(0, 1) = 0.10
+    truncated_share: Annotated[Real, Range(0, 1)] = 0.10
     """Alert when a shard's share of answers cut at max_new_tokens is above this."""
-    disk_free_min_gb: Real(0) = 20.0
+    disk_free_min_gb: Annotated[Real, Range(0)] = 20.0
     """Alert when the run dir's disk has less free space than this (GB)."""
 
 
@@ -355,25 +365,25 @@ class Runaway(Section):
     ngram (over the last ngram_window tokens, ngram_share of the informative n-grams already occurred in it)."""
     enabled: bool = True
     """Stream answers and stop degenerate repetition."""
-    max_period: Int(1, 4096) = 512
+    max_period: Annotated[StrictInt, Field(ge=1, le=4096)] = 512
     """The longest token cycle the cycle signal looks for."""
-    min_repeats: Int(2, 10**6) = 8
+    min_repeats: Annotated[StrictInt, Field(ge=2, le=10**6)] = 8
     """Repeats of one cycle that stop an answer."""
-    min_span: Int(2, 10**7) = 1024
+    min_span: Annotated[StrictInt, Field(ge=2, le=10**7)] = 1024
     """Tokens a repeated cycle must cover at least."""
-    ngram: Int(2, 256) = 12
+    ngram: Annotated[StrictInt, Field(ge=2, le=256)] = 12
     """n of the n-gram signal."""
-    ngram_window: Int(64, 10**6) = 8192
+    ngram_window: Annotated[StrictInt, Field(ge=64, le=10**6)] = 8192
     """Tokens the n-gram signal looks back over."""
-    ngram_share: Real(0, 1, low_open=True) = 0.9
+    ngram_share: Annotated[Real, Range(0, 1, low_open=True)] = 0.9
     """Share of repeated informative n-grams that stops an answer; 1 turns the n-gram signal off."""
-    check_every: Int(1, 10**6) = 512
+    check_every: Annotated[StrictInt, Field(ge=1, le=10**6)] = 512
     """The n-gram share is computed every this many tokens."""
-    stream_interval: Int(1, 10**6) = 1024
+    stream_interval: Annotated[StrictInt, Field(ge=1, le=10**6)] = 1024
     """Tokens per streamed chunk (SGLang's stream_interval). Servers are launched with their version's delta-streaming
     flag, so a chunk carries only its new ids; each chunk still costs the client a read, a parse and a detector pass,
     and a loop is stopped at most this many tokens late."""
-    alert_share: Real(0, 1, low_open=True) = 0.05
+    alert_share: Annotated[Real, Range(0, 1, low_open=True)] = 0.05
     """Alert when a shard's share of repetition-stopped answers is above this."""
 
     @model_validator(mode="after")
@@ -390,19 +400,19 @@ class Brake(Section):
     be above its alert level in [alerts]; 1.0 never brakes on that kind. Operational (not in the content hash)."""
     enabled: bool = True
     """false turns the brake off."""
-    window: Int(1) = 500
+    window: Annotated[StrictInt, Field(ge=1)] = 500
     """Committed samples judged (run-wide, in commit order)."""
-    min_samples: Int(1) = 200
+    min_samples: Annotated[StrictInt, Field(ge=1)] = 200
     """Samples the window must hold before it judges."""
-    empty_share: Real(0, 1, low_open=True) = 0.5
+    empty_share: Annotated[Real, Range(0, 1, low_open=True)] = 0.5
     """Brake when the share of empty answers is above this."""
-    truncated_share: Real(0, 1, low_open=True) = 0.5
+    truncated_share: Annotated[Real, Range(0, 1, low_open=True)] = 0.5
     """Brake when the share of answers cut at max_new_tokens is above this."""
-    thinking_missing_share: Real(0, 1, low_open=True) = 0.5
+    thinking_missing_share: Annotated[Real, Range(0, 1, low_open=True)] = 0.5
     """Brake when the share of answers whose reasoning is missing or unclosed is above this (enable_thinking only)."""
-    repetition_share: Real(0, 1, low_open=True) = 0.5
+    repetition_share: Annotated[Real, Range(0, 1, low_open=True)] = 0.5
     """Brake when the share of answers the runaway guard stopped is above this."""
-    refused_share: Real(0, 1, low_open=True) = 0.25
+    refused_share: Annotated[Real, Range(0, 1, low_open=True)] = 0.25
     """Brake when the share of samples the servers refused (HTTP 400) or failed (retries spent) is above this; a run
     refused run-wide (20 in a row for one reason, or most of the last 200) fails instead."""
 
@@ -419,7 +429,7 @@ class Store(Section):
     """[store]: how finished answers become part files. Operational (not in the content hash). The age bound is the
     crash cost: a SIGKILL loses the answers finished in the last part_max_age_s, regenerated at the restart. Each
     shard, once finished, is compacted into one file. The rows bound caps a part's memory while it waits."""
-    part_max_rows: Int(1) = 256
+    part_max_rows: Annotated[StrictInt, Field(ge=1)] = 256
     """Rows that close a part file. It also bounds how long one commit holds the engine's interpreter (the rows made
     into Arrow columns): at 1,024 rows the dispatch loop stalled long enough for the servers' own queues to run dry at
     each commit (tests/bench/bench_capacity.py: 82% full-batch share against 94% with 256)."""
@@ -438,7 +448,7 @@ class Metrics(Section):
     host's address (or an SSH tunnel)."""
     # 9433: clear of the exporters a GPU host already runs (node_exporter 9100, NVIDIA's DCGM exporter 9400) and of
     # SGLang's own ports (servers 30000+, router 30500+, the router's metrics 29000 by default)
-    port: Int(0, 65535) = 9433
+    port: Annotated[StrictInt, Field(ge=0, le=65535)] = 9433
     """Port of the endpoint (default clear of node_exporter's 9100 and the DCGM exporter's 9400); two runs on one
     host need two ports; 0: a free port the system picks (`regen status` says which)."""
     per_shard: bool = False
@@ -448,13 +458,13 @@ class Metrics(Section):
 
 class PlanAssumptions(Section):
     """[plan]: what `regen plan` without --pilot assumes (printed as "assumed"); a pilot measures them."""
-    output_tokens_per_sample: Real(0, low_open=True) = 2000.0
+    output_tokens_per_sample: Annotated[Real, Range(0, low_open=True)] = 2000.0
     """Output tokens per sample."""
-    tokens_per_s_per_gpu: Real(0, low_open=True) = 1500.0
+    tokens_per_s_per_gpu: Annotated[Real, Range(0, low_open=True)] = 1500.0
     """Output tokens per second per GPU (e.g. a 27B model at TP1 on one H100-class GPU)."""
-    sample_conversations: Int(1) = 2000
+    sample_conversations: Annotated[StrictInt, Field(ge=1)] = 2000
     """Conversations tokenized for the prompt-length figures."""
-    loop_share: Real(0, 1) = 0.02
+    loop_share: Annotated[Real, Range(0, 1)] = 0.02
     """Share of answers assumed to loop to max_new_tokens (what the runaway guard saves)."""
 
 
@@ -472,15 +482,15 @@ class NotifyConfig(Section):
     """Alerts at or above it are sent."""
     run_end: bool = True
     """Also send the normal ends (done, drained, stopped); a failed end is always sent."""
-    retries: Int(1) = 3
+    retries: Annotated[StrictInt, Field(ge=1)] = 3
     """Tries per notification and destination."""
-    retry_backoff_s: Real(0) = 2.0
+    retry_backoff_s: Annotated[Real, Range(0)] = 2.0
     """Wait before the second try, doubled before each next one."""
     timeout_s: Seconds = 10.0
     """One try: the HTTP request, or the command's run."""
-    max_per_minute: Int(1) = 6
+    max_per_minute: Annotated[StrictInt, Field(ge=1)] = 6
     """More in a minute are held and sent as one "N more alerts suppressed"."""
-    dedupe_s: Real(0) = 600.0
+    dedupe_s: Annotated[Real, Range(0)] = 600.0
     """The same alert again within this is held the same way."""
     flush_timeout_s: Seconds = 10.0
     """At exit, the longest the supervisor waits for the last notifications."""
@@ -530,9 +540,9 @@ class Host(Section):
     """Engine copy, agent pid/log and server logs on that host."""
     host_python: StrictStr = "python3"
     """Interpreter of the SGLang environment on that host."""
-    tp_size: Int(1, 64) | None = None
+    tp_size: Annotated[StrictInt, Field(ge=1, le=64)] | None = None
     """Default: [workers] tp_size."""
-    base_port: Int(1, 65535) | None = None
+    base_port: Annotated[StrictInt, Field(ge=1, le=65535)] | None = None
     """Default: [workers] base_port."""
     lan_address: StrictStr | None = None
     """With router.link = "lan": the address its workers bind and are reached at."""
@@ -559,15 +569,15 @@ class Router(Section):
     multi-host run ([[hosts]])."""
     policy: RouterPolicy = "cache_aware"
     """The router's load-balancing policy."""
-    port: Int(1, 65535) = 30500
+    port: Annotated[StrictInt, Field(ge=1, le=65535)] = 30500
     """The router's port on the dispatch host."""
-    prometheus_port: Int(1, 65535) | None = None
+    prometheus_port: Annotated[StrictInt, Field(ge=1, le=65535)] | None = None
     """The router's own metrics port; default: port + 1."""
     python: StrictStr | None = None
     """Interpreter that runs the router; default: host_python."""
     link: RouterLink = "ssh"
     """"ssh": SSH port forwards (workers stay on 127.0.0.1); "lan": workers bind each host's lan_address."""
-    forward_base_port: Int(1, 65535) = 40000
+    forward_base_port: Annotated[StrictInt, Field(ge=1, le=65535)] = 40000
     """Local ends of the SSH port forwards on the dispatch host."""
     extra_args: StrList = ()
     """Extra router arguments, one item per word."""
@@ -587,12 +597,14 @@ def time_limit_seconds(text: str) -> int:
         raise ValueError(f"{text!r} is not a Slurm time limit: write minutes (\"240\"), \"H:MM:SS\" (\"4:00:00\") or "
                          "\"D-HH:MM:SS\" (\"1-00:00:00\")")
     d, dh, dm, ds, m1, m2, m3 = (int(g) if g else None for g in m.groups())
-    if d is not None:
+    if d is not None and dh is not None:  # the pattern has no D without H
         seconds = d * 86400 + dh * 3600 + (dm or 0) * 60 + (ds or 0)
-    elif m3 is not None:  # H:M:S
+    elif m1 is not None and m2 is not None and m3 is not None:  # H:M:S
         seconds = m1 * 3600 + m2 * 60 + m3
-    else:  # M or M:S
+    elif m1 is not None:  # M or M:S
         seconds = m1 * 60 + (m2 or 0)
+    else:
+        raise AssertionError(f"{text!r} matched the time-limit pattern in none of its forms")
     if seconds <= 0:
         raise ValueError(f"{text!r} is no time at all: give the allocation a time limit above 0")
     return seconds
@@ -624,19 +636,19 @@ class Slurm(Section):
     """The account charged (sbatch --account); unset: the user's default."""
     qos: StrictStr | None = None
     """The quality of service (sbatch --qos); unset: the account's default."""
-    nodes: Annotated[Int(1) | StrictStr, AfterValidator(_node_count)] = 1
+    nodes: Annotated[Annotated[StrictInt, Field(ge=1)] | StrictStr, AfterValidator(_node_count)] = 1
     """Nodes of the run: a count (2), or a range ("2-4": regen submits for the most and the plan counts on the
     fewest)."""
-    gpus_per_node: Int(1, 64) = 8
+    gpus_per_node: Annotated[StrictInt, Field(ge=1, le=64)] = 8
     """GPUs asked of each node (sbatch --gres=gpu:N); [workers] tp_size of them make one server, or a server with
     tp_size above it spans tp_size / gpus_per_node nodes."""
     time_limit: Annotated[StrictStr, AfterValidator(_time_limit)] = "4:00:00"
     """Each allocation's time limit (sbatch --time), in Slurm's format: "240", "4:00:00", "1-00:00:00". A run
     longer than it goes on in the next allocation."""
-    handover_s: Int(30) = 300
+    handover_s: Annotated[StrictInt, Field(ge=30)] = 300
     """Seconds before the time limit at which regen drains the job's servers (requests in flight finish) and queues
     the next allocation, which takes over (read from squeue's time left)."""
-    pending_alert_s: Int(1) = 600
+    pending_alert_s: Annotated[StrictInt, Field(ge=1)] = 600
     """Seconds a job may stay PENDING before regen raises one alert with Slurm's reason (Resources, Priority, ...),
     which [notify] sends whatever its min_severity; its start after that is said too."""
     constraint: StrictStr | None = None
@@ -685,9 +697,9 @@ class RunConfig(Section):
     cut history, as the model was prompted with it. A content field (in the hash only when not "stop")."""
     enable_thinking: bool = True
     """Passed to the chat template."""
-    shard_size: Int(1) = 1000
+    shard_size: Annotated[StrictInt, Field(ge=1)] = 1000
     """Conversations per shard."""
-    context_length: Int(2) | None = None
+    context_length: Annotated[StrictInt, Field(ge=2)] | None = None
     """The servers' context length; default: the model config's."""
     sampling: Sampling = Field(default_factory=Sampling)
     workers: Workers = Field(default_factory=Workers)

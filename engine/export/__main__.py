@@ -38,11 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.run_dir:
             raise ValueError("give the run dir to export (or --verify PATH)")
         opts = options_from(args, args.run_dir)
-        result = export_run(opts)
+        exported = export_run(opts)
     except (ValueError, ExportError) as exc:
         print(json.dumps({"schema": SCHEMA, "error": str(exc)}))
         return EXIT_ERROR
-    print(json.dumps(result.to_dict()))
+    print(json.dumps(exported.to_dict()))
     return EXIT_OK
 
 

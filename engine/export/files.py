@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -30,8 +31,8 @@ class JsonlFiles:
     def __init__(self, out: Path, stem: str, split_rows: int | None):
         self.out, self.stem, self.split_rows = out, stem, split_rows
         self.records: list[FileRecord] = []
-        self._f = None
-        self._hash = None
+        self._f: BinaryIO | None = None
+        self._hash: hashlib._Hash | None = None  # the open file's
         self._rows = self._bytes = 0
         self._name = ""
 
@@ -39,9 +40,12 @@ class JsonlFiles:
         """One row: `line` without its newline."""
         if self._f is None or (self.split_rows and self._rows >= self.split_rows):
             self._roll()
+        f, digest = self._f, self._hash
+        if f is None or digest is None:
+            raise RuntimeError(f"{self.stem}.jsonl: no open file after _roll()")
         data = line + b"\n"
-        self._f.write(data)
-        self._hash.update(data)
+        f.write(data)
+        digest.update(data)
         self._rows += 1
         self._bytes += len(data)
 
@@ -54,6 +58,8 @@ class JsonlFiles:
     def _finish(self) -> None:
         if self._f is None:
             return
+        if self._hash is None:
+            raise RuntimeError(f"{self._name}: an open file without its hash")
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
@@ -82,8 +88,11 @@ class ParquetFiles:
         while start < table.num_rows:
             if self._writer is None or self._rows >= self.split_rows:
                 self._roll()
+            writer = self._writer
+            if writer is None:
+                raise RuntimeError(f"{self.stem}: no open Parquet file after _roll()")
             take = min(self.split_rows - self._rows, table.num_rows - start)
-            self._writer.write_table(table.slice(start, take), row_group_size=max(take, 1))
+            writer.write_table(table.slice(start, take), row_group_size=max(take, 1))
             self._rows += take
             start += take
 

@@ -59,7 +59,7 @@ def filter_shard(table: pa.Table, opts: ExportOptions, thinking_expected: bool) 
     prompt_len = table.column("prompt_len").to_numpy().astype(np.int64)
     output_len = table.column("output_len").to_numpy().astype(np.int64)
     length = prompt_len + output_len
-    if opts.cuts:
+    if opts.cuts and opts.max_length is not None:  # cuts implies a max_length
         length = np.minimum(length, opts.max_length)
     supervised = np.clip(length - prompt_len, 0, output_len)
     drop_default = set(opts.dropped_by_default(thinking_expected))

@@ -52,7 +52,6 @@ def _title(text: str) -> str:
 
 def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str) -> Notification | None:
     """The notification an event asks for under `cfg`, or None for an event that is not sent."""
-    where = {"run_dir": run_dir, "host": host, "ts": event.ts}
     if isinstance(event, AlertEvent):
         forced = (event.key in ALWAYS_SENT_KEYS and severity_rank(event.severity) >= severity_rank("error")) or \
             event.key.startswith(ALWAYS_SENT_PREFIXES)
@@ -60,7 +59,7 @@ def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str
             return None
         return Notification(kind="alert", severity=event.severity, key=event.key,
                             title=_title(f"regen {event.severity}: {event.text}"), text=event.text,
-                            evidence=event.evidence, **where)
+                            evidence=event.evidence, run_dir=run_dir, host=host, ts=event.ts)
     if isinstance(event, FatalEvent):
         text = f"{event.exc_type}: {event.message}" if event.exc_type else event.message
         if event.remedy:
@@ -69,7 +68,7 @@ def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str
                                                f"path: {event.path}" if event.path else "") if line)
         return Notification(kind="fatal", severity="critical", key="fatal",
                             title=_title(f"regen: supervisor died: {event.exc_type or 'error'}: {event.message}"),
-                            text=text, evidence=evidence, **where)
+                            text=text, evidence=evidence, run_dir=run_dir, host=host, ts=event.ts)
     if isinstance(event, RunEndEvent):
         if event.state != "failed" and not cfg.run_end:
             return None
@@ -83,5 +82,6 @@ def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str
                     " config resumes it")
         severity = {"done": "info", "failed": "critical"}.get(event.state, "warning")
         return Notification(kind="run_end", severity=severity, key="run_end",
-                            title=_title(f"regen: run {event.state} ({counts})"), text=text, **where)
+                            title=_title(f"regen: run {event.state} ({counts})"), text=text, run_dir=run_dir,
+                            host=host, ts=event.ts)
     return None

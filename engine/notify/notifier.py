@@ -90,8 +90,10 @@ class Notifier:
         self._deadline = time.monotonic() + timeout
         self._closing = True
         self.start()
-        self._wake.set()
-        task = self._task
+        task, wake = self._task, self._wake
+        if task is None or wake is None:
+            raise RuntimeError("notifier: start() left no delivery task")
+        wake.set()
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout + CLOSE_GRACE_S)
         except asyncio.TimeoutError:
@@ -115,14 +117,17 @@ class Notifier:
 
     # -- the delivery task --------------------------------------------------------------------
     async def _run(self) -> None:
+        wake = self._wake  # start() made it with this task (a new one only once this task is done)
+        if wake is None:
+            raise RuntimeError("notifier: the delivery task runs without its wake-up event")
         while True:
-            self._wake.clear()
+            wake.clear()
             await self._process()
             if self._closing and not self._pending:
                 return
             due_in = self.limiter.summary_due_in(time.monotonic())
             try:
-                await asyncio.wait_for(self._wake.wait(), due_in)
+                await asyncio.wait_for(wake.wait(), due_in)
             except asyncio.TimeoutError:
                 continue  # a summary is due
 

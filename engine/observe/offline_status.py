@@ -30,14 +30,15 @@ class NotARunDir(Exception):
 def offline_status(run_dir: Path) -> RunStatus:
     from engine.store.rejects import RejectLog, RejectLogError
     from engine.run.counts import counts_from_store
-    from engine.store.shard_store import ShardStore
+    from engine.store.shard_store import ShardProgress, ShardStore
 
     fatal = read_fatal(run_dir)
     has_store = (run_dir / "state.sqlite").exists()
     log_path = run_dir / "supervisor.log"
     if not has_store and fatal is None and not log_path.exists():
         raise NotARunDir(f"{run_dir} holds no state.sqlite: not a run dir, or the run never started")
-    progress, read_errors = [], []
+    progress: list[ShardProgress] = []
+    read_errors: list[str] = []
     brake, levels = None, AlertLevels()
     raised: list[AlertEvent] = []
     if has_store:

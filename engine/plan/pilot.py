@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -183,8 +183,9 @@ class _PilotServers:
             w.start()
         ready = asyncio.ensure_future(asyncio.gather(*(w.wait_ready() for w in self.workers)))
         ended = asyncio.ensure_future(self._ended.wait())
+        waiting: set[asyncio.Future[Any]] = {ready, ended}
         try:  # each worker gives up by itself after workers.ready_timeout_s (crashed: "not ready after ...")
-            await asyncio.wait({ready, ended}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ready.cancel()
             ended.cancel()
@@ -231,7 +232,8 @@ def spread_over_sources(rendered: Sequence, n: int) -> list:
     by_source: dict[str, list] = {}
     for item in rendered:
         by_source.setdefault(item[0].source, []).append(item)
-    picked, queues = [], [list(v) for _, v in sorted(by_source.items())]
+    picked: list = []
+    queues = [list(v) for _, v in sorted(by_source.items())]
     while len(picked) < n and any(queues):
         for q in queues:
             if q and len(picked) < n:

@@ -375,7 +375,7 @@ def measure_disk(renderer, rendered, outputs: Sequence[Sequence[int]] | None) ->
             if len(pairs) >= DISK_SAMPLE_ROWS:
                 break
         what = "the prompt files' own assistant answers as answer-like outputs (a pilot measures the model's)"
-    prompt_only = [(r, []) for r in (rendered[:DISK_SAMPLE_ROWS] if not pairs else [r for r, _ in pairs])]
+    prompt_only: list[tuple[Any, list[int]]] = [(r, []) for r in (rendered[:DISK_SAMPLE_ROWS] if not pairs else [r for r, _ in pairs])]
     prompt_tokens = sum(len(r[2]) for r, _ in prompt_only)
     # a file's own overhead (footer, schema: ~5 KB) is not the tokens': a part holds thousands of samples
     overhead = _part_bytes(renderer, [])
@@ -502,7 +502,7 @@ def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None,
                 + ("" if r.enabled else " (off: runaway.enabled = false)"))
     gpu = projection.gpu_hours
     stopped_in_pilot = pilot is not None and pilot.finish_reasons.get("repetition", 0) > 0
-    if outputs and stopped_in_pilot:
+    if outputs and pilot is not None and stopped_in_pilot:
         kept = sum(len(ids) for ids in outputs)
         stopped = pilot.finish_reasons["repetition"]
         saved = sum(max(0, max_new - len(ids)) for ids, fr in zip(outputs, getattr(pilot, "_finishes", [])) if fr == "repetition")

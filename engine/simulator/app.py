@@ -142,7 +142,7 @@ class Handlers:
         args["max_total_tokens"] = s.max_total_tokens
         args["chunked_prefill_size"] = s.chunked_prefill_size
         kv_gb = s.max_total_tokens * s.mem.kv_bytes_per_token / (1 << 30)
-        state = dict(args, last_gen_throughput=s.scheduler.last_gen_throughput,
+        state = dict(args, last_gen_throughput=s.started_scheduler.last_gen_throughput,
                      memory_usage={"weight": round(s.mem.weight_gb, 2), "kvcache": round(kv_gb, 2),
                                    "token_capacity": s.max_total_tokens, "graph": 0.5})
         if s.profile.reports_effective_max_running:
@@ -158,7 +158,7 @@ class Handlers:
         return json_response(s.gpus.readings(s.status in ("ready", "draining"), busy_s))
 
     async def get_load(self, request: web.Request) -> web.Response:
-        sch = self.server.scheduler
+        sch = self.server.started_scheduler
         return json_response([{"dp_rank": 0, "num_reqs": sch.num_running + sch.num_waiting,
                                "num_waiting_reqs": sch.num_waiting, "num_tokens": sch.used_tokens()}])
 
@@ -169,7 +169,10 @@ class Handlers:
             "root": name, "parent": None, "max_model_len": self.server.context_len}]})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.server.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+        metrics = self.server.metrics
+        if metrics is None:  # the route exists only with --enable-metrics (build_app)
+            raise RuntimeError("GET /metrics routed to a server without --enable-metrics")
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     # --- control -------------------------------------------------------------------------------------------
     async def abort_request(self, request: web.Request) -> web.Response:
@@ -179,11 +182,11 @@ class Handlers:
         rid = body.get("rid") or ""
         abort_all = bool(body.get("abort_all", False))
         if rid or abort_all:
-            self.server.scheduler.abort(str(rid), abort_all=abort_all)
+            self.server.started_scheduler.abort(str(rid), abort_all=abort_all)
         return web.Response(status=200)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        ok = self.server.scheduler.flush_cache()
+        ok = self.server.started_scheduler.flush_cache()
         return web.Response(text=FLUSH_TEXT, status=200 if ok else 400)
 
     async def pause_generation(self, request: web.Request) -> web.Response:
@@ -241,7 +244,7 @@ class Handlers:
             if self.server.in_flight_rids.get(req.rid) is req:
                 del self.server.in_flight_rids[req.rid]
             if req.state in ("waiting", "running"):
-                self.server.scheduler.abort_one(req)  # the client went away: SGLang aborts the request
+                self.server.started_scheduler.abort_one(req)  # the client went away: SGLang aborts the request
 
     async def never_answered(self, reqs: list[SimRequest]) -> None:
         """0.5.5: a request whose rid a later one took over gets no answer; it waits until its client leaves."""
@@ -256,10 +259,10 @@ class Handlers:
     def meta_info(self, req: SimRequest, *, final: bool = True, completion_tokens: int | None = None) -> dict:
         if final and req.aborted_in_queue:
             return {"id": req.rid, "finish_reason": req.finish_reason, "completion_tokens": 0}
-        n = len(req.output_ids) if completion_tokens is None else completion_tokens
+        n = len(req.final_ids()) if completion_tokens is None else completion_tokens
         now = time.time()
         profile = self.server.profile
-        meta = {"id": req.rid, "finish_reason": req.finish_reason if final else None,
+        meta: dict[str, Any] = {"id": req.rid, "finish_reason": req.finish_reason if final else None,
                 "prompt_tokens": req.prompt_len, "weight_version": "default", profile.retractions_key: req.retractions,
                 "completion_tokens": n, "cached_tokens": req.cached_tokens}
         if profile.reports_reasoning_tokens:
@@ -274,8 +277,8 @@ class Handlers:
     def _reasoning_tokens(self, req: SimRequest, completion_tokens: int | None) -> int:
         if completion_tokens is None and req.output_ids is req.plan.output_ids:
             return req.plan.reasoning_tokens
-        ids = req.output_ids if completion_tokens is None else req.plan.output_ids[:completion_tokens]
-        return self.server.generator.reasoning_count(ids, req.plan.prompt_opened)
+        ids = req.final_ids() if completion_tokens is None else req.plan.output_ids[:completion_tokens]
+        return self.server.loaded_generator.reasoning_count(ids, req.plan.prompt_opened)
 
     def result(self, req: SimRequest) -> dict:
         return {"text": self.text_of(req), "output_ids": req.output_ids, "meta_info": self.meta_info(req)}
@@ -287,9 +290,10 @@ class Handlers:
             for req in reqs:
                 s.finish_instant(req)
             return
+        scheduler = s.started_scheduler
         for req in reqs:
-            s.scheduler.submit(req)
-        await asyncio.gather(*(req.done for req in reqs))
+            scheduler.submit(req)
+        await asyncio.gather(*(req.done_future() for req in reqs))
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         s = self.server
@@ -299,7 +303,7 @@ class Handlers:
         body = await read_json(request)
         streamed = isinstance(body, dict) and bool(body.get("stream"))
         try:
-            items, is_batch = parse_generate(body, s.tokenizer.encode, s.profile)
+            items, is_batch = parse_generate(body, s.loaded_tokenizer.encode, s.profile)
             reqs = await self.submit(items)
         except ApiError as exc:
             if streamed and _value_error(exc):
@@ -347,7 +351,7 @@ class Handlers:
             for req, item in zip(reqs, items):
                 req.stream = True
                 req.stream_interval = max(1, item.sampling.get("stream_interval") or 1)
-                self.server.scheduler.submit(req)
+                self.server.started_scheduler.submit(req)
             tasks = [asyncio.create_task(self._stream_one(req, i if is_batch else None, queue))
                      for i, req in enumerate(reqs)]
             try:
@@ -367,20 +371,21 @@ class Handlers:
 
     async def _stream_one(self, req: SimRequest, index: int | None, queue: asyncio.Queue) -> None:
         s = self.server
-        sch, gen = s.scheduler, s.generator
+        sch, gen = s.started_scheduler, s.loaded_generator
         deltas = s.cfg.incremental_streaming_output
         cumulative_ids = s.profile.stream_ids_cumulative and not deltas
         sent = 0  # ids already sent
         decoded = ""  # text of the ids so far
         sent_text = ""  # text already sent
         while True:
-            await req.progress.wait()
-            req.progress.clear()
+            progress = req.progress_event()
+            await progress.wait()
+            progress.clear()
             finished = req.state == "finished"
-            n = len(req.output_ids) if finished else sch.generated(req)
+            n = len(req.final_ids()) if finished else sch.generated(req)
             if not finished and sent and n - sent < req.stream_interval:
                 continue  # stream_interval: the first tokens at once, then a chunk every `interval` new tokens
-            ids = req.output_ids if finished else req.plan.output_ids[:n]
+            ids = req.final_ids() if finished else req.plan.output_ids[:n]
             new_ids = list(ids[sent:n])
             if n > sent:
                 decoded += gen.decode(new_ids, req.skip_special_tokens)
@@ -391,7 +396,7 @@ class Handlers:
                     text = decoded[len(sent_text):] if decoded.startswith(sent_text) else ""
                 else:
                     text = decoded
-                chunk = {"text": text, "output_ids": list(ids) if cumulative_ids else new_ids,
+                chunk: dict[str, Any] = {"text": text, "output_ids": list(ids) if cumulative_ids else new_ids,
                          "meta_info": self.meta_info(req, final=finished, completion_tokens=None if finished else n)}
                 sent, sent_text = n, decoded
                 if index is not None:

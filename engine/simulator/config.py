@@ -110,6 +110,7 @@ class SimConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the flag when a value cannot work."""
+        profile = self.profile_or_none()
         checks = [
             (self.sim_step_ms >= 0, f"--sim-step-ms {self.sim_step_ms}: must be >= 0"),
             (self.sim_step_ms_per_req >= 0, f"--sim-step-ms-per-req {self.sim_step_ms_per_req}: must be >= 0"),
@@ -123,8 +124,7 @@ class SimConfig:
             (self.sim_sglang_version in PROFILES,
              f"--sim-sglang-version {self.sim_sglang_version}: not a simulated SGLang version; known: "
              + ", ".join(PROFILES)),
-            (not self.incremental_streaming_flag or self.profile_or_none() is None
-             or self.profile_or_none().has_incremental_streaming_flag,
+            (not self.incremental_streaming_flag or profile is None or profile.has_incremental_streaming_flag,
              f"--incremental-streaming-output: not a flag of SGLang {self.sim_sglang_version} (added in 0.5.10); "
              "that version's --stream-output streams deltas"),
             (self.tp_size >= 1, f"--tp-size {self.tp_size}: must be >= 1"),

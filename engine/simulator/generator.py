@@ -24,7 +24,7 @@ import math
 import random
 from array import array
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence, cast
 
 from engine.text.tiny_model import corpus
 
@@ -33,20 +33,46 @@ NO_THINK_SUFFIX = "<think>\n\n</think>\n\n"
 OPENED_SUFFIX = "<think>\n"  # a generation prompt that opens the think block
 EMPTY_ANSWER = "<think>\n\n</think>\n\nOK."
 EMPTY_ANSWER_OPENED = "\n</think>\n\nOK."
-MODES = ("think", "opened", "plain")
 Mode = Literal["think", "opened", "plain"]
+MODES: tuple[Mode, ...] = ("think", "opened", "plain")
 STREAM_TOKENS = 1 << 16
 
-_TOKENIZERS: dict[str, Any] = {}
+
+class Tokenizer(Protocol):
+    """What the simulator uses of a Hugging Face tokenizer (duck-typed: any HF tokenizer class, or a test's)."""
+    @property
+    def all_special_ids(self) -> list[int]: ...
+
+    @property
+    def unk_token_id(self) -> int | None: ...
+
+    def __call__(self, text: list[str], *, add_special_tokens: bool = ...) -> Any: ...  # a BatchEncoding
+
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = ...) -> list[str]: ...
+
+    def convert_tokens_to_ids(self, token: str) -> int | None: ...
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]: ...
+
+    def apply_chat_template(self, conversation: list[dict], **kwargs: Any) -> Any: ...
 
 
-def load_tokenizer(path: str):
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def load_tokenizer(path: str) -> Tokenizer:
     """The real tokenizer of the model folder, loaded once per process (several servers may share it)."""
     tok = _TOKENIZERS.get(path)
     if tok is None:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(path)
+        # transformers annotates convert_tokens_to_ids / convert_ids_to_tokens as unions over one-or-many (no
+        # overloads); Tokenizer names the one form of each that the simulator calls
+        tok = cast(Tokenizer, AutoTokenizer.from_pretrained(path))
         _TOKENIZERS[path] = tok
     return tok
 
@@ -92,7 +118,7 @@ class _Prebuilt:
 
 
 class OutputGenerator:
-    def __init__(self, tokenizer, *, seed: int, mean: float, sigma: float, empty_share: float,
+    def __init__(self, tokenizer: Tokenizer, *, seed: int, mean: float, sigma: float, empty_share: float,
                  abort_rate: float, loop_share: float = 0.0, repetitive_share: float = 0.0):
         self.tok = tokenizer
         self.seed = seed
@@ -105,9 +131,10 @@ class OutputGenerator:
         self.repetitive_share = repetitive_share
 
         enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if self.im_end is None or self.im_end == tokenizer.unk_token_id:
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if im_end is None or im_end == tokenizer.unk_token_id:
             raise ValueError("tokenizer has no <|im_end|> token; the simulator needs a Qwen-style chat tokenizer")
+        self.im_end: int = im_end
         self.think_head = enc("<think>\n")
         self.think_mid = enc("\n</think>\n\n")
         self.no_think_suffix = enc(NO_THINK_SUFFIX)
@@ -215,6 +242,8 @@ class OutputGenerator:
         except ValueError:
             return len(ids) - start - (bool(ids) and ids[-1] == self.im_end)
 
+    reasoning_count = _reasoning_count  # public name for the HTTP layer
+
     def plan(self, key: bytes, prompt_ids: Sequence[int], max_new_tokens: int, *,
              min_new_tokens: int = 0, ignore_eos: bool = False) -> OutputPlan:
         rng = random.Random(key)
@@ -310,10 +339,11 @@ class OutputGenerator:
             self._instant_empty[mode] = self._prebuilt(list(self.empty[mode]), pieces, sample_ok, opened)
 
     def _prebuilt(self, ids: list[int], pieces: dict[int, str], joinable: bool, opened: bool) -> _Prebuilt:
-        offsets = list(itertools.accumulate(len(pieces[t]) for t in ids))
+        ends = list(itertools.accumulate(len(pieces[t]) for t in ids))
+        offsets: list[int] | None = ends
         if joinable:
             special = "".join(pieces[t] for t in ids)
-            plain = special[: offsets[-2]] if ids[-1] == self.im_end and len(ids) > 1 else special
+            plain = special[: ends[-2]] if ids[-1] == self.im_end and len(ids) > 1 else special
             if ids[-1] == self.im_end and len(ids) == 1:
                 plain = ""
         else:
@@ -355,6 +385,3 @@ def _ends_with(ids: Sequence[int], tail: list[int]) -> bool:
 
 def abort_finish(message: str = "Aborted") -> dict:
     return {"type": "abort", "message": message, "status_code": None, "err_type": None}
-
-
-OutputGenerator.reasoning_count = OutputGenerator._reasoning_count  # public name for the HTTP layer

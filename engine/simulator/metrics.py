@@ -88,12 +88,13 @@ class SimMetrics:
         if by_priority:
             self._priorities.update(by_priority)
         split = by_priority or {}
-        totals = {"num_running_reqs": running, "num_queue_reqs": queued, "num_used_tokens": used_tokens,
+        totals: dict[str, float] = {"num_running_reqs": running, "num_queue_reqs": queued, "num_used_tokens": used_tokens,
                   "token_usage": round(token_usage, 4), "is_cuda_graph": 1 if cuda_graph else 0}
         if gen_throughput is not None:
             totals["gen_throughput"] = gen_throughput
         if cache_hit_rate is not None:
             totals["cache_hit_rate"] = cache_hit_rate
+        parts: dict[str, float]
         for key, total in totals.items():
             if key == "num_running_reqs":
                 parts = {p: rq[0] for p, rq in split.items()}

@@ -55,10 +55,10 @@ class ChatHandler:
         if not isinstance(kwargs, dict):
             raise openai_error("chat_template_kwargs must be an object")
         try:
-            prompt = s.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            prompt = s.loaded_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
         except Exception as exc:  # jinja errors: the user's messages do not fit the template
             raise openai_error(f"Failed to apply the chat template: {type(exc).__name__}: {exc}") from exc
-        ids = s.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = s.loaded_tokenizer.encode(prompt, add_special_tokens=False)
         params: dict[str, Any] = {}
         for field, key in _SAMPLING_FIELDS.items():
             if body.get(field) is not None:
@@ -121,7 +121,7 @@ class ChatHandler:
         return {"prompt_tokens": req.prompt_len, "completion_tokens": n, "total_tokens": req.prompt_len + n,
                 "prompt_tokens_details": None,
                 # filled from meta_info.reasoning_tokens from 0.5.10; 0 in 0.5.5 (contract 2.5)
-                "reasoning_tokens": self.server.generator.reasoning_count(req.output_ids or [], req.plan.prompt_opened)
+                "reasoning_tokens": self.server.loaded_generator.reasoning_count(req.output_ids or [], req.plan.prompt_opened)
                 if self.server.profile.reports_reasoning_tokens else 0}
 
     async def _stream(self, request, req, body, separate, force, model, created) -> web.StreamResponse:
@@ -137,13 +137,13 @@ class ChatHandler:
 
         await send({"role": "assistant", "content": ""})
         sent_reasoning = sent_content = ""
-        gen = self.server.generator
+        gen = self.server.loaded_generator
         if self.server.cfg.sim_instant:
             await self.handlers.run([req])
             steps = [len(req.output_ids)]
         else:
             req.stream = True
-            self.server.scheduler.submit(req)
+            self.server.started_scheduler.submit(req)
             steps = None
         text = ""
         sent_ids = 0
@@ -152,7 +152,7 @@ class ChatHandler:
                 await req.progress.wait()
                 req.progress.clear()
             finished = req.state == "finished"
-            ids = req.output_ids if finished else req.plan.output_ids[: self.server.scheduler.generated(req)]
+            ids = req.output_ids if finished else req.plan.output_ids[: self.server.started_scheduler.generated(req)]
             if len(ids) > sent_ids:
                 text += gen.decode(ids[sent_ids:], req.skip_special_tokens)
                 sent_ids = len(ids)

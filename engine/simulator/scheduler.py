@@ -83,6 +83,24 @@ class SimRequest:
     done: asyncio.Future | None = None
     progress: asyncio.Event | None = None  # streaming: set after every step that advanced it
 
+    def final_ids(self) -> list[int]:
+        """Its output, once finished (asking before is a bug)."""
+        if self.output_ids is None:
+            raise RuntimeError(f"request {self.rid!r} has no output yet: it has not finished")
+        return self.output_ids
+
+    def done_future(self) -> asyncio.Future:
+        """Resolved when it finishes; Scheduler.submit gives it one (waiting on one never submitted is a bug)."""
+        if self.done is None:
+            raise RuntimeError(f"request {self.rid!r} is waited on before it was submitted")
+        return self.done
+
+    def progress_event(self) -> asyncio.Event:
+        """Set after every step that advanced it; Scheduler.submit gives a streamed request one."""
+        if self.progress is None:
+            raise RuntimeError(f"request {self.rid!r} is followed as a stream but was not submitted as one")
+        return self.progress
+
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
@@ -141,7 +159,9 @@ class Scheduler:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-scheduler")
 
-    def add_done_callback(self, callback) -> None:
+    def add_done_callback(self, callback: Callable[[asyncio.Task], object]) -> None:
+        if self._task is None:
+            raise RuntimeError("Scheduler.add_done_callback() before start()")
         self._task.add_done_callback(callback)
 
     def accounting_line(self) -> str:
@@ -330,7 +350,7 @@ class Scheduler:
         for req in self._streaming:
             if req.first_token_mono is None:
                 req.first_token_mono = now
-            req.progress.set()
+            req.progress_event().set()
         return made
 
     def _retract_if_full(self) -> None:

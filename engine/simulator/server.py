@@ -17,7 +17,8 @@ from aiohttp import web
 
 from engine.simulator.config import SimConfig, read_model_config
 from engine.simulator.dist import DEFAULT_TIMEOUT_S, DistError, Joiner, Member, Rendezvous, parse_dist_addr
-from engine.simulator.generator import OutputGenerator, OutputPlan, attempt_draw, load_tokenizer, request_key
+from engine.simulator.generator import (OutputGenerator, OutputPlan, Tokenizer, attempt_draw, load_tokenizer,
+                                       request_key)
 from engine.simulator.gpu import SimGpus
 from engine.simulator.metrics import SimMetrics
 from engine.simulator.protocol import ApiError, GenerateItem, bad_request, check_context
@@ -114,7 +115,7 @@ class SimServer:
             cfg.model_name, tp_ranks=cfg.tp_per_node if cfg.enable_metrics_for_all_schedulers else 1,  # its node's
             priority=cfg.enable_priority_scheduling and self.profile.priority_labelled_metrics,
         ) if cfg.enable_metrics else None
-        self.tokenizer = None
+        self.tokenizer: Tokenizer | None = None
         self.generator: OutputGenerator | None = None
         self.scheduler: Scheduler | None = None
         self.status = "starting"  # starting | ready | draining | stopped | crashed
@@ -138,6 +139,26 @@ class SimServer:
         self.special_pieces: dict[int, str] = {}  # special token id -> its text (stop trimming without decoding)
 
     # --- public ------------------------------------------------------------------------------------------
+    # What start() builds, for the code that only runs once it has (the request handlers, the warm-up): None there
+    # is a bug, not a state to serve through.
+    @property
+    def loaded_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RuntimeError("the simulator's tokenizer is used before start() loaded it")
+        return self.tokenizer
+
+    @property
+    def loaded_generator(self) -> OutputGenerator:
+        if self.generator is None:
+            raise RuntimeError("the simulator's output generator is used before start() built it")
+        return self.generator
+
+    @property
+    def started_scheduler(self) -> Scheduler:
+        if self.scheduler is None:
+            raise RuntimeError("the simulator's scheduler is used before start() started it")
+        return self.scheduler
+
     @property
     def url(self) -> str:
         host = self.host if ":" not in self.host else f"[{self.host}]"
@@ -180,9 +201,9 @@ class SimServer:
         log.info(f"server_args=ServerArgs({args})")
         if cfg.ignored_args:
             log.warning(f"Simulator: ignoring SGLang flag(s) it does not model: {' '.join(cfg.ignored_args)}")
-        self.tokenizer = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
-        self.special_pieces = dict(zip(self.tokenizer.all_special_ids,
-                                       self.tokenizer.convert_ids_to_tokens(self.tokenizer.all_special_ids)))
+        tokenizer = self.tokenizer = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
+        self.special_pieces = dict(zip(tokenizer.all_special_ids,
+                                       tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids)))
         log.info("Using default HuggingFace chat template with detected content format: string")
         log.sched("Init torch distributed begin.")
         if cfg.nnodes > 1:
@@ -218,24 +239,24 @@ class SimServer:
                  f"context_len={self.context_len}, available_gpu_mem={avail - 0.5:.2f} GB")
         if self.metrics is not None:
             self.metrics.set_static(max_total_num_tokens=self.max_total_tokens, context_len=self.context_len)
-        self.scheduler = Scheduler(
+        scheduler = self.scheduler = Scheduler(
             log=log, metrics=self.metrics, max_running=self.running_limit, max_total_tokens=self.max_total_tokens,
             max_prefill_tokens=self.max_prefill_tokens, step_ms=cfg.sim_step_ms,
             step_ms_per_req=cfg.sim_step_ms_per_req, tokens_per_step=cfg.sim_tokens_per_step,
             prefill_ms_per_1k=cfg.sim_prefill_ms_per_1k, decode_log_interval=cfg.decode_log_interval,
             on_finish=self._on_finish, page_size=cfg.page_size, radix_cache=not cfg.disable_radix_cache)
-        self.scheduler.start()
-        self.scheduler.add_done_callback(self._scheduler_ended)
-        self._bind()
+        scheduler.start()
+        scheduler.add_done_callback(self._scheduler_ended)
+        sock = self._bind()
         if cfg.node_rank > 0:  # no tokenizer manager, no API: SGLang's dummy health server, until rank 0 goes
-            await self._serve_dummy_health()
+            await self._serve_dummy_health(sock)
             return
         from engine.simulator.app import build_app  # app imports this module's types
 
         self._runner = web.AppRunner(build_app(self), handler_cancellation=True, access_log=None,
                                      shutdown_timeout=1.0, keepalive_timeout=KEEPALIVE_TIMEOUT_S)
         await self._runner.setup()
-        site = web.SockSite(self._runner, self._sock)
+        site = web.SockSite(self._runner, sock)
         await site.start()
         log.uvicorn(f"Started server process [{os.getpid()}]")
         log.uvicorn("Waiting for application startup.")
@@ -247,6 +268,8 @@ class SimServer:
         """Rank 0 waits for every other node rank at the dist-init address; a rank > 0 joins it. Either end losing
         the other later is fatal (_rank_lost)."""
         cfg = self.cfg
+        if cfg.dist_init_addr is None:  # SimConfig.validate() refuses --nnodes > 1 without it
+            raise ValueError(f"--nnodes {cfg.nnodes}: please provide --dist-init-addr as host:port of head node")
         addr = parse_dist_addr(cfg.dist_init_addr)
         timeout = float(cfg.dist_timeout or DEFAULT_TIMEOUT_S)
         try:
@@ -267,8 +290,12 @@ class SimServer:
         if self.status in ("stopped", "crashed"):
             return
         tpn = self.cfg.tp_per_node
-        rank = joiner.node_rank if joiner else 0
-        peer = joiner.peer if joiner else f"{self.dist.addr.host}<{self.dist.addr.port}>"
+        if joiner:
+            rank, peer = joiner.node_rank, joiner.peer
+        elif self.dist is not None:
+            rank, peer = 0, f"{self.dist.addr.host}<{self.dist.addr.port}>"
+        else:
+            raise RuntimeError("rank 0 was reported lost before this node rank joined it")
         error = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
                  "ProcessGroupNCCL.cpp:3356, remote process exited or there was a network error, NCCL version 2.21.5\n"
                  "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
@@ -279,7 +306,7 @@ class SimServer:
                    "Received sigquit from a child process. It usually means the child failed.")
         self._fatal_soon(self._crash_lines(error), sigquit)
 
-    async def _serve_dummy_health(self) -> None:
+    async def _serve_dummy_health(self, sock: socket.socket) -> None:
         """A rank > 0 answers only /health and /health_generate (and /ping), each 200, on its --host/--port
         (SGLang's launch_dummy_health_check_server); no ready line."""
         async def ok(request: web.Request) -> web.Response:
@@ -290,7 +317,7 @@ class SimServer:
             app.router.add_get(path, ok)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=KEEPALIVE_TIMEOUT_S)
         await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        await web.SockSite(self._runner, sock).start()
         self.log.info(f"Starting dummy health check server at {self.host}:{self.port}")
         self.status = "ready"
         self._ready.set()
@@ -313,7 +340,7 @@ class SimServer:
 
     def _build_generator(self) -> OutputGenerator:
         cfg = self.cfg
-        gen = OutputGenerator(self.tokenizer, seed=cfg.sim_seed, mean=cfg.sim_output_mean,
+        gen = OutputGenerator(self.loaded_tokenizer, seed=cfg.sim_seed, mean=cfg.sim_output_mean,
                               sigma=cfg.sim_output_sigma, empty_share=cfg.sim_empty_share,
                               abort_rate=cfg.sim_abort_rate, loop_share=cfg.sim_loop_share,
                               repetitive_share=cfg.sim_repetitive_share)
@@ -321,7 +348,7 @@ class SimServer:
             gen.build_instant_pool(cfg.sim_instant_pool)
         return gen
 
-    def _bind(self) -> None:
+    def _bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -337,6 +364,7 @@ class SimServer:
         sock.setblocking(False)
         self._sock = sock
         self.port = sock.getsockname()[1]
+        return sock
 
     async def _warmup(self) -> None:
         cfg = self.cfg
@@ -344,15 +372,15 @@ class SimServer:
             await asyncio.sleep(cfg.sim_load_s)
         if not cfg.skip_server_warmup:
             self.log.access("127.0.0.1:0", "GET", self.profile.warmup_info_path, 200)
-            ids = self.tokenizer.encode("The capital city of France is")
-            plan = self.generator.plan(b"warmup", ids, 8)
+            ids = self.loaded_tokenizer.encode("The capital city of France is")
+            plan = self.loaded_generator.plan(b"warmup", ids, 8)
             req = SimRequest(rid="WARMUP_" + os.urandom(4).hex(), prompt_ids=ids, plan=plan, max_new_tokens=8,
                              log_metrics=False)
             if cfg.sim_instant:
                 pass  # instant servers have no batching delay to warm up
             else:
-                self.scheduler.submit(req)
-                await req.done
+                self.started_scheduler.submit(req)
+                await req.done_future()
             self.log.access("127.0.0.1:0", "POST", "/generate", 200)
         if self.status == "starting":
             self.status = "ready"
@@ -413,22 +441,24 @@ class SimServer:
         key = self.key_for(item)
         if self.cfg.sim_instant and not sp["ignore_eos"] and not sp["min_new_tokens"] and not self.cfg.sim_abort_rate \
                 and not self.cfg.sim_loop_share and not self.cfg.sim_repetitive_share:
-            plan = self.generator.plan_instant(key, item.prompt_ids, max_new, sp["skip_special_tokens"])
+            plan = self.loaded_generator.plan_instant(key, item.prompt_ids, max_new, sp["skip_special_tokens"])
         else:
-            plan = self.generator.plan(key, item.prompt_ids, max_new, min_new_tokens=sp["min_new_tokens"],
+            plan = self.loaded_generator.plan(key, item.prompt_ids, max_new, min_new_tokens=sp["min_new_tokens"],
                                        ignore_eos=sp["ignore_eos"])
         rules = rules_from_sampling(sp)
         if sp["ignore_eos"]:  # ignore_eos skips the token checks (eos and stop_token_ids), not the strings
             rules = dataclasses.replace(rules, token_ids=frozenset())
         if not rules.custom:
             return plan
-        return apply_stops(plan, rules, self.generator.decode, self.generator.reasoning_count)
+        generator = self.loaded_generator
+        return apply_stops(plan, rules, generator.decode, generator.reasoning_count)
 
     def text_of(self, req: SimRequest) -> str:
         """The response's `text`: the matched stop cut unless no_stop_trim (contract 7.2)."""
-        unchanged = req.plan.text is not None and req.output_ids is req.plan.output_ids
-        return answer_text(req.output_ids, req.finish_reason, skip_special_tokens=req.skip_special_tokens,
-                           no_stop_trim=req.no_stop_trim, decode=self.generator.decode,
+        output_ids = req.final_ids()
+        unchanged = req.plan.text is not None and output_ids is req.plan.output_ids
+        return answer_text(output_ids, req.finish_reason, skip_special_tokens=req.skip_special_tokens,
+                           no_stop_trim=req.no_stop_trim, decode=self.loaded_generator.decode,
                            prebuilt=req.plan.text if unchanged else None, special_piece=self.special_pieces.get)
 
     async def health(self) -> int:
@@ -438,15 +468,16 @@ class SimServer:
             return 503
         ids = [0]
         req = SimRequest(rid=f"HEALTH_CHECK_{time.time()}", prompt_ids=ids,
-                         plan=self.generator.plan(b"health", ids, 1), max_new_tokens=1, log_metrics=False)
+                         plan=self.loaded_generator.plan(b"health", ids, 1), max_new_tokens=1, log_metrics=False)
         tic = time.monotonic()
-        self.scheduler.submit(req)  # also on the --sim-instant path: the check runs through the scheduler
+        scheduler = self.started_scheduler
+        scheduler.submit(req)  # also on the --sim-instant path: the check runs through the scheduler
         try:
             while time.monotonic() < tic + HEALTH_CHECK_TIMEOUT_S:
                 await asyncio.sleep(HEALTH_POLL_S)
                 if self.status == "draining":
                     return 503
-                if self.scheduler.last_output_mono > tic:
+                if scheduler.last_output_mono > tic:
                     return 200
             self.log.error(f"Health check failed. Server couldn't get a response from detokenizer for last "
                            f"{HEALTH_CHECK_TIMEOUT_S:.0f} seconds. tic start time: {time.strftime('%H:%M:%S')}. "
@@ -454,7 +485,7 @@ class SimServer:
             return 503
         finally:
             if req.state in ("waiting", "running"):
-                self.scheduler.abort_one(req)
+                scheduler.abort_one(req)
 
     async def wait_unpaused(self) -> None:
         await self._continue.wait()
@@ -463,13 +494,13 @@ class SimServer:
         self.paused = True
         self._continue.clear()
         if mode == "abort":
-            self.scheduler.abort("", abort_all=True)
+            self.started_scheduler.abort("", abort_all=True)
         else:
-            self.scheduler.hold(True)
+            self.started_scheduler.hold(True)
 
     def resume(self) -> None:
         self.paused = False
-        self.scheduler.hold(False)
+        self.started_scheduler.hold(False)
         self._continue.set()
 
     def finish_instant(self, req: SimRequest) -> None:
@@ -483,6 +514,8 @@ class SimServer:
     def _on_finish(self, req: SimRequest) -> None:
         if not req.log_metrics:
             return
+        if req.finish_reason is None:
+            raise RuntimeError(f"request {req.rid!r} finished without a finish_reason")
         if self.metrics is not None:
             now = time.monotonic()
             ttft = req.first_token_mono - req.created_mono if req.first_token_mono is not None else None
@@ -507,7 +540,7 @@ class SimServer:
         elif cfg.sim_hang_after is not None and self.completed >= cfg.sim_hang_after and not self.hung:
             self.hung = True
             self._hang_forever = asyncio.get_running_loop().create_future()
-            self.scheduler.freeze()
+            self.started_scheduler.freeze()
 
     def _scheduler_ended(self, task: asyncio.Task) -> None:
         """A bug in the scheduler loop is fatal, as in SGLang: traceback, SIGQUIT line, exit 1."""
@@ -517,6 +550,8 @@ class SimServer:
                          "SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
 
     def hang_future(self) -> asyncio.Future:
+        if self._hang_forever is None:
+            raise RuntimeError("hang_future() before --sim-hang-after hung the server")
         return self._hang_forever
 
     @staticmethod

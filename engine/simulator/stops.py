@@ -79,6 +79,11 @@ def _first_text_match(ids: Sequence[int], found: Callable[[str], Any], decode: D
     return lo
 
 
+def _contains(s: str) -> Callable[[str], bool]:
+    """The predicate "the text holds `s`"."""
+    return lambda text: s in text
+
+
 def apply_stops(plan: OutputPlan, rules: StopRules, decode: Decode,
                 count_reasoning: Callable[[list[int], bool], int]) -> OutputPlan:
     """The plan cut at the first stop the rules match before its own end (its end keeps its own reason)."""
@@ -92,12 +97,12 @@ def apply_stops(plan: OutputPlan, rules: StopRules, decode: Decode,
             hits.append((i, 0, t))
             break
     for s in rules.strings:
-        k = _first_text_match(ids, lambda text, s=s: s in text, decode)
+        k = _first_text_match(ids, _contains(s), decode)
         if k is not None:
             hits.append((k, 1, s))
     for pattern in rules.regexes:
         compiled = re.compile(pattern)
-        k = _first_text_match(ids, lambda text, c=compiled: c.search(text), decode)
+        k = _first_text_match(ids, compiled.search, decode)
         if k is not None:
             hits.append((k, 2, pattern))
     if not hits:
@@ -126,7 +131,7 @@ def answer_text(output_ids: Sequence[int], finish_reason: dict | None, *, skip_s
         return prebuilt if prebuilt is not None else decode(output_ids, skip_special_tokens)
     if isinstance(matched, int) and output_ids:
         piece = special_piece(matched) if prebuilt is not None else None
-        if piece is not None:
+        if piece is not None and prebuilt is not None:
             if skip_special_tokens:
                 return prebuilt  # a skipped special token is not in the text
             if prebuilt.endswith(piece):

@@ -62,9 +62,11 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -441,7 +443,8 @@ class ShardStore:
         """Outcomes that were the config's fault, not the samples' (a run refused run-wide, a corrected config on a
         run dir with nothing committed): those samples are generated again. reasons: their reject kinds (None: any);
         since: settled at or after this time."""
-        where, args = "settled_at >= ?", [since]
+        where = "settled_at >= ?"
+        args: list[float | str] = [since]
         if reasons is not None:
             where += f" AND reason IN ({','.join('?' * len(reasons))})"
             args += list(reasons)
@@ -751,8 +754,7 @@ class ShardStore:
                 raise
 
     def _check_duplicates(self, ids: list[str]) -> None:
-        seen: set[str] = set()
-        repeated = sorted({i for i in ids if i in seen or seen.add(i)})
+        repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
         if repeated:
             raise DuplicateSample(f"sample id(s) repeated in one commit: {', '.join(repeated[:5])}"
                                   + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else ""), repeated)
@@ -862,7 +864,7 @@ def build_table(rows: list[dict]) -> pa.Table:
         if missing:
             raise ValueError(f"sample {r.get('sample_id', f'#{i}')!r}: missing field(s) {', '.join(missing)}")
     masks_from_lengths = _standard_masks(rows)
-    arrays = []
+    arrays: list[Any] = []  # pyarrow arrays (pyarrow is untyped); None: loss_mask, until built from the lengths
     for fld in SHARD_SCHEMA:
         if fld.name == "loss_mask" and masks_from_lengths:
             arrays.append(None)  # built below from the (validated) prompt/output lengths
@@ -890,9 +892,9 @@ def build_table(rows: list[dict]) -> pa.Table:
         ids = arrays[names.index("input_ids")]
         n_ids = np.diff(ids.offsets.to_numpy())
         n_mask = prompt_len + output_len
-        bad = np.flatnonzero(n_ids != n_mask)  # the masks are right by construction; the ids' lengths are not
-        if bad.size:
-            i = int(bad[0])
+        mismatched = np.flatnonzero(n_ids != n_mask)  # the masks are right by construction; the ids' lengths are not
+        if mismatched.size:
+            i = int(mismatched[0])
             raise ValueError(f"sample {rows[i]['sample_id']!r}: len(input_ids)={n_ids[i]} != len(loss_mask)={n_mask[i]}")
         arrays[names.index("loss_mask")] = _masks_array(prompt_len, output_len)
         return pa.Table.from_arrays(arrays, schema=SHARD_SCHEMA)

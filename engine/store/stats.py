@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -415,8 +415,8 @@ class _UnreadablePart(_MissingPart):
 @dataclass
 class _Listing:
     listed_from: str
-    parts: list[tuple[str, str, int | None]]  # (relative path, shard_id, rows)
-    shards: dict[str, tuple[int | None, bool | None]]  # shard_id -> (total conversations, paused)
+    parts: Sequence[tuple[str, str, int | None]]  # (relative path, shard_id, rows; None: not recorded, "glob")
+    shards: Mapping[str, tuple[int | None, bool | None]]  # shard_id -> (total conversations, paused)
     uncommitted: int
     notes: list[str]
     # part path -> (samples, empty, truncated) as the store recorded them at commit (samples table)
@@ -551,7 +551,7 @@ def _merge_codes(parts: list[_PartResult], attr: str) -> tuple[list[str], np.nda
         codes = getattr(p, f"{attr}_codes")
         chunks.append(mapping[codes] if codes.size else codes)
     codes = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
-    ordered = sorted(names, key=names.get)
+    ordered = sorted(names, key=names.__getitem__)
     return ordered, codes
 
 
@@ -661,7 +661,13 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
 
 def _read_listing(run_dir: Path, listing: _Listing, mask_check: str, threads: int | None):
     """Read every listed part (threads): (mask mode, parts mask-checked, errors, missing parts, results)."""
-    known_rows = None if listing.listed_from == "glob" else sum(r for _, _, r in listing.parts)
+    known_rows: int | None = None
+    if listing.listed_from != "glob":  # the store records every committed part's rows
+        known_rows = 0
+        for rel, _, rows in listing.parts:
+            if rows is None:
+                raise RuntimeError(f"{rel}: listed from {listing.listed_from} without its row count")
+            known_rows += rows
     mode = _mask_check_mode(mask_check, known_rows)
     check_idx = _mask_check_parts(len(listing.parts), mode)
     errors: list[IntegrityError] = []
@@ -734,7 +740,7 @@ def stats_alerts(stats: RunStats, raised: Iterable[str] = ()) -> list[AlertEvent
     raised now) of a flag these stats no longer have, its `cleared` alert."""
     alerts = []
     for f in stats.flags:
-        evidence = {"value": f.value, "threshold": f.threshold, "samples": stats.samples, "run_dir": stats.run_dir}
+        evidence: dict[str, Any] = {"value": f.value, "threshold": f.threshold, "samples": stats.samples, "run_dir": stats.run_dir}
         if f.key == "integrity":
             evidence["errors"] = [asdict(e) for e in stats.integrity_errors[:5]]
         alerts.append(AlertEvent(severity=Severity(f.severity), text=f.text, evidence=json.dumps(evidence),

@@ -141,7 +141,7 @@ class ByteTableDecoder:
         rng = random.Random(0)
         samples = [known[k:k + 512] for k in range(0, len(known), 512)]  # every id at least once
         samples += [[rng.choice(known) for _ in range(rng.randint(1, 64))] for _ in range(200)]
-        high = [i for i in known if self._table[i] and self._table[i][0] >= 0x80]  # parts of multi-byte chars
+        high = [i for i, b in enumerate(self._table) if b and b[0] >= 0x80]  # parts of multi-byte chars
         samples += [[rng.choice(high) for _ in range(rng.randint(1, 8))] for _ in range(200)] if high else []
         for ids in samples:
             if self.decode(ids) != backend.decode(ids, skip_special_tokens=False):

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,7 +268,9 @@ def iter_prompts(patterns: Sequence[str], fmt: str = "auto", *, files: Sequence[
         row_based.append(kind != "jsonl")
         if start is not None and file_no < start.file_no:
             continue
-        reader = {"jsonl": _jsonl_rows, "json": _json_array_rows, "parquet": _parquet_rows}.get(kind)
+        # the readers' arguments differ (jsonl resumes at a byte offset and line, the others at a row)
+        reader: Callable[..., Iterator[RowItem | Reject]] | None = {
+            "jsonl": _jsonl_rows, "json": _json_array_rows, "parquet": _parquet_rows}.get(kind)
         if reader is None:
             raise PromptFileError(str(path), None, f"unknown prompt format {kind!r}")
         name = names[path]
@@ -286,6 +288,8 @@ def iter_prompts(patterns: Sequence[str], fmt: str = "auto", *, files: Sequence[
                 continue
             line, row, obj, text, offset = item
             pos = line if line is not None else row
+            if pos is None:  # every reader numbers its rows by line or by row
+                raise ValueError(f"{path}: a row read with neither a line nor a row number")
             if skipped and pos in skipped:
                 continue
             origin = f"{name}:{line}" if line is not None else f"{name}:row{row}"
@@ -426,6 +430,7 @@ def _json_array_rows(path: Path, chunk_size: int = 1 << 20, first_row: int = 0) 
             return
         pos = m.end()
         row = 0
+        closed: str | None  # the delimiter after an element; None: the file ends inside it
         while True:
             # the next element start (or the closing bracket)
             while True:
@@ -556,7 +561,7 @@ def _parquet_rows(path: Path, batch_size: int = 2048, first_row: int = 0) -> Ite
     wanted = [n for n in names if n in PARQUET_COLUMNS]
     columns = wanted if wanted else None  # none known: read all, so the reject lists the row's keys
     row = 0
-    groups = None
+    groups: list[int] | None = None
     if first_row:  # a partial stream: start at the row group holding first_row, slice off the rest
         meta = pf.metadata
         groups = []

@@ -18,11 +18,15 @@ import json
 from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.text.answer_shape import THINK_OPEN, prompt_opens_think
 from engine.text.ingest import Conversation
+
+if TYPE_CHECKING:
+    from engine.text.bytelevel_decode import ByteTableDecoder
 
 TURN_MODES = ("all", "last", "first")
 _HUGE = 10**9  # transformers' "no limit" model_max_length is ~1e30
@@ -34,6 +38,14 @@ class RenderError(Exception):
     def __init__(self, message: str, path: str | Path | None = None):
         super().__init__(message)
         self.path = None if path is None else str(path)
+
+
+def _text(value: object, call: str) -> str:
+    """What `call` returns for one text: transformers annotates apply_chat_template and decode with every form they
+    can return (ids, lists, a BatchEncoding), so the one form asked for is checked here."""
+    if not isinstance(value, str):
+        raise TypeError(f"the tokenizer's {call} returned {type(value).__name__}, not a str")
+    return value
 
 
 def sample_id(conversation_id: str, turn: int) -> str:
@@ -68,7 +80,7 @@ class Renderer:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         self._backend = (backend if backend is not None
                          and not getattr(self.tokenizer, "clean_up_tokenization_spaces", False) else None)
-        self._byte_table = None
+        self._byte_table: ByteTableDecoder | None = None
         self._byte_table_built = False
         self.model_config = _read_json(path / "config.json")
         self.generation_config = _read_json(path / "generation_config.json")
@@ -169,9 +181,9 @@ class Renderer:
     # --- tokens ------------------------------------------------------------------------------
 
     def prompt_text(self, messages: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(
+        return _text(self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, enable_thinking=self.enable_thinking
-        )
+        ), "apply_chat_template(tokenize=False)")
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return list(self.tokenizer(self.prompt_text(messages), add_special_tokens=False).input_ids)
@@ -227,7 +239,7 @@ class Renderer:
     def decode(self, ids: Sequence[int] | array) -> str:
         """decode(ids, skip_special_tokens=False): a list of ids, or an int32 array('i') of them."""
         if self._backend is None:
-            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+            return _text(self.tokenizer.decode(list(ids), skip_special_tokens=False), "decode")
         table = self._table()
         text = table.decode(ids) if table is not None else None
         return text if text is not None else self._backend.decode(list(ids), skip_special_tokens=False)
@@ -238,17 +250,19 @@ class Renderer:
         engine's CPU per answer) when its UTF-8 byte count is the ids' (the count tells a text that is
         not theirs, e.g. one decoded with the special tokens skipped), else decoded here. Also whether
         a server text was there and was not taken where it could be judged (the caller alerts)."""
-        if isinstance(server_text, str) and self._table() is not None:
-            # SGLang cuts the stop token it matched (finish_reason.matched, an id) from its text
-            stop_last = bool(len(ids32)) and (ids32[-1] in self._eos_set or ids32[-1] == matched_stop)
-            text = self._byte_table.adopt(server_text, ids32, trimmed_last=stop_last)
-            if text is not None:
-                return text, False
-            refused = "\ufffd" not in server_text and self._byte_table.checkable(ids32)
-            return self.decode(ids32), refused
+        if isinstance(server_text, str):
+            table = self._table()
+            if table is not None:
+                # SGLang cuts the stop token it matched (finish_reason.matched, an id) from its text
+                stop_last = bool(len(ids32)) and (ids32[-1] in self._eos_set or ids32[-1] == matched_stop)
+                text = table.adopt(server_text, ids32, trimmed_last=stop_last)
+                if text is not None:
+                    return text, False
+                refused = "\ufffd" not in server_text and table.checkable(ids32)
+                return self.decode(ids32), refused
         return self.decode(ids32), False
 
-    def _table(self):
+    def _table(self) -> ByteTableDecoder | None:
         if not self._byte_table_built and self._backend is not None:
             from engine.text.bytelevel_decode import ByteTableDecoder
 
@@ -275,8 +289,9 @@ class Renderer:
         `</think>` raw; Qwen3.5's also trims. Found by rendering the turn, so any template's rule holds; writing
         this text back as the message renders the same prompt again (the templates' rules are idempotent)."""
         head, tail = self._history_frame()
-        text = self.tokenizer.apply_chat_template(_framed(answer), tokenize=False, add_generation_prompt=False,
-                                                  enable_thinking=self.enable_thinking)
+        text = _text(self.tokenizer.apply_chat_template(_framed(answer), tokenize=False, add_generation_prompt=False,
+                                                        enable_thinking=self.enable_thinking),
+                     "apply_chat_template(tokenize=False)")
         if len(text) < len(head) + len(tail) or not text.startswith(head) or not text.endswith(tail):
             raise RenderError(f"{self.path}: the chat template renders an earlier assistant turn in a way regen cannot "
                               "cut out of its frame (header and end-of-turn differ with its content)", self.path)
@@ -286,8 +301,10 @@ class Renderer:
         """The text the template writes before and after an earlier assistant turn's content (found once)."""
         frame = getattr(self, "_frame", None)
         if frame is None:
-            text = self.tokenizer.apply_chat_template(_framed(_SENTINEL), tokenize=False, add_generation_prompt=False,
-                                                      enable_thinking=self.enable_thinking)
+            text = _text(self.tokenizer.apply_chat_template(_framed(_SENTINEL), tokenize=False,
+                                                            add_generation_prompt=False,
+                                                            enable_thinking=self.enable_thinking),
+                         "apply_chat_template(tokenize=False)")
             if text.count(_SENTINEL) != 1:
                 raise RenderError(f"{self.path}: the chat template does not write an earlier assistant turn's "
                                   "content as given; regen cannot tell what its history held", self.path)

@@ -13,7 +13,8 @@ from probes.model import CommandResult
 from engine.control import ControlError
 from engine.ctl import build_parser, op_of
 from engine.api.ops import (OPS, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, Status, Stop,
-                                    UndrainHost, parse_op, to_request)
+                                    UndrainHost)
+from engine.api.op_codec import decode_op as parse_op, encode_op as to_request
 
 WIRE = [
     ({"op": "status"}, Status()),

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 from enum import StrEnum
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
@@ -47,8 +48,8 @@ def arg_form(cls: type[ControlOp], name: str, info: FieldInfo) -> ArgForm:
 
 def option_type(info: FieldInfo) -> type | None:
     """int or float for `int`, `float`, `float | None`, ...; None for any other type."""
-    kinds = {info.annotation} if isinstance(info.annotation, type) else set(getattr(info.annotation, "__args__", ()))
-    kinds.discard(type(None))
+    union = get_origin(info.annotation) in (Union, UnionType)
+    kinds = set(get_args(info.annotation)) - {type(None)} if union else {info.annotation}
     return kinds.pop() if len(kinds) == 1 and kinds <= {int, float} else None
 
 
@@ -77,7 +78,7 @@ def add_op_commands(parser: argparse.ArgumentParser) -> tuple[Any, dict[str, arg
                 p.add_argument("--all", dest=f"all_{name}", action="store_true", help=f"every one of the {name}")
             elif form is ArgForm.FLAG:
                 p.add_argument(_flag(name, info.default), dest=name, action="store_false" if info.default else
-                               "store_true", help=f"{name} = {not info.default}")
+                               "store_true", help=f"sets {name} to {str(not info.default).lower()}")
             else:
                 p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=option_type(info),
                                default=info.default, help=what)

@@ -1,6 +1,6 @@
 """The one codec of the control ops (engine.api.ops): encode_op / decode_op through one pydantic TypeAdapter of their
 union (a bad request is refused with a ControlError naming the field and what it must be), and each op's reply read
-back into its declared type (decode_result, the console's) or checked on its way out (encode_reply_of, the supervisor's).
+back into its declared type (decode_result: the console) or checked on its way out (encode_reply_of: the supervisor).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Each control op as one typed message (a pydantic model, discriminated by `op`) with its reply type beside it (`Reply`).
-engine.api.op_codec reads and writes them (the wire JSON), engine.api.op_cli derives each op's one-shot command line
-from its fields. A new op: its class here (listed in Op or CtlOp) and its handler (Supervisor.handle, or engine.ctl's
-answer for an op served without a supervisor); the codec and the command line follow from its fields.
+"""Each control op as one typed message (a pydantic model, told apart by `op`) with its reply type beside it (`Reply`).
+engine.api.op_codec reads and writes them, engine.api.op_cli derives their command lines from their fields. A new op
+is its class here (listed in Op or CtlOp) and its handler (Supervisor.handle, or engine.ctl.answer for one served
+without a supervisor).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ class WireReply(Protocol):
 @dataclass(frozen=True)
 class ReplyAbove:
     """A reply type defined above engine.api, imported where it is first needed: the status's shapes (RunStatus,
-    HostStatus in engine.observe.status) are built of the run wing's parts, which import engine.api, so engine.api cannot
-    import them (the acyclic contract) until the status itself moves into engine.api."""
+    HostStatus in engine.observe.status) are built of the run wing's parts, which import engine.api, so engine.api
+    cannot import them (the acyclic contract) until the status itself moves into engine.api."""
     module: str
     name: str
 
@@ -50,7 +50,15 @@ class ControlOp(BaseModel):
 
     @model_serializer(mode="wrap")
     def _named(self, fields: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {"op": self.op, **fields(self)}  # the name first, as every engine wrote it
+        data = {"op": self.op, **fields(self)}  # the name first, as every engine wrote it
+        for name, info in type(self).model_fields.items():
+            if any(isinstance(m, OmitDefault) for m in info.metadata) and getattr(self, name) == info.default:
+                del data[name]
+        return data
+
+
+class OmitDefault:
+    """Marks a field left out of the wire JSON while it holds its default (as the engines before it wrote the op)."""
 
 
 class AllOrSome:
@@ -139,8 +147,7 @@ class FollowEnded:
 class Status(ControlOp):
     """The run's status; shards=False: without the shard list (its figures and the dispatch totals stay)."""
     op = "status"
-    # sent only when false: {"op": "status"} as every engine wrote it
-    shards: bool = Field(True, description="true or false", exclude_if=lambda shards: shards)
+    shards: Annotated[bool, OmitDefault()] = Field(True, description="true or false")
     Reply = RUN_STATUS
 
 

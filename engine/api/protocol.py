@@ -12,9 +12,9 @@ line, in the order the requests came:
     {"id": 9, "ok": true, "result": {"ended": "..."}}             (the supervisor exited and every event was sent)
 
 `op` is a control op (engine.api.ops) as engine.api.op_codec writes it: the supervisor's, or one served by engine.ctl
-itself (hello, last_status, follow: no supervisor needed). Replies to other requests go on while a follow streams; a new follow
-ends the one before it (its last reply says so). A one-shot `python -m engine.ctl --run-dir D OP ...` prints the same
-reply without an id (an engine deployed before this module printed {"ok", "result" | "error"}: the same shape).
+itself (hello, last_status, follow: no supervisor needed). Replies to other requests go on while a follow streams; a
+new follow ends the one before it (its last reply says so). A one-shot `python -m engine.ctl --run-dir D OP ...`
+prints the same reply without an id (an engine deployed before this module printed {"ok", "result" | "error"}: the same shape).
 Bump PROTOCOL_VERSION when a request or reply changes meaning; a console that gets a version it does not support
 (SUPPORTED_PROTOCOLS) in hello's reply uses the one-shot form.
 """

@@ -1,7 +1,7 @@
 """The control socket: run_dir/control.sock (0600), one JSON request per line, one JSON reply per line.
 
-Requests: the ops of engine.api.ops (parsed there; the handler gets the typed op).
-Replies: {"ok": true, "result": {...}} or {"ok": false, "error": "text"}.
+Requests: the supervisor's ops of engine.api.ops (read by engine.api.op_codec; the handler gets the typed op and
+returns its typed reply). Replies: {"ok": true, "result": {...}} or {"ok": false, "error": "text"}.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from engine.api.ops import ControlError, Op, parse_op
+from engine.api.ops import SUPERVISOR_OPS, ControlError, Op, WireReply
+from engine.api.op_codec import decode_op, encode_reply_of
 
 __all__ = ["ControlError", "ControlServer", "request", "socket_address"]
 
@@ -39,7 +40,7 @@ def socket_address(path: Path):
         os.close(fd)
 
 
-Handler = Callable[[Op], Awaitable[dict[str, Any]]]
+Handler = Callable[[Op], Awaitable[WireReply | dict[str, Any]]]  # the op's reply type (a dict: its JSON form)
 
 
 class ControlServer:
@@ -104,11 +105,13 @@ class ControlServer:
         except orjson.JSONDecodeError as exc:
             return _reply_error(f"request is not JSON: {exc}")
         try:
-            op = parse_op(request)
+            op = decode_op(request)
+            if not isinstance(op, SUPERVISOR_OPS):
+                raise ControlError(f"{op.op} is answered by engine.ctl, not the supervisor's control socket")
         except ControlError as exc:
             return _reply_error(str(exc))
         try:
-            result = await self.handler(op)
+            result = encode_reply_of(op, await self.handler(op))
         except ControlError as exc:
             return _reply_error(str(exc))
         except Exception as exc:  # a bug in an op must reach the operator, not kill the supervisor

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -20,10 +20,12 @@ import psutil
 
 import engine
 from engine.control import request
-from engine.api.protocol import (PROTOCOL_VERSION, ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus,
-                             ProtocolError, Reply, decode_request, encode_event_line, encode_reply)
-from engine.api.ops import (EXITED, Drain, DrainHost, LogTail, Op, Pause, RestartWorker, Resume, RunEnding,
-                                    Status, Stop, UndrainHost, to_request)
+from engine.api.protocol import (PROTOCOL_VERSION, ErrorKind, ProtocolError, Reply, decode_request, encode_event_line,
+                                 encode_reply)
+from engine.api.ops import (EXITED, ChannelOp, ControlError, Follow, FollowEnded, Hello, HelloResult, LastStatus, Op,
+                            RunEnding, Stop)
+from engine.api.op_cli import UsageError, add_op_commands, op_of
+from engine.api.op_codec import encode_op
 
 EXIT_OK, EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 0, 1, 2
 # the ops answered with one reply (answer()); follow is a stream (follow(), stream_follow())
@@ -31,65 +33,29 @@ Answered = Op | Hello | LastStatus
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """One subcommand per op (engine.api.op_cli, from the op's fields), then follow's --poll and serve."""
     parser = argparse.ArgumentParser(prog="python -m engine.ctl", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--timeout", type=float, default=30.0)
-    sub = parser.add_subparsers(dest="op", required=True)
-    p = sub.add_parser("status")
-    p.add_argument("--no-shards", action="store_true", help="without the shard list (the console follows shard events)")
-    sub.add_parser("last-status")  # no supervisor needed: the last state the run dir recorded
-    for name in ("pause", "resume"):
-        p = sub.add_parser(name)
-        p.add_argument("shards", nargs="*")
-        p.add_argument("--all", action="store_true")
-    p = sub.add_parser("restart-worker")
-    p.add_argument("worker")
-    for name in ("drain-host", "undrain-host"):  # multi-host: stop / restart sending a host new work
-        p = sub.add_parser(name)
-        p.add_argument("host")
-    p = sub.add_parser("log-tail")  # the last lines of a server's server.log, wherever the server runs
-    p.add_argument("worker")
-    p.add_argument("--lines", type=int, default=200)
-    sub.add_parser("drain")
-    sub.add_parser("stop")
-    sub.add_parser("hello")  # this engine's version and protocol (engine.api.protocol)
-    sub.add_parser("serve")  # the console's control channel: requests on stdin, replies on stdout
-    p = sub.add_parser("follow")
-    p.add_argument("--since", type=float, default=None)
-    p.add_argument("--poll", type=float, default=0.2)
+    sub, ops = add_op_commands(parser)
+    ops["follow"].add_argument("--poll", type=float, default=0.2)
+    sub.add_parser("serve", help="the console's control channel: requests on stdin, replies on stdout")
     return parser
-
-
-def op_of(args: argparse.Namespace) -> Answered:
-    """The control op a parsed command line asks for."""
-    if args.op in ("pause", "resume"):
-        return (Pause if args.op == "pause" else Resume)(shards=None if args.all else tuple(args.shards))
-    if args.op == "restart-worker":
-        return RestartWorker(worker=args.worker)
-    if args.op in ("drain-host", "undrain-host"):
-        return (DrainHost if args.op == "drain-host" else UndrainHost)(host=args.host)
-    if args.op == "log-tail":
-        return LogTail(worker=args.worker, lines=args.lines)
-    if args.op == "status":
-        return Status(shards=not args.no_shards)
-    if args.op == "last-status":
-        return LastStatus()
-    plain: dict[str, Callable[[], Answered]] = {"drain": Drain, "stop": Stop, "hello": Hello}
-    return plain[args.op]()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run_dir = Path(args.run_dir).expanduser()
-    if args.op == "follow":
-        return follow(run_dir, args.since, args.poll)
     if args.op == "serve":
         return serve(run_dir, args.timeout)
-    if args.op in ("pause", "resume"):
-        if args.all == bool(args.shards):
-            print(f"{args.op}: give shard ids or --all (not both)", file=sys.stderr)
-            return EXIT_ERROR_REPLY
-    reply = answer(run_dir, op_of(args), None, args.timeout)
+    try:
+        op = op_of(args)
+    except (UsageError, ControlError) as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_ERROR_REPLY
+    if isinstance(op, Follow):
+        return follow(run_dir, op.since, args.poll)
+    reply = answer(run_dir, op, None, args.timeout)
     if reply.ok or reply.kind is ErrorKind.REFUSED:
         sys.stdout.write(encode_reply(reply).decode())
     if not reply.ok:
@@ -106,7 +72,7 @@ def answer(run_dir: Path, op: Answered, rid: int | None, timeout: float) -> Repl
         return last_status(run_dir, rid)
     sock = run_dir / "control.sock"
     try:
-        data = request(sock, to_request(op), timeout=timeout)
+        data = request(sock, encode_op(op), timeout=timeout)
     except FileNotFoundError:
         return no_supervisor(run_dir, op, rid, f"{sock} does not exist (no supervisor has this run dir open)")
     except (ConnectionRefusedError, ConnectionError, TimeoutError, OSError) as exc:
@@ -189,7 +155,7 @@ def stream_follow(run_dir: Path, rid: int, since: float | None, poll: float, sto
         return  # the console went away (stdout closed): nobody to tell
     ended = "a newer follow took its place" if stop.is_set() else "the supervisor exited; every event was sent"
     try:
-        out.write(encode_reply(Reply(rid, True, {"ended": ended})))
+        out.write(encode_reply(Reply(rid, True, FollowEnded(ended).to_dict())))
     except (BrokenPipeError, ValueError):
         return
 

@@ -34,7 +34,6 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -59,7 +58,7 @@ from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
 from engine.api.ops import (Drain, DrainHost, LogTail, LogText, Op, Pause, RestartWorker, Resume, RunEnding,
-                                    ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
+                            ShardsChanged, Status, Stop, UndrainHost, WireReply, WorkerRestarted)
 from engine.run.dispatcher import Dispatcher
 from engine.observe.metrics_server import ALERT_KEY as METRICS_ALERT_KEY, MetricsServer
 from engine.run.feed import Feed
@@ -67,7 +66,8 @@ from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
 from engine.run.refusals import RefusalTrip
 from engine.run.prompt_limit import tightest
-from engine.observe.status import Rejects, RunStatus, build_run_status, dispatch_figures, levels_of, shard_statuses
+from engine.observe.status import (HostStatus, Rejects, RunStatus, build_run_status, dispatch_figures, levels_of,
+                                   shard_statuses)
 from engine.observe.watch import RunWatch
 from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.api.wire import ALREADY_SETTLED, AlertKind, FINAL_RUN_STATES, RunState, Severity, ShardFigures
@@ -450,14 +450,15 @@ class Supervisor:
         self._begin_shutdown("stop")
 
     # -- control ops ------------------------------------------------------------------------
-    async def handle(self, op: Op) -> dict[str, Any]:
-        """One control op (engine.api.ops), one method each; ControlError's text is the reply's error."""
+    async def handle(self, op: Op) -> WireReply:
+        """One control op (engine.api.ops), one method each, returning the op's Reply type; ControlError's text is the
+        reply's error."""
         match op:
             case Status():
                 status = self.status()
                 if not op.shards:
                     status = dataclasses.replace(status, shards=[], shards_omitted=True)
-                return status.to_dict()
+                return status
             case Pause() | Resume():
                 return self._set_paused(op)
             case RestartWorker():
@@ -465,7 +466,7 @@ class Supervisor:
             case DrainHost() | UndrainHost():
                 return self._set_host_drained(op)
             case LogTail():
-                return (await self._log_tail(op)).to_dict()
+                return await self._log_tail(op)
             case Drain() | Stop():
                 return self._end_on_request(op)
         raise ControlError(f"unknown op {op!r}")
@@ -474,7 +475,7 @@ class Supervisor:
         if self.ledger is None:
             raise ControlError("the supervisor is still starting (counting prompts); try again in a moment")
 
-    def _set_paused(self, op: Pause | Resume) -> dict[str, Any]:
+    def _set_paused(self, op: Pause | Resume) -> ShardsChanged:
         self._needs_ledger()
         try:
             changed = self.ledger.set_paused(None if op.shards is None else list(op.shards), isinstance(op, Pause))
@@ -483,7 +484,7 @@ class Supervisor:
         log.info("%s %s", op.op, "all" if op.shards is None else list(op.shards))
         braked = self.ledger.brake.engaged
         return ShardsChanged(op=op.op, shards=sorted(changed), paused=sorted(self.ledger.paused), state=self.state(),
-                             brake=braked.text if braked is not None else None).to_dict()
+                             brake=braked.text if braked is not None else None)
 
     def _worker(self, name: str):
         found = next((w for w in self.workers if w.name == name), None)
@@ -491,7 +492,7 @@ class Supervisor:
             raise ControlError(f"unknown worker {name!r}; workers: {', '.join(w.name for w in self.workers)}")
         return found
 
-    def _restart_worker(self, op: RestartWorker) -> dict[str, Any]:
+    def _restart_worker(self, op: RestartWorker) -> WorkerRestarted:
         self._needs_ledger()
         found = self._worker(op.worker)
         try:
@@ -499,7 +500,7 @@ class Supervisor:
         except NotImplementedError as exc:
             raise ControlError(str(exc)) from exc
         log.info("restart of worker %s requested", op.worker)
-        return WorkerRestarted(worker=op.worker, state=found.state).to_dict()
+        return WorkerRestarted(worker=op.worker, state=found.state)
 
     async def _log_tail(self, op: LogTail) -> LogText:
         found = self._worker(op.worker)
@@ -518,21 +519,21 @@ class Supervisor:
             raise ControlError(f"tail {where}: exit status {rc}: {err.strip() or '(no stderr)'}")
         return LogText(worker=op.worker, path=where, text=out)
 
-    def _set_host_drained(self, op: DrainHost | UndrainHost) -> dict[str, Any]:
+    def _set_host_drained(self, op: DrainHost | UndrainHost) -> HostStatus:
         if self.fleet is None:
             raise ControlError("drain_host: this run has no [[hosts]]")
         try:
-            return self.fleet.set_drained(op.host, isinstance(op, DrainHost)).to_dict()
+            return self.fleet.set_drained(op.host, isinstance(op, DrainHost))
         except KeyError as exc:
             raise ControlError(exc.args[0]) from exc
 
-    def _end_on_request(self, op: Drain | Stop) -> dict[str, Any]:
+    def _end_on_request(self, op: Drain | Stop) -> RunEnding:
         if isinstance(op, Drain):
             self.end_cause = self.end_cause or "drain requested over the control socket (regen stop --drain)"
         else:
             self.end_cause = self.end_cause or "stop requested over the control socket (regen stop)"
         self._begin_shutdown(op.op)
-        return RunEnding(state=self.state()).to_dict()
+        return RunEnding(state=self.state())
 
     def state(self) -> RunState:
         if self.mode != RunState.RUNNING:

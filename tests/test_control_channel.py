@@ -18,8 +18,10 @@ import engine
 from console.host.run_client import NoSupervisor, RunClient, RunClientError
 from console.host.transport_local import LocalTransport
 from engine.control import ControlServer
-from engine.api.protocol import (PROTOCOL_VERSION, ErrorKind, Follow, Hello, LastStatus, Reply, Request, ctl_argv,
+from engine.api.protocol import (PROTOCOL_VERSION, ErrorKind, Reply, Request,
                              decode_reply, decode_request, encode_event_line, encode_reply, encode_request)
+from engine.api.ops import Follow, Hello, LastStatus
+from engine.api.op_cli import ctl_argv
 from engine.api.ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
                                     Stop, UndrainHost)
 from engine.observe.status import HostStatus, RunStatus

@@ -23,7 +23,7 @@ from console.host.transport_ssh import SshTransport
 from console.tui.app import RegenApp
 from console.tui.shard_table import ShardTable
 from console.host.source import HostSource
-from engine.api.protocol import Hello
+from engine.api.ops import Hello
 from engine.api.ops import Pause, Resume
 from tests.run_helpers import make_config
 from tests.sshd_fixtures import kill_sshd_connection

@@ -1,5 +1,5 @@
-"""The control socket's typed operations (engine.api.ops): the wire format, the parse errors, and the
-requests engine.ctl sends for each command line."""
+"""The control ops (engine.api.ops): the wire format through the one codec (engine.api.op_codec), the parse errors,
+the requests engine.ctl sends for each command line (engine.api.op_cli), and each op's declared reply type."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,12 @@ import pytest
 from console.host.run_client import RunClient
 from probes.model import CommandResult
 
-from engine.control import ControlError
+from engine.control import ControlError, ControlServer
 from engine.ctl import build_parser, op_of
-from engine.api.ops import (OPS, Drain, DrainHost, LogTail, Pause, RestartWorker, Resume, Status, Stop,
-                                    UndrainHost, parse_op, to_request)
+from engine.api.ops import (CHANNEL_OPS, OPS, ControlOp, Drain, DrainHost, Follow, Hello, LastStatus, LogTail, Pause,
+                            RestartWorker, Resume, RunEnding, Status, Stop, UndrainHost)
+from engine.api.op_cli import arguments, ctl_argv
+from engine.api.op_codec import decode_op as parse_op, encode_op as to_request, reply_type
 
 WIRE = [
     ({"op": "status"}, Status()),
@@ -102,3 +104,54 @@ def test_a_status_without_shards_falls_back_to_the_full_one_on_an_engine_that_pr
     again = asyncio.run(client.status(shards=False))
     assert [s.id for s in first.shards] == [s.id for s in again.shards] == ["s00000"]
     assert ["--no-shards" in c for c in transport.commands] == [True, False, False]  # asked once, then not again
+
+
+# -- one declaration per op: its reply type, its JSON, its command line ------------------------------------------------
+EVERY_OP = [Status(), Status(shards=False), Pause(), Pause(shards=("s1", "s2")), Resume(), Resume(shards=("s3",)),
+            RestartWorker(worker="w0"), DrainHost(host="h1"), UndrainHost(host="h1"), LogTail(worker="gpu0"),
+            LogTail(worker="gpu0", lines=7), Drain(), Stop(), Hello(), LastStatus(), Follow(), Follow(since=17.5)]
+
+
+def test_every_op_is_in_the_cases_and_declares_a_reply_type_that_writes_its_json():
+    assert {type(op) for op in EVERY_OP} == set(CHANNEL_OPS)
+    for cls in CHANNEL_OPS:
+        assert hasattr(reply_type(cls), "to_dict"), cls  # RunStatus and HostStatus resolved from above engine.api
+
+
+@pytest.mark.parametrize("op", EVERY_OP, ids=[repr(op) for op in EVERY_OP])
+def test_each_op_round_trips_through_the_one_codec_and_its_derived_command_line(op):
+    assert parse_op(json.loads(json.dumps(to_request(op)))) == op
+    assert op_of(build_parser().parse_args(["--run-dir", "/r", *ctl_argv(op)])) == op
+
+
+def test_a_bad_command_line_value_is_refused_by_engine_ctl_with_the_field_before_anything_is_sent(tmp_path, capsys):
+    from engine.ctl import EXIT_ERROR_REPLY, main
+
+    assert main(["--run-dir", str(tmp_path), "log-tail", "gpu0", "--lines", "0"]) == EXIT_ERROR_REPLY
+    assert capsys.readouterr().err.strip() == '"lines" must be an integer from 1 to 10000; got 0'
+    assert main(["--run-dir", str(tmp_path), "pause", "s1", "--all"]) == EXIT_ERROR_REPLY
+    assert capsys.readouterr().err.strip() == "pause: give shard ids or --all (not both)"
+
+
+def test_a_field_with_no_command_line_form_is_named_when_the_parser_is_built():
+    class Weigh(ControlOp):
+        op = "weigh"
+        Reply = RunEnding
+        weights: list[int] = []
+
+    with pytest.raises(TypeError, match=r"Weigh\.weights: no command-line form for list\[int\]"):
+        arguments(Weigh)
+
+
+async def test_the_control_socket_refuses_engine_ctls_own_ops_and_a_reply_of_the_wrong_type(tmp_path):
+    async def handler(op):
+        return RunEnding(state="stopping")  # right for stop, wrong for pause
+
+    server = ControlServer(tmp_path / "control.sock", handler)
+    assert json.loads(await server._handle_line(b'{"op": "stop"}\n')) == {"ok": True,
+                                                                          "result": {"state": "stopping"}}
+    wrong = json.loads(await server._handle_line(b'{"op": "pause", "shards": "all"}\n'))
+    assert wrong == {"ok": False, "error": "pause failed: TypeError: pause's handler replied a RunEnding, "
+                                           "not its ShardsChanged"}
+    hello = json.loads(await server._handle_line(b'{"op": "hello"}\n'))
+    assert hello == {"ok": False, "error": "hello is answered by engine.ctl, not the supervisor's control socket"}

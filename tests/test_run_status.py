@@ -145,7 +145,7 @@ def idle_supervisor(tmp_path):
 
 def test_the_live_and_offline_replies_have_the_same_keys(idle_supervisor):
     sup = idle_supervisor
-    live = asyncio.run(sup.handle(Status()))
+    live = asyncio.run(sup.handle(Status())).to_dict()  # the handler returns the typed reply (RunStatus)
     assert (live["state"], live["running"], live["offline"], live["dispatch"], live["shards"]) == (
         "starting", True, False, None, [])
     assert [c["check"] for c in live["startup"]][0] == "config"

@@ -10,9 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from console.host.run_client import REPLY_TYPES, decode_result
+from engine.api.op_codec import REPLY_TYPES, decode_result
 from engine.ctl import build_parser, op_of
-from engine.api.protocol import Hello
+from engine.api.ops import Hello
 from engine.api.ops import ShardsChanged
 from engine.observe.status import RunStatus
 from engine.api.events import EVENT_TYPES, ShardEvent, parse_event

@@ -14,8 +14,11 @@ import itertools
 from typing import AsyncIterator
 
 from console.host.transport import Ended, Process, Transport, TransportError
-from engine.api.protocol import (PROTOCOL_VERSION, SUPPORTED_PROTOCOLS, ChannelOp, Follow, Hello, HelloResult,
-                             ProtocolError, Reply, Request, decode_reply, encode_request)
+from engine.api.protocol import (PROTOCOL_VERSION, SUPPORTED_PROTOCOLS, ProtocolError, Reply, Request, decode_reply,
+                                 encode_request)
+from engine.api.ops import ChannelOp, Follow, Hello, HelloResult
+from engine.api.op_codec import decode_result
+from engine.api.wire import WireError
 
 HELLO_TIMEOUT_S = 30.0  # a new interpreter and its imports on a loaded host
 READER_END_WAIT_S = 5.0  # a send failed: how long the reader may take to say how the process ended
@@ -60,7 +63,10 @@ class ControlChannel:
             reply = await channel.call(Hello(), timeout=hello_timeout)
             if not reply.ok:
                 raise OlderProtocol(f"engine at {where} refused hello ({reply.error}): one process per op")
-            channel.hello = HelloResult.from_dict(reply.result)
+            try:
+                channel.hello = decode_result(Hello(), reply.result, f"hello's reply from {where}")
+            except WireError as exc:
+                raise ProtocolError(str(exc)) from exc
         except ChannelClosed as exc:
             await channel.close()
             if exc.transport is not None:

@@ -1,10 +1,10 @@
 """Console side of the control socket: each op runs `<host_python> -m engine.ctl --run-dir D OP ...` on the host
 (one process per op: the CLI's one-shot commands), or, once open_channel() opened it, goes over one long-lived
 `engine.ctl serve` process (console/host/control_channel.py: an attached console); both read replies with
-engine.api.protocol's codec. Each reply is decoded once, here, into its wire type (engine.api.wire.decode: a malformed field
-is an error naming it): RunStatus, ShardsChanged, WorkerRestarted, RunEnding, HostStatus. follow() streams telemetry
-events, over the open channel when its engine carries them (else one `engine.ctl follow` process); the loop that
-reconnects and backfills is console/host/follow.py."""
+engine.api.protocol's codec. Each reply is decoded once, here, into the type its op declares (engine.api.op_codec: a
+malformed field is an error naming it): RunStatus, ShardsChanged, WorkerRestarted, RunEnding, HostStatus. follow()
+streams telemetry events, over the open channel when its engine carries them (else one `engine.ctl follow` process);
+the loop that reconnects and backfills is console/host/follow.py."""
 from __future__ import annotations
 
 import asyncio
@@ -15,31 +15,14 @@ import orjson
 from console.host.control_channel import ChannelClosed, ControlChannel, FollowRefused, OlderProtocol
 from console.host.remote_engine import engine_command
 from console.host.transport import Transport, TransportError
-from engine.api.protocol import (ChannelOp, ErrorKind, Follow, Hello, HelloResult, LastStatus, ProtocolError, Reply,
-                             ctl_argv, decode_reply)
-from engine.api.ops import (Drain, DrainHost, LogTail, LogText, Pause, RestartWorker, Resume, RunEnding,
-                                    ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
+from engine.api.protocol import ErrorKind, ProtocolError, Reply, decode_reply
+from engine.api.ops import (ChannelOp, Drain, DrainHost, Follow, LastStatus, LogTail, LogText, Pause, RestartWorker,
+                            Resume, RunEnding, ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
+from engine.api.op_cli import ctl_argv
+from engine.api.op_codec import decode_result
 from engine.observe.status import HostStatus, RunStatus
 from engine.api.events import Event, UnknownEventType, event_from_dict
-from engine.api.wire import WireError, decode
-
-# the wire type of each op's result
-REPLY_TYPES: dict[type, type] = {Hello: HelloResult, Status: RunStatus, LastStatus: RunStatus, Pause: ShardsChanged,
-                                 Resume: ShardsChanged, RestartWorker: WorkerRestarted, Drain: RunEnding,
-                                 Stop: RunEnding, DrainHost: HostStatus, UndrainHost: HostStatus, LogTail: LogText}
-
-
-def decode_result(op: ChannelOp, data: Any, what: str) -> Any:
-    """An op's result (decoded JSON) as its wire type; WireError names a malformed field."""
-    cls = REPLY_TYPES[type(op)]
-    if cls is RunStatus:
-        return RunStatus.from_dict(data, what)
-    if cls is HelloResult:
-        try:
-            return HelloResult.from_dict(data)
-        except ProtocolError as exc:
-            raise WireError(f"{what}: {exc}") from exc
-    return decode(cls, data, what)
+from engine.api.wire import WireError
 
 CTL_TIMEOUT_S = 60.0
 EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 1, 2
@@ -109,8 +92,8 @@ class RunClient:
                 raise RunClientError(f"closing the control channel to {self.where}: {exc}") from exc
 
     async def _decoded(self, op: ChannelOp) -> Any:
-        """The op's reply as its wire type (REPLY_TYPES); a reply that is not one (a field of the wrong type) is an
-        error naming the field, not a screen that shows half of it."""
+        """The op's reply as its declared type (the op's Reply); a reply that is not one (a field of the wrong type) is
+        an error naming the field, not a screen that shows half of it."""
         try:
             return decode_result(op, (await self._op(op)).result, f"{op.op} reply from {self.where}")
         except WireError as exc:
@@ -223,8 +206,7 @@ class RunClient:
             except FollowRefused as exc:  # as the one-process follow's exit status 2: checked again, later
                 raise RunClientError(f"telemetry of {self.where}: {exc}", kind="unreachable") from exc
             return
-        args = ["follow"] + (["--since", repr(float(since))] if since is not None else [])
-        async for line in self.transport.stream_lines(self._command(*args)):
+        async for line in self.transport.stream_lines(self._command(*ctl_argv(Follow(since=since)))):
             if not line.strip():
                 continue
             try:

@@ -1,88 +1,83 @@
-"""The control socket's operations as typed requests (parse_op reads one JSON request, to_request writes it) and the
-replies of the ops that change something (status's is engine.observe.status.RunStatus, drain_host's HostStatus).
-
-Wire format (one JSON object per line, engine.control): {"op": "status"[, "shards": false]} | {"op": "pause", "shards": [...] | "all"} |
-{"op": "resume", "shards": ...} | {"op": "restart_worker", "worker": name} | {"op": "drain_host", "host": name} |
-{"op": "undrain_host", "host": name} | {"op": "log_tail", "worker": name, "lines": n} | {"op": "drain"} | {"op": "stop"}.
+"""Each control op as one typed message (a pydantic model, told apart by `op`) with its reply type beside it (`Reply`).
+engine.api.op_codec reads and writes them, engine.api.op_cli derives their command lines from their fields. A new op
+is its class here (listed in Op or CtlOp) and its handler (Supervisor.handle, or engine.ctl.answer for one served
+without a supervisor).
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Protocol, Union, get_args
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PlainSerializer,
+                      SerializerFunctionWrapHandler, Strict, Tag, model_serializer)
 
 
 class ControlError(Exception):
     """A request that cannot be served; its text is the reply's `error` (engine.control re-exports it)."""
 
 
-@dataclass(frozen=True)
-class Status:
-    """The run's status; shards=False: without the shard list (its figures and the dispatch totals stay)."""
-    op: ClassVar[str] = "status"
-    shards: bool = True
+class WireReply(Protocol):
+    """What an op's reply is: a typed value that writes its JSON form."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
-class Pause:
-    """Hold the shards (None: every shard) back from dispatch; requests in flight finish."""
-    op: ClassVar[str] = "pause"
-    shards: tuple[str, ...] | None = None
+class ReplyAbove:
+    """A reply type defined above engine.api, imported where it is first needed: the status's shapes (RunStatus,
+    HostStatus in engine.observe.status) are built of the run wing's parts, which import engine.api, so engine.api
+    cannot import them (the acyclic contract) until the status itself moves into engine.api."""
+    module: str
+    name: str
+
+    def resolve(self) -> type:
+        return getattr(importlib.import_module(self.module), self.name)
 
 
-@dataclass(frozen=True)
-class Resume:
-    """Dispatch the shards again (None: every shard, and the data-quality brake released: engine.run.brake)."""
-    op: ClassVar[str] = "resume"
-    shards: tuple[str, ...] | None = None
+RUN_STATUS = ReplyAbove("engine.observe.status", "RunStatus")
+HOST_STATUS = ReplyAbove("engine.observe.status", "HostStatus")
 
 
-@dataclass(frozen=True)
-class RestartWorker:
-    op: ClassVar[str] = "restart_worker"
-    worker: str
+class ControlOp(BaseModel):
+    """One op: `op` its name (the wire's "op", `op-name` on the command line), its fields its arguments. Each field's
+    description says what its value must be (a bad request's error, the command's help); its type gives its
+    command-line form (engine.api.op_cli)."""
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+    op: ClassVar[str]
+    Reply: ClassVar[type | ReplyAbove]
+    streams: ClassVar[bool] = False  # answered by event lines and then one last reply (follow)
+
+    @model_serializer(mode="wrap")
+    def _named(self, fields: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = {"op": self.op, **fields(self)}  # the name first, as every engine wrote it
+        for name, info in type(self).model_fields.items():
+            if any(isinstance(m, OmitDefault) for m in info.metadata) and getattr(self, name) == info.default:
+                del data[name]
+        return data
 
 
-@dataclass(frozen=True)
-class DrainHost:
-    """Multi-host: send the host no new work (its requests in flight finish)."""
-    op: ClassVar[str] = "drain_host"
-    host: str
+class OmitDefault:
+    """Marks a field left out of the wire JSON while it holds its default (as the engines before it wrote the op)."""
 
 
-@dataclass(frozen=True)
-class UndrainHost:
-    op: ClassVar[str] = "undrain_host"
-    host: str
+class AllOrSome:
+    """Marks a selection field: a tuple of names, or None for all of them ("all" on the wire, --all on the command
+    line, the names as positional arguments)."""
 
 
-@dataclass(frozen=True)
-class LogTail:
-    """The last `lines` lines of a server's server.log, read where the server runs: this machine, a [[hosts]] host
-    (over the supervisor's SSH to it) or a [slurm] job's dir. The console reaches only the supervisor's machine."""
-    op: ClassVar[str] = "log_tail"
-    worker: str
-    lines: int = 200
+def _all_is_none(value: Any) -> Any:
+    if value == "all":
+        return None
+    return tuple(value) if isinstance(value, list) else value
 
 
-@dataclass(frozen=True)
-class Drain:
-    """End the run once the requests in flight are answered and committed."""
-    op: ClassVar[str] = "drain"
-
-
-@dataclass(frozen=True)
-class Stop:
-    """End the run now: requests in flight are aborted (their samples are generated again on the next start)."""
-    op: ClassVar[str] = "stop"
-
-
-Op = Status | Pause | Resume | RestartWorker | DrainHost | UndrainHost | LogTail | Drain | Stop
-OP_TYPES: dict[str, type[Op]] = {cls.op: cls for cls in (Status, Pause, Resume, RestartWorker, DrainHost, UndrainHost,
-                                                         LogTail, Drain, Stop)}
+Selection = Annotated[tuple[str, ...] | None, BeforeValidator(_all_is_none),
+                      PlainSerializer(lambda v: "all" if v is None else list(v)), AllOrSome()]
 MAX_LOG_LINES = 10_000
-OPS = tuple(OP_TYPES)
 
 
+# -- replies ---------------------------------------------------------------------------------------------------------
 @dataclass
 class ShardsChanged:
     """pause's and resume's reply."""
@@ -129,53 +124,125 @@ class RunEnding:
         return asdict(self)
 
 
-def parse_op(request: Any) -> Op:
-    """One decoded JSON request as its op; ControlError (the reply's text) when it is not one."""
-    name = request.get("op") if isinstance(request, dict) else None
-    cls = OP_TYPES.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise ControlError(f"unknown op {name!r}; known: {', '.join(OPS)}")
-    if cls in (Pause, Resume):
-        shards = request.get("shards", "all")
-        if shards == "all":
-            return cls(shards=None)
-        if not (isinstance(shards, list) and all(isinstance(s, str) for s in shards)):
-            raise ControlError('"shards" must be a list of shard ids or "all"')
-        return cls(shards=tuple(shards))
-    if cls is RestartWorker:
-        return RestartWorker(worker=_name(request, "worker", "a worker's name, e.g. w0"))
-    if cls in (DrainHost, UndrainHost):
-        return cls(host=_name(request, "host", "a [[hosts]] name of the run config"))
-    if cls is LogTail:
-        lines = request.get("lines", 200)
-        if not (isinstance(lines, int) and not isinstance(lines, bool) and 1 <= lines <= MAX_LOG_LINES):
-            raise ControlError(f'"lines" must be an integer from 1 to {MAX_LOG_LINES}; got {lines!r}')
-        return LogTail(worker=_name(request, "worker", "a worker's name, e.g. gpu0"), lines=lines)
-    if cls is Status:
-        shards = request.get("shards", True)
-        if not isinstance(shards, bool):
-            raise ControlError(f'"shards" must be true or false; got {shards!r}')
-        return Status(shards=shards)
-    return cls()
+@dataclass(frozen=True)
+class HelloResult:
+    """hello's reply: which engine answers and which protocol it speaks."""
+    engine_version: Annotated[str, Field(alias="engine"), Strict()]  # engine.__version__ of the engine that answers
+    protocol: Annotated[int, Strict()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine_version, "protocol": self.protocol}
 
 
-def to_request(op: Op) -> dict[str, Any]:
-    """The JSON request for an op (parse_op's inverse)."""
-    if isinstance(op, (Pause, Resume)):
-        return {"op": op.op, "shards": "all" if op.shards is None else list(op.shards)}
-    if isinstance(op, RestartWorker):
-        return {"op": op.op, "worker": op.worker}
-    if isinstance(op, (DrainHost, UndrainHost)):
-        return {"op": op.op, "host": op.host}
-    if isinstance(op, LogTail):
-        return {"op": op.op, "worker": op.worker, "lines": op.lines}
-    if isinstance(op, Status) and not op.shards:
-        return {"op": op.op, "shards": False}
-    return {"op": op.op}
+@dataclass(frozen=True)
+class FollowEnded:
+    """follow's last reply, after its events: how the stream ended."""
+    ended: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def _name(request: dict[str, Any], key: str, what: str) -> str:
-    value = request.get(key)
-    if not isinstance(value, str):
-        raise ControlError(f'"{key}" must be {what} (a string); got {value!r}')
-    return value
+# -- the supervisor's ops (its control socket) ----------------------------------------------------------------------
+class Status(ControlOp):
+    """The run's status; shards=False: without the shard list (its figures and the dispatch totals stay)."""
+    op = "status"
+    shards: Annotated[bool, OmitDefault()] = Field(True, description="true or false")
+    Reply = RUN_STATUS
+
+
+class Pause(ControlOp):
+    """Hold the shards (None: every shard) back from dispatch; requests in flight finish."""
+    op = "pause"
+    shards: Selection = Field(None, description='a list of shard ids or "all"')
+    Reply = ShardsChanged
+
+
+class Resume(ControlOp):
+    """Dispatch the shards again (None: every shard, and the data-quality brake released: engine.run.brake)."""
+    op = "resume"
+    shards: Selection = Field(None, description='a list of shard ids or "all"')
+    Reply = ShardsChanged
+
+
+class RestartWorker(ControlOp):
+    """Restart one worker's server."""
+    op = "restart_worker"
+    worker: str = Field(description="a worker's name, e.g. w0 (a string)")
+    Reply = WorkerRestarted
+
+
+class DrainHost(ControlOp):
+    """Multi-host: send the host no new work (its requests in flight finish)."""
+    op = "drain_host"
+    host: str = Field(description="a [[hosts]] name of the run config (a string)")
+    Reply = HOST_STATUS
+
+
+class UndrainHost(ControlOp):
+    """Multi-host: send the host new work again."""
+    op = "undrain_host"
+    host: str = Field(description="a [[hosts]] name of the run config (a string)")
+    Reply = HOST_STATUS
+
+
+class LogTail(ControlOp):
+    """The last `lines` lines of a server's server.log, read where the server runs: this machine, a [[hosts]] host
+    (over the supervisor's SSH to it) or a [slurm] job's dir. The console reaches only the supervisor's machine."""
+    op = "log_tail"
+    worker: str = Field(description="a worker's name, e.g. gpu0 (a string)")
+    lines: int = Field(200, ge=1, le=MAX_LOG_LINES, description=f"an integer from 1 to {MAX_LOG_LINES}")
+    Reply = LogText
+
+
+class Drain(ControlOp):
+    """End the run once the requests in flight are answered and committed."""
+    op = "drain"
+    Reply = RunEnding
+
+
+class Stop(ControlOp):
+    """End the run now: requests in flight are aborted (their samples are generated again on the next start)."""
+    op = "stop"
+    Reply = RunEnding
+
+
+# -- engine.ctl's own ops (no supervisor needed) --------------------------------------------------------------------
+class Hello(ControlOp):
+    """Which engine answers and which protocol it speaks (engine.api.protocol)."""
+    op = "hello"
+    Reply = HelloResult
+
+
+class LastStatus(ControlOp):
+    """The status the run dir recorded (engine.observe.offline_status), for a run whose supervisor has exited."""
+    op = "last_status"
+    Reply = RUN_STATUS
+
+
+class Follow(ControlOp):
+    """Stream the run's telemetry events with ts >= since (None: from the start) until the supervisor has exited
+    and every line is sent (protocol 2)."""
+    op = "follow"
+    # always sent, null for from the start
+    since: float | None = Field(None, description="a number (a unix time) or null")
+    Reply = FollowEnded
+    streams = True
+
+
+Op = Status | Pause | Resume | RestartWorker | DrainHost | UndrainHost | LogTail | Drain | Stop  # the supervisor's
+CtlOp = Hello | LastStatus | Follow  # answered by engine.ctl itself
+ChannelOp = Op | CtlOp
+
+SUPERVISOR_OPS: tuple[type[ControlOp], ...] = get_args(Op)
+CHANNEL_OPS: tuple[type[ControlOp], ...] = get_args(ChannelOp)
+OPS = tuple(cls.op for cls in SUPERVISOR_OPS)
+
+
+def _name_of(value: Any) -> str | None:
+    name = value.get("op") if isinstance(value, dict) else getattr(value, "op", None)
+    return name if isinstance(name, str) else None
+
+
+# the one union the codec reads and writes (engine.api.op_codec), told apart by "op"
+AnyOp = Annotated[Union[tuple(Annotated[cls, Tag(cls.op)] for cls in CHANNEL_OPS)], Discriminator(_name_of)]

@@ -214,7 +214,10 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     parts = [head]
     if s.hosts:
         parts.append(hosts_table(s, console))
-    parts += [workers, shard_table]
+    if not s.workers and not s.running:  # no server is live without its supervisor: no empty table that looks live
+        parts += [Text("workers: none live (the supervisor is not running; its servers stopped with it)"), shard_table]
+    else:
+        parts += [workers, shard_table]
     parts += hardware_parts(s, console)  # GPUs and disks, by host in a multi-host run
     # every row of rejects.jsonl, with its parts (input rows refused when read, samples rejected or failed; the TUI's
     # header says the same words) and by its reason

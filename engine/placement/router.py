@@ -34,7 +34,7 @@ import aiohttp
 from engine.servers.capacity import BatchSize, ServerCapacity
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import ServerMetrics
-from engine.api.events import AlertEvent, WorkerEvent
+from engine.api.events import AlertEvent, Event, WorkerEvent
 from engine.api.wire import InFlightSource
 from engine.servers.workers import WorkerState, die_with_parent, log_tail, served_fields, with_batch
 
@@ -90,7 +90,7 @@ def router_argv(cfg: RunConfig) -> list[str]:
 
 
 class RouterProcess:
-    def __init__(self, cfg: RunConfig, run_dir: Path, session: aiohttp.ClientSession, emit: Callable[[object], None]):
+    def __init__(self, cfg: RunConfig, run_dir: Path, session: aiohttp.ClientSession, emit: Callable[[Event], None]):
         self.cfg = cfg
         self.session = session
         self.emit = emit
@@ -221,12 +221,15 @@ class RouterProcess:
 
     async def _supervise(self) -> None:
         while not self._stopping:
-            await self._proc.wait()
+            proc = self._proc  # the latest launch's (a relaunch below replaces it)
+            if proc is None:
+                raise RuntimeError("the router is supervised before it was launched (start() launches it first)")
+            await proc.wait()
             if self._stopping:
                 return
             self.up = False
             self.listed = {}
-            self.error = f"router exited with {self._proc.returncode}"
+            self.error = f"router exited with {proc.returncode}"
             self.on_change()
             self.emit(AlertEvent(severity="error", text="the router exited; restarting it",
                                  evidence=" | ".join(log_tail(self.log_path, 0, 6)), key="router-exit"))

@@ -39,7 +39,7 @@ from engine.servers.identity import (
     SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, judge_health_only, launch_token,
     operator_served_name, served_name, socket_owner,
 )
-from engine.api.events import AlertEvent, WorkerEvent
+from engine.api.events import AlertEvent, Event, WorkerEvent
 
 if TYPE_CHECKING:
     from engine.run.counts import ServedTokens
@@ -339,7 +339,7 @@ class Worker:
     cfg: RunConfig
     run_dir: Path
     session: aiohttp.ClientSession
-    emit: Callable[[object], None]  # telemetry sink (WorkerEvent / AlertEvent)
+    emit: Callable[[Event], None]  # telemetry sink (WorkerEvent / AlertEvent)
     python: str = sys.executable
     state: str = WorkerState.STARTING
     pid: int | None = None

@@ -320,17 +320,19 @@ class RouterProcess:
 
 @dataclass
 class RouterEndpoint:
-    """The router as the dispatcher's one target: ready while the router is up with a ready member;
-    its capacity is the sum of the ready members' (so the dispatcher keeps every server fed)."""
+    """The router as the dispatcher's one target (engine.servers.target.DispatchTarget): ready while the router is
+    up with a ready member; its capacity is the sum of the ready members' (so the dispatcher keeps every server
+    fed)."""
     router: RouterProcess
     name: str = "router"
     state: str = WorkerState.STARTING
     capacity_info: ServerCapacity = field(default_factory=ServerCapacity)
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     in_flight: int = 0
+    held: int = 0  # maintained by the dispatcher: regen's queued items held for it
     capacity: int = 0
     batch: BatchSize | None = None  # maintained by the dispatcher
-    listeners: list[Callable[[object, str], None]] = field(default_factory=list)
+    listeners: list[Callable[["RouterEndpoint", str], None]] = field(default_factory=list)
     members: list = field(default_factory=list)  # RemoteWorker / Worker objects behind the router
     served: ServedTokens | None = None  # the ledger's ServedTokens of everything sent through it (set by the supervisor)
 
@@ -356,6 +358,10 @@ class RouterEndpoint:
         if routed or self.state != WorkerState.READY:
             return routed
         return [m for m in self.members if m.state == WorkerState.READY and m.url in self.router.members]
+
+    @property
+    def is_router(self) -> bool:
+        return True
 
     @property
     def queue_margin(self) -> int:

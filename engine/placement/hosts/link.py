@@ -48,6 +48,7 @@ from engine.placement.hosts.readings_feed import ReadingsFeed, ReadingsUnavailab
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
 from engine.observe.status import HostStatus
 from engine.servers.identity import IdentityCheck, ServedNames, Verdict, read_served_names
+from engine.servers.target import SingleServer
 from engine.api.events import AlertEvent, Event, WorkerEvent
 from engine.servers.workers import (
     IDENTITY_FILE, IdentityRecord, WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event,
@@ -105,7 +106,7 @@ def engine_tarball(engine_root: Path) -> bytes:
 
 
 @dataclass
-class RemoteWorker:
+class RemoteWorker(SingleServer):  # a dispatch target (engine.servers.target.DispatchTarget)
     """An SGLang server on a remote host, watched through its forward; launched by the host agent."""
     spec: WorkerSpec
     host: str

@@ -20,7 +20,7 @@ from engine.placement.hosts.link import HostLink, named_specs
 from engine.placement.router import RouterEndpoint, RouterError, RouterProcess
 from engine.observe.status import HostStatus, RouterStatus
 from engine.fatal import HostsFailed
-from engine.api.events import AlertEvent
+from engine.api.events import AlertEvent, Event
 from engine.api.wire import AlertKind, HostState, Severity
 from engine.servers.workers import Worker, WorkerState
 
@@ -38,7 +38,7 @@ def host_last_words(host: str, servers: list, log_of: Callable[[object], str]) -
 
 
 class Fleet:
-    def __init__(self, cfg: RunConfig, run_dir: Path, session: aiohttp.ClientSession, emit: Callable[[object], None]):
+    def __init__(self, cfg: RunConfig, run_dir: Path, session: aiohttp.ClientSession, emit: Callable[[Event], None]):
         self.cfg = cfg
         self.emit = emit
         self.router = RouterProcess(cfg, run_dir, session, emit)

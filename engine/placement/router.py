@@ -34,7 +34,7 @@ import aiohttp
 from engine.servers.capacity import BatchSize, ServerCapacity
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import ServerMetrics
-from engine.api.events import AlertEvent, WorkerEvent
+from engine.api.events import AlertEvent, Event, WorkerEvent
 from engine.api.wire import InFlightSource
 from engine.servers.workers import WorkerState, die_with_parent, log_tail, served_fields, with_batch
 
@@ -90,7 +90,7 @@ def router_argv(cfg: RunConfig) -> list[str]:
 
 
 class RouterProcess:
-    def __init__(self, cfg: RunConfig, run_dir: Path, session: aiohttp.ClientSession, emit: Callable[[object], None]):
+    def __init__(self, cfg: RunConfig, run_dir: Path, session: aiohttp.ClientSession, emit: Callable[[Event], None]):
         self.cfg = cfg
         self.session = session
         self.emit = emit
@@ -221,12 +221,15 @@ class RouterProcess:
 
     async def _supervise(self) -> None:
         while not self._stopping:
-            await self._proc.wait()
+            proc = self._proc  # the latest launch's (a relaunch below replaces it)
+            if proc is None:
+                raise RuntimeError("the router is supervised before it was launched (start() launches it first)")
+            await proc.wait()
             if self._stopping:
                 return
             self.up = False
             self.listed = {}
-            self.error = f"router exited with {self._proc.returncode}"
+            self.error = f"router exited with {proc.returncode}"
             self.on_change()
             self.emit(AlertEvent(severity="error", text="the router exited; restarting it",
                                  evidence=" | ".join(log_tail(self.log_path, 0, 6)), key="router-exit"))
@@ -317,17 +320,19 @@ class RouterProcess:
 
 @dataclass
 class RouterEndpoint:
-    """The router as the dispatcher's one target: ready while the router is up with a ready member;
-    its capacity is the sum of the ready members' (so the dispatcher keeps every server fed)."""
+    """The router as the dispatcher's one target (engine.servers.target.DispatchTarget): ready while the router is
+    up with a ready member; its capacity is the sum of the ready members' (so the dispatcher keeps every server
+    fed)."""
     router: RouterProcess
     name: str = "router"
     state: str = WorkerState.STARTING
     capacity_info: ServerCapacity = field(default_factory=ServerCapacity)
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     in_flight: int = 0
+    held: int = 0  # maintained by the dispatcher: regen's queued items held for it
     capacity: int = 0
     batch: BatchSize | None = None  # maintained by the dispatcher
-    listeners: list[Callable[[object, str], None]] = field(default_factory=list)
+    listeners: list[Callable[["RouterEndpoint", str], None]] = field(default_factory=list)
     members: list = field(default_factory=list)  # RemoteWorker / Worker objects behind the router
     served: ServedTokens | None = None  # the ledger's ServedTokens of everything sent through it (set by the supervisor)
 
@@ -353,6 +358,10 @@ class RouterEndpoint:
         if routed or self.state != WorkerState.READY:
             return routed
         return [m for m in self.members if m.state == WorkerState.READY and m.url in self.router.members]
+
+    @property
+    def is_router(self) -> bool:
+        return True
 
     @property
     def queue_margin(self) -> int:

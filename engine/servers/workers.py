@@ -34,12 +34,13 @@ from engine.servers.capacity import BatchSize, ServerCapacity, batch_from_log, c
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
 from engine.servers.port_holder import PortCheck, check_port
+from engine.servers.target import SingleServer
 from engine.servers.ranks import ServerRank, rank_argv
 from engine.servers.identity import (
     SERVED_NAME_FLAG, Expected, IdentityCheck, Verdict, check_identity, judge_health_only, launch_token,
     operator_served_name, served_name, socket_owner,
 )
-from engine.api.events import AlertEvent, WorkerEvent
+from engine.api.events import AlertEvent, Event, WorkerEvent
 
 if TYPE_CHECKING:
     from engine.run.counts import ServedTokens
@@ -334,12 +335,12 @@ def served_fields(served: ServedTokens | None) -> dict:
 
 
 @dataclass
-class Worker:
+class Worker(SingleServer):  # a dispatch target (engine.servers.target.DispatchTarget)
     spec: WorkerSpec
     cfg: RunConfig
     run_dir: Path
     session: aiohttp.ClientSession
-    emit: Callable[[object], None]  # telemetry sink (WorkerEvent / AlertEvent)
+    emit: Callable[[Event], None]  # telemetry sink (WorkerEvent / AlertEvent)
     python: str = sys.executable
     state: str = WorkerState.STARTING
     pid: int | None = None

@@ -48,7 +48,8 @@ from engine.placement.hosts.readings_feed import ReadingsFeed, ReadingsUnavailab
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
 from engine.observe.status import HostStatus
 from engine.servers.identity import IdentityCheck, ServedNames, Verdict, read_served_names
-from engine.api.events import AlertEvent, WorkerEvent
+from engine.servers.target import SingleServer
+from engine.api.events import AlertEvent, Event, WorkerEvent
 from engine.servers.workers import (
     IDENTITY_FILE, IdentityRecord, WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event,
 )
@@ -105,7 +106,7 @@ def engine_tarball(engine_root: Path) -> bytes:
 
 
 @dataclass
-class RemoteWorker:
+class RemoteWorker(SingleServer):  # a dispatch target (engine.servers.target.DispatchTarget)
     """An SGLang server on a remote host, watched through its forward; launched by the host agent."""
     spec: WorkerSpec
     host: str
@@ -230,7 +231,7 @@ class HostLink:
     # the agent's pid only if it lives (`kill -0` says why not on stderr, read with the rest)
     AGENT_ALIVE = '&& kill -0 "$p"'
     def __init__(self, cfg: RunConfig, host: Host, *, engine_root: Path, session: aiohttp.ClientSession,
-                 emit: Callable[[object], None], forward_base: int):
+                 emit: Callable[[Event], None], forward_base: int):
         self.cfg = cfg
         self.host = host
         self.engine_root = engine_root
@@ -629,6 +630,8 @@ class HostLink:
         if record is not None:
             self._tell_crashes(m, record)  # a crash and relaunch between two reads is said before the rejoin
         if check.verdict == Verdict.PROVEN:
+            if record is None:  # admit_remote proves only a launch its agent recorded
+                raise RuntimeError(f"{m.name} was proven without its host agent's identity record")
             m.pid = record.pid  # the host agent's launch, on its host
             if m.state == WorkerState.REFUSED:
                 self.emit(AlertEvent(severity=Severity.INFO, text=f"worker {m.name}: its own server answers again; it rejoins",
@@ -723,9 +726,10 @@ async def run_ssh(host: Host, command: str, stdin: bytes | None = None, timeout:
         _kill_group(proc.pid)
         await proc.wait()
         raise HostError(f"ssh {host.address} `{command[:80]}` timed out after {timeout:.0f} s") from None
-    if proc.returncode == 255:
+    rc = await proc.wait()  # communicate() returned once it exited: its exit code, at once
+    if rc == 255:
         raise HostError(f"ssh {host.address}: {err.decode(errors='replace').strip() or 'exit 255'}")
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    return rc, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 def agent_stop_command(host: Host) -> str:

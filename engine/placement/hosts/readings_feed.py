@@ -13,7 +13,7 @@ import time
 from typing import Awaitable, Callable
 
 from engine.placement.hosts.readings import HostReadings
-from engine.api.events import DiskEvent, GpuEvent
+from engine.api.events import DiskEvent, Event, GpuEvent
 
 log = logging.getLogger("regen.hosts")
 
@@ -26,7 +26,7 @@ class ReadingsUnavailable(Exception):
 
 
 class ReadingsFeed:
-    def __init__(self, host: str, fetch: Callable[[], Awaitable[str]], emit: Callable[[object], None]):
+    def __init__(self, host: str, fetch: Callable[[], Awaitable[str]], emit: Callable[[Event], None]):
         self.host = host
         self._fetch = fetch  # the agent's READINGS_FILE as text; raises ReadingsUnavailable
         self.emit = emit

@@ -77,7 +77,8 @@ async def run(argv: list[str], timeout: float = TIMEOUT_S) -> tuple[int, str, st
         proc.kill()
         await proc.wait()
         raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s (is slurmctld reachable?)") from None
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    rc = await proc.wait()  # communicate() returned once it exited: its exit code, at once
+    return rc, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 async def submit(argv: list[str], jobs_file: Path, group: int) -> str:

@@ -41,9 +41,9 @@ from engine.config.schema import time_limit_seconds
 from engine.placement.hosts.link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
 from engine.observe.status import HostStatus, SlurmJobStatus
 from engine.placement.slurm.jobs import JobState, SlurmError, time_left_text
-from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_work_dir
+from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_section, slurm_work_dir
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
-from engine.api.events import AlertEvent
+from engine.api.events import AlertEvent, Event
 from engine.api.wire import HostState, duration_text
 
 log = logging.getLogger("regen.slurm")
@@ -72,7 +72,7 @@ def group_host(cfg: RunConfig, group: int) -> Host:
     """The group as a [[hosts]]-like entry: its name is its job's name, its work dir the group's dir. Each group
     has ports of its own (base_port + group x servers per group): Slurm may put two groups' jobs on one node."""
     per_group = layout_of(cfg).servers_per_group
-    return Host(name=job_name(cfg, group), address=f"slurm partition {cfg.slurm.partition}", gpus=cfg.workers.gpus,
+    return Host(name=job_name(cfg, group), address=f"slurm partition {slurm_section(cfg).partition}", gpus=cfg.workers.gpus,
                 work_dir=str(group_dir(Path(slurm_work_dir(cfg)), group)), host_python=cfg.host_python,
                 lan_address="0.0.0.0", base_port=cfg.workers.base_port + group * per_group)
 
@@ -98,10 +98,11 @@ class SlurmLink(HostLink):
     # agent's alone, and whether the job (so its agent) lives is squeue's to say
     AGENT_ALIVE = ""
     def __init__(self, cfg: RunConfig, group: int, *, engine_root: Path, session: aiohttp.ClientSession,
-                 emit: Callable[[object], None]):
+                 emit: Callable[[Event], None]):
         # the servers are reached over the cluster network at the node's address (no SSH forwards)
         lan = cfg.model_copy(update={"router": cfg.router.model_copy(update={"link": "lan"})})
         self.group = group
+        self.slurm = slurm_section(cfg)  # the run's [slurm] (a link of a run without one is a ValueError here)
         self.group_host = group_host(cfg, group)
         super().__init__(lan, self.group_host, engine_root=engine_root, session=session, emit=emit, forward_base=0)
         self.slurm_dir = Path(slurm_work_dir(cfg))
@@ -130,7 +131,8 @@ class SlurmLink(HostLink):
             proc.kill()
             await proc.wait()
             raise HostError(f"`{command[:80]}` timed out after {timeout:.0f} s") from None
-        return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+        rc = await proc.wait()  # communicate() returned once it exited: its exit code, at once
+        return rc, out.decode(errors="replace"), err.decode(errors="replace")
 
     # -- join: the job instead of ssh + agent --------------------------------------------------
     async def deploy(self) -> None:
@@ -219,10 +221,10 @@ class SlurmLink(HostLink):
         if self._waiting is None or self._waiting.job_id != job.job_id:
             self._waiting = Waiting(job.job_id, self.clock(), time.time())
         waited = self.clock() - self._waiting.since
-        if self._waiting.alerted or waited < self.cfg.slurm.pending_alert_s:
+        if self._waiting.alerted or waited < self.slurm.pending_alert_s:
             return
         no_reason = not job.given_reason  # slurmctld has not evaluated the job yet (seconds after a submit)
-        if no_reason and waited < 2 * self.cfg.slurm.pending_alert_s:
+        if no_reason and waited < 2 * self.slurm.pending_alert_s:
             return  # the alert is for Slurm's reason: wait a little longer for it
         self._waiting.alerted = True
         reason = "no reason given" if no_reason else job.reason
@@ -230,7 +232,7 @@ class SlurmLink(HostLink):
             severity="warning", text=f"slurm job {job.job_id} ({self.host.name}) has been {job.state} for "
                                      f"{duration_text(waited)}: {reason}",
             evidence=f"{job.words()}; Slurm's expected start: squeue -j {job.job_id} --start; the alert's threshold: "
-                     f"[slurm] pending_alert_s = {self.cfg.slurm.pending_alert_s}",
+                     f"[slurm] pending_alert_s = {self.slurm.pending_alert_s}",
             key=job_alerts.key(job_alerts.PENDING_LONG, self.host.name, job.job_id)))
 
     def _started(self, job: JobState) -> None:
@@ -295,7 +297,7 @@ class SlurmLink(HostLink):
                 return f"slurm {self.job.words()}"
             self._said_ranks()
             left = time_left_s(self.job.time_left)
-            if self.next_job is None and left is not None and left <= self.cfg.slurm.handover_s:
+            if self.next_job is None and left is not None and left <= self.slurm.handover_s:
                 await self._hand_over()
         return "stopping"
 
@@ -303,7 +305,8 @@ class SlurmLink(HostLink):
         """A server across nodes: a rank > 0 that crashed or failed (its node's agent said so in its telemetry) is
         an alert here naming the rank and its node, once per crash; rank 0's own crash, which follows, is the
         member's."""
-        here = job_dir(self.slurm_dir, self.group, self.job.job_id, self.job.restarts)
+        job = self._watched_job()
+        here = job_dir(self.slurm_dir, self.group, job.job_id, job.restarts)
         for path in sorted(here.glob("rank*/telemetry.jsonl")):
             offset = self._rank_offsets.get(path, 0)
             try:
@@ -326,7 +329,7 @@ class SlurmLink(HostLink):
                 self.emit(AlertEvent(
                     severity=ev.get("severity", "error"),
                     text=f"node rank {node.get('node_rank', '?')} of the server of {self.host.name} (job "
-                         f"{self.job.job_id}, node {node.get('node', '?')}): {ev.get('text', '')}; losing a rank ends "
+                         f"{job.job_id}, node {node.get('node', '?')}): {ev.get('text', '')}; losing a rank ends "
                          "the server, its agent launches the rank again",
                     evidence=f"{ev.get('evidence', '')}\nlog: {path.parent}/workers/", key=key))
 
@@ -368,15 +371,22 @@ class SlurmLink(HostLink):
         self._handing_over = True
         self.set_drained(True)
         try:
-            self.next_job = await self._submit(after=self.job.job_id)
+            self.next_job = await self._submit(after=self._watched_job().job_id)
         except SlurmError as exc:
             self.emit(AlertEvent(severity="error", text=f"the next slurm job for {self.host.name} was not submitted",
                                  evidence=str(exc), key=f"slurm-handover:{self.host.name}"))
             return
-        self.emit(AlertEvent(severity="info", text=f"slurm job {self.job.job_id} ({self.host.name}) nears its time "
+        job = self._watched_job()
+        self.emit(AlertEvent(severity="info", text=f"slurm job {job.job_id} ({self.host.name}) nears its time "
                              f"limit: its servers are drained, job {self.next_job} queued to take over",
-                             evidence=self.job.words() + f", time left {time_left_text(self.job.time_left)}",
+                             evidence=job.words() + f", time left {time_left_text(job.time_left)}",
                              key=f"slurm-handover:{self.host.name}"))
+
+    def _watched_job(self) -> JobState:
+        """The job whose servers this link watches (start_agent set it before the watch began)."""
+        if self.job is None:
+            raise RuntimeError(f"group {self.host.name}: no slurm job is watched (start_agent sets it first)")
+        return self.job
 
     def server_log_where(self, m) -> str:
         """On the filesystem the nodes share with the login node: a path there."""

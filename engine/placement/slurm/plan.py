@@ -80,19 +80,20 @@ class SlurmLayout:
 
 
 def layout_of(cfg: RunConfig) -> SlurmLayout:
-    s = _slurm(cfg)
+    s = slurm_section(cfg)
     low, high = s.node_range
     return SlurmLayout(gpus_per_node=s.gpus_per_node, tp_size=cfg.workers.tp_size, nodes_low=low, nodes_high=high)
 
 
-def _slurm(cfg: RunConfig) -> Slurm:
+def slurm_section(cfg: RunConfig) -> Slurm:
+    """The run's [slurm] section; ValueError for a run without one."""
     if cfg.slurm is None:
         raise ValueError("the run has no [slurm] section")
     return cfg.slurm
 
 
 def slurm_work_dir(cfg: RunConfig) -> str:
-    return _slurm(cfg).work_dir or str(Path(cfg.run_dir) / "slurm")
+    return slurm_section(cfg).work_dir or str(Path(cfg.run_dir) / "slurm")
 
 
 def jobs_file(cfg: RunConfig) -> Path:
@@ -101,7 +102,7 @@ def jobs_file(cfg: RunConfig) -> Path:
 
 
 def job_name(cfg: RunConfig, group: int) -> str:
-    return f"{_slurm(cfg).job_name}-{group}"
+    return f"{slurm_section(cfg).job_name}-{group}"
 
 
 def dist_init_port(cfg: RunConfig, group: int) -> int:
@@ -126,7 +127,7 @@ def srun_argv(cfg: RunConfig, group: int) -> list[str]:
 
 def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False) -> list[str]:
     """The allocation of one server group; its batch script is the srun line (--wrap)."""
-    s = _slurm(cfg)
+    s = slurm_section(cfg)
     layout = layout_of(cfg)
     wd = slurm_work_dir(cfg)
     argv = ["sbatch", "--parsable", f"--job-name={job_name(cfg, group)}", f"--partition={s.partition}"]
@@ -161,7 +162,7 @@ def allocations_needed(wall_s: float, usable_s: int) -> int:
 
 
 def plan_slurm(cfg: RunConfig, projected_wall_s: float | None) -> SlurmPlan:
-    s = _slurm(cfg)
+    s = slurm_section(cfg)
     layout = layout_of(cfg)
     usable = s.time_limit_s - s.handover_s
     return SlurmPlan(

@@ -121,13 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(tmp, here / NODE_FILE)  # whole or absent: the login node and the other ranks read it
     agent = ["--work-dir", str(here), "--host-name", name]
     if nnodes > 1:
-        head = record if node_rank == 0 else wait_for_head(job_here)
-        if head is None:
-            print(f"regen slurm step: node rank {node_rank} on {node}: rank 0 wrote no {job_here / NODE_FILE} within "
-                  f"{HEAD_WAIT_S:.0f} s; is {work_dir} shared between the nodes? (see its job-{job_id}.out)",
-                  file=sys.stderr)
-            return EXIT_NO_HEAD
-        dist = DistInitAddr(head["address"], args.dist_init_port)
+        if node_rank == 0:
+            head_address = address  # the head is this node (its record, just written)
+        else:
+            head = wait_for_head(job_here)
+            if head is None:
+                print(f"regen slurm step: node rank {node_rank} on {node}: rank 0 wrote no {job_here / NODE_FILE} "
+                      f"within {HEAD_WAIT_S:.0f} s; is {work_dir} shared between the nodes? (see its job-{job_id}.out)",
+                      file=sys.stderr)
+                return EXIT_NO_HEAD
+            head_address = head["address"]
+        dist = DistInitAddr(head_address, args.dist_init_port)
         agent += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--dist-init-addr", str(dist)]
     return host_agent.main(agent)
 

@@ -107,7 +107,7 @@ async def test_a_503_no_available_workers_is_no_attempt_and_pauses_the_router_ta
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     relisted = []
-    target = SimpleNamespace(name="router", url=f"http://127.0.0.1:{port}", headers={}, listeners=[],
+    target = SimpleNamespace(name="router", url=f"http://127.0.0.1:{port}", headers={}, listeners=[], is_router=True,
                              no_servers=lambda: relisted.append(1))
     cfg = RunConfig(run_dir="/nonexistent", model="/nonexistent", prompts=("/nonexistent",),
                     dispatch=Dispatch(retry_backoff_s=2.0))

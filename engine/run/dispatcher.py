@@ -456,7 +456,7 @@ class Dispatcher:
         elif status == 400:
             self.deliver(Rejected(item, f"rejected by SGLang (HTTP 400): {message}",
                                   excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}"))
-        elif status == 503 and hasattr(w, "no_servers") and _no_servers(body):
+        elif status == 503 and w.is_router and _no_servers(body):
             if self._aborting:
                 return
             self._unrouted(w, item, _error_message(body))

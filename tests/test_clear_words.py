@@ -64,7 +64,7 @@ def test_stopped_run_points_to_start_and_a_changed_config_names_the_fields_first
                                                                                    cleanup_runs):
     run_dir = tmp_path / "run 'q'; echo x"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "10"))
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "60"))  # outlasts a stop under load
     config = _write(cfg, tmp_path / "run.toml")
     started = regen("start", "local", "--config", str(config), home=tmp_path)
     assert started.returncode == 0, started.stderr

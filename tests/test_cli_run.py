@@ -71,7 +71,8 @@ def start_local(cfg: RunConfig, tmp_path: Path) -> subprocess.CompletedProcess:
 def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "run; with 'quotes'"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "30"))
+    # a run that outlasts status, pause, resume and stop on a box loaded past its cores (at 30 ms steps it ended first)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "60"))
     r = start_local(cfg, tmp_path)
     assert "started: supervisor pid" in r.stdout
     assert "supervisor: tokenizer loaded" in r.stderr and "supervisor: workers launched" in r.stderr

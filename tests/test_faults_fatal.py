@@ -210,7 +210,8 @@ def test_disk_full_at_start_is_the_cause_start_and_status_show(small_disk, tiny_
     run dir cannot take it, and start and status read it from there."""
     run_dir = small_disk / "run"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=20, gpus=1, sim=("--sim-step-ms", "20"))
+    # a run that outlasts the stop below on a loaded box (at 20 ms steps its 20 prompts were done first)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=20, gpus=1, sim=("--sim-step-ms", "200"))
     cfg = cfg.model_copy(update=dict(alerts=cfg.alerts.model_copy(update=dict(disk_free_min_gb=1 / 1024))))
     config = write_config(tmp_path, cfg)
     env = {"PYTHONDONTWRITEBYTECODE": "1"}  # no .pyc in the deployed engine: the second deploy takes what the first did

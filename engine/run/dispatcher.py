@@ -661,7 +661,7 @@ class Dispatcher:
                          finish.get("message", "") if isinstance(finish, dict) else finish)
                 self.deliver(Retry(item, 0.0))
                 return
-            item.last_error = f"{w.name}: aborted: {finish.get('message', '')}"
+            item.last_error = f"{w.name}: aborted: {finish.get('message', '') if isinstance(finish, dict) else finish}"
             self._retry_or_fail(item, immediate=moving)  # moving, it had started: retried at once
             return
         self._faults.pop(w.name, None)

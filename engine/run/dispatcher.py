@@ -723,9 +723,7 @@ class Dispatcher:
                 severity="error", text=f"{w.name} has answered {n} requests in a row with 503 \"No available "
                 "workers\" although it lists servers: nothing reaches them", evidence=f"{item.sample_id}: {message}; "
                 f"see the router's own list (GET {w.url}/workers) and its log", key=f"router-no-servers:{w.name}"))
-        # only a router target has it (_send checks), and Worker stands for every target here until the targets'
-        # own protocol (engine.servers.target.DispatchTarget) replaces it
-        w.no_servers()  # type: ignore[attr-defined]
+        w.no_servers()
         self.deliver(Retry(item, 0.0))
 
     def _server_fault(self, w: Worker) -> None:

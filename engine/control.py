@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from engine.api.ops import SUPERVISOR_OPS, ControlError, Op, WireReply
+from engine.api.ops import ControlError, Op, WireReply, is_supervisor_op
 from engine.api.op_codec import decode_op, encode_reply_of
 
 __all__ = ["ControlError", "ControlServer", "request", "socket_address"]
@@ -106,7 +106,7 @@ class ControlServer:
             return _reply_error(f"request is not JSON: {exc}")
         try:
             op = decode_op(request)
-            if not isinstance(op, SUPERVISOR_OPS):
+            if not is_supervisor_op(op):
                 raise ControlError(f"{op.op} is answered by engine.ctl, not the supervisor's control socket")
         except ControlError as exc:
             return _reply_error(str(exc))

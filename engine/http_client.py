@@ -7,8 +7,15 @@ import weakref
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+
+if TYPE_CHECKING:
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.client_reqrep import ClientRequest
+    from aiohttp.connector import Connection
+    from aiohttp.tracing import Trace
 
 # uvicorn, under every SGLang version, closes a keep-alive connection idle for 5 s (contract 7.4: 0.5.5
 # http_server.py:1387, 0.5.23 SGLANG_TIMEOUT_KEEP_ALIVE=5); aiohttp keeps one pooled for 15 s by default,
@@ -46,11 +53,11 @@ class MarkingConnector(aiohttp.TCPConnector):
     session with a trace config sends every signal of every request: ~50-70 us of client CPU a request, ~10% of
     what the engine spends on a 4,000-token answer."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:  # Any: TCPConnector's own keyword arguments, passed on
         super().__init__(**kwargs)
-        self._handed_out: weakref.WeakSet = weakref.WeakSet()
+        self._handed_out: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
 
-    async def connect(self, req, traces, timeout):
+    async def connect(self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout) -> Connection:
         conn = await super().connect(req, traces, timeout)
         proto = conn.protocol
         if proto is not None:

@@ -33,7 +33,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
@@ -72,7 +74,7 @@ from engine.observe.watch import RunWatch
 from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.api.wire import ALREADY_SETTLED, AlertKind, FINAL_RUN_STATES, RunState, Severity, ShardFigures
 from engine.placement.fleet import Fleet
-from engine.placement.hosts.link import HostError
+from engine.placement.hosts.link import HostError, RemoteWorker
 from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
 from probes.context import is_rehearsal
 
@@ -91,6 +93,15 @@ LOG_TAIL_TIMEOUT_S = 20.0  # a log_tail of a [[hosts]] server: one ssh to its ho
 # (request, response, futures, the row) that live across awaits; with the default 700 they are walked
 # ~every 15 answers, mostly while still alive. Fewer, larger young collections walk less of them.
 GC_THRESHOLDS = (20_000, 20, 10)
+T = TypeVar("T")
+
+
+def _made(part: T | None, what: str) -> T:
+    """A part of the run (the feed, the ledger, the dispatcher ...) where the supervisor has made it already: only a
+    bug reaches the error."""
+    if part is None:
+        raise RuntimeError(f"the supervisor's {what} is used before it was made")
+    return part
 
 
 class Supervisor:
@@ -119,7 +130,8 @@ class Supervisor:
         self._last_quality = 0.0  # monotonic time of the last data-quality check
         self._last_gpu = -1e9  # ... and of the last GPU reading (NVML missing: once a minute, to say why)
         self.sim_gpus: SimGpuReader | None = None  # a rehearsal without NVML: the simulators' modelled GPUs
-        self.workers: list[Worker] = []
+        self.workers: Sequence[Worker | RemoteWorker] = []  # every server: a fleet's (engine.placement) or _local
+        self._local: list[Worker] = []  # the servers this supervisor launches and stops itself (no fleet)
         self.watch = RunWatch(cfg, run_dir, telemetry)
         self.feed: Feed | None = None
         self.ledger: Ledger | None = None
@@ -166,14 +178,15 @@ class Supervisor:
             await self._shutdown_task
             await self._close_early(early)
             return self.exit_code
-        if self.ledger.finished:
-            log.info("every sample is already settled (%d done): nothing to generate", self.ledger.done)
+        ledger = _made(self.ledger, "ledger")
+        if ledger.finished:
+            log.info("every sample is already settled (%d done): nothing to generate", ledger.done)
             self.startup.ok("workers", "none launched: every sample is already settled")
             self.mode = RunState.DONE
             self.end_how, self.end_cause = "done", ALREADY_SETTLED
             await self._close_early(early)
             # a shard finished by the last start and not yet compacted (it was stopped or killed first)
-            await Compactor(self.store, self.ledger, self.emit).drain()
+            await Compactor(self.store, ledger, self.emit).drain()
             self._tick_once(final=True)
             return EXIT_OK
         self.gpu = GpuSampler()
@@ -183,18 +196,18 @@ class Supervisor:
             self.session = client_session()
         if not self.gpu.available and not self._placed() and is_rehearsal(self.cfg.workers.launch):
             # a rehearsal: the simulators' modelled GPUs stand in, named as simulated
-            self.sim_gpus = SimGpuReader(self.session, lambda: self.workers)
+            self.sim_gpus = SimGpuReader(self.session, lambda: self._local)
         try:
             store_cfg = self.cfg.store
-            self.committer = Committer(self.store, self.ledger, self.emit, max_rows=store_cfg.part_max_rows,
+            self.committer = Committer(self.store, ledger, self.emit, max_rows=store_cfg.part_max_rows,
                                        max_age_s=store_cfg.part_max_age_s, disk_ok=self.watch.disk_ok_for_commit)
-            self.compactor = Compactor(self.store, self.ledger, self.emit, disk_ok=self.watch.disk_ok_for_commit)
+            self.compactor = Compactor(self.store, ledger, self.emit, disk_ok=self.watch.disk_ok_for_commit)
             targets = self._fleet_targets() if self._placed() else self._local_targets(early)
-            self.dispatcher = Dispatcher(self.cfg, self.ledger, targets, self._deliver, self.renderer, self.session,
+            self.dispatcher = Dispatcher(self.cfg, ledger, targets, self._deliver, self.renderer, self.session,
                                          self.emit)
             for w in targets:
                 w.listeners.append(self._on_target_state)
-                w.served = self.ledger.served_for(w.name)
+                w.served = ledger.served_for(w.name)
             await self._launch(early)
             # the startup heap (transformers, the tokenizer, every module) lives as long as the process:
             # keep it out of the full collections the per-answer garbage triggers (each walked ~10^6
@@ -226,7 +239,7 @@ class Supervisor:
                 await self.fleet.stop()
             await asyncio.gather(*(w.stop() for w in self.workers if isinstance(w, Worker)), return_exceptions=True)
             self.gpu.close()
-            self.feed.close()
+            _made(self.feed, "feed").close()
             await self.session.close()
 
     def _placed(self) -> bool:
@@ -241,8 +254,8 @@ class Supervisor:
         if self._placed() or self._looks_finished():
             return False
         self.session = client_session()
-        self.workers = self._make_workers()
-        for w in self.workers:
+        self.workers = self._local = self._make_workers()
+        for w in self._local:
             w.start()
         return True
 
@@ -255,8 +268,8 @@ class Supervisor:
 
     def _local_targets(self, early: bool) -> list[Worker]:
         if not early:
-            self.workers = self._make_workers()
-        return self.workers
+            self.workers = self._local = self._make_workers()
+        return self._local
 
     def _fleet_targets(self) -> list:
         self.fleet = Fleet(self.cfg, self.run_dir, self.session, self.emit)
@@ -275,7 +288,7 @@ class Supervisor:
                 if w.state == WorkerState.READY:  # became ready while the prompts were counted
                     self._on_target_state(w, w.state)
         else:
-            for w in self.workers:
+            for w in self._local:
                 w.start()
 
     async def _open_inputs(self) -> None:
@@ -302,8 +315,10 @@ class Supervisor:
         self._dirty_shards.update(ledger.shards)
         if ledger.brake_note:
             log.info("data-quality brake: %s", ledger.brake_note)
-        if ledger.braked:  # kept from the last supervisor, or taken on the store's last samples at this start
-            self._on_brake(ledger.brake.engaged, True)
+        # kept from the last supervisor, or taken on the store's last samples at this start (ledger.braked: at open only
+        # the brake can hold, the servers' refusals are counted from this start on)
+        if (engaged := ledger.brake.engaged) is not None:
+            self._on_brake(engaged, True)
         else:  # an earlier supervisor's brake alert, and the brake is off now (lifted by a changed [brake])
             self.telemetry.clear(BRAKE_ALERT_KEY, "cleared: data-quality brake: not engaged at this start",
                                  ledger.brake_note)
@@ -313,11 +328,14 @@ class Supervisor:
 
     def _deliver(self, outcome: Outcome) -> None:
         """The dispatcher's outcomes: an answer to the committer, every other outcome to the ledger."""
+        committer, ledger = self.committer, self.ledger
+        if committer is None or ledger is None:
+            raise RuntimeError("an outcome is delivered before the committer and the ledger were made")
         if isinstance(outcome, Generated):
-            self.committer.add(outcome)
-            self.ledger.generated(outcome.item)
+            committer.add(outcome)
+            ledger.generated(outcome.item)
         else:
-            self.ledger.settle(outcome)
+            ledger.settle(outcome)
 
     def _on_brake(self, status: BrakeStatus, engaged: bool) -> None:
         """The ledger braked (or released the brake): the operator is told why, with the numbers and the causes."""
@@ -357,9 +375,11 @@ class Supervisor:
 
     def _task_ended(self, task: asyncio.Task) -> None:
         """A supervisor task must not die unnoticed: its exception fails the run, with that cause."""
-        if task.cancelled() or task.exception() is None:
+        if task.cancelled():
             return
         exc = task.exception()
+        if exc is None:
+            return
         log.error("task %s failed: the run stops", task.get_name(), exc_info=exc)
         self._fail(exc)
 
@@ -380,15 +400,15 @@ class Supervisor:
         if self.feed is not None:
             self.feed.close()
         if early:
-            await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+            await asyncio.gather(*(w.stop() for w in self._local), return_exceptions=True)
             await self.session.close()
 
     async def _compact_after_first_dispatch(self) -> None:
         """The compactor's periodic task, from the first request on: a resumed run may find hundreds of shards
         the last start finished and did not compact, and their rewrites (a thread on the supervisor's core)
         slowed the servers' launch-to-dispatch path; a run that never dispatches compacts at its end."""
-        await self.dispatcher.first_sent.wait()
-        await self.compactor.run_forever()
+        await _made(self.dispatcher, "dispatcher").first_sent.wait()
+        await _made(self.compactor, "compactor").run_forever()
 
     async def _start_feed_when_ready(self) -> None:
         while not any(w.state == WorkerState.READY for w in self.workers):
@@ -402,9 +422,9 @@ class Supervisor:
         self._tighten_prompt_limit()
         if self.mode == RunState.STARTING:
             self.mode = RunState.RUNNING
-            self.ledger.dispatch_began()
-            self.dispatcher.hold(self.watch.disk_full)
-        await self.feed.feed_forever()
+            _made(self.ledger, "ledger").dispatch_began()
+            _made(self.dispatcher, "dispatcher").hold(self.watch.disk_full)
+        await _made(self.feed, "feed").feed_forever()
 
     def _on_target_state(self, w, state: str) -> None:
         """A dispatch target (a worker, or the router of a multi-host run) changed state."""
@@ -471,22 +491,23 @@ class Supervisor:
                 return self._end_on_request(op)
         raise ControlError(f"unknown op {op!r}")
 
-    def _needs_ledger(self) -> None:
+    def _needs_ledger(self) -> Ledger:
         if self.ledger is None:
             raise ControlError("the supervisor is still starting (counting prompts); try again in a moment")
+        return self.ledger
 
     def _set_paused(self, op: Pause | Resume) -> ShardsChanged:
-        self._needs_ledger()
+        ledger = self._needs_ledger()
         try:
-            changed = self.ledger.set_paused(None if op.shards is None else list(op.shards), isinstance(op, Pause))
+            changed = ledger.set_paused(None if op.shards is None else list(op.shards), isinstance(op, Pause))
         except KeyError as exc:
             raise ControlError(exc.args[0]) from exc
         log.info("%s %s", op.op, "all" if op.shards is None else list(op.shards))
-        braked = self.ledger.brake.engaged
-        return ShardsChanged(op=op.op, shards=sorted(changed), paused=sorted(self.ledger.paused), state=self.state(),
+        braked = ledger.brake.engaged
+        return ShardsChanged(op=op.op, shards=sorted(changed), paused=sorted(ledger.paused), state=self.state(),
                              brake=braked.text if braked is not None else None)
 
-    def _worker(self, name: str):
+    def _worker(self, name: str) -> Worker | RemoteWorker:
         found = next((w for w in self.workers if w.name == name), None)
         if found is None:
             raise ControlError(f"unknown worker {name!r}; workers: {', '.join(w.name for w in self.workers)}")
@@ -627,7 +648,7 @@ class Supervisor:
             if self.fleet is not None:
                 await self.fleet.stop()
             else:
-                await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+                await asyncio.gather(*(w.stop() for w in self._local), return_exceptions=True)
             if self.compactor is not None:
                 # after the servers are released (compacting 1,000 shards took ~14 s of GPU time paid for
                 # nothing): the shards the last commits finished; the run is `final` only once they are one file
@@ -652,16 +673,18 @@ class Supervisor:
         while True:
             try:
                 self._tick_once()
-                if (self.mode == RunState.RUNNING and self._shutdown_task is None and self.ledger.finished
-                        and self.dispatcher.in_flight == 0 and self.committer.pending == 0):
-                    log.info("all %d samples settled", self.ledger.total)
-                    if self.ledger.done == 0 and self.ledger.total > 0:
-                        self._fail(RunRefused(
-                            f"no sample was generated: all {self.ledger.total} samples were rejected or failed; the "
-                            f"last reason: {self.ledger.refusals.last_reason or 'see rejects.jsonl'}",
-                            self.cfg.source_path))
-                    else:
-                        self._begin_shutdown("done")
+                if self.mode == RunState.RUNNING and self._shutdown_task is None:
+                    ledger, d = _made(self.ledger, "ledger"), _made(self.dispatcher, "dispatcher")
+                    committer = _made(self.committer, "committer")
+                    if ledger.finished and d.in_flight == 0 and committer.pending == 0:
+                        log.info("all %d samples settled", ledger.total)
+                        if ledger.done == 0 and ledger.total > 0:
+                            self._fail(RunRefused(
+                                f"no sample was generated: all {ledger.total} samples were rejected or failed; the "
+                                f"last reason: {ledger.refusals.last_reason or 'see rejects.jsonl'}",
+                                self.cfg.source_path))
+                        else:
+                            self._begin_shutdown("done")
             except Exception:  # one bad tick must not end monitoring; the traceback goes to supervisor.log
                 log.exception("monitor tick failed")
             await asyncio.sleep(TICK_S)
@@ -695,19 +718,20 @@ class Supervisor:
                 if sh.id in dirty or self._shard_states.get(sh.id) != sh.state:
                     self._shard_states[sh.id] = sh.state
                     self.emit(ShardEvent.of(sh))
-            figures = self._figures()
+            figures = self._figures(self.ledger)
             self.emit(figures)
             if d is not None:
                 self.watch.throughput(figures, self.ledger.work_waiting)
 
     async def _poll_sim_gpus(self) -> None:
+        sim_gpus = _made(self.sim_gpus, "simulated GPU reader")
         while True:
-            await self.sim_gpus.poll()
+            await sim_gpus.poll()
             await asyncio.sleep(TICK_S)
 
-    def _figures(self) -> DispatchEvent:
+    def _figures(self, ledger: Ledger) -> DispatchEvent:
         d = self.dispatcher
-        return dispatch_figures(self.ledger.shards, self.dispatch_state(), rate=self.ledger.rate,
+        return dispatch_figures(ledger.shards, self.dispatch_state(), rate=ledger.rate,
                                 in_flight=d.in_flight if d is not None else 0, retried=d.retried if d is not None else 0)
 
     def _shard_statuses(self) -> list[ShardFigures]:
@@ -871,10 +895,10 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
         _log_failure(exc)
     record = None
     if failure is not None:
-        exc, phase = failure
-        startup.fail_pending(f"{type(exc).__name__}: {exc}")
-        record = record_for(exc, run_dir=run_dir, phase=phase, exit_code=code,
-                            default_path=str(config_path) if isinstance(exc, ConfigError) else None)
+        failed, phase = failure
+        startup.fail_pending(f"{type(failed).__name__}: {failed}")
+        record = record_for(failed, run_dir=run_dir, phase=phase, exit_code=code,
+                            default_path=str(config_path) if isinstance(failed, ConfigError) else None)
         say_fatal(record, run_dir, reserve, telemetry)
     else:
         why = reserve.release()

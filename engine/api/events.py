@@ -120,7 +120,8 @@ class ShardEvent(Event, ShardFigures):
 
     @classmethod
     def of(cls, figures: ShardFigures, ts: float | None = None) -> ShardEvent:
-        return cls(**asdict(figures), **({} if ts is None else {"ts": ts}))
+        ts_given: dict[str, Any] = {} if ts is None else {"ts": ts}  # Any: spread among fields of every type
+        return cls(**asdict(figures), **ts_given)
 
 
 @dataclass

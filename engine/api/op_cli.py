@@ -46,11 +46,15 @@ def arg_form(cls: type[ControlOp], name: str, info: FieldInfo) -> ArgForm:
     raise TypeError(f"{cls.__name__}.{name}: no command-line form for {info.annotation!r} (engine.api.op_cli)")
 
 
-def option_type(info: FieldInfo) -> type | None:
+def option_type(info: FieldInfo) -> type[int] | type[float] | None:
     """int or float for `int`, `float`, `float | None`, ...; None for any other type."""
     union = get_origin(info.annotation) in (Union, UnionType)
     kinds = set(get_args(info.annotation)) - {type(None)} if union else {info.annotation}
-    return kinds.pop() if len(kinds) == 1 and kinds <= {int, float} else None
+    if kinds == {int}:
+        return int
+    if kinds == {float}:
+        return float
+    return None
 
 
 def arguments(cls: type[ControlOp]) -> list[tuple[str, FieldInfo, ArgForm]]:
@@ -80,8 +84,10 @@ def add_op_commands(parser: argparse.ArgumentParser) -> tuple[Any, dict[str, arg
                 p.add_argument(_flag(name, info.default), dest=name, action="store_false" if info.default else
                                "store_true", help=f"sets {name} to {str(not info.default).lower()}")
             else:
-                p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=option_type(info),
-                               default=info.default, help=what)
+                kind = option_type(info)
+                if kind is None:  # arg_form's OPTION is a number's
+                    raise TypeError(f"{cls.__name__}.{name}: an option that is not a number (engine.api.op_cli)")
+                p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=info.default, help=what)
         parsers[command] = p
     return sub, parsers
 

@@ -5,7 +5,7 @@ back into its declared type (decode_result: the console) or checked on its way o
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -18,7 +18,8 @@ _BY_NAME: dict[str, type[ControlOp]] = {cls.op: cls for cls in CHANNEL_OPS}
 
 def encode_op(op: ChannelOp) -> dict[str, Any]:
     """The op's JSON request object ({"op": name, ...its arguments}), as every protocol version wrote it."""
-    return _OPS.dump_python(op, mode="json")
+    # pydantic types the dump as Any; every op serializes to a dict (ControlOp._named)
+    return cast(dict[str, Any], _OPS.dump_python(op, mode="json"))
 
 
 def decode_op(data: Any) -> ChannelOp:
@@ -44,7 +45,7 @@ def _refusal(data: Any, exc: ValidationError) -> str:
     return "; ".join(said.values())
 
 
-def reply_type(op: ChannelOp | type[ChannelOp]) -> type:
+def reply_type(op: ControlOp | type[ControlOp]) -> type:
     """The type of the op's reply (its class's Reply)."""
     declared = op.Reply
     return declared.resolve() if isinstance(declared, ReplyAbove) else declared

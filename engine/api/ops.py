@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, ClassVar, Protocol, Union, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, TypeAlias, TypeGuard, Union, get_args
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PlainSerializer,
                       SerializerFunctionWrapHandler, Strict, Tag, model_serializer)
@@ -32,7 +32,10 @@ class ReplyAbove:
     name: str
 
     def resolve(self) -> type:
-        return getattr(importlib.import_module(self.module), self.name)
+        found = getattr(importlib.import_module(self.module), self.name)
+        if not isinstance(found, type):
+            raise TypeError(f"{self.module}.{self.name} is a {type(found).__name__}, not a reply type")
+        return found
 
 
 RUN_STATUS = ReplyAbove("engine.observe.status", "RunStatus")
@@ -239,10 +242,19 @@ CHANNEL_OPS: tuple[type[ControlOp], ...] = get_args(ChannelOp)
 OPS = tuple(cls.op for cls in SUPERVISOR_OPS)
 
 
+def is_supervisor_op(op: ChannelOp) -> TypeGuard[Op]:
+    """Whether the supervisor's control socket answers `op` (engine.ctl answers the others itself)."""
+    return isinstance(op, SUPERVISOR_OPS)
+
+
 def _name_of(value: Any) -> str | None:
     name = value.get("op") if isinstance(value, dict) else getattr(value, "op", None)
     return name if isinstance(name, str) else None
 
 
-# the one union the codec reads and writes (engine.api.op_codec), told apart by "op"
-AnyOp = Annotated[Union[tuple(Annotated[cls, Tag(cls.op)] for cls in CHANNEL_OPS)], Discriminator(_name_of)]
+# the one union the codec reads and writes (engine.api.op_codec), told apart by "op"; built from CHANNEL_OPS, which
+# the checker cannot follow: to it, AnyOp is the union it validates to
+if TYPE_CHECKING:
+    AnyOp: TypeAlias = ChannelOp
+else:
+    AnyOp = Annotated[Union[tuple(Annotated[cls, Tag(cls.op)] for cls in CHANNEL_OPS)], Discriminator(_name_of)]

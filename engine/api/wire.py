@@ -10,7 +10,10 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 T = TypeVar("T")
 
@@ -180,8 +183,10 @@ def decode(cls: type[T], data: Any, what: str) -> T:
     takes its default (a required one missing is an error)."""
     from pydantic import ValidationError  # here: the supervisor and engine.ctl encode only, and start faster without
 
+    # a class is hashable; mypy checks type[T] against Hashable by its instances' __hash__ (python/mypy#11470)
+    adapter: TypeAdapter[T] = _adapter(cls)  # type: ignore[arg-type]
     try:
-        return _adapter(cls).validate_python(data)
+        return adapter.validate_python(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         said = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(the whole)'}: {e['msg']} (got {_clip(e['input'])})"
@@ -191,7 +196,7 @@ def decode(cls: type[T], data: Any, what: str) -> T:
 
 
 @functools.lru_cache(maxsize=None)
-def _adapter(cls: type):
+def _adapter(cls: type[Any]) -> TypeAdapter[Any]:  # one per type, whatever its type: decode gives it back typed
     from pydantic import TypeAdapter
 
     return TypeAdapter(cls)

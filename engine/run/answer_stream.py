@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import struct
 from array import array
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -33,8 +35,8 @@ class AnswerStream:
 
     def __init__(self, detector: RunawayDetector | None):
         self.ids = array("i")  # every output id delivered, exactly as the server generated them
-        self.meta: dict = {}  # the latest chunk's meta_info
-        self.finish: dict | None = None  # the final chunk's finish_reason (None: no final chunk seen)
+        self.meta: dict[str, Any] = {}  # the latest chunk's meta_info (JSON)
+        self.finish: dict[str, Any] | None = None  # the final chunk's finish_reason (None: no final chunk seen)
         self.error: str | None = None  # an error event's message
         self.done = False  # [DONE] seen
         self.verdict: Repetition | None = None  # set once, when the detector fires
@@ -194,7 +196,7 @@ def _event_end(buf: bytes | bytearray, pos: int) -> int:
     return -1
 
 
-def int32_array(values: list) -> array:
+def int32_array(values: Sequence[int]) -> array[int]:
     """array("i", values), about twice as fast: struct packs the list in one C loop, array() checks and
     converts item by item. A value that is no int32 makes struct refuse it; array() then raises its own
     TypeError / OverflowError, so a bad reply gets the same error text as before."""

@@ -149,8 +149,11 @@ class BrakeStatus:
         """A reply or a record read back; fields this version does not know are dropped."""
         names = {f.name for f in dataclasses.fields(cls)}
         given = {k: v for k, v in data.items() if k in names and k not in ("crossed", "window")}
-        shares = {k: [_share(x) for x in data.get(k) or [] if isinstance(x, dict)] for k in ("crossed", "window")}
-        return cls(**given, **shares)
+
+        def shares(key: str) -> list[BrakeShare]:
+            return [_share(x) for x in data.get(key) or [] if isinstance(x, dict)]
+
+        return cls(**given, crossed=shares("crossed"), window=shares("window"))
 
     def evidence(self) -> str:
         """The alert's evidence: the numbers, the likely causes, the remedy."""

@@ -29,7 +29,7 @@ from typing import Callable, Protocol
 from engine.config.load import Store
 from engine.run.items import Committed, Generated, WorkItem
 from engine.store.shard_store import CUT_FINISHES, DuplicateSample, PartInfo, ShardStore
-from engine.api.events import AlertEvent
+from engine.api.events import AlertEvent, Event
 
 log = logging.getLogger("regen.committer")
 
@@ -54,12 +54,12 @@ class _Job:
     """One commit handed to the commit thread; settled exactly once, on the loop thread."""
     shard_id: str
     entries: list[Generated]
-    future: concurrent.futures.Future
+    future: concurrent.futures.Future[PartInfo]
     settled: bool = False
 
 
 class Committer:
-    def __init__(self, store: ShardStore, ledger: CommitLedger, emit: Callable[[object], None], *,
+    def __init__(self, store: ShardStore, ledger: CommitLedger, emit: Callable[[Event], None], *,
                  max_rows: int = Store.model_fields["part_max_rows"].default,
                  max_age_s: float = Store.model_fields["part_max_age_s"].default, disk_ok: Callable[[], bool] = lambda: True):
         self.store = store

@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Protocol
 
 from engine.run.counts import ShardCounts
 from engine.store.shard_store import Compaction, ShardStore
-from engine.api.events import AlertEvent
+from engine.api.events import AlertEvent, Event
 
 log = logging.getLogger("regen.compactor")
 
@@ -35,7 +35,7 @@ class CompactLedger(Protocol):
 
 
 class Compactor:
-    def __init__(self, store: ShardStore, ledger: CompactLedger, emit: Callable[[object], None], *,
+    def __init__(self, store: ShardStore, ledger: CompactLedger, emit: Callable[[Event], None], *,
                  disk_ok: Callable[[], bool] = lambda: True):
         self.store = store
         self.ledger = ledger

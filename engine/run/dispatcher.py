@@ -44,7 +44,7 @@ import functools
 import logging
 import time
 from array import array
-from typing import Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, cast
 
 import aiohttp
 import orjson
@@ -63,7 +63,7 @@ from engine.run.request_size import RequestSize
 from engine.run.runaway import Repetition, RunawayDetector
 from engine.run.spread import ServerLoad, StrandedWatch, room, within_share
 from engine.store.shard_store import REPETITION
-from engine.api.events import AlertEvent
+from engine.api.events import AlertEvent, Event
 from engine.servers.workers import Worker, WorkerState
 
 log = logging.getLogger("regen.dispatch")
@@ -82,6 +82,8 @@ NO_SERVERS_TEXT = "No available workers"
 UNROUTED_PAUSE_S = 0.2  # such a router takes no new work this long, doubling while it answers so, at most 2 s
 UNROUTED_MAX_PAUSE_S = 2.0
 UNROUTED_ALERT_AFTER = 20  # answered so this many times in a row (tens of seconds): an alert, once per run of them
+# what POST /generate's response is read into: its body, or (streamed) the answer followed chunk by chunk
+Answer = bytes | AnswerStream
 
 
 class WorkQueue(Protocol):
@@ -97,7 +99,7 @@ class WorkQueue(Protocol):
 
 class Dispatcher:
     def __init__(self, cfg: RunConfig, queue: WorkQueue, workers: list[Worker], deliver: Callable[[Outcome], None],
-                 renderer: Renderer, session: aiohttp.ClientSession, emit: Callable[[object], None]):
+                 renderer: Renderer, session: aiohttp.ClientSession, emit: Callable[[Event], None]):
         self.cfg = cfg
         self.queue = queue
         self.workers = workers
@@ -107,27 +109,27 @@ class Dispatcher:
         self.emit = emit
         self._accepting = True  # False: held by the disk guard, draining, stopping
         self._aborting = False  # stopping: answers that come back aborted or failed are not retried
-        self.inflight: dict[str, dict[asyncio.Task, WorkItem]] = {w.name: {} for w in workers}
+        self.inflight: dict[str, dict[asyncio.Task[None], WorkItem]] = {w.name: {} for w in workers}
         self.dispatched: collections.Counter[str] = collections.Counter()  # per shard, this run
         self.first_sent = asyncio.Event()  # set when the first request of this run is sent
         self.retried = 0  # attempts re-queued (no outcome of a sample: the ledger never sees it)
         self._slot_freed = {w.name: asyncio.Event() for w in workers}
-        self._loops: list[asyncio.Task] = []
+        self._loops: list[asyncio.Task[None]] = []
         self._batch: dict[str, BatchSize] = {}  # per worker: the size in use, corrected by feedback
         self._discovered: dict[str, BatchSize] = {}  # per worker: what discovery said when _batch began
         self._read: dict[str, object] = {}  # per worker: the gauges reading feedback last used (each is used once)
-        self._cancelled_for_requeue: set[asyncio.Task] = set()
+        self._cancelled_for_requeue: set[asyncio.Task[None]] = set()
         self._mismatch_alerted: set[str] = set()
         self._text_alerted: set[str] = set()
         self._abort_alerted: set[str] = set()
         self._unstreamed_alerted: set[str] = set()
         self._cumulative_noted: set[str] = set()  # workers seen streaming every id so far in each chunk
         self.stopped_runaways = 0  # answers the guard stopped in this run (their outcome is their committed row)
-        self._aborts: set[asyncio.Task] = set()  # /abort_request calls in flight (kept referenced until done)
+        self._aborts: set[asyncio.Task[None]] = set()  # /abort_request calls in flight (kept referenced until done)
         # per worker, (its url, the /generate URL, the request headers), built once in aiohttp's own types
         # (yarl's URL, multidict's CIMultiDict, both aiohttp's dependencies): handed a str and a dict,
         # aiohttp parses the URL and copies the headers again on every request
-        self._generate_target: dict[str, tuple[str, URL, CIMultiDict]] = {}
+        self._generate_target: dict[str, tuple[str, URL, CIMultiDict[str]]] = {}
         self._request_timeout = aiohttp.ClientTimeout(total=cfg.dispatch.request_timeout_s)
         self._fresh: aiohttp.ClientSession | None = None  # one-connection-per-request, for a resend after an idle drop
         # streams answered at their final chunk whose end is still on its way: (when to give up on it, response)
@@ -370,9 +372,9 @@ class Dispatcher:
             self.dispatched[item.shard_id] += 1
             self.first_sent.set()
             w.in_flight = len(self.inflight[w.name])
-            task.add_done_callback(lambda t, w=w: self._finished(w, t))
+            task.add_done_callback(lambda t: self._finished(w, t))  # w: this loop's own, never rebound
 
-    def _finished(self, w: Worker, task: asyncio.Task) -> None:
+    def _finished(self, w: Worker, task: asyncio.Task[None]) -> None:
         item = self.inflight[w.name].pop(task, None)
         if item is not None:
             self._output_seen.discard(item.rid)
@@ -414,7 +416,7 @@ class Dispatcher:
             log.warning("worker %s %s: re-queued %d in-flight requests", w.name, state, requeued)
 
     # -- one request ------------------------------------------------------------------------
-    def _target(self, w: Worker) -> tuple[str, URL, CIMultiDict]:
+    def _target(self, w: Worker) -> tuple[str, URL, CIMultiDict[str]]:
         target = self._generate_target.get(w.name)
         if target is None or target[0] != w.url:
             target = (w.url, URL(w.url + "/generate"), CIMultiDict({**w.headers, "Content-Type": "application/json"}))
@@ -430,7 +432,8 @@ class Dispatcher:
         payload = {"rid": item.rid, "input_ids": item.prompt_ids, "sampling_params": params, "stream": guard}
         _, url, headers = self._target(w)
         started = time.monotonic()
-        read = functools.partial(self._read_stream, w, item) if guard else _read_body
+        read: Callable[[aiohttp.ClientResponse], Awaitable[Answer]] = (
+            functools.partial(self._read_stream, w, item) if guard else _read_body)
         try:
             status, body = await self._post(w, item, url, orjson.dumps(payload), headers, read)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, StreamError) as exc:
@@ -441,7 +444,7 @@ class Dispatcher:
             self._retry_or_fail(item)
             return
         latency = time.monotonic() - started
-        if status == 200 and isinstance(body, AnswerStream):
+        if isinstance(body, AnswerStream):  # only a 200 streams (_read_stream)
             self._handle_stream(w, item, body, latency)
         elif status == 200:
             self._handle_ok(w, item, body, latency)
@@ -467,8 +470,8 @@ class Dispatcher:
             self._server_fault(w)
             self._retry_or_fail(item)
 
-    async def _post(self, w: Worker, item: WorkItem, url: URL, data: bytes, headers: CIMultiDict,
-                    read: Callable) -> tuple[int, object]:
+    async def _post(self, w: Worker, item: WorkItem, url: URL, data: bytes, headers: CIMultiDict[str],
+                    read: Callable[[aiohttp.ClientResponse], Awaitable[Answer]]) -> tuple[int, Answer]:
         """POST /generate: (status, what `read` made of the response: the body, or an AnswerStream). A pooled
         connection the server had closed while idle (uvicorn closes them after 5 s, contract 7.4) is no fault of
         the server's: the request is sent again at once on a new connection, without a retry counted or a backoff.
@@ -488,7 +491,8 @@ class Dispatcher:
             resp = await self._fresh.post(url, data=data, headers=headers, timeout=self._request_timeout)
         return resp.status, await self._answer_of(resp, read)
 
-    async def _answer_of(self, resp: aiohttp.ClientResponse, read: Callable) -> object:
+    async def _answer_of(self, resp: aiohttp.ClientResponse,
+                         read: Callable[[aiohttp.ClientResponse], Awaitable[Answer]]) -> Answer:
         """`read(resp)`, then the response released (as `async with` would), unless it is a stream read up to its
         final chunk whose end ([DONE], the chunked body's last chunk) is still on its way: aiohttp gives that
         connection back to the pool itself when the end arrives (the response's own end-of-body callback), with no
@@ -521,7 +525,7 @@ class Dispatcher:
                              "(logged once)", STREAM_END_WAIT_S)
                 resp.release()
 
-    async def _read_stream(self, w: Worker, item: WorkItem, resp: aiohttp.ClientResponse) -> object:
+    async def _read_stream(self, w: Worker, item: WorkItem, resp: aiohttp.ClientResponse) -> Answer:
         """A 200 answer followed chunk by chunk (an AnswerStream); any other status: its body, read whole. Once the
         guard has stopped the request, a stream that breaks off is still the answer: what it delivered is exact."""
         if resp.status != 200:
@@ -647,8 +651,8 @@ class Dispatcher:
         self.deliver(Rejected(item, f"rejected by SGLang (stream error event): {message}",
                               excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}"))
 
-    def _answered(self, w: Worker, item: WorkItem, ids32: array, meta: dict, finish: object, server_text: object,
-                  latency: float, verdict: Repetition | None = None) -> None:
+    def _answered(self, w: Worker, item: WorkItem, ids32: array[int], meta: dict[str, Any], finish: object,
+                  server_text: object, latency: float, verdict: Repetition | None = None) -> None:
         finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
         if finish_type == "abort" and verdict is None:
             if self._aborting:
@@ -661,7 +665,7 @@ class Dispatcher:
                          finish.get("message", "") if isinstance(finish, dict) else finish)
                 self.deliver(Retry(item, 0.0))
                 return
-            item.last_error = f"{w.name}: aborted: {finish.get('message', '')}"
+            item.last_error = f"{w.name}: aborted: {finish.get('message', '') if isinstance(finish, dict) else finish}"
             self._retry_or_fail(item, immediate=moving)  # moving, it had started: retried at once
             return
         self._faults.pop(w.name, None)
@@ -683,7 +687,8 @@ class Dispatcher:
             self._text_alerted.add(w.name)
             self.emit(AlertEvent(
                 severity="warning", text=f"{w.name}: /generate text does not match output_ids; decoding them here",
-                evidence=f"{item.sample_id}: {n} ids, server text {len(server_text)} chars",
+                # refused: a server text was there (answer_text judges only a str)
+                evidence=f"{item.sample_id}: {n} ids, server text {len(cast(str, server_text))} chars",
                 key=f"text-mismatch:{w.name}"))
         row = SampleRow(
             sample_id=item.sample_id, conversation_id=item.conv.conversation_id, turn=item.turn,
@@ -749,11 +754,11 @@ async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
 
 
 
-def _margin(w, size: int) -> int:
+def _margin(w: Worker, size: int) -> int:
     """Requests kept queued beyond the server's running batch, so a finished slot is refilled at once.
     A router target says its own (it spreads requests without seeing the slots: each server needs its own
     queue); a server gets a quarter of its batch (engine.run.batch_feedback.margin_for)."""
-    own = getattr(w, "queue_margin", None)
+    own: int | None = getattr(w, "queue_margin", None)
     return own if own else margin_for(size)
 
 

@@ -25,7 +25,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from engine.store import count_cache
 from engine.config.load import RunConfig
@@ -57,7 +57,7 @@ class Feed:
         self._deferred: dict[str, list[list[int]]] = collections.defaultdict(list)  # shard -> [[start, end)]
         self._rescans: collections.deque[_Rescan] = collections.deque()
         self._main_done = False
-        self._main_iter: Iterator | None = None
+        self._main_iter: Iterator[Conversation] | None = None
         self._shard_order: list[str] | None = None  # shards in index order (set after the count)
         self._incomplete_from = 0  # every shard before this position in _shard_order is complete
         self._files: list[Path] | None = None  # the resolved prompt files (set by the count)
@@ -66,7 +66,7 @@ class Feed:
         self._seekable = False
         self._count_from_cache = False
         self._count_s = 0.0
-        self._cache_to_save: tuple[list[dict], count_cache.CountResult] | None = None
+        self._cache_to_save: tuple[list[dict[str, Any]], count_cache.CountResult] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="regen-render")
         self._wake = asyncio.Event()
 
@@ -123,7 +123,7 @@ class Feed:
             self._cache_to_save = (facts, result)  # saved by finish_count, once the rejects are logged
         return bad
 
-    def _use_cache(self, facts: list[dict], started: float) -> bool:
+    def _use_cache(self, facts: list[dict[str, Any]], started: float) -> bool:
         run_dir = Path(self.cfg.run_dir)
         try:
             cached = count_cache.load(run_dir, self.cfg, facts)
@@ -172,7 +172,9 @@ class Feed:
     def _stream_from(self, first_index: int) -> Iterator[Conversation]:
         """Good conversations from index `first_index` on (earlier ones may come too: callers skip
         them), starting at the saved position of the shard holding it when there is one."""
-        full = lambda: _good(iter_prompts(self.cfg.prompts, self.cfg.prompt_format, files=self._files))  # noqa: E731
+        def full() -> Iterator[Conversation]:
+            return _good(iter_prompts(self.cfg.prompts, self.cfg.prompt_format, files=self._files))
+
         sid = shard_id_for(first_index, self.cfg.shard_size)
         entry = self._starts.get(sid) if self._seekable else None
         if entry is None or entry[0].index == 0:
@@ -183,7 +185,8 @@ class Feed:
         return self._checked(stream, sid, start, first_id, full)
 
     @staticmethod
-    def _checked(stream, sid: str, start: StreamStart, first_id: str, full) -> Iterator[Conversation]:
+    def _checked(stream: Iterable[Conversation | Reject], sid: str, start: StreamStart, first_id: str,
+                 full: Callable[[], Iterator[Conversation]]) -> Iterator[Conversation]:
         first = True
         for entry in stream:
             if not isinstance(entry, Conversation):
@@ -216,6 +219,11 @@ class Feed:
     def attach(self, ledger: Ledger) -> None:
         self.ledger = ledger
 
+    def _attached(self) -> Ledger:
+        if self.ledger is None:
+            raise RuntimeError("the feed is asked for work before a ledger is attached (Feed.attach)")
+        return self.ledger
+
     async def feed_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -235,7 +243,7 @@ class Feed:
                 continue  # periodic re-check
 
     def _needs_more(self) -> bool:
-        if not self.ledger.needs_work():
+        if not self._attached().needs_work():
             return False
         if not self._rescans and self._main_done:
             return False
@@ -246,21 +254,22 @@ class Feed:
     def _only_paused_left(self) -> bool:
         # called once per feed batch: scanning every shard each time is quadratic on a resumed run
         # with many complete shards; completion is final within a run, so skip those for good
-        shards = self.ledger.shards
+        ledger = self._attached()
+        shards = ledger.shards
         order = self._ordered_shards()
         i = self._incomplete_from
         while i < len(order) and shards[order[i]].complete:
             i += 1
         self._incomplete_from = i
-        return all(self.ledger.is_paused(order[k]) for k in range(i, len(order)) if not shards[order[k]].complete)
+        return all(ledger.is_paused(order[k]) for k in range(i, len(order)) if not shards[order[k]].complete)
 
-    def _next_source(self):
+    def _next_source(self) -> _Rescan | Iterator[Conversation] | None:
         if self._rescans:
             return self._rescans[0]
         if self._main_done:
             return None
         if self._main_iter is None:
-            shards = self.ledger.shards
+            shards = self._attached().shards
             first = next((shards[sid].first_index for sid in self._ordered_shards() if not shards[sid].complete), 0)
             self._main_iter = self._stream_from(first)
             if first:
@@ -270,11 +279,11 @@ class Feed:
 
     def _ordered_shards(self) -> list[str]:
         if self._shard_order is None:
-            shards = self.ledger.shards
+            shards = self._attached().shards
             self._shard_order = sorted(shards, key=lambda sid: shards[sid].first_index)
         return self._shard_order
 
-    def _source_exhausted(self, source) -> None:
+    def _source_exhausted(self, source: _Rescan | Iterator[Conversation]) -> None:
         if source is self._main_iter:
             self._main_done = True
             self._main_iter = None
@@ -284,7 +293,7 @@ class Feed:
 
     async def _admit(self, batch: list[Conversation]) -> None:
         loop = asyncio.get_running_loop()
-        ledger = self.ledger
+        ledger = self._attached()
         store = ledger.store
         pending: list[ConvProgress] = []
         after_cut: list[tuple[ConvProgress, tuple[int, str]]] = []  # resumed conversations that ended at a cut turn
@@ -336,7 +345,8 @@ class Feed:
         """The first items of each conversation, rendered with ONE batched tokenizer call (the
         per-call overhead of transformers' tokenizer is ~2/3 of rendering a short prompt); a batch
         that fails is rendered again one by one, so only the rows that fail are rejected."""
-        first_turns = (lambda p: p.turns[:1]) if self.cfg.turns == "all" else (lambda p: p.turns)
+        first_turns: Callable[[ConvProgress], list[int]] = (
+            (lambda p: p.turns[:1]) if self.cfg.turns == "all" else (lambda p: p.turns))
         wanted = [(p, t) for p in pending for t in first_turns(p)]
         try:
             messages = [self.renderer.build_messages(p.conv, t, p.answers, self.cfg.turns) for p, t in wanted]
@@ -373,7 +383,7 @@ class Feed:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _good(entries) -> Iterator[Conversation]:
+def _good(entries: Iterable[Conversation | Reject]) -> Iterator[Conversation]:
     for entry in entries:
         if isinstance(entry, Conversation):
             yield entry
@@ -405,10 +415,10 @@ class _Rescan:
         return out
 
 
-def _take(source, n: int) -> list[Conversation]:
+def _take(source: _Rescan | Iterator[Conversation], n: int) -> list[Conversation]:
     if isinstance(source, _Rescan):
         return source.take(n)
-    out = []
+    out: list[Conversation] = []
     for conv in source:
         out.append(conv)
         if len(out) >= n:

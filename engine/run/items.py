@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 from engine.text.ingest import Conversation
 from engine.store.shard_store import STANDARD_MASK, PartInfo
@@ -51,7 +51,7 @@ class SampleRow:
     source: str
     origin: str
     prompt_ids: list[int]
-    output_ids: array  # int32
+    output_ids: array[int]  # int32
     reasoning_tokens: int
     prompt_opened: bool
     finish_reason: str
@@ -65,8 +65,9 @@ class SampleRow:
     def output_len(self) -> int:
         return len(self.output_ids)
 
-    def store_row(self) -> dict:
-        """The row in engine.store.shard_store's format (its schema: engine.store.shard_schema)."""
+    def store_row(self) -> dict[str, Any]:
+        """The row in engine.store.shard_store's format (its schema: engine.store.shard_schema); Any: each column's
+        own type."""
         return {
             "sample_id": self.sample_id,
             "conversation_id": self.conversation_id,

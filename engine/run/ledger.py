@@ -71,6 +71,12 @@ class TurnBuilder(Protocol):
     def __call__(self, progress: ConvProgress, turn: int) -> WorkItem | Unfit: ...
 
 
+def _no_turn_builder(progress: ConvProgress, turn: int) -> WorkItem | Unfit:
+    """Ledger.build_turn until the run's composer wires the feed's (only a bug calls it)."""
+    raise RuntimeError(f"the ledger was asked for turn {turn} of {progress.conv.conversation_id}, but no turn builder "
+                       "is wired (Ledger.build_turn: the feed's)")
+
+
 def reject_for(conv: Conversation, reason: str, excerpt: str = "", kind: str = "") -> Reject:
     """A sample-level reject located at the conversation's input row."""
     file, _, where = conv.origin.rpartition(":")
@@ -108,7 +114,7 @@ class Ledger:
         self._item_ready = asyncio.Event()
         # wired by the run's composer (engine.supervisor): the feed builds later turns, streams resumed shards
         # again and is woken when the queue runs low; telemetry hears which shard's figures moved
-        self.build_turn: TurnBuilder | None = None
+        self.build_turn: TurnBuilder = _no_turn_builder
         self.on_resume: Callable[[str], None] = lambda shard_id: None
         self.want_more: Callable[[], None] = lambda: None
         self.changed: Callable[[str], None] = lambda shard_id: None

@@ -26,10 +26,14 @@ import itertools
 import time
 from array import array
 from dataclasses import dataclass, field
+from typing import Callable, TypeAlias
+
 from engine.run.items import WorkItem
 
 PREFIX_TOKENS = 256  # the prefix that groups prompts (a system prompt, a document's start); shorter: no lane
 _MASK = (1 << 64) - 1
+Soft: TypeAlias = "collections.deque[tuple[int, WorkItem]]"  # (seq, item), seqs rising
+Held: TypeAlias = "collections.deque[tuple[float, int, WorkItem]]"  # (deadline, seq, item), deadlines rising
 
 
 def _mix(x: int) -> int:
@@ -52,19 +56,19 @@ def prefix_key(prompt_ids: list[int]) -> int | None:
 
 @dataclass
 class _Lane:
-    held: collections.deque = field(default_factory=collections.deque)  # (deadline, seq, item), deadlines rising
-    soft: collections.deque = field(default_factory=collections.deque)  # (seq, item)
+    held: Held = field(default_factory=collections.deque)  # (deadline, seq, item), deadlines rising
+    soft: Soft = field(default_factory=collections.deque)  # (seq, item)
 
     def __len__(self) -> int:
         return len(self.held) + len(self.soft)
 
 
 class ReadyQueue:
-    def __init__(self, affinity: bool, hold_s: float, clock=time.monotonic):
+    def __init__(self, affinity: bool, hold_s: float, clock: Callable[[], float] = time.monotonic):
         self.affinity = affinity
         self.hold_s = hold_s
         self._clock = clock
-        self._general: collections.deque[tuple[int, WorkItem]] = collections.deque()
+        self._general: Soft = collections.deque()
         self._lanes: dict[str, _Lane] = {}
         self._ready: dict[str, int] = {}  # ready worker -> its rendezvous salt
         self._back = itertools.count()  # sequence numbers: pushed to the back count up,
@@ -103,11 +107,11 @@ class ReadyQueue:
         and a fast first server could drain it before the late one ever pulled (seen on a loaded machine)."""
         if not self.affinity:
             return
-        moving = []
+        moving: list[tuple[int, WorkItem]] = []
         for other, lane in self._lanes.items():
             if other == name or not lane.soft:
                 continue
-            keep: collections.deque = collections.deque()
+            keep: Soft = collections.deque()
             for entry in lane.soft:
                 (moving if self.owner(entry[1].prompt_ids) == name else keep).append(entry)
             lane.soft = keep
@@ -115,7 +119,7 @@ class ReadyQueue:
 
     def _replace(self, entries: list[tuple[int, WorkItem]]) -> None:
         """Place (seq, item) entries again by their prefix, each merged into its new queue by age."""
-        moved: dict[int, tuple[collections.deque, list]] = {}
+        moved: dict[int, tuple[Soft, list[tuple[int, WorkItem]]]] = {}
         for seq, item in entries:
             queue = self._soft_queue(item)
             moved.setdefault(id(queue), (queue, []))[1].append((seq, item))
@@ -142,7 +146,7 @@ class ReadyQueue:
             return
         self._add(self._soft_queue(item), seq, item)
 
-    def _soft_queue(self, item: WorkItem) -> collections.deque:
+    def _soft_queue(self, item: WorkItem) -> Soft:
         """Where an item no worker holds the cache for goes: the lane its prefix hashes to, or the unassigned."""
         owner = self.owner(item.prompt_ids) if self.affinity else None
         return self._lane(owner).soft if owner is not None else self._general
@@ -156,7 +160,7 @@ class ReadyQueue:
         return max(self._ready, key=lambda w: _mix(key ^ self._ready[w]))
 
     @staticmethod
-    def _add(queue: collections.deque, seq: int, item: WorkItem) -> None:
+    def _add(queue: Soft, seq: int, item: WorkItem) -> None:
         if seq < 0:
             queue.appendleft((seq, item))
         else:

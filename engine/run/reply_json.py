@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from array import array
+from typing import Any
 
 import numpy as np
 import orjson
@@ -27,8 +28,9 @@ _INT32_MAX = 2**31 - 1
 MIN_IDS_BYTES = 2048  # shorter lists (a streamed delta of a few ids) go through orjson: numpy's per-call cost
 
 
-def loads(payload: bytes) -> object:
-    """orjson.loads(payload), except that a top-level output_ids list comes as array("i") of the same ids."""
+def loads(payload: bytes) -> Any:
+    """orjson.loads(payload), except that a top-level output_ids list comes as array("i") of the same ids. Any: decoded
+    JSON, whose shape its caller checks."""
     first, end = _ids_span(payload)
     if end - first >= MIN_IDS_BYTES and payload[first - len(_KEY) - 1] in b"{, ":
         ids = int32_ids(payload[first:end])
@@ -59,7 +61,7 @@ def _ids_span(payload: bytes) -> tuple[int, int]:
     return first, payload.find(b"]", first)
 
 
-def int32_ids(text: bytes) -> array | None:
+def int32_ids(text: bytes) -> array[int] | None:
     """The ids of `text`, a JSON list's inside ("12,0,345"), as array("i"); None unless every number is a
     non-negative JSON integer (no sign, no leading zero, no space) that fits an int32."""
     if not text or text.translate(None, _ALLOWED):
@@ -75,7 +77,7 @@ def int32_ids(text: bytes) -> array | None:
         return None
     # the values written in their fewest digits, one comma between each, are the whole text: so no number
     # is empty or led by a zero, and numpy read to the end
-    written = 2 * values.size - 1
+    written: int | np.intp = 2 * values.size - 1  # numpy's counts added on
     power = 10
     while power <= top:
         written += np.count_nonzero(values >= power)

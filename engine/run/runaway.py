@@ -64,7 +64,7 @@ class RunawayDetector:
         self._informative = _NO_FLAGS
         self._hashed = 0  # n-grams ending before this token are hashed
 
-    def feed(self, ids: array | list, start: int) -> Repetition | None:
+    def feed(self, ids: array[int] | list[int], start: int) -> Repetition | None:
         """ids: every output id so far; ids[start:] arrived since the last call (start == tokens fed before)."""
         if start != self.seen:
             raise ValueError(f"runaway detector fed from token {start}, but it has seen {self.seen}")
@@ -82,7 +82,7 @@ class RunawayDetector:
         return None
 
     # -- the cycle signal ------------------------------------------------------------------------------------
-    def _cycle(self, ids, lo: int, hi: int) -> Repetition | None:
+    def _cycle(self, ids: array[int] | list[int], lo: int, hi: int) -> Repetition | None:
         """Judged at token `hi` (the chunk's end): the smallest period whose tail repeats over its whole need."""
         if hi < self._shortest:
             return None  # no period's need fits yet
@@ -110,7 +110,7 @@ class RunawayDetector:
         return None
 
     # -- the n-gram signal -----------------------------------------------------------------------------------
-    def _share(self, ids) -> Repetition | None:
+    def _share(self, ids: array[int] | list[int]) -> Repetition | None:
         """The repeated share of the informative n-grams among the last ngram_window. The n-grams are hashed once
         each, at the first check after they arrived (nothing at all for the many answers shorter than the window),
         and kept for the window. An n-gram is informative when most of its tokens differ from the 4 tokens before
@@ -132,7 +132,7 @@ class RunawayDetector:
             return Repetition("ngram", self.seen, share=share)
         return None
 
-    def _hash_upto(self, ids, hi: int) -> None:
+    def _hash_upto(self, ids: array[int] | list[int], hi: int) -> None:
         """Hash the n-grams ending before token `hi` not hashed yet (the first one ends at ngram - 1 + LOCAL, where
         its tokens have their 4 predecessors); keep the last ngram_window of them."""
         n = self.cfg.ngram
@@ -173,7 +173,7 @@ def _tables(cfg: Runaway) -> tuple[tuple[int, ...], int, int, np.ndarray]:
     return tuple(need.tolist()), tail, shortest, mult
 
 
-def _periodic_tail(ids, hi: int, p: int) -> int:
+def _periodic_tail(ids: array[int] | list[int], hi: int, p: int) -> int:
     """How many of the tokens up to `hi` the period-p tail covers: the trailing tokens equal to the one p before
     them, plus the p they start from (once, when a runaway is found)."""
     a = _ints(ids, 0, hi)
@@ -182,7 +182,7 @@ def _periodic_tail(ids, hi: int, p: int) -> int:
     return run + p
 
 
-def _raw(ids, lo: int, hi: int) -> tuple[bytes, int]:
+def _raw(ids: array[int] | list[int], lo: int, hi: int) -> tuple[bytes, int]:
     """ids[lo:hi] as bytes and the bytes per id: equal runs of ids are equal runs of bytes (an array's slice is one
     memcpy; a list is packed as int64)."""
     part = ids[lo:hi]
@@ -191,7 +191,7 @@ def _raw(ids, lo: int, hi: int) -> tuple[bytes, int]:
     return part.tobytes(), part.itemsize
 
 
-def _ints(ids, lo: int, hi: int) -> np.ndarray:
+def _ints(ids: array[int] | list[int], lo: int, hi: int) -> np.ndarray:
     """ids[lo:hi] as int64 (an array('i') slice is one memcpy; numpy reads its buffer)."""
     part = ids[lo:hi]
     if isinstance(part, array):

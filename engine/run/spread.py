@@ -38,7 +38,7 @@ def within_share(me: ServerLoad, loads: list[ServerLoad], queued: int, starting:
     `starting`: servers expected ready soon, each counted with the ready ones' mean capacity."""
     if queued > sum(max(0, x.capacity - x.in_flight) for x in loads):
         return True  # enough for every free slot
-    total = sum(x.capacity for x in loads)
+    total: float = sum(x.capacity for x in loads)
     if loads and starting:
         total += starting * total / len(loads)
     if total <= 0:

@@ -224,11 +224,11 @@ class RunClient:
                 raise RunClientError(f"telemetry of {self.where}: {exc}", kind="unreachable") from exc
             return
         args = ["follow"] + (["--since", repr(float(since))] if since is not None else [])
-        async for line in self.transport.stream_lines(self._command(*args)):
-            if not line.strip():
+        async for text in self.transport.stream_lines(self._command(*args)):
+            if not text.strip():
                 continue
             try:
-                ev = self._event(orjson.loads(line), on_malformed)
+                ev = self._event(orjson.loads(text), on_malformed)
             except orjson.JSONDecodeError as exc:
                 on_malformed(f"telemetry from {self.where}: not JSON: {exc}")
                 continue

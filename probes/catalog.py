@@ -16,7 +16,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypedDict
 
 from probes.context import DETERMINISTIC_FLAG, GIB, REHEARSAL, ProbeContext, prompt_input_limit
 from probes.host import script
@@ -397,6 +397,12 @@ def slurm_partition_command(ctx: ProbeContext) -> str:
     return f"sinfo -h -N -p {part} -o '%N|%T|%G|%l|%f' && echo @@partitions && sinfo -h -o '%R'"
 
 
+def slurm_submit_command(ctx: ProbeContext) -> str:
+    if ctx.slurm is None:  # the probe's `when` runs it only with a [slurm] config
+        raise ValueError("slurm.submit needs a run config with a [slurm] table")
+    return ctx.slurm.test_command
+
+
 def gres_gpus(gres: str) -> int:
     """GPUs in sinfo's %G: `gpu:4`, `gpu:h100:8(S:0-1)`, `gpu:a100:2,shard:4` (0 when none)."""
     total = 0
@@ -503,6 +509,15 @@ def nvidia_smi_command(ctx: ProbeContext) -> str:
     )
 
 
+class SmiGpu(TypedDict):
+    """One GPU as gpu.nvidia_smi reads it (`nvidia-smi --query-gpu`), the rows of its data's "gpus"."""
+    index: int
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int
+    driver_version: str
+
+
 def judge_nvidia_smi(res: CommandResult, inp: JudgeInput) -> Verdict:
     expected = "nvidia-smi lists the GPUs" + (f" {list(inp.ctx.gpus)}" if inp.ctx.gpus else "")
     out = res.stdout
@@ -514,15 +529,15 @@ def judge_nvidia_smi(res: CommandResult, inp: JudgeInput) -> Verdict:
                        remedy="install the NVIDIA driver (nvidia-smi ships with it) or run on a GPU host; in a "
                               "container, start it with --gpus all")
     f = Findings()
-    gpus = []
+    gpus: list[SmiGpu] = []
     for line in query.strip().splitlines():
         cells = [c.strip() for c in line.split(",")]
         if len(cells) < 5:
             f.fail(f"unexpected nvidia-smi line: {line!r}")
             continue
         try:
-            gpus.append({"index": int(cells[0]), "name": cells[1], "memory_total_mib": int(float(cells[2])),
-                         "memory_used_mib": int(float(cells[3])), "driver_version": cells[4]})
+            gpus.append(SmiGpu(index=int(cells[0]), name=cells[1], memory_total_mib=int(float(cells[2])),
+                               memory_used_mib=int(float(cells[3])), driver_version=cells[4]))
         except ValueError:
             f.fail(f"unexpected nvidia-smi line: {line!r}")
     m = re.search(r"CUDA Version:\s*([\d.]+)", header)
@@ -612,8 +627,8 @@ def judge_torch(res: CommandResult, inp: JudgeInput) -> Verdict:
             f.fail(f"torch {tv} (CUDA {tc}): torch.cuda.is_available() is False: "
                    f"{info.get('cuda_error') or '(no reason given)'}",
                    "check the driver (gpu.nvidia_smi) and CUDA_VISIBLE_DEVICES")
-        if tc and driver_cuda and version_tuple(tc) and version_tuple(driver_cuda) and \
-                version_tuple(tc) > version_tuple(driver_cuda):
+        built, supported = version_tuple(tc), version_tuple(driver_cuda)  # None for a missing or odd version
+        if built and supported and built > supported:
             f.fail(f"torch is built for CUDA {tc} but the driver supports up to CUDA {driver_cuda}",
                    "upgrade the NVIDIA driver or install a torch built for an older CUDA")
     if not nvcc.get("path"):
@@ -1208,7 +1223,7 @@ def _catalog() -> list[Probe]:
               slurm_partition_command, judge_slurm_partition, needs=("slurm.commands",), timeout_s=30,
               config="config", when=lambda c: c.slurm is not None),
         Probe("slurm.submit", "Slurm accepts the job (sbatch --test-only: account, qos, gres, time)",
-              lambda c: c.slurm.test_command, judge_slurm_submit, needs=("slurm.commands",), timeout_s=30,
+              slurm_submit_command, judge_slurm_submit, needs=("slurm.commands",), timeout_s=30,
               config="config", when=lambda c: c.slurm is not None),
         Probe("slurm.time_limit", "Slurm allocation time limit vs the servers' load time and the plan",
               lambda c: "true", judge_slurm_time, needs=("slurm.commands",), timeout_s=10, config="config",

@@ -33,7 +33,7 @@ def prompt_input_limit(context_length: int) -> int:
 def is_rehearsal(launch: str | None) -> bool:
     """Whether a run config's `workers.launch` starts the SGLang simulator instead of SGLang: a rehearsal,
     which needs no GPU, CUDA, sglang or weights. The one place that decides it (probes, preflight, reports)."""
-    return bool(launch) and _SIMULATOR_LAUNCH.search(launch) is not None
+    return bool(launch and _SIMULATOR_LAUNCH.search(launch))
 
 
 @dataclass(frozen=True)

@@ -145,13 +145,15 @@ def run(args) -> int:
     prompts = write_prompts(run_dir / "prompts", args.prompts, args.seed)
     pace = [] if args.quick else list(WATCHABLE_PACE)  # --sim-arg after it wins
     cfg = demo_config(run_dir, model, prompts, args.gpus, pace + list(args.sim_arg), args.shard_size)
+    tui = None  # console.tui.app.run_tui, unless headless
     if not args.headless:
         try:
             from console.tui.app import run_tui
         except ModuleNotFoundError as exc:
             print(f"the TUI is not available ({exc}); running headless", file=sys.stderr)
-            run_tui = None
-    return asyncio.run(_demo(args, cfg, None if args.headless else run_tui))
+        else:
+            tui = run_tui
+    return asyncio.run(_demo(args, cfg, tui))
 
 
 async def _demo(args, cfg: RunConfig, run_tui) -> int:

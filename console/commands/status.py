@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -211,7 +211,7 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
                             str(sh.truncated))
     if len(interesting) > 20:
         shard_table.add_row(f"... {len(interesting) - 20} more", "", "", "", "", "")
-    parts = [head]
+    parts: list[RenderableType] = [head]
     if s.hosts:
         parts.append(hosts_table(s, console))
     if not s.workers and not s.running:  # no server is live without its supervisor: no empty table that looks live
@@ -293,10 +293,10 @@ def hosts_table(s: RunStatus, console: Console) -> Table:
              + (f", {len(r.routed)} listed by it" if len(r.routed) != len(r.members) else "")
              + f", {r.in_flight} in flight" + (f", restarts {r.restarts}" if r.restarts else "")
              + (f": {r.error}" if r.error else "") + ")")
-    rows = [[h.name, job_text(h, s.checked_at) or h.address,
-             Text(h.state, style="green" if h.state == "up" else "dim" if h.state in ("ended", "stopped")
-                  else "bold red"),
-             str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
-             (h.error or "")[:80]]
-            for h in s.hosts or []]
+    rows: list[list[RenderableType]] = [
+        [h.name, job_text(h, s.checked_at) or h.address,
+         Text(h.state, style="green" if h.state == "up" else "dim" if h.state in ("ended", "stopped") else "bold red"),
+         str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
+         (h.error or "")[:80]]
+        for h in s.hosts or []]
     return fitted_table(console, HOST_COLUMNS, rows, title=title)

@@ -77,7 +77,7 @@ async def follow_status(args) -> int:
         last = status
         if not status.running:
             # the resume line from the run's start record, as plain `regen status` prints it (one builder: cause_block)
-            record = await start_record.read(source.transport, source.client.run_dir) if source.client else None
+            record = await start_record.read(source.client.transport, source.client.run_dir) if source.client else None
             cause = cause_block(status, args, record).plain.rstrip()
             if cause:
                 print(cause, flush=True)

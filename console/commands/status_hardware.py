@@ -26,7 +26,7 @@ def host_name(host: str) -> str:
 def hardware_parts(s: RunStatus, console: Console) -> list[Table | Text]:
     """The GPU table (a `host` column once another host's GPUs are in it) and one line per disk."""
     parts: list[Table | Text] = []
-    multi = any(ev.host for ev in [*s.gpus, *s.disk])
+    multi = any(ev.host for ev in s.gpus) or any(d.host for d in s.disk)
     if s.gpus:
         rows = []
         for ev in sorted(s.gpus, key=lambda ev: (ev.host, ev.index)) if multi else s.gpus:

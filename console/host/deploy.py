@@ -131,6 +131,8 @@ async def resolve_run_dir(transport: Transport, run_dir: str, create: bool) -> s
 def package_tree(dst: Path) -> Path:
     """engine/ and probes/ (.py files only) under dst; returns dst."""
     for pkg in (engine, probes):
+        if pkg.__file__ is None:  # a namespace package: no __init__.py to find its files from
+            raise RuntimeError(f"{pkg.__name__} has no __init__.py here: cannot package it for the host")
         src = Path(pkg.__file__).parent
         for f in sorted(src.rglob("*.py")):
             if "__pycache__" in f.parts:

@@ -32,7 +32,12 @@ class FollowSource(Protocol):
     """What the loop reads: console.host.source.HostSource (a host) or ReplaySource (a recording)."""
 
     host: str
-    run_dir: str | None
+
+    @property
+    def run_dir(self) -> str | None:
+        """The run dir it reads (None: none given); read-only here, so a source whose run dir is always known
+        (ReplaySource: str) is one too."""
+        ...
 
     async def connect(self) -> None: ...
     async def reconnect(self) -> None: ...

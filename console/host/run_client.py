@@ -206,11 +206,11 @@ class RunClient:
             except FollowRefused as exc:  # as the one-process follow's exit status 2: checked again, later
                 raise RunClientError(f"telemetry of {self.where}: {exc}", kind="unreachable") from exc
             return
-        async for line in self.transport.stream_lines(self._command(*ctl_argv(Follow(since=since)))):
-            if not line.strip():
+        async for text in self.transport.stream_lines(self._command(*ctl_argv(Follow(since=since)))):
+            if not text.strip():
                 continue
             try:
-                ev = self._event(orjson.loads(line), on_malformed)
+                ev = self._event(orjson.loads(text), on_malformed)
             except orjson.JSONDecodeError as exc:
                 on_malformed(f"telemetry from {self.where}: not JSON: {exc}")
                 continue

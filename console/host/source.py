@@ -50,7 +50,10 @@ class SourceNote:
 
 
 class DataSource(FollowSource, Protocol):
-    protocol_note: str  # non-empty: the engine has no control channel, ops go one process each (the header says so)
+    @property
+    def protocol_note(self) -> str:
+        """Non-empty: the engine has no control channel, ops go one process each (the header says so)."""
+        ...
 
     def take_notes(self) -> list[SourceNote]: ...  # the notes since the last call
     async def status(self, shards: bool = True) -> RunStatus: ...  # shards=False: without the shard list
@@ -132,23 +135,23 @@ class HostSource:
         if self.run_dir is None:
             return
         if self.client is None:
-            await self._make_client()
+            self.client = await self._make_client(self.transport, self.run_dir)
         self.client.transport = self.transport  # after a reconnect: the new connection
         await self._ensure_channel()
 
-    async def _make_client(self) -> None:
+    async def _make_client(self, transport: Transport, run_dir: str) -> RunClient:
         from console.host.deploy import client_for  # reads .regen/launch.json: the python and engine the run uses
         from console.host.run_dir_lookup import NoSuchRunDir
 
         try:
-            self.client = await client_for(self.transport, self.run_dir, self.host_python)
+            return await client_for(transport, run_dir, self.host_python)
         except NoSuchRunDir as exc:
             raise SourceError(str(exc), "error") from exc
         except RunClientError as exc:
             if isinstance(exc.__cause__, TransportError):
                 raise SourceError(str(exc), "connection") from exc
             # not started by `regen start` (or unreadable launch file): the configured python, no PYTHONPATH
-            self.client = RunClient(self.transport, self.run_dir, host_python=self.host_python)
+            return RunClient(transport, run_dir, host_python=self.host_python)
 
     async def _ensure_channel(self) -> None:
         """The ops of an attached console go over one control channel (RunClient.open_channel). One whose process
@@ -158,11 +161,12 @@ class HostSource:
         if client is None or client.protocol_note:
             return
         channel = client.channel
-        if channel is not None and channel.closed is None:
-            return
         if channel is not None:
-            if channel.closed.transport is None:  # a lost connection has its own alert (connection lost)
-                self._notes.append(SourceNote("warning", f"{channel.closed}; opening a new one",
+            closed = channel.closed
+            if closed is None:
+                return
+            if closed.transport is None:  # a lost connection has its own alert (connection lost)
+                self._notes.append(SourceNote("warning", f"{closed}; opening a new one",
                                               key=f"console.channel.{time.time()}"))
             await client.close_channel()
         try:
@@ -177,29 +181,35 @@ class HostSource:
         if self.client is not None:
             self.client.protocol_note = ""  # say hello again: the run may have been started again with a newer engine
             if self._owns_transport:  # its channel runs on the connection about to be closed
-                await self._close_channel()
+                await self._close_channel(self.client)
         if self._owns_transport and self.transport is not None:
+            # the client keeps the closed connection until connect() gives it the new one: _need_client() lets no op
+            # reach it meanwhile (self.transport is None)
             old, self.transport = self.transport, None
             try:
                 await old.close()
             except TransportError as exc:  # the old connection is gone anyway; say so, then open a new one
                 self.close_error = f"closing the old connection to {self.host}: {exc}"
-            if self.client is not None:
-                self.client.transport = None  # set below once reconnected
         await self.connect()
         if self.client is not None:
-            self.client.transport = self.transport
+            self.client.transport = self._need_transport()
+
+    def _need_transport(self) -> Transport:
+        if self.transport is None:
+            raise SourceError(f"not connected to {self.host}", "connection")
+        return self.transport
 
     def _need_client(self) -> RunClient:
         if self.client is None:
             raise SourceError("no run dir given (regen tui HOST --run-dir DIR)" if self.run_dir is None
                               else f"not connected to {self.host}", "no_supervisor" if self.run_dir is None
                               else "connection")
+        self._need_transport()  # a failed reconnect left the client without a connection
         return self.client
 
-    async def _close_channel(self) -> None:
+    async def _close_channel(self, client: RunClient) -> None:
         try:
-            await self.client.close_channel()
+            await client.close_channel()
         except RunClientError as exc:  # its process is gone with the connection anyway; say so
             self.close_error = str(exc)
 
@@ -224,7 +234,8 @@ class HostSource:
         """`cd DIR && regen start ...` from the run's start record, or why there is none (console.host.start_record)."""
         if self.client is None:
             await self.connect()
-        record, why = await start_record.read(self.transport, self.client.run_dir)
+        client = self._need_client()  # none without a run dir: no start record to read
+        record, why = await start_record.read(self._need_transport(), client.run_dir)
         return ResumeHint(record.resume_hint(), record.where()) if record is not None else ResumeHint(note=why)
 
     async def pause(self, shards: list[str] | None) -> ShardsChanged:
@@ -338,10 +349,11 @@ class HostSource:
         dispatch_ctx, per_host = host_contexts(cfg)
         wanted: dict[str, set[str] | None] = {"": None, **{h.name: None for h in cfg.hosts}}
         if only:
-            wanted = {}
+            picked: dict[str, set[str]] = {}
             for pid in only:
                 host, _, probe = pid.rpartition(":")
-                wanted.setdefault(host, set()).add(probe)
+                picked.setdefault(host, set()).add(probe)
+            wanted = {host: probes for host, probes in picked.items()}
         started = time.time()
 
         async def dispatch() -> ProbeReport:
@@ -392,7 +404,7 @@ class HostSource:
 
     async def close(self) -> None:
         if self.client is not None:
-            await self._close_channel()
+            await self._close_channel(self.client)
         if self._owns_transport and self.transport is not None:
             await self.transport.close()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from typing import TypedDict
 
 ENV_SSH_CONFIG = "REGEN_SSH_CONFIG"
 
@@ -17,6 +18,13 @@ SSH_CONFIG_HELP = (f"OpenSSH client config file for HOST (and for [[hosts]] whos
                    f"default: ${ENV_SSH_CONFIG}, else ~/.ssh/config")
 ACCEPT_NEW_HELP = ("first contact with a host not yet in known_hosts: accept its key and record it (a CHANGED key "
                    "is always refused)")
+
+
+class SshConnectKwargs(TypedDict):
+    """The keywords SshOptions.connect_kwargs gives console.host.connect.open_transport (and probe_host)."""
+
+    ssh_config: str | None
+    accept_new: bool
 
 
 @dataclass(frozen=True)
@@ -30,9 +38,9 @@ class SshOptions:
     def from_args(cls, args: argparse.Namespace) -> "SshOptions":
         return cls(ssh_config=args.ssh_config, accept_new=args.accept_new)
 
-    def connect_kwargs(self) -> dict[str, object]:
+    def connect_kwargs(self) -> SshConnectKwargs:
         """Keyword arguments for console.host.connect.open_transport."""
-        return {"ssh_config": self.ssh_config, "accept_new": self.accept_new}
+        return SshConnectKwargs(ssh_config=self.ssh_config, accept_new=self.accept_new)
 
     def hint_argv(self, *, accept_new: bool = False) -> list[str]:
         """The options a pasted command must carry: --ssh-config if one was given (absolute, so the hint works

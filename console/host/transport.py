@@ -79,7 +79,11 @@ class Process(Protocol):
     """A long-running command with its stdin open (Transport.open_process): lines in, lines out."""
 
     command: str
-    pid: int | None  # its process group on the host (None until known)
+
+    @property
+    def pid(self) -> int | None:
+        """Its process group on the host (None until known); read-only: a Process tells it, callers never set it."""
+        ...
 
     async def write(self, data: bytes) -> None:
         """Send bytes to its stdin; TransportError (kind closed) when the command or the connection is gone."""

@@ -182,6 +182,9 @@ async def connect_ssh(
     if known_hosts is not None:
         kh_paths = [str(known_hosts)]
     elif base.known_hosts:  # UserKnownHostsFile (+ GlobalKnownHostsFile) from the config
+        if not isinstance(base.known_hosts, list):  # asyncssh reads the config's into a list of paths
+            raise TypeError(f"asyncssh gave the config's known hosts as {type(base.known_hosts).__name__}, "
+                            f"not a list of paths")
         kh_paths = [str(p) for p in base.known_hosts]
     else:
         kh_paths = [str(Path("~/.ssh/known_hosts").expanduser()), "/etc/ssh/ssh_known_hosts"]
@@ -660,12 +663,15 @@ async def _get_tree(sftp: asyncssh.SFTPClient, remote: str, local: Path) -> None
     for entry in await sftp.readdir(remote):
         if entry.filename in (".", ".."):
             continue
-        rpath = posixpath.join(remote, entry.filename)
+        name = entry.filename
+        if not isinstance(name, str):  # asyncssh names the entries of a str path in str
+            raise TypeError(f"SFTP listed {remote} with a {type(name).__name__} name {name!r}, not a str")
+        rpath = posixpath.join(remote, name)
         perms = entry.attrs.permissions or 0
         if stat.S_ISDIR(perms):
-            await _get_tree(sftp, rpath, local / entry.filename)
+            await _get_tree(sftp, rpath, local / name)
         else:
-            await sftp.get(rpath, str(local / entry.filename), preserve=True)
+            await sftp.get(rpath, str(local / name), preserve=True)
     attrs = await sftp.stat(remote)
     mode = attrs.permissions
     if mode is not None:

@@ -17,7 +17,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, TabbedContent, TabPane
 
-from console.host.follow import Backoff, RunFollower
+from console.host.follow import Backoff, FollowState, RunFollower
 from console.view.model import ConnectionState
 from console.tui.messages import (ConnectionChanged, ControlDone, LogTail, ProbeReportReady, StatsReceived,
                                   StatusReceived, TelemetryBatch)
@@ -34,6 +34,7 @@ from console.host.ssh_options import SshOptions
 from console.host.source import DataSource, HostSource, SourceError
 from console.tui.widgets import NextStep, RunHeader
 from engine.api.ops import ShardsChanged, WorkerRestarted
+from engine.observe.status import RunStatus
 from console.view.model import ResumeHint
 
 BATCH_INTERVAL_S = 0.25  # telemetry is posted at most 4 times a second
@@ -248,11 +249,18 @@ class RegenApp(App):
         """The one follow loop (console/host/follow.py) feeding the model. again: after a refusal, start over through
         source.reconnect() (which forgets the refusal)."""
         if self._follower is None:
+            def on_state(st: FollowState) -> None:
+                self.post_message(ConnectionChanged(st.state, st.retry_in_s, st.error))
+
+            def on_status(status: RunStatus) -> None:
+                self.post_message(StatusReceived(status))
+
+            def on_warning(text: str) -> None:
+                self.post_message(ControlDone("last_status", False, text))
+
             self._follower = RunFollower(
                 self.source, since=self.model.last_ts if self.model.last_ts is not None else self.clock() - BACKFILL_S,
-                on_state=lambda st: self.post_message(ConnectionChanged(st.state, st.retry_in_s, st.error)),
-                on_status=lambda status: self.post_message(StatusReceived(status)),
-                on_warning=lambda text: self.post_message(ControlDone("last_status", False, text)),
+                on_state=on_state, on_status=on_status, on_warning=on_warning,
                 backoff=Backoff(first_s=1.0, max_s=BACKOFF_MAX_S, lost_after=LOST_AFTER),
                 ended_check_s=ENDED_CHECK_S, watch_ended=self.live, wake=self._wake_follow)
         await self._pump(self._follower.events(again))

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from textual.app import ComposeResult, RenderResult
 from textual.containers import Vertical
 from textual.widgets import Static
+from textual_hires_canvas import Canvas
 from textual_plot import PlotWidget
 
 
@@ -17,7 +18,7 @@ class Plot(PlotWidget):
 
     can_focus = False  # the arrow keys stay with the tables
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self._legend_held = False
         self._legend_drawn: tuple | None = None
@@ -42,7 +43,7 @@ class Plot(PlotWidget):
 
     def render(self) -> RenderResult:
         with ExitStack() as stack:
-            for canvas in self.query("Canvas"):  # textual-plot's (textual-hires-canvas)
+            for canvas in self.query(Canvas):  # textual-plot's (textual-hires-canvas)
                 stack.enter_context(canvas.batch_refresh())
             return super().render()
 

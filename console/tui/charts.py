@@ -75,7 +75,7 @@ class TimeChart(ChartFrame):
         """series: (label, points, scale) with values multiplied by scale; now: the x origin (default: the newest
         point); empty: what the body says when no series has a point."""
         plot = self.plot
-        ends = [s.last_ts() for _, s, _ in series if len(s)]
+        ends = [ts for _, s, _ in series if (ts := s.last_ts()) is not None]  # the series with a point
         if not ends:
             self.show_note(empty)
             return
@@ -91,7 +91,7 @@ class TimeChart(ChartFrame):
             return
         self._drawn = drawn
         origin = now if now is not None else max(ends)
-        start = min(s.first_ts() for _, s, _ in series if len(s))
+        start = min(ts for _, s, _ in series if (ts := s.first_ts()) is not None)
         span = max(MIN_SPAN_S, origin - start)
         unit = time_unit(span)
         self.unit = unit

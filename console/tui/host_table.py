@@ -2,6 +2,8 @@
 cell by cell."""
 from __future__ import annotations
 
+from typing import Any
+
 from console.tui.widgets import FigureTable, sync_table
 from console.view.host_table import host_rows
 from console.view.model import RunModel
@@ -12,7 +14,7 @@ class HostTable(FigureTable):
 
     can_focus = False
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(cursor_type="none", zebra_stripes=True, **kw)
         self._columns: list[str] = []
         self.display = False

@@ -3,6 +3,7 @@ under the list the evidence of the highlighted one (for a dead supervisor: the p
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -32,7 +33,7 @@ class AlertsPanel(Vertical):
     """
 
     def compose(self) -> ComposeResult:
-        table = DataTable(id="alerts-table", cursor_type="row")
+        table: DataTable[Any] = DataTable(id="alerts-table", cursor_type="row")  # cells as sync_table puts them
         for c in COLUMNS:
             table.add_column(c, key=c)
         yield table

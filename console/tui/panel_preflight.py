@@ -1,10 +1,13 @@
 """Preflight tab: the probe table; the selected probe's command, exit status, output, expected/actual, remedy."""
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Static
 
 from probes.model import ProbeReport, ProbeResult
@@ -21,14 +24,14 @@ class PreflightPanel(Vertical):
         Binding("e", "app.export_probes", "Export JSON"),
     ]
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.report: ProbeReport | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("probes not run yet", id="preflight-summary")
         with Horizontal():
-            table = DataTable(id="probe-table", cursor_type="row")
+            table: DataTable[Any] = DataTable(id="probe-table", cursor_type="row")  # cells as sync_table puts them
             for c in COLUMNS:
                 table.add_column(c, key=c)
             yield table
@@ -40,7 +43,7 @@ class PreflightPanel(Vertical):
         table = self.query_one("#probe-table", DataTable)
         if self.report is None or table.row_count == 0:
             return None
-        row_key, _ = table.coordinate_to_cell_key((table.cursor_row, 0))
+        row_key, _ = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0))
         return next((r for r in self.report.results if r.id == row_key.value), None)
 
     def set_report(self, report: ProbeReport, partial: bool = False) -> None:

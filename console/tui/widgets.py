@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Iterable
 
 from rich.text import Text
+from textual.coordinate import Coordinate
 from textual.widget import Widget
 from textual.widgets import DataTable
 
@@ -109,7 +110,7 @@ class FigureTable(DataTable):
 
     CELLS_KEPT = 4096
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self._cells_by_content: dict[tuple, Any] = {}
 
@@ -119,6 +120,8 @@ class FigureTable(DataTable):
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
         row_key = self._row_locations.get_key(row_index)
         column_key = self._column_locations.get_key(column_index)
+        if row_key is None or column_key is None:  # DataTable asks only for the cells it lists
+            raise KeyError(f"no cell at row {row_index}, column {column_index}")
         key = (row_index, column_index, content_key(self._data[row_key][column_key]), base_style, width, cursor,
                hover, self._show_hover_cursor, self.show_cursor, self.cell_padding, self.rows[row_key].height,
                self._pseudo_class_state)
@@ -162,7 +165,7 @@ def selected_row_key(table: DataTable) -> str | None:
     """The key of the row under the cursor, or None for an empty table."""
     if table.row_count == 0:
         return None
-    row_key, _ = table.coordinate_to_cell_key((table.cursor_row, 0))
+    row_key, _ = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0))
     return row_key.value
 
 

@@ -488,12 +488,13 @@ class RunModel:
             changed |= self._snapshot(ev)
         for sh in status.shards:  # folded as figures, not as 10,000 events: a snapshot every STATUS_EVERY_S
             changed |= self._fold_shard(sh, as_of)
-        for ev in status.disk:
-            changed |= self._snapshot(ev)
+        for disk in status.disk:
+            changed |= self._snapshot(disk)
         # the Alerts tab is history: the latest alert events said, and the alerts raised now (a condition raised by an
         # earlier supervisor of the run may be older than every event kept), each once (by key and text)
-        for ev in sorted(status.alert_events + status.alerts, key=lambda a: a.ts):
-            self.add_alert(AlertView(ev.ts, ev.severity, ev.text, ev.evidence, ev.key or ev.text, "host"))
+        for alert in sorted(status.alert_events + status.alerts, key=lambda a: a.ts):
+            self.add_alert(AlertView(alert.ts, alert.severity, alert.text, alert.evidence, alert.key or alert.text,
+                                     "host"))
             changed.add("alerts")
         self.rejects = status.rejects
         if status.hosts is not None and (status.hosts != self.hosts or self._waiting(status.hosts)):

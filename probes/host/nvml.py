@@ -20,7 +20,7 @@ try:
     pynvml.nvmlInit()
 except Exception as exc:
     fail("nvmlInit", exc)
-out = {"ok": True, "module": getattr(pynvml, "__file__", None), "gpus": []}
+out = {"ok": True, "module": getattr(pynvml, "__file__", None), "gpus": []}  # type: dict  # the JSON report
 try:
     out["driver_version"] = text(pynvml.nvmlSystemGetDriverVersion())
     cuda = pynvml.nvmlSystemGetCudaDriverVersion()

@@ -8,7 +8,7 @@ import traceback
 try:
     from importlib import metadata
 except ImportError:  # Python < 3.8
-    metadata = None
+    metadata = None  # type: ignore[assignment]  # mypy checks as the console's 3.11; hosts may be older
 
 args = json.loads(sys.argv[1])
 for module_name, dist_name in args["packages"]:

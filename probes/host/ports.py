@@ -98,7 +98,7 @@ for port in args["ports"]:
     except OSError as exc:
         rec["free"] = False
         rec["error"] = str(exc)
-        rec["errno"] = errno.errorcode.get(exc.errno, exc.errno)
+        rec["errno"] = None if exc.errno is None else errno.errorcode.get(exc.errno, exc.errno)
         if table is None:
             table = listeners()
         inodes = table.get(port, set()) if isinstance(table.get(port), set) else set()

@@ -12,7 +12,7 @@ FILES = {
     "deterministic_flag": (os.path.join("srt", "server_args.py"), "enable_deterministic_inference"),
 }
 
-out = {}
+out = {}  # type: dict  # the JSON report: values of every kind
 try:
     spec = importlib.util.find_spec("sglang")
 except (Exception, SystemExit) as exc:

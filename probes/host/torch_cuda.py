@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-out = {}
+out = {}  # type: dict  # the JSON report: values of every kind
 nvcc = shutil.which("nvcc")
 searched = ["PATH=" + os.environ.get("PATH", "")]
 if nvcc is None:

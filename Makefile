@@ -23,6 +23,7 @@ demo: $(PRODUCT)
 
 test: $(TESTING)
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/pytest
 
 bench: $(TESTING)

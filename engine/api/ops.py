@@ -150,21 +150,21 @@ class FollowEnded:
 class Status(ControlOp):
     """The run's status; shards=False: without the shard list (its figures and the dispatch totals stay)."""
     op = "status"
-    shards: Annotated[bool, OmitDefault()] = Field(True, description="true or false")
+    shards: Annotated[bool, OmitDefault()] = Field(default=True, description="true or false")
     Reply = RUN_STATUS
 
 
 class Pause(ControlOp):
     """Hold the shards (None: every shard) back from dispatch; requests in flight finish."""
     op = "pause"
-    shards: Selection = Field(None, description='a list of shard ids or "all"')
+    shards: Selection = Field(default=None, description='a list of shard ids or "all"')
     Reply = ShardsChanged
 
 
 class Resume(ControlOp):
     """Dispatch the shards again (None: every shard, and the data-quality brake released: engine.run.brake)."""
     op = "resume"
-    shards: Selection = Field(None, description='a list of shard ids or "all"')
+    shards: Selection = Field(default=None, description='a list of shard ids or "all"')
     Reply = ShardsChanged
 
 
@@ -194,7 +194,7 @@ class LogTail(ControlOp):
     (over the supervisor's SSH to it) or a [slurm] job's dir. The console reaches only the supervisor's machine."""
     op = "log_tail"
     worker: str = Field(description="a worker's name, e.g. gpu0 (a string)")
-    lines: int = Field(200, ge=1, le=MAX_LOG_LINES, description=f"an integer from 1 to {MAX_LOG_LINES}")
+    lines: int = Field(default=200, ge=1, le=MAX_LOG_LINES, description=f"an integer from 1 to {MAX_LOG_LINES}")
     Reply = LogText
 
 
@@ -228,7 +228,7 @@ class Follow(ControlOp):
     and every line is sent (protocol 2)."""
     op = "follow"
     # always sent, null for from the start
-    since: float | None = Field(None, description="a number (a unix time) or null")
+    since: float | None = Field(default=None, description="a number (a unix time) or null")
     Reply = FollowEnded
     streams = True
 

@@ -44,6 +44,7 @@ import functools
 import logging
 import time
 from array import array
+from collections.abc import Sequence
 from typing import Any, Awaitable, Callable, Protocol, cast
 
 import aiohttp
@@ -64,7 +65,8 @@ from engine.run.runaway import Repetition, RunawayDetector
 from engine.run.spread import ServerLoad, StrandedWatch, room, within_share
 from engine.store.shard_store import REPETITION
 from engine.api.events import AlertEvent, Event
-from engine.servers.workers import Worker, WorkerState
+from engine.servers.target import DispatchTarget
+from engine.servers.workers import WorkerState
 
 log = logging.getLogger("regen.dispatch")
 
@@ -98,7 +100,7 @@ class WorkQueue(Protocol):
 
 
 class Dispatcher:
-    def __init__(self, cfg: RunConfig, queue: WorkQueue, workers: list[Worker], deliver: Callable[[Outcome], None],
+    def __init__(self, cfg: RunConfig, queue: WorkQueue, workers: Sequence[DispatchTarget], deliver: Callable[[Outcome], None],
                  renderer: Renderer, session: aiohttp.ClientSession, emit: Callable[[Event], None]):
         self.cfg = cfg
         self.queue = queue
@@ -254,17 +256,17 @@ class Dispatcher:
                 task.cancel()
 
     # -- capacity ---------------------------------------------------------------------------
-    def capacity_for(self, w: Worker) -> int:
+    def capacity_for(self, w: DispatchTarget) -> int:
         fixed = self.cfg.dispatch.max_in_flight_per_worker
         if fixed:
             return fixed
         batch = self._batch.get(w.name) or self._starting_size(w, w.capacity_info.batch())
         return batch.size + _margin(w, batch.size)
 
-    def _starting_size(self, w: Worker, discovered: BatchSize) -> BatchSize:
+    def _starting_size(self, w: DispatchTarget, discovered: BatchSize) -> BatchSize:
         """The reported batch cut to what the server's KV pool holds of this run's requests (engine.servers.capacity.kv_fit);
         the pool is per server, so a router target (its discovered size is its servers' sum) is not cut."""
-        if getattr(w, "queue_margin", None):
+        if w.queue_margin:
             return discovered
         fits = kv_fit(w.capacity_info.max_total_num_tokens, self.request_size.tokens(self.cfg.sampling.max_new_tokens))
         if fits is not None and fits < discovered.size:
@@ -299,7 +301,7 @@ class Dispatcher:
             if not fixed and self._read.get(w.name) is not w.metrics:
                 self._read[w.name] = w.metrics
                 ceiling = discovered.size if discovered.source in BatchSource.REPORTED else None
-                batch = corrected(batch, margin=_margin(w, batch.size), in_flight=w.in_flight,
+                batch = corrected(batch, margin=_margin(w, batch.size), in_flight=len(self.inflight[w.name]),
                                   running=w.metrics.running_reqs, queued=w.metrics.queued_reqs,
                                   token_usage=w.metrics.token_usage, ceiling=ceiling,
                                   work_waiting=self.queue is not None and self.queue.queued > 0)
@@ -326,7 +328,7 @@ class Dispatcher:
                                   queued=w.metrics.queued_reqs))
         return out
 
-    def _within_share(self, w: Worker) -> bool:
+    def _within_share(self, w: DispatchTarget) -> bool:
         """May `w` take one more item (engine.run.spread.within_share)? Servers still starting count for
         START_GRACE_S after the first one was ready."""
         loads = self._loads()
@@ -339,7 +341,7 @@ class Dispatcher:
         return within_share(me, loads, self.queue.queued, starting)
 
     # -- per-worker pull loop ---------------------------------------------------------------
-    async def _worker_loop(self, w: Worker) -> None:
+    async def _worker_loop(self, w: DispatchTarget) -> None:
         slot = self._slot_freed[w.name]
         while True:
             if not self._accepting or w.state != WorkerState.READY:
@@ -374,7 +376,7 @@ class Dispatcher:
             w.in_flight = len(self.inflight[w.name])
             task.add_done_callback(lambda t: self._finished(w, t))  # w: this loop's own, never rebound
 
-    def _finished(self, w: Worker, task: asyncio.Task[None]) -> None:
+    def _finished(self, w: DispatchTarget, task: asyncio.Task[None]) -> None:
         item = self.inflight[w.name].pop(task, None)
         if item is not None:
             self._output_seen.discard(item.rid)
@@ -388,7 +390,7 @@ class Dispatcher:
             self.emit(AlertEvent(severity="error", text=f"dispatcher error on {w.name}: {exc!r}",
                                  key=f"dispatch-bug:{w.name}"))
 
-    def _on_worker_state(self, w: Worker, state: str) -> None:
+    def _on_worker_state(self, w: DispatchTarget, state: str) -> None:
         self.queue.worker_ready(w.name, state == WorkerState.READY)
         if state == WorkerState.READY:
             if self._first_ready is None:
@@ -416,14 +418,14 @@ class Dispatcher:
             log.warning("worker %s %s: re-queued %d in-flight requests", w.name, state, requeued)
 
     # -- one request ------------------------------------------------------------------------
-    def _target(self, w: Worker) -> tuple[str, URL, CIMultiDict[str]]:
+    def _target(self, w: DispatchTarget) -> tuple[str, URL, CIMultiDict[str]]:
         target = self._generate_target.get(w.name)
         if target is None or target[0] != w.url:
             target = (w.url, URL(w.url + "/generate"), CIMultiDict({**w.headers, "Content-Type": "application/json"}))
             self._generate_target[w.name] = target
         return target
 
-    async def _send(self, w: Worker, item: WorkItem) -> None:
+    async def _send(self, w: DispatchTarget, item: WorkItem) -> None:
         params = self.cfg.sampling.as_sglang()
         params["max_new_tokens"] = item.max_new_tokens
         guard = self.cfg.runaway.enabled
@@ -470,7 +472,7 @@ class Dispatcher:
             self._server_fault(w)
             self._retry_or_fail(item)
 
-    async def _post(self, w: Worker, item: WorkItem, url: URL, data: bytes, headers: CIMultiDict[str],
+    async def _post(self, w: DispatchTarget, item: WorkItem, url: URL, data: bytes, headers: CIMultiDict[str],
                     read: Callable[[aiohttp.ClientResponse], Awaitable[Answer]]) -> tuple[int, Answer]:
         """POST /generate: (status, what `read` made of the response: the body, or an AnswerStream). A pooled
         connection the server had closed while idle (uvicorn closes them after 5 s, contract 7.4) is no fault of
@@ -525,7 +527,7 @@ class Dispatcher:
                              "(logged once)", STREAM_END_WAIT_S)
                 resp.release()
 
-    async def _read_stream(self, w: Worker, item: WorkItem, resp: aiohttp.ClientResponse) -> Answer:
+    async def _read_stream(self, w: DispatchTarget, item: WorkItem, resp: aiohttp.ClientResponse) -> Answer:
         """A 200 answer followed chunk by chunk (an AnswerStream); any other status: its body, read whole. Once the
         guard has stopped the request, a stream that breaks off is still the answer: what it delivered is exact."""
         if resp.status != 200:
@@ -554,13 +556,13 @@ class Dispatcher:
                         item.rid, type(exc).__name__, exc, len(answer.ids))
         return answer
 
-    def _stop_runaway(self, w: Worker, item: WorkItem, verdict: Repetition) -> None:
+    def _stop_runaway(self, w: DispatchTarget, item: WorkItem, verdict: Repetition) -> None:
         log.info("%s: %s is a runaway (%s): aborting it", w.name, item.rid, verdict.describe())
         task = asyncio.create_task(self._abort_one(w, item.rid), name=f"abort-{item.rid}")
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
-    async def _abort_one(self, w: Worker, rid: str, why: str = "runaway") -> None:
+    async def _abort_one(self, w: DispatchTarget, rid: str, why: str = "runaway") -> None:
         """POST /abort_request {"rid"}: SGLang ends the request at its next step and streams the final chunk. The
         scheduler matches rids by prefix; no other request in flight starts with this one (a later turn of the same
         conversation, the only rid it prefixes, waits for this answer)."""
@@ -585,7 +587,7 @@ class Dispatcher:
                 severity="warning", text=f"{w.name}: /abort_request failed: runaway answers run to max_new_tokens",
                 evidence=f"{rid}: {problem}", key=f"abort-failed:{w.name}"))
 
-    def _handle_ok(self, w: Worker, item: WorkItem, body: bytes, latency: float) -> None:
+    def _handle_ok(self, w: DispatchTarget, item: WorkItem, body: bytes, latency: float) -> None:
         try:
             data = reply_json.loads(body)  # output_ids as array("i") when long (reply_json says why)
             if isinstance(data, list):
@@ -605,7 +607,7 @@ class Dispatcher:
             return
         self._answered(w, item, ids32, meta, finish, data.get("text"), latency)
 
-    def _handle_stream(self, w: Worker, item: WorkItem, answer: AnswerStream, latency: float) -> None:
+    def _handle_stream(self, w: DispatchTarget, item: WorkItem, answer: AnswerStream, latency: float) -> None:
         """A streamed answer: as a non-streamed one once it ended with its final chunk; an error event as the HTTP
         400 it stands for (a ValueError of SGLang's); a runaway the guard stopped, with every id delivered."""
         if answer.cumulative_ids and w.name not in self._cumulative_noted:
@@ -637,7 +639,7 @@ class Dispatcher:
         else:
             self._answered(w, item, answer.ids, answer.meta, answer.finish, answer.text, latency)
 
-    def _refused(self, w: Worker, item: WorkItem, message: str) -> None:
+    def _refused(self, w: DispatchTarget, item: WorkItem, message: str) -> None:
         """An error event before any id, in a 200 stream: SGLang's HTTP 400 of a non-streamed request (its
         validation's ValueError, contract 2.4)."""
         if DUPLICATE_RID in message:
@@ -651,7 +653,7 @@ class Dispatcher:
         self.deliver(Rejected(item, f"rejected by SGLang (stream error event): {message}",
                               excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}"))
 
-    def _answered(self, w: Worker, item: WorkItem, ids32: array[int], meta: dict[str, Any], finish: object,
+    def _answered(self, w: DispatchTarget, item: WorkItem, ids32: array[int], meta: dict[str, Any], finish: object,
                   server_text: object, latency: float, verdict: Repetition | None = None) -> None:
         finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
         if finish_type == "abort" and verdict is None:
@@ -704,7 +706,7 @@ class Dispatcher:
             answer = self.renderer.history_answer(ids32, item.prompt_opened)
         self.deliver(Generated(item, row, answer))
 
-    def _unrouted(self, w: Worker, item: WorkItem, message: str) -> None:
+    def _unrouted(self, w: DispatchTarget, item: WorkItem, message: str) -> None:
         """The router answered 503 "No available workers": the request reached no server, so it is no attempt of the
         sample (not in `retried`, no backoff of its own): it goes back to the front of regen's queue as it was. The
         router's list of servers is read again now (the endpoint is ready only while the router lists one), and the
@@ -726,7 +728,7 @@ class Dispatcher:
         w.no_servers()
         self.deliver(Retry(item, 0.0))
 
-    def _server_fault(self, w: Worker) -> None:
+    def _server_fault(self, w: DispatchTarget) -> None:
         """The server failed a request: its loop pulls nothing for FAULT_PAUSE_S, doubled for each failure in a row,
         at most dispatch.retry_backoff_s (see the module doc)."""
         n = self._faults[w.name] = self._faults.get(w.name, 0) + 1
@@ -754,11 +756,11 @@ async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
 
 
 
-def _margin(w: Worker, size: int) -> int:
+def _margin(w: DispatchTarget, size: int) -> int:
     """Requests kept queued beyond the server's running batch, so a finished slot is refilled at once.
     A router target says its own (it spreads requests without seeing the slots: each server needs its own
     queue); a server gets a quarter of its batch (engine.run.batch_feedback.margin_for)."""
-    own: int | None = getattr(w, "queue_margin", None)
+    own = w.queue_margin
     return own if own else margin_for(size)
 
 

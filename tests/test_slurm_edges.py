@@ -9,7 +9,8 @@ import json
 import pytest
 
 from engine.ctl import answer
-from engine.api.protocol import LastStatus, encode_reply
+from engine.api.ops import LastStatus
+from engine.api.protocol import encode_reply
 from tests.test_engine_run import renderer_for, status, supervisors, wait_for  # noqa: F401
 from tests.test_slurm_run import alert, every_sample_once, job_of, slurm_config
 

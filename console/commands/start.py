@@ -31,11 +31,10 @@ import sys
 
 from console.host.deploy import (AlreadyFinished, AlreadyRunning, DeployError, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE,
                                  StartFailed, start_run)
-from console.host.hints import cannot_reach, hint_from_args, run_dir_command, typed_again
+from console.host.hints import hint_from_args, run_dir_command, typed_again
 from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.start_record import StartRecord
-from console.host.transport import TransportError
-from console.host.connect import open_transport
+from console.host.connect import open_for_command
 from console.host.config_probe import config_failed_report, config_passed
 from engine.config.load import ConfigError, load_config
 from probes.render import render_report
@@ -92,10 +91,8 @@ def run(args) -> int:
         print(message, file=sys.stderr, flush=True)
 
     async def main() -> int:
-        try:
-            transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
-        except TransportError as exc:
-            print(cannot_reach(args.host, exc, args), file=sys.stderr)
+        transport = await open_for_command(args)
+        if transport is None:
             return EXIT_UNREACHABLE
         try:
             started = await start_run(transport, cfg, progress=progress,

@@ -7,7 +7,6 @@ import sys
 from console.host.deploy import EXIT_ERROR, EXIT_UNREACHABLE, client_for
 from console.host.run_client import RunClientError
 from console.host.ssh_options import SshOptions, add_ssh_options
-from console.host.transport import TransportError
 
 
 def add_arguments(parser) -> None:
@@ -49,13 +48,10 @@ async def refusal(args) -> int | None:
     """What `regen status` refuses, the console refuses before it opens, with the same words and exit code: a host
     that cannot be reached (an alias that does not resolve, an unknown key), a run dir that is not there or is not a
     run's. None: the run dir is one; the console opens (a stopped or finished run included)."""
-    from console.host.connect import open_transport
-    from console.host.hints import cannot_reach
+    from console.host.connect import open_for_command
 
-    try:
-        transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
-    except TransportError as exc:
-        print(cannot_reach(args.host, exc, args), file=sys.stderr)
+    transport = await open_for_command(args)
+    if transport is None:
         return EXIT_UNREACHABLE
     try:
         if args.run_dir is not None:

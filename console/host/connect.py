@@ -2,7 +2,10 @@
 or `user@host[:port]` reached with asyncssh (console/host/transport_ssh.py)."""
 from __future__ import annotations
 
-from console.host.transport import HostSpec, Transport
+import argparse
+import sys
+
+from console.host.transport import HostSpec, Transport, TransportError
 from console.host.transport_local import LocalTransport
 
 
@@ -26,3 +29,16 @@ async def open_transport(
         spec, accept_new=accept_new, connect_timeout=connect_timeout, known_hosts=known_hosts, keepalive_s=keepalive_s,
         ssh_config=ssh_config,
     )
+
+
+async def open_for_command(args: argparse.Namespace) -> Transport | None:
+    """The transport a command's HOST and SSH options name; None after saying on stderr why it could not be opened
+    (`cannot reach HOST: why`, and for an unknown host key the command that records it): the caller exits 2."""
+    from console.host.hints import cannot_reach
+    from console.host.ssh_options import SshOptions
+
+    try:
+        return await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
+    except TransportError as exc:
+        print(cannot_reach(args.host, exc, args), file=sys.stderr)
+        return None

@@ -30,7 +30,7 @@ from console.view.cause import cause_lines
 from console.host.remote_engine import engine_command
 from console.host.run_client import NoSupervisor, RunClient, RunClientError
 from console.host.run_dir_lookup import locate_run_dir
-from console.host.ssh_options import SshOptions, add_ssh_options
+from console.host.ssh_options import add_ssh_options
 from console.view.startup_failure import cause_first, startup_failure_text
 from console.host.transport import Transport, TransportError, quote_argv
 from console.host.start_record import START_RECORD, StartRecord, read as start_record_read
@@ -379,14 +379,11 @@ def run_with_client(args, op) -> int:
     """Open the transport, build the RunClient from the run dir, await op(client); map errors to exit codes."""
     import sys
 
-    from console.host.hints import cannot_reach
-    from console.host.connect import open_transport
+    from console.host.connect import open_for_command
 
     async def main() -> int:
-        try:
-            transport = await open_transport(args.host, **SshOptions.from_args(args).connect_kwargs())
-        except TransportError as exc:
-            print(cannot_reach(args.host, exc, args), file=sys.stderr)
+        transport = await open_for_command(args)
+        if transport is None:
             return EXIT_UNREACHABLE
         try:
             client = await client_for(transport, args.run_dir)

@@ -13,6 +13,7 @@ from engine.config.load import SEVERITIES, NotifyConfig
 from engine.placement.slurm.alerts import NOTIFIED as SLURM_JOB_KEYS
 from engine.run.brake import BRAKE_ALERT_KEY
 from engine.api.events import AlertEvent, Event, FatalEvent, RunEndEvent
+from engine.api.wire import Severity
 
 # alerts the notifier raises about itself: shown in telemetry, never sent (a dead webhook must not loop)
 OWN_KEYS = ("notify.failed", "notify.suppressed")
@@ -66,7 +67,7 @@ def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str
             text += f"\nremedy: {event.remedy}"
         evidence = "\n".join(line for line in (f"phase: {event.phase}" if event.phase else "",
                                                f"path: {event.path}" if event.path else "") if line)
-        return Notification(kind="fatal", severity="critical", key="fatal",
+        return Notification(kind="fatal", severity=Severity.CRITICAL, key="fatal",
                             title=_title(f"regen: supervisor died: {event.exc_type or 'error'}: {event.message}"),
                             text=text, evidence=evidence, run_dir=run_dir, host=host, ts=event.ts)
     if isinstance(event, RunEndEvent):

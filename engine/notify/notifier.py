@@ -22,6 +22,7 @@ from engine.notify.deliver import DeliveryError, Destination, destinations, with
 from engine.notify.limiter import Limiter
 from engine.notify.message import Notification, notification_for
 from engine.api.events import AlertEvent, Event, FatalEvent, RunEndEvent
+from engine.api.wire import Severity
 
 log = logging.getLogger("regen.notify")
 
@@ -162,7 +163,7 @@ class Notifier:
         """Not delivered: in supervisor.log and as an alert in telemetry (which is never itself sent)."""
         log.error("notification not delivered to %s: %s: %s", dest, n.title, why)
         try:
-            self.emit(AlertEvent(severity="error", key="notify.failed",
+            self.emit(AlertEvent(severity=Severity.ERROR, key="notify.failed",
                                  text=f"notification not delivered: {n.title} ({dest}: {why})",
                                  evidence=f"{n.text}\n{n.evidence}".strip()))
         except Exception:  # telemetry already closed (a late close): the log line above is the record

@@ -82,7 +82,7 @@ class Fleet:
         try:
             await self.router.start()
         except RouterError as exc:
-            self.emit(AlertEvent(severity="critical", text="the router could not be started", evidence=str(exc),
+            self.emit(AlertEvent(severity=Severity.CRITICAL, text="the router could not be started", evidence=str(exc),
                                  key="router-start"))
             raise
         if self.cfg.slurm is not None:
@@ -101,7 +101,7 @@ class Fleet:
         except slurm_jobs.SlurmError as exc:
             ids, said = [], str(exc)
         if ids or said:
-            self.emit(AlertEvent(severity="warning", text=f"cancelled {len(ids)} slurm job(s) an earlier supervisor of "
+            self.emit(AlertEvent(severity=Severity.WARNING, text=f"cancelled {len(ids)} slurm job(s) an earlier supervisor of "
                                  f"this run left running: {', '.join(ids) or '-'}", evidence=said or "scancel " +
                                  " ".join(ids), key="slurm-leftovers"))
 
@@ -189,7 +189,7 @@ class Fleet:
             else:
                 await self.router.remove(w.url)
         except RouterError as exc:
-            self.emit(AlertEvent(severity="error", text=f"router membership of {w.name} not updated",
+            self.emit(AlertEvent(severity=Severity.ERROR, text=f"router membership of {w.name} not updated",
                                  evidence=str(exc), key=f"router-sync:{w.name}"))
         self.endpoint.refresh()
         self.on_change()
@@ -202,7 +202,7 @@ class Fleet:
             raise KeyError(f"unknown remote host {name!r}; hosts: {', '.join(x.host.name for x in self.links)}")
         link.set_drained(drained)
         log.info("host %s %s", name, "drained" if drained else "undrained")
-        self.emit(AlertEvent(severity="info", text=f"host {name} {'drained: no new work' if drained else 'undrained'}",
+        self.emit(AlertEvent(severity=Severity.INFO, text=f"host {name} {'drained: no new work' if drained else 'undrained'}",
                              key=f"host-drain:{name}"))
         return link.status()
 

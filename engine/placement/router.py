@@ -37,6 +37,7 @@ from engine.servers.metrics_client import ServerMetrics
 from engine.api.events import AlertEvent, Event, WorkerEvent
 from engine.api.wire import InFlightSource
 from engine.servers.workers import WorkerState, die_with_parent, log_tail, served_fields, with_batch
+from engine.api.wire import Severity
 
 if TYPE_CHECKING:
     from engine.run.counts import ServedTokens
@@ -231,7 +232,7 @@ class RouterProcess:
             self.listed = {}
             self.error = f"router exited with {proc.returncode}"
             self.on_change()
-            self.emit(AlertEvent(severity="error", text="the router exited; restarting it",
+            self.emit(AlertEvent(severity=Severity.ERROR, text="the router exited; restarting it",
                                  evidence=" | ".join(log_tail(self.log_path, 0, 6)), key="router-exit"))
             while not self._stopping:
                 await asyncio.sleep(min(30.0, 2.0 ** min(self.restarts, 5)))

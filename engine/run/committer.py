@@ -30,6 +30,7 @@ from engine.config.load import Store
 from engine.run.items import Committed, Generated, WorkItem
 from engine.store.shard_store import CUT_FINISHES, DuplicateSample, PartInfo, ShardStore
 from engine.api.events import AlertEvent, Event
+from engine.api.wire import Severity
 
 log = logging.getLogger("regen.committer")
 
@@ -198,7 +199,7 @@ class Committer:
         if isinstance(exc, OSError):
             # nothing was committed (tmp file, then rename, then the sqlite txn): keep the rows, retry later
             self._requeue(shard_id, entries)
-            self.emit(AlertEvent(severity="critical", text=f"cannot write a part file of {shard_id}: {exc}",
+            self.emit(AlertEvent(severity=Severity.CRITICAL, text=f"cannot write a part file of {shard_id}: {exc}",
                                  evidence=f"{len(entries)} rows kept in memory, retried", key=f"commit:{shard_id}"))
             log.error("commit of %s failed: %s", shard_id, exc)
             return
@@ -209,7 +210,7 @@ class Committer:
                 if g.item.sample_id not in seen and not self.store.is_committed(g.item.sample_id):
                     seen.add(g.item.sample_id)
                     fresh.append(g)
-            self.emit(AlertEvent(severity="error", text=f"duplicate sample ids in a commit of {shard_id}; dropped"
+            self.emit(AlertEvent(severity=Severity.ERROR, text=f"duplicate sample ids in a commit of {shard_id}; dropped"
                                  f" {len(entries) - len(fresh)} duplicate rows", evidence=str(exc),
                                  key=f"duplicate:{shard_id}"))
             log.error("duplicate samples in %s: %s", shard_id, exc)
@@ -223,7 +224,7 @@ class Committer:
         # a bug (e.g. a row that fails validation): the rows are not committed; say so loudly
         self._requeue(shard_id, entries)
         log.error("commit of %s failed unexpectedly: %r", shard_id, exc, exc_info=exc)
-        self.emit(AlertEvent(severity="error", text=f"commit of {shard_id} failed: {exc!r}",
+        self.emit(AlertEvent(severity=Severity.ERROR, text=f"commit of {shard_id} failed: {exc!r}",
                              evidence=f"{len(entries)} rows kept in memory", key=f"commit-bug:{shard_id}"))
 
     def _requeue(self, shard_id: str, entries: list[Generated]) -> None:

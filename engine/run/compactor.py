@@ -22,6 +22,7 @@ from typing import Callable, Mapping, Protocol
 from engine.run.counts import ShardCounts
 from engine.store.shard_store import Compaction, ShardStore
 from engine.api.events import AlertEvent, Event
+from engine.api.wire import Severity
 
 log = logging.getLogger("regen.compactor")
 
@@ -85,7 +86,7 @@ class Compactor:
                 self._retry_at[shard_id] = time.monotonic() + RETRY_S
                 log.error("compaction of %s failed: %s (its parts stay committed; retried in %.0f s)",
                           shard_id, exc, RETRY_S)
-                self.emit(AlertEvent(severity="warning", text=f"compaction of {shard_id} failed: {exc}",
+                self.emit(AlertEvent(severity=Severity.WARNING, text=f"compaction of {shard_id} failed: {exc}",
                                      evidence=f"its parts stay committed; retried in {RETRY_S:.0f} s",
                                      key=f"compact:{shard_id}"))
                 return

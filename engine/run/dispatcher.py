@@ -67,6 +67,7 @@ from engine.store.shard_store import REPETITION
 from engine.api.events import AlertEvent, Event
 from engine.servers.target import DispatchTarget
 from engine.servers.workers import WorkerState
+from engine.api.wire import Severity
 
 log = logging.getLogger("regen.dispatch")
 
@@ -387,7 +388,7 @@ class Dispatcher:
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
             log.error("request task on %s failed unexpectedly: %r", w.name, exc, exc_info=exc)
-            self.emit(AlertEvent(severity="error", text=f"dispatcher error on {w.name}: {exc!r}",
+            self.emit(AlertEvent(severity=Severity.ERROR, text=f"dispatcher error on {w.name}: {exc!r}",
                                  key=f"dispatch-bug:{w.name}"))
 
     def _on_worker_state(self, w: DispatchTarget, state: str) -> None:
@@ -454,7 +455,7 @@ class Dispatcher:
             # SGLang refuses a rid it is still running: the sample itself is fine, so never reject it
             if self._aborting:
                 return
-            self.emit(AlertEvent(severity="error", text=f"{w.name} refused a duplicate request id; re-queued",
+            self.emit(AlertEvent(severity=Severity.ERROR, text=f"{w.name} refused a duplicate request id; re-queued",
                                  evidence=f"{item.rid}: {message}", key=f"duplicate-rid:{w.name}"))
             item.last_error = f"{w.name}: HTTP 400: {message}"
             self._retry_or_fail(item)
@@ -537,7 +538,7 @@ class Dispatcher:
             if w.name not in self._unstreamed_alerted:
                 self._unstreamed_alerted.add(w.name)
                 self.emit(AlertEvent(
-                    severity="warning", text=f"{w.name}: /generate did not stream (stream: true): the runaway guard "
+                    severity=Severity.WARNING, text=f"{w.name}: /generate did not stream (stream: true): the runaway guard "
                     "cannot stop its loops", evidence=f"{item.rid}: Content-Type {resp.content_type}",
                     key=f"not-streamed:{w.name}"))
             return await resp.read()
@@ -584,7 +585,7 @@ class Dispatcher:
         if w.name not in self._abort_alerted:
             self._abort_alerted.add(w.name)
             self.emit(AlertEvent(
-                severity="warning", text=f"{w.name}: /abort_request failed: runaway answers run to max_new_tokens",
+                severity=Severity.WARNING, text=f"{w.name}: /abort_request failed: runaway answers run to max_new_tokens",
                 evidence=f"{rid}: {problem}", key=f"abort-failed:{w.name}"))
 
     def _handle_ok(self, w: DispatchTarget, item: WorkItem, body: bytes, latency: float) -> None:
@@ -613,7 +614,7 @@ class Dispatcher:
         if answer.cumulative_ids and w.name not in self._cumulative_noted:
             self._cumulative_noted.add(w.name)
             self.emit(AlertEvent(
-                severity="info", text=f"{w.name} streams every id so far in each chunk (no delta streaming): read "
+                severity=Severity.INFO, text=f"{w.name} streams every id so far in each chunk (no delta streaming): read "
                 "exactly, at a client CPU cost growing with the square of an answer's length",
                 evidence=f"{item.rid}: {answer.chunks} chunks, {len(answer.ids)} ids; SGLang 0.5.10+ streams deltas "
                 "when launched with --incremental-streaming-output (0.5.5: --stream-output), which regen adds when "
@@ -645,7 +646,7 @@ class Dispatcher:
         if DUPLICATE_RID in message:
             if self._aborting:
                 return
-            self.emit(AlertEvent(severity="error", text=f"{w.name} refused a duplicate request id; re-queued",
+            self.emit(AlertEvent(severity=Severity.ERROR, text=f"{w.name} refused a duplicate request id; re-queued",
                                  evidence=f"{item.rid}: {message}", key=f"duplicate-rid:{w.name}"))
             item.last_error = f"{w.name}: stream error: {message}"
             self._retry_or_fail(item)
@@ -680,7 +681,7 @@ class Dispatcher:
         if completion != n and w.name not in self._mismatch_alerted:
             self._mismatch_alerted.add(w.name)
             self.emit(AlertEvent(
-                severity="warning", text=f"{w.name}: meta_info.completion_tokens != len(output_ids)",
+                severity=Severity.WARNING, text=f"{w.name}: meta_info.completion_tokens != len(output_ids)",
                 evidence=f"{item.sample_id}: completion_tokens={completion}, len(output_ids)={n}",
                 key=f"completion-mismatch:{w.name}"))
         matched = finish.get("matched") if isinstance(finish, dict) else None
@@ -688,7 +689,7 @@ class Dispatcher:
         if refused and w.name not in self._text_alerted:
             self._text_alerted.add(w.name)
             self.emit(AlertEvent(
-                severity="warning", text=f"{w.name}: /generate text does not match output_ids; decoding them here",
+                severity=Severity.WARNING, text=f"{w.name}: /generate text does not match output_ids; decoding them here",
                 # refused: a server text was there (answer_text judges only a str)
                 evidence=f"{item.sample_id}: {n} ids, server text {len(cast(str, server_text))} chars",
                 key=f"text-mismatch:{w.name}"))
@@ -722,7 +723,7 @@ class Dispatcher:
                         "list of servers is read again", w.name, item.sample_id, message)
         if n == UNROUTED_ALERT_AFTER:
             self.emit(AlertEvent(
-                severity="error", text=f"{w.name} has answered {n} requests in a row with 503 \"No available "
+                severity=Severity.ERROR, text=f"{w.name} has answered {n} requests in a row with 503 \"No available "
                 "workers\" although it lists servers: nothing reaches them", evidence=f"{item.sample_id}: {message}; "
                 f"see the router's own list (GET {w.url}/workers) and its log", key=f"router-no-servers:{w.name}"))
         w.no_servers()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from engine.config.load import Host, RunConfig
 from engine.placement.hosts.link import AGENT_STOP_WAIT_S, HostError, agent_stop_command, run_ssh
 from engine.api.events import AlertEvent
+from engine.api.wire import Severity
 
 STOPPED = "stopped agent"  # the agent's --stop line when it stopped one (engine.placement.hosts.agent.stop_holder)
 
@@ -42,7 +43,7 @@ class LeftAgents:
         return "; ".join(parts)
 
     def alert(self) -> AlertEvent:
-        return AlertEvent(severity="error" if self.failed else "warning", text=f"regen stop: {self.text()}",
+        return AlertEvent(severity=Severity.ERROR if self.failed else Severity.WARNING, text=f"regen stop: {self.text()}",
                           evidence="\n".join(f"{h.host}: {h.said}" for h in self.hosts), key="hosts-leftovers")
 
 

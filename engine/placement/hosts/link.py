@@ -539,7 +539,7 @@ class HostLink:
                 m.set_state(record.state, record.error)
                 if record.state == WorkerState.FAILED:
                     self.emit(AlertEvent(
-                        severity="critical", text=f"worker {m.name} failed, not restarted again on host "
+                        severity=Severity.CRITICAL, text=f"worker {m.name} failed, not restarted again on host "
                         f"{self.host.name}: {record.error}",
                         evidence="\n".join([*record.last_words, f"log: {self.host.name}:{self.server_log(m)}"]),
                         key=f"worker:{m.name}:failed"))
@@ -564,7 +564,7 @@ class HostLink:
             return
         more = f" ({new} crashes since the last one told)" if new > 1 else ""
         self.emit(AlertEvent(
-            severity="error", text=f"worker {m.name} crashed on host {self.host.name}: {record.last_crash}{more}",
+            severity=Severity.ERROR, text=f"worker {m.name} crashed on host {self.host.name}: {record.last_crash}{more}",
             evidence="\n".join([*record.last_words, f"log: {self.host.name}:{self.server_log(m)}"]),
             key=f"worker:{m.name}:crash"))
 

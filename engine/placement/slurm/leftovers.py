@@ -10,6 +10,7 @@ from engine.config.load import RunConfig
 from engine.placement.slurm import jobs as slurm_jobs
 from engine.placement.slurm.plan import jobs_file
 from engine.api.events import AlertEvent
+from engine.api.wire import Severity
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class LeftJobs:
         return f"cancelled the {len(self.cancelled)} slurm job(s) its supervisor left running: {ids}"
 
     def alert(self) -> AlertEvent:
-        return AlertEvent(severity="error" if self.failed else "warning", text=f"regen stop: {self.text()}",
+        return AlertEvent(severity=Severity.ERROR if self.failed else Severity.WARNING, text=f"regen stop: {self.text()}",
                           evidence=self.complaint or "scancel " + " ".join(self.cancelled), key="slurm-leftovers")
 
 

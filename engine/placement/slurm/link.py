@@ -45,6 +45,7 @@ from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_a
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import HostState, duration_text
+from engine.api.wire import Severity
 
 log = logging.getLogger("regen.slurm")
 
@@ -201,7 +202,7 @@ class SlurmLink(HostLink):
             argv.insert(-1, f"--dependency=afterany:{after}")
         job_id = await slurm_jobs.submit(argv, self.jobs_file, self.group)
         log.info("group %s: submitted job %s", self.host.name, job_id)
-        self.emit(AlertEvent(severity="info", text=f"slurm job {job_id} submitted for {self.host.name}",
+        self.emit(AlertEvent(severity=Severity.INFO, text=f"slurm job {job_id} submitted for {self.host.name}",
                              evidence=" ".join(argv), key=f"slurm-submit:{self.host.name}"))
         return job_id
 
@@ -211,7 +212,7 @@ class SlurmLink(HostLink):
             self.state = HostState.CONNECTING
         if self._pending_said != job.reason and job.given_reason:  # a reason worth saying
             self._pending_said = job.reason
-            self.emit(AlertEvent(severity="info" if job.given_reason in ROUTINE_PENDING else "warning",
+            self.emit(AlertEvent(severity=Severity.INFO if job.given_reason in ROUTINE_PENDING else Severity.WARNING,
                                  text=f"slurm job {job.job_id} ({self.host.name}) is pending: {job.reason}",
                                  evidence=job.words(), key=f"slurm-pending:{self.host.name}"))
         self._pending_too_long(job)
@@ -229,7 +230,7 @@ class SlurmLink(HostLink):
         self._waiting.alerted = True
         reason = "no reason given" if no_reason else job.reason
         self.emit(AlertEvent(
-            severity="warning", text=f"slurm job {job.job_id} ({self.host.name}) has been {job.state} for "
+            severity=Severity.WARNING, text=f"slurm job {job.job_id} ({self.host.name}) has been {job.state} for "
                                      f"{duration_text(waited)}: {reason}",
             evidence=f"{job.words()}; Slurm's expected start: squeue -j {job.job_id} --start; the alert's threshold: "
                      f"[slurm] pending_alert_s = {self.slurm.pending_alert_s}",
@@ -241,7 +242,7 @@ class SlurmLink(HostLink):
         if waiting is None or not waiting.alerted or waiting.job_id != job.job_id:
             return
         self.emit(AlertEvent(
-            severity="info", text=f"slurm job {job.job_id} ({self.host.name}) started on {job.nodes} after "
+            severity=Severity.INFO, text=f"slurm job {job.job_id} ({self.host.name}) started on {job.nodes} after "
                                   f"{duration_text(self.clock() - waiting.since)} waiting",
             evidence=job.words(), key=job_alerts.key(job_alerts.STARTED, self.host.name, job.job_id)))
 
@@ -339,7 +340,7 @@ class SlurmLink(HostLink):
             return
         reason = f" ({job.given_reason})" if job.given_reason else ""
         if job.active:  # requeued (preempted, a node failed, scontrol requeue): the same id runs again once placed
-            self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) was requeued "
+            self.emit(AlertEvent(severity=Severity.ERROR, text=f"slurm job {job.job_id} ({self.host.name}) was requeued "
                                  f"(restart {job.restarts}): {job.state}{reason}; its servers are lost until Slurm "
                                  "runs it again", evidence=job.words() + f", restart count {job.restarts}",
                                  key=job_alerts.key(job_alerts.REQUEUED, self.host.name,
@@ -347,11 +348,11 @@ class SlurmLink(HostLink):
             return
         self._said_ended.add(job.job_id)
         if self._handing_over and self.next_job and job.state == "TIMEOUT":  # the limit a hand-over was made for
-            self.emit(AlertEvent(severity="info", text=f"slurm job {job.job_id} ({self.host.name}) reached its time "
+            self.emit(AlertEvent(severity=Severity.INFO, text=f"slurm job {job.job_id} ({self.host.name}) reached its time "
                                  f"limit as planned; job {self.next_job} takes over", evidence=job.words(),
                                  key=job_alerts.key(job_alerts.HANDED_OVER, self.host.name, job.job_id)))
             return
-        self.emit(AlertEvent(severity="error", text=f"slurm job {job.job_id} ({self.host.name}) ended: {job.state}"
+        self.emit(AlertEvent(severity=Severity.ERROR, text=f"slurm job {job.job_id} ({self.host.name}) ended: {job.state}"
                              f"{reason}", evidence=job.words(), key=job_alerts.key(job_alerts.ENDED, self.host.name, job.job_id)))
 
     async def _final_state(self, job: JobState) -> JobState:
@@ -373,11 +374,11 @@ class SlurmLink(HostLink):
         try:
             self.next_job = await self._submit(after=self._watched_job().job_id)
         except SlurmError as exc:
-            self.emit(AlertEvent(severity="error", text=f"the next slurm job for {self.host.name} was not submitted",
+            self.emit(AlertEvent(severity=Severity.ERROR, text=f"the next slurm job for {self.host.name} was not submitted",
                                  evidence=str(exc), key=f"slurm-handover:{self.host.name}"))
             return
         job = self._watched_job()
-        self.emit(AlertEvent(severity="info", text=f"slurm job {job.job_id} ({self.host.name}) nears its time "
+        self.emit(AlertEvent(severity=Severity.INFO, text=f"slurm job {job.job_id} ({self.host.name}) nears its time "
                              f"limit: its servers are drained, job {self.next_job} queued to take over",
                              evidence=job.words() + f", time left {time_left_text(job.time_left)}",
                              key=f"slurm-handover:{self.host.name}"))

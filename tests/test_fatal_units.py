@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from console.view.cause import not_running_lines
-from console.commands.status import EXIT_NOT_RUNNING, EXIT_RUN_FAILED, exit_code_of, progress_line
+from console.commands.status_text import EXIT_NOT_RUNNING, EXIT_RUN_FAILED, exit_code_of, progress_line
 from console.view.model import RunModel
 from engine.config.load import ConfigError
 from engine.fatal import (FATAL_FILE, PREVIOUS_FILE, FatalRecord, SpaceReserve, WorkersFailed, archive_previous,

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from console.commands.status import progress_line
+from console.commands.status_text import progress_line
 from console.host.deploy import EXIT_ERROR, EXIT_OK, DeployError, start_run
 from console.host.hints import regen_command
 from console.host.run_client import RunClientError

@@ -8,7 +8,7 @@ import sys
 import time
 
 from console.host import start_record
-from console.commands.status import cause_block, exit_code_of, progress_line
+from console.commands.status_text import cause_block, exit_code_of, progress_line
 from console.host.deploy import EXIT_ERROR, EXIT_UNREACHABLE
 from console.host.follow import FollowState, RunFollower, SourceError
 from console.host.hints import hint_from_args

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
@@ -222,3 +222,13 @@ class Fleet:
                             members=sorted(self.router.members), restarts=self.router.restarts, error=self.router.error,
                             routed=sorted(m.url for m in self.endpoint.routed()), in_flight=self.endpoint.in_flight or 0,
                             capacity=self.endpoint.capacity)
+
+
+if TYPE_CHECKING:
+    # each kind of dispatch target meets engine.servers.target.DispatchTarget: checked by the type checker here, where
+    # all three are known (the Protocol's own module sits below placement), nothing at run time
+    from engine.placement.hosts.link import RemoteWorker
+    from engine.servers.target import DispatchTarget
+
+    def _targets(worker: Worker, remote: RemoteWorker, router: RouterEndpoint) -> list[DispatchTarget]:
+        return [worker, remote, router]

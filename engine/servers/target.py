@@ -103,12 +103,3 @@ class SingleServer:
     def no_servers(self) -> None:
         """Nothing to do: a server has no list of servers to read again (the dispatcher asks only a router)."""
 
-
-if TYPE_CHECKING:
-    # each kind of target meets the Protocol: checked by the type checker, nothing at run time
-    from engine.placement.hosts.link import RemoteWorker
-    from engine.placement.router import RouterEndpoint
-    from engine.servers.workers import Worker
-
-    def _targets(worker: Worker, remote: RemoteWorker, router: RouterEndpoint) -> list[DispatchTarget]:
-        return [worker, remote, router]

@@ -498,6 +498,10 @@ class Ledger:
         self._count(progress.shard_id, kind, sample_id(progress.conv.conversation_id, turn), reject)
 
     def _count(self, shard_id: str, kind: str, sample: str, reject: Reject) -> None:
+        # the reject's row first (fsync'd; the log drops a row it already holds), then the settle in state.sqlite: a
+        # kill between the two leaves the sample unsettled, settled again at the restart, never settled without its
+        # row (a SIGKILL there lost an after_cut row: tests/test_runaway_run.py, the kill test)
+        self.rejects.add(reject)
         try:
             self.store.settle(shard_id, sample, kind, reject.kind)
         except OSError as exc:
@@ -511,7 +515,6 @@ class Ledger:
         else:
             counts.failed += 1
         self.changed(shard_id)
-        self.rejects.add(reject)
         if self.on_reject is not None:
             self.on_reject(reject)
 

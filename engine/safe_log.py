@@ -1,12 +1,7 @@
 """Logging that degrades instead of crashing when its file cannot be written (a full disk).
 
-The stock handlers call handleError() for every record that fails to write, and each call prints a
-`--- Logging error ---` block with a traceback to stderr, which is the same full disk: a storm, and
-the cause lost in it. ResilientHandler writes with os.write on a file descriptor and, when a write
-fails: notes the failure once (kept in `failure`, and one line on the terminal when stderr is not
-the failing file), keeps the newest records in memory, retries at most every RETRY_S, and once
-writing works again writes a note (since when, why, how many records were dropped) followed by the
-records it kept.
+On a failed write: one note of the failure, the newest records kept in memory, a retry at most every RETRY_S,
+then a note (since when, why, how many dropped) and the kept records once writing works again.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """telemetry.jsonl writer, the latest-status cache for the `status` op, and the alert rules.
 
-Lines are appended and flushed per event (a reader never sees half a line for long) and fsynced
-every few seconds. Alerts carry a stable `key`; an alert of a condition (engine.api.wire.AlertKind: raised, then
-cleared) goes through the run's record of raised alerts (engine.store.alert_record, kept in state.sqlite once the supervisor
-attaches its store): raised once while the condition holds, also across a supervisor restart, and cleared when it
-ends. `condition()` is that rule for a state judged again and again (quality shares, disk).
-
-When the file cannot be written (a full disk) telemetry degrades instead of taking the run down:
-the failure is logged once, the latest state stays in memory (the `status` op keeps answering),
-alerts and the fatal / run_end events are kept (bounded) and written first when writing works
-again, other events are counted as dropped; a line a failing write cut is ended before the next.
+An alert of a condition is raised once while it holds (across restarts: engine.store.alert_record) and cleared
+when it ends. On a full disk telemetry degrades instead of stopping the run: alerts and the end events are kept
+and written first when writing works again; other events are counted as dropped.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Export a run's shards to the files drafter trainers read (SpecForge, speculators, NeMo Automodel, ModelOpt, HF).
 
-One line through the modules: source (a consistent snapshot of the committed parts, shard by shard in
-input order) -> filters (what a trainer should not see, counted per reason) -> one writer per format
-(tokens_jsonl, hf, conversations) into files (split, hashed) -> a manifest beside them (engine.store.manifest);
-verify re-checks an export against its manifest. run.export_run composes them.
+One line: source (committed parts, in input order) -> filters (counted per reason) -> one writer per format
+-> a manifest beside the files; verify re-checks an export against its manifest; run.export_run composes them.
 """

@@ -1,10 +1,5 @@
-"""How close a text export is to the stored ids: each exported row rendered with the model's own chat template (as a
-trainer re-renders it) and re-tokenized, compared with the shard's input_ids, and each difference named by kind.
-
-The history is written as the model saw it (engine.export.conversations), so the prompt part agrees; the answer part
-need not: a template adds text after the end-of-turn token, closes a cut answer, rewrites whitespace around the
-reasoning, and re-tokenizing text need not give back the ids the model generated. Token formats (tokens-jsonl, hf)
-carry the ids themselves and are not checked here.
+"""How close a text export is to the stored ids: each row re-rendered with the model's chat template, re-tokenized
+and compared with the shard's input_ids, each difference named by kind (token formats carry ids: not checked).
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """A generated answer as the chat messages carry it: reasoning and visible content, end-of-turn tokens removed.
 
-The only place the export splits reasoning from the answer (engine.text.answer_shape.split_reasoning).
-Shapes follow the Qwen3-family templates: the final turn renders as
-`<think>\\n` + reasoning.strip("\\n") + `\\n</think>\\n\\n` + content.lstrip("\\n"), and an earlier assistant
-turn as its content after the last `</think>`, lstrip("\\n") (its reasoning dropped).
+The only place the export splits reasoning from the answer; shapes follow the Qwen3-family templates.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Chat-message formats: conversations-jsonl (SpecForge `data.train_data_path`), messages-jsonl (ModelOpt) and
-messages-parquet (NeMo Automodel).
+"""Chat-message formats: conversations-jsonl (SpecForge), messages-jsonl (ModelOpt), messages-parquet (NeMo Automodel).
 
-Each sample becomes the conversation as the model saw it when it generated that turn: the prompt file's
-messages with the earlier user turns answered by the model's own regenerated answers, each written exactly as
-the chat template wrote it into the prompt (Renderer.history_content: a closed reasoning block dropped, a turn cut
-inside its reasoning kept raw, as the model saw it), then the generated turn: with `content` and the reasoning
-under --reasoning-key (conversations-jsonl), or the reasoning inline in the content (messages formats).
-Rendering a row's history with the model's template gives back the stored prompt ids.
-The prompt files are read once, in step with the shards (both are in input order).
+Each sample is the conversation as the model saw it when it generated that turn (earlier turns answered by its own
+regenerated answers, as the template wrote them): rendering its history gives back the stored prompt ids.
 """
 from __future__ import annotations
 

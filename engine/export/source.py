@@ -1,10 +1,6 @@
-"""The run being exported: its config, a consistent snapshot of its committed parts, and its shards in input order.
+"""The run being exported: its config, one consistent snapshot of its committed parts, its shards in input order.
 
-The parts list is read once from state.sqlite (one SELECT: one read transaction), so an export of a run
-in progress takes exactly what was committed at that instant, and later commits do not enter it. A shard
-holds a contiguous range of input conversations (engine.store.shard_store.shard_id_for), so reading shard after
-shard, each sorted by (prompt file, line or row, turn), gives the input order of conversations, then turn,
-with one shard in memory at a time.
+The parts list is one SELECT (one read transaction): an export of a running run takes exactly what was committed then.
 """
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The webhook body for each `notify.format`.
-
-generic  {"run_dir","host","kind","severity","title","text","evidence","key","ts"} (JSON)
-slack    {"text": "*title*\\ntext\\n```evidence```\\n_run dir on host, time_"} (incoming webhook)
-discord  {"content": "**title**\\n..."} (webhook; cut to Discord's 2000 characters)
-ntfy     the text as a plain body, with Title / Priority / Tags headers (POST https://ntfy.sh/<topic>)
+"""The webhook body for each `notify.format`: generic (JSON), slack, discord (cut to 2000 characters), ntfy.
 """
 from __future__ import annotations
 

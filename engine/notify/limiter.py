@@ -1,10 +1,8 @@
-"""Rate limit and de-duplication of notifications; what is held is counted and later sent as one
-"N more alerts suppressed" summary, never dropped.
+"""Rate limit and de-duplication of notifications: at most `max_per_minute`, one per alert key per `dedupe_s`.
 
-Two limits: at most `max_per_minute` sent in any 60 s, and one per alert key per `dedupe_s`. A
-fatal error and the run's end always go out (once per process) but count toward the rate.
-A summary is due when a slot frees for what the rate held, when the de-duplication window of a
-held key ends, or at exit (forced)."""
+What is held is counted and sent later as one "N more alerts suppressed" summary, never dropped; a fatal error
+and the run's end always go out.
+"""
 from __future__ import annotations
 
 import collections

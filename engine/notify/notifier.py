@@ -1,9 +1,7 @@
 """The notifier: a telemetry listener that sends failures and the run's end from the host.
 
-`on_event` is called synchronously by Telemetry.emit: it only picks and queues; one asyncio task
-applies the rate limit and delivers. A notification that cannot be delivered is logged and raised
-as an `error` alert (key notify.failed) in telemetry; that alert is never itself sent. At exit,
-`aclose` delivers what is queued within notify.flush_timeout_s and reports what it could not.
+`on_event` only picks and queues; one asyncio task rate-limits and delivers. A failed delivery is an `error`
+alert (notify.failed) that is never itself sent.
 """
 from __future__ import annotations
 

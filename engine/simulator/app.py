@@ -10,7 +10,7 @@ from aiohttp import web
 
 from engine.simulator.metrics import CONTENT_TYPE
 from engine.simulator.protocol import ApiError, GenerateItem, bad_request, parse_generate
-from engine.simulator.scheduler import SimRequest
+from engine.simulator.request import SimRequest
 
 if TYPE_CHECKING:
     from engine.simulator.server import SimServer

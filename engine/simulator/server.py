@@ -23,7 +23,9 @@ from engine.simulator.gpu import SimGpus
 from engine.simulator.metrics import SimMetrics
 from engine.simulator.protocol import ApiError, GenerateItem, bad_request, check_context
 from engine.simulator.stops import answer_text, apply_stops, rules_from_sampling
-from engine.simulator.scheduler import Scheduler, SimRequest
+from engine.simulator.request import SimRequest
+from engine.simulator.scheduler import Scheduler
+from engine.simulator.sglang_check import check_installed
 from engine.simulator.simlog import SimLog
 
 BYTES_PER_GB = 1 << 30
@@ -114,6 +116,7 @@ class SimServer:
         self.metrics = SimMetrics(
             cfg.model_name, tp_ranks=cfg.tp_per_node if cfg.enable_metrics_for_all_schedulers else 1,  # its node's
             priority=cfg.enable_priority_scheduling and self.profile.priority_labelled_metrics,
+            retraction_counters=self.profile.retraction_counters,
         ) if cfg.enable_metrics else None
         self.tokenizer: Tokenizer | None = None
         self.generator: OutputGenerator | None = None
@@ -201,6 +204,9 @@ class SimServer:
         log.info(f"server_args=ServerArgs({args})")
         if cfg.ignored_args:
             log.warning(f"Simulator: ignoring SGLang flag(s) it does not model: {' '.join(cfg.ignored_args)}")
+        installed = check_installed(self.profile)  # a new SGLang release moving a modelled default shows here
+        if installed is not None:
+            log.info(installed)
         tokenizer = self.tokenizer = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
         self.special_pieces = dict(zip(tokenizer.all_special_ids,
                                        tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids)))
@@ -244,7 +250,9 @@ class SimServer:
             max_prefill_tokens=self.max_prefill_tokens, step_ms=cfg.sim_step_ms,
             step_ms_per_req=cfg.sim_step_ms_per_req, tokens_per_step=cfg.sim_tokens_per_step,
             prefill_ms_per_1k=cfg.sim_prefill_ms_per_1k, decode_log_interval=cfg.decode_log_interval,
-            on_finish=self._on_finish, page_size=cfg.page_size, radix_cache=not cfg.disable_radix_cache)
+            on_finish=self._on_finish, page_size=cfg.page_size, radix_cache=not cfg.disable_radix_cache,
+            profile=self.profile, scheduling=self.profile.scheduling.with_env(os.environ),
+            conservativeness=cfg.schedule_conservativeness)
         scheduler.start()
         scheduler.add_done_callback(self._scheduler_ended)
         sock = self._bind()

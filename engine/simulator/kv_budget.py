@@ -8,6 +8,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # SGLang's environment variable -> the SchedulingDefaults field it sets (0.5.23 srt/environ.py:646-650; 0.5.10
 # :223-227; 0.5.5 :165-168, its clip read straight from os.environ in managers/schedule_policy.py:41-42)
@@ -31,7 +32,7 @@ class SchedulingDefaults:
 
     def with_env(self, environ: Mapping[str, str]) -> SchedulingDefaults:
         """These defaults, each overridden by its SGLANG_* variable when set (as SGLang reads them)."""
-        changes: dict[str, float | int] = {}
+        changes: dict[str, Any] = {}
         for name, attr in ENV_FIELDS.items():
             if environ.get(name):
                 kind = type(getattr(self, attr))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import math
 import time
 from collections import deque
 from typing import Callable
@@ -21,7 +20,7 @@ from engine.simulator.kv_budget import AdmissionRules, SchedulingDefaults, Token
 from engine.simulator.kv_policy import admit, prepare_decode
 from engine.simulator.metrics import SimMetrics
 from engine.simulator.prefix_cache import PrefixCache
-from engine.simulator.profiles import PROFILES, DEFAULT_VERSION, Profile
+from engine.simulator.profiles import DEFAULT_VERSION, PROFILES, Profile
 from engine.simulator.request import RequestState, SimRequest
 from engine.simulator.simlog import SimLog
 

@@ -14,11 +14,13 @@ def payload(rid: str, max_new: int) -> dict:
 
 
 async def test_a_pool_too_small_for_the_admitted_answers_retracts_and_every_answer_still_completes(start_sim):
-    # a 4,000-token pool; answers of 1,500 tokens; admission reserves max_new_tokens x a decaying ratio, so it
-    # admits more than the pool can finish: the pool fills mid-decode and requests go back to the waiting queue
+    # a 4,000-token pool; answers of 1,500 tokens. A new request reserves its max_new_tokens in full, but the running
+    # ones only x the decaying ratio (kv_budget.py), so admission takes more than the pool can finish: the pool fills
+    # mid-decode and requests go back to the waiting queue. (max_new_tokens 1,500, not 4,000: a 4,000-token
+    # reservation fits a 4,000-token pool only once, and then one request at a time never retracts.)
     sim = await start_sim(max_total_tokens=4000, sim_output_mean=1500, sim_output_sigma=0.0, sim_tokens_per_step=16,
                           sim_step_ms=1.0, enable_metrics=True)
-    replies = await asyncio.wait_for(asyncio.gather(*(post(sim.url + "/generate", payload(f"r{i}", 4000))
+    replies = await asyncio.wait_for(asyncio.gather(*(post(sim.url + "/generate", payload(f"r{i}", 1500))
                                                       for i in range(12))), timeout=120)
     key = PROFILES["0.5.23"].retractions_key
     assert all(status == 200 for status, _ in replies), replies
@@ -27,14 +29,18 @@ async def test_a_pool_too_small_for_the_admitted_answers_retracts_and_every_answ
     assert "KV cache pool is full. Retract requests. #retracted_reqs: " in sim.log
     assert sum(body["meta_info"][key] for _, body in replies) >= 1
     status, text = await get(sim.url + "/metrics")
-    assert status == 200 and metric_samples(text)["sglang:num_retracted_reqs"] >= 1
+    samples = metric_samples(text)
+    assert status == 200 and samples["sglang:num_retracted_reqs"] >= 1
+    # the 0.5.10+ counters (0.5.23 observability/metrics_collector.py:557-572)
+    assert samples["sglang:num_retracted_requests_total"] == sim.server.scheduler.retracted_total >= 1
+    assert samples["sglang:num_retracted_input_tokens_total"] == 4 * sim.server.scheduler.retracted_total
 
 
 async def test_a_retracted_request_aborted_while_waiting_ends_in_the_waiting_queue(start_sim):
     sim = await start_sim(max_total_tokens=4000, sim_output_mean=1500, sim_output_sigma=0.0, sim_tokens_per_step=16,
                           sim_step_ms=2.0)
     sch = sim.server.scheduler
-    tasks = [asyncio.create_task(post(sim.url + "/generate", payload(f"r{i}", 4000))) for i in range(12)]
+    tasks = [asyncio.create_task(post(sim.url + "/generate", payload(f"r{i}", 1500))) for i in range(12)]
     # a retracted request is back in the waiting queue only until its next admission: polled often
     victim = await await_until(lambda: next((r for r in sch.waiting if r.retractions and r.state == "waiting"), None),
                                60, "a request retracted to the waiting queue", interval=0.002)

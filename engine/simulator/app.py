@@ -10,7 +10,7 @@ from aiohttp import web
 
 from engine.simulator.metrics import CONTENT_TYPE
 from engine.simulator.protocol import ApiError, GenerateItem, bad_request, parse_generate
-from engine.simulator.scheduler import SimRequest
+from engine.simulator.request import RequestState, SimRequest
 
 if TYPE_CHECKING:
     from engine.simulator.server import SimServer
@@ -220,16 +220,16 @@ class Handlers:
     async def submit(self, items: list[GenerateItem]) -> list[SimRequest]:
         """Validate, plan and schedule; the caller owns the in-flight rids until it calls release()."""
         s = self.server
-        s.check_request(items)
-        s.check_5xx(items)
+        s.intake.check_request(items)
+        s.intake.check_5xx(items)
         if s.paused:
             await s.wait_unpaused()  # 0.5.5: new requests block until /continue_generation
-        s.check_request(items)  # a duplicate may have arrived while we waited
+        s.intake.check_request(items)  # a duplicate may have arrived while we waited
         reqs = []
         for item in items:
-            plan = s.plan_for(item)
+            plan = s.intake.plan_for(item)
             reqs.append(SimRequest(rid=item.rid, prompt_ids=item.prompt_ids, plan=plan,
-                                   max_new_tokens=s.max_new_for(item),
+                                   max_new_tokens=s.intake.max_new_for(item),
                                    skip_special_tokens=item.sampling["skip_special_tokens"],
                                    no_stop_trim=item.sampling["no_stop_trim"], priority=item.priority))
         for req in reqs:
@@ -243,7 +243,7 @@ class Handlers:
         for req in reqs:
             if self.server.in_flight_rids.get(req.rid) is req:
                 del self.server.in_flight_rids[req.rid]
-            if req.state in ("waiting", "running"):
+            if req.state in (RequestState.WAITING, RequestState.RUNNING):
                 self.server.started_scheduler.abort_one(req)  # the client went away: SGLang aborts the request
 
     async def never_answered(self, reqs: list[SimRequest]) -> None:
@@ -254,7 +254,7 @@ class Handlers:
                                                        "type": "503", "param": None, "code": 503})
 
     def text_of(self, req: SimRequest) -> str:
-        return self.server.text_of(req)
+        return self.server.intake.text_of(req)
 
     def meta_info(self, req: SimRequest, *, final: bool = True, completion_tokens: int | None = None) -> dict:
         if final and req.aborted_in_queue:
@@ -381,7 +381,7 @@ class Handlers:
             progress = req.progress_event()
             await progress.wait()
             progress.clear()
-            finished = req.state == "finished"
+            finished = req.state == RequestState.FINISHED
             n = len(req.final_ids()) if finished else sch.generated(req)
             if not finished and sent and n - sent < req.stream_interval:
                 continue  # stream_interval: the first tokens at once, then a chunk every `interval` new tokens

@@ -55,6 +55,8 @@ class SimConfig:
     enable_metrics_for_all_schedulers: bool = False  # every TP rank exports its gauges (tp_rank label)
     page_size: int = 1  # KV pages: the radix cache matches whole pages (engine/simulator/prefix_cache.py)
     disable_radix_cache: bool = False  # no prefix reuse: cached_tokens is always 0
+    # scales the new-token ratio admission starts from: min(0.7 x c, 1) (0.5.23 new_token_ratio_tracker.py:20-32)
+    schedule_conservativeness: float = 1.0
     ignored_args: tuple[str, ...] = ()  # SGLang flags accepted but not modelled (logged at startup)
 
     # --- simulator knobs ---
@@ -137,6 +139,8 @@ class SimConfig:
              f"--tp-size {self.tp_size} --nnodes {self.nnodes}: the TP size is the total over every node and must be "
              f"a multiple of --nnodes (each node runs tp_size / nnodes GPUs)"),
             (self.page_size >= 1, f"--page-size {self.page_size}: must be >= 1"),
+            # SGLang's own check (0.5.23 arg_groups/validation_hook.py:314-315; 0.5.5 server_args.py:3858)
+            (self.schedule_conservativeness >= 0, "schedule_conservativeness must be non-negative"),
             (self.decode_log_interval >= 1, f"--decode-log-interval {self.decode_log_interval}: must be >= 1"),
             (self.sim_instant_pool >= 1, f"--sim-instant-pool {self.sim_instant_pool}: must be >= 1"),
             (0 <= self.port <= 65535, f"--port {self.port}: must be in 0..65535"),
@@ -188,6 +192,7 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--mem-fraction-static": ("mem_fraction_static", float),
     "--chunked-prefill-size": ("chunked_prefill_size", int),
     "--page-size": ("page_size", int),
+    "--schedule-conservativeness": ("schedule_conservativeness", float),
     "--random-seed": ("random_seed", int),
     "--log-level": ("log_level", str),
     "--log-level-http": ("log_level_http", str),

@@ -25,6 +25,12 @@ _GAUGES = {
     "max_total_num_tokens": ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
     "context_len": ("sglang:context_len", "The context length."),
 }
+# 0.5.10+ (observability/metrics_collector.py:295-310); prometheus_client adds the _total suffix
+_RETRACTION_COUNTERS = (
+    ("sglang:num_retracted_requests", "Total number of retracted requests."),
+    ("sglang:num_retracted_input_tokens", "Total number of retracted input tokens."),
+    ("sglang:num_retracted_output_tokens", "Total number of retracted output tokens."),
+)
 _ADDITIVE = ("num_used_tokens", "token_usage", "gen_throughput")  # a priority's share of the total
 
 
@@ -33,7 +39,8 @@ class SimMetrics:
     `priority`: each gauge is exported under priority="" (the total) and once per priority seen
     (--enable-priority-scheduling, 0.5.23 observability/metrics_collector.py:1413-1430)."""
 
-    def __init__(self, model_name: str, *, tp_ranks: int = 1, priority: bool = False):
+    def __init__(self, model_name: str, *, tp_ranks: int = 1, priority: bool = False,
+                 retraction_counters: bool = False):
         self.registry = CollectorRegistry()
         self.priority = priority
         r = self.registry
@@ -48,6 +55,9 @@ class SimMetrics:
         self.queue_time = Histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
                                     names, buckets=QUEUE_BUCKETS, registry=r).labels(**self._ranks[0])
 
+        self._retraction_counters = [
+            Counter(name, doc, names, registry=r).labels(**self._ranks[0]) for name, doc in _RETRACTION_COUNTERS
+        ] if retraction_counters else []
         tl = {"model_name": model_name}
 
         def counter(name: str, doc: str) -> Counter:
@@ -80,6 +90,11 @@ class SimMetrics:
     def set_retracted(self, count: int) -> None:
         """Requests the last retraction sent back to the waiting queue (the pool ran out mid-decode)."""
         self._set("num_retracted_reqs", count)
+
+    def count_retracted(self, *, requests: int, input_tokens: int, output_tokens: int) -> None:
+        """A retraction's requests and their prompt / output tokens (0.5.23 metrics_collector.py:1513-1525)."""
+        for counter, amount in zip(self._retraction_counters, (requests, input_tokens, output_tokens)):
+            counter.inc(amount)
 
     def set_scheduler_gauges(self, *, running: int, queued: int, used_tokens: int, token_usage: float,
                              gen_throughput: float | None = None, cache_hit_rate: float | None = None,

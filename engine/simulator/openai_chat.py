@@ -9,6 +9,7 @@ import orjson
 from aiohttp import web
 
 from engine.simulator.protocol import ApiError, GenerateItem, openai_error, validate_sampling
+from engine.simulator.request import RequestState
 
 if TYPE_CHECKING:
     from engine.simulator.app import Handlers
@@ -90,7 +91,7 @@ class ChatHandler:
             raise openai_error("The request body must be a JSON object.")
         item, _ = self._item(body)
         try:
-            s.check_request([item])
+            s.intake.check_request([item])
         except ApiError as exc:
             raise openai_error(exc.body["error"]["message"]) from exc
         reqs = await self.handlers.submit([item])
@@ -151,7 +152,7 @@ class ChatHandler:
             if steps is None:
                 await req.progress.wait()
                 req.progress.clear()
-            finished = req.state == "finished"
+            finished = req.state == RequestState.FINISHED
             ids = req.output_ids if finished else req.plan.output_ids[: self.server.started_scheduler.generated(req)]
             if len(ids) > sent_ids:
                 text += gen.decode(ids[sent_ids:], req.skip_special_tokens)

@@ -6,7 +6,9 @@ one value per row. Each field names where the version was read (shared/reference
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from engine.simulator.kv_budget import SchedulingDefaults
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,17 @@ class Profile:
     priority_labelled_metrics: bool
     # a streamed request's error event: {"error": {"message"}} (0.5.5), plus type/code/retryable (0.5.23; contract 2.4)
     stream_error_details: bool = False
+    # admission adds a page of allocator overhead to the fit check (0.5.23 schedule_policy.py:733-737, :1404-1412;
+    # not 0.5.10 :754-757 nor 0.5.5 :572-575) and to the reservation (0.5.10 :518-527; not 0.5.5 :434-440)
+    admission_page_in_check: bool = False
+    admission_page_in_reserve: bool = False
+    # sglang:num_retracted_requests_total and its input/output token counters (0.5.10
+    # observability/metrics_collector.py:290-310; 0.5.23 :552-572); 0.5.5 has only the gauge (metrics/collector.py:312)
+    retraction_counters: bool = False
+    # the retraction line names #new_tokens_gained (0.5.10 scheduler.py:2600; 0.5.23 :4530; not 0.5.5 :1958-1962)
+    retract_log_tokens_gained: bool = False
+    # the scheduler's SGLANG_* defaults (each version's srt/environ.py; kv_budget.ENV_FIELDS); the same so far
+    scheduling: SchedulingDefaults = field(default_factory=SchedulingDefaults)
 
 
 PROFILES: dict[str, Profile] = {p.version: p for p in (
@@ -50,17 +63,20 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
             new_info_paths=False, model_info_names_server=False, warmup_info_path="/get_model_info",
             stream_ids_cumulative=False, has_incremental_streaming_flag=False, retractions_key="total_retractions",
             reports_reasoning_tokens=False, refuses_duplicate_rid=False, repetition_penalty_excludes_zero=False,
-            priority_labelled_metrics=False),
+            priority_labelled_metrics=False, admission_page_in_check=False, admission_page_in_reserve=False,
+            retraction_counters=False, retract_log_tokens_gained=False),
     Profile(version="0.5.10", reported_version="0.5.10", reports_effective_max_running=True,
             new_info_paths=True, model_info_names_server=False, warmup_info_path="/get_model_info",
             stream_ids_cumulative=True, has_incremental_streaming_flag=True, retractions_key="total_retractions",
             reports_reasoning_tokens=True, refuses_duplicate_rid=True, repetition_penalty_excludes_zero=False,
-            priority_labelled_metrics=False),
+            priority_labelled_metrics=False, admission_page_in_check=False, admission_page_in_reserve=True,
+            retraction_counters=True, retract_log_tokens_gained=True),
     Profile(version="0.5.23", reported_version="0.5.23", reports_effective_max_running=True,
             new_info_paths=True, model_info_names_server=True, warmup_info_path="/model_info",
             stream_ids_cumulative=True, has_incremental_streaming_flag=True, retractions_key="num_retractions",
             reports_reasoning_tokens=True, refuses_duplicate_rid=True, repetition_penalty_excludes_zero=True,
-            priority_labelled_metrics=True, stream_error_details=True),
+            priority_labelled_metrics=True, stream_error_details=True, admission_page_in_check=True,
+            admission_page_in_reserve=True, retraction_counters=True, retract_log_tokens_gained=True),
 )}
 DEFAULT_VERSION = "0.5.23"  # the newest
 

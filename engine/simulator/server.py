@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
 import os
 import signal
@@ -10,20 +9,30 @@ import socket
 import sys
 import time
 import traceback
-from collections import Counter as CountDict
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from engine.simulator.config import SimConfig, read_model_config
-from engine.simulator.dist import DEFAULT_TIMEOUT_S, DistError, Joiner, Member, Rendezvous, parse_dist_addr
-from engine.simulator.generator import (OutputGenerator, OutputPlan, Tokenizer, attempt_draw, load_tokenizer,
-                                       request_key)
+from engine.simulator.dist import (
+    DEFAULT_TIMEOUT_S,
+    DistError,
+    Joiner,
+    Member,
+    Rendezvous,
+    parse_dist_addr,
+)
+from engine.simulator.generator import (
+    OutputGenerator,
+    Tokenizer,
+    load_tokenizer,
+)
 from engine.simulator.gpu import SimGpus
+from engine.simulator.intake import Intake
 from engine.simulator.metrics import SimMetrics
-from engine.simulator.protocol import ApiError, GenerateItem, bad_request, check_context
-from engine.simulator.stops import answer_text, apply_stops, rules_from_sampling
-from engine.simulator.scheduler import Scheduler, SimRequest
+from engine.simulator.request import RequestState, SimRequest
+from engine.simulator.scheduler import Scheduler
+from engine.simulator.sglang_check import check_installed
 from engine.simulator.simlog import SimLog
 
 BYTES_PER_GB = 1 << 30
@@ -114,6 +123,7 @@ class SimServer:
         self.metrics = SimMetrics(
             cfg.model_name, tp_ranks=cfg.tp_per_node if cfg.enable_metrics_for_all_schedulers else 1,  # its node's
             priority=cfg.enable_priority_scheduling and self.profile.priority_labelled_metrics,
+            retraction_counters=self.profile.retraction_counters,
         ) if cfg.enable_metrics else None
         self.tokenizer: Tokenizer | None = None
         self.generator: OutputGenerator | None = None
@@ -126,7 +136,6 @@ class SimServer:
         self.hung = False
         self._hang_forever: asyncio.Future | None = None
         self.in_flight_rids: dict[str, SimRequest] = {}  # rid -> the request that owns it now
-        self.attempts: CountDict[bytes] = CountDict()
         self._runner: web.AppRunner | None = None
         self._sock: socket.socket | None = None
         self.host = cfg.host
@@ -136,7 +145,7 @@ class SimServer:
         self._tasks: list[asyncio.Task] = []
         self.exit_code: int | None = None
         self.started_at = time.time()
-        self.special_pieces: dict[int, str] = {}  # special token id -> its text (stop trimming without decoding)
+        self.intake = Intake(self)
 
     # --- public ------------------------------------------------------------------------------------------
     # What start() builds, for the code that only runs once it has (the request handlers, the warm-up): None there
@@ -201,8 +210,11 @@ class SimServer:
         log.info(f"server_args=ServerArgs({args})")
         if cfg.ignored_args:
             log.warning(f"Simulator: ignoring SGLang flag(s) it does not model: {' '.join(cfg.ignored_args)}")
+        installed = check_installed(self.profile)  # a new SGLang release moving a modelled default shows here
+        if installed is not None:
+            log.info(installed)
         tokenizer = self.tokenizer = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
-        self.special_pieces = dict(zip(tokenizer.all_special_ids,
+        self.intake.special_pieces = dict(zip(tokenizer.all_special_ids,
                                        tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids)))
         log.info("Using default HuggingFace chat template with detected content format: string")
         log.sched("Init torch distributed begin.")
@@ -244,7 +256,9 @@ class SimServer:
             max_prefill_tokens=self.max_prefill_tokens, step_ms=cfg.sim_step_ms,
             step_ms_per_req=cfg.sim_step_ms_per_req, tokens_per_step=cfg.sim_tokens_per_step,
             prefill_ms_per_1k=cfg.sim_prefill_ms_per_1k, decode_log_interval=cfg.decode_log_interval,
-            on_finish=self._on_finish, page_size=cfg.page_size, radix_cache=not cfg.disable_radix_cache)
+            on_finish=self._on_finish, page_size=cfg.page_size, radix_cache=not cfg.disable_radix_cache,
+            profile=self.profile, scheduling=self.profile.scheduling.with_env(os.environ),
+            conservativeness=cfg.schedule_conservativeness)
         scheduler.start()
         scheduler.add_done_callback(self._scheduler_ended)
         sock = self._bind()
@@ -388,79 +402,6 @@ class SimServer:
             self.log.info("The server is fired up and ready to roll!")
 
     # --- requests ---------------------------------------------------------------------------------------------
-    def check_request(self, items: list[GenerateItem]) -> None:
-        """Validation SGLang does before scheduling: the tokenizer's context checks, duplicate in-flight rids
-        (refused from 0.5.10), then the scheduler's prompt limit (0.5.5 managers/utils.py:93-121,
-        scheduler.py:1356-1364), which SGLang turns into an HTTP 400 as well."""
-        for item in items:
-            max_new = item.sampling["max_new_tokens"]
-            if self.cfg.allow_auto_truncate:
-                item.prompt_ids = item.prompt_ids[: min(self.context_len - 1, self.max_req_input_len)]
-                if max_new is not None:
-                    item.sampling["max_new_tokens"] = min(max_new, self.context_len - len(item.prompt_ids) - 1)
-                continue
-            check_context(len(item.prompt_ids), max_new, self.context_len)
-        rids = [i.rid for i in items]
-        if self.profile.refuses_duplicate_rid:
-            dup = sorted({r for r in rids if r in self.in_flight_rids} | {r for r in rids if rids.count(r) > 1})
-            if dup:
-                raise ApiError(400, {"error": {"message": f"Duplicate request ID(s) detected: {', '.join(dup)}"}})
-        for item in items:
-            if len(item.prompt_ids) >= self.max_req_input_len:
-                raise bad_request(f"Input length ({len(item.prompt_ids)} tokens) exceeds the maximum allowed length "
-                                  f"({self.max_req_input_len} tokens). Use a shorter input or enable "
-                                  "--allow-auto-truncate.")
-
-    def check_5xx(self, items: list[GenerateItem]) -> None:
-        if self.cfg.sim_5xx_rate <= 0 or not items:
-            return
-        key = self.key_for(items[0])
-        attempt = self.attempts[key]
-        self.attempts[key] += 1
-        if attempt_draw(key, attempt, b"5xx") < self.cfg.sim_5xx_rate:
-            raise ApiError(503, {"object": "error", "message": "The server is temporarily unable to handle the "
-                                 f"request (simulated failure, --sim-5xx-rate={self.cfg.sim_5xx_rate}, "
-                                 f"attempt {attempt + 1}).", "type": "503", "param": None, "code": 503})
-
-    def key_for(self, item: GenerateItem) -> bytes:
-        seed = item.sampling.get("sampling_seed")
-        if self.cfg.enable_deterministic_inference and seed is not None:
-            # the seed is honoured only in deterministic mode (0.5.5 sampling/sampling_batch_info.py:90-98;
-            # 0.5.23 :157-170): the same prompt and seed give the same output, whatever the rid
-            return request_key(self.cfg.sim_seed, f"sampling_seed:{seed}", item.prompt_ids)
-        return request_key(self.cfg.sim_seed, item.rid if item.rid_given else None, item.prompt_ids)
-
-    def max_new_for(self, item: GenerateItem) -> int:
-        """max_new_tokens silently capped to what the request may still hold (0.5.5 scheduler.py:1171-1179)."""
-        cap = max(0, self.max_req_len - len(item.prompt_ids) - 1)
-        return cap if item.sampling["max_new_tokens"] is None else min(item.sampling["max_new_tokens"], cap)
-
-    def plan_for(self, item: GenerateItem) -> OutputPlan:
-        sp = item.sampling
-        max_new = self.max_new_for(item)
-        key = self.key_for(item)
-        if self.cfg.sim_instant and not sp["ignore_eos"] and not sp["min_new_tokens"] and not self.cfg.sim_abort_rate \
-                and not self.cfg.sim_loop_share and not self.cfg.sim_repetitive_share:
-            plan = self.loaded_generator.plan_instant(key, item.prompt_ids, max_new, sp["skip_special_tokens"])
-        else:
-            plan = self.loaded_generator.plan(key, item.prompt_ids, max_new, min_new_tokens=sp["min_new_tokens"],
-                                       ignore_eos=sp["ignore_eos"])
-        rules = rules_from_sampling(sp)
-        if sp["ignore_eos"]:  # ignore_eos skips the token checks (eos and stop_token_ids), not the strings
-            rules = dataclasses.replace(rules, token_ids=frozenset())
-        if not rules.custom:
-            return plan
-        generator = self.loaded_generator
-        return apply_stops(plan, rules, generator.decode, generator.reasoning_count)
-
-    def text_of(self, req: SimRequest) -> str:
-        """The response's `text`: the matched stop cut unless no_stop_trim (contract 7.2)."""
-        output_ids = req.final_ids()
-        unchanged = req.plan.text is not None and output_ids is req.plan.output_ids
-        return answer_text(output_ids, req.finish_reason, skip_special_tokens=req.skip_special_tokens,
-                           no_stop_trim=req.no_stop_trim, decode=self.loaded_generator.decode,
-                           prebuilt=req.plan.text if unchanged else None, special_piece=self.special_pieces.get)
-
     async def health(self) -> int:
         """GET /health: 503 while starting or draining; else a 1-token generation through the scheduler, healthy
         once the scheduler has produced anything since the check began, looked at after each second."""
@@ -484,7 +425,7 @@ class SimServer:
                            f"last_heartbeat time: {time.strftime('%H:%M:%S')}")
             return 503
         finally:
-            if req.state in ("waiting", "running"):
+            if req.state in (RequestState.WAITING, RequestState.RUNNING):
                 scheduler.abort_one(req)
 
     async def wait_unpaused(self) -> None:
@@ -504,7 +445,7 @@ class SimServer:
         self._continue.set()
 
     def finish_instant(self, req: SimRequest) -> None:
-        req.state = "finished"
+        req.state = RequestState.FINISHED
         req.output_ids = req.plan.output_ids
         req.finish_reason = req.plan.finish_reason
         req.first_token_mono = time.monotonic()

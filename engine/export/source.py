@@ -2,7 +2,7 @@
 
 The parts list is read once from state.sqlite (one SELECT: one read transaction), so an export of a run
 in progress takes exactly what was committed at that instant, and later commits do not enter it. A shard
-holds a contiguous range of input conversations (engine.store.shard_store.shard_id_for), so reading shard after
+holds a contiguous range of input conversations (engine.store.names.shard_id_for), so reading shard after
 shard, each sorted by (prompt file, line or row, turn), gives the input order of conversations, then turn,
 with one shard in memory at a time.
 """
@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 
 from engine.config.load import ConfigError, RunConfig, load_config
 from engine.text.ingest import PromptFileError, display_names, resolve_prompt_files
-from engine.store.shard_store import SHARD_FILE, SHARDS_DIR, STATE_DB, read_committed
-from engine.store.stats import OPENED_COLUMN
+from engine.store.committed_view import read_committed
+from engine.store.names import SHARD_FILE, SHARDS_DIR, STATE_DB
+from engine.store.stats_columns import OPENED_COLUMN
 
 
 class ExportError(Exception):

@@ -27,13 +27,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.servers.capacity import BatchSource
+from engine.api.reports import PilotResult, PilotWorker
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import parse_metrics
 from engine.plan.pilot_window import Completed, Reading, full_batch
 from engine.http_client import KEEPALIVE_S
 from engine.run.batch_feedback import margin_for
 from engine.run.prompt_limit import from_context, tightest
-from engine.store.shard_store import REPETITION
+from engine.store.names import REPETITION
 
 BOOTSTRAP_ROUNDS = 2000
 ROUNDS = 2  # requests per in-flight slot: the first round fills the batch, the second keeps it full
@@ -66,38 +67,6 @@ class PilotSize:
 def pilot_size(batch: int, source: str, fixed: int | None) -> PilotSize:
     in_flight = fixed or batch + margin_for(batch)
     return PilotSize(batch, source, in_flight, ROUNDS * in_flight)
-
-
-@dataclass
-class PilotWorker:
-    name: str
-    url: str
-    requests: int
-    batch: int  # the server's batch size as discovered
-    batch_source: str  # internal_states | log | server_info | flag | default
-    in_flight: int  # requests kept in flight (batch + queue margin, or dispatch.max_in_flight_per_worker)
-    batch_reached: int  # the batch the throughput was measured at: the most the server ran, at most `batch`
-    completion_tokens: int
-    full_batch_window_s: float
-    tokens_per_s: float
-    window_basis: str  # metrics (the server's num_running_reqs) | client (reconstructed from completions)
-
-
-@dataclass
-class PilotResult:
-    requested: int  # N of --pilot N
-    needed: int  # requests that fill every server's batch (sum of ROUNDS x in-flight)
-    prompts: int  # requests sent
-    workers: list[PilotWorker]
-    output_mean: float
-    output_p50: float
-    output_p90: float
-    output_max: int
-    output_mean_ci: tuple[float, float]  # bootstrap 95%
-    truncated_share: float
-    wall_s: float
-    log_dir: str
-    finish_reasons: dict[str, int]
 
 
 async def _follow(resp, cfg: RunConfig, url: str, stop: Callable[[], None]):

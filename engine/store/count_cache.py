@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from engine.text.ingest import StreamStart
 from engine.store.run_dir import write_atomic
-from engine.store.shard_store import shard_id_for
+from engine.store.names import shard_id_for
 
 CACHE_FILE = "count_cache.json"
 SCHEMA = "regen.count_cache/1"

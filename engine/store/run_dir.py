@@ -17,7 +17,8 @@ from pathlib import Path
 
 from engine.config.load import RunConfig, changed_content_fields, dump_toml
 from engine.store.rejects import REJECTS_FILE
-from engine.store.shard_store import SHARDS_DIR, STATE_DB, WRITER_LOCK, ShardStore
+from engine.store.names import SHARDS_DIR, STATE_DB, WRITER_LOCK
+from engine.store.shard_store import ShardStore
 
 log = logging.getLogger("regen.run_dir")
 

@@ -118,6 +118,14 @@ class PartsRead:
 
 
 @dataclass
+class Thresholds:
+    """The shares above which a figure is flagged."""
+    empty_share: float
+    truncated_share: float
+    repetition_share: float | None = None  # None: an engine from before the runaway guard
+
+
+@dataclass
 class NotGenerated:
     """Samples planned and settled without a row (state.sqlite outcomes); all 0 without state.sqlite."""
     rejected: int = 0
@@ -132,12 +140,13 @@ class RunStats:
     elapsed_s: float
     parts: PartsRead
     notes: list[str]
-    thresholds: dict[str, float]
+    thresholds: Thresholds
     samples: int
     empty: Count
     truncated: Count
     aborted: Count
-    repetition: Count  # finish_reason "repetition": stopped by the runaway guard
+    # finish_reason "repetition": stopped by the runaway guard (0 from an engine before it)
+    repetition: Count = field(default_factory=lambda: Count(0, 0.0), kw_only=True)
     reasoning: dict[str, Count]  # present | missing | unterminated
     loss_mask: LossMaskStats
     lengths: dict[str, Distribution]  # output | reasoning | prompt

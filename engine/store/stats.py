@@ -17,7 +17,7 @@ import numpy as np
 
 from engine.api.events import AlertEvent
 from engine.api.reports import (STATS_SCHEMA, Count, CutStats, Distribution, Flag, GroupStats, HistogramBin,
-                                IntegrityError, LossMaskStats, MaskCheck, PartsRead, RunStats, ShardStats)
+                                IntegrityError, LossMaskStats, MaskCheck, PartsRead, RunStats, ShardStats, Thresholds)
 from engine.api.wire import AlertKind, Severity
 from engine.store.names import STATE_DB
 from engine.store.stats_columns import FINISH_ABORT, FINISH_LENGTH, FINISH_REPETITION, THINK_NAMES
@@ -85,13 +85,13 @@ def _groups(names: list[str], codes: np.ndarray, empty, finish, output_len, thre
     return out
 
 
-def _group_flags(g: GroupStats, thresholds: dict[str, float]) -> list[str]:
+def _group_flags(g: GroupStats, thresholds: Thresholds) -> list[str]:
     flags = []
-    if g.empty.share > thresholds["empty_share"]:
+    if g.empty.share > thresholds.empty_share:
         flags.append("empty")
-    if g.truncated.share > thresholds["truncated_share"]:
+    if g.truncated.share > thresholds.truncated_share:
         flags.append("truncated")
-    if g.repetition.share > thresholds["repetition_share"]:
+    if thresholds.repetition_share is not None and g.repetition.share > thresholds.repetition_share:
         flags.append("repetition")
     return flags
 
@@ -154,8 +154,7 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
     think = cat("think", np.int8)
     n = int(output_len.size)
 
-    thresholds = {"empty_share": float(empty_threshold), "truncated_share": float(truncated_threshold),
-                  "repetition_share": float(repetition_threshold)}
+    thresholds = Thresholds(float(empty_threshold), float(truncated_threshold), float(repetition_threshold))
     mask_rows = sum(p.mask_rows_checked for p in results)
     mismatches = sum(p.mask_mismatches for p in results)
     mask = MaskCheck(mode, sum(1 for p in results if p.mask_rows_checked), mask_rows, mismatches)
@@ -213,29 +212,29 @@ def compute_stats(run_dir: Path, *, train_max_length: int = DEFAULT_TRAIN_MAX_LE
 def _flags(s: RunStats) -> list[Flag]:
     flags: list[Flag] = []
     t = s.thresholds
-    if s.empty.share > t["empty_share"]:
+    if s.empty.share > t.empty_share:
         flags.append(Flag("empty_share", Severity.ERROR,
                           f"{s.empty.count} of {s.samples} samples ({s.empty.share:.1%}) are empty answers "
-                          f"(only the template boilerplate); threshold {t['empty_share']:.1%}",
-                          s.empty.share, t["empty_share"]))
-    if s.truncated.share > t["truncated_share"]:
+                          f"(only the template boilerplate); threshold {t.empty_share:.1%}",
+                          s.empty.share, t.empty_share))
+    if s.truncated.share > t.truncated_share:
         flags.append(Flag("truncated_share", Severity.WARNING,
                           f"{s.truncated.count} of {s.samples} samples ({s.truncated.share:.1%}) hit max_new_tokens "
-                          f"(finish_reason=length); threshold {t['truncated_share']:.1%}",
-                          s.truncated.share, t["truncated_share"]))
-    if s.repetition.share > t["repetition_share"]:
+                          f"(finish_reason=length); threshold {t.truncated_share:.1%}",
+                          s.truncated.share, t.truncated_share))
+    if t.repetition_share is not None and s.repetition.share > t.repetition_share:
         flags.append(Flag("repetition_share", Severity.WARNING,
                           f"{s.repetition.count} of {s.samples} samples ({s.repetition.share:.1%}) were stopped as "
-                          f"runaway repetition (finish_reason=repetition); threshold {t['repetition_share']:.1%}",
-                          s.repetition.share, t["repetition_share"]))
+                          f"runaway repetition (finish_reason=repetition); threshold {t.repetition_share:.1%}",
+                          s.repetition.share, t.repetition_share))
     for kind, groups in (("worker", s.by_worker), ("source", s.by_source)):
-        if len(groups) < 2 or s.empty.share > t["empty_share"]:
+        if len(groups) < 2 or s.empty.share > t.empty_share:
             continue  # the run-wide flag already says it; a group is flagged when it stands out
         for g in groups:
             if "empty" in g.flagged:
                 flags.append(Flag(f"{kind}:{g.name}:empty_share", Severity.WARNING,
                                   f"{kind} {g.name}: {g.empty.count} of {g.samples} samples ({g.empty.share:.1%}) "
-                                  "are empty answers", g.empty.share, t["empty_share"]))
+                                  "are empty answers", g.empty.share, t.empty_share))
     if s.integrity_error_count or s.mask_check.mismatches:
         kinds = sorted({e.kind for e in s.integrity_errors})
         flags.append(Flag("integrity", Severity.ERROR,

@@ -1,8 +1,6 @@
 """`regen plan HOST --config run.toml [--pilot N]`: shard plan and GPU-time / wall-time / disk projection.
-
-HOST `local` runs engine.plan.projection here; any other host gets the config copied to a temp file and
-runs `<host_python> -m engine.plan.projection --config ... --json` there (with the engine deployed at
-<run_dir>/.regen/engine on PYTHONPATH when it is there), and renders its JSON.
+HOST `local` runs engine.plan.projection here; another host gets the config copied to a temp file and runs
+`<host_python> -m engine.plan.projection --config ... --json` there; its JSON is decoded as engine.api.reports.Plan.
 """
 from __future__ import annotations
 

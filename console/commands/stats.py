@@ -1,7 +1,6 @@
 """`regen stats (DIR | HOST:DIR)`: data-quality statistics of a run's shards.
-
-DIR is read on this machine (engine.store.stats.compute_stats); HOST:DIR runs
-`python -m engine.store.stats DIR --json` on the host over the transport and renders its JSON.
+DIR is read on this machine (engine.store.stats.compute_stats); HOST:DIR runs `python -m engine.store.stats DIR --json`
+on the host and decodes its JSON as engine.api.reports.RunStats.
 """
 from __future__ import annotations
 

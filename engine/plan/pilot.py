@@ -1,16 +1,7 @@
 """`regen plan --pilot N`: measure throughput and output lengths on live servers at the batch the run will give them.
-
-One SGLang server per GPU group is launched the way the supervisor launches it (engine/servers/workers.py: port check,
-identity proof, server log, readiness, batch size discovered by engine/servers/capacity.py). Each server is then kept
-as full as the run keeps it: its batch plus the dispatcher's queue margin in flight
-(`dispatch.max_in_flight_per_worker` when set). Its throughput is measured only over the window where it ran
-that batch (engine/plan/pilot_window.py, from its own /metrics and batch log lines). Outputs never go into the run's shards (logs go to a
-temp dir).
-
-A pilot below the servers' batch measures a smaller batch than the run runs (seen: 372 tok/s per worker at
-batch 8, then 690 in the run), so N is raised to what fills them: each worker's in-flight count twice (the first
-round fills the batch, the second keeps it full while the first finishes). It is raised rather than refused
-because the size is only known once the servers are up (minutes of loading on real GPUs); the plan says so.
+Servers are launched as the supervisor launches them and each is kept at its batch plus the dispatcher's queue margin;
+throughput is measured only over the window it ran full (engine.plan.pilot_window). N is raised to what fills the
+batches (known only once the servers are up), and the plan says so; outputs never go into the run's shards.
 """
 from __future__ import annotations
 

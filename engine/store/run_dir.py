@@ -1,10 +1,6 @@
 """The run dir: its paths, and preparing it for a (re)start with a given config.
-
-A run dir keeps a frozen copy of the config (`run.toml`) and, in state.sqlite's meta table,
-the content hash and the content fields it was started with. Restarting with a config whose
-content fields differ is refused (the shards there were made with the old values); operational
-fields (workers, dispatch, alerts, host python, context length) may change, and the frozen copy
-is rewritten with them.
+It keeps a frozen copy of the config and, in state.sqlite, the content hash and fields it was started with: a restart
+whose content fields differ is refused; operational fields may change (the frozen copy is rewritten with them).
 """
 from __future__ import annotations
 

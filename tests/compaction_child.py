@@ -20,7 +20,10 @@ import sys
 import threading
 from pathlib import Path
 
-from engine.store.shard_store import ShardStore, build_table
+from engine.store.compaction import Compactor
+from engine.store.part_table import build_table
+
+from engine.store.shard_store import ShardStore
 
 SHARDS = ["s00000", "s00001", "s00002", "s00003"]
 PARTS_PER_SHARD = 6
@@ -58,8 +61,8 @@ def _die() -> None:
 
 
 def install_kill(step: str) -> None:
-    real_write, real_publish, real_swap, real_unlink = (ShardStore._write_compacted, ShardStore._publish,
-                                                        ShardStore._swap, Path.unlink)
+    real_write, real_publish, real_swap, real_unlink = (Compactor._write_compacted, Compactor._publish,
+                                                        Compactor._swap, Path.unlink)
 
     def write(self, parts, tmp):
         out = real_write(self, parts, tmp)
@@ -82,7 +85,7 @@ def install_kill(step: str) -> None:
         if step == "unlinking" and self.parent.name == TARGET_SHARD and self.name.startswith("part-"):
             _die()
 
-    ShardStore._write_compacted, ShardStore._publish, ShardStore._swap = write, publish, swap
+    Compactor._write_compacted, Compactor._publish, Compactor._swap = write, publish, swap
     Path.unlink = unlink
 
 

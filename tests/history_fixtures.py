@@ -9,7 +9,8 @@ from pathlib import Path
 from engine.config.load import dump_toml
 from engine.text.ingest import Conversation, iter_prompts
 from engine.text.render import Renderer
-from engine.store.shard_store import ShardStore, shard_id_for
+from engine.store.names import shard_id_for
+from engine.store.shard_store import ShardStore
 
 KINDS = ("normal", "empty", "cut")
 

@@ -12,7 +12,8 @@ from engine.store.alert_record import AlertRecord
 from engine.run.counts import ShardCounts
 from engine.observe.offline_status import offline_status
 from engine.observe.watch import RunWatch
-from engine.store.shard_store import ShardStore, StoreError, StoredAlert
+from engine.store.shard_store import ShardStore, StoredAlert
+from engine.store.state_db import StoreError
 from engine.store.stats import stats_alerts
 from engine.telemetry import Telemetry
 from engine.api.events import AlertEvent

@@ -250,7 +250,7 @@ def test_every_sample_reject_kind_the_engine_writes_is_counted_as_a_sample():
     import re
     from pathlib import Path
 
-    from engine.store.shard_store import AFTER_CUT
+    from engine.store.names import AFTER_CUT
     from engine.api.wire import SAMPLE_FAILED_KINDS, SAMPLE_REJECTED_KINDS
 
     root = Path(__file__).parent.parent / "engine" / "run"

@@ -15,7 +15,8 @@ import pytest
 from engine.text.ingest import Conversation
 from engine.run.committer import Committer
 from engine.run.items import Committed, Generated, SampleRow, WorkItem
-from engine.store.shard_store import ShardStore, StoreError
+from engine.store.shard_store import ShardStore
+from engine.store.state_db import StoreError
 from tests.test_shard_store import make_row
 from tests.waiting import await_until
 

@@ -18,7 +18,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.store.shard_store import ShardStore, read_committed
+from engine.store.committed_view import read_committed
+
+from engine.store.shard_store import ShardStore
 from tests.compaction_child import STEPS, TARGET_SHARD, sample_ids
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import pytest
 
 from engine.text.answer_shape import is_empty_answer
 from engine.text.render import Renderer
-from engine.store.shard_store import _is_empty
+from engine.store.part_table import is_empty
 
 
 def test_empty_check_matches_is_empty_answer():
@@ -20,7 +20,7 @@ def test_empty_check_matches_is_empty_answer():
     texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(20000)]
     for text in texts:
         for opened in (False, True):
-            assert _is_empty(text, opened) == is_empty_answer(text, opened), (repr(text), opened)
+            assert is_empty(text, opened) == is_empty_answer(text, opened), (repr(text), opened)
 
 
 def reference_reasoning_tokens(r: Renderer, output_ids, prompt_opened: bool) -> int:

@@ -13,7 +13,8 @@ from engine.run.counts import RATE_MIN_SPAN_S, RATE_WINDOW_S, CommitRate, ShardC
 from engine.run.items import Committed, Failed, Rejected, Retry, WorkItem
 from engine.run.ledger import ConvProgress, Ledger, Unfit
 from engine.observe.status import dispatch_figures, shard_state, shard_statuses
-from engine.store.shard_store import PartInfo, ShardProgress, ShardStore
+from engine.store.shard_store import ShardProgress, ShardStore
+from engine.store.state_db import PartInfo
 from tests.test_shard_store import make_row
 
 

@@ -20,7 +20,8 @@ from engine.text.answer_shape import think_state
 from engine.config.load import Metrics, Sampling, Store
 from engine.observe.metrics_server import ALERT_KEY, MetricsServer, families
 from engine.observe.status import MetricsStatus, Rejects, RunStatus
-from engine.store.shard_store import ShardStore, _is_empty
+from engine.store.part_table import is_empty
+from engine.store.shard_store import ShardStore
 from engine.api.events import DispatchEvent
 from tests.run_helpers import events, live_status
 from tests.test_cli_run import cleanup_runs, regen, start_local  # noqa: F401  (cleanup_runs: a fixture)
@@ -71,7 +72,7 @@ def parquet_sums(run_dir: Path) -> dict[str, int]:
         cols = t.to_pydict()
         sums["samples"] += t.num_rows
         sums["output_tokens"] += sum(cols["output_len"])
-        sums["empty"] += sum(_is_empty(x, o) for x, o in zip(cols["text"], cols["prompt_opened"]))
+        sums["empty"] += sum(is_empty(x, o) for x, o in zip(cols["text"], cols["prompt_opened"]))
         sums["truncated"] += sum(fr == "length" for fr in cols["finish_reason"])
         sums["repetition"] += sum(fr == "repetition" for fr in cols["finish_reason"])
         sums["unclosed_reasoning"] += sum(

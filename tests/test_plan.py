@@ -17,6 +17,7 @@ from rich.console import Console
 
 from console.cli import main as cli_main
 from console.commands.plan import render
+from engine.api.reports import Plan
 from engine.config.load import SIMULATOR_LAUNCH
 from engine.plan.pilot import bootstrap_mean_ci
 from engine.plan.pilot_window import Completed, Reading, full_batch
@@ -313,7 +314,7 @@ def test_pilot_projects_the_run_that_follows_within_15_percent(tmp_path, tiny_mo
         assert (w["batch"], w["batch_source"], w["in_flight"], w["batch_reached"]) == (batch, "log", in_flight, batch)
     projected = d["projection"]["tokens_per_s_per_worker"]["value"]
     shown = io.StringIO()
-    render(d, Console(file=shown, width=250, highlight=False))
+    render(Plan.from_dict(d), Console(file=shown, width=250, highlight=False))
     text = shown.getvalue()
     assert f"pilot: {2 * 2 * in_flight} prompts (20 asked, {2 * 2 * in_flight} fill the batches)" in text, text
     assert f"note: pilot: 20 prompts cannot fill the servers' batches; raised to {2 * 2 * in_flight}" in text, text

@@ -7,7 +7,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.store.shard_store import (COMPACT_ROW_GROUP_ROWS, CompactionConflict, ShardStore, StoreError, read_committed)
+from engine.store.committed_view import read_committed
+
+from engine.store.compaction import COMPACT_ROW_GROUP_ROWS, CompactionConflict, Compactor
+
+from engine.store.shard_store import ShardStore
+
+from engine.store.state_db import StoreError
 from engine.store.stats import compute_stats
 from tests.test_shard_store import make_row, part_files
 
@@ -80,14 +86,14 @@ def test_large_shard_is_written_in_row_groups_of_bounded_size(store, tmp_path):
 
 def test_parts_changed_during_the_rewrite_swap_nothing(store, tmp_path, monkeypatch):
     fill(store, "s00000", 2)
-    real = ShardStore._write_compacted
+    real = Compactor._write_compacted
 
     def racing(self, parts, tmp):
         out = real(self, parts, tmp)
-        self.commit("s00000", [make_row("racer")])  # a commit lands between the read and the swap
+        store.commit("s00000", [make_row("racer")])  # a commit lands between the read and the swap
         return out
 
-    monkeypatch.setattr(ShardStore, "_write_compacted", racing)
+    monkeypatch.setattr(Compactor, "_write_compacted", racing)
     with pytest.raises(CompactionConflict, match="parts changed while it was rewritten"):
         store.compact("s00000")
     assert part_files(tmp_path) == [f"shards/s00000/part-00000{i}.parquet" for i in range(3)]
@@ -100,7 +106,7 @@ def test_a_failed_swap_leaves_the_parts_committed_and_no_shard_file(store, tmp_p
     def broken(self, shard_id, parts, info):
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(ShardStore, "_swap", broken)
+    monkeypatch.setattr(Compactor, "_swap", broken)
     with pytest.raises(StoreError, match=r"compaction of s00000 failed in .*disk I/O error; its parts stay committed"):
         store.compact("s00000")
     assert part_files(tmp_path) == [f"shards/s00000/part-00000{i}.parquet" for i in range(3)]
@@ -125,11 +131,11 @@ def test_recover_removes_whichever_side_is_the_orphan(tmp_path, crash_after):
     rows = fill(store, "s00000", 3)
     parts = store.parts("s00000")
     shard_dir = tmp_path / "shards/s00000"
-    n, nbytes = store._write_compacted(parts, shard_dir / "shard.parquet.tmp")
-    store._publish(shard_dir / "shard.parquet.tmp", shard_dir / "shard.parquet")
+    n, nbytes = store._compactor._write_compacted(parts, shard_dir / "shard.parquet.tmp")
+    store._compactor._publish(shard_dir / "shard.parquet.tmp", shard_dir / "shard.parquet")
     if crash_after == "swap":
-        from engine.store.shard_store import PartInfo
-        store._swap("s00000", parts, PartInfo("s00000", "shards/s00000/shard.parquet", n, 0.0, 0, nbytes))
+        from engine.store.state_db import PartInfo
+        store._compactor._swap("s00000", parts, PartInfo("s00000", "shards/s00000/shard.parquet", n, 0.0, 0, nbytes))
     store.close()
     assert len(part_files(tmp_path)) == 4  # both sides on disk
     store = ShardStore(tmp_path)
@@ -172,14 +178,14 @@ def test_the_documented_glob_sees_each_finished_shard_once_at_every_step(store, 
     rows = fill(store, "s00000", 3)
     seen: list[list[str]] = []
     for name in ("_write_compacted", "_publish", "_swap"):
-        real = getattr(ShardStore, name)
+        real = getattr(Compactor, name)
 
         def spy(self, *args, _real=real):
             seen.append(_glob_rows(tmp_path, "shards/*/shard.parquet"))
             out = _real(self, *args)
             seen.append(_glob_rows(tmp_path, "shards/*/shard.parquet"))
             return out
-        monkeypatch.setattr(ShardStore, name, spy)
+        monkeypatch.setattr(Compactor, name, spy)
     store.compact("s00000")
     seen.append(_glob_rows(tmp_path, "shards/*/shard.parquet"))
     ids = sorted(r["sample_id"] for r in rows)
@@ -192,7 +198,7 @@ def test_stats_read_beside_a_compaction_count_every_sample_once(store, tmp_path,
     with no missing-part integrity error and no sample counted twice."""
     import engine.store.stats as stats
     rows = fill(store, "s00000", 3) + fill(store, "s00001", 2)
-    real = stats._list_parts
+    real = stats.list_parts
     calls = []
 
     def list_then_compact(run_dir):
@@ -202,7 +208,7 @@ def test_stats_read_beside_a_compaction_count_every_sample_once(store, tmp_path,
             store.compact("s00000")  # lands between this listing and the reads
         return listing
 
-    monkeypatch.setattr(stats, "_list_parts", list_then_compact)
+    monkeypatch.setattr(stats, "list_parts", list_then_compact)
     s = compute_stats(tmp_path)
     assert calls[:3] == [5, 3, 3]  # listed, found parts gone and not committed any more, listed again
     assert (s.samples, s.integrity_error_count, s.parts.missing) == (len(rows), 0, [])
@@ -224,7 +230,7 @@ def test_parts_written_before_prompt_opened_existed_compact_with_it_false(store,
     old = tmp_path / "shards/s00000/part-000000.parquet"
     table = pq.read_table(old)
     pq.write_table(table.drop(["prompt_opened"]), old, compression="zstd")  # as an older regen wrote it
-    store._db.execute("UPDATE parts SET bytes=? WHERE path=?", (old.stat().st_size, "shards/s00000/part-000000.parquet"))
+    store.state.db.execute("UPDATE parts SET bytes=? WHERE path=?", (old.stat().st_size, "shards/s00000/part-000000.parquet"))
     done = store.compact("s00000")
     got = pq.read_table(tmp_path / done.path)
     assert got.column("prompt_opened").to_pylist() == [False] * len(rows)

@@ -12,7 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.store.shard_schema import SHARD_SCHEMA
-from engine.store.shard_store import DuplicateSample, ShardStore, StoreBusy, StoreError, shard_id_for
+from engine.store.names import shard_id_for
+from engine.store.part_writer import DuplicateSample, PartWriter
+from engine.store.shard_store import ShardStore
+from engine.store.state_db import StoreBusy, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 EMPTY_TEXT = "<think>\n\n</think>\n\nOK.<|im_end|>"
@@ -135,7 +138,7 @@ def test_failed_sqlite_step_leaves_nothing_and_seq_is_not_reused(store, tmp_path
         raise sqlite3.OperationalError("database or disk is full")
 
     with monkeypatch.context() as m:
-        m.setattr(ShardStore, "_record", disk_full)
+        m.setattr(PartWriter, "_record", disk_full)
         with pytest.raises(StoreError) as exc:
             store.commit("s00000", [make_row("a")])
     assert isinstance(exc.value, OSError)  # callers that keep rows and retry on I/O errors catch it
@@ -149,13 +152,14 @@ def test_failed_sqlite_step_leaves_nothing_and_seq_is_not_reused(store, tmp_path
 CRASH_SCRIPT = """
 import os, sys
 sys.path.insert(0, {repo!r})
+from engine.store.part_writer import PartWriter
 from engine.store.shard_store import ShardStore
 from tests.test_shard_store import make_row
 step = sys.argv[1]
 store = ShardStore({run_dir!r})
 store.ensure_shards({{"s00000": 10}})
 store.commit("s00000", [make_row("kept")])
-setattr(ShardStore, step, lambda *a, **k: os._exit(17))   # a hard crash at exactly that step
+setattr(PartWriter, step, lambda *a, **k: os._exit(17))   # a hard crash at exactly that step
 store.commit("s00000", [make_row("lost")])
 """
 
@@ -172,8 +176,8 @@ def test_crash_before_the_sqlite_txn_leaves_an_orphan_that_recover_removes(tmp_p
 
     store = ShardStore(tmp_path)
     # before recover, a new commit still never reuses the orphan's number
-    assert store._take_seq("s00000") == 2
-    store._next_seq.clear()
+    assert store.state.take_seq("s00000") == 2
+    store.state.next_seq.clear()
     assert store.recover() == [left_behind]
     assert part_files(tmp_path) == ["shards/s00000/part-000000.parquet"]
     assert store.is_committed("kept#turn0") and not store.is_committed("lost#turn0")
@@ -313,7 +317,7 @@ def test_committed_part_missing_on_disk_is_uncommitted_by_recover(store, tmp_pat
 # --- the committer's compact rows (compact_row) and the fast paths of build_table ----------------
 
 def _tables_equal_with_and_without(rows_factory):
-    from engine.store.shard_store import build_table, compact_row
+    from engine.store.part_table import build_table, compact_row
 
     plain = build_table(rows_factory())
     compact = build_table([compact_row(r) for r in rows_factory()])
@@ -324,7 +328,7 @@ def _tables_equal_with_and_without(rows_factory):
 def test_compacted_rows_give_the_same_table():
     from array import array
 
-    from engine.store.shard_store import STANDARD_MASK, compact_row
+    from engine.store.part_table import compact_row, STANDARD_MASK
 
     table = _tables_equal_with_and_without(lambda: [make_row("a"), make_row("b", prompt_len=0, output_len=3),
                                                     make_row("c", prompt_len=4, output_len=0)])
@@ -345,7 +349,7 @@ def test_compacted_rows_give_the_same_table():
     (lambda r: r.update(turn="one"), "field turn is not int32"),
 ])
 def test_compacted_rows_are_refused_with_the_same_messages(store, change, message):
-    from engine.store.shard_store import compact_row
+    from engine.store.part_table import compact_row
 
     for compact in (False, True):
         bad = make_row("bad")

@@ -18,8 +18,10 @@ from engine.text.answer_shape import is_empty_answer, think_state
 from engine.text.render import Renderer
 from engine.store.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
 from engine.store.shard_store import ShardStore
-from engine.store.stats import (SCHEMA, StatsReadError, compute_stats, empty_answer_mask, log2_histogram, stats_alerts,
-                          think_codes)
+from engine.api.reports import STATS_SCHEMA
+from engine.store.stats import compute_stats, log2_histogram, stats_alerts
+from engine.store.stats_columns import empty_answer_mask, think_codes
+from engine.store.stats_parts import StatsReadError
 
 EMPTY = "<think>\n\n</think>\n\nOK.<|im_end|>"
 NORMAL = "<think>\nLet me add two and two carefully.\n</think>\n\nThe answer is 4, because 2 + 2 = 4.<|im_end|>"
@@ -283,7 +285,7 @@ def _comparable(d: dict) -> dict:
 def test_cli_json_equals_compute_stats(run_dir, capsys):
     code = cli_main(["stats", str(run_dir), "--json", "--train-max-length", "64"])
     data = json.loads(capsys.readouterr().out)
-    assert code == 1 and data["schema"] == SCHEMA
+    assert code == 1 and data["schema"] == STATS_SCHEMA
     assert _comparable(data) == _comparable(compute_stats(run_dir, train_max_length=64).to_dict())
 
 
@@ -315,9 +317,9 @@ def test_cli_host_dir_over_real_ssh(run_dir, sshd, capsys):
 
 
 def test_sampled_mask_check_reads_the_head_of_parts(run_dir, rows, monkeypatch):
-    import engine.store.stats as stats_module
+    import engine.store.stats_parts as stats_parts
 
-    monkeypatch.setattr(stats_module, "MASK_CHECK_HEAD_ROWS", 5)
+    monkeypatch.setattr(stats_parts, "MASK_CHECK_HEAD_ROWS", 5)
     s = compute_stats(run_dir, mask_check="sample")
     assert (s.mask_check.mode, s.mask_check.parts_checked, s.mask_check.rows_checked) == ("sample", 3, 15)
     assert s.mask_check.mismatches == 0 and any("first 5 rows" in n for n in s.notes)
@@ -326,7 +328,7 @@ def test_sampled_mask_check_reads_the_head_of_parts(run_dir, rows, monkeypatch):
 
 
 def test_check_mask_on_a_sliced_array():
-    from engine.store.stats import check_mask
+    from engine.store.stats_columns import check_mask
 
     mask = pa.array([[0, 1], [0, 0, 1, 1], [1], [0, 1, 1]], type=pa.list_(pa.uint8())).slice(1, 3)
     bad, errors = check_mask(mask, np.array([2, 0, 1]), np.array([2, 1, 2]), "p")

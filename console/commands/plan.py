@@ -1,8 +1,6 @@
 """`regen plan HOST --config run.toml [--pilot N]`: shard plan and GPU-time / wall-time / disk projection.
-
-HOST `local` runs engine.plan.projection here; any other host gets the config copied to a temp file and
-runs `<host_python> -m engine.plan.projection --config ... --json` there (with the engine deployed at
-<run_dir>/.regen/engine on PYTHONPATH when it is there), and renders its JSON.
+HOST `local` runs engine.plan.projection here; another host gets the config copied to a temp file and runs
+`<host_python> -m engine.plan.projection --config ... --json` there; its JSON is decoded as engine.api.reports.Plan.
 """
 from __future__ import annotations
 
@@ -13,6 +11,7 @@ import shlex
 import sys
 import uuid
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -23,7 +22,8 @@ from console.host.hints import cannot_reach
 from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.transport import TransportError, quote_argv
 from console.host.connect import open_transport
-from engine.api.wire import duration_text
+from engine.api.reports import BrakePlan, CutPolicyProjection, Plan, Range, SlurmPlan
+from engine.api.wire import WireError, duration_text
 from console.view.wide_console import report_console
 
 EXIT_OK, EXIT_FAILED = 0, 2
@@ -62,20 +62,22 @@ def run(args: argparse.Namespace) -> int:
         from engine.plan.projection import PlanError, make_plan
 
         try:
-            data = make_plan(cfg, pilot=args.pilot, sample_conversations=args.sample).to_dict()
+            plan = make_plan(cfg, pilot=args.pilot, sample_conversations=args.sample)
         except PlanError as exc:
             print(f"regen plan: {exc}", file=sys.stderr)
             return EXIT_FAILED
+        data = plan.to_dict()
     else:
         try:
             data = asyncio.run(_remote_plan(args, cfg))
-        except RemotePlanError as exc:
+            plan = Plan.from_dict(data, f"{args.host}: the plan report")
+        except (RemotePlanError, WireError) as exc:
             print(f"regen plan: {exc}", file=sys.stderr)
             return EXIT_FAILED
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        render(data, report_console(highlight=False))
+        render(plan, report_console(highlight=False))
     return EXIT_OK
 
 
@@ -142,157 +144,155 @@ def _hours(x: float) -> str:
     return f"{x:,.1f}" if x >= 10 else f"{x:.3g}"
 
 
-def render(d: dict[str, Any], console: Console) -> None:
-    sp, pt, pr = d["shard_plan"], d["prompt_tokens"], d["projection"]
-    console.print(Text(f"regen plan  {d.get('config') or ''}  run dir {d['run_dir']}", style="bold"))
+def render(d: Plan, console: Console) -> None:
+    sp, pt, pr = d.shard_plan, d.prompt_tokens, d.projection
+    console.print(Text(f"regen plan  {d.config or ''}  run dir {d.run_dir}", style="bold"))
     t = Table(title="shard plan", header_style="bold")
     t.add_column("item")
     t.add_column("value", justify="right")
-    t.add_row("conversations", f"{sp['conversations']:,}")
-    t.add_row("rejected rows", f"{sp['rejects']:,}" + (f" ({', '.join(f'{k}: {v}' for k, v in sp['rejects_by_reason'].items())})"
-                                                        if sp["rejects_by_reason"] else ""))
-    for mode, n in sp["samples_by_mode"].items():
-        t.add_row(f"samples if turns = {mode}" + (" (configured)" if mode == sp["turn_mode"] else ""), f"{n:,}")
-    t.add_row("shards", f"{sp['shards']:,} x {sp['shard_size']:,} conversations (last: {sp['last_shard_conversations']:,})")
-    for src, n in sp["sources"].items():
+    t.add_row("conversations", f"{sp.conversations:,}")
+    t.add_row("rejected rows", f"{sp.rejects:,}" + (f" ({', '.join(f'{k}: {v}' for k, v in sp.rejects_by_reason.items())})"
+                                                     if sp.rejects_by_reason else ""))
+    for mode, n in sp.samples_by_mode.items():
+        t.add_row(f"samples if turns = {mode}" + (" (configured)" if mode == sp.turn_mode else ""), f"{n:,}")
+    t.add_row("shards", f"{sp.shards:,} x {sp.shard_size:,} conversations (last: {sp.last_shard_conversations:,})")
+    for src, n in sp.sources.items():
         t.add_row(f"  source {src}", f"{n:,}")
     console.print(t)
-    if d.get("sampling"):
+    if d.sampling:
         st = Table(title="sampling sent with every request", header_style="bold")
         for col in ("key", "value", "from"):
             st.add_column(col, justify="right" if col == "value" else "left")
-        for key, v in d["sampling"].items():
-            st.add_row(key, str(v["value"]), v["source"])
+        for key, v in d.sampling.items():
+            st.add_row(key, str(v.value), v.source)
         console.print(st)
-        if d.get("sampling_note"):
-            console.print(f"[dim]{d['sampling_note']}[/dim]")
-    if pt["mean"] is not None:
-        console.print(f"prompt tokens ({pt['samples_sampled']:,} prompts of {pt['conversations_sampled']:,} sampled "
-                      f"conversations): mean {pt['mean']:.0f}, p50 {pt['p50']:.0f}, p90 {pt['p90']:.0f}, "
-                      f"p99 {pt['p99']:.0f}, max {pt['max']:,}  [dim]({pt['note']})[/dim]")
-    ctx = d.get("context")
+        if d.sampling_note:
+            console.print(f"[dim]{d.sampling_note}[/dim]")
+    if pt.mean is not None:
+        console.print(f"prompt tokens ({pt.samples_sampled:,} prompts of {pt.conversations_sampled:,} sampled "
+                      f"conversations): mean {pt.mean:.0f}, p50 {pt.p50:.0f}, p90 {pt.p90:.0f}, "
+                      f"p99 {pt.p99:.0f}, max {pt.max:,}  [dim]({pt.note})[/dim]")
+    ctx = d.context
     if ctx:
-        console.print(Text(f"context {ctx['context_length']:,} ({ctx['context_source']}): prompts of "
-                           f"{ctx['input_limit']:,} tokens or more are refused; {ctx['rendered']:,} prompts rendered "
-                           f"({ctx['how']}): {ctx['over_limit']:,} over, {ctx['capped']:,} leave less than "
-                           f"max_new_tokens {ctx['max_new_tokens']:,}", style="dim"))
-    for warning in d.get("warnings", []):
+        console.print(Text(f"context {ctx.context_length:,} ({ctx.context_source}): prompts of "
+                           f"{ctx.input_limit:,} tokens or more are refused; {ctx.rendered:,} prompts rendered "
+                           f"({ctx.how}): {ctx.over_limit:,} over, {ctx.capped:,} leave less than "
+                           f"max_new_tokens {ctx.max_new_tokens:,}", style="dim"))
+    for warning in d.warnings:
         console.print(Text("WARN ", style="bold yellow") + Text(warning))
-    if d.get("pilot"):
-        p = d["pilot"]
-        asked = (f"{p['requested']} asked, {p['needed']} fill the batches" if p["requested"] != p["prompts"]
-                 else f"{p['needed']} fill the batches")
-        wt = Table(title=f"pilot: {p['prompts']} prompts ({asked}) in {p['wall_s']:.1f} s", header_style="bold")
+    if d.pilot:
+        p = d.pilot
+        asked = (f"{p.requested} asked, {p.needed} fill the batches" if p.requested != p.prompts
+                 else f"{p.needed} fill the batches")
+        wt = Table(title=f"pilot: {p.prompts} prompts ({asked}) in {p.wall_s:.1f} s", header_style="bold")
         for col in ("worker", "batch (source)", "in flight", "batch reached", "requests", "tokens", "full-batch s",
                     "tokens/s"):
             wt.add_column(col, justify="right" if col != "worker" else "left")
-        for w in p["workers"]:
-            wt.add_row(w["url"], f"{w['batch']} ({w['batch_source']})", str(w["in_flight"]), str(w["batch_reached"]),
-                       str(w["requests"]), f"{w['completion_tokens']:,}", f"{w['full_batch_window_s']:.1f}",
-                       f"{w['tokens_per_s']:,.0f}")
+        for w in p.workers:
+            wt.add_row(w.url, f"{w.batch} ({w.batch_source})", str(w.in_flight), str(w.batch_reached),
+                       str(w.requests), f"{w.completion_tokens:,}", f"{w.full_batch_window_s:.1f}",
+                       f"{w.tokens_per_s:,.0f}")
         console.print(wt)
-        console.print(f"pilot output tokens: mean {p['output_mean']:.0f} (95% CI {p['output_mean_ci'][0]:.0f}-"
-                      f"{p['output_mean_ci'][1]:.0f}), p50 {p['output_p50']:.0f}, p90 {p['output_p90']:.0f}, "
-                      f"max {p['output_max']:,}; truncated {p['truncated_share']:.1%}")
-        console.print(f"pilot server logs (on the host, kept for reading): {p['log_dir']}", soft_wrap=True)
-    jt = Table(title=f"projection ({pr['workers']} workers x {pr['gpus_per_worker']} GPU)", header_style="bold")
+        console.print(f"pilot output tokens: mean {p.output_mean:.0f} (95% CI {p.output_mean_ci[0]:.0f}-"
+                      f"{p.output_mean_ci[1]:.0f}), p50 {p.output_p50:.0f}, p90 {p.output_p90:.0f}, "
+                      f"max {p.output_max:,}; truncated {p.truncated_share:.1%}")
+        console.print(f"pilot server logs (on the host, kept for reading): {p.log_dir}", soft_wrap=True)
+    jt = Table(title=f"projection ({pr.workers} workers x {pr.gpus_per_worker} GPU)", header_style="bold")
     for col in ("quantity", "value", "low", "high", "basis"):
         jt.add_column(col, justify="right" if col in ("value", "low", "high") else "left")
 
-    def row(label, r, fmt):
-        assumed = r["basis"].startswith("assumed")
-        jt.add_row(label, fmt(r["value"]), fmt(r["low"]), fmt(r["high"]),
-                   Text(r["basis"], style="yellow" if assumed else "dim"))
+    def row(label: str, r: Range, fmt: Callable[[float], str]) -> None:
+        assumed = r.basis.startswith("assumed")
+        jt.add_row(label, fmt(r.value), fmt(r.low), fmt(r.high), Text(r.basis, style="yellow" if assumed else "dim"))
 
-    row("output tokens / sample", pr["output_tokens_per_sample"], lambda x: f"{x:,.0f}")
-    row("tokens/s per worker", pr["tokens_per_s_per_worker"], lambda x: f"{x:,.0f}")
-    row("total output tokens", pr["total_output_tokens"], _si)
-    row("GPU-hours", pr["gpu_hours"], _hours)
-    row("wall time (hours)", pr["wall_hours"], _hours)
-    row("disk for the shards", pr["disk_bytes"], _bytes)
-    if pr["disk_headroom_bytes"]:
-        h = pr["disk_headroom_bytes"]
-        jt.add_row("disk left after the run", _bytes(h["value"]), _bytes(h["low"]), _bytes(h["high"]),
-                   Text(f"free now {_bytes(pr['disk_free_bytes'])} at {pr['disk_free_path']}",
-                        style="bold red" if h["low"] < 0 else "dim"))
-    files = pr["files"]
-    row("part files per shard, until compacted", files["parts_per_shard"], lambda x: f"{x:,.0f}")
-    jt.add_row("files the run leaves", f"{files['shards']:,}", "", "",
-               Text(f"one per shard, ~{files['samples_per_shard']:,.0f} samples (compacted)", style="dim"))
+    row("output tokens / sample", pr.output_tokens_per_sample, lambda x: f"{x:,.0f}")
+    row("tokens/s per worker", pr.tokens_per_s_per_worker, lambda x: f"{x:,.0f}")
+    row("total output tokens", pr.total_output_tokens, _si)
+    row("GPU-hours", pr.gpu_hours, _hours)
+    row("wall time (hours)", pr.wall_hours, _hours)
+    row("disk for the shards", pr.disk_bytes, _bytes)
+    if pr.disk_headroom_bytes:  # only with a free-space figure
+        h = pr.disk_headroom_bytes
+        jt.add_row("disk left after the run", _bytes(h.value), _bytes(h.low), _bytes(h.high),
+                   Text(f"free now {_bytes(pr.disk_free_bytes or 0)} at {pr.disk_free_path}",
+                        style="bold red" if h.low < 0 else "dim"))
+    files = pr.files
+    row("part files per shard, until compacted", files.parts_per_shard, lambda x: f"{x:,.0f}")
+    jt.add_row("files the run leaves", f"{files.shards:,}", "", "",
+               Text(f"one per shard, ~{files.samples_per_shard:,.0f} samples (compacted)", style="dim"))
     console.print(jt)
-    guard = d.get("runaway")
+    guard = d.runaway
     if guard:
-        saved = guard["gpu_hours_saved"]
-        assumed = guard["basis"].startswith("assumed")
-        head = ("runaway guard: on" if guard["enabled"] else "runaway guard: off") + f" ({guard['settings']})"
+        saved = guard.gpu_hours_saved
+        assumed = guard.basis.startswith("assumed")
+        head = ("runaway guard: on" if guard.enabled else "runaway guard: off") + f" ({guard.settings})"
         console.print(Text(head, style="bold"))
-        console.print(Text(f"  expected to save {_hours(saved['value'])} GPU-hours ({_hours(saved['low'])}-"
-                           f"{_hours(saved['high'])}), {guard['tokens_saved_share']:.1%} of the output tokens; "
-                           f"loops {guard['loop_share']:.1%} of answers  [{guard['basis']}]",
+        console.print(Text(f"  expected to save {_hours(saved.value)} GPU-hours ({_hours(saved.low)}-"
+                           f"{_hours(saved.high)}), {guard.tokens_saved_share:.1%} of the output tokens; "
+                           f"loops {guard.loop_share:.1%} of answers  [{guard.basis}]",
                            style="yellow" if assumed else ""))
-    policy = d.get("turns_after_cut")
-    if policy:
-        console.print(cut_policy_line(policy))
-    console.print(f"[dim]bytes per token: prompt {pr['bytes_per_prompt_token']:.2f}, output "
-                  f"{pr['bytes_per_output_token']:.2f} ({pr['bytes_per_token_basis']})[/dim]")
-    if d["assumptions"]["used"]:
+    if d.turns_after_cut:
+        console.print(cut_policy_line(d.turns_after_cut))
+    console.print(f"[dim]bytes per token: prompt {pr.bytes_per_prompt_token:.2f}, output "
+                  f"{pr.bytes_per_output_token:.2f} ({pr.bytes_per_token_basis})[/dim]")
+    if d.assumptions.used:
         console.print("[yellow]assumed[/yellow]: output tokens per sample "
-                      f"{d['assumptions']['output_tokens_per_sample']:,.0f}, tokens/s per GPU "
-                      f"{d['assumptions']['tokens_per_s_per_gpu']:,.0f} (set them in \\[plan] of the run config, "
+                      f"{d.assumptions.output_tokens_per_sample:,.0f}, tokens/s per GPU "
+                      f"{d.assumptions.tokens_per_s_per_gpu:,.0f} (set them in \\[plan] of the run config, "
                       "or measure with --pilot N)")
-    if d.get("brake"):
-        console.print(brake_line(d["brake"]))
-    if d.get("slurm"):
-        slurm_lines(d["slurm"], console)
-    for note in d.get("notes", []):
+    if d.brake:
+        console.print(brake_line(d.brake))
+    if d.slurm:
+        slurm_lines(d.slurm, console)
+    for note in d.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
 
 
-def slurm_lines(s: dict[str, Any], console: Console) -> None:
+def slurm_lines(s: SlurmPlan, console: Console) -> None:
     """The jobs regen submits, word for word, and how many allocations in a row each needs."""
-    console.print(Text(f"slurm: {s['layout']}", style="bold"), soft_wrap=True)
-    limit = f"time limit {duration_text(s['time_limit_s'])}, hand-over {s['handover_s']} s before it"
-    if s["allocations"] is None:
+    console.print(Text(f"slurm: {s.layout}", style="bold"), soft_wrap=True)
+    limit = f"time limit {duration_text(s.time_limit_s)}, hand-over {s.handover_s} s before it"
+    if s.allocations is None:
         console.print(f"  {limit}", soft_wrap=True)
     else:
-        console.print(f"  {limit}: the run ({duration_text(s['projected_wall_s'])} at the projection's high end) "
-                      f"needs {s['allocations']} allocation(s) per job in a row, {s['allocations'] * s['groups']} "
+        console.print(f"  {limit}: the run ({duration_text(s.projected_wall_s)} at the projection's high end) "
+                      f"needs {s.allocations} allocation(s) per job in a row, {s.allocations * s.groups} "
                       "sbatch submissions in all (each next one queued before the last one's time is up)", soft_wrap=True)
     console.print("  regen start submits, one job per server group:")
-    for line in s["sbatch"]:
+    for line in s.sbatch:
         console.print(Text("    " + line), soft_wrap=True)
     console.print("  each job's step (the --wrap above), on every node of its group:")
-    for line in s["srun"]:
+    for line in s.srun:
         console.print(Text("    " + line), soft_wrap=True)
 
 
-def cut_policy_line(c: dict[str, Any]) -> Text:
+def cut_policy_line(c: CutPolicyProjection) -> Text:
     """turns_after_cut: the later turns "stop" does not generate after a cut turn, from the pilot."""
-    stop = c["policy"] == "stop"
-    head = f"turns after a cut turn: {c['policy']} (turns_after_cut)"
-    if c["cut_share"] is None:
-        return Text(f"{head}: not estimated [{c['basis']}]", style="dim" if not c["later_turns"] else "yellow")
-    saved = c["gpu_hours_saved"]
+    stop = c.policy == "stop"
+    head = f"turns after a cut turn: {c.policy} (turns_after_cut)"
+    if c.cut_share is None:
+        return Text(f"{head}: not estimated [{c.basis}]", style="dim" if not c.later_turns else "yellow")
+    saved = c.gpu_hours_saved
     verb = "saves" if stop else "would save (with stop)"
-    return Text(f"{head}: {verb} ~{c['skipped']:,.0f} later turns ({c['skipped_share']:.1%} of the samples), "
-                f"{_hours(saved['value'])} GPU-hours ({_hours(saved['low'])}-{_hours(saved['high'])}); "
-                f"{c['cut_share']:.1%} of the pilot's answers cut  [{c['basis']}]")
+    return Text(f"{head}: {verb} ~{c.skipped:,.0f} later turns ({c.skipped_share:.1%} of the samples), "
+                f"{_hours(saved.value)} GPU-hours ({_hours(saved.low)}-{_hours(saved.high)}); "
+                f"{c.cut_share:.1%} of the pilot's answers cut  [{c.basis}]")
 
 
-def brake_line(b: dict[str, Any]) -> Text:
+def brake_line(b: BrakePlan) -> Text:
     """[brake]: when the run pauses itself on bad data."""
-    if not b["enabled"]:
+    if not b.enabled:
         return Text("data-quality brake: off ([brake] enabled = false): a run producing bad answers keeps running",
                     style="yellow")
     levels = []
-    for lv in b["levels"]:
-        name = lv["reason"].replace("_", " ")
-        if not lv["judged"]:
+    for lv in b.levels:
+        name = lv.reason.replace("_", " ")
+        if not lv.judged:
             levels.append(f"{name} not judged (enable_thinking = false)")
-        elif lv["level"] >= 1:
+        elif lv.level >= 1:
             levels.append(f"{name} never")
         else:
-            alert = f", alert at {lv['alert']:.0%}" if lv["alert"] is not None else ""
-            levels.append(f"{name} over {lv['level']:.0%}{alert}")
-    return Text(f"data-quality brake: dispatch pauses run-wide when, over the last {b['window']:,} committed samples "
-                f"(from {b['min_samples']:,} on), {'; '.join(levels)}; `regen resume --all` continues ([brake])")
+            alert = f", alert at {lv.alert:.0%}" if lv.alert is not None else ""
+            levels.append(f"{name} over {lv.level:.0%}{alert}")
+    return Text(f"data-quality brake: dispatch pauses run-wide when, over the last {b.window:,} committed samples "
+                f"(from {b.min_samples:,} on), {'; '.join(levels)}; `regen resume --all` continues ([brake])")

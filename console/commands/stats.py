@@ -1,7 +1,6 @@
 """`regen stats (DIR | HOST:DIR)`: data-quality statistics of a run's shards.
-
-DIR is read on this machine (engine.store.stats.compute_stats); HOST:DIR runs
-`python -m engine.store.stats DIR --json` on the host over the transport and renders its JSON.
+DIR is read on this machine (engine.store.stats.compute_stats); HOST:DIR runs `python -m engine.store.stats DIR --json`
+on the host and decodes its JSON as engine.api.reports.RunStats.
 """
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -27,6 +27,8 @@ from console.host.ssh_options import SshOptions, add_ssh_options
 from console.host.transport import TransportError
 from console.host.connect import open_transport
 from console.view.wide_console import report_console
+from engine.api.reports import Count, GroupStats, LossMaskStats, RunStats, ShardStats
+from engine.api.wire import WireError
 
 EXIT_OK, EXIT_FLAGGED, EXIT_UNREADABLE = 0, 1, 2
 REMOTE_TIMEOUT_S = 1800.0
@@ -88,14 +90,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         try:
             data = asyncio.run(_remote_stats(host, run_dir, args))
-        except RemoteStatsError as exc:
+            stats = RunStats.from_dict(data, f"{host}:{run_dir}: the stats report")
+        except (RemoteStatsError, WireError) as exc:
             print(f"regen stats: {exc}", file=sys.stderr)  # plain: a wrapped path cannot be copied
             return EXIT_UNREADABLE
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        render(data, report_console(highlight=False))
-    return EXIT_FLAGGED if data.get("flags") else EXIT_OK
+        render(stats, report_console(highlight=False))
+    return EXIT_FLAGGED if stats.flags else EXIT_OK
 
 
 class RemoteStatsError(Exception):
@@ -164,14 +167,13 @@ def _num(x: float | int | None, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def render(d: dict[str, Any], console: Console) -> None:
-    flags = d.get("flags", [])
-    flagged_keys = {f["key"] for f in flags}
-    parts = d["parts"]
-    console.print(Text(f"regen stats  {d['run_dir']}", style="bold"))
-    console.print(f"{parts['read']} of {parts['committed']} committed parts read (listed from {parts['listed_from']}), "
-                  f"{d['samples']:,} samples, {d['elapsed_s']:.2f} s")
-    for note in d.get("notes", []):
+def render(d: RunStats, console: Console) -> None:
+    flagged_keys = {f.key for f in d.flags}
+    parts = d.parts
+    console.print(Text(f"regen stats  {d.run_dir}", style="bold"))
+    console.print(f"{parts.read} of {parts.committed} committed parts read (listed from {parts.listed_from}), "
+                  f"{d.samples:,} samples, {d.elapsed_s:.2f} s")
+    for note in d.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
 
     t = Table(title="overview", show_header=True, header_style="bold")
@@ -180,81 +182,81 @@ def render(d: dict[str, Any], console: Console) -> None:
     t.add_column("share", justify="right")
     t.add_column("threshold", justify="right")
 
-    def row(label, count, key=None, threshold=None):
+    def row(label: str, count: Count, key: str | None = None, threshold: float | None = None) -> None:
         style = "bold red" if key in flagged_keys else None
-        t.add_row(label, _num(count["count"]), _pct(count["share"]), _pct(threshold) if threshold is not None else "",
+        t.add_row(label, _num(count.count), _pct(count.share), _pct(threshold) if threshold is not None else "",
                   style=style)
 
-    row("empty answers", d["empty"], "empty_share", d["thresholds"]["empty_share"])
-    row("truncated (finish=length)", d["truncated"], "truncated_share", d["thresholds"]["truncated_share"])
-    thresholds = d["thresholds"]
-    row("repetition (stopped runaway)", d.get("repetition") or {"count": 0, "share": 0.0}, "repetition_share",
-        thresholds.get("repetition_share"))
-    row("aborted", d["aborted"])
+    row("empty answers", d.empty, "empty_share", d.thresholds.empty_share)
+    row("truncated (finish=length)", d.truncated, "truncated_share", d.thresholds.truncated_share)
+    row("repetition (stopped runaway)", d.repetition, "repetition_share", d.thresholds.repetition_share)
+    row("aborted", d.aborted)
     for name in ("present", "missing", "unterminated"):
-        row(f"reasoning {name}", d["reasoning"][name])
+        row(f"reasoning {name}", d.reasoning[name])
     console.print(t)
-    gone = d.get("not_generated") or {}
-    if gone:  # planned samples settled without a row (state.sqlite): not in the shards, counted here
-        console.print(f"not generated: {gone.get('rejected', 0):,} rejected"
-                      + (f" (of which {gone['after_cut']:,} later turns after a cut turn, turns_after_cut = stop)"
-                         if gone.get("after_cut") else "")
-                      + f", {gone.get('failed', 0):,} failed")
+    if d.not_generated:  # planned samples settled without a row (state.sqlite): not in the shards, counted here
+        gone = d.not_generated_counts()
+        console.print(f"not generated: {gone.rejected:,} rejected"
+                      + (f" (of which {gone.after_cut:,} later turns after a cut turn, turns_after_cut = stop)"
+                         if gone.after_cut else "")
+                      + f", {gone.failed:,} failed")
 
-    _render_histogram(d["loss_mask"], console)
+    _render_histogram(d.loss_mask, console)
 
     lt = Table(title="token lengths", header_style="bold")
     for col in ("", "mean", "p50", "p90", "p99", "max"):
         lt.add_column(col, justify="right" if col else "left")
-    dist = d["loss_mask"]["distribution"]
-    lt.add_row("loss-mask sum", _num(dist["mean"], 1), _num(dist["p50"], 1), _num(dist["p90"], 1),
-               _num(dist["p99"], 1), _num(dist["max"]))
+    dist = d.loss_mask.distribution
+    lt.add_row("loss-mask sum", _num(dist.mean, 1), _num(dist.p50, 1), _num(dist.p90, 1), _num(dist.p99, 1),
+               _num(dist.max))
     for name, label in (("output", "response (output_len)"), ("reasoning", "reasoning_tokens"), ("prompt", "prompt_len")):
-        x = d["lengths"][name]
-        lt.add_row(label, _num(x["mean"], 1), _num(x["p50"], 1), _num(x["p90"], 1), _num(x["p99"], 1), _num(x["max"]))
+        x = d.lengths[name]
+        lt.add_row(label, _num(x.mean, 1), _num(x.p50, 1), _num(x.p90, 1), _num(x.p99, 1), _num(x.max))
     console.print(lt)
 
-    c = d["cut"]
-    console.print(Text(f"training cut at {c['train_max_length']:,} tokens", style="bold"))
-    console.print(f"  supervised tokens: {c['supervised_tokens_total']:,} total, {c['supervised_tokens_kept']:,} kept, "
-                  f"{c['supervised_tokens_cut']:,} thrown away ({_pct(c['cut_share'])})")
-    console.print(f"  samples cut: {c['samples_cut']:,} ({_pct(c['samples_cut_share'])}); losing all supervision "
-                  f"(prompt_len >= {c['train_max_length']:,}): {c['samples_unsupervised']:,} "
-                  f"({_pct(c['samples_unsupervised_share'])})")
+    c = d.cut
+    console.print(Text(f"training cut at {c.train_max_length:,} tokens", style="bold"))
+    console.print(f"  supervised tokens: {c.supervised_tokens_total:,} total, {c.supervised_tokens_kept:,} kept, "
+                  f"{c.supervised_tokens_cut:,} thrown away ({_pct(c.cut_share)})")
+    console.print(f"  samples cut: {c.samples_cut:,} ({_pct(c.samples_cut_share)}); losing all supervision "
+                  f"(prompt_len >= {c.train_max_length:,}): {c.samples_unsupervised:,} "
+                  f"({_pct(c.samples_unsupervised_share)})")
 
-    for title, key in (("by source", "by_source"), ("by worker", "by_worker"), ("per shard", "by_shard")):
-        _render_groups(title, d[key], console, shard=(key == "by_shard"))
+    _render_groups("by source", d.by_source, console)
+    _render_groups("by worker", d.by_worker, console)
+    _render_groups("per shard", d.by_shard, console)
 
-    mc = d["mask_check"]
-    console.print(f"loss_mask check ({mc['mode']}): {mc['rows_checked']:,} samples in {mc['parts_checked']} parts, "
-                  f"{mc['mismatches']} mismatch(es)")
-    if d["integrity_errors"]:
-        console.print(f"[bold red]integrity errors: {d['integrity_error_count']}[/bold red]")
-        for e in d["integrity_errors"]:
-            console.print(f"  [red]{e['kind']}[/red] {e['path']}: {e['detail']}")
-    if flags:
+    mc = d.mask_check
+    console.print(f"loss_mask check ({mc.mode}): {mc.rows_checked:,} samples in {mc.parts_checked} parts, "
+                  f"{mc.mismatches} mismatch(es)")
+    if d.integrity_errors:
+        console.print(f"[bold red]integrity errors: {d.integrity_error_count}[/bold red]")
+        for e in d.integrity_errors:
+            console.print(f"  [red]{e.kind}[/red] {e.path}: {e.detail}")
+    if d.flags:
         console.print(Text("flags", style="bold red"))
-        for f in flags:
-            console.print(f"  [bold red]FLAG[/bold red] {f['text']}")
+        for f in d.flags:
+            console.print(f"  [bold red]FLAG[/bold red] {f.text}")
     else:
         console.print("[green]no quality flag raised[/green]")
 
 
-def _render_histogram(lm: dict[str, Any], console: Console) -> None:
-    bins = lm["histogram"]
+def _render_histogram(lm: LossMaskStats, console: Console) -> None:
+    bins = lm.histogram
     console.print(Text("loss-mask sum histogram (supervised tokens per sample, log2 bins)", style="bold"))
     if not bins:
         console.print("  (no samples)")
         return
-    peak = max(b["count"] for b in bins) or 1
-    width = max(len(b["label"]) for b in bins)
+    peak = max(b.count for b in bins) or 1
+    width = max(len(b.label) for b in bins)
     for b in bins:
-        n = round(BAR_WIDTH * b["count"] / peak)
-        bar = "█" * n if n or not b["count"] else "▏"
-        console.print(f"  {b['label']:>{width}} │ [cyan]{bar:<{BAR_WIDTH}}[/cyan] {b['count']:>10,} {b['share']:>7.1%}")
+        n = round(BAR_WIDTH * b.count / peak)
+        bar = "█" * n if n or not b.count else "▏"
+        console.print(f"  {b.label:>{width}} │ [cyan]{bar:<{BAR_WIDTH}}[/cyan] {b.count:>10,} {b.share:>7.1%}")
 
 
-def _render_groups(title: str, groups: list[dict[str, Any]], console: Console, *, shard: bool) -> None:
+def _render_groups(title: str, groups: Sequence[GroupStats], console: Console) -> None:
+    shard = title == "per shard"
     t = Table(title=title, header_style="bold")
     t.add_column("shard" if shard else title.split()[-1])
     if shard:
@@ -263,13 +265,12 @@ def _render_groups(title: str, groups: list[dict[str, Any]], console: Console, *
     for col in ("samples", "empty", "truncated", "repetition", "aborted", "mean output"):
         t.add_column(col, justify="right")
     for g in groups:
-        cells = [g["name"]]
-        if shard:
-            total = g.get("total_conversations")
-            cells += [str(g["parts"]), "-" if total is None else f"{total:,}" + (" (paused)" if g.get("paused") else "")]
-        empty = Text(_pct(g["empty"]["share"]), style="bold red" if "empty" in g["flagged"] else "")
-        trunc = Text(_pct(g["truncated"]["share"]), style="bold red" if "truncated" in g["flagged"] else "")
-        rep = Text(_pct((g.get("repetition") or {}).get("share", 0.0)),
-                   style="bold red" if "repetition" in g["flagged"] else "")
-        t.add_row(*cells, f"{g['samples']:,}", empty, trunc, rep, _pct(g["aborted"]["share"]), _num(g["mean_output"], 1))
+        cells = [g.name]
+        if isinstance(g, ShardStats):
+            total = g.total_conversations
+            cells += [str(g.parts), "-" if total is None else f"{total:,}" + (" (paused)" if g.paused else "")]
+        empty = Text(_pct(g.empty.share), style="bold red" if "empty" in g.flagged else "")
+        trunc = Text(_pct(g.truncated.share), style="bold red" if "truncated" in g.flagged else "")
+        rep = Text(_pct(g.repetition.share), style="bold red" if "repetition" in g.flagged else "")
+        t.add_row(*cells, f"{g.samples:,}", empty, trunc, rep, _pct(g.aborted.share), _num(g.mean_output, 1))
     console.print(t)

@@ -1,7 +1,9 @@
-"""Data quality tab: the loss-mask histogram and the other `engine.store.stats` figures, flags highlighted."""
+"""Data quality tab: the loss-mask histogram and the other figures of the stats report (engine.api.reports.RunStats),
+flags highlighted."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -14,6 +16,8 @@ from textual_plot import HiResMode
 
 from console.tui.chart_frame import ChartFrame
 from console.view.model import RunModel
+from engine.api.reports import Count, RunStats
+from engine.api.wire import WireError
 
 
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -25,54 +29,54 @@ def bin_label(low: int) -> str:
     return "0" if low <= 0 else "2" + str(low.bit_length() - 1).translate(SUPERSCRIPT)
 
 
-def _share(c: dict | None) -> str:
-    return "N/A" if not c else f"{c['count']:,} ({c['share']:.1%})"
+def _share(c: Count) -> str:
+    return f"{c.count:,} ({c.share:.1%})"
 
 
-def _num(v) -> str:
+def _num(v: float | None) -> str:
     return "N/A" if v is None else f"{v:,.0f}"
 
 
-def figures(s: dict) -> Group:
+def figures(s: RunStats) -> Group:
     t = Table(show_header=False, box=None, expand=True)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("samples", f"{s.get('samples', 0):,}")
-    t.add_row("empty answers", _share(s.get("empty")))
-    t.add_row("truncated (length)", _share(s.get("truncated")))
-    t.add_row("stopped (repetition)", _share(s.get("repetition")))
-    t.add_row("aborted", _share(s.get("aborted")))
-    for k, c in (s.get("reasoning") or {}).items():
+    t.add_row("samples", f"{s.samples:,}")
+    t.add_row("empty answers", _share(s.empty))
+    t.add_row("truncated (length)", _share(s.truncated))
+    t.add_row("stopped (repetition)", _share(s.repetition))
+    t.add_row("aborted", _share(s.aborted))
+    for k, c in s.reasoning.items():
         t.add_row(f"thinking {k}", _share(c))
-    lm = (s.get("loss_mask") or {}).get("distribution") or {}
-    t.add_row("loss-mask sum", "  ".join(f"{k} {_num(lm.get(k))}" for k in ("mean", "min", "p50", "p90", "p99", "max")))
-    cut = s.get("cut") or {}
-    if cut:
-        t.add_row(f"cut at {cut.get('train_max_length')}",
-                  f"{cut.get('supervised_tokens_cut', 0):,} of {cut.get('supervised_tokens_total', 0):,} supervised "
-                  f"tokens ({cut.get('cut_share', 0):.1%}); {cut.get('samples_cut', 0):,} samples cut, "
-                  f"{cut.get('samples_unsupervised', 0):,} unsupervised")
-    mc = s.get("mask_check") or {}
-    t.add_row("mask check", f"{mc.get('mode')}: {mc.get('rows_checked', 0):,} rows, {mc.get('mismatches', 0)} mismatches")
-    parts = s.get("parts") or {}
-    t.add_row("parts", f"{parts.get('read', 0)} read of {parts.get('committed', 0)} committed "
-              f"({parts.get('listed_from')}), {parts.get('uncommitted_ignored', 0)} uncommitted ignored")
+    lm = s.loss_mask.distribution
+    t.add_row("loss-mask sum", "  ".join(f"{k} {_num(v)}" for k, v in
+                                         (("mean", lm.mean), ("min", lm.min), ("p50", lm.p50), ("p90", lm.p90),
+                                          ("p99", lm.p99), ("max", lm.max))))
+    cut = s.cut
+    t.add_row(f"cut at {cut.train_max_length}",
+              f"{cut.supervised_tokens_cut:,} of {cut.supervised_tokens_total:,} supervised "
+              f"tokens ({cut.cut_share:.1%}); {cut.samples_cut:,} samples cut, "
+              f"{cut.samples_unsupervised:,} unsupervised")
+    mc = s.mask_check
+    t.add_row("mask check", f"{mc.mode}: {mc.rows_checked:,} rows, {mc.mismatches} mismatches")
+    parts = s.parts
+    t.add_row("parts", f"{parts.read} read of {parts.committed} committed "
+              f"({parts.listed_from}), {parts.uncommitted_ignored} uncommitted ignored")
     groups = Table(title="by worker / source", expand=True)
-    for c in ("group", "samples", "empty", "truncated", "repetition", "mean output"):
-        groups.add_column(c)
-    for kind in ("by_worker", "by_source"):
-        for g in s.get(kind) or []:
-            flagged = g.get("flagged") or []
-            groups.add_row(f"{kind[3:]} {g['name']}", f"{g['samples']:,}",
-                           Text(_share(g.get("empty")), style="bold red" if "empty" in flagged else ""),
-                           Text(_share(g.get("truncated")), style="yellow" if "truncated" in flagged else ""),
-                           Text(_share(g.get("repetition")), style="yellow" if "repetition" in flagged else ""),
-                           "N/A" if g.get("mean_output") is None else f"{g['mean_output']:.0f}")
-    flags = [Text(f"⚑ {f['severity'].upper()}: {f['text']}", style="bold red" if f["severity"] == "error" else "bold yellow")
-             for f in s.get("flags") or []]
+    for column in ("group", "samples", "empty", "truncated", "repetition", "mean output"):
+        groups.add_column(column)
+    for kind, members in (("worker", s.by_worker), ("source", s.by_source)):
+        for g in members:
+            groups.add_row(f"{kind} {g.name}", f"{g.samples:,}",
+                           Text(_share(g.empty), style="bold red" if "empty" in g.flagged else ""),
+                           Text(_share(g.truncated), style="yellow" if "truncated" in g.flagged else ""),
+                           Text(_share(g.repetition), style="yellow" if "repetition" in g.flagged else ""),
+                           "N/A" if g.mean_output is None else f"{g.mean_output:.0f}")
+    flags = [Text(f"⚑ {f.severity.upper()}: {f.text}", style="bold red" if f.severity == "error" else "bold yellow")
+             for f in s.flags]
     if not flags:
         flags = [Text("no quality flags", style="green")]
-    notes = [Text(f"note: {n}", style="dim") for n in s.get("notes") or []]
+    notes = [Text(f"note: {n}", style="dim") for n in s.notes]
     return Group(*flags, t, groups, *notes)
 
 
@@ -96,6 +100,9 @@ def brake_lines(m: RunModel) -> list[Text]:
 
 class QualityPanel(Vertical):
     BINDINGS = [Binding("s", "app.refresh_stats", "Refresh stats")]
+    _raw: dict[str, Any] | None = None
+    _stats: RunStats | None = None
+    _error: str = ""
 
     def compose(self) -> ComposeResult:
         yield Static("statistics not computed yet (s: compute now)", id="quality-status")
@@ -108,30 +115,42 @@ class QualityPanel(Vertical):
 
     def refresh_from(self, m: RunModel) -> None:
         status = self.query_one("#quality-status", Static)
-        s = m.stats
+        s, decode_error = self._decoded(m.stats)
+        error = m.stats_error or decode_error
         when = "" if m.stats_at is None else time.strftime(" at %H:%M:%S UTC", time.gmtime(m.stats_at))
-        if m.stats_error:
-            line = Text(f"stats failed{when}: {m.stats_error}", style="bold red")
+        if error:
+            line = Text(f"stats failed{when}: {error}", style="bold red")
         elif s is not None:
-            line = Text(f"{s.get('samples', 0):,} samples{when} (computed in {s.get('elapsed_s', 0):.1f}s); "
+            line = Text(f"{s.samples:,} samples{when} (computed in {s.elapsed_s:.1f}s); "
                         "refreshed every 30 s while this tab is open · s: now")
         else:
             line = Text("statistics not computed yet (s: compute now)")
         status.update(Group(*brake_lines(m), line))
         hist = self.query_one("#loss-hist", ChartFrame)
         if s is None:
-            hist.show_note(f"no statistics: {m.stats_error}" if m.stats_error else
-                           "statistics not computed yet (s: compute now)")
+            hist.show_note(f"no statistics: {error}" if error else "statistics not computed yet (s: compute now)")
             return
-        bins = (s.get("loss_mask") or {}).get("histogram") or []
-        if not bins or not s.get("samples"):
+        bins = s.loss_mask.histogram
+        if not bins or not s.samples:
             hist.show_note("no samples committed yet")
         else:
             plot = hist.show_plot()
             plot.clear()
-            styles = ["red" if b["low"] <= 7 and b["share"] > 0.05 else "cyan" for b in bins]
-            plot.bar([bin_label(b["low"]) for b in bins], [100.0 * b["share"] for b in bins], bar_style=styles,
+            styles = ["red" if b.low <= 7 and b.share > 0.05 else "cyan" for b in bins]
+            plot.bar([bin_label(b.low) for b in bins], [100.0 * b.share for b in bins], bar_style=styles,
                      hires_mode=HiResMode.QUADRANT)
             plot.set_ylabel("% samples")
             plot.set_xlabel(HIST_LEGEND)
         self.query_one("#quality-figures", Static).update(figures(s))
+
+    def _decoded(self, raw: dict[str, Any] | None) -> tuple[RunStats | None, str]:
+        """The stats report the model holds (its JSON), decoded once per report: (the report or None, why not)."""
+        if raw is None:
+            return None, ""
+        if self._raw is not raw:
+            self._raw = raw
+            try:
+                self._stats, self._error = RunStats.from_dict(raw, "the stats report"), ""
+            except WireError as exc:
+                self._stats, self._error = None, str(exc)
+        return self._stats, self._error

@@ -20,7 +20,7 @@ from engine.export.source import ExportError, ShardBatch, Snapshot, shard_range
 from engine.text.ingest import Conversation, PromptFileError, iter_prompts
 from engine.store.manifest import FileRecord
 from engine.text.render import RenderError, Renderer
-from engine.store.stats import OPENED_COLUMN
+from engine.store.stats_columns import OPENED_COLUMN
 
 # input_ids and prompt_len: each row's re-rendered text is compared with them (engine.export.agreement)
 CONVERSATION_COLUMNS = ["sample_id", "conversation_id", "turn", "origin", "text", OPENED_COLUMN, "input_ids",

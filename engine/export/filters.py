@@ -1,6 +1,6 @@
 """Which samples of a shard an export keeps: one vectorized pass, each dropped sample counted under its first reason.
 
-Empty answers and the reasoning block use engine.store.stats' column kernels, the same rules `regen stats`
+Empty answers and the reasoning block use engine.store.stats_columns' kernels, the same rules `regen stats`
 reports (engine.text.answer_shape translated to RE2), so an export's counts match what the operator saw.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from engine.export.options import (ABORTED, EMPTY, LENGTH, MIN_SUPERVISED, NOT_LAST_TURN, OVER_MAX_LENGTH, REASONS,
                                    REPETITION, THINKING_MISSING, THINKING_UNTERMINATED, TRAINER_MIN_SUPERVISED, ExportOptions)
-from engine.store.stats import OPENED_COLUMN, THINK_MISSING, THINK_UNTERMINATED, empty_answer_mask, think_codes
+from engine.store.stats_columns import OPENED_COLUMN, THINK_MISSING, THINK_UNTERMINATED, empty_answer_mask, think_codes
 
 FILTER_COLUMNS = ["conversation_id", "turn", "prompt_len", "output_len", "finish_reason", "text", OPENED_COLUMN]
 

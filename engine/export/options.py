@@ -15,7 +15,7 @@ TOKEN_FORMATS = (TOKENS_JSONL, HF)  # exact ids from the shards; the others are 
 
 # reasons a sample is dropped, in the order they are tested (a sample counts under its first reason)
 ABORTED, LENGTH, EMPTY = "aborted", "length", "empty"
-REPETITION = "repetition"  # stopped by the runaway guard (engine.store.shard_store.REPETITION): degenerate, cut short
+REPETITION = "repetition"  # stopped by the runaway guard (engine.store.names.REPETITION): degenerate, cut short
 THINKING_MISSING, THINKING_UNTERMINATED = "thinking_missing", "thinking_unterminated"
 NOT_LAST_TURN, OVER_MAX_LENGTH, MIN_SUPERVISED = "not_last_turn", "over_max_length", "min_supervised"
 REASONS = (ABORTED, LENGTH, REPETITION, EMPTY, THINKING_MISSING, THINKING_UNTERMINATED, NOT_LAST_TURN, OVER_MAX_LENGTH,

@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 
 from engine.config.load import ConfigError, RunConfig, load_config
 from engine.text.ingest import PromptFileError, display_names, resolve_prompt_files
-from engine.store.shard_store import SHARD_FILE, SHARDS_DIR, STATE_DB, read_committed
-from engine.store.stats import OPENED_COLUMN
+from engine.store.committed_view import read_committed
+from engine.store.names import SHARD_FILE, SHARDS_DIR, STATE_DB
+from engine.store.stats_columns import OPENED_COLUMN
 
 
 class ExportError(Exception):

@@ -1,7 +1,7 @@
 """The token rows of a shard as exported: the shard's exact ids and loss_mask, cut at max_length, checked.
 
 Before anything is taken, every row's loss_mask is checked to be exactly [0] * prompt_len + [1] *
-output_len (engine.store.stats.check_mask over the whole column); the exported ids and mask are then the
+output_len (engine.store.stats_columns.check_mask over the whole column); the exported ids and mask are then the
 shard's own values, gathered (and cut) with numpy, never re-tokenized.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from engine.export.filters import ShardFilter
 from engine.export.source import ExportError, ShardBatch
-from engine.store.stats import check_mask
+from engine.store.stats_columns import check_mask
 
 TOKEN_COLUMNS = ["sample_id", "conversation_id", "turn", "source", "origin", "input_ids", "loss_mask", "prompt_len",
                  "output_len", "reasoning_tokens", "finish_reason", "text"]

@@ -1,16 +1,7 @@
 """`regen plan --pilot N`: measure throughput and output lengths on live servers at the batch the run will give them.
-
-One SGLang server per GPU group is launched the way the supervisor launches it (engine/servers/workers.py: port check,
-identity proof, server log, readiness, batch size discovered by engine/servers/capacity.py). Each server is then kept
-as full as the run keeps it: its batch plus the dispatcher's queue margin in flight
-(`dispatch.max_in_flight_per_worker` when set). Its throughput is measured only over the window where it ran
-that batch (engine/plan/pilot_window.py, from its own /metrics and batch log lines). Outputs never go into the run's shards (logs go to a
-temp dir).
-
-A pilot below the servers' batch measures a smaller batch than the run runs (seen: 372 tok/s per worker at
-batch 8, then 690 in the run), so N is raised to what fills them: each worker's in-flight count twice (the first
-round fills the batch, the second keeps it full while the first finishes). It is raised rather than refused
-because the size is only known once the servers are up (minutes of loading on real GPUs); the plan says so.
+Servers are launched as the supervisor launches them and each is kept at its batch plus the dispatcher's queue margin;
+throughput is measured only over the window it ran full (engine.plan.pilot_window). N is raised to what fills the
+batches (known only once the servers are up), and the plan says so; outputs never go into the run's shards.
 """
 from __future__ import annotations
 
@@ -27,13 +18,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.servers.capacity import BatchSource
+from engine.api.reports import PilotResult, PilotWorker
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import parse_metrics
 from engine.plan.pilot_window import Completed, Reading, full_batch
 from engine.http_client import KEEPALIVE_S
 from engine.run.batch_feedback import margin_for
 from engine.run.prompt_limit import from_context, tightest
-from engine.store.shard_store import REPETITION
+from engine.store.names import REPETITION
 
 BOOTSTRAP_ROUNDS = 2000
 ROUNDS = 2  # requests per in-flight slot: the first round fills the batch, the second keeps it full
@@ -66,38 +58,6 @@ class PilotSize:
 def pilot_size(batch: int, source: str, fixed: int | None) -> PilotSize:
     in_flight = fixed or batch + margin_for(batch)
     return PilotSize(batch, source, in_flight, ROUNDS * in_flight)
-
-
-@dataclass
-class PilotWorker:
-    name: str
-    url: str
-    requests: int
-    batch: int  # the server's batch size as discovered
-    batch_source: str  # internal_states | log | server_info | flag | default
-    in_flight: int  # requests kept in flight (batch + queue margin, or dispatch.max_in_flight_per_worker)
-    batch_reached: int  # the batch the throughput was measured at: the most the server ran, at most `batch`
-    completion_tokens: int
-    full_batch_window_s: float
-    tokens_per_s: float
-    window_basis: str  # metrics (the server's num_running_reqs) | client (reconstructed from completions)
-
-
-@dataclass
-class PilotResult:
-    requested: int  # N of --pilot N
-    needed: int  # requests that fill every server's batch (sum of ROUNDS x in-flight)
-    prompts: int  # requests sent
-    workers: list[PilotWorker]
-    output_mean: float
-    output_p50: float
-    output_p90: float
-    output_max: int
-    output_mean_ci: tuple[float, float]  # bootstrap 95%
-    truncated_share: float
-    wall_s: float
-    log_dir: str
-    finish_reasons: dict[str, int]
 
 
 async def _follow(resp, cfg: RunConfig, url: str, stop: Callable[[], None]):

@@ -1,16 +1,6 @@
-"""A pilot server's throughput at its full batch: the window it ran full (its /metrics) and the tokens made in it.
-
-The window is read from the server's own /metrics: from the first reading where it held its batch (running plus
-queued, the batch it reached: reached_batch) to the last one (the pilot keeps a queue, so it stays full in between;
-after the last prompt is sent it only drains).
-Without readings (metrics not enabled), or when the server held its batch too briefly for two of them, the window
-is where the client's reconstruction below ran the batch.
-
-Tokens are counted from non-streaming completions. Continuous batching at a constant batch gives every running
-request one step's tokens per step, so a request's tokens are spread evenly over the time it *ran*. It did not
-run while it waited in the server's queue (the pilot keeps a margin queued, as the run does): its start is
-reconstructed as the server admits, first come first served into the slot the earliest running request frees.
-Spreading over [sent, done] instead would credit queued requests with tokens at the start of the window.
+"""A pilot server's throughput at its full batch: the window it ran full (its own /metrics, else the client's
+reconstruction) and the tokens made in it. A request's tokens are spread over the time it ran, not the time it
+waited in the server's queue (its start is reconstructed first come first served into the slot the earliest frees).
 """
 from __future__ import annotations
 

@@ -1,422 +1,31 @@
-"""`regen plan`: the shard plan, prompt token counts, and the GPU-time / wall-time / disk projection.
-
-Every prompt row is read (the shard plan counts them all). The token figures render a uniform sample of the
-conversations plus the LONGEST_RENDERED longest prompts by characters of every row read, so a prompt too long for the
-context is found wherever it is in the files; `context` says how many rendered prompts are over SGLang's input limit
-(context - 6 tokens: their turns are rejected, not generated) and how many leave less room than max_new_tokens (their
-answers are cut at the context), and each is a WARN line (`warnings` in --json), with or without a pilot.
-
-Without a pilot the projection uses the config's [plan] assumptions (printed as "assumed").
-With `pilot=N` the throughput and output lengths are measured on live servers first (engine/plan/pilot.py: each
-server kept at the batch the run will give it, N raised to what fills it).
+"""`regen plan`: the shard plan, the prompt tokens and the GPU-time / wall-time / disk projection, as a Plan report.
+Without a pilot the projection uses the config's [plan] assumptions (printed as "assumed"); with `pilot=N` the
+throughput and output lengths are measured on live servers first (engine.plan.pilot).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
-import heapq
 import json
 import math
-import random
-import shutil
 import sys
-import tempfile
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
+from engine.api.reports import (PLAN_SCHEMA, Assumptions, CutPolicyProjection, FilesProjection, GuardProjection,
+                                PilotResult, Plan, Projection, PromptTokens, Range, SampledValue, ShardPlan)
 from engine.config.load import ConfigError, RunConfig, load_config, resolve_sampling
-from engine.run.brake import BrakePlan, plan_of
-from engine.text.ingest import Conversation, PromptFileError, Reject, iter_prompts
-from engine.plan.pilot import PilotError, PilotResult, run_pilot
+from engine.placement.slurm.plan import layout_of, plan_slurm
+from engine.plan.disk_model import DiskModel, free_space, measure_disk
+from engine.plan.pilot import PilotError, run_pilot
+from engine.plan.prompts import PlanError, check_context, prompt_token_stats, renderer_of, sample_prompts, scan_prompts
+from engine.run.brake import plan_of
 from engine.run.committer import CHAIN_COMMIT_S
-from engine.placement.slurm.plan import SlurmPlan, layout_of, plan_slurm
-from engine.store.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
+from engine.text.ingest import Conversation
 
-SCHEMA = "regen.plan/1"
 LONGEST_RENDERED = 64  # the longest prompts by characters of every row read, rendered besides the sample
-EXAMPLES_LISTED = 10
-
-
-class PlanError(Exception):
-    """The plan cannot be made (prompts unreadable, tokenizer unusable, workers failed); the message says why."""
-
-
-@dataclass
-class Range:
-    value: float
-    low: float
-    high: float
-    basis: str  # "assumed" | "pilot: ..." | "measured"
-
-
-@dataclass
-class ShardPlan:
-    conversations: int
-    rejects: int
-    rejects_by_reason: dict[str, int]
-    samples_by_mode: dict[str, int]  # all | last | first
-    turn_mode: str
-    samples: int
-    shard_size: int
-    shards: int
-    last_shard_conversations: int
-    sources: dict[str, int]  # conversations per source
-    user_turns: dict[int, int] = field(default_factory=dict)  # conversations by their number of user turns
-
-
-@dataclass
-class PromptTokens:
-    conversations_sampled: int
-    samples_sampled: int
-    mean: float | None
-    p50: float | None
-    p90: float | None
-    p99: float | None
-    max: int | None
-    note: str
-
-
-@dataclass
-class ContextCheck:
-    """The planned prompts against the context, before any server starts. Decided: a prompt at or over SGLang's
-    input limit (context - 6 tokens, engine.run.prompt_limit) is a WARN (its turn is rejected, not generated); a
-    prompt that leaves less room than max_new_tokens is a WARN too (its answer is cut at the context, finish_reason
-    length, which the export drops by default). The servers may lower the limit (their KV pool): the run's feed
-    applies the tightest figure they report."""
-    context_length: int
-    context_source: str  # where the context length was read
-    input_limit: int  # prompts of this many tokens or more are refused
-    max_new_tokens: int
-    rows_read: int  # conversations read (every row of every prompt file)
-    rendered: int  # prompts rendered for this check (a conversation's every planned turn)
-    how: str  # which conversations were rendered
-    over_limit: int  # rendered prompts at or over input_limit
-    over_limit_at_least: bool  # the longest-by-characters rows were all over: more rows than those may be
-    over_examples: list[dict[str, Any]]  # {where, sample_id, tokens}, the longest first
-    capped: int  # rendered prompts under the limit whose room for the answer is below max_new_tokens
-    capped_examples: list[dict[str, Any]]
-    longest: int | None  # the longest rendered prompt, in tokens
-
-
-@dataclass
-class FilesProjection:
-    """The files the shards take: parts while a shard is generated, one file per shard once it is compacted."""
-    shards: int  # files the run leaves: one per shard (shards/<id>/shard.parquet)
-    samples_per_shard: float
-    rows_per_part: Range  # at the projected rate: a part is cut every `cut_s` (or at part_max_rows)
-    parts_per_shard: Range  # part files a shard has while it is generated, before its compaction
-    cut_s: float
-    basis: str
-
-
-@dataclass
-class Projection:
-    output_tokens_per_sample: Range
-    tokens_per_s_per_worker: Range
-    total_output_tokens: Range
-    gpu_hours: Range
-    wall_hours: Range
-    disk_bytes: Range
-    bytes_per_prompt_token: float
-    bytes_per_output_token: float
-    bytes_per_token_basis: str
-    disk_free_bytes: int | None
-    disk_free_path: str
-    disk_headroom_bytes: Range | None
-    workers: int
-    gpus_per_worker: int
-    files: FilesProjection
-
-
-@dataclass
-class GuardProjection:
-    """What the runaway guard ([runaway]) is expected to save: the output tokens (hence GPU time, at a full batch)
-    that answers looping until max_new_tokens would have cost past the point where the guard stops them."""
-    enabled: bool
-    settings: str
-    basis: str  # "pilot: ..." (the pilot's answers run through the detector) | "assumed: ..."
-    answers: int  # judged (pilot answers; 0 when assumed)
-    would_stop: int  # of them, stopped by the guard
-    loop_share: float  # the share of answers looping (measured or assumed)
-    tokens_saved_share: float  # of the output tokens generated without the guard
-    gpu_hours_saved: Range
-
-
-@dataclass
-class CutPolicyProjection:
-    """What turns_after_cut = "stop" saves: a conversation's turns after a cut one (length, or a runaway the guard
-    stops) are not generated. With a cut share p per turn, a conversation of n turns skips
-    sum_{k=1}^{n-1} (1 - (1 - p)^k) turns; GPU time saved in proportion to the samples (mean output per sample)."""
-    policy: str  # the config's turns_after_cut
-    basis: str  # "pilot: ..." | "no pilot: ..." | "turns = ...: no later turns are generated"
-    cut_share: float | None  # of the pilot's answers: ended at max_new_tokens or a runaway (None: no pilot)
-    later_turns: int  # samples after a conversation's first turn (what the policy can skip)
-    skipped: float  # expected samples not generated under "stop" (0 when not estimated)
-    skipped_share: float  # of the planned samples
-    gpu_hours_saved: Range  # under "stop" (with "continue": what "stop" would save)
-
-
-@dataclass
-class Plan:
-    config: str | None
-    run_dir: str
-    shard_plan: ShardPlan
-    prompt_tokens: PromptTokens
-    pilot: PilotResult | None
-    projection: Projection
-    assumptions: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-    runaway: GuardProjection | None = None
-    brake: BrakePlan | None = None  # the data-quality brake's settings ([brake])
-    sampling: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> {value, source}
-    sampling_note: str = ""
-    turns_after_cut: CutPolicyProjection | None = None
-    slurm: SlurmPlan | None = None  # with [slurm]: the jobs regen submits and the allocations the run needs
-    context: ContextCheck | None = None  # the prompts against the context (every row read)
-    warnings: list[str] = field(default_factory=list)  # what the operator must see before starting (WARN lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
-
-
-# --- shard plan and prompt tokens ------------------------------------------------------------
-
-
-def _user_messages(conv: Conversation) -> int:
-    return sum(1 for m in conv.messages if m["role"] == "user")
-
-
-def prompt_chars(conv: Conversation, turns: str) -> int:
-    """Characters of the longest prompt a conversation gives: its history up to its last user turn (its first with
-    turns = "first"): what finds the longest prompts in tokens without rendering every row."""
-    total = upto = 0
-    for m in conv.messages:
-        content = m["content"]
-        total += len(content) if isinstance(content, str) else 0
-        if m["role"] == "user":
-            upto = total
-            if turns == "first":
-                break
-    return upto
-
-
-def scan_prompts(cfg: RunConfig, sample_size: int, seed: int = 0, longest: int = 0
-                 ) -> tuple[ShardPlan, list[Conversation], list[Conversation]]:
-    """One streaming pass over every row: counts per turn mode, a uniform reservoir sample of conversations, and the
-    `longest` conversations by prompt characters (longest first)."""
-    rng = random.Random(seed)
-    heap: list[tuple[int, int, Conversation]] = []  # (chars, -index, conversation): the smallest of them on top
-    conversations = rejects = 0
-    by_reason: dict[str, int] = {}
-    samples = {"all": 0, "last": 0, "first": 0}
-    user_turns: dict[int, int] = {}
-    sources: dict[str, int] = {}
-    reservoir: list[Conversation] = []
-    try:
-        for item in iter_prompts(cfg.prompts, cfg.prompt_format):
-            if isinstance(item, Reject):
-                rejects += 1
-                kind = getattr(item, "category", None)
-                key = (kind() if callable(kind) else kind) or item.reason
-                by_reason[key] = by_reason.get(key, 0) + 1
-                continue
-            n = _user_messages(item)
-            samples["all"] += n
-            samples["last"] += 1 if n else 0
-            samples["first"] += 1 if n else 0
-            user_turns[n] = user_turns.get(n, 0) + 1
-            sources[item.source] = sources.get(item.source, 0) + 1
-            if longest:
-                chars = prompt_chars(item, cfg.turns)
-                if len(heap) < longest:
-                    heapq.heappush(heap, (chars, -item.index, item))
-                elif chars > heap[0][0]:  # ties keep the earlier row
-                    heapq.heapreplace(heap, (chars, -item.index, item))
-            if len(reservoir) < sample_size:
-                reservoir.append(item)
-            else:
-                j = rng.randrange(conversations + 1)
-                if j < sample_size:
-                    reservoir[j] = item
-            conversations += 1
-    except PromptFileError as exc:
-        raise PlanError(f"prompts: {exc}") from exc
-    shards = math.ceil(conversations / cfg.shard_size) if conversations else 0
-    last = conversations - (shards - 1) * cfg.shard_size if shards else 0
-    plan = ShardPlan(conversations, rejects, by_reason, samples, cfg.turns, samples[cfg.turns], cfg.shard_size,
-                     shards, last, dict(sorted(sources.items())), dict(sorted(user_turns.items())))
-    reservoir.sort(key=lambda c: c.index)
-    return plan, reservoir, [c for _, _, c in sorted(heap, key=lambda e: e[:2], reverse=True)]
-
-
-def _renderer(cfg: RunConfig):
-    from engine.text.render import RenderError, Renderer
-
-    try:
-        return Renderer(cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
-    except RenderError as exc:
-        raise PlanError(str(exc)) from exc
-
-
-def sample_prompts(renderer, cfg: RunConfig, convs: Sequence[Conversation]) -> list[tuple[Conversation, int, list[int]]]:
-    """(conversation, turn, prompt ids) of every planned turn of the sampled conversations. Earlier
-    turns use the dataset's own answers (the regenerated ones do not exist yet)."""
-    items = []
-    for conv in convs:
-        for turn in renderer.user_turns(conv, cfg.turns):
-            items.append((conv, turn, renderer.build_messages(conv, turn, {}, "last")))
-    ids = renderer.prompt_ids_many([m for _, _, m in items])
-    return [(c, t, i) for (c, t, _), i in zip(items, ids)]
-
-
-def prompt_token_stats(rendered: list[tuple[Conversation, int, list[int]]], n_convs: int, mode: str) -> PromptTokens:
-    lens = np.array([len(ids) for _, _, ids in rendered], dtype=np.int64)
-    note = ("rendered with the model's chat template" + (
-        "; later turns with the dataset's own earlier answers (the regenerated ones differ)" if mode == "all" else ""))
-    if lens.size == 0:
-        return PromptTokens(n_convs, 0, None, None, None, None, None, note)
-    p50, p90, p99 = np.percentile(lens, [50, 90, 99])
-    return PromptTokens(n_convs, int(lens.size), float(lens.mean()), float(p50), float(p90), float(p99),
-                        int(lens.max()), note)
-
-
-def _where(conv: Conversation) -> str:
-    if conv.line is not None:
-        return f"{conv.file}:{conv.line}"
-    return f"{conv.file}:row{conv.row}" if conv.row is not None else conv.origin
-
-
-def check_context(cfg: RunConfig, renderer, rendered: list[tuple[Conversation, int, list[int]]], rows_read: int,
-                  how: str, longest_asked: int, longest_ids: set[int]) -> tuple[ContextCheck, list[str]]:
-    """The rendered prompts against SGLang's input limit and the room for max_new_tokens; the WARN lines."""
-    from engine.run.prompt_limit import from_context
-
-    where = "run.toml context_length" if cfg.context_length else "the model's config / tokenizer"
-    limit = from_context(renderer.context_length, where)
-    max_new = cfg.sampling.max_new_tokens
-    lens = [(conv, turn, len(ids)) for conv, turn, ids in rendered]
-    lens.sort(key=lambda x: -x[2])
-    over = [x for x in lens if not limit.fits(x[2])]
-    capped = [x for x in lens if limit.fits(x[2]) and limit.room(x[2]) < max_new]
-    long_over = [x for x in over if x[0].index in longest_ids]
-    at_least = bool(longest_asked) and len({x[0].index for x in long_over}) >= longest_asked
-
-    def examples(items) -> list[dict[str, Any]]:
-        return [{"where": _where(c), "sample_id": f"{c.conversation_id}#turn{t}", "tokens": n}
-                for c, t, n in items[:EXAMPLES_LISTED]]
-
-    check = ContextCheck(renderer.context_length, where, limit.max_input_len, max_new, rows_read, len(lens), how,
-                         len(over), at_least, examples(over), len(capped), examples(capped),
-                         lens[0][2] if lens else None)
-    warnings = []
-    if over:
-        shown = ", ".join(f"{e['where']} {e['sample_id']} ({e['tokens']:,} tokens)" for e in check.over_examples[:3])
-        warnings.append(
-            f"{'at least ' if at_least else ''}{len(over):,} prompt(s) at or over SGLang's input limit of "
-            f"{limit.max_input_len:,} tokens (context_length {renderer.context_length:,} from {where}, minus 6): "
-            f"those turns are rejected, not generated (each to rejects.jsonl); e.g. {shown}. Found among {len(lens):,}"
-            f" prompts rendered ({how}); filter those rows out of the prompt files, or raise context_length where "
-            "the model allows it")
-    if capped:
-        shown = ", ".join(f"{e['sample_id']} ({e['tokens']:,} tokens)" for e in check.capped_examples[:3])
-        warnings.append(
-            f"{len(capped):,} of {len(lens):,} rendered prompts leave less than max_new_tokens {max_new:,} for the "
-            f"answer (context {renderer.context_length:,}): their answers are cut at the context (finish_reason "
-            f"length; the export drops those by default), e.g. {shown}; lower max_new_tokens or raise context_length "
-            "to keep them whole")
-    return check, warnings
-
-
-ASSUMED_BYTES_PER_OUTPUT_TOKEN = 5.0  # 4 B token id (PLAIN, zstd gains little on diverse ids) + ~1 B of zstd text
-DISK_SAMPLE_ROWS = 500
-
-
-@dataclass
-class DiskModel:
-    """Bytes per stored token of a zstd part written with the shard schema, apart for the prompt (ids and mask
-    only) and the output (ids, mask and its decoded text): answers cost several times what prompts do."""
-    bytes_per_prompt_token: float
-    bytes_per_output_token: float
-    basis: str  # "measured: ..." | "assumed: ..."
-
-
-def answer_like(conv: Conversation, turn: int) -> str | None:
-    """The dataset's own answer to user turn `turn` (the assistant message after it), if it has one."""
-    users = 0
-    for i, m in enumerate(conv.messages):
-        if m["role"] == "user":
-            if users == turn:
-                nxt = conv.messages[i + 1] if i + 1 < len(conv.messages) else None
-                return nxt["content"] if nxt is not None and nxt["role"] == "assistant" and nxt["content"] else None
-            users += 1
-    return None
-
-
-def measure_disk(renderer, rendered, outputs: Sequence[Sequence[int]] | None) -> DiskModel:
-    """Bytes per prompt token and per output token, from parts written with the shard schema. The outputs are
-    answer-like text: the pilot's outputs when there is a pilot, else the prompt files' own assistant answers
-    (the prompts themselves compress far better than answers: measured on them, the shards' disk came out
-    3-4x too low), else an assumption, stated as such."""
-    if outputs:
-        pairs = list(zip(rendered, (list(o) for o in outputs)))[:DISK_SAMPLE_ROWS]
-        what = "pilot outputs"
-    else:
-        pairs = []
-        for conv, turn, prompt in rendered:
-            text = answer_like(conv, turn)
-            if text:
-                pairs.append(((conv, turn, prompt), renderer.tokenizer.encode(text, add_special_tokens=False)))
-            if len(pairs) >= DISK_SAMPLE_ROWS:
-                break
-        what = "the prompt files' own assistant answers as answer-like outputs (a pilot measures the model's)"
-    prompt_only: list[tuple[Any, list[int]]] = [(r, []) for r in (rendered[:DISK_SAMPLE_ROWS] if not pairs else [r for r, _ in pairs])]
-    prompt_tokens = sum(len(r[2]) for r, _ in prompt_only)
-    # a file's own overhead (footer, schema: ~5 KB) is not the tokens': a part holds thousands of samples
-    overhead = _part_bytes(renderer, [])
-    bpt_prompt = max(0, _part_bytes(renderer, prompt_only) - overhead) / prompt_tokens if prompt_tokens else 0.0
-    output_tokens = sum(len(o) for _, o in pairs)
-    if not output_tokens:
-        return DiskModel(bpt_prompt, ASSUMED_BYTES_PER_OUTPUT_TOKEN,
-                         f"assumed (outputs): prompts measured ({len(prompt_only)} sampled), outputs "
-                         f"{ASSUMED_BYTES_PER_OUTPUT_TOKEN:g} B/token (4 B id + ~1 B zstd text; no answer-like text in "
-                         "the sample: --pilot N measures it)")
-    # the output's share: the same rows with and without their outputs
-    bpt_output = max(0.0, _part_bytes(renderer, pairs) - _part_bytes(renderer, [(r, []) for r, _ in pairs])) / output_tokens
-    return DiskModel(bpt_prompt, bpt_output, f"measured: zstd parts of {len(pairs)} samples with {what}: "
-                                             f"{output_tokens:,} output tokens, {prompt_tokens:,} prompt tokens")
-
-
-def _part_bytes(renderer, pairs) -> int:
-    rows = []
-    for (conv, turn, prompt), out in pairs:
-        rows.append({
-            "sample_id": f"{conv.conversation_id}#turn{turn}", "conversation_id": conv.conversation_id, "turn": turn,
-            "source": conv.source, "origin": conv.origin, "input_ids": list(prompt) + list(out),
-            "loss_mask": [0] * len(prompt) + [1] * len(out), "prompt_len": len(prompt), "output_len": len(out),
-            "reasoning_tokens": 0, "prompt_opened": False, "finish_reason": "stop", "completion_tokens": len(out),
-            "cached_tokens": 0, "latency_s": 0.0, "worker": "gpu0", "text": renderer.decode(list(out)) if out else ""})
-    table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
-    with tempfile.TemporaryDirectory(prefix="regen-plan-") as tmp:
-        path = Path(tmp) / "part.parquet"
-        pq.write_table(table, path, compression=PART_COMPRESSION, use_dictionary=PART_DICTIONARY,
-                       write_statistics=PART_STATISTICS)
-        return path.stat().st_size
-
-
-def _free_space(run_dir: str) -> tuple[int | None, str]:
-    path = Path(run_dir).expanduser()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return shutil.disk_usage(path).free, str(path)
-    except OSError as exc:
-        return None, f"{path} ({exc})"
 
 
 # --- projection ------------------------------------------------------------------------------
@@ -455,7 +64,7 @@ def project(cfg: RunConfig, shard_plan: ShardPlan, prompt: PromptTokens, pilot: 
                  n * (prompt_bytes + out.high * per_out),
                  f"{disk_model.basis.split(':')[0]}: samples x (mean prompt tokens x B/prompt token + output "
                  "tokens x B/output token)")
-    free, free_path = _free_space(cfg.run_dir)
+    free, free_path = free_space(cfg.run_dir)
     headroom = (Range(free - disk.value, free - disk.high, free - disk.low, "free space minus the shards")
                 if free is not None else None)
     files = project_files(cfg, shard_plan, out, tps, n_workers)
@@ -577,7 +186,7 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
     cfg, effective = resolve_sampling(cfg)  # what the run would send: run.toml, else the model's, else regen's
     sample_size = sample_conversations or cfg.plan.sample_conversations
     shard_plan, sample, longest = scan_prompts(cfg, sample_size, longest=LONGEST_RENDERED)
-    renderer = _renderer(cfg)
+    renderer = renderer_of(cfg)
     rendered = sample_prompts(renderer, cfg, sample)
     prompt = prompt_token_stats(rendered, len(sample), cfg.turns)
     sampled = {c.index for c in sample}
@@ -613,13 +222,11 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
         notes += pilot_notes
         outputs = getattr(result, "_outputs", None)
     projection = project(cfg, shard_plan, prompt, result, measure_disk(renderer, rendered, outputs))
-    assumptions = {"output_tokens_per_sample": cfg.plan.output_tokens_per_sample,
-                   "tokens_per_s_per_gpu": cfg.plan.tokens_per_s_per_gpu,
-                   "loop_share": cfg.plan.loop_share,
-                   "used": result is None}
+    assumptions = Assumptions(cfg.plan.output_tokens_per_sample, cfg.plan.tokens_per_s_per_gpu, cfg.plan.loop_share,
+                              used=result is None)
     guard = project_guard(cfg, projection, outputs if result is not None else None, result)
     return Plan(cfg.source_path, cfg.run_dir, shard_plan, prompt, result, projection, assumptions, notes,
-                runaway=guard, brake=plan_of(cfg), sampling=effective.as_dict(), sampling_note=effective.note,
+                runaway=guard, brake=plan_of(cfg), sampling={k: SampledValue(v["value"], v["source"]) for k, v in effective.as_dict().items()}, sampling_note=effective.note,
                 turns_after_cut=project_cut_policy(cfg, shard_plan, projection, result),
                 slurm=None if cfg.slurm is None else plan_slurm(cfg, projection.wall_hours.high * 3600),
                 context=context, warnings=warnings)
@@ -636,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config)
         plan = make_plan(cfg, pilot=args.pilot, sample_conversations=args.sample)
     except (ConfigError, PlanError) as exc:
-        print(json.dumps({"schema": SCHEMA, "error": str(exc)}))
+        print(json.dumps({"schema": PLAN_SCHEMA, "error": str(exc)}))
         print(f"regen plan: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(plan.to_dict()))

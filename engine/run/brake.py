@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
 from engine.text.answer_shape import SampleShape
+from engine.api.reports import BrakeLevel, BrakePlan
 from engine.config.load import Brake, RunConfig
 
 
@@ -287,23 +288,6 @@ class RunBrake:
         base = self.engaged or BrakeStatus(enabled=self.enabled, settings=settings_of(self.settings))
         return dataclasses.replace(base, enabled=self.enabled, window=self.shares(), samples=len(self.window),
                                    window_size=self.settings.window, min_samples=self.settings.min_samples)
-
-
-@dataclass
-class BrakeLevel:
-    reason: str
-    level: float
-    alert: float | None  # its alert level in [alerts], where there is one
-    judged: bool  # False: does not apply to this run (thinking_missing with enable_thinking = false)
-
-
-@dataclass
-class BrakePlan:
-    """[brake] as `regen plan` prints it."""
-    enabled: bool
-    window: int
-    min_samples: int
-    levels: list[BrakeLevel]
 
 
 def plan_of(cfg: RunConfig) -> BrakePlan:

@@ -28,7 +28,10 @@ from typing import Callable, Protocol
 
 from engine.config.load import Store
 from engine.run.items import Committed, Generated, WorkItem
-from engine.store.shard_store import CUT_FINISHES, DuplicateSample, PartInfo, ShardStore
+from engine.store.names import CUT_FINISHES
+from engine.store.part_writer import DuplicateSample
+from engine.store.shard_store import ShardStore
+from engine.store.state_db import PartInfo
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import Severity
 

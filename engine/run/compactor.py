@@ -20,7 +20,8 @@ import time
 from typing import Callable, Mapping, Protocol
 
 from engine.run.counts import ShardCounts
-from engine.store.shard_store import Compaction, ShardStore
+from engine.store.compaction import Compaction
+from engine.store.shard_store import ShardStore
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import Severity
 

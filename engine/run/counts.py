@@ -20,7 +20,9 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from engine.store.shard_store import PartInfo, ShardProgress
+from engine.store.shard_store import ShardProgress
+
+from engine.store.state_db import PartInfo
 
 RATE_WINDOW_S = 60.0
 # a rate exists from the first commits: the span runs from this start's dispatch (never less), so an early rate is

@@ -63,7 +63,7 @@ from engine.run.items import Failed, Generated, Outcome, Rejected, Retry, Sample
 from engine.run.request_size import RequestSize
 from engine.run.runaway import Repetition, RunawayDetector
 from engine.run.spread import ServerLoad, StrandedWatch, room, within_share
-from engine.store.shard_store import REPETITION
+from engine.store.names import REPETITION
 from engine.api.events import AlertEvent, Event
 from engine.servers.target import DispatchTarget
 from engine.servers.workers import WorkerState

@@ -37,7 +37,7 @@ from engine.run.items import WorkItem
 from engine.run import prompt_limit
 from engine.run.ledger import ConvProgress, Ledger, Unfit, reject_for
 from engine.run.prompt_limit import PromptLimit
-from engine.store.shard_store import shard_id_for
+from engine.store.names import shard_id_for
 
 log = logging.getLogger("regen.feed")
 

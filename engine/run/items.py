@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from engine.text.ingest import Conversation
-from engine.store.shard_store import STANDARD_MASK, PartInfo
+from engine.store.part_table import STANDARD_MASK
+from engine.store.state_db import PartInfo
 
 
 @dataclass
@@ -128,7 +129,7 @@ class Committed:
     samples: tuple[tuple[WorkItem, str | None], ...]  # each item with its history answer
     # per worker (the rows' `worker`): its name, the part's prompt tokens it was sent and how many it had cached
     served: tuple[tuple[str, int, int], ...] = ()
-    # the part's samples that were cut (shard_store.CUT_FINISHES), with their finish reason: turns_after_cut
+    # the part's samples that were cut (engine.store.names.CUT_FINISHES), with their finish reason: turns_after_cut
     cut: dict[str, str] = field(default_factory=dict)
 
 

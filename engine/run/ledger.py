@@ -38,7 +38,8 @@ from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
 from engine.run.ready_queue import ReadyQueue
 from engine.run.refusals import RefusalTrip, RefusalWatch
-from engine.store.shard_store import AFTER_CUT, ShardStore
+from engine.store.names import AFTER_CUT
+from engine.store.shard_store import ShardStore
 
 log = logging.getLogger("regen.ledger")
 

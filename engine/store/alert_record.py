@@ -1,13 +1,7 @@
-"""The alerts raised now: one per condition (its key), recorded with the run in state.sqlite while the condition holds.
-
-Telemetry owns one AlertRecord and passes every keyed `raised` / `cleared` alert (engine.api.wire.AlertKind) through it:
-a raise of a key already raised is not said again (one alert per condition, also across a supervisor restart: the
-restarted supervisor loads the rows), a clear removes the row and is said only when the key was raised. The status
-lists the record (engine.observe.status: `alerts`; offline, `raised_alerts_in` reads the rows), not telemetry lines.
-
-Without a store (a host agent, the pilot, a supervisor before it opened state.sqlite) the record is kept in memory;
-a store attached later gets what was raised meanwhile. A row that cannot be written or removed (a full disk) is
-logged, the record goes on in memory, and `write_error` says why (in the status's write_errors).
+"""The alerts raised now: one per condition (its key), recorded with the run in state.sqlite while it holds.
+A raise of a key already raised is not said again (also across a restart: the rows are loaded), a clear removes the
+row and is said only when the key was raised. Without a store the record is kept in memory; a row that cannot be
+written is logged and `write_error` says why.
 """
 from __future__ import annotations
 

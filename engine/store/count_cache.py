@@ -1,25 +1,7 @@
-"""run_dir/count_cache.json: the counting pass's result, reused while the prompt files are unchanged.
-
-The work plan's counting pass parses every prompt row (~20 s per 10^6 rows). Its result depends
-only on the prompt files and a few config fields, so it is saved in the run dir and reused at the
-next start when all of these are equal:
-
-  - the config fields that change counting: prompts (patterns), prompt_format, turns, shard_size,
-    tokenizer, enable_thinking, and the cache's schema version;
-  - each resolved prompt file: path, size, mtime_ns, ctime_ns, inode, and a SHA-256 of its first
-    and last 64 KiB (a file rewritten in place with the same size and a restored mtime still
-    changes its ctime).
-
-Besides the per-shard totals it holds, per shard, the position of its first conversation (file
-number, byte offset and line for JSONL, row for JSON arrays and Parquet) and that conversation's
-id, and the positions of every row the counting pass rejected: the feed starts reading at the
-first incomplete shard instead of re-parsing every committed conversation before it, and checks
-that the conversation found there is the expected one.
-
-A cache that does not match is stale: counted again, with a log line saying what changed. A cache
-that cannot be read or fails its checks (JSON, checksum, structure) is ignored with a warning and
-counted again; it is never trusted. It is written atomically (temp file, fsync, rename) after the
-counting pass's rejects are in rejects.jsonl, so a cache never claims rejects that were not logged.
+"""run_dir/count_cache.json: the counting pass's result (per-shard totals, each shard's first position, the rejected
+rows), reused while the prompt files (path, size, mtime, ctime, inode, head and tail hash) and the counting config
+fields are unchanged. A stale or unreadable cache is counted again, never trusted; it is written atomically after
+the counting pass's rejects are in rejects.jsonl.
 """
 from __future__ import annotations
 
@@ -32,7 +14,7 @@ from typing import Any, Sequence
 
 from engine.text.ingest import StreamStart
 from engine.store.run_dir import write_atomic
-from engine.store.shard_store import shard_id_for
+from engine.store.names import shard_id_for
 
 CACHE_FILE = "count_cache.json"
 SCHEMA = "regen.count_cache/1"

@@ -1,9 +1,6 @@
 """manifest.json: what produced a run's data or an export (model, template, sampling, prompts, counts, files).
-
-One shape for both places: the supervisor writes it in the run dir (at start, again at the end) and
-`regen export` next to every export, with its files' rows and sha256 so `regen export --verify`
-can re-check them. Prompt files are fingerprinted by size and the sha256 of their first and last
-MiB (hashing a multi-GB prompt set whole at every start would cost minutes).
+The supervisor writes it in the run dir, `regen export` next to every export (with its files' rows and sha256 for
+`--verify`); prompt files are fingerprinted by size and the sha256 of their first and last MiB.
 """
 from __future__ import annotations
 

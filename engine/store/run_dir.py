@@ -1,10 +1,6 @@
 """The run dir: its paths, and preparing it for a (re)start with a given config.
-
-A run dir keeps a frozen copy of the config (`run.toml`) and, in state.sqlite's meta table,
-the content hash and the content fields it was started with. Restarting with a config whose
-content fields differ is refused (the shards there were made with the old values); operational
-fields (workers, dispatch, alerts, host python, context length) may change, and the frozen copy
-is rewritten with them.
+It keeps a frozen copy of the config and, in state.sqlite, the content hash and fields it was started with: a restart
+whose content fields differ is refused; operational fields may change (the frozen copy is rewritten with them).
 """
 from __future__ import annotations
 
@@ -17,7 +13,8 @@ from pathlib import Path
 
 from engine.config.load import RunConfig, changed_content_fields, dump_toml
 from engine.store.rejects import REJECTS_FILE
-from engine.store.shard_store import SHARDS_DIR, STATE_DB, WRITER_LOCK, ShardStore
+from engine.store.names import SHARDS_DIR, STATE_DB, WRITER_LOCK
+from engine.store.shard_store import ShardStore
 
 log = logging.getLogger("regen.run_dir")
 

@@ -58,7 +58,7 @@ class SampleShape:
     @property
     def reasoning_unclosed(self) -> bool:
         """The reasoning block was opened and never closed, and not because regen's runaway guard cut the answer
-        (the store counts the same in SQL: engine.store.shard_store.UNCLOSED_SQL)."""
+        (the store counts the same in SQL: engine.store.state_db.UNCLOSED_SQL)."""
         return self.think == "unterminated" and self.finish_reason != "repetition"
 
 

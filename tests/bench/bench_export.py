@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from engine.config.load import RunConfig, dump_toml
 from engine.store.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
-from engine.store.shard_store import SCHEMA_SQL
+from engine.store.state_db import SCHEMA_SQL
 from tests.bench.bench_common import REPO, write_result
 from tests.bench.bench_stats import _texts, make_part
 

@@ -41,7 +41,8 @@ from pathlib import Path
 
 from engine.config.load import Sampling
 from engine.store.run_dir import prepare_run_dir
-from engine.store.shard_store import ShardStore, shard_id_for
+from engine.store.names import shard_id_for
+from engine.store.shard_store import ShardStore
 from tests.bench import bench_common as bc
 
 TARGET_RESUME_S = 3.0

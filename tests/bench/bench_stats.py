@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from engine.text.answer_shape import is_empty_answer, think_state
 from engine.store.shard_schema import PART_COMPRESSION, SHARD_SCHEMA
-from engine.store.shard_store import SCHEMA_SQL
+from engine.store.state_db import SCHEMA_SQL
 from engine.store.stats import compute_stats
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stats.json"

@@ -24,6 +24,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.api.reports import SlurmPlan
 from engine.config.schema import RunConfig, Slurm
 from engine.placement.slurm.jobs import JOBS_FILE
 from engine.servers.ranks import DIST_PORT_SPAN
@@ -140,21 +141,6 @@ def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False) -> list[
     argv += list(s.extra_args)
     argv.append("--wrap=" + shlex.join(srun_argv(cfg, group)))
     return argv
-
-
-@dataclass(frozen=True)
-class SlurmPlan:
-    """What `regen plan` says about a [slurm] run."""
-    layout: str
-    groups: int
-    servers: int
-    time_limit_s: int
-    handover_s: int
-    usable_s: int  # per allocation: time limit minus the hand-over
-    projected_wall_s: float | None
-    allocations: int | None  # consecutive allocations each group needs (None: no projection)
-    sbatch: list[str]  # one line per group, shell-quoted
-    srun: list[str]
 
 
 def allocations_needed(wall_s: float, usable_s: int) -> int:

@@ -61,7 +61,7 @@ from engine.run.committer import Committer
 from engine.run.compactor import Compactor
 from engine.api.ops import (Drain, DrainHost, LogTail, LogText, Op, Pause, RestartWorker, Resume, RunEnding,
                             ShardsChanged, Status, Stop, UndrainHost, WireReply, WorkerRestarted)
-from engine.run.dispatcher import Dispatcher
+from engine.run.dispatch.loop import Dispatcher
 from engine.observe.metrics_server import ALERT_KEY as METRICS_ALERT_KEY, MetricsServer
 from engine.run.feed import Feed
 from engine.run.items import Generated, Outcome

@@ -11,7 +11,7 @@ from engine.config.load import Dispatch, RunConfig
 from engine.placement.hosts.link import RemoteWorker
 from engine.servers.metrics_client import ServerMetrics
 from engine.run.batch_feedback import corrected, margin_for
-from engine.run.dispatcher import Dispatcher
+from engine.run.dispatch.loop import Dispatcher
 from engine.servers.workers import IdentityRecord, WorkerSpec, WorkerState
 
 ARGS = {"model_path": "/models/Qwen3-27B", "dp_size": 1, "tp_size": 1, "max_running_requests": None}

@@ -75,7 +75,10 @@ from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.api.wire import ALREADY_SETTLED, AlertKind, FINAL_RUN_STATES, RunState, Severity, ShardFigures
 from engine.placement.fleet import Fleet
 from engine.placement.hosts.link import HostError, RemoteWorker
-from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
+from engine.api.wire import WorkerState
+from engine.servers.launch import worker_specs
+from engine.servers.server_log import log_tail
+from engine.servers.workers import Worker
 from probes.context import is_rehearsal
 
 log = logging.getLogger("regen.supervisor")

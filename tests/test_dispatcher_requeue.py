@@ -141,7 +141,8 @@ async def test_a_server_failing_every_request_takes_no_new_work_for_a_moment(sta
     from engine.placement.hosts.link import RemoteWorker
     from engine.run.dispatch.answers import FAULT_PAUSE_S
     from engine.servers.capacity import ServerCapacity
-    from engine.servers.workers import WorkerSpec, WorkerState
+    from engine.api.wire import WorkerState
+    from engine.servers.launch import WorkerSpec
 
     sim = await start_sim(sim_5xx_rate=1.0)
     ids = tiny_tokenizer.encode("hello there")

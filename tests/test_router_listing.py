@@ -16,7 +16,8 @@ from engine.placement.hosts.link import RemoteWorker
 from engine.placement.router import ListedWorker, RouterEndpoint, RouterProcess, parse_listing
 from engine.run.dispatch.loop import Dispatcher
 from engine.servers.capacity import ServerCapacity
-from engine.servers.workers import WorkerSpec, WorkerState
+from engine.api.wire import WorkerState
+from engine.servers.launch import WorkerSpec
 from engine.api.wire import InFlightSource, in_flight_text
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 from tests.sshd_fixtures import free_port

@@ -9,8 +9,11 @@ A version that cannot be read gets no flag: its streams are cumulative, which th
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from dataclasses import dataclass
+
+log = logging.getLogger("regen.workers")
 
 INCREMENTAL = "--incremental-streaming-output"
 LEGACY = "--stream-output"
@@ -78,3 +81,16 @@ async def _installed_version(python: str, timeout: float) -> tuple[str | None, s
         last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         return None, f"cannot read the SGLang version ({shown} exited {proc.returncode}: {last})"
     return out.decode().strip(), f"{shown}"
+
+
+async def choose_logged(argv: list[str], python: str, name: str) -> StreamFlag:
+    """choose(), and what it chose said in the log of worker `name`."""
+    chosen = await choose(argv, python)
+    if chosen.flag:
+        log.info("worker %s: launched with %s (SGLang %s, from %s): streams carry only the new ids",
+                 name, chosen.flag, chosen.version, chosen.how)
+    elif "already" not in chosen.how:
+        log.warning("worker %s: no delta-streaming flag added (%s): if the server streams every id "
+                    "so far in each chunk, regen reads that too, at a client CPU cost growing with the "
+                    "square of the answer's length", name, chosen.how)
+    return chosen

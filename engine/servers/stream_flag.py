@@ -1,11 +1,8 @@
 """Which launch flag makes an SGLang server stream deltas, so a streamed answer costs O(n) on both ends.
 
-SGLang 0.5.10+ streams every output id so far in each chunk unless launched with --incremental-streaming-output;
-0.5.5 streams only the new ids, and its --stream-output (0.5.10+: a deprecated alias of the new flag) also makes the
-text a delta (contract 1.1, 2.4, 7.6). The version is read from the launch's python (importlib.metadata, without
-importing sglang); the simulator's from its --sim-sglang-version (its profiles say which versions have the flag).
-A version that cannot be read gets no flag: its streams are cumulative, which the client reads too (and notes).
-"""
+0.5.10+ streams every id so far in each chunk unless launched with --incremental-streaming-output; 0.5.5 streams
+deltas, --stream-output also making the text a delta (contract 1.1, 2.4, 7.6). The version is read from the launch's
+python (or the simulator's --sim-sglang-version); none read: no flag, and the client reads cumulative streams too."""
 from __future__ import annotations
 
 import asyncio

@@ -61,7 +61,7 @@ from engine.run.committer import Committer
 from engine.run.compactor import Compactor
 from engine.api.ops import (Drain, DrainHost, LogTail, LogText, Op, Pause, RestartWorker, Resume, RunEnding,
                             ShardsChanged, Status, Stop, UndrainHost, WireReply, WorkerRestarted)
-from engine.run.dispatcher import Dispatcher
+from engine.run.dispatch.loop import Dispatcher
 from engine.observe.metrics_server import ALERT_KEY as METRICS_ALERT_KEY, MetricsServer
 from engine.run.feed import Feed
 from engine.run.items import Generated, Outcome
@@ -75,7 +75,10 @@ from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.api.wire import ALREADY_SETTLED, AlertKind, FINAL_RUN_STATES, RunState, Severity, ShardFigures
 from engine.placement.fleet import Fleet
 from engine.placement.hosts.link import HostError, RemoteWorker
-from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
+from engine.api.wire import WorkerState
+from engine.servers.launch import worker_specs
+from engine.servers.server_log import log_tail
+from engine.servers.workers import Worker
 from probes.context import is_rehearsal
 
 log = logging.getLogger("regen.supervisor")

@@ -179,13 +179,13 @@ async def run_one(server: StreamingServer, rid: str = "c1#turn0"):
     session = client_session()
     d, w, _, events_ = make_dispatcher(session, url)
     outcomes: list[object] = []
-    d.deliver = outcomes.append
-    d.renderer = SimpleNamespace(answer_text=lambda ids, text, matched: ("t", False),
+    d.answers.deliver = outcomes.append
+    d.answers.renderer = SimpleNamespace(answer_text=lambda ids, text, matched: ("t", False),
                                  reasoning_tokens=lambda ids, prompt_opened=False: 0)
     item = make_item(rid, [1, 2, 3])
     try:
         await d._send(w, item)
-        await asyncio.gather(*d._aborts)
+        await asyncio.gather(*d.client._aborts)
     finally:
         await d.close()
         await session.close()
@@ -211,7 +211,7 @@ async def test_a_runaway_is_aborted_by_rid_and_committed_with_every_id_never_ret
     row = outcomes[0].row
     assert row.finish_reason == "repetition" and row.output_ids.tolist() == after
     assert row.completion_tokens == len(after) and item.attempt == 0 and d.retried == 0
-    assert d.stopped_runaways == 1
+    assert d.answers.stopped_runaways == 1
     # this server streams cumulative ids (SGLang 0.5.10+ without --incremental-streaming-output): read, and noted once
     assert [(e.severity, e.key) for e in events_] == [("info", "cumulative-stream:gpu0")]
     assert "streams every id so far in each chunk" in events_[0].text

@@ -11,8 +11,10 @@ from engine.config.load import Dispatch, RunConfig
 from engine.placement.hosts.link import RemoteWorker
 from engine.servers.metrics_client import ServerMetrics
 from engine.run.batch_feedback import corrected, margin_for
-from engine.run.dispatcher import Dispatcher
-from engine.servers.workers import IdentityRecord, WorkerSpec, WorkerState
+from engine.run.dispatch.loop import Dispatcher
+from engine.api.wire import WorkerState
+from engine.servers.identity_record import IdentityRecord
+from engine.servers.launch import WorkerSpec
 
 ARGS = {"model_path": "/models/Qwen3-27B", "dp_size": 1, "tp_size": 1, "max_running_requests": None}
 

@@ -15,7 +15,7 @@ import pytest
 
 from engine.config.load import Dispatch, RunConfig
 from engine.text.ingest import Conversation
-from engine.run.dispatcher import Dispatcher
+from engine.run.dispatch.loop import Dispatcher
 from engine.run.items import Failed, Rejected, Retry, WorkItem
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 from tests.waiting import await_until
@@ -69,7 +69,7 @@ async def test_a_finished_task_whose_callback_has_not_run_is_not_requeued_again(
     never = asyncio.get_running_loop().create_future()
 
     async def settles_itself():
-        d.deliver(Retry(settled))  # what _send does on a connection reset
+        d.answers.deliver(Retry(settled))  # what _send does on a connection reset
 
     async def waits_for_answer():
         await never
@@ -139,9 +139,10 @@ async def test_a_server_failing_every_request_takes_no_new_work_for_a_moment(sta
     """A server whose scheduler died answers 503 at once: without a pause its loop passed regen's whole queue through
     it into retry backoff before the crash was seen, and the other servers had nothing to do."""
     from engine.placement.hosts.link import RemoteWorker
-    from engine.run.dispatcher import FAULT_PAUSE_S
+    from engine.run.dispatch.answers import FAULT_PAUSE_S
     from engine.servers.capacity import ServerCapacity
-    from engine.servers.workers import WorkerSpec, WorkerState
+    from engine.api.wire import WorkerState
+    from engine.servers.launch import WorkerSpec
 
     sim = await start_sim(sim_5xx_rate=1.0)
     ids = tiny_tokenizer.encode("hello there")

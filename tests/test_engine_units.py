@@ -11,7 +11,8 @@ from engine.config.load import RunConfig, Workers
 from engine.control import ControlError, ControlServer, request
 from engine.servers.metrics_client import parse_metrics
 from engine.api.ops import Pause
-from engine.servers.workers import WorkerSpec, error_lines, launch_argv, redact, worker_specs
+from engine.servers.launch import WorkerSpec, launch_argv, redact, worker_specs
+from engine.servers.server_log import error_lines
 
 METRICS = """# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
@@ -98,7 +99,7 @@ def test_error_lines_quote_a_python_traceback_s_cause(tmp_path):
 
 
 def test_each_server_gets_its_own_empty_prometheus_multiproc_dir(tmp_path):
-    from engine.servers.workers import own_prometheus_dir
+    from engine.servers.launch import own_prometheus_dir
 
     first, second = own_prometheus_dir(tmp_path / "gpu0"), own_prometheus_dir(tmp_path / "gpu1")
     assert first != second and first.is_dir() and second.is_dir()

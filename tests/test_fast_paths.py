@@ -71,7 +71,7 @@ def test_table_decode_edges(renderer, tiny_tokenizer):
 
 
 def test_int32_array_equals_array_and_refuses_the_same_values():
-    from engine.run.dispatcher import int32_array
+    from engine.run.answer_stream import int32_array
 
     rng = random.Random(5)
     for n in (0, 1, 2, 17, 4000):

@@ -22,7 +22,10 @@ import pytest
 
 from engine.config.load import SIMULATOR_LAUNCH, RunConfig
 from engine.api.events import AlertEvent, WorkerEvent
-from engine.servers.workers import IdentityRecord, Worker, WorkerState, worker_specs
+from engine.api.wire import WorkerState
+from engine.servers.identity_record import IdentityRecord
+from engine.servers.launch import worker_specs
+from engine.servers.workers import Worker
 from tests.run_helpers import REPO, events, make_config, read_rows, sample_accounting, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
 from tests.waiting import await_until

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.http_client import KEEPALIVE_S, client_session
-from engine.run.dispatcher import STREAM_END_WAIT_S
+from engine.run.dispatch.client import STREAM_END_WAIT_S
 from engine.run.items import Generated, Retry
 from tests.test_dispatcher_requeue import make_dispatcher, make_item
 from tests.waiting import await_until
@@ -85,10 +85,11 @@ class ClosingServer(LoopbackServer):
 
 def _dispatcher(session, url, guard: bool = True):
     d, w, plan, events = make_dispatcher(session, url)
-    d.cfg = d.cfg.model_copy(update=dict(runaway=d.cfg.runaway.model_copy(update=dict(enabled=guard))))
+    cfg = d.client.cfg
+    d.client.cfg = cfg.model_copy(update=dict(runaway=cfg.runaway.model_copy(update=dict(enabled=guard))))
     outcomes: list[object] = []
-    d.deliver = outcomes.append
-    d.renderer = SimpleNamespace(answer_text=lambda ids, text, matched: (text, False), reasoning_tokens=lambda ids, prompt_opened=False: 0)
+    d.answers.deliver = outcomes.append
+    d.answers.renderer = SimpleNamespace(answer_text=lambda ids, text, matched: (text, False), reasoning_tokens=lambda ids, prompt_opened=False: 0)
     return d, w, outcomes, events
 
 
@@ -200,19 +201,19 @@ async def test_a_streamed_answer_is_taken_at_its_final_chunk_and_its_connection_
     try:
         await d._send(w, make_item("a#turn0", [1, 2, 3]))  # returns with [DONE] still held by the server
         assert [type(o).__name__ for o in outcomes] == ["Generated"] and not server.release.is_set()
-        assert len(d._unended) == 1
+        assert len(d.client._unended) == 1
         assert outcomes[0].row.output_ids.tolist() == [11, 12, 13] and outcomes[0].row.finish_reason == "stop"
         server.release.set()
         await await_until(lambda: session.connector._conns, 10, "the connection back in the pool")
-        d._close_unended(time.monotonic())  # the next capacity tick forgets it: its end came
-        assert not d._unended
+        d.client.close_unended(time.monotonic())  # the next capacity tick forgets it: its end came
+        assert not d.client._unended
         await d._send(w, make_item("b#turn0", [4, 5]))
     finally:
         await d.close()
         await session.close()
         await server.close()
     assert [type(o).__name__ for o in outcomes] == ["Generated", "Generated"]
-    assert server.connections == 1 and server.requests == 2 and d.retried == 0 and d.unended_closed == 0
+    assert server.connections == 1 and server.requests == 2 and d.retried == 0 and d.client.unended_closed == 0
 
 
 async def test_a_stream_whose_end_never_comes_keeps_its_answer_and_its_connection_is_closed():
@@ -222,8 +223,8 @@ async def test_a_stream_whose_end_never_comes_keeps_its_answer_and_its_connectio
     d, w, outcomes, _ = _dispatcher(session, url)
     try:
         await d._send(w, make_item("a#turn0", [1, 2, 3]))
-        d._close_unended(time.monotonic() + STREAM_END_WAIT_S)  # its end not come in time: closed, not pooled
-        assert d.unended_closed == 1 and not d._unended
+        d.client.close_unended(time.monotonic() + STREAM_END_WAIT_S)  # its end not come in time: closed, not pooled
+        assert d.client.unended_closed == 1 and not d.client._unended
         await d._send(w, make_item("b#turn0", [4, 5]))
     finally:
         server.release.set()

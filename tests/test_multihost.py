@@ -13,7 +13,7 @@ import time
 import pytest
 
 from engine.config.load import Host, Router, dump_toml
-from engine.servers.workers import READY_LINE
+from engine.servers.server_log import READY_LINE
 from tests.netns_hosts import netns_available, start_hosts
 from tests.run_helpers import process_alive
 from tests.sshd_fixtures import find_sshd, free_port

@@ -21,7 +21,9 @@ from engine.placement.router import RouterEndpoint, router_argv
 from engine.observe.status import RunStatus
 from engine.servers.identity import ServedNames, Verdict
 from engine.api.events import AlertEvent, GpuEvent, WorkerEvent
-from engine.servers.workers import IdentityRecord, WorkerSpec, WorkerState
+from engine.api.wire import WorkerState
+from engine.servers.identity_record import IdentityRecord
+from engine.servers.launch import WorkerSpec
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 
 BASE = {"run_dir": "/r", "model": "/m", "prompts": ["p.jsonl"]}

@@ -14,9 +14,10 @@ from aiohttp import web
 from engine.config.load import Dispatch, Router, RunConfig
 from engine.placement.hosts.link import RemoteWorker
 from engine.placement.router import ListedWorker, RouterEndpoint, RouterProcess, parse_listing
-from engine.run.dispatcher import Dispatcher
+from engine.run.dispatch.loop import Dispatcher
 from engine.servers.capacity import ServerCapacity
-from engine.servers.workers import WorkerSpec, WorkerState
+from engine.api.wire import WorkerState
+from engine.servers.launch import WorkerSpec
 from engine.api.wire import InFlightSource, in_flight_text
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 from tests.sshd_fixtures import free_port
@@ -124,18 +125,18 @@ async def test_a_503_no_available_workers_is_no_attempt_and_pauses_the_router_ta
         await runner.cleanup()
     assert answers["n"] == 2 and plan.failed == []
     assert plan.requeued == ["c#turn0", "c#turn0"]  # the same rid: no attempt counted
-    assert (d.retried, d.unrouted, item.attempt) == (0, 2, 0)
+    assert (d.retried, d.answers.unrouted, item.attempt) == (0, 2, 0)
     assert relisted == [1, 1]  # the router's list is read again at once
-    assert d._no_pull_until["router"] > 0  # and the router takes no new work for a moment
+    assert d.pauses.paused("router", now=0.0)  # a pause was set: the router takes no new work for a moment
     assert not events  # an alert only once it lasts (UNROUTED_ALERT_AFTER in a row)
 
 
 def test_a_503_of_a_server_is_still_a_retry():
-    from engine.run.dispatcher import _no_servers
+    from engine.run.dispatch.client import no_servers
 
-    assert _no_servers(b'{"object": "error", "message": "The scheduler is dead.", "type": "503", "code": 503}') is False
-    assert _no_servers(b'{"error": {"code": "no_available_workers", "message": "x"}}') is True
-    assert _no_servers(b"No available workers") is True
+    assert no_servers(b'{"object": "error", "message": "The scheduler is dead.", "type": "503", "code": 503}') is False
+    assert no_servers(b'{"error": {"code": "no_available_workers", "message": "x"}}') is True
+    assert no_servers(b"No available workers") is True
 
 
 async def test_the_real_router_lists_a_server_about_a_second_after_it_was_given(start_sim, tmp_path):

@@ -19,7 +19,8 @@ from engine.servers.identity import (
     Expected, ServedNames, SocketOwner, Verdict, check_identity, judge, operator_served_name, read_served_names,
     served_name,
 )
-from engine.servers.workers import bind_failure, launch_argv, worker_specs
+from engine.servers.launch import launch_argv, worker_specs
+from engine.servers.server_log import bind_failure
 from tests.sim_fixtures import start_sim  # noqa: F401  (fixture)
 
 

@@ -11,7 +11,7 @@ import pytest
 from engine.config.load import RunConfig, Workers
 from engine.servers.ranks import DistInitAddr, RankPlanError, plan_server, rank_argv
 from engine.simulator import parse_args
-from engine.servers.workers import WorkerSpec, launch_argv
+from engine.servers.launch import WorkerSpec, launch_argv
 
 
 def test_two_nodes_of_four_gpus_make_one_tp8_server():

@@ -12,7 +12,7 @@ import pytest
 
 from engine.config.load import RunConfig
 from engine.text.render import Renderer
-from engine.run.dispatcher import Dispatcher
+from engine.run.dispatch.loop import Dispatcher
 from engine.run.items import Generated
 from tests.test_dispatcher_requeue import make_item
 
@@ -117,7 +117,7 @@ def test_the_dispatcher_stores_the_ids_text_and_alerts_once_per_worker(renderer,
     for k, body in enumerate(bodies):
         for n in range(workers):
             w = SimpleNamespace(name=f"gpu{n}")
-            d._handle_ok(w, make_item(f"c{k}#turn0", [1, 2, 3]), body, 0.1)
+            d.answers.handle_ok(w, make_item(f"c{k}#turn0", [1, 2, 3]), body, 0.1)
     assert [r["text"] for r in rows] == [want] * len(bodies) * workers
     alerts = [e for e in events if getattr(e, "key", "").startswith("text-mismatch")]
     assert [a.key for a in alerts] == [f"text-mismatch:gpu{n}" for n in range(workers)]

@@ -36,7 +36,10 @@ from engine.config.load import RunConfig
 from engine.servers.metrics_client import ServerMetrics
 from engine.api.events import AlertEvent, Event, WorkerEvent
 from engine.api.wire import InFlightSource
-from engine.servers.workers import WorkerState, die_with_parent, log_tail, served_fields, with_batch
+from engine.api.wire import WorkerState
+from engine.servers.launch import die_with_parent
+from engine.servers.server_log import log_tail
+from engine.servers.worker_event import served_fields, with_batch
 from engine.api.wire import Severity
 
 if TYPE_CHECKING:

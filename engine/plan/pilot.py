@@ -110,7 +110,8 @@ class _PilotServers:
     cause instead of being restarted: a pilot measures servers that work, or says why there are none."""
 
     def __init__(self, cfg: RunConfig, scratch_dir: Path, python: str, session):
-        from engine.servers.workers import Worker, worker_specs
+        from engine.servers.launch import worker_specs
+        from engine.servers.workers import Worker
 
         self.alerts: list[str] = []
         self.cause: str | None = None

@@ -1,6 +1,6 @@
 """Work spread across servers: a server's fair share of scarce work, its room, and the stranded-queue alert.
 
-The dispatcher (engine.run.dispatcher) asks, per server, from a `ServerLoad` (what it knows of each server now):
+The dispatcher (engine.run.dispatch) asks, per server, from a `ServerLoad` (what it knows of each server now):
 
     within_share(me, loads, queued, starting)   may `me` take one more item from regen's queue?
     room(load)                                   requests a server could start now (0: none, or not known)

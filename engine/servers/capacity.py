@@ -1,18 +1,8 @@
 """A server's running batch size, discovered from what it reports, its start-up log line or its launch flag.
 
-Real SGLang reports `max_running_requests: null` unless the flag was passed; the batch its scheduler
-really runs is derived from the KV pool (hundreds to thousands of requests on a 96-141 GB GPU). It is
-in `internal_states[i].effective_max_running_requests_per_dp` from 0.5.10, and every version logs it
-once at start-up (shared/reference/sglang_contract.md 7.1). The first source that says it wins:
-
-    internal_states  effective_max_running_requests_per_dp x DP ranks (0.5.10+)
-    log              `max_running_requests=N` in the start-up line of server.log, x DP ranks
-    server_info      a non-null max_running_requests in /get_server_info (the flag, as the server read it)
-    flag             --max-running-requests in the configured launch line
-    default          none of them: DEFAULT_MAX_RUNNING, only a starting point for the dispatcher's feedback
-
-Whatever is found, the dispatcher then corrects it from the server's own queue (source `feedback`).
-"""
+Real SGLang often reports `max_running_requests: null` (contract 7.1); the first source that says wins: internal_states
+(0.5.10+), the start-up log line, /get_server_info, the launch flag, else DEFAULT_MAX_RUNNING. The dispatcher then
+corrects it from the server's own queue (source `feedback`)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,15 +1,8 @@
 """Proving that the server answering a worker's port is the one regen launched for this run.
 
-Each launch carries a fresh token in its served model name (`--served-model-name
-regen-<run>-<worker>-<token>`), which every SGLang version reports in `/v1/models` (`data[].id`)
-and 0.5.23+ also in `/model_info` (`served_model_name`). A server that answers with another name
-is not this launch. Where psutil shows it, the listening socket must also belong to the launched
-process tree; a foreign listener is accepted only when it answers with this launch's own token (a
-container's port proxy in front of the launched server), and is then named in a warning.
-
-`judge()` is pure: it takes what was seen (socket owner, names) and says proven / foreign / own
-mismatch / pending, with the sentence the operator reads.
-"""
+Each launch carries a fresh token in its served model name, reported in `/v1/models` (and 0.5.23+ `/model_info`);
+where psutil shows it, the listening socket must belong to the launched process tree (a foreign proxy answering with
+this launch's token is accepted, with a warning). `judge()` is pure: proven / foreign / own mismatch / pending."""
 from __future__ import annotations
 
 import asyncio

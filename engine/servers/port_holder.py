@@ -1,11 +1,7 @@
-"""Is a server port free on its bind address, and if not, which process holds it (as far as the host
-lets this user see).
+"""Is a server port free on its bind address, and if not, which process holds it (as far as the host lets us see).
 
-The bind test is the server's own (SO_REUSEADDR, as uvicorn sets it: a TIME_WAIT socket is no
-conflict). The holder comes from psutil's socket table: the pid of every process listening on the
-port, its command line where readable, and, where it is not, why not. The probe `ports`
-(probes/host/ports.py) answers the same question from a bare host python without psutil.
-"""
+The bind test is the server's own (SO_REUSEADDR, as uvicorn's); the holder comes from psutil's socket table (pid,
+command line where readable, else why not). probes/host/ports.py answers the same from a bare python."""
 from __future__ import annotations
 
 import errno

@@ -1,11 +1,7 @@
 """One SGLang server across several nodes: its ranks (node, node rank, GPUs, dist-init address) and each rank's launch.
 
-SGLang runs such a server as one process per node, every one started with the same launch line plus
-`--nnodes N --node-rank i --dist-init-addr HOST:PORT`; `--tp-size` is the total over the nodes (each runs
-tp_size / nnodes GPUs, TP ranks i*tp/N .. (i+1)*tp/N - 1). Rank 0 serves the HTTP API once every rank has joined at
-the dist-init address on rank 0's node; ranks > 0 serve only a dummy /health on their --port; losing any rank ends
-the server. Pure: a placement backend (SSH hosts, Slurm) asks for the plan and launches each rank where it says.
-"""
+Each node runs the same launch line plus `--nnodes N --node-rank i --dist-init-addr HOST:PORT` (`--tp-size` is the
+total); rank 0 serves the HTTP API, ranks > 0 only a dummy /health. Pure: a placement backend launches each rank."""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,10 +1,7 @@
-"""The supervisor's start checks, published in its status reply so that `regen start` reports a run as
-started only once it is: config loaded, run dir ready, prompt files open, tokenizer loaded, count
-started, workers launched (ports free, their own servers). On the wire: `startup: [{check, title,
-state: pending|ok|failed, detail}]`.
+"""The supervisor's start checks (`startup: [{check, title, state, detail}]` in its status reply): `regen start`
+reports a run started only once its config, run dir, prompt files, tokenizer, count and worker launches are.
 
-Workers are not waited for to be ready (real SGLang loads for minutes), only to be launched.
-"""
+Workers are waited for to be launched (ports free, their own servers), not ready (real SGLang loads for minutes)."""
 from __future__ import annotations
 
 import os

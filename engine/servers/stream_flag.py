@@ -1,16 +1,16 @@
 """Which launch flag makes an SGLang server stream deltas, so a streamed answer costs O(n) on both ends.
 
-SGLang 0.5.10+ streams every output id so far in each chunk unless launched with --incremental-streaming-output;
-0.5.5 streams only the new ids, and its --stream-output (0.5.10+: a deprecated alias of the new flag) also makes the
-text a delta (contract 1.1, 2.4, 7.6). The version is read from the launch's python (importlib.metadata, without
-importing sglang); the simulator's from its --sim-sglang-version (its profiles say which versions have the flag).
-A version that cannot be read gets no flag: its streams are cumulative, which the client reads too (and notes).
-"""
+0.5.10+ streams every id so far in each chunk unless launched with --incremental-streaming-output; 0.5.5 streams
+deltas, --stream-output also making the text a delta (contract 1.1, 2.4, 7.6). The version is read from the launch's
+python (or the simulator's --sim-sglang-version); none read: no flag, and the client reads cumulative streams too."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from dataclasses import dataclass
+
+log = logging.getLogger("regen.workers")
 
 INCREMENTAL = "--incremental-streaming-output"
 LEGACY = "--stream-output"
@@ -78,3 +78,16 @@ async def _installed_version(python: str, timeout: float) -> tuple[str | None, s
         last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         return None, f"cannot read the SGLang version ({shown} exited {proc.returncode}: {last})"
     return out.decode().strip(), f"{shown}"
+
+
+async def choose_logged(argv: list[str], python: str, name: str) -> StreamFlag:
+    """choose(), and what it chose said in the log of worker `name`."""
+    chosen = await choose(argv, python)
+    if chosen.flag:
+        log.info("worker %s: launched with %s (SGLang %s, from %s): streams carry only the new ids",
+                 name, chosen.flag, chosen.version, chosen.how)
+    elif "already" not in chosen.how:
+        log.warning("worker %s: no delta-streaming flag added (%s): if the server streams every id "
+                    "so far in each chunk, regen reads that too, at a client CPU cost growing with the "
+                    "square of the answer's length", name, chosen.how)
+    return chosen

@@ -1,10 +1,7 @@
-"""What the dispatcher (engine.run.dispatcher) needs of a dispatch target, and the defaults of one that is a server.
+"""What the dispatcher (engine.run.dispatch) needs of a dispatch target, and the defaults of one that is a server.
 
-A target is one SGLang server launched here (engine.servers.workers.Worker), one watched on another host
-(engine.placement.hosts.link.RemoteWorker), or the router in front of a multi-host run's servers
-(engine.placement.router.RouterEndpoint). The dispatcher sends to it and keeps its figures; none of them is read with
-a default (`getattr(w, ..., default)`): each target has every member, typed here as a Protocol, met structurally.
-"""
+A target is a server launched here (Worker), one on another host (RemoteWorker) or a multi-host run's router
+(RouterEndpoint); each has every member of the Protocol (none is read with a getattr default)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Protocol

@@ -34,7 +34,8 @@ from engine.placement.hosts.link import named_specs
 from engine.placement.hosts.readings import Sampler, publish_readings
 from engine.servers.ranks import DistInitAddr, ServerRank
 from engine.telemetry import Telemetry
-from engine.servers.workers import Worker, WorkerSpec
+from engine.servers.launch import WorkerSpec
+from engine.servers.workers import Worker
 
 log = logging.getLogger("regen.agent")
 

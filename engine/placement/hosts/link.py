@@ -50,9 +50,11 @@ from engine.observe.status import HostStatus
 from engine.servers.identity import IdentityCheck, ServedNames, Verdict, read_served_names
 from engine.servers.target import SingleServer
 from engine.api.events import AlertEvent, Event, WorkerEvent
-from engine.servers.workers import (
-    IDENTITY_FILE, IdentityRecord, WorkerSpec, WorkerState, die_with_parent, read_server_info, worker_event,
-)
+from engine.api.wire import WorkerState
+from engine.servers.identity_record import IDENTITY_FILE, IdentityRecord
+from engine.servers.launch import WorkerSpec, die_with_parent
+from engine.servers.polling import read_server_info
+from engine.servers.worker_event import worker_event
 from probes.shell import shell_path
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from pathlib import Path
 from engine.placement.hosts import agent as host_agent
 from engine.config.load import ConfigError, dump_toml, load_config
 from engine.servers.ranks import DistInitAddr
-from engine.servers.workers import SLURM_GPUS_VAR
+from engine.servers.launch import SLURM_GPUS_VAR
 
 NODE_FILE = "node.json"
 EXIT_NOT_IN_SLURM = 2

@@ -12,7 +12,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from probes.catalog import JudgeInput, Probe, Verdict, probes_for
+from probes.catalog import probes_for
+from probes.catalog.probe import JudgeInput, Probe, Verdict
 from probes.context import REHEARSAL, ProbeContext
 from probes.model import CommandResult, CommandRunner, ProbeReport, ProbeResult, Status
 

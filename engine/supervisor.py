@@ -74,7 +74,8 @@ from engine.observe.watch import RunWatch
 from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.api.wire import ALREADY_SETTLED, AlertKind, FINAL_RUN_STATES, RunState, Severity, ShardFigures
 from engine.placement.fleet import Fleet
-from engine.placement.hosts.link import HostError, RemoteWorker
+from engine.placement.hosts.remote_worker import RemoteWorker
+from engine.placement.hosts.ssh import HostError
 from engine.servers.workers import Worker, WorkerState, log_tail, worker_specs
 from probes.context import is_rehearsal
 

@@ -16,7 +16,8 @@ import aiohttp
 
 import engine
 from engine.config.load import RunConfig, host_workers
-from engine.placement.hosts.link import HostLink, named_specs
+from engine.placement.hosts.deploy import named_specs
+from engine.placement.hosts.link import HostLink
 from engine.placement.router import RouterEndpoint, RouterError, RouterProcess
 from engine.observe.status import HostStatus, RouterStatus
 from engine.fatal import HostsFailed
@@ -227,7 +228,7 @@ class Fleet:
 if TYPE_CHECKING:
     # each kind of dispatch target meets engine.servers.target.DispatchTarget: checked by the type checker here, where
     # all three are known (the Protocol's own module sits below placement), nothing at run time
-    from engine.placement.hosts.link import RemoteWorker
+    from engine.placement.hosts.remote_worker import RemoteWorker
     from engine.servers.target import DispatchTarget
 
     def _targets(worker: Worker, remote: RemoteWorker, router: RouterEndpoint) -> list[DispatchTarget]:

@@ -30,7 +30,7 @@ import psutil
 
 from engine.config.load import ConfigError, load_config
 from engine.servers.gpu import GpuSampler
-from engine.placement.hosts.link import named_specs
+from engine.placement.hosts.deploy import named_specs
 from engine.placement.hosts.readings import Sampler, publish_readings
 from engine.servers.ranks import DistInitAddr, ServerRank
 from engine.telemetry import Telemetry

@@ -47,7 +47,7 @@ from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, RunRefuse
 from engine.servers.gpu import GpuSampler
 from engine.servers.gpu_sim import SimGpuReader
 from engine.http_client import client_session
-from engine.text.ingest import PromptFileError
+from engine.text.row_errors import PromptFileError
 from engine.notify import Notifier
 from engine.text.render import Renderer, RenderError
 from engine.store.rejects import RejectLog

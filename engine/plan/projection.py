@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 
 from engine.config.load import ConfigError, RunConfig, load_config, resolve_sampling
 from engine.run.brake import BrakePlan, plan_of
-from engine.text.ingest import Conversation, PromptFileError, Reject, iter_prompts
+from engine.text.ingest import Conversation, iter_prompts
+from engine.text.row_errors import PromptFileError, Reject
 from engine.plan.pilot import PilotError, PilotResult, run_pilot
 from engine.run.committer import CHAIN_COMMIT_S
 from engine.placement.slurm.plan import SlurmPlan, layout_of, plan_slurm

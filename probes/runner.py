@@ -1,9 +1,7 @@
 """Run the probes concurrently over one CommandRunner; every outcome becomes a ProbeResult.
 
-A probe whose command hangs is ERROR ("timed out after N s") while the others report; a
-probe whose `needs` did not PASS/WARN is SKIP naming them; in a rehearsal a `real_gpus` probe is
-SKIP "rehearsal: simulated GPUs"; a judge that raises is ERROR
-with the exception's text. Nothing here ever turns a failure into a PASS.
+A hung command is ERROR ("timed out after N s"), a probe whose `needs` did not PASS/WARN is SKIP naming them, a
+judge that raises is ERROR with its text: nothing here ever turns a failure into a PASS.
 """
 from __future__ import annotations
 

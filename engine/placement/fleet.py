@@ -1,9 +1,6 @@
-"""A multi-host run's servers: the dispatch host's own (if it is one of [[hosts]]), each remote
-host's through its HostLink, and the router in front of all of them.
-
-The fleet keeps the router's membership equal to the set of ready servers: a server that turns
-ready is added, one that stops answering (or whose host is lost) is removed. The dispatcher sees
-only `endpoint`, the router.
+"""A multi-host run's servers: the dispatch host's own (if it is one of [[hosts]]), each remote host's through its
+HostLink, and the router in front of them; the router's members are kept equal to the ready servers, and the
+dispatcher sees only the router.
 """
 from __future__ import annotations
 

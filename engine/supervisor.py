@@ -47,7 +47,7 @@ from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, RunRefuse
 from engine.servers.gpu import GpuSampler
 from engine.servers.gpu_sim import SimGpuReader
 from engine.http_client import client_session
-from engine.text.ingest import PromptFileError
+from engine.text.row_errors import PromptFileError
 from engine.notify import Notifier
 from engine.text.render import Renderer, RenderError
 from engine.store.rejects import RejectLog
@@ -74,7 +74,8 @@ from engine.observe.watch import RunWatch
 from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.api.wire import ALREADY_SETTLED, AlertKind, FINAL_RUN_STATES, RunState, Severity, ShardFigures
 from engine.placement.fleet import Fleet
-from engine.placement.hosts.link import HostError, RemoteWorker
+from engine.placement.hosts.remote_worker import RemoteWorker
+from engine.placement.hosts.ssh import HostError
 from engine.api.wire import WorkerState
 from engine.servers.launch import worker_specs
 from engine.servers.server_log import log_tail

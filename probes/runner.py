@@ -1,9 +1,7 @@
 """Run the probes concurrently over one CommandRunner; every outcome becomes a ProbeResult.
 
-A probe whose command hangs is ERROR ("timed out after N s") while the others report; a
-probe whose `needs` did not PASS/WARN is SKIP naming them; in a rehearsal a `real_gpus` probe is
-SKIP "rehearsal: simulated GPUs"; a judge that raises is ERROR
-with the exception's text. Nothing here ever turns a failure into a PASS.
+A hung command is ERROR ("timed out after N s"), a probe whose `needs` did not PASS/WARN is SKIP naming them, a
+judge that raises is ERROR with its text: nothing here ever turns a failure into a PASS.
 """
 from __future__ import annotations
 
@@ -12,7 +10,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from probes.catalog import JudgeInput, Probe, Verdict, probes_for
+from probes.catalog import probes_for
+from probes.catalog.probe import JudgeInput, Probe, Verdict
 from probes.context import REHEARSAL, ProbeContext
 from probes.model import CommandResult, CommandRunner, ProbeReport, ProbeResult, Status
 

@@ -8,7 +8,7 @@ from engine.servers.capacity import (
     discover, parse_server_info,
 )
 from engine.config.load import Dispatch, RunConfig
-from engine.placement.hosts.link import RemoteWorker
+from engine.placement.hosts.remote_worker import RemoteWorker
 from engine.servers.metrics_client import ServerMetrics
 from engine.run.batch_feedback import corrected, margin_for
 from engine.run.dispatch.loop import Dispatcher

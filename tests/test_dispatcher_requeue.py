@@ -138,7 +138,7 @@ class ListQueue:
 async def test_a_server_failing_every_request_takes_no_new_work_for_a_moment(start_sim, tiny_tokenizer):
     """A server whose scheduler died answers 503 at once: without a pause its loop passed regen's whole queue through
     it into retry backoff before the crash was seen, and the other servers had nothing to do."""
-    from engine.placement.hosts.link import RemoteWorker
+    from engine.placement.hosts.remote_worker import RemoteWorker
     from engine.run.dispatch.answers import FAULT_PAUSE_S
     from engine.servers.capacity import ServerCapacity
     from engine.api.wire import WorkerState

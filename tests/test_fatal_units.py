@@ -18,7 +18,7 @@ from console.view.model import RunModel
 from engine.config.load import ConfigError
 from engine.fatal import (FATAL_FILE, PREVIOUS_FILE, FatalRecord, SpaceReserve, WorkersFailed, archive_previous,
                           fallback_path, is_disk_full, read_fatal, record_for, write_fatal)
-from engine.text.ingest import PromptFileError
+from engine.text.row_errors import PromptFileError
 from engine.text.render import RenderError
 from engine.store.run_dir import ConfigChanged
 from engine.observe.status import RunStatus

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.text.ingest import Conversation, PromptFileError, Reject, iter_prompts, resolve_prompt_files
+from engine.text.ingest import Conversation, iter_prompts, resolve_prompt_files
+from engine.text.row_errors import PromptFileError, Reject
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -112,12 +113,12 @@ def test_json_array_streamed_with_rows(tmp_path):
 
 def test_json_array_elements_split_across_read_chunks(tmp_path):
     """The structural scan must find element boundaries that fall across buffer refills."""
-    from engine.text import ingest
+    from engine.text import prompt_readers
 
     rows = [{"id": f"x{i}", "prompt": "p" * (i % 7) + ' "q" [a] {b}, \\' + "é" * i} for i in range(200)]
     f = tmp_path / "big.json"
     f.write_text(json.dumps(rows, ensure_ascii=False))
-    items = list(ingest._json_array_rows(f, chunk_size=7))
+    items = list(prompt_readers.json_array_rows(f, chunk_size=7))
     assert [i[2]["id"] for i in items] == [r["id"] for r in rows]
     assert [i[2] for i in items] == rows
 

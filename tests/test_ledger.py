@@ -7,7 +7,8 @@ import asyncio
 import orjson
 
 from engine.config.load import RunConfig
-from engine.text.ingest import Conversation, Reject
+from engine.text.ingest import Conversation
+from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog
 from engine.run.counts import RATE_MIN_SPAN_S, RATE_WINDOW_S, CommitRate, ShardCounts, counts_from_store, eta_s
 from engine.run.items import Committed, Failed, Rejected, Retry, WorkItem

@@ -14,7 +14,10 @@ from rich.console import Console
 from console.commands.status import render_status
 from console.view.model import RunModel
 from engine.config.load import ConfigError, Host, config_from_dict, dump_toml, host_workers
-from engine.placement.hosts.link import HostLink, RemoteWorker, admit_remote, host_specs, live_records, parse_identity_records
+from engine.placement.hosts.admission import admit_remote, live_records, parse_identity_records
+from engine.placement.hosts.deploy import host_specs
+from engine.placement.hosts.link import HostLink
+from engine.placement.hosts.remote_worker import RemoteWorker
 from engine.servers.capacity import ServerCapacity
 from engine.servers.metrics_client import ServerMetrics
 from engine.placement.router import RouterEndpoint, router_argv
@@ -200,24 +203,24 @@ async def test_a_remote_server_joins_only_as_the_agents_proven_launch(start_sim)
         link.ssh = fake_ssh
         [m] = link.members
         m.url = sim.url
-        assert not await link._admit(m)  # the agent refused its port's holder: so does the dispatch host
+        assert not await link.records.admit(m)  # the agent refused its port's holder: so does the dispatch host
         assert m.state == WorkerState.REFUSED and "is already in use by pid 9" in m.error
         [alert] = [e for e in emitted if isinstance(e, AlertEvent)]
         assert alert.severity == "critical" and alert.key == "worker:h1.gpu0:refused"
         assert alert.text.startswith("worker h1.gpu0 refused on host h1: the host agent refused it")
 
         agent["record"] = _record("ready", "regen-run-h1.gpu0-other")  # proven there, but another server answers here
-        link._records_at = float("-inf")
-        assert not await link._admit(m) and m.state == WorkerState.REFUSED
+        link.records.read_at = float("-inf")
+        assert not await link.records.admit(m) and m.state == WorkerState.REFUSED
         assert "answers as 'regen-run-h1.gpu0-aa', but the host agent's launch" in m.error
 
         agent["record"] = _record("ready")
-        link._records_at = float("-inf")
-        assert await link._admit(m) and m.served_model_name == "regen-run-h1.gpu0-aa"
+        link.records.read_at = float("-inf")
+        assert await link.records.admit(m) and m.served_model_name == "regen-run-h1.gpu0-aa"
         assert emitted[-1].severity == "info" and emitted[-1].key == "worker:h1.gpu0:refused"
         m.set_state(WorkerState.READY)
         m.served_model_name = "regen-run-h1.gpu0-old"  # the agent restarted it since: a new launch
-        await link._still_admitted(m)
+        await link.records.still_admitted(m)
         assert m.state == WorkerState.LOADING and "its identity is checked again" in m.error
 
 
@@ -238,7 +241,7 @@ async def test_a_remote_server_s_batch_comes_from_its_agent_s_record_of_the_star
         link.ssh = fake_ssh
         [m] = link.members
         m.url = sim.url
-        assert await link._admit(m)
+        assert await link.records.admit(m)
         await link._read_capacity(m)
     assert (m.capacity_info.max_running_requests, m.capacity_info.batch_source) == (40, source)
     ev = m.snapshot()
@@ -268,17 +271,17 @@ async def test_a_crashed_then_failed_remote_server_is_shown_and_alerted_once_eac
         crashed = dataclasses.replace(_record("crashed", error="exit code 1: RuntimeError: Not enough memory."),
                                       last_words=words, restarts=0, crashes=1,
                                       last_crash="exit code 1: RuntimeError: Not enough memory.")
-        assert link._mirror_agent(m, crashed) and link._mirror_agent(m, crashed)
+        assert link.records.mirror(m, crashed) and link.records.mirror(m, crashed)
         assert (m.state, m.error, m.last_error_lines) == ("crashed", crashed.error, list(words))
         [alert] = [e for e in emitted if isinstance(e, AlertEvent)]  # told once
         assert alert.severity == "error" and alert.key == "worker:h1.gpu0:crash"
         assert alert.text == "worker h1.gpu0 crashed on host h1: exit code 1: RuntimeError: Not enough memory."
         assert alert.evidence.splitlines() == [*words, "log: h1:/w/workers/h1.gpu0/server.log"]
-        assert link._mirror_agent(m, dataclasses.replace(_record("loading"), restarts=1))
+        assert link.records.mirror(m, dataclasses.replace(_record("loading"), restarts=1))
         assert (m.state, m.restarts) == ("loading", 1)
-        assert not link._mirror_agent(m, dataclasses.replace(_record("loading"), restarts=1))  # nothing new to say
+        assert not link.records.mirror(m, dataclasses.replace(_record("loading"), restarts=1))  # nothing new to say
         assert link.status().state == "up"
-        link._mirror_agent(m, dataclasses.replace(crashed, state="failed", restarts=1, crashes=2))
+        link.records.mirror(m, dataclasses.replace(crashed, state="failed", restarts=1, crashes=2))
         assert [e.key for e in emitted[-2:]] == ["worker:h1.gpu0:crash", "worker:h1.gpu0:failed"]  # its last crash
         assert m.state == "failed" and emitted[-1].severity == "critical"
         st = link.status()
@@ -297,18 +300,18 @@ async def test_a_crash_the_agent_relaunched_before_the_link_read_its_record_is_t
         [m] = link.members
         crash = dict(agent_pid=11, crashes=1, last_crash="signal 9", last_words=("Killed",))
         relaunched = dataclasses.replace(_record("loading"), restarts=1, **crash)
-        assert not link._mirror_agent(m, relaunched)  # nothing to mirror (it is loading), but the crash is told
-        link._mirror_agent(m, relaunched)
-        link._mirror_agent(m, dataclasses.replace(relaunched, state="ready"))
+        assert not link.records.mirror(m, relaunched)  # nothing to mirror (it is loading), but the crash is told
+        link.records.mirror(m, relaunched)
+        link.records.mirror(m, dataclasses.replace(relaunched, state="ready"))
         [alert] = [e for e in emitted if isinstance(e, AlertEvent)]
         assert (alert.key, alert.severity) == ("worker:h1.gpu0:crash", "error")
         assert alert.text == "worker h1.gpu0 crashed on host h1: signal 9"
         assert alert.evidence.splitlines() == ["Killed", "log: h1:/w/workers/h1.gpu0/server.log"]
         # two more crashes between two reads: one alert that says so
-        link._mirror_agent(m, dataclasses.replace(relaunched, restarts=3, crashes=3, last_crash="exit code 1"))
+        link.records.mirror(m, dataclasses.replace(relaunched, restarts=3, crashes=3, last_crash="exit code 1"))
         assert emitted[-1].text == "worker h1.gpu0 crashed on host h1: exit code 1 (2 crashes since the last one told)"
         # the host rejoined: its new agent's first crash is a new one
-        link._mirror_agent(m, dataclasses.replace(relaunched, agent_pid=12))
+        link.records.mirror(m, dataclasses.replace(relaunched, agent_pid=12))
         assert len([e for e in emitted if isinstance(e, AlertEvent)]) == 3
 
 

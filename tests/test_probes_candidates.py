@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from console.cli import main as cli_main
-from engine.text.ingest import PromptFileError, resolve_prompt_files
+from engine.text.ingest import resolve_prompt_files
+from engine.text.row_errors import PromptFileError
 from probes.host import candidates as finder
 from probes.host import script
 from probes.host.candidates import describe, find_candidates

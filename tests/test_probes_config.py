@@ -180,7 +180,8 @@ def test_malformed_rows_reported_with_file_and_line(tiny_model_dir, tmp_path):
 
 def test_malformed_reasons_match_the_engine_reader(tiny_model_dir, tmp_path):
     """The probe's copy of the row rules and engine/text/ingest.py reject the same lines for the same kinds."""
-    from engine.text.ingest import Reject, iter_prompts
+    from engine.text.ingest import iter_prompts
+    from engine.text.row_errors import Reject
 
     bad = tmp_path / "mixed.jsonl"
     rows = [sharegpt(0), {"text": "x"}, {"messages": []}, {"messages": [{"role": "assistant", "content": "a"}]},

@@ -14,7 +14,8 @@ import textwrap
 from pathlib import Path
 
 from console.host.connect import open_transport
-from probes.catalog import CATALOG, Probe
+from probes.catalog import CATALOG
+from probes.catalog.probe import Probe
 from probes.context import ProbeContext
 from probes.model import ProbeReport
 from probes.runner import run_probes

@@ -5,7 +5,7 @@ import dataclasses
 import json
 import os
 
-from probes.catalog import python_command
+from probes.catalog.output import python_command
 from probes.model import Status
 from tests.test_probes_fakes import context, gpu_env, probe, run_local, write_exe
 

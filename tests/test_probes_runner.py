@@ -9,7 +9,8 @@ import pytest
 from rich.console import Console
 
 import probes.runner as runner_mod
-from probes.catalog import CATALOG, Probe, UnknownProbe, Verdict, probes_for
+from probes.catalog import CATALOG, UnknownProbe, probes_for
+from probes.catalog.probe import Probe, Verdict
 from probes.model import CommandResult, Status
 from probes.render import display_command, render_report
 from probes.runner import ConnectFailure, run_probes

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.text.ingest import Reject
+from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog, RejectLogError
 
 

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from engine.config.load import Dispatch, Router, RunConfig
-from engine.placement.hosts.link import RemoteWorker
+from engine.placement.hosts.remote_worker import RemoteWorker
 from engine.placement.router import ListedWorker, RouterEndpoint, RouterProcess, parse_listing
 from engine.run.dispatch.loop import Dispatcher
 from engine.servers.capacity import ServerCapacity

@@ -10,7 +10,7 @@ import pytest
 
 from engine.control import ControlError
 from engine.fatal import FatalRecord, write_fatal
-from engine.text.ingest import Reject
+from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog
 from engine.api.ops import DrainHost, Pause, Status
 from engine.observe.offline_status import NotARunDir, offline_status

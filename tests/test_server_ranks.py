@@ -103,7 +103,7 @@ def test_a_host_agent_on_a_spanning_node_launches_its_rank_of_the_hosts_server()
     """engine.placement.hosts.agent --nnodes 2 --node-rank i: the host's one server (tp 4 over 4 GPU indices in
     host.toml) as this node's rank: 2 GPUs, rank 0 under the server's name, rank 1 named apart."""
     from engine.placement.hosts.agent import NodeRank, parse_dist_init, rank_specs
-    from engine.placement.hosts.link import named_specs
+    from engine.placement.hosts.deploy import named_specs
 
     specs = named_specs(Workers(gpus=(0, 1, 2, 3), tp_size=4, base_port=30000, host="10.0.0.2"), "regen-0")
     addr = parse_dist_init("10.0.0.1:31000")

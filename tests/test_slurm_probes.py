@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from console.cli import main as cli_main
-from probes.catalog import gres_gpus, judge_slurm_submit, slurm_minutes
-from probes.catalog import JudgeInput
+from probes.catalog.slurm import gres_gpus, judge_slurm_submit, slurm_minutes
+from probes.catalog.probe import JudgeInput
 from probes.context import ProbeContext, SlurmAsk
 from probes.model import CommandResult, Status
 

@@ -1,10 +1,8 @@
 """Run config: one TOML file (`run.toml`) loaded through the schema (engine.config.schema) into a typed RunConfig.
 
-Every error of a file is reported at once, each naming the key, the value found, what was expected and the fix
-(engine.config.errors words them). The content hash covers only the fields that change what the shards contain
-(model, prompts, sampling, template/thinking, turns, shard size); operational knobs may change between restarts.
-Sampling keys the file leaves out take the model's generation_config.json values on the host (`with_model_defaults`),
-else regen's defaults; each effective value keeps its source.
+Every error of a file is reported at once (engine.config.errors words them); the content hash covers only the fields
+that change what the shards contain; sampling keys left out take the model's generation_config.json values, else
+regen's defaults, each effective value keeping its source.
 """
 from __future__ import annotations
 

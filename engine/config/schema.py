@@ -1,9 +1,8 @@
-"""The run.toml schema: every key, its type, default, range and meaning, and the rules between keys (pydantic v2).
+"""The run.toml schema (pydantic v2): every key, its type, default, range and meaning, and the rules between keys.
+Over 500 lines on purpose: the one strict schema `regen config schema` and the config reference are generated from.
 
-Strict on purpose: a string where a number, bool or list belongs is an error, never coerced (`temperature = "0.6"`
-once passed every check and had every request refused), and an unknown key is an error. Each field's docstring is its
-description in `regen config schema` (JSON Schema, for editors) and in the generated config reference. Errors are
-worded for a person by engine.config.errors; loading and the content hash are engine.config.load's.
+Strict: a string where a number, bool or list belongs is an error, never coerced, and an unknown key is an error.
+Each field's docstring is its description; errors are worded by engine.config.errors.
 """
 from __future__ import annotations
 

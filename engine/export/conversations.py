@@ -17,7 +17,8 @@ from engine.export.files import JsonlFiles, ParquetFiles
 from engine.export.filters import ShardFilter
 from engine.export.options import CONVERSATIONS_JSONL, MESSAGES_JSONL, MESSAGES_PARQUET, ExportOptions
 from engine.export.source import ExportError, ShardBatch, Snapshot, shard_range
-from engine.text.ingest import Conversation, PromptFileError, iter_prompts
+from engine.text.ingest import Conversation, iter_prompts
+from engine.text.row_errors import PromptFileError
 from engine.store.manifest import FileRecord
 from engine.text.render import RenderError, Renderer
 from engine.store.stats_columns import OPENED_COLUMN

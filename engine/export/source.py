@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.config.load import ConfigError, RunConfig, load_config
-from engine.text.ingest import PromptFileError, display_names, resolve_prompt_files
+from engine.text.ingest import display_names, resolve_prompt_files
+from engine.text.row_errors import PromptFileError
 from engine.store.committed_view import read_committed
 from engine.store.names import SHARD_FILE, SHARDS_DIR, STATE_DB
 from engine.store.stats_columns import OPENED_COLUMN

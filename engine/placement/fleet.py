@@ -1,9 +1,6 @@
-"""A multi-host run's servers: the dispatch host's own (if it is one of [[hosts]]), each remote
-host's through its HostLink, and the router in front of all of them.
-
-The fleet keeps the router's membership equal to the set of ready servers: a server that turns
-ready is added, one that stops answering (or whose host is lost) is removed. The dispatcher sees
-only `endpoint`, the router.
+"""A multi-host run's servers: the dispatch host's own (if it is one of [[hosts]]), each remote host's through its
+HostLink, and the router in front of them; the router's members are kept equal to the ready servers, and the
+dispatcher sees only the router.
 """
 from __future__ import annotations
 
@@ -16,7 +13,8 @@ import aiohttp
 
 import engine
 from engine.config.load import RunConfig, host_workers
-from engine.placement.hosts.link import HostLink, named_specs
+from engine.placement.hosts.deploy import named_specs
+from engine.placement.hosts.link import HostLink
 from engine.placement.router import RouterEndpoint, RouterError, RouterProcess
 from engine.observe.status import HostStatus, RouterStatus
 from engine.fatal import HostsFailed
@@ -227,7 +225,7 @@ class Fleet:
 if TYPE_CHECKING:
     # each kind of dispatch target meets engine.servers.target.DispatchTarget: checked by the type checker here, where
     # all three are known (the Protocol's own module sits below placement), nothing at run time
-    from engine.placement.hosts.link import RemoteWorker
+    from engine.placement.hosts.remote_worker import RemoteWorker
     from engine.servers.target import DispatchTarget
 
     def _targets(worker: Worker, remote: RemoteWorker, router: RouterEndpoint) -> list[DispatchTarget]:

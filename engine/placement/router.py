@@ -1,20 +1,8 @@
-"""SGLang's router (`python -m sglang_router.launch_router`) on the dispatch host, and the one
-dispatch target it becomes for the dispatcher.
+"""SGLang's router on the dispatch host, and the one dispatch target it becomes for the dispatcher.
 
-The router is started with no workers; the fleet adds each server when it turns ready and
-removes it when it stops answering, through the router's own API (`POST /workers {"url"}`,
-`DELETE /workers/{id}`). Routing (cache_aware by default) is the router's: regen only keeps it
-fed. The router process is supervised: if it exits it is launched again and given the current
-members.
-
-A server given to the router is not routed to at once: sglang-router 0.3.2 answers `POST /workers` with 202
-("Worker addition queued for background processing") and lists the server in `GET /workers` about a second later,
-once its own health check passed; until then `/generate` is answered 503 "No available workers". So the router's
-own list is read (every LIST_EVERY_S, every LIST_WAITING_S while a server given to it is not listed yet), and a
-server counts as routed only once the router lists it healthy: the endpoint is ready (offered to the dispatcher)
-only then. The same list says how many requests the router has open on each server (`load`), under the policies
-that keep that count (LOAD_COUNTING_POLICIES); under the others a server's in-flight figure is not known, and is
-said so (None), not 0.
+The router starts with no workers; the fleet adds and removes servers through its API. A server counts as routed only
+once the router's own list shows it healthy (it queues an addition for about a second), and its in-flight count is the
+router's `load` only under the policies that keep one (LOAD_COUNTING_POLICIES); otherwise it is None, not 0.
 """
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from engine.store import count_cache
 from engine.config.load import RunConfig
-from engine.text.ingest import Conversation, Reject, StreamStart, iter_prompts, resolve_prompt_files
+from engine.text.ingest import Conversation, StreamStart, iter_prompts, resolve_prompt_files
+from engine.text.row_errors import Reject
 from engine.text.render import Renderer, sample_id
 from engine.store.rejects import RejectLog
 from engine.run.counts import ShardCounts

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from engine.config.load import RunConfig
-from engine.text.ingest import Conversation, Reject
+from engine.text.ingest import Conversation
+from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog
 from engine.text.render import sample_id
 from engine.run.brake import REFUSED_SHAPE, BrakeStatus, RunBrake

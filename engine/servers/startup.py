@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from engine.text.ingest import PromptFileError, resolve_prompt_files
+from engine.text.ingest import resolve_prompt_files
+from engine.text.row_errors import PromptFileError
 
 PENDING, OK, FAILED = "pending", "ok", "failed"
 CHECKS: dict[str, str] = {  # in the order the supervisor passes them

@@ -15,7 +15,8 @@ from typing import Any
 
 from engine import __version__
 from engine.config.load import RunConfig, resolve_sampling
-from engine.text.ingest import PromptFileError, resolve_prompt_files
+from engine.text.ingest import resolve_prompt_files
+from engine.text.row_errors import PromptFileError
 
 MANIFEST = "manifest.json"
 SCHEMA = "regen.manifest/1"

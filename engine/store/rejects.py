@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from engine.text.ingest import Reject
+from engine.text.row_errors import Reject
 
 REJECTS_FILE = "rejects.jsonl"
 

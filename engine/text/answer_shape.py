@@ -1,31 +1,7 @@
 """The shape of a generated answer: is there a reasoning block, and is the answer only boilerplate.
 
-Shared by the shard store (the `empty` column of `samples`) and the stats, so both apply
-the same rule to the decoded output text (`text` column, special tokens kept).
-
-Every rule takes `prompt_opened`: whether the prompt itself ended with an opened, unclosed
-`<think>` (Qwen3.5/3.6, Qwen3-Thinking-2507 and DeepSeek-R1 style templates end the generation
-prompt with `<think>\\n`, so the output starts inside the block and only closes it). It is derived
-once per sample from the rendered prompt's tail (`prompt_opens_think`, engine.text.render) and stored
-with the sample (shard column `prompt_opened`); it is never re-guessed from the output.
-
-Rules
------
-think_state(text, prompt_opened):
-  "present"      a closing `</think>` exists (with or without an opening `<think>` in the output)
-  "unterminated" a block is open and never closed (typically a `length` finish): `<think>` in the
-                 output, or the prompt opened it
-  "missing"      neither tag, and the prompt did not open a block
-
-is_empty_answer(text, prompt_opened): True when the supervised part is only boilerplate, i.e. BOTH
-  - the reasoning (inside <think>...</think>, from the start of the output when the prompt opened
-    the block, or nothing when there is no block) is empty or whitespace only, and
-  - the visible answer (after the last `</think>`, with `<|...|>` special tokens such as
-    `<|im_end|>` removed) has at most 3 visible tokens, where a visible token is a run of word
-    characters (`\\w+`) or one other non-space character.
-  `<think>\\n\\n</think>\\n\\nOK.<|im_end|>` is empty ("OK" and "." are 2 visible tokens), and so is
-  `\\n</think>\\n\\nOK.<|im_end|>` after a prompt that opened the block. An unterminated block is
-  never empty unless it is whitespace only and nothing follows it.
+One rule for the shard store (the `empty` column) and the stats, on the decoded output text; `prompt_opened` (the
+rendered prompt ended inside an opened `<think>`, stored per sample) is never re-guessed from the output.
 """
 from __future__ import annotations
 
@@ -68,6 +44,8 @@ def prompt_opens_think(prompt_text: str) -> bool:
 
 
 def think_state(text: str, prompt_opened: bool = False) -> ThinkState:
+    """"present": a closing `</think>` exists; "unterminated": a block is open and never closed (`<think>` in the
+    output, or the prompt opened it); "missing": neither tag, and the prompt did not open a block."""
     # rfind, not `in`: a long answer's </think> is near its end (4x faster on 20 KB answers; the store runs it per row)
     if text.rfind(THINK_CLOSE) >= 0:
         return "present"
@@ -104,6 +82,9 @@ def visible_tokens(answer: str, limit: int | None = None) -> int:
 
 
 def is_empty_answer(text: str, prompt_opened: bool = False) -> bool:
+    """True when the reasoning is empty or whitespace AND the visible answer (after the last `</think>`, special
+    tokens removed) has at most 3 visible tokens (a run of word characters, or one other non-space character):
+    `<think>\n\n</think>\n\nOK.<|im_end|>` is empty."""
     reasoning, answer = split_reasoning(text, prompt_opened)
     if reasoning.strip():
         return False

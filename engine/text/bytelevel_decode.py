@@ -1,15 +1,8 @@
 """Decoding of byte-level BPE ids (Qwen, Llama-3, GPT-2 style tokenizers) by a per-id bytes table.
 
-The `tokenizers` ByteLevel decoder maps each token's characters back to bytes (or keeps the
-token's own UTF-8 when a character is outside the byte alphabet, as for added tokens) and decodes
-the concatenation as UTF-8 with U+FFFD for invalid sequences. A table of each id's bytes does the
-same with one join: ~10x faster than the Rust call on 4000-token answers, which matters when one
-core ingests ~10^6 tokens/s. Used only when the tokenizer's decoder is exactly ByteLevel and a
-check on sample sequences (every id once, special tokens, broken UTF-8) agrees with the real decode;
-otherwise `build()` returns None and the caller keeps the tokenizer's own decode.
-
-`adopt()` takes the server's own decoded text instead when the table's byte counts show it is the
-text of those ids (SGLang returns one with every answer): no decode at all for most answers.
+Used only when the tokenizer's decoder is exactly ByteLevel and a check on sample sequences agrees with the real
+decode (else `build()` returns None and the tokenizer decodes); `adopt()` takes the server's own text when the table's
+byte counts show it is the text of those ids.
 """
 from __future__ import annotations
 

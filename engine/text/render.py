@@ -1,16 +1,8 @@
 """Render conversations into prompt ids with the model's own tokenizer and chat template.
 
-`prompt_ids` is exactly `tokenizer(apply_chat_template(messages, tokenize=False,
-add_generation_prompt=True, enable_thinking=...), add_special_tokens=False).input_ids`: what
-SGLang would build for a chat request, so the ids sent to `/generate` and stored in the shards
-are the ones the model sees at training time.
-
-Multi-turn (`turns = "all"`): turn k is rendered on the model's own earlier answers, passed
-whole (think block included); the Qwen3 template itself drops the reasoning of turns before the
-last user message, exactly as it does at inference time. Where the prompt opened the think block
-(Qwen3.5/3.6-style templates end the generation prompt with `<think>\\n`), the answer passed is the
-whole assistant turn: that opening plus the output, so the template splits reasoning from answer
-exactly as for a Qwen3 answer.
+`prompt_ids` is exactly what SGLang builds for a chat request (apply_chat_template, then the tokenizer without special
+tokens), so the ids sent and stored are the ones the model sees; turn k of a multi-turn conversation is rendered on the
+model's own earlier answers, whole.
 """
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""A small Qwen-style model directory built locally: tokenizer, chat template, config.
+"""A small Qwen-style model directory built locally (byte-level BPE tokenizer, chat template, config), for `regen
+demo`, the SGLang simulator and the tests: the real transformers loading code runs without downloading anything.
 
-Used by `regen demo`, the SGLang simulator and the tests, so the real transformers loading
-code runs without downloading anything. The tokenizer is a byte-level BPE trained on a
-built-in corpus with Qwen's special tokens. Two chat template families (TEMPLATES):
-
-  "qwen3"    Qwen3's: the generation prompt ends with `<|im_start|>assistant\n` and the model opens
-             `<think>` itself (`<think>\n\n</think>\n\n` is appended when enable_thinking is false).
-  "qwen3.5"  Qwen3.5/3.6's (also Qwen3-Thinking-2507 and DeepSeek-R1 style): the generation prompt
-             itself opens the block, `<|im_start|>assistant\n<think>\n`, so an answer holds only
-             `reasoning\n</think>\n\nanswer<|im_end|>`; enable_thinking false gives the closed empty block.
-
-Both drop the reasoning of assistant turns before the last user message, as the real ones do.
+Two chat template families (TEMPLATES): "qwen3" (the model opens `<think>` itself) and "qwen3.5" (the generation
+prompt opens it); both drop the reasoning of assistant turns before the last user message, as the real ones do.
 """
 from __future__ import annotations
 

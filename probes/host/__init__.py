@@ -1,12 +1,8 @@
 """Standalone Python scripts the probes run with the host's interpreter (`python -c SCRIPT ARGS`).
 
-Each script takes one JSON argument, uses only the standard library (plus the package it
-probes), and prints one JSON object per line on stdout; errors are captured with their
-text verbatim and put in that JSON, never dropped.
-
-A script shares code with regen itself through a line `# @include NAME`: it is replaced by the
-source of probes/host/NAME.py (stdlib only, no `from __future__`), since the host has no regen
-to import it from.
+Each takes one JSON argument, uses only the standard library (plus what it probes) and prints JSON lines, errors
+verbatim in them. A line `# @include NAME` is replaced by the source of probes/host/NAME.py (stdlib only, no
+`from __future__`), since the host has no regen to import it from.
 """
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""`python -m engine.placement.hosts.agent --work-dir D --host-name H`: the SGLang servers of one host of a
-multi-host run, supervised with the same Worker code as a one-host run.
+"""`python -m engine.placement.hosts.agent --work-dir D --host-name H`: the SGLang servers of one host of a multi-host
+run (or one rank of a multi-node Slurm server), supervised with the same Worker code as a one-host run.
 
-Started detached by the dispatch host (engine/placement/hosts/link.py) in D, where host.toml holds this host's
-[workers]. It launches one server per GPU group, restarts crashed ones (pid files and logs under
-D/workers/<name>/), and runs until SIGTERM (`regen stop`, or the run ending), when it stops its servers; `--stop
-WAIT_S` sends that SIGTERM to the agent of a work dir and waits for it (what the dispatch host runs over SSH,
-with or without its supervisor: engine/placement/hosts/leftovers.py). A second agent on the same work dir exits
-at once with EXIT_LOCKED, so the dispatch host can start one on every (re)join without checking first. With
---nnodes N --node-rank I --dist-init-addr HOST:PORT (a Slurm group of N nodes, engine/placement/slurm/step.py)
-the host's one server spans the N nodes: this agent launches and restarts its rank I (rank 0 serves HTTP; a rank
-> 0 only joins it, its server named <name>.rank<I>). Events go to D/telemetry.jsonl; the dispatch host watches
-the servers over HTTP and reads the host's GPU and disk readings, which the agent keeps in D/host_readings.json
-(engine/placement/hosts/readings.py).
+One agent per work dir (a second exits at once with EXIT_LOCKED); it runs until SIGTERM (`--stop WAIT_S` sends it and
+waits), stopping its servers; its events go to D/telemetry.jsonl, its host's readings to D/host_readings.json.
 """
 from __future__ import annotations
 
@@ -30,7 +21,7 @@ import psutil
 
 from engine.config.load import ConfigError, load_config
 from engine.servers.gpu import GpuSampler
-from engine.placement.hosts.link import named_specs
+from engine.placement.hosts.deploy import named_specs
 from engine.placement.hosts.readings import Sampler, publish_readings
 from engine.servers.ranks import DistInitAddr, ServerRank
 from engine.telemetry import Telemetry

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 
 from engine.config.load import Host, RunConfig
-from engine.placement.hosts.link import AGENT_STOP_WAIT_S, HostError, agent_stop_command, run_ssh
+from engine.placement.hosts.ssh import AGENT_STOP_WAIT_S, HostError, agent_stop_command, run_ssh
 from engine.api.events import AlertEvent
 from engine.api.wire import Severity
 

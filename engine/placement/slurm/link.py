@@ -1,24 +1,8 @@
-"""One server group of a [slurm] run, seen from the login node: its Slurm job, and the servers the job's host agent
-runs on the node Slurm gave it.
+"""One server group of a [slurm] run, seen from the login node: the host link with Slurm where SSH was.
 
-The same link as an SSH host (engine/placement/hosts/link.py: identity proof, health, admission to the router, capacity,
-metrics, GPU/disk readings, loss and rejoin), with Slurm where SSH was:
-- a (re)join submits the group's job with sbatch (the exact line `regen plan` prints), unless one it submitted is
-  still queued or running, and waits while Slurm keeps it PENDING (the reason, e.g. Resources, is the host's
-  error in `regen status`); once RUNNING, the step (engine/placement/slurm/step.py) says in node.json which node and address
-  its servers are on, and the members' URLs point there (the router reaches them over the cluster network);
-- the work dir is on a filesystem the nodes share with the login node, so "running a command on the host" (reading
-  identity records and readings) is a local command on that shared dir;
-- the job ending (TIMEOUT, CANCELLED by someone else, NODE_FAIL, PREEMPTED) loses the host with an alert in Slurm's
-  words; its in-flight requests are re-dispatched and the next join submits a new job; a requeue (preemption in a
-  REQUEUE partition, a node failure, `scontrol requeue`) is the same but the next join waits for the same job id's
-  next life (its restart count: engine/placement/slurm/step.py's job-<id>.r<N> dir);
-- handover_s before the job's time limit (squeue's time left; no signal: it would reach the servers) the group's
-  servers are drained (in-flight requests finish) and the next job is queued at once; it takes over when the
-  old one ends;
-- a group of several nodes is one server across them: rank 0 (the job dir's node.json) is the member; each rank
-  > 0 runs under its own agent in the job dir's rank<I>/, and its crash is an alert naming the rank and node;
-- stopping cancels the job ids this link submitted, and nothing else.
+A join submits the group's job (or waits for the one it submitted, or a requeued job's next life) and attaches to the
+node its step names; the job's end loses the host; handover_s before its time limit its servers are drained and the
+next job queued; stopping cancels the job ids this link submitted, and nothing else.
 """
 from __future__ import annotations
 
@@ -28,23 +12,25 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import aiohttp
 
-from engine.placement.slurm import alerts as job_alerts
 from engine.placement.slurm import jobs as slurm_jobs
 from engine.config.load import Host, RunConfig, dump_toml
 from engine.config.schema import time_limit_seconds
-from engine.placement.hosts.link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
+from engine.placement.hosts.deploy import engine_tarball, host_config
+from engine.placement.hosts.link import HostLink
+from engine.placement.hosts.ssh import AGENT_DIR, HostError
 from engine.observe.status import HostStatus, SlurmJobStatus
+from engine.placement.slurm.job_alerts import JobAlerts
 from engine.placement.slurm.jobs import JobState, SlurmError, time_left_text
 from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_section, slurm_work_dir
+from engine.placement.slurm.ranks import RankCrashes
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.api.events import AlertEvent, Event
-from engine.api.wire import HostState, duration_text
+from engine.api.wire import HostState
 from engine.api.wire import Severity
 
 log = logging.getLogger("regen.slurm")
@@ -53,9 +39,6 @@ POLL_S = 2.0
 NODE_FILE_WAIT_S = 60.0
 FINAL_STATE_WAIT_S = 15.0
 RELEASE_WAIT_S = 5.0  # a job cancelled at the run's end: its end is read this long at most (the status shows it)
-# pending reasons that are Slurm's routine, told as info: waiting its turn, and the delay Slurm puts on a requeued
-# job before it may start again (right after the requeue alert)
-ROUTINE_PENDING = ("Priority", "BeginTime")
 
 
 def time_left_s(text: str) -> int | None:
@@ -76,15 +59,6 @@ def group_host(cfg: RunConfig, group: int) -> Host:
     return Host(name=job_name(cfg, group), address=f"slurm partition {slurm_section(cfg).partition}", gpus=cfg.workers.gpus,
                 work_dir=str(group_dir(Path(slurm_work_dir(cfg)), group)), host_python=cfg.host_python,
                 lan_address="0.0.0.0", base_port=cfg.workers.base_port + group * per_group)
-
-
-@dataclass
-class Waiting:
-    """A job seen queued and not yet running (PENDING, CONFIGURING, requeued ...)."""
-    job_id: str
-    since: float  # the link's clock (monotonic)
-    wall_since: float  # time.time(), for the status
-    alerted: bool = False
 
 
 def job_status(job: JobState, next_job: str | None = None, waiting_since: float | None = None) -> SlurmJobStatus:
@@ -110,13 +84,11 @@ class SlurmLink(HostLink):
         self.jobs_file = jobs_file(cfg)
         self.job: JobState | None = None
         self.next_job: str | None = None  # queued at a hand-over, taken by the next join
-        self._pending_said: str | None = None
-        self._waiting: Waiting | None = None  # the job not running yet: since when, and whether that was alerted
         self.clock = time.monotonic  # how long a job waits (a test's own clock)
+        self.alerts = JobAlerts(self.group_host.name, emit, lambda: self.clock(), self.slurm.pending_alert_s)
+        self.ranks = RankCrashes(self.group_host.name, emit)
         self._handing_over = False
         self._attached: set[str] = set()  # jobs whose servers this link attached to
-        self._said_ended: set[str] = set()
-        self._rank_offsets: dict[Path, int] = {}  # how far each rank > 0 agent's telemetry.jsonl was read
         self._life = 0  # the restart count of the job life attached to (a requeue keeps the id, not the life)
 
     # -- commands "on the host": the work dir is shared with the nodes ----------------------------
@@ -210,41 +182,7 @@ class SlurmLink(HostLink):
         self.error = f"slurm {job.words()}"
         if self.state != HostState.LOST:
             self.state = HostState.CONNECTING
-        if self._pending_said != job.reason and job.given_reason:  # a reason worth saying
-            self._pending_said = job.reason
-            self.emit(AlertEvent(severity=Severity.INFO if job.given_reason in ROUTINE_PENDING else Severity.WARNING,
-                                 text=f"slurm job {job.job_id} ({self.host.name}) is pending: {job.reason}",
-                                 evidence=job.words(), key=f"slurm-pending:{self.host.name}"))
-        self._pending_too_long(job)
-
-    def _pending_too_long(self, job: JobState) -> None:
-        """One alert once the job has waited pending_alert_s (it will not start: Slurm's reason); [notify] sends it."""
-        if self._waiting is None or self._waiting.job_id != job.job_id:
-            self._waiting = Waiting(job.job_id, self.clock(), time.time())
-        waited = self.clock() - self._waiting.since
-        if self._waiting.alerted or waited < self.slurm.pending_alert_s:
-            return
-        no_reason = not job.given_reason  # slurmctld has not evaluated the job yet (seconds after a submit)
-        if no_reason and waited < 2 * self.slurm.pending_alert_s:
-            return  # the alert is for Slurm's reason: wait a little longer for it
-        self._waiting.alerted = True
-        reason = "no reason given" if no_reason else job.reason
-        self.emit(AlertEvent(
-            severity=Severity.WARNING, text=f"slurm job {job.job_id} ({self.host.name}) has been {job.state} for "
-                                     f"{duration_text(waited)}: {reason}",
-            evidence=f"{job.words()}; Slurm's expected start: squeue -j {job.job_id} --start; the alert's threshold: "
-                     f"[slurm] pending_alert_s = {self.slurm.pending_alert_s}",
-            key=job_alerts.key(job_alerts.PENDING_LONG, self.host.name, job.job_id)))
-
-    def _started(self, job: JobState) -> None:
-        """The job runs: a wait that was alerted ends with an alert of its own (sent too)."""
-        waiting, self._waiting = self._waiting, None
-        if waiting is None or not waiting.alerted or waiting.job_id != job.job_id:
-            return
-        self.emit(AlertEvent(
-            severity=Severity.INFO, text=f"slurm job {job.job_id} ({self.host.name}) started on {job.nodes} after "
-                                  f"{duration_text(self.clock() - waiting.since)} waiting",
-            evidence=job.words(), key=job_alerts.key(job_alerts.STARTED, self.host.name, job.job_id)))
+        self.alerts.pending(job)
 
     def _attach(self, job: JobState, running_s: float) -> str | None:
         """The running job's node and address (node.json of its step): the members' URLs point there. None while
@@ -258,13 +196,13 @@ class SlurmLink(HostLink):
                                 f"within {NODE_FILE_WAIT_S:.0f} s; see {self.slurm_dir}/job-{job.job_id}.out") from None
             return None
         self._attached.add(job.job_id)
-        self._started(job)
+        self.alerts.started(job)
         self._life = job.restarts
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
         for m in self.members:
             m.url = f"http://{node['address']}:{m.spec.port}"
             m.node, m.job_id = str(node.get("node") or job.nodes), job.job_id
-        self._pending_said = None
+        self.alerts.pending_said = None
         if self._handing_over:  # the drain was the last job's hand-over, not the operator's
             self._handing_over, self.drained = False, False
         return f"slurm job {job.job_id} running on {node['node']} ({node['address']}), GPUs {node['gpus'] or '?'}"
@@ -296,64 +234,14 @@ class SlurmLink(HostLink):
                 self.job = await self._final_state(self.job)
                 self._ended(self.job)
                 return f"slurm {self.job.words()}"
-            self._said_ranks()
+            self.ranks.tell(self.job, job_dir(self.slurm_dir, self.group, self.job.job_id, self.job.restarts))
             left = time_left_s(self.job.time_left)
             if self.next_job is None and left is not None and left <= self.slurm.handover_s:
                 await self._hand_over()
         return "stopping"
 
-    def _said_ranks(self) -> None:
-        """A server across nodes: a rank > 0 that crashed or failed (its node's agent said so in its telemetry) is
-        an alert here naming the rank and its node, once per crash; rank 0's own crash, which follows, is the
-        member's."""
-        job = self._watched_job()
-        here = job_dir(self.slurm_dir, self.group, job.job_id, job.restarts)
-        for path in sorted(here.glob("rank*/telemetry.jsonl")):
-            offset = self._rank_offsets.get(path, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-                node = json.loads((path.parent / NODE_FILE).read_text())
-            except (OSError, ValueError):
-                continue  # not there yet: read at the next poll
-            cut = data.rfind(b"\n") + 1  # a line being written is read whole at the next poll
-            self._rank_offsets[path] = offset + cut
-            for line in data[:cut].decode(errors="replace").splitlines():
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                key = str(ev.get("key", ""))
-                if ev.get("type") != "alert" or not key.startswith("worker:") or not key.endswith((":crash", ":failed")):
-                    continue
-                self.emit(AlertEvent(
-                    severity=ev.get("severity", "error"),
-                    text=f"node rank {node.get('node_rank', '?')} of the server of {self.host.name} (job "
-                         f"{job.job_id}, node {node.get('node', '?')}): {ev.get('text', '')}; losing a rank ends "
-                         "the server, its agent launches the rank again",
-                    evidence=f"{ev.get('evidence', '')}\nlog: {path.parent}/workers/", key=key))
-
     def _ended(self, job: JobState) -> None:
-        """The alert for a job that ended, once per job, in Slurm's words (job id, state, reason)."""
-        if job.job_id in self._said_ended or self._stopping:  # stopping: regen's own cancel, told in the log
-            return
-        reason = f" ({job.given_reason})" if job.given_reason else ""
-        if job.active:  # requeued (preempted, a node failed, scontrol requeue): the same id runs again once placed
-            self.emit(AlertEvent(severity=Severity.ERROR, text=f"slurm job {job.job_id} ({self.host.name}) was requeued "
-                                 f"(restart {job.restarts}): {job.state}{reason}; its servers are lost until Slurm "
-                                 "runs it again", evidence=job.words() + f", restart count {job.restarts}",
-                                 key=job_alerts.key(job_alerts.REQUEUED, self.host.name,
-                                                    f"{job.job_id}:{job.restarts}")))
-            return
-        self._said_ended.add(job.job_id)
-        if self._handing_over and self.next_job and job.state == "TIMEOUT":  # the limit a hand-over was made for
-            self.emit(AlertEvent(severity=Severity.INFO, text=f"slurm job {job.job_id} ({self.host.name}) reached its time "
-                                 f"limit as planned; job {self.next_job} takes over", evidence=job.words(),
-                                 key=job_alerts.key(job_alerts.HANDED_OVER, self.host.name, job.job_id)))
-            return
-        self.emit(AlertEvent(severity=Severity.ERROR, text=f"slurm job {job.job_id} ({self.host.name}) ended: {job.state}"
-                             f"{reason}", evidence=job.words(), key=job_alerts.key(job_alerts.ENDED, self.host.name, job.job_id)))
+        self.alerts.ended(job, stopping=self._stopping, taking_over=self.next_job if self._handing_over else None)
 
     async def _final_state(self, job: JobState) -> JobState:
         """A job COMPLETING is on its way out: wait a little for the state it ends in (CANCELLED, TIMEOUT,
@@ -430,7 +318,7 @@ class SlurmLink(HostLink):
     def status(self) -> HostStatus:
         st = super().status()
         job = self.job
-        waiting = self._waiting if job and self._waiting and self._waiting.job_id == job.job_id else None
+        waiting = self.alerts.waiting if job and self.alerts.waiting and self.alerts.waiting.job_id == job.job_id else None
         st.job = job_status(job, self.next_job, waiting.wall_since if waiting else None) if job else None
         if self._stopping and job is not None and not job.active:
             st.state = HostState.ENDED  # stopped with the run, its job's end read from Slurm (_release)

@@ -1,21 +1,8 @@
-"""What regen submits to Slurm for a run with [slurm]: the server groups, their exact sbatch and srun lines, and
-how many allocations the run needs at the plan's projected duration.
+"""What regen submits to Slurm for a run with [slurm]: the server groups, their exact sbatch and srun lines, and how
+many allocations the run needs at the plan's projected duration.
 
-One job per server group, not one job with a step per group. A group is the nodes one server set needs: one node
-holding gpus_per_node / tp_size servers, or the tp_size / gpus_per_node nodes one server spans. Why:
-- heterogeneous node counts are plain jobs of different --nodes, where one job would need Slurm's heterogeneous
-  jobs (hetjob components, each its own scheduling unit anyway) or one --nodes=N job that cannot start until all N
-  nodes are free at once;
-- a group starts as soon as its own nodes are free, so the run makes progress on part of the cluster (a job of all
-  the nodes waits for the last one, and its pending reason says nothing about the others);
-- NODE_FAIL, preemption, an `scancel` by someone else and a time limit end one group's job, not the whole run's
-  allocation; the other groups' servers keep serving while that group's next job is queued;
-- time limits are per job, so the groups' handovers need not coincide (a single job drains every server at once).
-No `--signal` ahead of the limit: Slurm delivers it to every process of the job's steps, and SGLang servers (and the
-simulator) die of an unhandled SIGUSR1. The login node reads each job's time left from squeue instead and, handover_s
-before the limit, drains that job's servers and queues the next job (engine/placement/slurm/link.py).
-The cost is one sbatch per group per allocation, and `regen stop` cancelling several job ids (the ones regen
-recorded, never a name pattern).
+One job per server group (a group starts, fails and hands over on its own nodes, not the whole run's), and no
+`--signal` before the limit (SGLang dies of SIGUSR1): the login node reads each job's time left from squeue instead.
 """
 from __future__ import annotations
 

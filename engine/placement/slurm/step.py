@@ -1,18 +1,8 @@
 """`python -m engine.placement.slurm.step --work-dir W --group G`: one node's part of a regen Slurm job (the srun step).
 
-Run by srun on each node of job `<job_name>-<G>` (engine/placement/slurm/plan.py prints the line). It makes this job's
-own work dir W/g<G>/job-<SLURM_JOB_ID> (a new job on another node never meets the last one's pid files; a requeued
-job's next life W/g<G>/job-<id>.r<SLURM_RESTART_COUNT>), writes
-there the group's host.toml (W/g<G>/host.toml, written by the login node's link) with the servers bound to this
-node's address, and node.json (job, node, address, GPUs) that tells the login node where the servers are; then it
-runs regen's host agent (engine/placement/hosts/agent.py), the same one as on [[hosts]], until Slurm ends the step. The GPUs
-are the ids Slurm gave the step (CUDA_VISIBLE_DEVICES): the servers keep the names <host>.gpu0.. whatever ids those
-are (engine.servers.workers.visible_gpus).
-
-A group of several nodes (--dist-init-port given) is one server spanning them: srun runs this on each node, node
-rank SLURM_NODEID. Rank 0 is the node above (its job dir, node.json, the server the login node admits to the
-router); a rank > 0 waits for rank 0's node.json (the dist-init address is rank 0's address and --dist-init-port)
-and runs its own agent in W/g<G>/job-<id>/rank<I>, which launches, supervises and restarts that node's rank.
+It makes the job's own dir (W/g<G>/job-<id>[.r<restart>]), writes there host.toml bound to this node's address and
+node.json (where the login node finds the servers), then runs the host agent until Slurm ends the step. In a group of
+several nodes a rank > 0 waits for rank 0's node.json and runs its own agent in the job dir's rank<I>/.
 """
 from __future__ import annotations
 

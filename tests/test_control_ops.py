@@ -10,7 +10,8 @@ import pytest
 from console.host.run_client import RunClient
 from probes.model import CommandResult
 
-from engine.control import ControlError, ControlServer
+from engine.api.ops import ControlError
+from engine.supervisor.control import ControlServer
 from engine.ctl import build_parser, op_of
 from engine.api.ops import (CHANNEL_OPS, OPS, ControlOp, Drain, DrainHost, Follow, Hello, LastStatus, LogTail, Pause,
                             RestartWorker, Resume, RunEnding, Status, Stop, UndrainHost)

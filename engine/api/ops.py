@@ -14,7 +14,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 
 
 class ControlError(Exception):
-    """A request that cannot be served; its text is the reply's `error` (engine.control re-exports it)."""
+    """A request that cannot be served; its text is the reply's `error`."""
 
 
 class WireReply(Protocol):

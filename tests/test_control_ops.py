@@ -156,3 +156,9 @@ async def test_the_control_socket_refuses_engine_ctls_own_ops_and_a_reply_of_the
                                            "not its ShardsChanged"}
     hello = json.loads(await server._handle_line(b'{"op": "hello"}\n'))
     assert hello == {"ok": False, "error": "hello is answered by engine.ctl, not the supervisor's control socket"}
+
+
+def test_every_supervisor_op_has_its_handler():
+    from engine.supervisor.ops import unhandled
+
+    assert unhandled() == []

@@ -15,7 +15,7 @@ from engine.store.rejects import RejectLog
 from engine.text.render import sample_id
 from engine.run.brake import REFUSED_SHAPE
 from engine.run.conversations import ConvProgress, Unfit, reject_for
-from engine.run.counts import CommitRate, ServedTokens, ShardCounts
+from engine.run.counts import CommitRate, ShardCounts
 from engine.run.dispatch_guard import DispatchGuard
 from engine.run.items import Committed, Failed, Generated, Outcome, Rejected, Retry, WorkItem
 from engine.run.ledger_ports import AnswerSink, FeedHooks, LedgerEvents
@@ -42,7 +42,6 @@ class Ledger(ShardTally):
         self.answers: AnswerSink | None = None  # the committer (answers_to): it writes each generated answer
         self.rate = CommitRate()  # output tokens committed per second in this start (started with dispatch)
         self._ready = ReadyQueue(cfg.dispatch.affinity, cfg.dispatch.affinity_hold_s)
-        self._served: dict[str, ServedTokens] = {}  # per worker, over the samples committed in this start
         self._held: dict[str, collections.deque[WorkItem]] = collections.defaultdict(collections.deque)
         self._active: dict[str, ConvProgress] = {}
         # conversations whose every outstanding item is answered and waits only for its commit: they hold no
@@ -116,14 +115,6 @@ class Ledger(ShardTally):
 
     def dispatch_began(self) -> None:
         self.rate.start()
-
-    def served_for(self, worker: str) -> ServedTokens:
-        """The worker's prompt and cached tokens over the samples committed in this start (its servers' caches
-        start cold at each start), to read: only the ledger moves them."""
-        served = self._served.get(worker)
-        if served is None:
-            served = self._served[worker] = ServedTokens()
-        return served
 
     # -- the ready queue --------------------------------------------------------------------------
     def worker_ready(self, name: str, ready: bool) -> None:
@@ -276,10 +267,7 @@ class Ledger(ShardTally):
         self.brake.window.add(part.shapes)
         self.guard.judge()
         self.events.shard_changed(part.shard_id)
-        for name, prompt_tokens, cached_tokens in outcome.served:
-            served = self.served_for(name)
-            served.prompt_tokens += prompt_tokens
-            served.cached_tokens += cached_tokens
+        self.add_served(outcome.served)
         for item, answer in outcome.samples:
             progress = self._active.get(item.conv.conversation_id)
             if progress is None:

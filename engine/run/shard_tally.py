@@ -1,11 +1,12 @@
-"""The ledger's per-shard counts and paused set, and their moves in the store: loaded at a start, a sample settled
-without a row (its rejects.jsonl row first), refusals unsettled. Committed state is the truth (engine.run.counts)."""
+"""The ledger's per-shard counts, paused set and per-worker served tokens, and their moves in the store: loaded at a
+start, a sample settled without a row (its rejects.jsonl row first), refusals unsettled. Committed state is the truth
+(engine.run.counts)."""
 from __future__ import annotations
 
 import logging
 import time
 
-from engine.run.counts import ShardCounts
+from engine.run.counts import ServedTokens, ShardCounts
 from engine.run.ledger_ports import LedgerEvents
 from engine.store.rejects import RejectLog
 from engine.store.shard_store import AFTER_CUT, ShardStore
@@ -22,6 +23,7 @@ class ShardTally:
         self.rejects = rejects
         self.events = events  # hears which shard's figures moved
         self._opened_at = 0.0
+        self._served: dict[str, ServedTokens] = {}  # per worker, over the samples committed in this start
 
     def load(self) -> None:
         """The store's side of a start: planned totals recorded, earlier failures forgotten (generated again),
@@ -74,6 +76,21 @@ class ShardTally:
         """Samples of the shard not settled yet (None: not a shard of this run)."""
         counts = self._shards.get(shard_id)
         return None if counts is None else counts.total - counts.settled
+
+    def served_for(self, worker: str) -> ServedTokens:
+        """The worker's prompt and cached tokens over the samples committed in this start (its servers' caches
+        start cold at each start), to read: only the ledger moves them."""
+        served = self._served.get(worker)
+        if served is None:
+            served = self._served[worker] = ServedTokens()
+        return served
+
+    def add_served(self, served: tuple[tuple[str, int, int], ...]) -> None:
+        """A committed part's (worker, prompt tokens, cached tokens) sums."""
+        for name, prompt_tokens, cached_tokens in served:
+            book = self.served_for(name)
+            book.prompt_tokens += prompt_tokens
+            book.cached_tokens += cached_tokens
 
     def _shard_range(self) -> str:
         ids = sorted(self._shards)

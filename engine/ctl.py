@@ -19,7 +19,7 @@ import orjson
 import psutil
 
 import engine
-from engine.control import request
+from engine.api.control_socket import request
 from engine.api.protocol import (PROTOCOL_VERSION, ErrorKind, ProtocolError, Reply, decode_request, encode_event_line,
                                  encode_reply)
 from engine.api.ops import (EXITED, ChannelOp, ControlError, Follow, FollowEnded, Hello, HelloResult, LastStatus, Op,

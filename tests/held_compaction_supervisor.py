@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine import supervisor
+from engine.supervisor import main as supervisor
 from engine.store.shard_store import ShardStore
 from tests.waiting import poll_until
 

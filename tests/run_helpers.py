@@ -88,7 +88,7 @@ def record_figures(case: str, **figures) -> None:
 def _status_reply(run_dir: Path) -> dict:
     """The control socket's reply to a status request, in-process (no engine.ctl subprocess per poll); raises
     OSError / ValueError while nothing listens (not yet, or gone)."""
-    from engine.control import request
+    from engine.api.control_socket import request
 
     return request(run_dir / "control.sock", {"op": "status"}, timeout=5)
 

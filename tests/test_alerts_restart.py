@@ -14,7 +14,7 @@ import time
 from rich.console import Console
 
 from console.commands.status import render_status
-from engine.control import request
+from engine.api.control_socket import request
 from engine.observe.offline_status import offline_status
 from engine.observe.status import RunStatus
 from engine.store.shard_store import ShardStore

@@ -19,6 +19,7 @@ from engine.run.items import Committed
 from engine.run.ledger import Ledger
 from engine.store.shard_store import ShardStore
 from engine.api.events import AlertEvent
+from tests.ledger_stubs import StubWing
 from tests.test_ledger import admit, work
 from tests.test_shard_store import make_row
 
@@ -160,7 +161,9 @@ def test_a_store_from_before_the_think_column_gets_it_and_its_old_samples_read_a
 def brake_ledger(tmp_path, **brake) -> Ledger:
     cfg = RunConfig(run_dir=str(tmp_path), model="/m", prompts=("/data/p.jsonl",), turns="last",
                     brake=Brake(**brake))
-    ledger = Ledger(cfg, {"s00000": ShardCounts(total=40, conversations=40)}, ShardStore(tmp_path), RejectLog(tmp_path))
+    wing = StubWing()
+    ledger = Ledger(cfg, {"s00000": ShardCounts(total=40, conversations=40)}, ShardStore(tmp_path), RejectLog(tmp_path),
+                    feed=wing, events=wing)
     ledger.open()
     return ledger
 
@@ -168,8 +171,7 @@ def brake_ledger(tmp_path, **brake) -> Ledger:
 def test_the_ledger_brakes_at_the_commit_that_crosses_and_holds_every_item_until_resume_all(tmp_path):
     async def main():
         ledger = brake_ledger(tmp_path, window=10, min_samples=10)
-        heard = []
-        ledger.on_brake = lambda status, engaged: heard.append((engaged, status.text))
+        heard = ledger.events.brakes
         for i in range(20):
             admit(ledger, work(f"c{i:02d}"))
         sent = [ledger.next_item() for _ in range(12)]
@@ -190,7 +192,7 @@ def test_the_ledger_brakes_at_the_commit_that_crosses_and_holds_every_item_until
         again = brake_ledger(tmp_path, window=10, min_samples=10)  # a restart: still braked, from the record
         admit(again, work("c12"))
         assert again.braked and again.next_item() is None
-        assert "stays braked" in again.brake_note
+        assert "stays braked" in again.guard.brake_note
         again.set_paused(["s00000"], False)  # a resume of a shard is not a resume --all
         assert again.braked
         again.set_paused(None, False)
@@ -216,7 +218,7 @@ def test_a_start_under_a_changed_brake_lifts_a_recorded_one(tmp_path):
         assert ledger.braked
         ledger.store.close()
         off = brake_ledger(tmp_path, enabled=False, min_samples=4, window=4)
-        assert not off.braked and "lifted" in off.brake_note
+        assert not off.braked and "lifted" in off.guard.brake_note
         assert off.store.brake()[0] is None  # the lift is recorded: the record is gone
         off.store.close()
 

@@ -17,7 +17,7 @@ import pytest
 import engine
 from console.host.run_client import NoSupervisor, RunClient, RunClientError
 from console.host.transport_local import LocalTransport
-from engine.control import ControlServer
+from engine.supervisor.control import ControlServer
 from engine.api.protocol import (PROTOCOL_VERSION, ErrorKind, Reply, Request,
                              decode_reply, decode_request, encode_event_line, encode_reply, encode_request)
 from engine.api.ops import Follow, Hello, LastStatus
@@ -45,7 +45,7 @@ def old_engine_copy(dst: Path) -> Path:
 
 
 class FakeSupervisor:
-    """The supervisor's control socket (engine.control.ControlServer) with a handler that records the ops."""
+    """The supervisor's control socket (engine.supervisor.control.ControlServer) with a handler that records the ops."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -55,7 +55,7 @@ class FakeSupervisor:
     async def handle(self, op) -> dict:
         self.ops.append(op)
         if isinstance(op, RestartWorker) and op.worker == "nope":
-            from engine.control import ControlError
+            from engine.api.ops import ControlError
             raise ControlError("unknown worker 'nope'; workers: w0")
         if isinstance(op, (Pause, Resume)):
             return ShardsChanged(op=op.op, shards=list(op.shards or []), state="running").to_dict()

@@ -10,7 +10,8 @@ import pytest
 from console.host.run_client import RunClient
 from probes.model import CommandResult
 
-from engine.control import ControlError, ControlServer
+from engine.api.ops import ControlError
+from engine.supervisor.control import ControlServer
 from engine.ctl import build_parser, op_of
 from engine.api.ops import (CHANNEL_OPS, OPS, ControlOp, Drain, DrainHost, Follow, Hello, LastStatus, LogTail, Pause,
                             RestartWorker, Resume, RunEnding, Status, Stop, UndrainHost)
@@ -155,3 +156,9 @@ async def test_the_control_socket_refuses_engine_ctls_own_ops_and_a_reply_of_the
                                            "not its ShardsChanged"}
     hello = json.loads(await server._handle_line(b'{"op": "hello"}\n'))
     assert hello == {"ok": False, "error": "hello is answered by engine.ctl, not the supervisor's control socket"}
+
+
+def test_every_supervisor_op_has_its_handler():
+    from engine.supervisor.ops import unhandled
+
+    assert unhandled() == []

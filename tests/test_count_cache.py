@@ -26,6 +26,8 @@ from engine.text.render import Renderer
 from engine.store.shard_store import ShardStore
 from engine.run.feed import Feed
 from engine.run.ledger import Ledger
+from engine.run.prompt_count import PromptCount
+from tests.ledger_stubs import StubWing
 
 
 def conv_row(i: int, turns: int = 1) -> dict:
@@ -98,12 +100,14 @@ class Plan:
         self.cfg = cfg
         self.store = ShardStore(Path(cfg.run_dir))
         self.rejects = RejectLog(Path(cfg.run_dir))
-        self.feed = Feed(cfg, renderer, self.rejects)
+        self.prompts = PromptCount(cfg, renderer, self.rejects)
+        self.feed = Feed(cfg, renderer, self.prompts)
 
     def count(self) -> tuple[Feed, list]:
-        bad = self.feed.count_stream()
-        self.feed.finish_count(bad)
-        ledger = Ledger(self.cfg, self.feed.planned, self.store, self.rejects)
+        bad = self.prompts.count_stream()
+        self.prompts.finish_count(bad)
+        wing = StubWing()
+        ledger = Ledger(self.cfg, self.prompts.planned, self.store, self.rejects, feed=wing, events=wing)
         ledger.open()
         self.feed.attach(ledger)
         return self.feed, bad
@@ -118,7 +122,7 @@ def count(cfg, renderer):
     p = Plan(cfg, renderer)
     try:
         plan, bad = p.count()
-        shards = {sid: (c.total, c.conversations, c.first_index, c.end_index) for sid, c in plan.planned.items()}
+        shards = {sid: (c.total, c.conversations, c.first_index, c.end_index) for sid, c in plan.prompts.planned.items()}
         return plan, bad, shards
     finally:
         p.close()
@@ -132,7 +136,7 @@ def test_count_is_cached_and_reused_without_duplicate_rejects(tmp_path, tiny_mod
     cfg = make_cfg(tmp_path / "run", [write_jsonl(tmp_path / "p.jsonl", 60)], tiny_model_dir)
     caplog.set_level(logging.INFO, logger="regen.feed")
     plan1, bad1, shards1 = count(cfg, renderer)
-    assert bad1 and plan1.input_rejects == len(bad1)
+    assert bad1 and plan1.prompts.input_rejects == len(bad1)
     assert "count cache: not used: no count cache yet" in caplog.text
     assert (tmp_path / "run" / count_cache.CACHE_FILE).exists()
     logged = reject_lines(tmp_path / "run")
@@ -141,8 +145,8 @@ def test_count_is_cached_and_reused_without_duplicate_rejects(tmp_path, tiny_mod
     caplog.clear()
     plan2, bad2, shards2 = count(cfg, renderer)
     assert bad2 == []  # already in rejects.jsonl: not handed out again
-    assert shards2 == shards1 and plan2.input_rejects == plan1.input_rejects
-    assert "count cache: 15 shards" in caplog.text and "(count cache)" in plan2.counted()
+    assert shards2 == shards1 and plan2.prompts.input_rejects == plan1.prompts.input_rejects
+    assert "count cache: 15 shards" in caplog.text and "(count cache)" in plan2.prompts.counted()
     assert reject_lines(tmp_path / "run") == logged
 
 
@@ -164,11 +168,11 @@ def test_a_stream_from_a_saved_start_is_the_full_stream_from_there(tmp_path, tin
         p = Plan(cfg, renderer)
         try:
             plan, _ = p.count()
-            assert plan._count_from_cache is cached
-            assert plan._seekable and len(plan._starts) == len(plan.planned) > 3
-            for sid, counts in plan.planned.items():
+            assert plan.prompts._count_from_cache is cached
+            assert plan.prompts._seekable and len(plan.prompts._starts) == len(plan.prompts.planned) > 3
+            for sid, counts in plan.prompts.planned.items():
                 got = []
-                for conv in plan._stream_from(counts.first_index):
+                for conv in plan.prompts.stream_from(counts.first_index):
                     got.append(conv)
                     if len(got) == 2 * cfg.shard_size:
                         break
@@ -186,9 +190,9 @@ def test_the_feed_starts_at_the_first_incomplete_shard(tmp_path, tiny_model_dir,
     p = Plan(cfg, renderer)
     try:
         plan, _ = p.count()
-        for sid in sorted(plan.planned)[:6]:
-            plan.planned[sid].done = plan.planned[sid].total  # as if committed
-        first = plan.planned[sorted(plan.planned)[6]].first_index
+        for sid in sorted(plan.prompts.planned)[:6]:
+            plan.prompts.planned[sid].done = plan.prompts.planned[sid].total  # as if committed
+        first = plan.prompts.planned[sorted(plan.prompts.planned)[6]].first_index
         source = plan._next_source()
         conv = next(source)
         assert conv.index == first
@@ -252,12 +256,12 @@ def test_a_damaged_cache_is_ignored_loudly_and_replaced(tmp_path, tiny_model_dir
         cache.write_text(json.dumps(doc))
     caplog.set_level(logging.INFO, logger="regen.feed")
     plan, bad, shards = count(cfg, renderer)
-    assert not plan._count_from_cache and shards == good and bad
+    assert not plan.prompts._count_from_cache and shards == good and bad
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "count cache: IGNORED" in r.message]
     assert len(warnings) == 1, caplog.text
     caplog.clear()
     plan, _, shards = count(cfg, renderer)  # the recount wrote a good cache again
-    assert plan._count_from_cache and shards == good
+    assert plan.prompts._count_from_cache and shards == good
 
 
 def test_a_lost_reject_log_is_counted_again(tmp_path, tiny_model_dir, renderer, caplog):
@@ -266,7 +270,7 @@ def test_a_lost_reject_log_is_counted_again(tmp_path, tiny_model_dir, renderer, 
     (tmp_path / "run" / "rejects.jsonl").unlink()
     caplog.set_level(logging.INFO, logger="regen.feed")
     plan, bad2, _ = count(cfg, renderer)
-    assert not plan._count_from_cache and len(bad2) == len(bad)
+    assert not plan.prompts._count_from_cache and len(bad2) == len(bad)
     assert "fewer than the" in caplog.text
     assert len(reject_lines(tmp_path / "run")) == len(bad)
 
@@ -283,9 +287,9 @@ def test_a_wrong_saved_start_falls_back_to_the_full_stream(tmp_path, tiny_model_
     p = Plan(cfg, renderer)
     try:
         plan, _ = p.count()
-        assert plan._count_from_cache
-        first = plan.planned["s00005"].first_index
-        got = [c.index for c, _ in zip(plan._stream_from(first), range(first + 4))]
+        assert plan.prompts._count_from_cache
+        first = plan.prompts.planned["s00005"].first_index
+        got = [c.index for c, _ in zip(plan.prompts.stream_from(first), range(first + 4))]
         assert got == list(range(first + 4))  # the full stream, from index 0
         assert "count cache: shard s00005 should start with conversation" in caplog.text
     finally:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from engine.servers.capacity import parse_server_info
 from engine.config.load import RunConfig, Workers
-from engine.control import ControlError, ControlServer, request
+from engine.api.control_socket import request
+from engine.api.ops import ControlError
+from engine.supervisor.control import ControlServer
 from engine.servers.metrics_client import parse_metrics
 from engine.api.ops import Pause
 from engine.servers.launch import WorkerSpec, launch_argv, redact, worker_specs
@@ -138,7 +140,7 @@ def test_control_socket_replies_and_is_private(tmp_path):
 def test_the_tokenizer_thread_pool_is_off_on_one_cpu_unless_the_operator_set_it(monkeypatch):
     import gc
 
-    from engine import supervisor
+    from engine.supervisor import main, supervisor
 
     for cpus, preset, expected in (({0}, None, "false"), ({0, 1}, None, None), ({3}, "true", "true")):
         monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, cpus=cpus: cpus)
@@ -146,6 +148,6 @@ def test_the_tokenizer_thread_pool_is_off_on_one_cpu_unless_the_operator_set_it(
             monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
         else:
             monkeypatch.setenv("TOKENIZERS_PARALLELISM", preset)
-        supervisor._single_cpu_tokenizer()
+        main._single_cpu_tokenizer()
         assert os.environ.get("TOKENIZERS_PARALLELISM") == expected, (cpus, preset)
     assert supervisor.GC_THRESHOLDS[0] > gc.get_threshold()[0]  # young collections made rarer after the freeze

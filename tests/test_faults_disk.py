@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.control import request
+from engine.api.control_socket import request
 from tests.run_helpers import events, make_config, quick_state, record_figures, sample_accounting, wait_for
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
 

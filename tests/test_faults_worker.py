@@ -38,7 +38,7 @@ def _requeued(log_text: str, name: str) -> int:
 
 
 def _committed(run_dir) -> int:
-    from engine.control import request
+    from engine.api.control_socket import request
 
     try:
         reply = request(run_dir / "control.sock", {"op": "status"}, timeout=5)

@@ -12,7 +12,9 @@ from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog
 from engine.run.counts import RATE_MIN_SPAN_S, RATE_WINDOW_S, CommitRate, ShardCounts, counts_from_store, eta_s
 from engine.run.items import Committed, Failed, Rejected, Retry, WorkItem
-from engine.run.ledger import ConvProgress, Ledger, Unfit
+from engine.run.conversations import ConvProgress, Unfit
+from engine.run.ledger import Ledger
+from tests.ledger_stubs import StubWing
 from engine.observe.status import dispatch_figures, shard_state, shard_statuses
 from engine.store.shard_store import ShardProgress, ShardStore
 from engine.store.state_db import PartInfo
@@ -98,8 +100,9 @@ def work(cid: str, turn: int = 0, last: bool = True, shard: str = "s00000") -> W
 def open_ledger(tmp_path, totals: dict[str, int], turns: str = "last") -> Ledger:
     cfg = RunConfig(run_dir=str(tmp_path), model="/m", prompts=("/data/p.jsonl",), turns=turns)
     store = ShardStore(tmp_path)
+    wing = StubWing()
     ledger = Ledger(cfg, {sid: ShardCounts(total=n, conversations=n) for sid, n in totals.items()}, store,
-                    RejectLog(tmp_path))
+                    RejectLog(tmp_path), feed=wing, events=wing)
     ledger.open()
     return ledger
 
@@ -142,8 +145,7 @@ def test_every_outcome_settles_in_the_ledger_and_moves_only_its_own_count(tmp_pa
 def test_a_pause_holds_queued_items_at_pull_and_a_resume_puts_them_first_and_asks_for_the_rest(tmp_path):
     async def main():
         ledger = open_ledger(tmp_path, {"s00000": 2, "s00001": 1})
-        resumed = []
-        ledger.on_resume = resumed.append
+        resumed = ledger.feed.rescanned
         admit(ledger, work("a"))
         admit(ledger, work("x", shard="s00001"))
         admit(ledger, work("b"))
@@ -168,7 +170,7 @@ def test_a_committed_turn_asks_the_feed_for_the_next_and_a_failed_turn_settles_t
             asked.append((progress.conv.conversation_id, turn, dict(progress.answers)))
             return work(progress.conv.conversation_id, turn, last=True)
 
-        ledger.build_turn = build_turn
+        ledger.feed.turn_builder = build_turn
         admit(ledger, work("a", 0, last=False), turns=[0, 1])
         admit(ledger, work("b", 0, last=False), turns=[0, 1])
         a0, b0 = ledger.next_item(), ledger.next_item()

@@ -16,7 +16,7 @@ from engine.config.load import RunConfig, Sampling
 from engine.text.ingest import Conversation
 from engine.run.feed import Feed
 from engine.run.items import WorkItem
-from engine.run.ledger import Unfit
+from engine.run.conversations import Unfit
 from engine.run.prompt_limit import from_context, tightest
 from tests.run_helpers import events, make_config, read_rows, rejects, sample_accounting
 from tests.run_helpers import renderer_for, supervisors  # noqa: F401  (fixtures)
@@ -51,7 +51,7 @@ def test_a_real_0_5_5_report_gives_the_servers_own_max_req_input_len():
 def _feed(context_length: int, max_new_tokens: int = 32768) -> Feed:
     cfg = RunConfig(run_dir="/nonexistent", model="/m", prompts=("/p",), context_length=context_length,
                     sampling=Sampling(max_new_tokens=max_new_tokens))
-    return Feed(cfg, SimpleNamespace(context_length=context_length, opens_think=lambda ids: False), rejects=None)
+    return Feed(cfg, SimpleNamespace(context_length=context_length, opens_think=lambda ids: False), prompts=None)
 
 
 def _progress() -> SimpleNamespace:

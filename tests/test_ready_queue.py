@@ -9,9 +9,11 @@ from engine.config.load import Dispatch, RunConfig
 from engine.store.rejects import RejectLog
 from engine.run.counts import ShardCounts
 from engine.run.items import Committed, WorkItem
-from engine.run.ledger import ConvProgress, Ledger
+from engine.run.conversations import ConvProgress
+from engine.run.ledger import Ledger
 from engine.run.ready_queue import PREFIX_TOKENS, ReadyQueue
 from engine.store.shard_store import ShardStore
+from tests.ledger_stubs import StubWing
 from tests.test_ledger import conv
 from tests.test_shard_store import make_row
 
@@ -134,12 +136,12 @@ def test_the_ledger_holds_a_conversations_next_turn_for_the_worker_that_served_i
     async def main():
         cfg = RunConfig(run_dir=str(tmp_path), model="/m", prompts=("/data/p.jsonl",), turns="all",
                         dispatch=Dispatch(affinity_hold_s=30.0))
+        wing = StubWing(build_turn=lambda progress, turn: item(progress.conv.conversation_id, turn=turn))
         ledger = Ledger(cfg, {"s00000": ShardCounts(total=4, conversations=2)}, ShardStore(tmp_path),
-                        RejectLog(tmp_path))
+                        RejectLog(tmp_path), feed=wing, events=wing)
         ledger.open()
         ledger.worker_ready("gpu0", True)
         ledger.worker_ready("gpu1", True)
-        ledger.build_turn = lambda progress, turn: item(progress.conv.conversation_id, turn=turn)
         for cid in "ab":
             p = ConvProgress(conv=conv(cid), shard_id="s00000", turns=[0, 1])
             ledger.begin([p])

@@ -8,7 +8,7 @@ import dataclasses
 import orjson
 import pytest
 
-from engine.control import ControlError
+from engine.api.ops import ControlError
 from engine.fatal import FatalRecord, write_fatal
 from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog
@@ -18,7 +18,7 @@ from engine.observe.status import HostStatus, Rejects, RouterStatus, RunStatus
 from engine.api.wire import ShardFigures
 from engine.store.shard_store import ShardStore
 from engine.servers.startup import StartCheck
-from engine.supervisor import Supervisor
+from engine.supervisor.supervisor import Supervisor
 from engine.telemetry import Telemetry
 from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,
                                      WorkerEvent)

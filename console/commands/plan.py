@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_FAILED
     if args.host == "local":
-        from engine.plan.projection import PlanError, make_plan
+        from engine.plan.projection import make_plan
+        from engine.plan.prompts import PlanError
 
         try:
             plan = make_plan(cfg, pilot=args.pilot, sample_conversations=args.sample)

@@ -154,7 +154,7 @@ def preflight_host(args, cfg) -> int | None:
     pass), else the exit code, with the report printed."""
     from rich.console import Console
 
-    from console.commands.probe import DISPATCH_PROBES, SLURM_PROBES, context_from_config, probe_host
+    from console.host.preflight import DISPATCH_PROBES, SLURM_PROBES, context_from_config, probe_host
     from probes.model import Status
 
     only = {p.strip() for p in args.preflight.split(",") if p.strip()} if args.preflight else None

@@ -73,7 +73,8 @@ def split_target(target: str) -> tuple[str | None, str]:
 def run(args: argparse.Namespace) -> int:
     host, run_dir = split_target(args.target)
     if host is None:
-        from engine.store.stats import StatsReadError, compute_stats
+        from engine.store.stats import compute_stats
+        from engine.store.stats_parts import StatsReadError
 
         missing = missing_local_dir(run_dir)
         if missing:

@@ -91,6 +91,10 @@ class RunClient:
             except TransportError as exc:
                 raise RunClientError(f"closing the control channel to {self.where}: {exc}") from exc
 
+    async def call(self, op: ChannelOp) -> Any:
+        """Any op answered by one reply, as its declared type: a new op needs no method here (those below name theirs)."""
+        return await self._decoded(op)
+
     async def _decoded(self, op: ChannelOp) -> Any:
         """The op's reply as its declared type (the op's Reply); a reply that is not one (a field of the wrong type) is
         an error naming the field, not a screen that shows half of it."""

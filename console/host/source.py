@@ -497,7 +497,8 @@ class ReplaySource:
     async def stats(self) -> dict[str, Any]:
         if self._stats is not None:
             return self._stats
-        from engine.store.stats import StatsReadError, compute_stats
+        from engine.store.stats import compute_stats
+        from engine.store.stats_parts import StatsReadError
 
         try:
             return compute_stats(self.telemetry.parent).to_dict()

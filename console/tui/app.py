@@ -31,7 +31,8 @@ from console.tui.panel_shards import ShardsPanel
 from console.tui.panel_workers import WorkersPanel
 from console.tui.screens import ConfirmScreen, HelpScreen
 from console.host.ssh_options import SshOptions
-from console.host.source import DataSource, HostSource, SourceError
+from console.host.source import DataSource, HostSource
+from console.host.follow import SourceError
 from console.tui.widgets import NextStep, RunHeader
 from engine.api.ops import ShardsChanged, WorkerRestarted
 from engine.observe.status import RunStatus

@@ -1,7 +1,7 @@
 """Each control op as one typed message (a pydantic model, told apart by `op`) with its reply type beside it (`Reply`).
 engine.api.op_codec reads and writes them, engine.api.op_cli derives their command lines from their fields. A new op
-is its class here (listed in Op or CtlOp) and its handler (Supervisor.handle, or engine.ctl.answer for one served
-without a supervisor).
+is its class here (listed in Op or CtlOp) and its handler (@handles in engine.supervisor.ops, or engine.ctl.answer
+for one served without a supervisor). ReplyAbove: the status types are imported lazily until they move into engine.api.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 
 
 class ControlError(Exception):
-    """A request that cannot be served; its text is the reply's `error` (engine.control re-exports it)."""
+    """A request that cannot be served; its text is the reply's `error`."""
 
 
 class WireReply(Protocol):

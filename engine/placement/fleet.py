@@ -20,7 +20,8 @@ from engine.observe.status import HostStatus, RouterStatus
 from engine.fatal import HostsFailed
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import AlertKind, HostState, Severity
-from engine.servers.workers import Worker, WorkerState
+from engine.servers.workers import Worker
+from engine.api.wire import WorkerState
 
 log = logging.getLogger("regen.fleet")
 

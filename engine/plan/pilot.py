@@ -128,7 +128,7 @@ class _PilotServers:
             self.alerts.append(f"{event.text}" + (f" ({event.evidence.splitlines()[0]})" if event.evidence else ""))
 
     def _on_state(self, w, state: str) -> None:
-        from engine.servers.workers import WorkerState
+        from engine.api.wire import WorkerState
 
         if state in (WorkerState.REFUSED, WorkerState.CRASHED, WorkerState.FAILED) and self.cause is None:
             # measuring another process's server, or one that restarts, would be a wrong figure

@@ -12,7 +12,8 @@ import numpy as np
 
 from engine.api.reports import ContextCheck, PromptExample, PromptTokens, ShardPlan
 from engine.config.load import RunConfig
-from engine.text.ingest import Conversation, PromptFileError, Reject, iter_prompts
+from engine.text.ingest import Conversation, iter_prompts
+from engine.text.row_errors import PromptFileError, Reject
 
 EXAMPLES_LISTED = 10
 

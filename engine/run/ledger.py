@@ -1,44 +1,27 @@
-"""The ledger: the one owner of sample state in a run — per-shard counts, pauses, the ready queue, the items
-held back by a pause, the conversations in progress — and the one place an outcome is settled.
-
-Committed state is the truth: the counts are loaded from state.sqlite at a start and move only when a
-part is committed or a sample is settled without a row (recorded in the store's outcomes table), so
-every figure derived from them holds across restarts (engine.run.counts).
-
-Paused shards: items already queued are held back at pull time (a pause stops dispatch at once);
-conversations of a paused shard that the feed meets are the feed's to remember and stream again
-(`on_resume`) when the shard is resumed.
-
-The data-quality brake (engine.run.brake) is a run-wide pause the ledger takes itself: each committed part's row
-shapes go into its window, and a share over its level holds every item back at pull time (requests in flight finish
-and are committed) and is recorded in the store, so a restart stays braked; `set_paused(None, False)` (`regen resume
---all`) releases it and starts the window over.
-
-turns = "all": turn k+1 is built from the committed answer of turn k, so it is asked of the feed
-(`build_turn`) when turn k's part is committed. With turns_after_cut = "stop", a turn committed cut (it ended at
-max_new_tokens, or the runaway guard stopped it) ends its conversation: the turns left are settled as rejected, reject
-kind `after_cut` (`stop_after_cut`; the feed asks the same at a restart for a conversation whose committed turns
-end with a cut one, so a crash between the commit and the settling loses nothing).
+"""The ledger: the one owner of sample state in a run (per-shard counts, pauses, the ready queue, the items held back
+by a pause, the conversations in progress) and the one place an outcome arrives: a generated answer goes on to the
+committer (its AnswerSink), every other outcome is settled here, and a committed part settles its samples.
+Committed state is the truth: counts move only with a committed part or a sample settled without a row.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
-import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
 
 from engine.config.load import RunConfig
-from engine.text.ingest import Conversation
 from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog
 from engine.text.render import sample_id
-from engine.run.brake import REFUSED_SHAPE, BrakeStatus, RunBrake
-from engine.run.counts import CommitRate, ServedTokens, ShardCounts
-from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
+from engine.run.brake import REFUSED_SHAPE
+from engine.run.conversations import ConvProgress, Unfit, reject_for
+from engine.run.counts import CommitRate, ShardCounts
+from engine.run.dispatch_guard import DispatchGuard
+from engine.run.items import Committed, Failed, Generated, Outcome, Rejected, Retry, WorkItem
+from engine.run.ledger_ports import AnswerSink, FeedHooks, LedgerEvents
 from engine.run.ready_queue import ReadyQueue
-from engine.run.refusals import RefusalTrip, RefusalWatch
+from engine.run.refusals import RefusalTrip
+from engine.run.shard_tally import ShardTally
 from engine.store.names import AFTER_CUT
 from engine.store.shard_store import ShardStore
 
@@ -50,62 +33,16 @@ SERVER_REFUSALS = ("sglang_rejected", "generation_failed", "earlier_turn_rejecte
 MIN_ACTIVE = 256  # conversations in progress, at least
 
 
-@dataclass
-class ConvProgress:
-    """A conversation with turns still to settle (made by the feed, owned by the ledger once admitted)."""
-    conv: Conversation
-    shard_id: str
-    turns: list[int]  # turns still to settle, in order
-    answers: dict[int, str] = field(default_factory=dict)  # committed answers (history of later turns)
-    outstanding: int = 0  # items made and not yet settled
-    finished: int = 0  # of those, answers generated and waiting in the committer's buffer (not settled yet)
-    worker: str | None = None  # the worker that served the last committed turn (its cache holds the prefix)
-
-
-@dataclass(frozen=True)
-class Unfit:
-    """A turn that cannot be made into a work item (it does not render, or does not fit the context)."""
-    turn: int
-    reject: Reject
-
-
-class TurnBuilder(Protocol):
-    def __call__(self, progress: ConvProgress, turn: int) -> WorkItem | Unfit: ...
-
-
-def _no_turn_builder(progress: ConvProgress, turn: int) -> WorkItem | Unfit:
-    """Ledger.build_turn until the run's composer wires the feed's (only a bug calls it)."""
-    raise RuntimeError(f"the ledger was asked for turn {turn} of {progress.conv.conversation_id}, but no turn builder "
-                       "is wired (Ledger.build_turn: the feed's)")
-
-
-def reject_for(conv: Conversation, reason: str, excerpt: str = "", kind: str = "") -> Reject:
-    """A sample-level reject located at the conversation's input row."""
-    file, _, where = conv.origin.rpartition(":")
-    line = row = None
-    if where.startswith("row") and where[3:].isdigit():
-        row = int(where[3:])
-    elif where.isdigit():
-        line = int(where)
-    else:
-        file = conv.origin
-    if file and conv.source.endswith("/" + file):
-        file = conv.source  # origin names the file by its base name; rejects.jsonl gives the full path as ingest does
-    return Reject(file=file or conv.source, line=line, row=row, reason=reason, excerpt=excerpt[:300],
-                  conversation_id=conv.conversation_id, kind=kind)
-
-
-class Ledger:
-    def __init__(self, cfg: RunConfig, shards: dict[str, ShardCounts], store: ShardStore, rejects: RejectLog):
+class Ledger(ShardTally):
+    def __init__(self, cfg: RunConfig, shards: dict[str, ShardCounts], store: ShardStore, rejects: RejectLog, *,
+                 feed: FeedHooks, events: LedgerEvents):
+        super().__init__(shards, store, rejects, events)
         self.turns = cfg.turns
         self.stop_after_cut_turns = cfg.turns == "all" and cfg.turns_after_cut == "stop"
-        self.store = store
-        self.rejects = rejects
-        self._shards = shards
+        self.feed = feed  # builds later turns, streams resumed shards again, is woken when the queue runs low
+        self.answers: AnswerSink | None = None  # the committer (answers_to): it writes each generated answer
         self.rate = CommitRate()  # output tokens committed per second in this start (started with dispatch)
-        self._paused: set[str] = set()
         self._ready = ReadyQueue(cfg.dispatch.affinity, cfg.dispatch.affinity_hold_s)
-        self._served: dict[str, ServedTokens] = {}  # per worker, over the samples committed in this start
         self._held: dict[str, collections.deque[WorkItem]] = collections.defaultdict(collections.deque)
         self._active: dict[str, ConvProgress] = {}
         # conversations whose every outstanding item is answered and waits only for its commit: they hold no
@@ -114,73 +51,19 @@ class Ledger:
         self._low_water = MIN_LOOKAHEAD
         self._max_active = MIN_ACTIVE
         self._item_ready = asyncio.Event()
-        # wired by the run's composer (engine.supervisor): the feed builds later turns, streams resumed shards
-        # again and is woken when the queue runs low; telemetry hears which shard's figures moved
-        self.build_turn: TurnBuilder = _no_turn_builder
-        self.on_resume: Callable[[str], None] = lambda shard_id: None
-        self.want_more: Callable[[], None] = lambda: None
-        self.changed: Callable[[str], None] = lambda shard_id: None
-        self.on_reject: Callable[[Reject], None] | None = None
-        self.on_brake: Callable[[BrakeStatus, bool], None] = lambda status, engaged: None  # braked / released
-        self.brake = RunBrake(cfg, str(store.run_dir))
-        self.brake_note = ""  # what open() found of a recorded brake (the supervisor logs and alerts it)
-        self.refusals = RefusalWatch()
-        self._opened_at = 0.0
-        self.on_refused: Callable[[RefusalTrip], None] = lambda trip: None  # the run fails with it (supervisor)
+        self.guard = DispatchGuard(cfg, store, events)  # the brake and the refusals: what holds dispatch run-wide
+        self.brake, self.refusals = self.guard.brake, self.guard.refusals
+
+    def answers_to(self, sink: AnswerSink) -> None:
+        """Where generated answers go (the committer, made on this ledger: it settles their parts here)."""
+        self.answers = sink
 
     def open(self) -> None:
-        """The store's side of a start: planned totals recorded, earlier failures forgotten (generated again),
-        the committed counts and the paused set loaded."""
-        self._opened_at = time.time()
-        self.store.ensure_shards({sid: c.conversations for sid, c in self._shards.items()},
-                                 {sid: c.total for sid, c in self._shards.items()})
-        try:
-            forgotten = self.store.forget_failed()
-        except OSError as exc:
-            forgotten = 0
-            log.error("%s: they stay failed in this run", exc)
-        if forgotten:
-            log.info("ledger: %d samples that failed in an earlier run are generated again", forgotten)
-        for progress in self.store.progress():
-            if progress.shard_id in self._shards:
-                self._shards[progress.shard_id].load(progress)
-        self._paused = set(self.store.paused()) & set(self._shards)
-        record, after = self.store.brake()
-        self.brake_note = self.brake.load(record, self.store.recent_shapes(self.brake.settings.window, after))
-        if record is not None and self.brake.engaged is None:
-            self._record_brake()  # lifted by a changed [brake]
-        self._judge()
+        """The store's side of a start (ShardTally.load), then the recorded brake judged again."""
+        self.load()
+        self.guard.load()
 
-    # -- figures (read by the status, the watch, the feed) ------------------------------------------
-    @property
-    def shards(self) -> dict[str, ShardCounts]:
-        """Per-shard counts, to read (only the ledger moves them)."""
-        return self._shards
-
-    @property
-    def paused(self) -> frozenset[str]:
-        return frozenset(self._paused)
-
-    def is_paused(self, shard_id: str) -> bool:
-        return shard_id in self._paused
-
-    @property
-    def total(self) -> int:
-        return sum(c.total for c in self._shards.values())
-
-    @property
-    def done(self) -> int:
-        return sum(c.done for c in self._shards.values())
-
-    @property
-    def to_generate(self) -> int:
-        """Samples the run will hold: planned less those settled without a row (rejected, failed)."""
-        return sum(c.to_generate for c in self._shards.values())
-
-    @property
-    def finished(self) -> bool:
-        return all(c.complete for c in self._shards.values())
-
+    # -- figures (read by the status, the watch, the feed; the per-shard ones: ShardTally) ---------------
     @property
     def work_waiting(self) -> bool:
         """Items are queued for dispatch."""
@@ -198,7 +81,7 @@ class Ledger:
     @property
     def braked(self) -> bool:
         """The data-quality brake, or the servers' refusals, hold dispatch run-wide."""
-        return self.brake.engaged is not None or self.refusals.tripped is not None
+        return self.guard.holds
 
     @property
     def all_paused(self) -> bool:
@@ -213,11 +96,6 @@ class Ledger:
         return (not self._ready and not self._active
                 and all(c.complete or sid in self._paused for sid, c in self._shards.items()))
 
-    def unsettled(self, shard_id: str) -> int | None:
-        """Samples of the shard not settled yet (None: not a shard of this run)."""
-        counts = self._shards.get(shard_id)
-        return None if counts is None else counts.total - counts.settled
-
     def chains_on(self, item: WorkItem) -> bool:
         """A later turn of the conversation waits for this item's commit (turns = "all")."""
         return self.turns == "all" and not item.is_last_turn
@@ -230,9 +108,7 @@ class Ledger:
 
     def needs_work(self) -> bool:
         """The feed should admit more: the queue is below its low water and fewer conversations than _max_active
-        still need a server. A conversation whose answers only wait for their commit (up to [store] part_max_age_s)
-        is not counted: counted, 5 s of finished answers filled the cap and the servers' freed slots found nothing
-        to take until the commit (issue 25: occupancy 98% -> 57%)."""
+        still need a server (one whose answers only wait for their commit is parked, not counted: issue 25)."""
         return len(self._ready) < self._low_water and len(self._active) - len(self._parked) < self._max_active
 
     def is_active(self, conversation_id: str) -> bool:
@@ -240,14 +116,6 @@ class Ledger:
 
     def dispatch_began(self) -> None:
         self.rate.start()
-
-    def served_for(self, worker: str) -> ServedTokens:
-        """The worker's prompt and cached tokens over the samples committed in this start (its servers' caches
-        start cold at each start), to read: only the ledger moves them."""
-        served = self._served.get(worker)
-        if served is None:
-            served = self._served[worker] = ServedTokens()
-        return served
 
     # -- the ready queue --------------------------------------------------------------------------
     def worker_ready(self, name: str, ready: bool) -> None:
@@ -268,10 +136,10 @@ class Ledger:
                 self._held[item.shard_id].append(item)
                 continue
             if len(self._ready) < self._low_water:
-                self.want_more()
+                self.feed.wake()
             return item
         self._item_ready.clear()
-        self.want_more()
+        self.feed.wake()
         return None
 
     async def wait_item(self, timeout: float) -> None:
@@ -309,41 +177,19 @@ class Ledger:
                 held = self._held.pop(sid, None)
                 if held:
                     self._push(list(held), front=True)
-                self.on_resume(sid)
-                self.want_more()
-            self.changed(sid)
+                self.feed.rescan(sid)
+                self.feed.wake()
+            self.events.shard_changed(sid)
         return changed
 
-    # -- the data-quality brake ---------------------------------------------------------------------
-    def _judge(self) -> None:
-        status = self.brake.judge()
-        if status is None:
-            return
-        self._record_brake()
-        log.error("data-quality brake: dispatch paused run-wide: %s", status.text)
-        self.on_brake(status, True)
-
     def _release_brake(self) -> None:
-        was = self.brake.release()
+        was = self.guard.release()
         if was is None:
             return
-        self._record_brake(window_from=self.store.last_sample_rowid())
-        log.info("data-quality brake released (it braked on: %s); its window starts over", was.text)
         if self._ready:
             self._item_ready.set()
-        self.want_more()
-        self.on_brake(was, False)
-
-    def _record_brake(self, window_from: int | None = None) -> None:
-        try:
-            self.store.set_brake(self.brake.record(), window_from)
-        except OSError as exc:
-            # a full disk: the brake holds in this run; a restart judges the store's last samples again
-            log.error("%s; the brake holds in this run only", exc)
-
-    def _shard_range(self) -> str:
-        ids = sorted(self._shards)
-        return f"{ids[0]} .. {ids[-1]}" if ids else "(none)"
+        self.feed.wake()
+        self.events.brake_changed(was, False)
 
     # -- admission (from the feed) ----------------------------------------------------------------
     def begin(self, progress: list[ConvProgress]) -> None:
@@ -368,7 +214,18 @@ class Ledger:
         self._push(items, front=front, prefer=progress.worker)
         self._maybe_retire(progress)
 
-    # -- settling ---------------------------------------------------------------------------------
+    # -- delivery and settling ---------------------------------------------------------------------
+    def take(self, outcome: Outcome) -> None:
+        """The dispatcher's outcome of an item: an answer goes on to the committer (and frees its slot), every other
+        outcome is settled."""
+        if isinstance(outcome, Generated):
+            if self.answers is None:
+                raise RuntimeError("an answer arrived before the ledger was given its committer (Ledger.answers_to)")
+            self.answers.add(outcome)
+            self.generated(outcome.item)
+        else:
+            self.settle(outcome)
+
     def generated(self, item: WorkItem) -> None:
         """An answer was generated and handed to the committer: its slot is free; the sample is not settled until
         its part is committed (`settle(Committed)`), so a crash before that generates it again."""
@@ -383,7 +240,7 @@ class Ledger:
         if 0 < progress.outstanding <= progress.finished and cid in self._active:
             if cid not in self._parked:
                 self._parked.add(cid)
-                self.want_more()
+                self.feed.wake()
         else:
             self._parked.discard(cid)
 
@@ -409,12 +266,9 @@ class Ledger:
         self.rate.add(part.output_tokens)
         self.refusals.ok(len(outcome.samples))
         self.brake.window.add(part.shapes)
-        self._judge()
-        self.changed(part.shard_id)
-        for name, prompt_tokens, cached_tokens in outcome.served:
-            served = self.served_for(name)
-            served.prompt_tokens += prompt_tokens
-            served.cached_tokens += cached_tokens
+        self.guard.judge()
+        self.events.shard_changed(part.shard_id)
+        self.add_served(outcome.served)
         for item, answer in outcome.samples:
             progress = self._active.get(item.conv.conversation_id)
             if progress is None:
@@ -429,7 +283,7 @@ class Ledger:
                 continue
             if self.turns == "all" and progress.turns:
                 progress.answers[item.turn] = answer or ""
-                self.admit(progress, [self.build_turn(progress, progress.turns[0])], front=True)
+                self.admit(progress, [self.feed.build_turn(progress, progress.turns[0])], front=True)
                 self._park(progress)
                 continue
             self._maybe_retire(progress)
@@ -459,9 +313,9 @@ class Ledger:
         trip = self.refusals.refused(item.sample_id, kind, reason)
         self.brake.window.add([REFUSED_SHAPE])
         if trip is None:
-            self._judge()
+            self.guard.judge()
         if progress is None:
-            self._count(item.shard_id, kind, item.sample_id, reject)
+            self.count(item.shard_id, kind, item.sample_id, reject)
             if trip is not None:
                 self._refused_run_wide(trip)
             return
@@ -481,48 +335,17 @@ class Ledger:
         """Dispatch stops (nothing more is pulled) and the refusals are unsettled: they were the config's fault, so the
         next start generates them again; the counts move back with the store."""
         log.error("the servers refuse the run's requests (%s): %s; likely key %s", trip.rule, trip.reason, trip.key)
-        try:
-            forgotten = self.store.forget_outcomes(reasons=SERVER_REFUSALS, since=self._opened_at)
-        except OSError as exc:
-            log.error("%s: the refused samples stay settled; a new run_dir generates them", exc)
-        else:
-            log.info("%d samples refused or failed in this start are unsettled: the next start generates them", forgotten)
-            for progress in self.store.progress():
-                if progress.shard_id in self._shards:
-                    counts = self._shards[progress.shard_id]
-                    counts.rejected, counts.failed = progress.rejected, progress.failed
-                    self.changed(progress.shard_id)
-        self.on_refused(trip)
+        self.unsettle(SERVER_REFUSALS)
+        self.events.refused(trip)
 
     def _settle_turn(self, progress: ConvProgress, turn: int, kind: str, reject: Reject) -> None:
         if turn in progress.turns:
             progress.turns.remove(turn)
-        self._count(progress.shard_id, kind, sample_id(progress.conv.conversation_id, turn), reject)
-
-    def _count(self, shard_id: str, kind: str, sample: str, reject: Reject) -> None:
-        # the reject's row first (fsync'd; the log drops a row it already holds), then the settle in state.sqlite: a
-        # kill between the two leaves the sample unsettled, settled again at the restart, never settled without its
-        # row (a SIGKILL there lost an after_cut row: tests/test_runaway_run.py, the kill test)
-        self.rejects.add(reject)
-        try:
-            self.store.settle(shard_id, sample, kind, reject.kind)
-        except OSError as exc:
-            # a full disk: the run goes on with the outcome counted here (and in rejects.jsonl when it can be
-            # written); only a status read from the run dir alone, or the next start, does not see it
-            log.error("%s; it counts as %s in this run", exc, kind)
-        counts = self._shards[shard_id]
-        if kind == "rejected":
-            counts.rejected += 1
-            counts.after_cut += reject.kind == AFTER_CUT
-        else:
-            counts.failed += 1
-        self.changed(shard_id)
-        if self.on_reject is not None:
-            self.on_reject(reject)
+        self.count(progress.shard_id, kind, sample_id(progress.conv.conversation_id, turn), reject)
 
     def _maybe_retire(self, progress: ConvProgress) -> None:
         if progress.outstanding <= 0 and not progress.turns:
             self._active.pop(progress.conv.conversation_id, None)
             self._parked.discard(progress.conv.conversation_id)
-            self.want_more()
+            self.feed.wake()
 

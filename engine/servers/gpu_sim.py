@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 import aiohttp
 
 from engine.api.events import GpuEvent
-from engine.servers.workers import Worker, WorkerState
+from engine.servers.workers import Worker
+from engine.api.wire import WorkerState
 
 SIM_GPU_PATH = "/sim/gpu"
 READ_TIMEOUT_S = 5.0

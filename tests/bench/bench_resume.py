@@ -16,7 +16,7 @@ committed samples and prompt rows, not on the answers' lengths.
 
 The run dir has been started once before, as any resumed run has: its count cache
 (run_dir/count_cache.json, engine.store.count_cache) is written by the product's own counting pass
-(Feed.count_stream + finish_count) when the run dir is built; that pass's time is reported
+(PromptCount.count_stream + finish_count) when the run dir is built; that pass's time is reported
 as `count_pass_uncached_s` (what a start after the prompt files changed pays).
 
 Measured per repeat, on a copy of the run dir: the real supervisor pinned to the engine core,
@@ -112,19 +112,18 @@ def prime_count_cache(run_dir: Path) -> float:
     from engine.config.load import load_config
     from engine.store.rejects import RejectLog
     from engine.text.render import Renderer
-    from engine.run.feed import Feed
+    from engine.run.prompt_count import PromptCount
 
     cfg = load_config(run_dir / "run.toml").model_copy(update=dict(run_dir=str(run_dir)))
     renderer = Renderer(cfg.tokenizer_path, enable_thinking=cfg.enable_thinking, context_length=cfg.context_length)
     store = ShardStore(run_dir)
     rejects = RejectLog(run_dir)
     try:
-        feed = Feed(cfg, renderer, rejects)
+        prompts = PromptCount(cfg, renderer, rejects)
         t0 = time.perf_counter()
-        bad = feed.count_stream()
-        feed.finish_count(bad)
+        bad = prompts.count_stream()
+        prompts.finish_count(bad)
         took = time.perf_counter() - t0
-        feed.close()
     finally:
         rejects.close()
         store.close()

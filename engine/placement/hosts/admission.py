@@ -16,7 +16,8 @@ from engine.config.load import Host
 from engine.placement.hosts.remote_worker import ENDED, RemoteWorker, server_log
 from engine.placement.hosts.ssh import HostError
 from engine.servers.identity import IdentityCheck, ServedNames, Verdict, read_served_names
-from engine.servers.workers import IDENTITY_FILE, IdentityRecord, WorkerState
+from engine.servers.identity_record import IDENTITY_FILE, IdentityRecord
+from engine.api.wire import WorkerState
 from probes.shell import shell_path
 
 log = logging.getLogger("regen.hosts")

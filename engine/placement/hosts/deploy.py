@@ -6,7 +6,7 @@ import tarfile
 from pathlib import Path
 
 from engine.config.load import Host, RunConfig, Workers, host_workers
-from engine.servers.workers import WorkerSpec
+from engine.servers.launch import WorkerSpec
 
 
 def named_specs(workers: Workers, host_name: str) -> list[WorkerSpec]:

@@ -14,7 +14,9 @@ from engine.api.wire import InFlightSource
 from engine.servers.capacity import BatchSize, ServerCapacity
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
 from engine.servers.target import SingleServer
-from engine.servers.workers import WorkerSpec, WorkerState, worker_event
+from engine.servers.launch import WorkerSpec
+from engine.api.wire import WorkerState
+from engine.servers.worker_event import worker_event
 
 if TYPE_CHECKING:
     from engine.run.counts import ServedTokens

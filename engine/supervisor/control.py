@@ -1,43 +1,24 @@
-"""The control socket: run_dir/control.sock (0600), one JSON request per line, one JSON reply per line.
-
-Requests: the supervisor's ops of engine.api.ops (read by engine.api.op_codec; the handler gets the typed op and
-returns its typed reply). Replies: {"ok": true, "result": {...}} or {"ok": false, "error": "text"}.
+"""The control socket's server: run_dir/control.sock (0600), one JSON request per line (a supervisor op of
+engine.api.ops, read by engine.api.op_codec), one JSON reply per line: {"ok": true, "result": {...}} or
+{"ok": false, "error": "text"}. Its client: engine.api.control_socket.request.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import socket
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import orjson
 
 from engine.api.ops import ControlError, Op, WireReply, is_supervisor_op
+from engine.api.control_socket import socket_address
 from engine.api.op_codec import decode_op, encode_reply_of
-
-__all__ = ["ControlError", "ControlServer", "request", "socket_address"]
 
 log = logging.getLogger("regen.control")
 
 MAX_REQUEST_BYTES = 1 << 20
-SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the terminating NUL (Linux)
-
-
-@contextlib.contextmanager
-def socket_address(path: Path):
-    """An AF_UNIX address for `path`: the path itself, or, when it is longer than sun_path allows
-    (deep run dirs), the same file reached through /proc/self/fd/<dir fd>/<name> (Linux)."""
-    if len(os.fsencode(str(path))) <= SUN_PATH_MAX:
-        yield str(path)
-        return
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
 
 
 Handler = Callable[[Op], Awaitable[WireReply | dict[str, Any]]]  # the op's reply type (a dict: its JSON form)
@@ -122,23 +103,3 @@ class ControlServer:
 
 def _reply_error(text: str) -> bytes:
     return orjson.dumps({"ok": False, "error": text}) + b"\n"
-
-
-def request(path: Path, payload: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-    """Blocking client (engine.ctl): send one request, return the reply dict.
-
-    Raises FileNotFoundError / ConnectionRefusedError when no supervisor listens there."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        with socket_address(path) as address:
-            sock.connect(address)
-        sock.sendall(orjson.dumps(payload) + b"\n")
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    if not buf.strip():
-        raise ConnectionError(f"the supervisor at {path} closed the connection without a reply")
-    return orjson.loads(buf)

@@ -42,8 +42,9 @@ import psutil
 from engine import safe_log
 from engine.config.load import ConfigError, RunConfig, load_config, resolve_sampling
 from engine.control import ControlError, ControlServer
-from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, RunRefused, SpaceReserve, WorkersFailed,
-                          archive_previous, fallback_path, is_disk_full, record_for, write_fatal)
+from engine.fatal import (PREVIOUS_FILE, FatalWriteError, RunRefused, SpaceReserve, WorkersFailed, archive_previous,
+                          fallback_path, is_disk_full, record_for, write_fatal)
+from engine.api.status import FatalRecord, HostStatus, Rejects, RunStatus
 from engine.servers.gpu import GpuSampler
 from engine.servers.gpu_sim import SimGpuReader
 from engine.http_client import client_session
@@ -56,7 +57,7 @@ from engine.store.run_dir import ConfigChanged, RunDirError, prepare_run_dir
 from engine.store.shard_store import ShardStore
 from engine.servers.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry
-from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
+from engine.api.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
 from engine.api.ops import (Drain, DrainHost, LogTail, LogText, Op, Pause, RestartWorker, Resume, RunEnding,
@@ -68,8 +69,7 @@ from engine.run.items import Generated, Outcome
 from engine.run.ledger import Ledger
 from engine.run.refusals import RefusalTrip
 from engine.run.prompt_limit import tightest
-from engine.observe.status import (HostStatus, Rejects, RunStatus, build_run_status, dispatch_figures, levels_of,
-                                   shard_statuses)
+from engine.observe.status import build_run_status, dispatch_figures, levels_of, shard_statuses
 from engine.observe.watch import RunWatch
 from engine.api.events import AlertEvent, DispatchEvent, RunEndEvent, ShardEvent
 from engine.api.wire import ALREADY_SETTLED, AlertKind, FINAL_RUN_STATES, RunState, Severity, ShardFigures

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, AsyncIterator
 
 from engine.api.ops import ShardsChanged, WorkerRestarted
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.wire import ShardFigures
 from engine.api.events import DispatchEvent, Event, ShardEvent
 from console.view.model import ResumeHint

@@ -8,7 +8,7 @@ from console.view.model import ResumeHint
 from console.view.liveness import STALE_AFTER_S, Freshness, of_host, of_run, of_worker
 from console.view.model import RunModel
 from engine.api.events import DispatchEvent, RunEndEvent, WorkerEvent
-from engine.observe.status import HostStatus, RunStatus
+from engine.api.status import HostStatus, RunStatus
 
 T0 = 1796200000.0
 

@@ -18,7 +18,7 @@ from engine.placement.hosts.link import HostLink, RemoteWorker, admit_remote, ho
 from engine.servers.capacity import ServerCapacity
 from engine.servers.metrics_client import ServerMetrics
 from engine.placement.router import RouterEndpoint, router_argv
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.servers.identity import ServedNames, Verdict
 from engine.api.events import AlertEvent, GpuEvent, WorkerEvent
 from engine.servers.workers import IdentityRecord, WorkerSpec, WorkerState

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from console.view.model import RunModel, bytes_text
 from engine.api.wire import duration_text
 from console.view.series import COARSE_TIERS, HISTORY_POINTS, Series, downsample

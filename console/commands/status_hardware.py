@@ -7,7 +7,7 @@ from rich.text import Text
 
 from console.view.fit_table import Col, fitted_table
 from console.view.model import bytes_text
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 
 
 def _na(value, fmt="{}") -> str:

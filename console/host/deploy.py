@@ -36,9 +36,7 @@ from console.host.transport import Transport, TransportError, quote_argv
 from console.host.start_record import START_RECORD, StartRecord, read as start_record_read
 from engine.api.wire import ALREADY_SETTLED, LIVE_WORKER_STATES, RunState
 from engine.config.load import RunConfig, dump_toml
-from engine.fatal import FatalRecord
-from engine.observe.status import RunStatus
-from engine.servers.startup import StartCheck
+from engine.api.status import FatalRecord, RunStatus, StartCheck
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0

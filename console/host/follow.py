@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from console.view.model import ConnectionState
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import Event
 
 

@@ -20,7 +20,7 @@ from engine.api.ops import (ChannelOp, Drain, DrainHost, Follow, LastStatus, Log
                             Resume, RunEnding, ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
 from engine.api.op_cli import ctl_argv
 from engine.api.op_codec import decode_result
-from engine.observe.status import HostStatus, RunStatus
+from engine.api.status import HostStatus, RunStatus
 from engine.api.events import Event, UnknownEventType, event_from_dict
 from engine.api.wire import WireError
 

@@ -32,7 +32,7 @@ from console.host.transport import Transport, TransportError
 from console.host.connect import open_transport
 from engine.config.load import ConfigError
 from engine.api.ops import ShardsChanged, WorkerRestarted
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import Event, UnknownEventType, parse_event
 from probes.model import ProbeReport
 

@@ -34,7 +34,7 @@ from console.host.ssh_options import SshOptions
 from console.host.source import DataSource, HostSource, SourceError
 from console.tui.widgets import NextStep, RunHeader
 from engine.api.ops import ShardsChanged, WorkerRestarted
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from console.view.model import ResumeHint
 
 BATCH_INTERVAL_S = 0.25  # telemetry is posted at most 4 times a second

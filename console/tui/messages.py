@@ -9,7 +9,7 @@ from textual.message import Message
 from console.view.model import ConnectionState
 
 from engine.api.ops import ShardsChanged, WorkerRestarted
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import Event
 from probes.model import ProbeReport
 

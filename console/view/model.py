@@ -16,9 +16,8 @@ from typing import Any, Iterable
 from console.view.liveness import Freshness, Liveness, of_host, of_run, of_worker
 from console.view.series import Series
 from engine.api.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, ShardFigures
-from engine.fatal import FatalRecord
-from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
-from engine.observe.status import HostStatus, Rejects, RunStatus
+from engine.api.status import FatalRecord, HostStatus, Rejects, RunStatus
+from engine.api.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                      ShardEvent, WorkerEvent)
 

@@ -57,7 +57,7 @@ class Request:
 class Reply:
     id: int | None  # None: a one-shot engine.ctl command's reply (no request id)
     ok: bool
-    result: dict[str, Any] | None = None  # ok: the op's result (a status's is engine.observe.status's to_dict())
+    result: dict[str, Any] | None = None  # ok: the op's result (a status's is engine.api.status.RunStatus's to_dict())
     error: str = ""  # not ok: what went wrong, for the operator
     kind: ErrorKind = ErrorKind.REFUSED  # not ok: which way
     event: dict[str, Any] | None = None  # a follow's streamed event (ok, and not its last reply)

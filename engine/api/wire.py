@@ -153,7 +153,7 @@ class AlertLevels:
 @dataclass
 class ShardFigures:
     """One shard's figures: a status's shard (RunStatus.shards) and the telemetry's shard event alike, each field with
-    the one meaning engine.observe.status's docstring gives it (`total`: to generate, `planned`: what the input plans)."""
+    the one meaning engine.api.status.RunStatus's docstring gives it (`total`: to generate, `planned`: what the input plans)."""
     id: str = ""
     state: str = ShardState.PENDING  # engine.observe.status.shard_state: pending | running | paused | draining | ...
     done: int = 0

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from engine.config.load import Metrics
 from engine.servers.port_holder import holders
-from engine.observe.status import MetricsStatus, RunStatus
+from engine.api.status import MetricsStatus, RunStatus
 from engine.api.events import AlertEvent
 from engine.api.wire import AlertKind, RunState, Severity, ShardState, WorkerState
 

@@ -15,8 +15,9 @@ import orjson
 
 from engine.api.wire import FINAL_RUN_STATES, AlertLevels
 from engine.fatal import read_fatal
-from engine.run.brake import BrakeStatus
-from engine.observe.status import Rejects, RunStatus, build_run_status, levels_of
+from engine.api.brake import BrakeStatus
+from engine.observe.status import build_run_status, levels_of
+from engine.api.status import Rejects, RunStatus
 from engine.api.events import AlertEvent, DispatchEvent, Event, RunEndEvent, parse_event
 
 LOG_TAIL_LINES = 3

@@ -33,7 +33,8 @@ from engine.config.load import RunConfig
 from engine.text.ingest import Conversation, Reject
 from engine.store.rejects import RejectLog
 from engine.text.render import sample_id
-from engine.run.brake import REFUSED_SHAPE, BrakeStatus, RunBrake
+from engine.run.brake import REFUSED_SHAPE, RunBrake
+from engine.api.brake import BrakeStatus
 from engine.run.counts import CommitRate, ServedTokens, ShardCounts
 from engine.run.items import Committed, Failed, Outcome, Rejected, Retry, WorkItem
 from engine.run.ready_queue import ReadyQueue

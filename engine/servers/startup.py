@@ -1,21 +1,17 @@
-"""The supervisor's start checks, published in its status reply so that `regen start` reports a run as
-started only once it is: config loaded, run dir ready, prompt files open, tokenizer loaded, count
-started, workers launched (ports free, their own servers). On the wire: `startup: [{check, title,
-state: pending|ok|failed, detail}]`.
-
-Workers are not waited for to be ready (real SGLang loads for minutes), only to be launched.
-"""
+"""The supervisor's start checks (engine.api.status.StartCheck: config, run dir, prompts, tokenizer, count, workers),
+in its status reply until they pass, so `regen start` reports a run started only once it is. Workers are waited
+for to be launched, not ready (real SGLang loads for minutes)."""
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+from engine.api.status import FAILED, OK, PENDING, StartCheck
 from engine.text.ingest import PromptFileError, resolve_prompt_files
 
-PENDING, OK, FAILED = "pending", "ok", "failed"
 CHECKS: dict[str, str] = {  # in the order the supervisor passes them
     "config": "run config loaded",
     "run_dir": "run dir ready",
@@ -24,18 +20,6 @@ CHECKS: dict[str, str] = {  # in the order the supervisor passes them
     "count": "prompt count started",
     "workers": "workers launched",
 }
-
-
-@dataclass
-class StartCheck:
-    check: str
-    title: str
-    state: str = PENDING
-    detail: str = ""
-    ts: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -46,7 +46,7 @@ from engine.config.load import Host, RunConfig, Workers, dump_toml, host_workers
 from engine.placement.hosts.readings import READINGS_FILE
 from engine.placement.hosts.readings_feed import ReadingsFeed, ReadingsUnavailable
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
-from engine.observe.status import HostStatus
+from engine.api.status import HostStatus
 from engine.servers.identity import IdentityCheck, ServedNames, Verdict, read_served_names
 from engine.servers.target import SingleServer
 from engine.api.events import AlertEvent, Event, WorkerEvent

@@ -39,7 +39,7 @@ from engine.placement.slurm import jobs as slurm_jobs
 from engine.config.load import Host, RunConfig, dump_toml
 from engine.config.schema import time_limit_seconds
 from engine.placement.hosts.link import AGENT_DIR, HostError, HostLink, engine_tarball, host_config
-from engine.observe.status import HostStatus, SlurmJobStatus
+from engine.api.status import HostStatus, SlurmJobStatus
 from engine.placement.slurm.jobs import JobState, SlurmError, time_left_text
 from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_section, slurm_work_dir
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir

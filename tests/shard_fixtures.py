@@ -9,7 +9,7 @@ from engine.api.ops import ShardsChanged, WorkerRestarted
 from engine.api.status import RunStatus
 from engine.api.wire import ShardFigures
 from engine.api.events import DispatchEvent, Event, ShardEvent
-from console.view.model import ResumeHint
+from console.view.model_parts import ResumeHint
 
 T0 = 1796220000.0
 SHARDS = 10_000

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from console.view.model import RunModel, ShardView
+from console.view.model import RunModel
+
+from console.view.model_parts import ShardView
 from console.view.shard_list import FILTERS, SORTS, ShardList, has_problem, sort_key
 from engine.api.status import RunStatus
 from engine.api.events import ShardEvent

@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from console.view.fit_table import Col, fitted_table
-from console.view.model import bytes_text
+from console.view.model_parts import bytes_text
 from engine.api.status import RunStatus
 
 

@@ -13,7 +13,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
-from console.view.model import ConnectionState
+from console.view.model_parts import ConnectionState
 from engine.api.status import RunStatus
 from engine.api.events import Event
 

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, NoReturn, Protocol
 import orjson
 
 from console.host import start_record
-from console.view.model import ResumeHint
+from console.view.model_parts import ResumeHint
 from console.host.config_probe import config_failed_report, config_passed
 from console.host.follow import FollowSource, SourceError
 from console.host.hints import regen_command

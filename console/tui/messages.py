@@ -6,7 +6,7 @@ from typing import Any
 
 from textual.message import Message
 
-from console.view.model import ConnectionState
+from console.view.model_parts import ConnectionState
 
 from engine.api.ops import ShardsChanged, WorkerRestarted
 from engine.api.status import RunStatus

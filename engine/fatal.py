@@ -1,21 +1,9 @@
-"""The supervisor's last word: why it cannot go on, kept where the operator looks.
-
-A fatal error becomes a FatalRecord: the exception's type and text, the file or directory involved,
-and a remedy from a table of known causes (REMEDIES). The supervisor writes it to
-<run_dir>/fatal.json (temp file, fsync, rename) and emits it as a `fatal` telemetry event before it
-exits; `regen status` and `regen start` show it first.
-
-A full disk must not eat the record: the supervisor holds a small reserve file (fatal.reserve) that
-it deletes to make room for its last words, and if the run dir still cannot take the record, it
-goes to a fallback file under the system temp dir, named by a hash of the run dir, which
-read_fatal() checks too. A new supervisor on the run dir moves the previous record to
-fatal.previous.json, so a record always belongs to the last supervisor that ran there.
-
-This module is read by engine.ctl on every `status`: it imports nothing heavy.
-"""
+"""The supervisor's last word: a fatal error as an engine.api.status.FatalRecord (with a remedy from REMEDIES) written
+to <run_dir>/fatal.json, where `regen status` and `regen start` look first. A full disk must not eat it: a reserve
+file is freed to make room, else it goes to a fallback file read_fatal() checks too; a new supervisor moves the
+previous record to fatal.previous.json. Read by engine.ctl on every `status`: it imports nothing heavy."""
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import json
@@ -23,12 +11,10 @@ import os
 import pwd
 import shlex
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-from engine.api.events import FatalEvent
+from engine.api.status import FatalRecord
 
 FATAL_FILE = "fatal.json"
 PREVIOUS_FILE = "fatal.previous.json"
@@ -58,38 +44,6 @@ class WorkersFailed(Exception):
 
 class HostsFailed(WorkersFailed):
     """Every server of every [[hosts]] entry failed; `path` is the first host's workers dir (address:path)."""
-
-
-@dataclass
-class FatalRecord:
-    exc_type: str
-    message: str
-    path: str | None = None
-    remedy: str = ""
-    phase: str = ""  # start | run | shutdown
-    exit_code: int = 1
-    pid: int = 0
-    log: str = ""  # the supervisor's log, where a traceback (if any) is
-    ts: float = dataclasses.field(default_factory=time.time)
-
-    @property
-    def headline(self) -> str:
-        return f"{self.exc_type}: {self.message}"
-
-    def event(self) -> FatalEvent:
-        return FatalEvent(ts=self.ts, exc_type=self.exc_type, message=self.message, path=self.path,
-                          remedy=self.remedy, phase=self.phase)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FatalRecord:
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = {"exc_type", "message"} - set(data)
-        if missing:
-            raise ValueError(f"not a fatal record (no {', '.join(sorted(missing))})")
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 # -- what went wrong, where, and what to do ------------------------------------------------------

@@ -6,10 +6,10 @@ import dataclasses
 from typing import Any, AsyncIterator
 
 from engine.api.ops import ShardsChanged, WorkerRestarted
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.wire import ShardFigures
 from engine.api.events import DispatchEvent, Event, ShardEvent
-from console.view.model import ResumeHint
+from console.view.model_parts import ResumeHint
 
 T0 = 1796220000.0
 SHARDS = 10_000

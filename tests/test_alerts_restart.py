@@ -16,7 +16,7 @@ from rich.console import Console
 from console.commands.status import render_status
 from engine.api.control_socket import request
 from engine.observe.offline_status import offline_status
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.store.shard_store import ShardStore
 from tests.run_helpers import events, live_status
 from tests.test_engine_run import make_config, supervisors, wait_for  # noqa: F401  (supervisors: a fixture)

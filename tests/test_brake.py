@@ -13,7 +13,8 @@ from engine.config.load import Alerts, Brake, ConfigError, RunConfig, config_fro
 from engine.notify.message import notification_for
 from engine.config.load import NotifyConfig
 from engine.store.rejects import RejectLog
-from engine.run.brake import REASONS, BrakeStatus, BrakeWindow, RunBrake, settings_of
+from engine.api.brake import REASON_TITLES, BrakeStatus
+from engine.run.brake import REASONS, BrakeWindow, RunBrake, settings_of
 from engine.run.counts import ShardCounts
 from engine.run.items import Committed
 from engine.run.ledger import Ledger
@@ -46,7 +47,8 @@ def test_the_window_counts_each_reason_over_its_last_samples_only():
     w.clear()
     assert len(w) == 0 and w.count("thinking_missing") == 0
     assert [r.name for r in REASONS] == ["empty", "truncated", "thinking_missing", "repetition", "refused"]
-    # a reason is its REASONS entry and its level in [brake]: nothing else to keep in step
+    # a reason is its REASONS entry, its title (engine.api.brake) and its level in [brake]: nothing else to keep in step
+    assert list(REASON_TITLES) == [r.name for r in REASONS]
     assert [r.level_key for r in REASONS] == [k for k in Brake.model_fields if k.endswith("_share")]
 
 

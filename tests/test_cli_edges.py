@@ -214,7 +214,7 @@ def test_rejects_are_one_count_with_its_parts_in_status_json_and_the_tui_header(
     from console.commands.status import render_status
     from console.view.model import RunModel
     from console.tui.widgets import RunHeader
-    from engine.observe.status import Rejects, RunStatus
+    from engine.api.status import Rejects, RunStatus
     from engine.api.events import DispatchEvent
 
     rejects = Rejects(total=7, by_reason={"malformed_json": 4, "unknown_role": 2, "context_overflow": 1})

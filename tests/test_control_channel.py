@@ -24,7 +24,7 @@ from engine.api.ops import Follow, Hello, LastStatus
 from engine.api.op_cli import ctl_argv
 from engine.api.ops import (Drain, DrainHost, Pause, RestartWorker, Resume, RunEnding, ShardsChanged, Status,
                                     Stop, UndrainHost)
-from engine.observe.status import HostStatus, RunStatus
+from engine.api.status import HostStatus, RunStatus
 from tests.waiting import await_until
 
 REPO = Path(__file__).resolve().parents[1]

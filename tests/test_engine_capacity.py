@@ -20,7 +20,7 @@ from console.commands.status import render_status
 from engine.servers.capacity import batch_from_log
 from engine.config.load import RunConfig
 from engine.run.batch_feedback import margin_for
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from tests.run_helpers import events, make_config, status, supervisors, wait_for  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(300)

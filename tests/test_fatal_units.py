@@ -16,12 +16,12 @@ from console.view.cause import not_running_lines
 from console.commands.status_text import EXIT_NOT_RUNNING, EXIT_RUN_FAILED, exit_code_of, progress_line
 from console.view.model import RunModel
 from engine.config.load import ConfigError
-from engine.fatal import (FATAL_FILE, PREVIOUS_FILE, FatalRecord, SpaceReserve, WorkersFailed, archive_previous,
-                          fallback_path, is_disk_full, read_fatal, record_for, write_fatal)
+from engine.fatal import (FATAL_FILE, PREVIOUS_FILE, SpaceReserve, WorkersFailed, archive_previous, fallback_path,
+                          is_disk_full, read_fatal, record_for, write_fatal)
+from engine.api.status import FatalRecord, RunStatus
 from engine.text.row_errors import PromptFileError
 from engine.text.render import RenderError
 from engine.store.run_dir import ConfigChanged
-from engine.observe.status import RunStatus
 from engine.safe_log import ResilientHandler
 from engine.servers.startup import StartupChecks, open_prompt_files
 from engine.telemetry import Telemetry

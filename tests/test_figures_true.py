@@ -21,7 +21,8 @@ import pytest
 
 from console.host.follow import Backoff, RunFollower, SourceError
 from console.host.transport_local import LocalTransport
-from console.tui.app import BACKFILL_S, STATUS_EVERY_S
+from console.tui.app_base import STATUS_EVERY_S
+from console.tui.app_follow import BACKFILL_S
 from console.view.model import RunModel
 from console.host.source import HostSource
 from tests.run_helpers import REPO, ctl, events, live_status, make_config, quick_state, status, wait_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from console.host.follow import Backoff, FollowState, RunFollower, SourceError
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import DispatchEvent, Event
 
 FAST = Backoff(first_s=0.001, max_s=0.01, lost_after=2)

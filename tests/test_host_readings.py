@@ -25,7 +25,7 @@ from console.tui.panel_workers import COLUMNS, WorkersPanel
 from engine.placement.hosts.link import HostLink
 from engine.placement.hosts.readings import READINGS_FILE, HostReadings, publish_readings, take_reading
 from engine.placement.hosts.readings_feed import STALE_AFTER_S, ReadingsFeed, ReadingsUnavailable
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.telemetry import Telemetry
 from engine.api.events import DiskEvent, GpuEvent, WorkerEvent, parse_event
 from engine.servers.workers import WorkerState

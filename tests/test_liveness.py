@@ -3,12 +3,11 @@ its source is live; a supervisor gone, a run ended, a host lost, a worker's serv
 coming each mark it (gone / ended / stale with its age), for every panel alike."""
 from __future__ import annotations
 
-from console.view.model import ConnectionState
-from console.view.model import ResumeHint
+from console.view.model_parts import ConnectionState, ResumeHint
 from console.view.liveness import STALE_AFTER_S, Freshness, of_host, of_run, of_worker
 from console.view.model import RunModel
 from engine.api.events import DispatchEvent, RunEndEvent, WorkerEvent
-from engine.observe.status import HostStatus, RunStatus
+from engine.api.status import HostStatus, RunStatus
 
 T0 = 1796200000.0
 

@@ -19,7 +19,7 @@ from console.commands.status import render_status
 from engine.text.answer_shape import think_state
 from engine.config.load import Metrics, Sampling, Store
 from engine.observe.metrics_server import ALERT_KEY, MetricsServer, families
-from engine.observe.status import MetricsStatus, Rejects, RunStatus
+from engine.api.status import MetricsStatus, Rejects, RunStatus
 from engine.store.part_table import is_empty
 from engine.store.shard_store import ShardStore
 from engine.api.events import DispatchEvent
@@ -257,7 +257,7 @@ def test_a_starting_supervisor_sends_no_figure_that_would_read_as_a_counter_rese
 
 def full_status() -> RunStatus:
     """A status with every part the exporter reads: figures, shards, workers, the brake, rejects, alerts, disk."""
-    from engine.run.brake import BrakeShare, BrakeStatus
+    from engine.api.brake import BrakeShare, BrakeStatus
     from engine.api.wire import ShardFigures
     from engine.api.events import AlertEvent, DiskEvent, WorkerEvent
     return RunStatus(

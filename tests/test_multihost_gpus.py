@@ -14,7 +14,7 @@ import pytest
 from console.view.model import RunModel
 from tests.test_engine_run import REPO, status, supervisors, wait_for  # noqa: F401  (fixture)
 from tests.test_multihost import multihost_config, regen_cli, sim_hosts  # noqa: F401  (fixture)
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(420)]
 

@@ -21,7 +21,7 @@ from engine.placement.hosts.remote_worker import RemoteWorker
 from engine.servers.capacity import ServerCapacity
 from engine.servers.metrics_client import ServerMetrics
 from engine.placement.router import RouterEndpoint, router_argv
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.servers.identity import ServedNames, Verdict
 from engine.api.events import AlertEvent, GpuEvent, WorkerEvent
 from engine.api.wire import WorkerState

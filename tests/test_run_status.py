@@ -1,4 +1,4 @@
-"""The one status shape (engine.observe.status.RunStatus): its JSON round trip, an older engine's reply read back, and
+"""The one status shape (engine.api.status.RunStatus): its JSON round trip, an older engine's reply read back, and
 the live (Supervisor.status) and offline (engine.observe.offline_status) replies built by the one builder."""
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ import orjson
 import pytest
 
 from engine.api.ops import ControlError
-from engine.fatal import FatalRecord, write_fatal
+from engine.fatal import write_fatal
+from engine.api.status import FatalRecord, HostStatus, Rejects, RouterStatus, RunStatus, StartCheck
 from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog
 from engine.api.ops import DrainHost, Pause, Status
 from engine.observe.offline_status import NotARunDir, offline_status
-from engine.observe.status import HostStatus, Rejects, RouterStatus, RunStatus
 from engine.api.wire import ShardFigures
 from engine.store.shard_store import ShardStore
-from engine.servers.startup import StartCheck
 from engine.supervisor.supervisor import Supervisor
 from engine.telemetry import Telemetry
 from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, RunEndEvent, ShardEvent,

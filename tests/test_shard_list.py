@@ -6,9 +6,11 @@ import random
 
 import pytest
 
-from console.view.model import RunModel, ShardView
+from console.view.model import RunModel
+
+from console.view.model_parts import ShardView
 from console.view.shard_list import FILTERS, SORTS, ShardList, has_problem, sort_key
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import ShardEvent
 from engine.api.wire import AlertLevels
 from tests.shard_fixtures import T0, ShardsSource, frozen_shards

@@ -19,7 +19,7 @@ from engine.placement.slurm import jobs as slurm_jobs
 from engine.placement.slurm.ended import allocations_after
 from engine.placement.slurm.jobs import JobState, parse_sacct, time_left_text
 from engine.placement.slurm.link import SlurmLink, job_status, time_left_s
-from engine.observe.status import HostStatus, RunStatus, SlurmJobStatus
+from engine.api.status import HostStatus, RunStatus, SlurmJobStatus
 from engine.servers.metrics_client import ServerMetrics
 from engine.api.wire import HostState, JobSource, WorkerState, pid_text
 

@@ -282,7 +282,7 @@ def test_jobs_that_may_not_be_requeued_end_preempted_and_node_fail_and_the_run_g
 
 def test_status_says_each_groups_job_as_squeue_does():
     from console.commands.status import job_text
-    from engine.observe.status import RunStatus
+    from engine.api.status import RunStatus
 
     doc = {"name": "regen-1", "address": "slurm partition gpu", "state": "connecting", "workers": [],
            "job": {"job_id": "4128", "state": "PENDING", "reason": "Resources", "nodes": "", "time_left": "12:00:00"}}

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from console.commands.status import WIDE, render_status, status_console
 from console.host.transport_ssh import kill_outcome
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import DiskEvent, GpuEvent, WorkerEvent
 from probes.host import script as host_script
 from probes.model import ProbeReport, ProbeResult, Status

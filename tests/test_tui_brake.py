@@ -13,7 +13,7 @@ from console.view.model import RunModel
 from console.host.source import ReplaySource
 from engine.config.load import RunConfig
 from engine.run.brake import RunBrake
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import AlertEvent, DispatchEvent, ShardEvent
 from tests.test_brake import EMPTY, GOOD
 

@@ -94,7 +94,7 @@ async def test_the_demo_console_shows_every_shard_done_with_its_parquet_sums_and
 async def test_a_status_landing_while_the_console_shuts_down_on_the_shards_tab_is_no_error(tmp_path):
     from console.tui.messages import StatusReceived
     from console.host.source import ReplaySource
-    from engine.observe.status import RunStatus
+    from engine.api.status import RunStatus
     from engine.api.wire import ShardFigures
     from tests.test_tui_snapshots import DATA
 

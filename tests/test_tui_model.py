@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.observe.status import RunStatus
-from console.view.model import RunModel, bytes_text
+from engine.api.status import RunStatus
+from console.view.model import RunModel
+from console.view.model_parts import bytes_text
 from engine.api.wire import duration_text
 from console.view.series import COARSE_TIERS, HISTORY_POINTS, Series, downsample
 from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, GpuEvent, ShardEvent, WorkerEvent,

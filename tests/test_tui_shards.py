@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from console.tui.app import CONTROL_CHUNK, FULL_STATUS_EVERY_S, RegenApp
+from console.tui.app import RegenApp
+from console.tui.app_control import CONTROL_CHUNK
+from console.tui.app_follow import FULL_STATUS_EVERY_S
 from console.view.shard_list import has_problem
 from console.tui.shard_table import COLUMNS, ShardTable, tokens_text
 from tests.shard_fixtures import SHARDS, T0, ShardsSource

@@ -12,7 +12,7 @@ from console.view.host_table import SLURM_COLUMNS
 from console.tui.messages import StatusReceived
 from console.view.model import RunModel
 from console.host.source import ReplaySource
-from engine.observe.status import HostStatus, RouterStatus, RunStatus, SlurmJobStatus
+from engine.api.status import HostStatus, RouterStatus, RunStatus, SlurmJobStatus
 from engine.api.events import DispatchEvent, GpuEvent, WorkerEvent
 from tests.test_tui_charts import screen_text, settled
 from tests.waiting import await_until

@@ -14,7 +14,7 @@ from engine.api.op_codec import REPLY_TYPES, decode_result
 from engine.ctl import build_parser, op_of
 from engine.api.ops import Hello
 from engine.api.ops import ShardsChanged
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import EVENT_TYPES, ShardEvent, parse_event
 from engine.api.wire import ShardFigures, WireError
 

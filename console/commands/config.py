@@ -1,11 +1,6 @@
-"""`regen config check FILE` validates a run.toml offline; `regen config schema` prints its JSON Schema (for editors).
-
-check: every error of the file at once, each with its key, the value found and the fix; exit 0 valid, 1 invalid
-(unreadable or not TOML included). --json prints {"valid", "path", "errors": [{key, problem, fix, line}]}.
-Where the config names its servers' SGLang version (a rehearsal: the simulator plays one), [sampling] is judged
-against that version's ranges too (engine.config.schema.sampling_version_check); otherwise a value some version
-refuses is a warning, judged by preflight against the host's installed sglang.
-"""
+"""`regen config check FILE` validates a run.toml offline (every error at once: key, value found, fix; exit 0 valid,
+1 invalid; --json); `regen config schema` prints its JSON Schema. [sampling] is judged against the servers' SGLang
+version where the config names one, else a value some version refuses is a warning."""
 from __future__ import annotations
 
 import argparse

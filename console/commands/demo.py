@@ -1,11 +1,6 @@
-"""regen demo [--gpus N] [--prompts N] [--shard-size N] [--run-dir DIR] [--quick] [--headless --until-done]
-
-The whole flow on this machine: a tiny Qwen3-style model, synthetic chat prompts (single and
-multi-turn, two sources, a few deliberately bad rows), one SGLang simulator per simulated GPU,
-started over the `local` transport exactly like `regen start`. By default the simulated GPUs run at a pace that
-leaves a few minutes to switch tabs, pause and resume a shard and watch the charts move; --quick keeps the short
-run (tests, scripts). Quitting the console of a demo whose run still goes asks whether to stop it.
-"""
+"""regen demo [--gpus N] [--prompts N] [--shard-size N] [--run-dir DIR] [--quick] [--headless --until-done]: the whole
+flow on this machine (a tiny model, synthetic prompts with a few bad rows, one SGLang simulator per simulated GPU),
+started over the `local` transport like `regen start`, paced to leave time to explore (--quick: short)."""
 from __future__ import annotations
 
 import asyncio

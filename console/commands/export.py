@@ -1,10 +1,6 @@
-"""`regen export (DIR | HOST:DIR) --format F --out PATH`: the shards as the files a drafter trainer reads.
-
-DIR is exported on this machine (engine.export.run.export_run, with a progress bar on a terminal);
-HOST:DIR runs `python -m engine.export DIR --json ...` on the host over the transport, so the data
-never crosses the network and the files are written there (--out is a path on the host).
-`regen export --verify PATH` (or HOST:PATH) re-checks an export against its manifest.json.
-"""
+"""`regen export (DIR | HOST:DIR) --format F --out PATH`: the shards as the files a drafter trainer reads. DIR is
+exported on this machine (engine.export); HOST:DIR runs `python -m engine.export` on the host, so the data never
+crosses the network. `regen export --verify PATH` re-checks an export against its manifest.json."""
 from __future__ import annotations
 
 import argparse

@@ -1,16 +1,6 @@
 """`regen probe HOST [--config run.toml] [--json] [--only ID,...]`: can this run start on that host, and if not, why.
-
-With a multi-host config ([[hosts]]) HOST is the dispatch host (run dir, prompts, tokenizer,
-sglang-router) and every [[hosts]] entry is probed too, concurrently, for what its servers need
-(python packages, GPUs, CUDA, model dir, shared memory, its work dir's disk, its ports); the
-report has one section per host.
-
-With --config, the first probe is `config`: the file against the schema (FAIL: one line per error, and no host
-probe runs) and, when it passes, the effective sampling and template values with where each came from.
-
-Exit status: 0 no FAIL/ERROR, 1 some FAIL/ERROR (an invalid config included), 2 could not run at all (unknown
-probe id, host not reached: the report is still printed, with the connection probe saying why).
-"""
+With [[hosts]] every host is probed too, concurrently; with --config the first probe is `config`. Exit status: 0 no
+FAIL/ERROR, 1 some FAIL/ERROR, 2 could not run at all (unknown probe id, host not reached: the report says why)."""
 from __future__ import annotations
 
 import argparse

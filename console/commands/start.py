@@ -1,27 +1,8 @@
-"""regen start HOST --config run.toml: preflight the host, deploy the engine into the run dir, start the
-supervisor, and report the run started only once it is.
-
-Every run is preflighted first (--no-preflight skips it, and says so): on one host, the probes
-`regen probe HOST --config run.toml` runs (prompts, tokenizer and template, model dir, run dir
-and disk, ports, packages, GPUs; those that do not apply to the configured launch are SKIP); with
-[[hosts]], the dispatch host and every GPU host are probed for PREFLIGHT. Any FAIL or ERROR, or a
-host not reached, starts nothing: the report is printed (--json: the regen.probe/1 report, or
-regen.probe-fleet/1 for [[hosts]]) and the exit status is 1.
-
-Then the supervisor is started and watched through its start checks (config, run dir, prompt
-files open, tokenizer loaded, count started, workers launched), one progress line each; a
-supervisor that dies during its start makes `start` exit 1 with its recorded cause and remedy.
-
-A run already finished (every sample settled: state done) is not started again: the supervisor finds nothing to
-generate and exits, and `start` says the run is finished, with how to see, check and export it (exit 3).
-
-Exit status: 0 started (also when some workers could not launch while the others run: a warning line
-`started with 1 of 2 workers: gpu0 refused (...)` says which, and `regen status` shows it); 1 not started as
-configured (preflight refused, bad config, a live supervisor on the run dir, the supervisor failed its start: the
-cause is printed; none of its workers launched, or its start checks did not pass in time: the supervisor may live
-on, and the message says so and that `regen stop` ends it); 2 the host could not be reached; 3 the run is already
-finished (state done): nothing was started, and no supervisor is left running.
-"""
+"""regen start HOST --config run.toml: preflight the host(s) (--no-preflight skips it, and says so; any FAIL, ERROR
+or unreached host starts nothing), deploy the engine into the run dir, start the supervisor and report the run
+started only once its start checks pass (a death during its start: its recorded cause). Exit status: 0 started
+(some workers may have been refused: a warning says which), 1 not started as configured (the cause is printed;
+a supervisor that may live on is named), 2 the host could not be reached, 3 the run is already finished."""
 from __future__ import annotations
 
 import argparse

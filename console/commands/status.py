@@ -23,8 +23,8 @@ from console.view.wide_console import WIDE, report_console
 from console.commands.status_hardware import hardware_parts
 from console.host.run_client import RunClientError
 from engine.api.wire import AlertKind, in_flight_text, pid_text
-from engine.run.brake import BrakeStatus
-from engine.observe.status import HostStatus, RunStatus
+from engine.api.brake import BrakeStatus
+from engine.api.status import HostStatus, RunStatus
 from console.commands.status_text import (EXIT_CODES, _na, cause_block, exit_code_of, progress_line)
 
 def add_arguments(parser) -> None:

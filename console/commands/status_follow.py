@@ -14,7 +14,7 @@ from console.host.follow import FollowState, RunFollower, SourceError
 from console.host.hints import hint_from_args
 from console.host.run_client import RunClientError
 from console.host.ssh_options import SshOptions
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import DispatchEvent
 
 EXIT_INTERRUPTED = 130  # Ctrl-C: the run goes on, only the following stopped

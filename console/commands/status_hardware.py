@@ -6,8 +6,8 @@ from rich.table import Table
 from rich.text import Text
 
 from console.view.fit_table import Col, fitted_table
-from console.view.model import bytes_text
-from engine.observe.status import RunStatus
+from console.view.model_parts import bytes_text
+from engine.api.status import RunStatus
 
 
 def _na(value, fmt="{}") -> str:

@@ -10,7 +10,7 @@ from console.host.start_record import StartRecord
 from console.view.cause import NOT_RUNNING_STATES, not_running_lines
 from engine.api.events import DispatchEvent
 from engine.api.wire import duration_text
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 
 # exit codes of `regen status` (1 and 2 are every run command's: an error reply, nothing reachable there)
 EXIT_RUN_FAILED = 3  # the supervisor is gone and recorded why (fatal.json): `failed: ...` is printed first

@@ -1,14 +1,7 @@
 """The `config` probe: the run config judged before any host is touched, in the same report as the host's probes.
-
-FAIL carries one line per error (key, value found, fix), so `regen probe`, `start`, the TUI's Preflight tab and
---json all say the same thing. PASS says the effective sampling and template settings and where each value came
-from (run.toml, the model's generation_config.json as the model.dir probe read it, or regen's default).
-
-The effective sampling is also judged against the servers' SGLang version where its ranges differ
-(engine.config.schema.SAMPLING_VERSION_RANGES): the version a rehearsal's simulator plays, else the sglang the
-`packages` probe found on each GPU host. A value that version refuses is a FAIL (every request would be refused);
-with no version known, a value some version refuses is a WARN.
-"""
+FAIL: one line per error (key, value found, fix); PASS: the effective sampling and template values and where each came
+from. The sampling is also judged against the servers' SGLang version where its ranges differ (FAIL when that version
+refuses a value; WARN when no version is known and some version would)."""
 from __future__ import annotations
 
 import time

@@ -1,12 +1,7 @@
-"""One long-lived `engine.ctl serve` process on the host (one SSH exec) carrying an attached console's control ops.
-
-Requests carry ids (engine.api.protocol); a reader task hands each reply to the call that waits for it, and a follow's
-event lines to the stream that reads them. The channel opens with hello: an engine that does not answer it (deployed
-before the channel existed) or speaks a protocol this console does not raises OlderProtocol, and the caller goes one
-process per op; one of protocol 1 carries the ops but not the follow (can_follow). Once the channel's process ends or
-its connection breaks, every waiting call and every later one raises ChannelClosed with how it ended; an op in flight
-then is never sent again (the caller opens a new channel for the next op).
-"""
+"""One long-lived `engine.ctl serve` process on the host carrying an attached console's control ops: requests carry
+ids, a reader task hands each reply (and a follow's events) to its caller. An engine without hello raises
+OlderProtocol (the caller goes one process per op); once the channel ends every call raises ChannelClosed, and an op
+in flight then is never sent again."""
 from __future__ import annotations
 
 import asyncio

@@ -1,17 +1,7 @@
-"""`regen start`: deploy the engine into the run dir and start the supervisor detached.
-
-The engine package (engine/ and probes/, .py files only) is copied to <run_dir>/.regen/engine
-(SFTP over SSH, a plain copy locally), the config is staged in .regen/ (the supervisor writes run.toml
-once the run dir accepts it), and the supervisor is started with setsid + nohup so it survives the SSH
-session. `.regen/launch.json` records the
-host python and engine path so later commands (status, pause, ...) run the same engine.
-
-A run is reported started only once it is: start_run() waits (bounded) until the supervisor has
-passed its start checks (its status reply's `startup`: config, run dir, prompt files open,
-tokenizer loaded, count started, workers launched), printing each as it passes, or until it died;
-a supervisor that died during its start raises StartFailed with its recorded cause (fatal.json),
-not a log dump.
-"""
+"""`regen start`'s deploy: the engine (engine/ and probes/, .py files) copied to <run_dir>/.regen/engine, the config
+staged, the supervisor started detached (setsid + nohup), and .regen/launch.json recording the python and engine path
+later commands use. start_run() reports a run started only once its start checks pass; a supervisor that died during
+its start raises StartFailed with its recorded cause."""
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +26,7 @@ from console.host.transport import Transport, TransportError, quote_argv
 from console.host.start_record import START_RECORD, StartRecord, read as start_record_read
 from engine.api.wire import ALREADY_SETTLED, LIVE_WORKER_STATES, RunState
 from engine.config.load import RunConfig, dump_toml
-from engine.fatal import FatalRecord
-from engine.observe.status import RunStatus
-from engine.servers.startup import StartCheck
+from engine.api.status import FatalRecord, RunStatus, StartCheck
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0

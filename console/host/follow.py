@@ -1,11 +1,6 @@
-"""The one loop that follows a run, used by the TUI and by `regen status --follow`.
-
-Connect, ask the status, stream the telemetry; when the connection is lost, reconnect with
-exponential backoff and backfill from the last event's ts, so that no event is missed and none is
-delivered twice. Only read operations are ever issued again (connect, status, last_status, follow):
-a control operation is never replayed. The loop stops on what retrying cannot fix: a refusal
-(unknown or changed host key, authentication) or an error reply.
-"""
+"""The one loop that follows a run (the TUI, `regen status --follow`): connect, ask the status, stream the telemetry;
+on a lost connection reconnect with backoff and backfill from the last event's ts (no event missed or doubled). Only
+reads are retried, never a control op; a refusal (host key, auth) or an error reply stops it."""
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +8,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
-from console.view.model import ConnectionState
-from engine.observe.status import RunStatus
+from console.view.model_parts import ConnectionState
+from engine.api.status import RunStatus
 from engine.api.events import Event
 
 

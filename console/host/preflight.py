@@ -2,14 +2,21 @@
 probes run over its transport. `regen probe`, `regen start` and the TUI's Preflight tab all run them through here."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import shlex
 import time
+from typing import TYPE_CHECKING, Any
 
+from console.host.ssh_options import SshOptions
+from console.host.transport import Transport
 from engine.config.load import MODEL_SAMPLING_KEYS, RunConfig
 from probes.context import GIB, ProbeContext, SlurmAsk
 from probes.model import ProbeReport
 from probes.runner import ConnectFailure, run_probes
+
+if TYPE_CHECKING:
+    from probes.catalog.probe import Probe
 
 
 def slurm_ask(cfg: RunConfig) -> SlurmAsk | None:
@@ -110,3 +117,37 @@ def ssh_config_of(options: tuple[str, ...], default: str | None) -> str | None:
         if opt == "-F":
             return options[i + 1]
     return default
+
+
+async def fleet_probes(transport: Transport | None, host: str, cfg: RunConfig, only: set[str] | None,
+                       catalog: list[Probe], ssh: SshOptions) -> ProbeReport:
+    """A multi-host run: the dispatch host's probes (over `transport`) and each [[hosts]] entry's, in one report whose
+    ids are <host>:<probe> (the dispatch host's stay bare)."""
+    dispatch_ctx, per_host = host_contexts(cfg)
+    wanted: dict[str, set[str] | None] = {"": None, **{h.name: None for h in cfg.hosts}}
+    if only:
+        picked: dict[str, set[str]] = {}
+        for pid in only:
+            name, _, probe = pid.rpartition(":")
+            picked.setdefault(name, set()).add(probe)
+        wanted = {name: probes for name, probes in picked.items()}
+    started = time.time()
+
+    async def dispatch() -> ProbeReport:
+        return await run_probes(transport, host, dispatch_ctx, wanted[""] or DISPATCH_PROBES, catalog=catalog)
+
+    async def one(h: Any) -> ProbeReport:
+        report, _ = await probe_host(h.address, per_host[h.name], wanted[h.name] or GPU_HOST_PROBES,
+                                     ssh_config=ssh_config_of(h.ssh_options, ssh.ssh_config), accept_new=ssh.accept_new)
+        return report
+
+    remote = [h for h in cfg.hosts if h.name in wanted and not h.is_local]
+    jobs = ([dispatch()] if "" in wanted else []) + [one(h) for h in remote]
+    reports = await asyncio.gather(*jobs)
+    results = list(reports[0].results) if "" in wanted else []
+    for h, report in zip(remote, reports[1:] if "" in wanted else reports):
+        for r in report.results:
+            r.id, r.title = f"{h.name}:{r.id}", f"{h.name}: {r.title}"
+            results.append(r)
+    return ProbeReport(host=f"{host} + {len(remote)} hosts", results=results, started_at=started,
+                       duration_s=time.time() - started)

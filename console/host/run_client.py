@@ -1,10 +1,6 @@
-"""Console side of the control socket: each op runs `<host_python> -m engine.ctl --run-dir D OP ...` on the host
-(one process per op: the CLI's one-shot commands), or, once open_channel() opened it, goes over one long-lived
-`engine.ctl serve` process (console/host/control_channel.py: an attached console); both read replies with
-engine.api.protocol's codec. Each reply is decoded once, here, into the type its op declares (engine.api.op_codec: a
-malformed field is an error naming it): RunStatus, ShardsChanged, WorkerRestarted, RunEnding, HostStatus. follow()
-streams telemetry events, over the open channel when its engine carries them (else one `engine.ctl follow` process);
-the loop that reconnects and backfills is console/host/follow.py."""
+"""Console side of the control socket: each op is one `engine.ctl` process on the host, or goes over the open control
+channel (console/host/control_channel.py); each reply is decoded once, here, into the type its op declares
+(engine.api.op_codec). follow() streams telemetry; the loop that reconnects and backfills is console/host/follow.py."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +16,7 @@ from engine.api.ops import (ChannelOp, Drain, DrainHost, Follow, LastStatus, Log
                             Resume, RunEnding, ShardsChanged, Status, Stop, UndrainHost, WorkerRestarted)
 from engine.api.op_cli import ctl_argv
 from engine.api.op_codec import decode_result
-from engine.observe.status import HostStatus, RunStatus
+from engine.api.status import HostStatus, RunStatus
 from engine.api.events import Event, UnknownEventType, event_from_dict
 from engine.api.wire import WireError
 

@@ -1,11 +1,6 @@
-"""Find a run dir on a host before talking to its supervisor, and say plainly when it is not there.
-
-`locate_run_dir` resolves DIR the way the host's shell does (`~` is the remote home, a relative path is
-under the login directory) and returns its absolute path; a path that does not exist, or is not a
-directory, raises NoSuchRunDir naming the path looked at, on which host, and the OS error's name. Asked for a run
-(`require_run`: status, pause, resume, stop, the TUI), a directory that holds none of what a run leaves (RUN_MARKS)
-raises NotARunDir, with what it does hold, before any engine is asked about it.
-"""
+"""Find a run dir on a host before talking to its supervisor, and say plainly when it is not there: locate_run_dir
+resolves DIR as the host's shell does (NoSuchRunDir names the path, host and OS error); require_run refuses a
+directory that holds none of what a run leaves (NotARunDir, with what it does hold)."""
 from __future__ import annotations
 
 from console.host.run_client import RunClientError

@@ -1,11 +1,7 @@
-"""Where the console's data comes from: a host (RunClient + the transport) or a recorded telemetry file.
-
-The app only sees the DataSource protocol; every failure is a SourceError (console/host/follow.py) whose `kind`
-tells the app what to do: "connection" (reconnect with backoff), "no_supervisor" (the run is not running:
-show history, keep checking), "refused" (the host refused us: unknown or changed host key, or
-authentication; retrying cannot help, the text says what the operator must do), "error" (an
-operation was refused: show the text).
-"""
+"""Where the console's data comes from: a host (HostSource: RunClient over a transport) or a recorded telemetry file
+(ReplaySource), behind the DataSource protocol. Every failure is a SourceError whose `kind` says what to do:
+connection (reconnect with backoff), no_supervisor (show history, keep checking), refused (host key or auth:
+retrying cannot help, the text says what the operator must do), error (an operation refused: show the text)."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +16,7 @@ from typing import Any, AsyncIterator, NoReturn, Protocol
 import orjson
 
 from console.host import start_record
-from console.view.model import ResumeHint
+from console.view.model_parts import ResumeHint
 from console.host.config_probe import config_failed_report, config_passed
 from console.host.follow import FollowSource, SourceError
 from console.host.hints import regen_command
@@ -32,7 +28,7 @@ from console.host.transport import Transport, TransportError
 from console.host.connect import open_transport
 from engine.config.load import ConfigError
 from engine.api.ops import ShardsChanged, WorkerRestarted
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import Event, UnknownEventType, parse_event
 from probes.model import ProbeReport
 
@@ -314,6 +310,7 @@ class HostSource:
         return data
 
     async def probes(self, only: set[str] | None = None) -> ProbeReport:
+        from console.host.preflight import fleet_probes
         from probes.catalog import CATALOG
         from probes.runner import run_probes
 
@@ -332,50 +329,10 @@ class HostSource:
             report = await run_probes(self.transport, self.host, ctx, only, catalog=catalog)
             report.connect_s = connect_s  # the summary says the whole wait, the connection's share with it
         else:
-            report = await self._fleet_probes(cfg, only, catalog)
+            report = await fleet_probes(self.transport, self.host, cfg, only, catalog, self.ssh)
         if cfg is not None:
             report.results.insert(0, config_passed(cfg, report))
         return report
-
-    async def _fleet_probes(self, cfg, only: set[str] | None, catalog) -> ProbeReport:
-        """A multi-host run: the dispatch host's probes and each [[hosts]] entry's, in one report whose
-        ids are <host>:<probe> (the dispatch host's stay bare)."""
-        import asyncio
-        import time
-
-        from console.host.preflight import DISPATCH_PROBES, GPU_HOST_PROBES, ssh_config_of, host_contexts, probe_host
-        from probes.runner import run_probes
-
-        dispatch_ctx, per_host = host_contexts(cfg)
-        wanted: dict[str, set[str] | None] = {"": None, **{h.name: None for h in cfg.hosts}}
-        if only:
-            picked: dict[str, set[str]] = {}
-            for pid in only:
-                host, _, probe = pid.rpartition(":")
-                picked.setdefault(host, set()).add(probe)
-            wanted = {host: probes for host, probes in picked.items()}
-        started = time.time()
-
-        async def dispatch() -> ProbeReport:
-            return await run_probes(self.transport, self.host, dispatch_ctx, wanted[""] or DISPATCH_PROBES,
-                                    catalog=catalog)
-
-        async def one(h) -> ProbeReport:
-            report, _ = await probe_host(h.address, per_host[h.name], wanted[h.name] or GPU_HOST_PROBES,
-                                         ssh_config=ssh_config_of(h.ssh_options, self.ssh.ssh_config),
-                                         accept_new=self.ssh.accept_new)
-            return report
-
-        remote = [h for h in cfg.hosts if h.name in wanted and not h.is_local]
-        jobs = ([dispatch()] if "" in wanted else []) + [one(h) for h in remote]
-        reports = await asyncio.gather(*jobs)
-        results = list(reports[0].results) if "" in wanted else []
-        for h, report in zip(remote, reports[1:] if "" in wanted else reports):
-            for r in report.results:
-                r.id, r.title = f"{h.name}:{r.id}", f"{h.name}: {r.title}"
-                results.append(r)
-        return ProbeReport(host=f"{self.host} + {len(remote)} hosts", results=results, started_at=started,
-                           duration_s=time.time() - started)
 
     async def _probe_context(self):
         from console.host.preflight import context_from_config

@@ -1,10 +1,6 @@
-"""The SSH options every command that connects takes (`probe`, `plan`, `start`, `status`, `pause`,
-`resume`, `stop`, `drain-host`, `stats`, `tui`): declared once here, with one help text.
-
-`--ssh-config FILE` falls back to $REGEN_SSH_CONFIG, then to ~/.ssh/config (read where the connection
-is made: console/host/transport_ssh.py default_ssh_config). `--accept-new` records the key of a host not yet
-in known_hosts; a CHANGED key is always refused.
-"""
+"""The SSH options every connecting command takes, declared once with one help text: `--ssh-config FILE` (else
+$REGEN_SSH_CONFIG, else ~/.ssh/config) and `--accept-new` (records an unknown host's key; a changed key is always
+refused)."""
 from __future__ import annotations
 
 import argparse

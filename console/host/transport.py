@@ -1,10 +1,5 @@
-"""The one small async interface the console uses to reach a host: local or SSH.
-
-console/host/connect.py opens one (`open_transport`): `local` runs commands on this machine (asyncio subprocess);
-anything else is an ssh alias or `user@host[:port]` reached with asyncssh. Commands are
-shell strings: callers build them with `shlex.quote` / `quote_argv` so every remote
-argument is quoted.
-"""
+"""The one small async interface the console uses to reach a host, local or over SSH (console/host/connect.py opens
+one). Commands are shell strings: callers quote every argument (`shlex.quote` / `quote_argv`)."""
 from __future__ import annotations
 
 import shlex

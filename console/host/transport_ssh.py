@@ -1,16 +1,7 @@
-"""Transport over one SSH connection (asyncssh): many commands as channels, SFTP copies.
-
-Host keys are always verified against known_hosts. An unknown host is refused unless the
-operator opts in with `--accept-new` (then its key is recorded); a host whose key CHANGED
-is always refused. Connection failures become TransportError with a `kind` that tells
-unreachable / timeout / auth / host_key / closed apart, with the OS or server text.
-
-Remote commands run as `exec /bin/sh -c SCRIPT`: the login shell sshd starts is a session
-leader (sshd calls setsid for every session), and exec keeps its pid, so that pid is the
-process group of the command and of everything it starts. The wrapper reports the pid on
-stderr (a marker line, removed from what the caller sees); on a timeout or a closed stream
-we kill that whole group over a second channel, so a hung `sleep 1000` does not stay behind.
-"""
+"""Transport over one SSH connection (asyncssh): commands as channels, SFTP copies, known_hosts always verified
+(--accept-new records an unknown key; a changed one is always refused), failures as TransportError by kind.
+Commands run as `exec /bin/sh -c SCRIPT` whose pid is their process group: a timeout kills the whole group.
+Over 500 lines: the connection, its host-key policy and the process-group kill share one asyncssh session's state."""
 from __future__ import annotations
 
 import asyncio

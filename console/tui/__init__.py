@@ -1,1 +1,1 @@
-"""The operations console (Textual): app.py has RegenApp and run_tui; model.py the data model."""
+"""The operations console (Textual): app.py has RegenApp (its parts in app_*.py) and run_tui; one module per panel."""

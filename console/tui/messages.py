@@ -6,10 +6,10 @@ from typing import Any
 
 from textual.message import Message
 
-from console.view.model import ConnectionState
+from console.view.model_parts import ConnectionState
 
 from engine.api.ops import ShardsChanged, WorkerRestarted
-from engine.observe.status import RunStatus
+from engine.api.status import RunStatus
 from engine.api.events import Event
 from probes.model import ProbeReport
 

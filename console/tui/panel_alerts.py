@@ -11,7 +11,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from console.view.model import AlertView, RunModel
+from console.view.model import RunModel
+
+from console.view.model_parts import AlertView
 from console.tui.widgets import selected_row_key, sync_table
 
 COLUMNS = ["time", "severity", "from", "alert", "seen"]

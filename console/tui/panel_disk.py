@@ -8,7 +8,8 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from console.tui.charts import TimeChart
-from console.view.model import RunModel, bytes_text
+from console.view.model import RunModel
+from console.view.model_parts import bytes_text
 from engine.api.wire import duration_text
 
 

@@ -14,7 +14,8 @@ from console.view.log_polls import without_polls
 from console.tui.charts import TimeChart
 from console.tui.host_table import HostTable
 from console.view.liveness import Freshness
-from console.view.model import RunModel, WorkerView, na
+from console.view.model import RunModel
+from console.view.model_parts import WorkerView, na
 from console.tui.sparkline import ScaledSparkline, on_scale
 from console.tui.widgets import FigureTable, selected_row_key, styled, sync_table
 from engine.api.wire import LIVE_WORKER_STATES, in_flight_text, pid_text

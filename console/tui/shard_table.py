@@ -11,7 +11,7 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from console.view.model import ShardView
+from console.view.model_parts import ShardView
 from console.view.shard_list import ShardList, has_problem
 from engine.api.wire import AlertLevels
 from console.tui.widgets import STATE_STYLE, bar, pct

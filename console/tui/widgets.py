@@ -63,7 +63,7 @@ class RunHeader(Widget):
             t.append(f"  up {duration_text(m.elapsed_s(now))}")
         elif m.run_end is not None and m.started_at is not None:  # how long it ran, not a clock that keeps going
             t.append(f"  ran {duration_text(m.run_end.ts - m.started_at)}")
-        if m.rejects.total:  # the count and its parts, in `regen status`'s words (engine.observe.status.Rejects.text)
+        if m.rejects.total:  # the count and its parts, in `regen status`'s words (engine.api.status.Rejects.text)
             t.append(f"  rejects {m.rejects.text()}", style="yellow")
         if m.protocol_note:  # the whole note is in the Alerts tab
             t.append("  older engine: one process per op", style="yellow")

@@ -1,14 +1,13 @@
 """How the console says why a run is not running: its fatal cause, a stop, or a supervisor that died
 without a word. One place, used by `regen start`, `regen status` and the TUI header.
 
-Everything here reads the status shape (engine.observe.status.RunStatus: engine.ctl last-status / the supervisor's
-status op): `fatal` (engine.fatal.FatalRecord, or None), `running`, `state`, `log`, `log_tail`, `run_end`.
+Everything here reads the status shape (engine.api.status.RunStatus: engine.ctl last-status / the supervisor's
+status op): `fatal` (FatalRecord, or None), `running`, `state`, `log`, `log_tail`, `run_end`.
 """
 from __future__ import annotations
 
 from engine.api.wire import ENDED_RUN_STATES
-from engine.fatal import FatalRecord
-from engine.observe.status import RunStatus
+from engine.api.status import FatalRecord, RunStatus
 
 NOT_RUNNING_STATES = ENDED_RUN_STATES  # the wire's: nothing runs, no tok/s, no ETA
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from console.view.model import RunModel
-from engine.observe.status import HostStatus
+from engine.api.status import HostStatus
 
 HOST_COLUMNS = ["host", "address", "state", "servers", "joins", "lost", "error"]
 # a [slurm] run: one row per server group, named after its job; `state` is the link's (up, connecting, lost)

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from console.view.model import ShardView
+from console.view.model_parts import ShardView
 from engine.api.wire import AlertLevels
 
 FILTERS = ("all", "running", "paused", "pending", "done", "problems")

@@ -1,10 +1,5 @@
-"""What `regen start` says when the supervisor exits during startup: the cause first, then the remedy, then at
-most a few lines of this start's log (supervisor.log is appended to by every start of the run dir).
-
-`cause_first(text)` turns a refused config change (engine.store.run_dir.ConfigChanged's message, as logged or as
-recorded) into lines that name each changed field first; `startup_failure_text` builds the whole message from
-the tail of supervisor.log.
-"""
+"""What `regen start` says when the supervisor exits during startup: the cause first, then the remedy, then at most a
+few lines of this start's log. cause_first() puts each changed field of a refused config change first."""
 from __future__ import annotations
 
 import re

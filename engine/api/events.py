@@ -91,7 +91,7 @@ class DispatchEvent(Event):
     failed: int = 0
     retried: int = 0
     rejected: int = 0
-    total: int = 0  # samples to generate: planned less rejected and failed (field meanings: engine.observe.status)
+    total: int = 0  # samples to generate: planned less rejected and failed (field meanings: engine.api.status.RunStatus)
     output_tokens: int = 0  # over the committed samples
     # output tokens committed per second over the last minute of this start; None while not measurable yet
     # (a few commits over ~10 s) and whenever the run is not running: shown as "-", never as a false 0

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 
-from engine.api.ops import CHANNEL_OPS, AnyOp, ChannelOp, ControlError, ControlOp, ReplyAbove, WireReply
+from engine.api.ops import CHANNEL_OPS, AnyOp, ChannelOp, ControlError, ControlOp, WireReply
 from engine.api.wire import decode
 
 _OPS: TypeAdapter[ChannelOp] = TypeAdapter(AnyOp)
@@ -47,8 +47,7 @@ def _refusal(data: Any, exc: ValidationError) -> str:
 
 def reply_type(op: ControlOp | type[ControlOp]) -> type:
     """The type of the op's reply (its class's Reply)."""
-    declared = op.Reply
-    return declared.resolve() if isinstance(declared, ReplyAbove) else declared
+    return op.Reply
 
 
 def decode_result(op: ChannelOp, data: Any, what: str) -> Any:

@@ -5,12 +5,13 @@ for one served without a supervisor). ReplyAbove: the status types are imported 
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, TypeAlias, TypeGuard, Union, get_args
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PlainSerializer,
                       SerializerFunctionWrapHandler, Strict, Tag, model_serializer)
+
+from engine.api.status import HostStatus, RunStatus
 
 
 class ControlError(Exception):
@@ -23,32 +24,13 @@ class WireReply(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class ReplyAbove:
-    """A reply type defined above engine.api, imported where it is first needed: the status's shapes (RunStatus,
-    HostStatus in engine.observe.status) are built of the run wing's parts, which import engine.api, so engine.api
-    cannot import them (the acyclic contract) until the status itself moves into engine.api."""
-    module: str
-    name: str
-
-    def resolve(self) -> type:
-        found = getattr(importlib.import_module(self.module), self.name)
-        if not isinstance(found, type):
-            raise TypeError(f"{self.module}.{self.name} is a {type(found).__name__}, not a reply type")
-        return found
-
-
-RUN_STATUS = ReplyAbove("engine.observe.status", "RunStatus")
-HOST_STATUS = ReplyAbove("engine.observe.status", "HostStatus")
-
-
 class ControlOp(BaseModel):
     """One op: `op` its name (the wire's "op", `op-name` on the command line), its fields its arguments. Each field's
     description says what its value must be (a bad request's error, the command's help); its type gives its
     command-line form (engine.api.op_cli)."""
     model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
     op: ClassVar[str]
-    Reply: ClassVar[type | ReplyAbove]
+    Reply: ClassVar[type]
     streams: ClassVar[bool] = False  # answered by event lines and then one last reply (follow)
 
     @model_serializer(mode="wrap")
@@ -151,7 +133,7 @@ class Status(ControlOp):
     """The run's status; shards=False: without the shard list (its figures and the dispatch totals stay)."""
     op = "status"
     shards: Annotated[bool, OmitDefault()] = Field(default=True, description="true or false")
-    Reply = RUN_STATUS
+    Reply = RunStatus
 
 
 class Pause(ControlOp):
@@ -179,14 +161,14 @@ class DrainHost(ControlOp):
     """Multi-host: send the host no new work (its requests in flight finish)."""
     op = "drain_host"
     host: str = Field(description="a [[hosts]] name of the run config (a string)")
-    Reply = HOST_STATUS
+    Reply = HostStatus
 
 
 class UndrainHost(ControlOp):
     """Multi-host: send the host new work again."""
     op = "undrain_host"
     host: str = Field(description="a [[hosts]] name of the run config (a string)")
-    Reply = HOST_STATUS
+    Reply = HostStatus
 
 
 class LogTail(ControlOp):
@@ -220,7 +202,7 @@ class Hello(ControlOp):
 class LastStatus(ControlOp):
     """The status the run dir recorded (engine.observe.offline_status), for a run whose supervisor has exited."""
     op = "last_status"
-    Reply = RUN_STATUS
+    Reply = RunStatus
 
 
 class Follow(ControlOp):

@@ -1,23 +1,8 @@
 """The console's control channel: PROTOCOL_VERSION, the request/reply envelope and its JSON-lines codec (the ops and
-their replies: engine.api.ops, read and written by engine.api.op_codec).
-
-`python -m engine.ctl --run-dir D serve` reads requests on stdin and writes replies on stdout, one JSON object per
-line, in the order the requests came:
-
-    {"id": 7, "op": {"op": "pause", "shards": ["s00001"]}}
-    {"id": 7, "ok": true, "result": {...}}
-    {"id": 8, "ok": false, "error": "no supervisor at ...", "kind": "no_supervisor"}
-    {"id": 9, "op": {"op": "follow", "since": 1796220000.5}}
-    {"id": 9, "event": {"type": "dispatch", "ts": ..., ...}}      (one line per telemetry event, as it is written)
-    {"id": 9, "ok": true, "result": {"ended": "..."}}             (the supervisor exited and every event was sent)
-
-`op` is a control op (engine.api.ops) as engine.api.op_codec writes it: the supervisor's, or one served by engine.ctl
-itself (hello, last_status, follow: no supervisor needed). Replies to other requests go on while a follow streams; a
-new follow ends the one before it (its last reply says so). A one-shot `python -m engine.ctl --run-dir D OP ...`
-prints the same reply without an id (an engine deployed before this module printed {"ok", "result" | "error"}: the same shape).
-Bump PROTOCOL_VERSION when a request or reply changes meaning; a console that gets a version it does not support
-(SUPPORTED_PROTOCOLS) in hello's reply uses the one-shot form.
-"""
+their replies: engine.api.ops, read and written by engine.api.op_codec). `python -m engine.ctl --run-dir D serve`
+answers one JSON line per request, in order ({"id", "op"} -> {"id", "ok", "result" | "error", "kind"}; a follow
+streams {"id", "event"} lines before its reply); a one-shot `engine.ctl OP` prints the reply without an id.
+Bump PROTOCOL_VERSION when a request or reply changes meaning (an older console falls back to the one-shot form)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,7 +42,7 @@ class Request:
 class Reply:
     id: int | None  # None: a one-shot engine.ctl command's reply (no request id)
     ok: bool
-    result: dict[str, Any] | None = None  # ok: the op's result (a status's is engine.observe.status's to_dict())
+    result: dict[str, Any] | None = None  # ok: the op's result (a status's is engine.api.status.RunStatus's to_dict())
     error: str = ""  # not ok: what went wrong, for the operator
     kind: ErrorKind = ErrorKind.REFUSED  # not ok: which way
     event: dict[str, Any] | None = None  # a follow's streamed event (ok, and not its last reply)

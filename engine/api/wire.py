@@ -1,10 +1,6 @@
-"""The words console and engine share: every state, severity and finish reason as a StrEnum, the state groups the rules
-use, the alert levels the engine judges by, one shard's figures (the status's and the telemetry event's), the one
-duration format, and decode(): a reply or event read back into these types, once. Nothing else defines a state name.
-
-StrEnum members are their strings (`RunState.DONE == "done"`, JSON as "done"), so a reply decoded from JSON and a
-member compare equal; an unknown word from a newer engine stays a plain string and fails no lookup.
-"""
+"""The words console and engine share: every state, severity and finish reason as a StrEnum (a member equals its string,
+so a decoded reply compares equal; an unknown word from a newer engine stays a plain string), the state groups, the
+alert levels, one shard's figures, the one duration format, and decode(): a reply or event read into these types."""
 from __future__ import annotations
 
 import functools
@@ -153,7 +149,7 @@ class AlertLevels:
 @dataclass
 class ShardFigures:
     """One shard's figures: a status's shard (RunStatus.shards) and the telemetry's shard event alike, each field with
-    the one meaning engine.observe.status's docstring gives it (`total`: to generate, `planned`: what the input plans)."""
+    the one meaning engine.api.status.RunStatus's docstring gives it (`total`: to generate, `planned`: what the input plans)."""
     id: str = ""
     state: str = ShardState.PENDING  # engine.observe.status.shard_state: pending | running | paused | draining | ...
     done: int = 0

@@ -11,7 +11,7 @@ from typing import Any
 
 from engine.config.load import SEVERITIES, NotifyConfig
 from engine.placement.slurm.alerts import NOTIFIED as SLURM_JOB_KEYS
-from engine.run.brake import BRAKE_ALERT_KEY
+from engine.api.brake import BRAKE_ALERT_KEY
 from engine.api.events import AlertEvent, Event, FatalEvent, RunEndEvent
 from engine.api.wire import Severity
 

@@ -1,18 +1,7 @@
-"""The run's figures for Prometheus: GET /metrics on [metrics] host:port, every series read from one RunStatus.
-
-No counter is kept here. Each scrape takes the supervisor's status (engine.observe.status.build_run_status: the ledger's
-committed counts, rejects.jsonl, the latest telemetry snapshots) and yields it as metric families, so the endpoint
-cannot disagree with `regen status`. The committed totals (samples done, output tokens, empty / truncated /
-repetition answers, rejected samples, rejects by reason) are exported as counters whose value IS the committed total
-in state.sqlite / rejects.jsonl: a supervisor killed and restarted resumes them where they were, never from 0, and
-no `_created` sample is sent, so Prometheus sees one series that never went backwards (the one exception is data
-lost for real: a committed part file deleted from disk is un-committed at the next start, and the figures say so).
-Before the ledger is loaded (a starting supervisor) the run's figures are left out rather than sent as 0. Everything
-that belongs to one start (in flight, failed this start, restarts, rates, ETA) is a gauge.
-
-Served from the supervisor's event loop (aiohttp), so the status is read on the same thread that moves it. A busy
-port is an alert and a status note (MetricsStatus.error, naming the holder), never the run's failure.
-"""
+"""The run's figures for Prometheus (GET /metrics on [metrics] host:port), every series read from one RunStatus per
+scrape, so it cannot disagree with `regen status`. Committed totals are counters whose value IS the committed total
+(a restart resumes them, never from 0); what belongs to one start is a gauge. Served from the supervisor's loop; a
+busy port is an alert and a status note, never the run's failure."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from engine.config.load import Metrics
 from engine.servers.port_holder import holders
-from engine.observe.status import MetricsStatus, RunStatus
+from engine.api.status import MetricsStatus, RunStatus
 from engine.api.events import AlertEvent
 from engine.api.wire import AlertKind, RunState, Severity, ShardState, WorkerState
 

@@ -1,10 +1,6 @@
-"""The status of a run whose supervisor is gone, read from its run dir alone (engine.ctl last-status).
-
-The run dir's fatal.json, state.sqlite, telemetry.jsonl and rejects.jsonl go through engine.observe.status's one builder,
-marked `running: false`; the data-quality brake is loaded from the store under run.toml's [brake] as a start loads it,
-the alerts raised now from the store's record of them (engine.store.alert_record), the alert history from telemetry.jsonl. `state` is how the run ended: failed (with `fatal`: what, where, the remedy), done / drained /
-stopped (its `run_end` event), or dead (no cause recorded: killed; `log_tail` has the last lines of supervisor.log).
-"""
+"""The status of a run whose supervisor is gone, read from its run dir alone (engine.ctl last-status) through
+engine.observe.status's one builder, `running: false`; `state` is how it ended: failed (with `fatal`), done / drained
+/ stopped (its run_end), or dead (no cause recorded: killed; `log_tail` has supervisor.log's last lines)."""
 from __future__ import annotations
 
 import os
@@ -15,8 +11,9 @@ import orjson
 
 from engine.api.wire import FINAL_RUN_STATES, AlertLevels
 from engine.fatal import read_fatal
-from engine.run.brake import BrakeStatus
-from engine.observe.status import Rejects, RunStatus, build_run_status, levels_of
+from engine.api.brake import BrakeStatus
+from engine.observe.status import build_run_status, levels_of
+from engine.api.status import Rejects, RunStatus
 from engine.api.events import AlertEvent, DispatchEvent, Event, RunEndEvent, parse_event
 
 LOG_TAIL_LINES = 3

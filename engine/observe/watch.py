@@ -1,10 +1,6 @@
-"""The run's periodic watch: the disk guard, the data-quality alerts and the throughput-drop alert.
-
-Each tick it reads what it watches and raises or clears its alerts (Telemetry.condition: once when a
-condition starts, `cleared` when it ends; the raised ones are recorded with the run, so a restarted supervisor clears
-what an earlier one raised). It decides; the supervisor acts on what it says (a full disk
-holds dispatch).
-"""
+"""The run's periodic watch: the disk guard, the data-quality alerts and the throughput-drop alert. Each tick raises or
+clears its alerts (recorded with the run, so a restarted supervisor clears what an earlier one raised); it decides,
+the supervisor acts (a full disk holds dispatch)."""
 from __future__ import annotations
 
 from collections.abc import Mapping

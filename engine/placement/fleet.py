@@ -16,7 +16,7 @@ from engine.config.load import RunConfig, host_workers
 from engine.placement.hosts.deploy import named_specs
 from engine.placement.hosts.link import HostLink
 from engine.placement.router import RouterEndpoint, RouterError, RouterProcess
-from engine.observe.status import HostStatus, RouterStatus
+from engine.api.status import HostStatus, RouterStatus
 from engine.fatal import HostsFailed
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import AlertKind, HostState, Severity

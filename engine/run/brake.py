@@ -1,36 +1,21 @@
 """The data-quality brake: the shares of bad answers over the run's last committed samples, and the decision to pause
-dispatch run-wide when one is over its level ([brake]: engine.config.load.Brake).
-
-Its inputs are committed state only: the row shapes of each part the ledger settles (`Committed`, PartInfo.shapes)
-and, at a start, the store's last committed samples (ShardStore.recent_shapes: rowid order is commit order). So the
-window is rebuilt, not started empty, by a restart: a run killed and restarted every few hundred samples is judged
-on the same samples as one that was not, and a brake the last supervisor took but could not record is taken again.
-A brake is recorded in state.sqlite (ShardStore.set_brake) and stays until `regen resume --all` releases it; the
-window then starts over (the store keeps the rowid it starts after), so the same samples do not brake the run again.
-A start under a changed [brake] (levels, window, the off switch: operational, not in the content hash) lifts a
-recorded brake and judges the same window again under the new settings.
-
-A new kind of bad answer is one entry in REASONS (its judge of a SampleShape, the [brake] / [alerts] key of its
-level, its likely causes) and its level in engine.config.load.Brake.
-
-Light on purpose: the console reads BrakeStatus (engine.observe.status), so nothing here imports the store.
-"""
+dispatch run-wide when one is over its level ([brake]). The window holds committed samples only, so a restart rebuilds
+it from the store; a brake is recorded in state.sqlite until `regen resume --all` (or a changed [brake]) lifts it.
+A new kind of bad answer is one entry in REASONS, its title in engine.api.brake and its level in [brake].
+Light on purpose (no store import): the status builder reads it."""
 from __future__ import annotations
 
 import collections
 import dataclasses
 import json
-import shlex
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from engine.text.answer_shape import SampleShape
 from engine.api.reports import BrakeLevel, BrakePlan
 from engine.config.load import Brake, RunConfig
-
-
-BRAKE_ALERT_KEY = "brake"  # the alert key of a brake and of its release (engine.notify always sends a brake)
+from engine.api.brake import HOST_PLACEHOLDER, BrakeShare, BrakeStatus
 
 
 @dataclass(frozen=True)
@@ -38,42 +23,38 @@ class Reason:
     """One kind of bad answer the brake watches."""
     name: str
     level_key: str  # its level in [brake] (and its alert level in [alerts], where there is one)
-    title: str
     judge: Callable[[SampleShape], bool]
     causes: tuple[str, ...]  # the likely causes, said to the operator when it brakes
     applies: Callable[[RunConfig], bool] = lambda cfg: True
 
 
 REASONS: tuple[Reason, ...] = (
-    Reason("empty", "empty_share", "empty answers", lambda s: s.empty,
+    Reason("empty", "empty_share", lambda s: s.empty,
            ("chat template: not the model's own (regen renders every prompt with the tokenizer's chat template: "
             "check `tokenizer` and `model`)",
             "enable_thinking: a template that closes the think block at once, or a model that does not think",
             "prompt extraction: the user messages came out empty or wrong (prompt_format, the message fields; "
             "see rejects.jsonl and `regen stats`)",
             "sampling: max_new_tokens or stop settings that end answers at once")),
-    Reason("truncated", "truncated_share", "truncated answers (finish_reason length)",
-           lambda s: s.finish_reason == "length",
+    Reason("truncated", "truncated_share", lambda s: s.finish_reason == "length",
            ("sampling: max_new_tokens too small for the model's answers (Qwen3 thinking needs 32768), or greedy / "
             "low-temperature decoding that loops",
             "chat template: no end-of-turn token the model stops on",
             "enable_thinking: reasoning longer than max_new_tokens allows")),
-    Reason("thinking_missing", "thinking_missing_share", "reasoning missing or unclosed",
+    Reason("thinking_missing", "thinking_missing_share",
            # a runaway the guard stopped inside its reasoning is unclosed because regen cut it: repetition says it
            lambda s: s.think == "missing" or (s.think == "unterminated" and s.finish_reason != "repetition"),
            ("enable_thinking: the template ignores it, or the model does not think",
             "chat template: not the model's own, so the reasoning block is not opened or closed as the model expects",
             "sampling: max_new_tokens cuts the reasoning before </think>"),
            applies=lambda cfg: cfg.enable_thinking),
-    Reason("repetition", "repetition_share", "runaway answers stopped (finish_reason repetition)",
-           lambda s: s.finish_reason == "repetition",
+    Reason("repetition", "repetition_share", lambda s: s.finish_reason == "repetition",
            ("sampling: greedy or low-temperature decoding (temperature 0 loops most; Qwen3 thinking wants 0.6), "
             "or a repetition/presence penalty left at a value the model was not tuned for",
             "chat template: not the model's own, so the model never sees where its turn ends",
             "model: weights or quantization that degrade long generations"),
            applies=lambda cfg: cfg.runaway.enabled),
-    Reason("refused", "refused_share", "samples refused or failed by the servers",
-           lambda s: s.finish_reason == "refused",
+    Reason("refused", "refused_share", lambda s: s.finish_reason == "refused",
            ("sampling: a value this SGLang version refuses (the server's words are in rejects.jsonl and the alert)",
             "context_length / max_new_tokens: prompts longer than the servers take",
             "the servers: crashing or timing out (workers/<name>/server.log)")),
@@ -82,92 +63,6 @@ REASON_BY_NAME = {r.name: r for r in REASONS}
 # a sample the servers refused or failed: in the window beside the committed answers (live only: a start rebuilds
 # the window from committed samples, and the failed ones are generated again)
 REFUSED_SHAPE = SampleShape(empty=False, finish_reason="refused", think=None)
-
-
-@dataclass
-class BrakeShare:
-    """One kind of bad answer over the window: how many, the share, and the level it brakes at."""
-    reason: str
-    count: int
-    samples: int
-    share: float
-    level: float
-
-    @property
-    def over(self) -> bool:
-        return self.share > self.level
-
-    def text(self) -> str:
-        title = REASON_BY_NAME[self.reason].title if self.reason in REASON_BY_NAME else self.reason
-        return (f"{title}: {self.share:.1%} ({self.count} of the last {self.samples} committed samples; "
-                f"brake level {self.level:.0%})")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-HOST_PLACEHOLDER = "HOST"  # the remedy's host: the engine does not know the name the operator's console uses
-
-
-@dataclass
-class BrakeStatus:
-    """The brake in a status reply (RunStatus.brake) and its record in state.sqlite (engaged only).
-
-    enabled      [brake] enabled
-    engaged      dispatch is paused run-wide by the brake until `regen resume --all`
-    since        when it braked (unix time), null when not engaged
-    text         the cause in one line (the first share over its level)
-    crossed      each share over its level when it braked
-    causes       the likely causes of those
-    remedy       what the operator does
-    window       the shares over the window now (live; offline: rebuilt from the store the same way)
-    samples      committed samples in the window now; window_size, min_samples: [brake]'s
-    settings     the [brake] section it braked under (a start under another one lifts it)"""
-    enabled: bool = True
-    engaged: bool = False
-    since: float | None = None
-    text: str = ""
-    crossed: list[BrakeShare] = field(default_factory=list)
-    causes: list[str] = field(default_factory=list)
-    remedy: str = ""
-    window: list[BrakeShare] = field(default_factory=list)
-    samples: int = 0
-    window_size: int = 0
-    min_samples: int = 0
-    settings: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def remedy_for(self, host: str) -> str:
-        """The remedy with the console's host name (an ssh alias, user@host, `local`) in place of HOST."""
-        if not host:
-            return self.remedy
-        return self.remedy.replace(f"regen resume {HOST_PLACEHOLDER} ", f"regen resume {shlex.quote(host)} ")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BrakeStatus:
-        """A reply or a record read back; fields this version does not know are dropped."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        given = {k: v for k, v in data.items() if k in names and k not in ("crossed", "window")}
-
-        def shares(key: str) -> list[BrakeShare]:
-            return [_share(x) for x in data.get(key) or [] if isinstance(x, dict)]
-
-        return cls(**given, crossed=shares("crossed"), window=shares("window"))
-
-    def evidence(self) -> str:
-        """The alert's evidence: the numbers, the likely causes, the remedy."""
-        lines = [s.text() for s in self.crossed]
-        lines += ["likely causes:"] + [f"  - {c}" for c in self.causes]
-        lines.append(self.remedy)
-        return "\n".join(lines)
-
-
-def _share(data: dict[str, Any]) -> BrakeShare:
-    return BrakeShare(reason=str(data.get("reason", "")), count=int(data.get("count", 0)),
-                      samples=int(data.get("samples", 0)), share=float(data.get("share", 0.0)),
-                      level=float(data.get("level", 0.0)))
 
 
 def settings_of(b: Brake) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from engine.config.load import RunConfig
-from engine.run.brake import BrakeStatus, RunBrake
+from engine.run.brake import RunBrake
+from engine.api.brake import BrakeStatus
 from engine.run.ledger_ports import LedgerEvents
 from engine.run.refusals import RefusalWatch
 from engine.store.shard_store import ShardStore

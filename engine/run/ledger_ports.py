@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from engine.run.brake import BrakeStatus
+from engine.api.brake import BrakeStatus
 from engine.run.conversations import ConvProgress, Unfit
 from engine.run.items import Generated, WorkItem
 from engine.run.refusals import RefusalTrip

@@ -1,19 +1,18 @@
-"""The supervisor's start checks (`startup: [{check, title, state, detail}]` in its status reply): `regen start`
-reports a run started only once its config, run dir, prompt files, tokenizer, count and worker launches are.
-
-Workers are waited for to be launched (ports free, their own servers), not ready (real SGLang loads for minutes)."""
+"""The supervisor's start checks (engine.api.status.StartCheck: config, run dir, prompts, tokenizer, count, workers),
+in its status reply until they pass, so `regen start` reports a run started only once it is. Workers are waited
+for to be launched, not ready (real SGLang loads for minutes)."""
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+from engine.api.status import FAILED, OK, PENDING, StartCheck
 from engine.text.ingest import resolve_prompt_files
 from engine.text.row_errors import PromptFileError
 
-PENDING, OK, FAILED = "pending", "ok", "failed"
 CHECKS: dict[str, str] = {  # in the order the supervisor passes them
     "config": "run config loaded",
     "run_dir": "run dir ready",
@@ -22,18 +21,6 @@ CHECKS: dict[str, str] = {  # in the order the supervisor passes them
     "count": "prompt count started",
     "workers": "workers launched",
 }
-
-
-@dataclass
-class StartCheck:
-    check: str
-    title: str
-    state: str = PENDING
-    detail: str = ""
-    ts: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

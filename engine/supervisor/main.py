@@ -16,8 +16,8 @@ from engine import safe_log
 from engine.api.events import RunEndEvent
 from engine.api.wire import RunState
 from engine.config.load import ConfigError, RunConfig, load_config, resolve_sampling
-from engine.fatal import (PREVIOUS_FILE, FatalRecord, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous,
-                          fallback_path, is_disk_full, record_for, write_fatal)
+from engine.fatal import PREVIOUS_FILE, FatalWriteError, SpaceReserve, WorkersFailed, archive_previous, fallback_path, is_disk_full, record_for, write_fatal
+from engine.api.status import FatalRecord
 from engine.notify import Notifier
 from engine.servers.startup import StartupChecks
 from engine.store.manifest import ManifestError, write_run_manifest

@@ -14,7 +14,8 @@ from engine import safe_log
 from engine.api.events import DispatchEvent, ShardEvent
 from engine.api.wire import RunState, ShardFigures
 from engine.fatal import RunRefused
-from engine.observe.status import Rejects, RunStatus, build_run_status, dispatch_figures, levels_of, shard_statuses
+from engine.observe.status import build_run_status, dispatch_figures, levels_of, shard_statuses
+from engine.api.status import Rejects, RunStatus
 from engine.run.ledger import Ledger
 from engine.supervisor.parts import made
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from engine.api.ops import (SUPERVISOR_OPS, ControlError, ControlOp, Drain, DrainHost, LogTail, LogText, Op, Pause,
                             RestartWorker, Resume, RunEnding, ShardsChanged, Status, Stop, UndrainHost, WireReply,
                             WorkerRestarted)
-from engine.observe.status import HostStatus, RunStatus
+from engine.api.status import HostStatus, RunStatus
 from engine.placement.hosts.ssh import HostError
 from engine.placement.hosts.remote_worker import RemoteWorker
 from engine.run.ledger import Ledger

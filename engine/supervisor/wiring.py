@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 from engine.api.events import AlertEvent
 from engine.api.wire import AlertKind, Severity
 from engine.fatal import RunRefused
-from engine.run.brake import BRAKE_ALERT_KEY, BrakeStatus
+from engine.api.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
 from engine.run.dispatcher import Dispatcher

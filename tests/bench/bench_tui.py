@@ -38,7 +38,9 @@ import psutil
 from console.commands.demo import demo_config, write_prompts
 from console.host.deploy import StartedRun, start_run
 from console.host.transport_local import LocalTransport
-from console.tui.app import FULL_STATUS_EVERY_S, STATUS_EVERY_S, TABS, RegenApp
+from console.tui.app import RegenApp
+from console.tui.app_base import STATUS_EVERY_S, TABS
+from console.tui.app_follow import FULL_STATUS_EVERY_S
 from console.view.model import RunModel
 from console.host.source import HostSource
 from engine.text.tiny_model import build_tiny_model

@@ -19,7 +19,7 @@ import aiohttp
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import AlertKind, HostState, Severity
 from engine.config.load import Host, RunConfig, dump_toml, host_workers
-from engine.observe.status import HostStatus
+from engine.api.status import HostStatus
 from engine.placement.hosts.admission import AgentRecords
 from engine.placement.hosts.deploy import engine_tarball, host_config, host_specs
 from engine.placement.hosts.readings import READINGS_FILE

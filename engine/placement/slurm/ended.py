@@ -9,7 +9,7 @@ import asyncio
 from engine.config.load import RunConfig
 from engine.placement.slurm import jobs as slurm_jobs
 from engine.placement.slurm.plan import job_name, jobs_file, layout_of
-from engine.observe.status import HostStatus, SlurmJobStatus
+from engine.api.status import HostStatus, SlurmJobStatus
 from engine.api.wire import HostState
 
 

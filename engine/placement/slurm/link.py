@@ -23,7 +23,7 @@ from engine.config.schema import time_limit_seconds
 from engine.placement.hosts.deploy import engine_tarball, host_config
 from engine.placement.hosts.link import HostLink
 from engine.placement.hosts.ssh import AGENT_DIR, HostError
-from engine.observe.status import HostStatus, SlurmJobStatus
+from engine.api.status import HostStatus, SlurmJobStatus
 from engine.placement.slurm.job_alerts import JobAlerts
 from engine.placement.slurm.jobs import JobState, SlurmError, time_left_text
 from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_section, slurm_work_dir

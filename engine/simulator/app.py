@@ -44,8 +44,8 @@ def build_app(server: "SimServer") -> web.Application:
 
     @web.middleware
     async def sglang_middleware(request: web.Request, handler):
-        if server.hung:
-            await server.hang_future()  # --sim-hang-after: the port stays open, nothing answers
+        if server.faults.hung:
+            await server.faults.hang_future()  # --sim-hang-after: the port stays open, nothing answers
         key = server.cfg.api_key
         path = request.path
         if key and not (path.startswith("/health") or path.startswith("/metrics")):

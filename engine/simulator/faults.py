@@ -1,4 +1,4 @@
-"""Fatal faults of one simulated server: the --sim-*-after switches, a dead scheduler or node rank, dying like SGLang."""
+"""Fatal faults of one simulated server: the --sim-*-after switches, a dead scheduler or node rank."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""One simulated server's startup sequence: SGLang's load lines, the scheduler, the port (bound like uvicorn), warm-up."""
+"""One simulated server's startup sequence: SGLang's load lines, scheduler, port, warm-up."""
 from __future__ import annotations
 
 import asyncio

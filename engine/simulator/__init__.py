@@ -1,14 +1,6 @@
-"""SGLang server simulator: rehearsal of the whole regen flow without GPUs.
+"""SGLang server simulator: SGLang's HTTP protocol, log lines and continuous batching, without GPUs.
 
-Speaks SGLang's HTTP protocol (/generate, /v1/chat/completions, /health, /metrics, ...), logs its
-startup, ready and error lines, and models continuous batching. With B running requests:
-
-    tokens/s = B * tokens_per_step / ((step_ms + step_ms_per_req * B) / 1000)
-
-One server across nodes is one process per node rank (`--nnodes --node-rank --dist-init-addr`; dist.py).
-
-Plays one real SGLang version (`--sim-sglang-version 0.5.5|0.5.10|0.5.23`, default the newest; profiles.py).
-
+Plays one SGLang version (`--sim-sglang-version`, profiles.py); one process per node rank (dist.py).
 CLI: `python -m engine.simulator --model-path DIR [SGLang flags] [--sim-* knobs]`.
 In-process: `server = await run_simulator(SimConfig(model_path=...)); await server.wait_ready()`.
 """

@@ -6,7 +6,8 @@ import signal
 import sys
 
 from engine.simulator.config import parse_args
-from engine.simulator.server import SimServer, StartupFailure, format_exception
+from engine.simulator.server import SimServer, format_exception
+from engine.simulator.startup import StartupFailure
 from engine.simulator.simlog import SimLog
 
 

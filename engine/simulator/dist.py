@@ -1,9 +1,8 @@
 """A multi-node server's rendezvous (`--nnodes N --node-rank i --dist-init-addr HOST:PORT`), as torch.distributed's.
 
-Rank 0 listens on the dist-init address and waits until every other node rank has joined; each rank > 0 connects
-to it (retrying until rank 0 listens) and keeps the connection for the server's life. Either side seeing the other's
-connection close is the loss of that rank: in SGLang the next collective fails with NCCL's "remote process exited"
-error and the scheduler dies. A joiner says who it is in one JSON line; rank 0 answers `ok` or `error <why>`.
+Rank 0 waits on the dist-init address until every other rank has joined; each joiner keeps its connection for the
+server's life, and either side seeing it close loses that rank (SGLang's NCCL "remote process exited").
+A joiner says who it is in one JSON line; rank 0 answers `ok` or `error <why>`.
 """
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
 """Deterministic Qwen3-style outputs built from the real tokenizer's ids.
 
-Every request gets a key (the sim seed plus the client's rid, or a hash of the prompt ids when
-no rid was sent). The key fixes the output: its length (lognormal with the configured mean and
-sigma, then capped by max_new_tokens), whether it is an empty answer, whether it is aborted, and
-its content. Content is sliced from a token stream pre-encoded once at startup from plausible
-sentences, so planning an output costs no tokenizer call; `text` is one decode per finished
-request (or none at all on the --sim-instant path, where outputs are prebuilt with their text).
-
-The output continues the prompt as a real model would; three modes (`Mode`), read from the prompt's tail:
-  "think"   (Qwen3: the prompt ends with the assistant header) `<think>\\n{reasoning}\\n</think>\\n\\n{answer}<|im_end|>`,
-            the reasoning taking ~80% of the tokens; the empty answer is `<think>\\n\\n</think>\\n\\nOK.<|im_end|>`.
-  "opened"  (Qwen3.5/3.6, Thinking-2507, DeepSeek-R1 templates: the prompt ends with `<think>\\n`) the block is
-            already open, so the output never opens it again: `{reasoning}\\n</think>\\n\\n{answer}<|im_end|>`;
-            the empty answer is `\\n</think>\\n\\nOK.<|im_end|>`.
-  "plain"   (the prompt ends with `<think>\\n\\n</think>\\n\\n`: thinking disabled by the template)
-            `{answer}<|im_end|>`; the empty answer is `OK.<|im_end|>`.
+A request's key (sim seed plus its rid, else a hash of its prompt ids) fixes its output: length (lognormal, capped by
+max_new_tokens), empty or aborted, and content, sliced from a token stream encoded once at startup (no tokenizer call
+per plan). The output continues the prompt as a real model would, in one of three modes (`Mode`).
 """
 from __future__ import annotations
 
@@ -33,6 +21,14 @@ NO_THINK_SUFFIX = "<think>\n\n</think>\n\n"
 OPENED_SUFFIX = "<think>\n"  # a generation prompt that opens the think block
 EMPTY_ANSWER = "<think>\n\n</think>\n\nOK."
 EMPTY_ANSWER_OPENED = "\n</think>\n\nOK."
+# What the prompt's tail says the output is:
+#   "think"  (Qwen3: the prompt ends with the assistant header)
+#            `<think>\n{reasoning}\n</think>\n\n{answer}<|im_end|>`, the reasoning ~80% of the tokens;
+#            the empty answer is `<think>\n\n</think>\n\nOK.<|im_end|>`.
+#   "opened" (Qwen3.5/3.6, Thinking-2507, DeepSeek-R1 templates: the prompt ends with `<think>\n`) the block is
+#            already open: `{reasoning}\n</think>\n\n{answer}<|im_end|>`; empty: `\n</think>\n\nOK.<|im_end|>`.
+#   "plain"  (the prompt ends with `<think>\n\n</think>\n\n`: thinking disabled) `{answer}<|im_end|>`;
+#            empty: `OK.<|im_end|>`.
 Mode = Literal["think", "opened", "plain"]
 MODES: tuple[Mode, ...] = ("think", "opened", "plain")
 STREAM_TOKENS = 1 << 16

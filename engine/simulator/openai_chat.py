@@ -10,9 +10,10 @@ from aiohttp import web
 
 from engine.simulator.protocol import ApiError, GenerateItem, openai_error, validate_sampling
 from engine.simulator.request import RequestState
+from engine.simulator.responses import json_response
 
 if TYPE_CHECKING:
-    from engine.simulator.app import Handlers
+    from engine.simulator.request_flow import RequestFlow
     from engine.simulator.server import SimServer
 
 FORCED_REASONING_PARSERS = ("qwen3-thinking", "deepseek-r1")
@@ -43,9 +44,9 @@ def finish_name(reason: dict | None) -> str | None:
 
 
 class ChatHandler:
-    def __init__(self, server: "SimServer", handlers: "Handlers"):
+    def __init__(self, server: "SimServer", flow: "RequestFlow"):
         self.server = server
-        self.handlers = handlers
+        self.flow = flow
 
     def _item(self, body: dict) -> tuple[GenerateItem, dict]:
         s = self.server
@@ -78,7 +79,7 @@ class ChatHandler:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         s = self.server
-        err = self.handlers.unavailable()
+        err = self.flow.unavailable()
         if err is not None:
             raise err
         if request.content_type != "application/json":
@@ -94,7 +95,7 @@ class ChatHandler:
             s.intake.check_request([item])
         except ApiError as exc:
             raise openai_error(exc.body["error"]["message"]) from exc
-        reqs = await self.handlers.submit([item])
+        reqs = await self.flow.submit([item])
         req = reqs[0]
         separate = bool(s.cfg.reasoning_parser) and body.get("separate_reasoning", True)
         force = s.cfg.reasoning_parser in FORCED_REASONING_PARSERS
@@ -103,10 +104,10 @@ class ChatHandler:
         try:
             if body.get("stream"):
                 return await self._stream(request, req, body, separate, force, model, created)
-            await self.handlers.run(reqs)
-            text = self.handlers.text_of(req)
+            await self.flow.run(reqs)
+            text = self.flow.text_of(req)
             reasoning, content = split_reasoning(text, force=force) if separate else (None, text)
-            return _json({
+            return json_response({
                 "id": req.rid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0,
                              "message": {"role": "assistant", "content": content,
@@ -115,7 +116,7 @@ class ChatHandler:
                              "matched_stop": (req.finish_reason or {}).get("matched")}],
                 "usage": self._usage(req), "metadata": None})
         finally:
-            self.handlers.release(reqs)
+            self.flow.release(reqs)
 
     def _usage(self, req) -> dict:
         n = len(req.output_ids or ())
@@ -140,7 +141,7 @@ class ChatHandler:
         sent_reasoning = sent_content = ""
         gen = self.server.loaded_generator
         if self.server.cfg.sim_instant:
-            await self.handlers.run([req])
+            await self.flow.run([req])
             steps = [len(req.output_ids)]
         else:
             req.stream = True
@@ -175,7 +176,3 @@ class ChatHandler:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-
-def _json(data: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(data), content_type="application/json")

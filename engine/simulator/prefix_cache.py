@@ -1,17 +1,8 @@
 """SGLang's radix cache, as `meta_info.cached_tokens` sees it: a radix tree of token ids per server, LRU-evicted.
 
-What SGLang does (srt/mem_cache/radix_cache.py, managers/schedule_batch.py) and this models:
-- a request is matched against the tree before its prefill: cached_tokens is the longest prefix of its prompt
-  the tree holds, never the whole prompt (at least one token is computed: the match is over prompt[:-1]), in
-  whole pages (`--page-size`, 1 by default: token granularity);
-- its prompt is in the tree once prefilled (other requests match it while it still runs); when it leaves, its
-  prompt plus its generated ids (less the last) are, so a later turn built on the answer matches into it;
-- the tree holds at most the KV pool (`max_total_num_tokens`); past that the least recently used leaves go
-  first (a shared system prompt, used by every request, stays).
-Not modelled: nodes locked by running requests (SGLang never evicts those; here the pool bound alone decides).
-Eviction keeps a heap of the leaves by access tick, updated as they are touched (stale entries skipped when popped),
-instead of walking the whole tree at each insert: once the tree is full every admission and every finished request
-inserts, and a walk of a few thousand leaves each time (~2 ms) stalled the simulated GPU's steps.
+cached_tokens is the longest prefix of prompt[:-1] the tree holds, in whole pages; a prompt is in the tree once
+prefilled, and prompt plus output (less the last id) once it leaves; the tree holds at most the KV pool, least
+recently used leaves going first (srt/mem_cache/radix_cache.py). Not modelled: nodes locked by running requests.
 """
 from __future__ import annotations
 
@@ -58,6 +49,8 @@ class PrefixCache:
         self.root = _Node(b"", None, 0)
         self.tokens = 0  # held in the tree
         self._order = itertools.count()  # ties between leaves touched at the same tick: the earlier entry first
+        # a heap of the leaves by access tick rather than a walk of the whole tree at each insert: a full tree
+        # inserts at every admission and finish, and walking thousands of leaves (~2 ms) stalled the steps
         self._leaves: list[tuple[int, int, _Node]] = []  # (last, order, leaf) per touch; stale entries skipped
         self._rebuild_at = REBUILD_MIN  # entries past which the heap is rebuilt from the live leaves
 

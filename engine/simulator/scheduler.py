@@ -1,8 +1,7 @@
 """Continuous batching as SGLang schedules it: each step is a prefill batch or a decode step, over a KV pool.
 
-Cost model (`regen plan --pilot` relies on it): a decode step with B running requests takes
-(step_ms + step_ms_per_req * B) / 1000 s and gives each `tokens_per_step` tokens; a prefill step of A new requests
-takes (step_ms + step_ms_per_req * A) / 1000 s plus prefill_ms_per_1k per 1000 uncached tokens and gives them theirs.
+Cost model (`regen plan --pilot` relies on it): a step over B requests takes (step_ms + step_ms_per_req * B) / 1000 s,
+a prefill step plus prefill_ms_per_1k per 1000 uncached tokens; a decode step gives each `tokens_per_step` tokens.
 Admission, retraction and the new-token ratio follow SGLang rule for rule (kv_budget.py cites each).
 """
 from __future__ import annotations

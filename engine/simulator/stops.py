@@ -1,11 +1,8 @@
 """Stop conditions applied to a planned output, and the stop trimming of `text` (contract 7.2).
 
-SGLang's scheduler checks, after every token (0.5.5 `managers/schedule_batch.py:843-863`), first the
-length, then the token ids (`stop_token_ids` and the model's eos), then the stop strings and
-`stop_regex` against the decoded tail (special tokens kept). The matching token stays in `output_ids`
-and counts in `completion_tokens`; `finish_reason` is `{"type": "stop", "matched": <id | str>}`. The
-detokenizer then cuts the matched token / the first occurrence of the matched string from `text`
-unless `no_stop_trim` (0.5.5 `managers/detokenizer_manager.py:120-145`; 0.5.23 `:194-226`).
+After each token (0.5.5 schedule_batch.py:843-863): length, then stop/eos token ids, then stop strings and
+`stop_regex` on the decoded tail; the matching token stays in `output_ids`. The detokenizer cuts the match from
+`text` unless `no_stop_trim` (0.5.5 detokenizer_manager.py:120-145).
 """
 from __future__ import annotations
 

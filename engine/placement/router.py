@@ -345,7 +345,7 @@ class RouterEndpoint:
         router lists one (before that every request would be answered 503 "No available workers"); once ready, a
         list that drops every server for a moment (the router's own health check) leaves it ready with the servers
         given to it: requests open through the router may still be answered and are not cancelled for it, and a new
-        one answered 503 goes back to regen's queue without an attempt (engine.run.dispatcher)."""
+        one answered 503 goes back to regen's queue without an attempt (engine.run.dispatch.answers)."""
         routed = self.routed()
         if routed or self.state != WorkerState.READY:
             return routed

@@ -22,7 +22,7 @@ from engine.placement.fleet import Fleet
 from engine.placement.hosts.remote_worker import RemoteWorker
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
-from engine.run.dispatcher import Dispatcher
+from engine.run.dispatch.loop import Dispatcher
 from engine.run.feed import Feed
 from engine.run.ledger import Ledger
 from engine.servers.gpu import GpuSampler

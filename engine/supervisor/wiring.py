@@ -13,7 +13,7 @@ from engine.fatal import RunRefused
 from engine.api.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.run.committer import Committer
 from engine.run.compactor import Compactor
-from engine.run.dispatcher import Dispatcher
+from engine.run.dispatch.loop import Dispatcher
 from engine.servers.target import DispatchTarget
 from engine.run.feed import Feed
 from engine.run.ledger import Ledger

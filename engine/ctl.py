@@ -1,9 +1,7 @@
-"""Host-side control CLI: `python -m engine.ctl --run-dir D status|pause S..|--all|resume ..|
-restart-worker W|drain-host H|undrain-host H|drain|stop|hello` prints the reply (engine.api.protocol; exit 0 ok, 1 error
-reply, 2 no supervisor at that run dir); `... serve` answers a console's requests (JSON lines with ids, engine.api.protocol)
-on stdin until it closes: one process for many ops, and the telemetry follow among them; `... follow [--since TS]`
-prints telemetry.jsonl lines with ts >= since, then follows the file until the supervisor has exited and every line
-is printed (the same stream the channel's follow carries).
+"""Host-side control CLI: `python -m engine.ctl --run-dir D OP ...` sends one control op (engine.api.ops) and prints
+its reply (exit 0 ok, 1 an error reply, 2 no supervisor there); `serve` answers a console's JSON-line requests on
+stdin (many ops and the telemetry follow over one process); `follow [--since TS]` prints telemetry.jsonl, then
+follows it until the supervisor has exited and every line is printed.
 """
 from __future__ import annotations
 

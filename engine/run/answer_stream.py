@@ -1,13 +1,8 @@
 """One streamed /generate answer read as it arrives: SSE events to exact output ids, text and finish, with the
 runaway detector fed on every chunk.
 
-SGLang streams `data: <json>\\n\\n` events, then `data: [DONE]\\n\\n`; a ValueError (a validation error) comes as an
-error event instead (contract 2.4, 5). Which ids a chunk carries depends on the version and a server flag (2.4,
-7.6): only the new ones (0.5.5; --stream-output / --incremental-streaming-output) or all so far (0.5.10+ by
-default). Every chunk's meta_info.completion_tokens counts every id so far, so each chunk says which it is: new
-ids extend the answer, cumulative ones must repeat it exactly and extend it. A chunk that fits neither is an
-error (never a guess). The text is cumulative or a delta on the same terms, except that 0.5.5 streams new ids
-with the whole text; the text kept is the one the chunks prove (each starting with the one before: cumulative).
+A chunk carries new ids (0.5.5, --incremental-streaming-output) or all so far (0.5.10+; contract 2.4, 7.6):
+meta_info.completion_tokens says which; a chunk that fits neither is an error, never a guess.
 """
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
-"""A dispatch target's batch size corrected by its server's own gauges, whatever size was reported.
+"""A dispatch target's batch size corrected by its server's own gauges (running, queue, token usage), whatever was reported.
 
-The in-flight cap is the batch size plus a small margin, so a freed slot is refilled from the server's
-own queue at once. Read every metrics tick from `sglang:num_running_reqs` / `sglang:num_queue_reqs` /
-`sglang:token_usage`:
-
-* the queue is under the margin (SGLang's admission grows its batch between two readings: at half the margin its
-  queue ran dry before the next one), the cap is full (work is waiting here; or nearly, while regen's own queue
-  holds work: a reading can fall between an answer and its slot's refill), the server runs at least the size we
-  believe and its KV pool has room: it can take more, so the size grows as far as the pool's free share says
-  (running x POOL_FULL / token_usage, at most MAX_GROWTH a reading: SGLang's own admission grows its batch step by
-  step, and a doubling piles the difference in its queue; never past a size the server reported);
-* the queue grew past twice the margin: the server runs no more than `running`, so that is its size
-  (an overshoot from growing, a reported size that is too big, or a KV pool that is full);
-* otherwise the size holds: a queue of about the margin is the steady state.
-
-The size starts from the smaller of the reported batch and what the KV pool holds (engine.servers.capacity.kv_fit),
-never from the reported batch alone: SGLang's default is derived from the pool for its shortest requests,
-and a client that sends that many piles them in the server's own queue, where no other server can take them.
+The in-flight cap is the size plus a small margin; the size grows (at most MAX_GROWTH a reading, as far as the pool's
+free share says) while the server's queue stays under the margin and its pool has room, drops to `running` when the
+queue passes twice the margin, and starts from the smaller of the reported batch and what the KV pool holds.
 """
 from __future__ import annotations
 

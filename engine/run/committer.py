@@ -1,21 +1,7 @@
-"""Buffers finished rows per shard and commits them as part files (ShardStore.commit).
+"""Buffers finished rows per shard and commits them as part files (ShardStore.commit), in ONE dedicated thread.
 
-A commit happens every `max_rows` rows or `max_age_s` seconds per shard ([store] part_max_rows,
-part_max_age_s: engine.config.load.Store says why those defaults), and on drain/stop.
-A SIGKILL loses only the rows not yet committed (in the buffer, or in a part whose sqlite
-transaction had not finished); they are not committed, so the restarted supervisor regenerates
-them: never lost, never duplicated.
-
-The commit itself (Arrow table, Parquet write, fsyncs, the sqlite transaction) runs in ONE
-dedicated thread, one commit at a time, so it never blocks the event loop that dispatches
-requests: with a commit on the loop the servers' queues ran dry for 0.1-0.4 s every ~2 s. Rows
-count as committed only when ShardStore.commit has returned (after its sqlite transaction);
-then, back on the loop, the ledger settles them (one `Committed` outcome: the part's sums and each row). Commits of a shard stay in the
-order their rows were buffered (one commit in flight at a time, a failed one goes back to the
-front of its buffer).
-
-    run_forever()   the periodic task (commits what is due, off the loop)
-    await drain()   commit everything buffered, off the loop (waits for the commit in flight)
+A commit every part_max_rows rows or part_max_age_s per shard, and at drain; rows count as committed only once the
+store's sqlite transaction returned (then the ledger settles them), so a SIGKILL loses nothing and doubles nothing.
 """
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Compacts each finished shard into one file (ShardStore.compact), in its own thread, one shard at a time.
+"""Compacts each final shard into one file (ShardStore.compact), in its own thread, one shard at a time.
 
-A shard is compacted once it is final (engine.run.counts.ShardCounts.final: every sample committed or
-rejected, none failed), so no part can join it afterwards. The rewrite reads and writes the whole shard
-(seconds for a shard of ~1,000 long answers), so it runs in a thread of its own, not in the committer's:
-commits of the other shards go on meanwhile, waiting only for the swap transaction (milliseconds).
-
-A compaction that fails (disk full, an unreadable part) leaves the shard's parts committed as they were;
-it is retried after RETRY_S and said in an alert. A shard the store already holds as one file is skipped.
-
-    run_forever()   the periodic task (compacts what became final)
-    await drain()   finish the compaction in flight and compact every shard final now (a run's end)
+A shard is final when every sample is committed or rejected (no part can join it); commits of other shards go on
+meanwhile. A failed compaction leaves the parts committed as they were, is retried after RETRY_S, and raises an alert.
 """
 from __future__ import annotations
 

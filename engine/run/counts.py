@@ -1,18 +1,8 @@
 """The ledger's figures: per-shard counts of settled samples and the committed output, and the commit rate.
 
-Committed state is the truth (state.sqlite): the counts are loaded from the store at a start
-(`counts_from_store`) and moved only when a part is committed (`ShardCounts.add_part`) or a sample is
-settled without a row (rejected, failed; also recorded in the store's outcomes table). So every figure
-derived from them (done, tokens, empty, truncated, repetition, per shard and in total) is the same after a restart
-as before it, and no figure lags a commit.
-
-Outcomes of a planned sample:
-  committed  its row is in a committed part (`done`)
-  rejected   never generated: its input cannot be (template error, prompt longer than the context, SGLang
-             HTTP 400, or an earlier turn of its conversation rejected), or, with turns_after_cut = "stop", an
-             earlier turn of its conversation was cut (`after_cut`, counted apart too); stays settled across restarts
-  failed     its retries were spent in this run (`dispatch.max_retries`); the next start generates it again
-  retried    not an outcome: an attempt that failed and went back to the queue (counted by the dispatcher)
+Committed state (state.sqlite) is the truth: counts are loaded from the store at a start and moved only when a part is
+committed or a sample settled without a row, so every figure is the same after a restart as before it. A planned
+sample ends committed, rejected (never generated; stays settled) or failed (generated again at the next start).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """What passes between the parts of a run: a work item, the row of a generated sample, and an outcome.
 
-    feed ──WorkItem──▶ ledger (ready queue) ──▶ dispatcher ──Outcome──▶ ledger / committer
+    feed ──WorkItem──▶ ledger (ready queue) ──▶ dispatch ──Outcome──▶ ledger ──Generated──▶ committer
 
-A dispatched item comes back as exactly one outcome: `Generated` (an answer, for the committer),
-`Retry` (back to the queue), `Failed` or `Rejected` (settled without a row). The committer turns
-`Generated` rows into a part file and hands the ledger one `Committed` per part. Only `Committed`,
-`Failed` and `Rejected` settle a sample (engine.run.counts says what each means).
+A dispatched item comes back as exactly one outcome; only `Committed`, `Failed` and `Rejected` settle a sample.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """SGLang's prompt-length rule: which prompts a server refuses, and how long their answer may run.
 
-SGLang (0.5.5 tp_worker.py:294-298, managers/utils.py:93-121, scheduler.py:1171-1179 and 1356-1364;
-shared/reference/sglang_contract.md 7.4) computes
-
-    max_req_len       = min(context_len - 1, max_total_num_tokens - 1)
-    max_req_input_len = max_req_len - 5
-
-refuses a prompt of max_req_input_len tokens or more (HTTP 400 "Input length ... exceeds the maximum
-allowed length") and silently caps max_new_tokens at max_req_len - len(prompt) - 1. The feed applies the
-same rule with the tightest figures known (the tokenizer's context, then each server's report), so such
-a turn is a reject with its reason instead of a request that comes back as HTTP 400.
+max_req_len = min(context_len - 1, max_total_num_tokens - 1); a prompt of max_req_len - 5 tokens or more is refused
+(HTTP 400) and max_new_tokens is capped at max_req_len - len(prompt) - 1 (0.5.5 tp_worker.py:294-298, contract 7.4):
+the feed applies it first, so such a turn is a reject with its reason, not a request that comes back as a 400.
 """
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
 """The ready queue (the ledger's): work items in dispatch order, with a lane per worker for prefix affinity.
 
-SGLang's radix cache is per server: a prompt whose prefix a server has already computed is prefilled there
-only from where the cached part ends (`meta_info.cached_tokens`). So, with `dispatch.affinity` on:
-
-- a later turn of a conversation (it starts with the whole prompt of the turn before) is *held* in the lane of
-  the worker that served that turn: only that worker takes it, for up to `dispatch.affinity_hold_s`; after
-  that any worker does (a GPU never waits long for a cache hit: a miss costs one prefill of the prefix,
-  a slot left idle costs decode time);
-- any other prompt longer than PREFIX_TOKENS goes to the lane of the worker its first PREFIX_TOKENS tokens
-  hash to (rendezvous hashing over the ready workers: prompts sharing a system prompt or a document land on
-  one server, and a worker that leaves or joins moves only its own share of the keys, queued items included).
-  Such an item is only a preference: a worker with nothing of its own and nothing unassigned takes it from the
-  longest lane.
-
-A worker pulling takes, in order: its held items; the older of its lane's head and the unassigned queue's
-head; a held item of another worker whose hold has run out; a preferred item of the longest other lane.
-A worker that stops being ready gives its lane back (re-placed as if new: its cache is gone). With affinity
-off every item is unassigned and the queue is the plain FIFO it always was (retries and later turns first).
+With dispatch.affinity a later turn is held for the worker that served the turn before (up to affinity_hold_s) and
+a long prompt prefers the worker its first PREFIX_TOKENS hash to (rendezvous hashing); a worker with nothing of its
+own takes from the longest lane. With affinity off it is the plain FIFO (retries and later turns first).
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Refusals run-wide: a server refusing requests for the same reason again and again is a config mistake, not bad
-samples, and a run that produces nothing must fail, not end `done 0/0 (100%)`.
+"""Refusals run-wide: a server refusing requests for one reason again and again is a config mistake, not bad samples.
 
-The ledger feeds every settled sample in (committed, or not generated with the server's reason); the watch trips
-once STREAK settle in a row refused for one reason (numbers in the text ignored: "input (812 tokens)" and "input
-(90 tokens)" are one reason), or more than half of the last WINDOW settled samples were refused or failed. The trip
-names the server's words, the samples, and the run.toml key the words point at.
+The watch trips once STREAK settled samples in a row were refused for one reason (numbers in the words ignored), or
+more than half of the last WINDOW were refused or failed; the trip names the server's words and the run.toml key.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """What one request is expected to hold in a server's KV pool: its prompt plus its expected output.
 
-The output is expected as SGLang's own scheduler first reserves it (`min(max_new_tokens, 4096) x 0.7`, its initial
-new-token ratio: what a server just started admits, whatever the answers turn out to be), or as the answers of
-this run so far say (their mean, once MIN_ANSWERS came back) when that is more: long thinking answers fill a pool
-sooner than SGLang's first guess. Shorter answers let a server run more as its own estimate decays; the gauges
-find that (engine.run.batch_feedback), never this estimate alone.
+The output as SGLang's scheduler first reserves it (its clipped max_new_tokens x its initial new-token ratio), or
+the mean answer of this run so far (after MIN_ANSWERS) when that is more; the gauges correct it (batch_feedback).
 """
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """The runaway detector: follows one answer's output ids as they stream in and says when its tail is degenerate
 repetition (the two signals and their defaults: engine.config.load.Runaway).
 
-C searches and numpy per chunk rather than Python per token, and O(max_period) work per chunk rather than per
-token: the tail is one cycle of period p repeated when each of its last need[p] = max(min_span, min_repeats x p)
-- p tokens equals the token p before it. At the end of each chunk (of at most BLOCK tokens) the periods whose last
-TAIL tokens already repeat are found by searching the bytes of the max_period tokens before them for the bytes of
-those TAIL tokens (every true period is found: need[p] >= TAIL; a normal answer's tail seldom occurs at all);
-only those are checked over their whole span, smallest first. So the detector
-fires at the same chunk end, on the same period, as one that followed every token. The n-gram signal
-hashes the last ngram_window n-grams (64-bit) every check_every tokens and counts the
-share of the informative ones that occurred earlier in the window. The detector reads the caller's id array
-(it never copies the whole answer) and keeps O(max_period) state.
+O(max_period) work and state per chunk, never per token: a byte search finds the candidate periods, which are
+checked over their whole span, so it fires at the same chunk end and period as a per-token detector would.
 """
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """Work spread across servers: a server's fair share of scarce work, its room, and the stranded-queue alert.
 
-The dispatcher (engine.run.dispatch) asks, per server, from a `ServerLoad` (what it knows of each server now):
-
-    within_share(me, loads, queued, starting)   may `me` take one more item from regen's queue?
-    room(load)                                   requests a server could start now (0: none, or not known)
-    StrandedWatch.check(loads, now)              an alert while one server's own queue holds work and another idles
-
-While regen's queue holds more than the ready servers' free slots every server simply fills up; when it holds
-fewer (a run's start, its tail) each takes only its share of the work left (in flight plus queued, split by
-capacity), servers still starting counted as ready ones, so a server ready a few seconds late still gets its
-share and the last samples end together.
+While regen's queue holds more than the free slots every server fills up; when it holds fewer (start, tail) each
+takes only its capacity's share of the work left (servers still starting counted), so the last samples end together.
 """
 from __future__ import annotations
 

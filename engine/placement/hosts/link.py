@@ -1,9 +1,8 @@
 """One remote GPU host of a multi-host run, seen from the dispatch host: deploy the engine, start the host agent, open
-the forwards, then watch its servers until the host is lost, and join again with backoff.
+the forwards, watch its servers until the host is lost, and join again with backoff.
 
-A server joins the router only once its identity is proven twice (engine/placement/hosts/admission.py); servers that
-all stop answering for router.host_lost_after_s make the host lost: they leave the router and the forwards are killed,
-so every request still open through them fails now and is re-dispatched.
+A server joins the router only once its identity is proven twice (admission.py); a host whose servers all stop
+answering for router.host_lost_after_s is lost: its servers leave the router and their open requests are re-dispatched.
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from engine.text.answer_shape import SampleShape
 from engine.api.reports import BrakeLevel, BrakePlan
 from engine.config.load import Brake, RunConfig
 from engine.api.brake import HOST_PLACEHOLDER, BrakeShare, BrakeStatus
+from engine.api.wire import FinishReason
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ REASONS: tuple[Reason, ...] = (
             "prompt extraction: the user messages came out empty or wrong (prompt_format, the message fields; "
             "see rejects.jsonl and `regen stats`)",
             "sampling: max_new_tokens or stop settings that end answers at once")),
-    Reason("truncated", "truncated_share", lambda s: s.finish_reason == "length",
+    Reason("truncated", "truncated_share", lambda s: s.finish_reason == FinishReason.LENGTH,
            ("sampling: max_new_tokens too small for the model's answers (Qwen3 thinking needs 32768), or greedy / "
             "low-temperature decoding that loops",
             "chat template: no end-of-turn token the model stops on",

@@ -19,7 +19,7 @@ from console.host.transport import TransportError
 from console.host.connect import open_transport
 from engine.config.load import SIMULATOR_LAUNCH, RunConfig, Sampling, Workers, Alerts, Dispatch
 from engine.api.events import AlertEvent, DispatchEvent
-from engine.api.wire import RunState, Severity
+from engine.api.wire import FINAL_RUN_STATES, RunState, Severity
 
 CACHE = Path.home() / ".cache" / "regen"
 DEMO_CONTEXT = 4096
@@ -210,7 +210,7 @@ async def follow_until_done(client, run_dir: str) -> int:
     async for event in client.follow(since=time.time() - 5):
         if isinstance(event, DispatchEvent):
             last = event
-            if time.monotonic() - last_print >= 2.0 or event.state in (RunState.DONE, RunState.STOPPED, RunState.FAILED):
+            if time.monotonic() - last_print >= 2.0 or event.state in FINAL_RUN_STATES:
                 last_print = time.monotonic()
                 print(f"[{time.monotonic() - started:6.1f}s] {progress_line(event)}", flush=True)
         elif isinstance(event, AlertEvent) and event.severity != Severity.INFO:

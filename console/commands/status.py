@@ -90,8 +90,9 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     head = Text()
     head.append(f"{s.host}:{s.run_dir}  ", style="bold")
     state = s.state
-    head.append(f"state {state}", style="bold green" if state in (RunState.RUNNING, RunState.FINISHING, RunState.DONE) else
-                ("bold red" if state in (RunState.FAILED, RunState.DEAD) else "bold yellow"))
+    good, bad = (RunState.RUNNING, RunState.FINISHING, RunState.DONE), (RunState.FAILED, RunState.DEAD)
+    head.append(f"state {state}",
+                style="bold green" if state in good else "bold red" if state in bad else "bold yellow")
     if not s.running:
         was = f" (its last recorded state: {s.last_state})" if s.last_state and s.last_state != state else ""
         head.append(f"  supervisor not running: the last state recorded in the run dir{was}\n", style="yellow")

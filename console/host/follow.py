@@ -114,9 +114,11 @@ class RunFollower:
                     return
                 await self._sleep_or_wake(self.ended_check_s)
             except SourceError as exc:
-                if exc.kind != SourceErrorKind.CONNECTION:  # refused (host key, auth) or an error reply: retrying cannot help
+                # refused (host key, auth) or an error reply: retrying cannot help
+                if exc.kind != SourceErrorKind.CONNECTION:
                     self.stopped_by = exc
-                    self.on_state(FollowState(ConnectionState.REFUSED if exc.kind == SourceErrorKind.REFUSED else ConnectionState.ENDED, str(exc)))
+                    ended = ConnectionState.REFUSED if exc.kind == SourceErrorKind.REFUSED else ConnectionState.ENDED
+                    self.on_state(FollowState(ended, str(exc)))
                     return
                 failures += 1
                 delay = self.backoff.delay_s(failures)
@@ -138,7 +140,8 @@ class RunFollower:
         except SourceError as exc:
             if exc.kind == SourceErrorKind.CONNECTION:
                 raise
-            if exc.kind != SourceErrorKind.NO_SUPERVISOR:  # a recording without a status has nothing more to say; else: say it
+            # a recording without a status has nothing more to say; else: say it
+            if exc.kind != SourceErrorKind.NO_SUPERVISOR:
                 self.on_warning(f"the run dir's last state could not be read: {exc}")
         return False
 

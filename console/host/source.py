@@ -124,7 +124,8 @@ class HostSource:
             try:
                 self.transport = await open_transport(self.host, **self.ssh.connect_kwargs())
             except TransportError as exc:
-                if exc.kind in (ConnectErrorKind.HOST_KEY, ConnectErrorKind.AUTH):  # not transient: the operator must act
+                # not transient: the operator must act
+                if exc.kind in (ConnectErrorKind.HOST_KEY, ConnectErrorKind.AUTH):
                     self.refused = self._refusal(exc)
                     raise self.refused from exc
                 raise SourceError(f"cannot connect to {self.host}: {exc}", SourceErrorKind.CONNECTION) from exc

@@ -13,7 +13,8 @@ from probes.model import CommandResult, ConnectErrorKind
 class TransportError(Exception):
     """Could not reach or use the host. `kind` tells unreachable from refused."""
 
-    def __init__(self, message: str, kind: ConnectErrorKind = ConnectErrorKind.ERROR, *, unknown_host_key: bool = False):
+    def __init__(self, message: str, kind: ConnectErrorKind = ConnectErrorKind.ERROR, *,
+                 unknown_host_key: bool = False):
         super().__init__(message)
         self.kind = kind
         # kind host_key, the host is not in known_hosts (not a changed key): --accept-new is the remedy

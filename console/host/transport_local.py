@@ -66,7 +66,8 @@ class LocalTransport:
                 limit=line_limit,
             )
         except OSError as exc:
-            raise TransportError(f"could not start /bin/sh for {command!r}: {exc}", kind=ConnectErrorKind.ERROR) from exc
+            raise TransportError(f"could not start /bin/sh for {command!r}: {exc}",
+                                 kind=ConnectErrorKind.ERROR) from exc
         self._live.add(proc)
         return proc
 

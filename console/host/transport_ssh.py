@@ -117,7 +117,8 @@ def _load_known_hosts(paths: Sequence[str]) -> asyncssh.SSHKnownHosts:
     try:
         return asyncssh.import_known_hosts("\n".join(chunks))
     except (ValueError, asyncssh.KeyImportError) as exc:
-        raise TransportError(f"cannot parse known_hosts ({', '.join(paths)}): {exc}", kind=ConnectErrorKind.HOST_KEY) from exc
+        raise TransportError(f"cannot parse known_hosts ({', '.join(paths)}): {exc}",
+                             kind=ConnectErrorKind.HOST_KEY) from exc
 
 
 def _append_known_host(path: Path, host: str, port: int, key: asyncssh.SSHKey) -> None:
@@ -153,7 +154,8 @@ async def connect_ssh(
 ) -> "SshTransport":
     config_path = str(ssh_config) if ssh_config is not None else default_ssh_config()
     if config_path is not None and not Path(config_path).expanduser().is_file():
-        raise TransportError(f"ssh config file {config_path} does not exist (or is not a file)", kind=ConnectErrorKind.ERROR)
+        raise TransportError(f"ssh config file {config_path} does not exist (or is not a file)",
+                             kind=ConnectErrorKind.ERROR)
     name = spec.raw
     try:
         base = asyncssh.SSHClientConnectionOptions(
@@ -165,7 +167,8 @@ async def connect_ssh(
     except OSError as exc:  # e.g. an IdentityFile named in the config that does not exist
         raise TransportError(f"cannot prepare the SSH connection to {name}: {exc}", kind=ConnectErrorKind.AUTH) from exc
     except (asyncssh.Error, ValueError) as exc:
-        raise TransportError(f"cannot prepare the SSH connection to {name}: {exc}", kind=ConnectErrorKind.ERROR) from exc
+        raise TransportError(f"cannot prepare the SSH connection to {name}: {exc}",
+                             kind=ConnectErrorKind.ERROR) from exc
     host, port, user = base.host, int(base.port or 22), base.username
     target = f"{user}@{host}:{port}"
     where = name if spec.host == host else f"{name} ({target})"  # show what an alias resolved to
@@ -208,7 +211,8 @@ async def connect_ssh(
             kind=ConnectErrorKind.TIMEOUT,
         ) from exc
     except socket.gaierror as exc:
-        raise TransportError(f"cannot resolve host name {host!r} for {name}: {exc}", kind=ConnectErrorKind.UNREACHABLE) from exc
+        raise TransportError(f"cannot resolve host name {host!r} for {name}: {exc}",
+                             kind=ConnectErrorKind.UNREACHABLE) from exc
     except OSError as exc:
         if isinstance(exc, ConnectionResetError) and (changed := await _key_type_changed(check, base, where, record_to)):
             raise changed from exc
@@ -223,7 +227,8 @@ async def connect_ssh(
         # hangs up during key exchange (asyncssh offers only the known key types)
         if changed := await _key_type_changed(check, base, where, record_to):
             raise changed from exc
-        raise TransportError(f"{where} closed the connection during the SSH handshake: {exc}", kind=ConnectErrorKind.CLOSED) from exc
+        raise TransportError(f"{where} closed the connection during the SSH handshake: {exc}",
+                             kind=ConnectErrorKind.CLOSED) from exc
     except asyncssh.Error as exc:
         raise TransportError(f"SSH connection to {where} failed: {exc}", kind=ConnectErrorKind.ERROR) from exc
 
@@ -275,7 +280,8 @@ def _host_key_error(check: _HostKeyCheck, where: str, record_to: Path, exc: Exce
             kind=ConnectErrorKind.HOST_KEY, unknown_host_key=True,
         )
     # e.g. a revoked key, or no host key algorithm in common with the known keys
-    return TransportError(f"host key of {where} could not be verified against {record_to}: {exc}", kind=ConnectErrorKind.HOST_KEY)
+    return TransportError(f"host key of {where} could not be verified against {record_to}: {exc}",
+                          kind=ConnectErrorKind.HOST_KEY)
 
 
 async def _auth_error(
@@ -359,7 +365,8 @@ class SshTransport:
                 return await self._conn.create_process(command, encoding=None)
             except asyncssh.ChannelOpenError as exc:
                 if exc.code != asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED or time.monotonic() > deadline:
-                    raise TransportError(f"cannot open a channel on {self.name}: {exc.reason}", kind=ConnectErrorKind.ERROR) from exc
+                    raise TransportError(f"cannot open a channel on {self.name}: {exc.reason}",
+                                         kind=ConnectErrorKind.ERROR) from exc
             except (asyncssh.ConnectionLost, asyncssh.DisconnectError, BrokenPipeError, ConnectionError) as exc:
                 raise TransportError(f"connection to {self.name} lost: {exc}", kind=ConnectErrorKind.CLOSED) from exc
             await asyncio.sleep(delay)

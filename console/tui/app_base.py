@@ -90,7 +90,8 @@ class AppBase(App):
 
     def _notify_alerts(self) -> None:
         now = self.clock()
-        fresh = [a for a in self.model.take_new_alerts() if now - a.ts <= NOTIFY_MAX_AGE_S and a.severity != Severity.INFO]
+        fresh = [a for a in self.model.take_new_alerts()
+                 if now - a.ts <= NOTIFY_MAX_AGE_S and a.severity != Severity.INFO]
         for a in fresh[-3:]:
             self.notify(a.text, title=f"{a.severity} ({a.origin})",
                         severity="error" if a.severity in (Severity.ERROR, Severity.CRITICAL) else "warning",

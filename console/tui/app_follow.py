@@ -56,7 +56,8 @@ class FollowingApp(AppBase):
         try:
             status = await self.source.last_status()
         except SourceError as exc:
-            if exc.kind != SourceErrorKind.NO_SUPERVISOR:  # a recording without a status has nothing more to say; else: say it
+            # a recording without a status has nothing more to say; else: say it
+            if exc.kind != SourceErrorKind.NO_SUPERVISOR:
                 self.post_message(ControlDone("last_status", False, f"the run dir's last state could not be read: {exc}"))
             return
         self.post_message(StatusReceived(status))

@@ -289,7 +289,7 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
                 raise StartFailed(f"the supervisor (pid {pid}) could not launch its workers: {c.detail}; it is"
                                   f" still running on {transport.name}:{run_dir} (`regen stop` ends it)",
                                   pid=pid, run_dir=run_dir, check=c, alive=True)
-            if all(c.state == "ok" for c in checks):
+            if all(c.state == CheckState.OK for c in checks):
                 return status
             # a failed input check: the supervisor is about to exit with the cause; wait for its record
         elif not await _alive(transport, pid):
@@ -302,7 +302,7 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
             raise await _died(transport, client, pid)
         await asyncio.sleep(0.5)
     pending = [f"{c.check} ({c.detail or c.state})" for c in (status.startup if status is not None else [])
-               if c.state != "ok"]
+               if c.state != CheckState.OK]
     raise DeployError(f"the supervisor (pid {pid}) did not pass its start checks within {wait_s:.0f} s"
                       + (f"; not passed: {', '.join(pending)}" if pending else f": {last_error}")
                       + f"; it may still be running: `regen status` / `regen stop` on {transport.name}:{run_dir}")

@@ -20,8 +20,11 @@ FINAL_HOST_STATES = ("ended", "stopped", "lost", "failed")
 
 
 def host_style(state: str) -> str:
-    return "green" if state == "up" else "dim" if state in ("drained", "stopped", "ended") else "bold red" if state in (
-        "lost", "failed") else "yellow"
+    if state == HostState.UP:
+        return "green"
+    if state in (HostState.DRAINED, HostState.STOPPED, HostState.ENDED):
+        return "dim"
+    return "bold red" if state in (HostState.LOST, HostState.FAILED) else "yellow"
 
 
 def job_cells(h: HostStatus, as_of: float | None, live: bool = True) -> tuple:

@@ -115,7 +115,8 @@ def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None,
     if outputs and pilot is not None and stopped_in_pilot:
         kept = sum(len(ids) for ids in outputs)
         stopped = pilot.finish_reasons["repetition"]
-        saved = sum(max(0, max_new - len(ids)) for ids, fr in zip(outputs, getattr(pilot, "_finishes", [])) if fr == "repetition")
+        saved = sum(max(0, max_new - len(ids)) for ids, fr in zip(outputs, getattr(pilot, "_finishes", []))
+                    if fr == FinishReason.REPETITION)
         share = saved / (kept + saved) if kept + saved else 0.0
         basis = (f"pilot: its {len(outputs)} answers streamed through the guard ({stopped} stopped, each taken to "
                  "have run to max_new_tokens without it); GPU time in proportion to the output tokens")

@@ -44,12 +44,12 @@ REASONS: tuple[Reason, ...] = (
             "enable_thinking: reasoning longer than max_new_tokens allows")),
     Reason("thinking_missing", "thinking_missing_share",
            # a runaway the guard stopped inside its reasoning is unclosed because regen cut it: repetition says it
-           lambda s: s.think == "missing" or (s.think == "unterminated" and s.finish_reason != "repetition"),
+           lambda s: s.think == "missing" or (s.think == "unterminated" and s.finish_reason != FinishReason.REPETITION),
            ("enable_thinking: the template ignores it, or the model does not think",
             "chat template: not the model's own, so the reasoning block is not opened or closed as the model expects",
             "sampling: max_new_tokens cuts the reasoning before </think>"),
            applies=lambda cfg: cfg.enable_thinking),
-    Reason("repetition", "repetition_share", lambda s: s.finish_reason == "repetition",
+    Reason("repetition", "repetition_share", lambda s: s.finish_reason == FinishReason.REPETITION,
            ("sampling: greedy or low-temperature decoding (temperature 0 loops most; Qwen3 thinking wants 0.6), "
             "or a repetition/presence penalty left at a value the model was not tuned for",
             "chat template: not the model's own, so the model never sees where its turn ends",

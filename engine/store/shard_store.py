@@ -168,7 +168,7 @@ class ShardStore:
     def settle(self, shard_id: str, sample_id: str, outcome: SettleKind, reason: str) -> None:
         """Record a sample settled without a row (outcome rejected | failed), so a status read from the run dir
         alone counts it and a restart does not generate a rejected one again."""
-        if outcome not in ("rejected", "failed"):
+        if outcome not in tuple(SettleKind):
             raise ValueError(f"outcome {outcome!r}: a sample without a row is 'rejected' or 'failed'")
         try:
             with self.state.lock:

@@ -82,7 +82,7 @@ class Servers:
         if bad:
             self.sup.startup.failed("workers", "; ".join(f"{w.name} {w.state}: {w.error or 'no error text'}" for w in bad))
             return
-        if self.sup.startup.checks["workers"].state == "ok":
+        if self.sup.startup.checks["workers"].state == CheckState.OK:
             return  # passed: later crashes and restarts are the run's, shown as worker states and alerts
         live = (WorkerState.STARTING, WorkerState.LOADING, WorkerState.READY)
         if all(w.pid is not None and w.state in live for w in ws):

@@ -17,6 +17,16 @@ class Status(str, enum.Enum):
     SKIP = "SKIP"  # a probe it depends on did not pass; `summary` names it
 
 
+class ConnectErrorKind(enum.StrEnum):
+    """Why an SSH connection could not be opened or used (console.host.transport.TransportError.kind)."""
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    AUTH = "auth"
+    HOST_KEY = "host_key"
+    CLOSED = "closed"
+    ERROR = "error"
+
+
 @dataclass(frozen=True)
 class CommandResult:
     """What running one command on the host gave: the transport's answer."""

@@ -13,27 +13,30 @@ from dataclasses import dataclass
 from probes.catalog import probes_for
 from probes.catalog.probe import JudgeInput, Probe, Verdict
 from probes.context import REHEARSAL, ProbeContext
-from probes.model import CommandResult, CommandRunner, ProbeReport, ProbeResult, Status
+from probes.model import CommandResult, CommandRunner, ConnectErrorKind, ProbeReport, ProbeResult, Status
 
 # The transport enforces each command's timeout itself; this is a backstop for a runner that does not return.
 RUNNER_GRACE_S = 10.0
 
 REMEDY_BY_KIND = {
-    "unreachable": "check the host name / address and port (ssh -v HOST), that the host is up and sshd listens",
-    "timeout": "check the host is up, the port is the SSH port, and no firewall drops the connection",
-    "auth": "check the user and key (IdentityFile in ~/.ssh/config, ssh-add -l) and the host's authorized_keys",
-    "host_key": "verify the host's key fingerprint; for a new host pass --accept-new; a CHANGED key needs "
-                "ssh-keygen -R HOST after checking why it changed",
-    "closed": "the host closed the connection during the handshake: check sshd's log (MaxStartups, AllowUsers)",
-    "error": "run `ssh -v HOST` to see the SSH error",
+    ConnectErrorKind.UNREACHABLE:
+        "check the host name / address and port (ssh -v HOST), that the host is up and sshd listens",
+    ConnectErrorKind.TIMEOUT: "check the host is up, the port is the SSH port, and no firewall drops the connection",
+    ConnectErrorKind.AUTH:
+        "check the user and key (IdentityFile in ~/.ssh/config, ssh-add -l) and the host's authorized_keys",
+    ConnectErrorKind.HOST_KEY: "verify the host's key fingerprint; for a new host pass --accept-new; a CHANGED key "
+                               "needs ssh-keygen -R HOST after checking why it changed",
+    ConnectErrorKind.CLOSED:
+        "the host closed the connection during the handshake: check sshd's log (MaxStartups, AllowUsers)",
+    ConnectErrorKind.ERROR: "run `ssh -v HOST` to see the SSH error",
 }
 CONNECT_SUMMARY = {
-    "unreachable": "unreachable",
-    "timeout": "unreachable (timed out)",
-    "auth": "authentication failed",
-    "host_key": "host key not verified",
-    "closed": "connection closed during the handshake",
-    "error": "SSH connection failed",
+    ConnectErrorKind.UNREACHABLE: "unreachable",
+    ConnectErrorKind.TIMEOUT: "unreachable (timed out)",
+    ConnectErrorKind.AUTH: "authentication failed",
+    ConnectErrorKind.HOST_KEY: "host key not verified",
+    ConnectErrorKind.CLOSED: "connection closed during the handshake",
+    ConnectErrorKind.ERROR: "SSH connection failed",
 }
 
 
@@ -41,21 +44,22 @@ CONNECT_SUMMARY = {
 class ConnectFailure:
     """Why the transport could not be opened (console.host.transport.TransportError's kind and text)."""
 
-    kind: str
+    kind: ConnectErrorKind
     message: str
     duration_s: float = 0.0
 
 
 def connect_failure_result(probe: Probe, failure: ConnectFailure) -> ProbeResult:
     # Refusals (auth, host key) are FAIL: we reached the host and it is not fit for us. Not reaching it is ERROR.
-    status = Status.FAIL if failure.kind in ("auth", "host_key") else Status.ERROR
+    status = Status.FAIL if failure.kind in (ConnectErrorKind.AUTH, ConnectErrorKind.HOST_KEY) else Status.ERROR
     label = CONNECT_SUMMARY.get(failure.kind, "SSH connection failed")
     return ProbeResult(
         id=probe.id, title=probe.title, status=status, summary=f"{label}: {failure.message}",
         expected="an SSH connection with a verified host key and a working login",
         actual=failure.message, command="(open the SSH connection)", duration_s=failure.duration_s,
-        remedy=REMEDY_BY_KIND.get(failure.kind, REMEDY_BY_KIND["error"]),
-        data={"kind": failure.kind, "reachable": failure.kind not in ("unreachable", "timeout")},
+        remedy=REMEDY_BY_KIND.get(failure.kind, REMEDY_BY_KIND[ConnectErrorKind.ERROR]),
+        data={"kind": failure.kind,
+              "reachable": failure.kind not in (ConnectErrorKind.UNREACHABLE, ConnectErrorKind.TIMEOUT)},
     )
 
 
@@ -149,7 +153,8 @@ async def run_probes(
 
     async def guarded(probe: Probe) -> ProbeResult:
         if probe.id == "connection" and (connect_failure is not None or runner is None):
-            return connect_failure_result(probe, connect_failure or ConnectFailure("error", "no transport"))
+            failure = connect_failure or ConnectFailure(ConnectErrorKind.ERROR, "no transport")
+            return connect_failure_result(probe, failure)
         if probe.real_gpus and cfg_context.rehearsal:
             return rehearsal_result(probe)
         deps: dict[str, ProbeResult] = {}

@@ -258,7 +258,7 @@ def test_every_sample_reject_kind_the_engine_writes_is_counted_as_a_sample():
     for name in ("ledger.py", "feed.py"):
         text = (root / name).read_text()
         written |= set(re.findall(r'kind="([a-z_]+)"', text))
-        written |= set(re.findall(r'"generation_failed" if kind == "failed" else "([a-z_]+)"', text))
+        written |= set(re.findall(r'"generation_failed" if kind == SettleKind.FAILED else "([a-z_]+)"', text))
         if 'kind=f"earlier_turn_{kind}"' in text:
             written |= {"earlier_turn_failed", "earlier_turn_rejected"}
     written |= {"generation_failed", AFTER_CUT}

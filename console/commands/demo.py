@@ -19,6 +19,7 @@ from console.host.transport import TransportError
 from console.host.connect import open_transport
 from engine.config.load import SIMULATOR_LAUNCH, RunConfig, Sampling, Workers, Alerts, Dispatch
 from engine.api.events import AlertEvent, DispatchEvent
+from engine.api.wire import FINAL_RUN_STATES, RunState, Severity
 
 CACHE = Path.home() / ".cache" / "regen"
 DEMO_CONTEXT = 4096
@@ -209,13 +210,13 @@ async def follow_until_done(client, run_dir: str) -> int:
     async for event in client.follow(since=time.time() - 5):
         if isinstance(event, DispatchEvent):
             last = event
-            if time.monotonic() - last_print >= 2.0 or event.state in ("done", "stopped", "failed"):
+            if time.monotonic() - last_print >= 2.0 or event.state in FINAL_RUN_STATES:
                 last_print = time.monotonic()
                 print(f"[{time.monotonic() - started:6.1f}s] {progress_line(event)}", flush=True)
-        elif isinstance(event, AlertEvent) and event.severity != "info":
+        elif isinstance(event, AlertEvent) and event.severity != Severity.INFO:
             print(f"ALERT {event.severity}: {event.text}", flush=True)
     wall = time.monotonic() - started
     state = last.state if last else "unknown"
     print(f"supervisor exited, run {state} after {wall:.1f} s; shards in {run_dir}/shards, "
           f"rejects in {run_dir}/rejects.jsonl, logs in {run_dir}/supervisor.log", flush=True)
-    return EXIT_OK if state == "done" else EXIT_ERROR
+    return EXIT_OK if state == RunState.DONE else EXIT_ERROR

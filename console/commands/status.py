@@ -21,10 +21,10 @@ from console.host.deploy import add_host_args, run_with_client
 from console.view.fit_table import Col, fitted_table
 from console.view.wide_console import WIDE, report_console
 from console.commands.status_hardware import hardware_parts
-from console.host.run_client import RunClientError
-from engine.api.wire import AlertKind, in_flight_text, pid_text
+from console.host.run_client import ClientErrorKind, RunClientError
+from engine.api.wire import AlertKind, HostState, RunState, ShardState, in_flight_text, pid_text
 from engine.api.brake import BrakeStatus
-from engine.api.status import HostStatus, RunStatus
+from engine.api.status import CheckState, HostStatus, RunStatus
 from console.commands.status_text import (EXIT_CODES, _na, cause_block, exit_code_of, progress_line)
 
 def add_arguments(parser) -> None:
@@ -49,7 +49,7 @@ def run(args) -> int:
         try:
             status = await client.status()
         except RunClientError as exc:
-            if exc.kind != "unreachable" or "no supervisor" not in str(exc):
+            if exc.kind != ClientErrorKind.UNREACHABLE or "no supervisor" not in str(exc):
                 raise
             try:
                 status = await client.last_status()  # finished, failed or killed: what the run dir recorded
@@ -90,8 +90,9 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     head = Text()
     head.append(f"{s.host}:{s.run_dir}  ", style="bold")
     state = s.state
-    head.append(f"state {state}", style="bold green" if state in ("running", "finishing", "done") else
-                ("bold red" if state in ("failed", "dead") else "bold yellow"))
+    good, bad = (RunState.RUNNING, RunState.FINISHING, RunState.DONE), (RunState.FAILED, RunState.DEAD)
+    head.append(f"state {state}",
+                style="bold green" if state in good else "bold red" if state in bad else "bold yellow")
     if not s.running:
         was = f" (its last recorded state: {s.last_state})" if s.last_state and s.last_state != state else ""
         head.append(f"  supervisor not running: the last state recorded in the run dir{was}\n", style="yellow")
@@ -103,11 +104,11 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
         head.append_text(brake_text(s.brake, host))
     if s.metrics is not None:  # where the run's Prometheus metrics are served, or why not
         head.append("\n" + s.metrics.text(), style="dim" if s.metrics.url or not s.metrics.enabled else "yellow")
-    pending = [c for c in s.startup if c.state != "ok"]
+    pending = [c for c in s.startup if c.state != CheckState.OK]
     if s.running and pending:  # still starting (or a start check failed): which ones, and why
         head.append("\nstart checks not passed: " + "; ".join(
             f"{c.title or c.check} {c.state}" + (f" ({c.detail})" if c.detail else "") for c in pending),
-            style="bold red" if any(c.state == "failed" for c in pending) else "yellow")
+            style="bold red" if any(c.state == CheckState.FAILED for c in pending) else "yellow")
     for problem in s.write_errors:
         head.append(f"\ncannot write {problem}", style="bold red")
     for problem in s.read_errors:
@@ -131,7 +132,7 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     shard_table = Table(title=f"shards ({', '.join(f'{n} {k}' for k, n in sorted(by_state.items())) or 'none'})")
     for col in ("shard", "state", "done/total", "output tokens", "empty", "truncated"):
         shard_table.add_column(col)
-    interesting = [sh for sh in s.shards if sh.state in ("running", "paused")] or s.shards
+    interesting = [sh for sh in s.shards if sh.state in (ShardState.RUNNING, ShardState.PAUSED)] or s.shards
     for sh in interesting[:20]:
         shard_table.add_row(sh.id, sh.state, f"{sh.done}/{sh.total}", str(sh.output_tokens), str(sh.empty),
                             str(sh.truncated))
@@ -221,7 +222,8 @@ def hosts_table(s: RunStatus, console: Console) -> Table:
              + (f": {r.error}" if r.error else "") + ")")
     rows: list[list[RenderableType]] = [
         [h.name, job_text(h, s.checked_at) or h.address,
-         Text(h.state, style="green" if h.state == "up" else "dim" if h.state in ("ended", "stopped") else "bold red"),
+         Text(h.state, style="green" if h.state == HostState.UP else
+              "dim" if h.state in (HostState.ENDED, HostState.STOPPED) else "bold red"),
          str(len(h.workers)), "" if h.joins is None else str(h.joins), "" if h.lost is None else str(h.lost),
          (h.error or "")[:80]]
         for h in s.hosts or []]

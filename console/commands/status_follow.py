@@ -10,10 +10,11 @@ import time
 from console.host import start_record
 from console.commands.status_text import cause_block, exit_code_of, progress_line
 from console.host.deploy import EXIT_ERROR, EXIT_UNREACHABLE
-from console.host.follow import FollowState, RunFollower, SourceError
+from console.host.follow import FollowState, RunFollower, SourceError, SourceErrorKind
 from console.host.hints import hint_from_args
-from console.host.run_client import RunClientError
+from console.host.run_client import ClientErrorKind, RunClientError
 from console.host.ssh_options import SshOptions
+from console.view.model_parts import ConnectionState
 from engine.api.status import RunStatus
 from engine.api.events import DispatchEvent
 
@@ -43,10 +44,10 @@ def _stamp(line: str) -> str:
 
 
 def _exit_of_error(exc: SourceError) -> int:
-    if exc.kind == "refused":
+    if exc.kind == SourceErrorKind.REFUSED:
         return EXIT_UNREACHABLE
     cause = exc.__cause__
-    if isinstance(cause, RunClientError) and cause.kind == "unreachable":  # e.g. no run at that run dir
+    if isinstance(cause, RunClientError) and cause.kind == ClientErrorKind.UNREACHABLE:  # e.g. no run at that run dir
         return EXIT_UNREACHABLE
     return EXIT_ERROR
 
@@ -87,10 +88,10 @@ async def follow_status(args) -> int:
 
     def on_state(st: FollowState) -> None:
         say_notes()
-        if st.state in ("reconnecting", "lost"):
+        if st.state in (ConnectionState.RECONNECTING, ConnectionState.LOST):
             print(_stamp(f"connection {st.state}: {st.error}; next try in {st.retry_in_s:.0f} s"), file=sys.stderr,
                   flush=True)
-        elif st.state == "connected" and st.error == "regained":
+        elif st.state == ConnectionState.CONNECTED and st.error == "regained":
             print(_stamp("connection regained; telemetry backfilled"), file=sys.stderr, flush=True)
 
     follower = RunFollower(source, since=time.time(), on_state=on_state, on_status=on_status,

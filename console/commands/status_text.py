@@ -9,7 +9,7 @@ from console.host.hints import hint_from_args
 from console.host.start_record import StartRecord
 from console.view.cause import NOT_RUNNING_STATES, not_running_lines
 from engine.api.events import DispatchEvent
-from engine.api.wire import duration_text
+from engine.api.wire import RunState, duration_text
 from engine.api.status import RunStatus
 
 # exit codes of `regen status` (1 and 2 are every run command's: an error reply, nothing reachable there)
@@ -25,7 +25,7 @@ EXIT_CODES = """exit status:
 
 
 def exit_code_of(status: RunStatus) -> int:
-    if status.running or status.state == "done":
+    if status.running or status.state == RunState.DONE:
         return EXIT_OK
     return EXIT_RUN_FAILED if status.fatal else EXIT_NOT_RUNNING
 

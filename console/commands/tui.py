@@ -5,7 +5,7 @@ import asyncio
 import sys
 
 from console.host.deploy import EXIT_ERROR, EXIT_UNREACHABLE, client_for
-from console.host.run_client import RunClientError
+from console.host.run_client import ClientErrorKind, RunClientError
 from console.host.ssh_options import SshOptions, add_ssh_options
 
 
@@ -58,7 +58,7 @@ async def refusal(args) -> int | None:
             await client_for(transport, args.run_dir, args.host_python)
     except RunClientError as exc:
         print(str(exc), file=sys.stderr)
-        return EXIT_UNREACHABLE if exc.kind == "unreachable" else EXIT_ERROR
+        return EXIT_UNREACHABLE if exc.kind == ClientErrorKind.UNREACHABLE else EXIT_ERROR
     finally:
         await transport.close()
     return None

@@ -18,7 +18,7 @@ import engine
 import probes
 from console.view.cause import cause_lines
 from console.host.remote_engine import engine_command
-from console.host.run_client import NoSupervisor, RunClient, RunClientError
+from console.host.run_client import ClientErrorKind, NoSupervisor, RunClient, RunClientError
 from console.host.run_dir_lookup import locate_run_dir
 from console.host.ssh_options import add_ssh_options
 from console.view.startup_failure import cause_first, startup_failure_text
@@ -26,7 +26,7 @@ from console.host.transport import Transport, TransportError, quote_argv
 from console.host.start_record import START_RECORD, StartRecord, read as start_record_read
 from engine.api.wire import ALREADY_SETTLED, LIVE_WORKER_STATES, RunState
 from engine.config.load import RunConfig, dump_toml
-from engine.api.status import FatalRecord, RunStatus, StartCheck
+from engine.api.status import CheckState, FatalRecord, RunStatus, StartCheck
 from probes.shell import shell_path
 
 START_WAIT_S = 180.0
@@ -138,7 +138,7 @@ async def client_for(transport: Transport, run_dir: str, host_python: str = "pyt
     try:
         result = await transport.run(f"cat -- {shlex.quote(abs_dir + '/' + LAUNCH_FILE)}", timeout=30)
     except TransportError as exc:
-        raise RunClientError(f"cannot reach {transport.name}: {exc}", kind="unreachable") from exc
+        raise RunClientError(f"cannot reach {transport.name}: {exc}", kind=ClientErrorKind.UNREACHABLE) from exc
     if result.exit_status == 0:
         try:
             launch = json.loads(result.stdout)
@@ -274,10 +274,10 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
             # an engine that does not publish start checks sends none: answering is all it says
             checks = status.startup
             for c in checks:
-                if c.state == "ok" and shown.get(c.check) != c.detail:
+                if c.state == CheckState.OK and shown.get(c.check) != c.detail:
                     shown[c.check] = c.detail
                     progress(f"supervisor: {c.title or c.check}" + (f": {c.detail}" if c.detail else ""))
-            failed = [c for c in checks if c.state == "failed"]
+            failed = [c for c in checks if c.state == CheckState.FAILED]
             if failed and failed[0].check == "workers":
                 failed_at = failed_at or time.monotonic()
             if failed and failed[0].check == "workers" and time.monotonic() - failed_at > WORKERS_FAILED_GRACE_S:
@@ -289,7 +289,7 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
                 raise StartFailed(f"the supervisor (pid {pid}) could not launch its workers: {c.detail}; it is"
                                   f" still running on {transport.name}:{run_dir} (`regen stop` ends it)",
                                   pid=pid, run_dir=run_dir, check=c, alive=True)
-            if all(c.state == "ok" for c in checks):
+            if all(c.state == CheckState.OK for c in checks):
                 return status
             # a failed input check: the supervisor is about to exit with the cause; wait for its record
         elif not await _alive(transport, pid):
@@ -297,12 +297,12 @@ async def wait_started(transport: Transport, client: RunClient, pid: int, wait_s
                 last = await client.last_status()
             except RunClientError:
                 last = None
-            if last is not None and last.state == "done" and not last.fatal:
+            if last is not None and last.state == RunState.DONE and not last.fatal:
                 return last  # a short run finished before its start checks were all seen: it started, and is done
             raise await _died(transport, client, pid)
         await asyncio.sleep(0.5)
     pending = [f"{c.check} ({c.detail or c.state})" for c in (status.startup if status is not None else [])
-               if c.state != "ok"]
+               if c.state != CheckState.OK]
     raise DeployError(f"the supervisor (pid {pid}) did not pass its start checks within {wait_s:.0f} s"
                       + (f"; not passed: {', '.join(pending)}" if pending else f": {last_error}")
                       + f"; it may still be running: `regen status` / `regen stop` on {transport.name}:{run_dir}")
@@ -341,7 +341,7 @@ async def _died(transport: Transport, client: RunClient, pid: int) -> StartFaile
         text = "\n".join(lines) if lines else "\n".join(cause_lines(fatal))
         return StartFailed(f"the supervisor (pid {pid}) exited during its start:\n{text}", pid=pid, run_dir=run_dir,
                            fatal=fatal)
-    if last.state in ("done", "stopped", "drained"):
+    if last.state in (RunState.DONE, RunState.STOPPED, RunState.DRAINED):
         cause = last.run_end.cause if last.run_end is not None else ""
         return StartFailed(f"the supervisor (pid {pid}) ended during its start: {last.state}"
                            + (f" ({cause})" if cause else ""), pid=pid, run_dir=run_dir)
@@ -382,7 +382,7 @@ def run_with_client(args, op) -> int:
             return EXIT_UNREACHABLE
         except RunClientError as exc:
             print(str(exc), file=sys.stderr)
-            return EXIT_UNREACHABLE if exc.kind == "unreachable" else EXIT_ERROR
+            return EXIT_UNREACHABLE if exc.kind == ClientErrorKind.UNREACHABLE else EXIT_ERROR
         finally:
             await transport.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from console.view.model_parts import ConnectionState
@@ -13,14 +14,18 @@ from engine.api.status import RunStatus
 from engine.api.events import Event
 
 
-class SourceError(Exception):
-    """kind: "connection" (reconnect with backoff), "no_supervisor" (the run is not running: show what its run dir
-    recorded), "refused" (unknown or changed host key, authentication: retrying cannot help, the text says what the
-    operator must do), "error" (an operation was refused: show the text)."""
+class SourceErrorKind(StrEnum):
+    CONNECTION = "connection"  # reconnect with backoff
+    NO_SUPERVISOR = "no_supervisor"  # the run is not running: show what its run dir recorded
+    # unknown or changed host key, authentication: retrying cannot help, the text says what the operator must do
+    REFUSED = "refused"
+    ERROR = "error"  # an operation was refused: show the text
 
-    def __init__(self, message: str, kind: str = "error"):
+
+class SourceError(Exception):
+    def __init__(self, message: str, kind: SourceErrorKind = SourceErrorKind.ERROR):
         super().__init__(message)
-        self.kind = kind  # connection | no_supervisor | refused | error
+        self.kind = kind
 
 
 class FollowSource(Protocol):
@@ -109,9 +114,11 @@ class RunFollower:
                     return
                 await self._sleep_or_wake(self.ended_check_s)
             except SourceError as exc:
-                if exc.kind != "connection":  # refused (host key, auth) or an error reply: retrying cannot help
+                # refused (host key, auth) or an error reply: retrying cannot help
+                if exc.kind != SourceErrorKind.CONNECTION:
                     self.stopped_by = exc
-                    self.on_state(FollowState(ConnectionState.REFUSED if exc.kind == "refused" else ConnectionState.ENDED, str(exc)))
+                    ended = ConnectionState.REFUSED if exc.kind == SourceErrorKind.REFUSED else ConnectionState.ENDED
+                    self.on_state(FollowState(ended, str(exc)))
                     return
                 failures += 1
                 delay = self.backoff.delay_s(failures)
@@ -125,15 +132,16 @@ class RunFollower:
             await self._said(await self.source.status())
             return True
         except SourceError as exc:
-            if exc.kind != "no_supervisor":
+            if exc.kind != SourceErrorKind.NO_SUPERVISOR:
                 raise
             self.on_state(FollowState(ConnectionState.ENDED, str(exc)))
         try:
             await self._said(await self.source.last_status())
         except SourceError as exc:
-            if exc.kind == "connection":
+            if exc.kind == SourceErrorKind.CONNECTION:
                 raise
-            if exc.kind != "no_supervisor":  # a recording without a status has nothing more to say; else: say it
+            # a recording without a status has nothing more to say; else: say it
+            if exc.kind != SourceErrorKind.NO_SUPERVISOR:
                 self.on_warning(f"the run dir's last state could not be read: {exc}")
         return False
 

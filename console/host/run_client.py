@@ -4,6 +4,7 @@ channel (console/host/control_channel.py); each reply is decoded once, here, int
 from __future__ import annotations
 
 import asyncio
+from enum import StrEnum
 from typing import Any, AsyncIterator, Callable
 
 import orjson
@@ -24,10 +25,15 @@ CTL_TIMEOUT_S = 60.0
 EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 1, 2
 
 
-class RunClientError(Exception):
-    """The host answered with an error (kind "error") or no supervisor could be reached ("unreachable")."""
+class ClientErrorKind(StrEnum):
+    ERROR = "error"  # the host answered with an error
+    UNREACHABLE = "unreachable"  # no supervisor could be reached
 
-    def __init__(self, message: str, kind: str = "error", stderr: str = ""):
+
+class RunClientError(Exception):
+    """The host answered with an error, or no supervisor could be reached (`kind` says which)."""
+
+    def __init__(self, message: str, kind: ClientErrorKind = ClientErrorKind.ERROR, stderr: str = ""):
         super().__init__(message)
         self.kind = kind
         self.stderr = stderr
@@ -37,7 +43,7 @@ class NoSupervisor(RunClientError):
     """Nothing answers at the run dir's control socket: the run is stopped, finished, or its supervisor died."""
 
     def __init__(self, message: str, stderr: str = ""):
-        super().__init__(message, kind="unreachable", stderr=stderr)
+        super().__init__(message, kind=ClientErrorKind.UNREACHABLE, stderr=stderr)
 
 
 class RunClient:
@@ -70,14 +76,16 @@ class RunClient:
         except OlderProtocol as exc:
             self.channel, self.protocol_note = None, str(exc)
         except ChannelClosed as exc:
-            raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc.transport
+            raise RunClientError(f"cannot reach {self.transport.name}: {exc}",
+                                 kind=ClientErrorKind.UNREACHABLE) from exc.transport
         except TransportError as exc:
-            raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc
+            raise RunClientError(f"cannot reach {self.transport.name}: {exc}",
+                                 kind=ClientErrorKind.UNREACHABLE) from exc
         except asyncio.TimeoutError as exc:
             raise RunClientError(f"control channel to {self.where}: `engine.ctl serve` did not answer hello",
-                                 kind="unreachable") from exc
+                                 kind=ClientErrorKind.UNREACHABLE) from exc
         except ProtocolError as exc:
-            raise RunClientError(f"control channel to {self.where}: {exc}", kind="unreachable") from exc
+            raise RunClientError(f"control channel to {self.where}: {exc}", kind=ClientErrorKind.UNREACHABLE) from exc
 
     async def close_channel(self) -> None:
         channel, self.channel = self.channel, None
@@ -107,10 +115,11 @@ class RunClient:
             reply = await self.channel.call(op, timeout=CTL_TIMEOUT_S)
         except ChannelClosed as exc:
             raise RunClientError(f"{exc}; {op.op} may or may not have been done (not sent again)",
-                                 kind="unreachable") from exc.transport
+                                 kind=ClientErrorKind.UNREACHABLE) from exc.transport
         except asyncio.TimeoutError as exc:
             raise RunClientError(f"control channel to {self.where}: no reply to {op.op} in {CTL_TIMEOUT_S:g} s; "
-                                 "it may or may not have been done (not sent again)", kind="unreachable") from exc
+                                 "it may or may not have been done (not sent again)",
+                                 kind=ClientErrorKind.UNREACHABLE) from exc
         return self._result(reply)
 
     def _result(self, reply: Reply, stderr: str = "") -> Reply:
@@ -118,19 +127,21 @@ class RunClient:
             return reply
         if reply.kind is ErrorKind.NO_SUPERVISOR:
             raise NoSupervisor(f"no supervisor at {self.where}: {reply.error}", stderr=stderr or reply.error)
-        raise RunClientError(f"{self.where}: {reply.error or stderr or 'error reply'}", kind="error", stderr=stderr)
+        raise RunClientError(f"{self.where}: {reply.error or stderr or 'error reply'}",
+                             kind=ClientErrorKind.ERROR, stderr=stderr)
 
     async def _ctl(self, *args: str) -> Reply:
         command = self._command(*args)
         try:
             result = await self.transport.run(command, timeout=CTL_TIMEOUT_S)
         except TransportError as exc:
-            raise RunClientError(f"cannot reach {self.transport.name}: {exc}", kind="unreachable") from exc
+            raise RunClientError(f"cannot reach {self.transport.name}: {exc}",
+                                 kind=ClientErrorKind.UNREACHABLE) from exc
         stderr = result.stderr.strip()
         if result.exit_status is None:
             why = "timed out" if result.timed_out else (result.error or "no exit status")
             raise RunClientError(f"`{command}` on {self.transport.name}: {why}; stderr: {stderr or '(empty)'}",
-                                 kind="unreachable", stderr=stderr)
+                                 kind=ClientErrorKind.UNREACHABLE, stderr=stderr)
         if result.exit_status == EXIT_UNREACHABLE:
             raise NoSupervisor(f"no supervisor at {self.where}: {stderr or '(no stderr)'}", stderr=stderr)
         reply = None
@@ -145,7 +156,8 @@ class RunClient:
             raise RunClientError(
                 f"`{command}` on {self.transport.name} exited {result.exit_status} without a JSON reply;"
                 f" stderr: {stderr or '(empty)'}; stdout: {result.stdout.strip()[:500] or '(empty)'}",
-                kind="unreachable" if result.exit_status != EXIT_ERROR_REPLY else "error", stderr=stderr)
+                kind=ClientErrorKind.UNREACHABLE if result.exit_status != EXIT_ERROR_REPLY else ClientErrorKind.ERROR,
+                stderr=stderr)
         return self._result(reply, stderr)
 
     async def status(self, shards: bool = True) -> RunStatus:
@@ -202,9 +214,9 @@ class RunClient:
             except ChannelClosed as exc:
                 if exc.transport is not None:
                     raise exc.transport
-                raise RunClientError(f"{exc}; following again", kind="unreachable") from exc
+                raise RunClientError(f"{exc}; following again", kind=ClientErrorKind.UNREACHABLE) from exc
             except FollowRefused as exc:  # as the one-process follow's exit status 2: checked again, later
-                raise RunClientError(f"telemetry of {self.where}: {exc}", kind="unreachable") from exc
+                raise RunClientError(f"telemetry of {self.where}: {exc}", kind=ClientErrorKind.UNREACHABLE) from exc
             return
         async for text in self.transport.stream_lines(self._command(*ctl_argv(Follow(since=since)))):
             if not text.strip():

@@ -3,7 +3,7 @@ resolves DIR as the host's shell does (NoSuchRunDir names the path, host and OS 
 directory that holds none of what a run leaves (NotARunDir, with what it does hold)."""
 from __future__ import annotations
 
-from console.host.run_client import RunClientError
+from console.host.run_client import ClientErrorKind, RunClientError
 from console.host.transport import Transport, TransportError
 from probes.shell import shell_path
 
@@ -25,7 +25,7 @@ class NoSuchRunDir(RunClientError):
         where = looked_at if looked_at.startswith("/") else f"{looked_at} under {cwd}"
         what = "no such run dir" if error == "FileNotFoundError" else "not a run dir (not a directory)"
         super().__init__(f"{host}:{run_dir}: {what} ({error}); looked for {where} on {host}. Give the run dir "
-                         f"`regen start` printed (started: ... on HOST:DIR)", kind="unreachable")
+                         f"`regen start` printed (started: ... on HOST:DIR)", kind=ClientErrorKind.UNREACHABLE)
 
 
 class NotARunDir(NoSuchRunDir):
@@ -40,7 +40,7 @@ class NotARunDir(NoSuchRunDir):
             self, f"{host}:{run_dir} is not a run dir: {looked_at} on {host} holds none of {marks} (it holds: "
                   f"{shown or 'nothing'}). A run dir is the directory `regen start` made for a run (run_dir in its "
                   "run.toml): run.toml, state.sqlite, shards/, rejects.jsonl, supervisor.log. Give the run dir "
-                  "`regen start` printed (started: ... on HOST:DIR)", kind="unreachable")
+                  "`regen start` printed (started: ... on HOST:DIR)", kind=ClientErrorKind.UNREACHABLE)
 
 
 def lookup_command(run_dir: str, require_run: bool = False) -> str:
@@ -63,7 +63,7 @@ async def locate_run_dir(transport: Transport, run_dir: str, require_run: bool =
     try:
         result = await transport.run(command, timeout=LOOKUP_TIMEOUT_S)
     except TransportError as exc:
-        raise RunClientError(f"cannot reach {transport.name}: {exc}", kind="unreachable") from exc
+        raise RunClientError(f"cannot reach {transport.name}: {exc}", kind=ClientErrorKind.UNREACHABLE) from exc
     lines = result.stdout.splitlines()
     if result.exit_status == _MISSING_EXIT and len(lines) >= 3:
         raise NoSuchRunDir(transport.name, run_dir, lines[-2], lines[-3], lines[-1])
@@ -74,5 +74,5 @@ async def locate_run_dir(transport: Transport, run_dir: str, require_run: bool =
         why = (f"exit status {result.exit_status}" if result.exit_status is not None
                else ("timed out" if result.timed_out else (result.error or "no exit status")))
         raise RunClientError(f"cannot open run dir {run_dir} on {transport.name} ({why}): `{command}`; stderr: "
-                             f"{result.stderr.strip() or '(empty)'}", kind="unreachable")
+                             f"{result.stderr.strip() or '(empty)'}", kind=ClientErrorKind.UNREACHABLE)
     return lines[-1]

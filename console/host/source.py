@@ -18,11 +18,11 @@ import orjson
 from console.host import start_record
 from console.view.model_parts import ResumeHint
 from console.host.config_probe import config_failed_report, config_passed
-from console.host.follow import FollowSource, SourceError
+from console.host.follow import FollowSource, SourceError, SourceErrorKind
 from console.host.hints import regen_command
 from console.host.remote_engine import engine_command
 from console.host.control_channel import ChannelClosed
-from console.host.run_client import NoSupervisor, RunClient, RunClientError
+from console.host.run_client import ClientErrorKind, NoSupervisor, RunClient, RunClientError
 from console.host.ssh_options import SshOptions
 from console.host.transport import Transport, TransportError
 from console.host.connect import open_transport
@@ -30,7 +30,7 @@ from engine.config.load import ConfigError
 from engine.api.ops import ShardsChanged, WorkerRestarted
 from engine.api.status import RunStatus
 from engine.api.events import Event, UnknownEventType, parse_event
-from probes.model import ProbeReport
+from probes.model import ConnectErrorKind, ProbeReport
 
 LOG_TAIL_LINES = 200
 STATS_TIMEOUT_S = 300.0
@@ -66,12 +66,12 @@ class DataSource(FollowSource, Protocol):
 
 def _classify(exc: RunClientError) -> SourceError:
     if isinstance(exc.__cause__, TransportError):
-        return SourceError(str(exc), "connection")
-    if exc.kind == "unreachable" and str(exc).startswith("no supervisor"):
-        return SourceError(str(exc), "no_supervisor")
-    if exc.kind == "unreachable":
-        return SourceError(str(exc), "connection")
-    return SourceError(str(exc), "error")
+        return SourceError(str(exc), SourceErrorKind.CONNECTION)
+    if exc.kind == ClientErrorKind.UNREACHABLE and str(exc).startswith("no supervisor"):
+        return SourceError(str(exc), SourceErrorKind.NO_SUPERVISOR)
+    if exc.kind == ClientErrorKind.UNREACHABLE:
+        return SourceError(str(exc), SourceErrorKind.CONNECTION)
+    return SourceError(str(exc), SourceErrorKind.ERROR)
 
 
 class HostSource:
@@ -111,7 +111,7 @@ class HostSource:
         text = f"{self.host} refused the connection: {exc}"
         if exc.unknown_host_key:
             text += f" To record the key and connect, quit and run: {self.accept_new_command}"
-        return SourceError(text, "refused")
+        return SourceError(text, SourceErrorKind.REFUSED)
 
     async def connect(self) -> None:
         async with self._connecting:
@@ -124,10 +124,11 @@ class HostSource:
             try:
                 self.transport = await open_transport(self.host, **self.ssh.connect_kwargs())
             except TransportError as exc:
-                if exc.kind in ("host_key", "auth"):  # not transient: the operator must act
+                # not transient: the operator must act
+                if exc.kind in (ConnectErrorKind.HOST_KEY, ConnectErrorKind.AUTH):
                     self.refused = self._refusal(exc)
                     raise self.refused from exc
-                raise SourceError(f"cannot connect to {self.host}: {exc}", "connection") from exc
+                raise SourceError(f"cannot connect to {self.host}: {exc}", SourceErrorKind.CONNECTION) from exc
         if self.run_dir is None:
             return
         if self.client is None:
@@ -142,10 +143,10 @@ class HostSource:
         try:
             return await client_for(transport, run_dir, self.host_python)
         except NoSuchRunDir as exc:
-            raise SourceError(str(exc), "error") from exc
+            raise SourceError(str(exc), SourceErrorKind.ERROR) from exc
         except RunClientError as exc:
             if isinstance(exc.__cause__, TransportError):
-                raise SourceError(str(exc), "connection") from exc
+                raise SourceError(str(exc), SourceErrorKind.CONNECTION) from exc
             # not started by `regen start` (or unreadable launch file): the configured python, no PYTHONPATH
             return RunClient(transport, run_dir, host_python=self.host_python)
 
@@ -192,14 +193,14 @@ class HostSource:
 
     def _need_transport(self) -> Transport:
         if self.transport is None:
-            raise SourceError(f"not connected to {self.host}", "connection")
+            raise SourceError(f"not connected to {self.host}", SourceErrorKind.CONNECTION)
         return self.transport
 
     def _need_client(self) -> RunClient:
         if self.client is None:
             raise SourceError("no run dir given (regen tui HOST --run-dir DIR)" if self.run_dir is None
-                              else f"not connected to {self.host}", "no_supervisor" if self.run_dir is None
-                              else "connection")
+                              else f"not connected to {self.host}",
+                              SourceErrorKind.NO_SUPERVISOR if self.run_dir is None else SourceErrorKind.CONNECTION)
         self._need_transport()  # a failed reconnect left the client without a connection
         return self.client
 
@@ -256,7 +257,8 @@ class HostSource:
                     yield ev
                 return
             except TransportError as exc:
-                raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}", "connection") from exc
+                raise SourceError(f"telemetry stream from {self.host} ended ({exc.kind}): {exc}",
+                                  SourceErrorKind.CONNECTION) from exc
             except RunClientError as exc:
                 ended = exc.__cause__
                 if not (isinstance(ended, ChannelClosed) and ended.transport is None) or reopened:
@@ -274,7 +276,7 @@ class HostSource:
         try:
             return await self.transport.run(command, timeout=timeout)
         except TransportError as exc:
-            raise SourceError(f"{what}: cannot reach {self.host}: {exc}", "connection") from exc
+            raise SourceError(f"{what}: cannot reach {self.host}: {exc}", SourceErrorKind.CONNECTION) from exc
 
     async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str:
         """The supervisor reads the log where the server runs (a [[hosts]] host, a [slurm] job's dir); with no
@@ -394,14 +396,14 @@ class ReplaySource:
 
     async def connect(self) -> None:
         if not self.telemetry.exists():
-            raise SourceError(f"{self.telemetry}: no such file (FileNotFoundError)", "error")
+            raise SourceError(f"{self.telemetry}: no such file (FileNotFoundError)", SourceErrorKind.ERROR)
 
     async def reconnect(self) -> None:
         await self.connect()
 
     async def status(self, shards: bool = True) -> RunStatus:
         if self._status is None or not self._status.running:
-            raise SourceError("replay: no supervisor (a recorded run)", "no_supervisor")
+            raise SourceError("replay: no supervisor (a recorded run)", SourceErrorKind.NO_SUPERVISOR)
         return self._status
 
     async def resume_hint(self) -> ResumeHint:
@@ -411,7 +413,7 @@ class ReplaySource:
         """A recording with an offline status (running false) has one; otherwise there is nothing more to read."""
         if self._status is not None and not self._status.running:
             return self._status
-        raise SourceError("replay: no last status recorded", "no_supervisor")
+        raise SourceError("replay: no last status recorded", SourceErrorKind.NO_SUPERVISOR)
 
     def _refuse(self, op: str, arg: Any) -> NoReturn:
         self.requests.append((op, arg))

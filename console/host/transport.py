@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Protocol, Sequence
 
-from probes.model import CommandResult
+from probes.model import CommandResult, ConnectErrorKind
 
 
 class TransportError(Exception):
     """Could not reach or use the host. `kind` tells unreachable from refused."""
 
-    def __init__(self, message: str, kind: str = "error", *, unknown_host_key: bool = False):
+    def __init__(self, message: str, kind: ConnectErrorKind = ConnectErrorKind.ERROR, *,
+                 unknown_host_key: bool = False):
         super().__init__(message)
-        self.kind = kind  # unreachable | auth | host_key | timeout | closed | error
+        self.kind = kind
         # kind host_key, the host is not in known_hosts (not a changed key): --accept-new is the remedy
         self.unknown_host_key = unknown_host_key
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import AsyncIterator
 
 from console.host.transport import Ended, TransportError
-from probes.model import CommandResult
+from probes.model import CommandResult, ConnectErrorKind
 
 # After the group is killed, how long to wait for its pipes to reach EOF. A process that
 # escaped the group (setsid) and holds our pipes would otherwise block us forever.
@@ -66,7 +66,8 @@ class LocalTransport:
                 limit=line_limit,
             )
         except OSError as exc:
-            raise TransportError(f"could not start /bin/sh for {command!r}: {exc}", kind="error") from exc
+            raise TransportError(f"could not start /bin/sh for {command!r}: {exc}",
+                                 kind=ConnectErrorKind.ERROR) from exc
         self._live.add(proc)
         return proc
 
@@ -147,7 +148,8 @@ class LocalTransport:
                 how = f"exited with status {returncode}" if returncode > 0 else f"was killed by {signal_name(-returncode)}"
                 stderr = err.decode("utf-8", errors="replace").strip()
                 raise TransportError(
-                    f"`{command}` on {self.name} {how}; stderr: {stderr or '(empty)'}", kind="error"
+                    f"`{command}` on {self.name} {how}; stderr: {stderr or '(empty)'}",
+                    kind=ConnectErrorKind.ERROR
                 )
         finally:
             if not finished:  # the caller stopped reading (or was cancelled): end the command
@@ -197,7 +199,7 @@ class LocalProcess:
             await self._proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise TransportError(f"`{self.command}` on {self._transport.name} closed its stdin: {exc}",
-                                 kind="closed") from exc
+                                 kind=ConnectErrorKind.CLOSED) from exc
 
     async def readline(self) -> bytes:
         assert self._proc.stdout is not None
@@ -221,7 +223,7 @@ class LocalProcess:
         if self._proc.returncode is None:
             error = _kill_group(self.pid)
             if error:
-                raise TransportError(f"ending `{self.command}`: {error}", kind="error")
+                raise TransportError(f"ending `{self.command}`: {error}", kind=ConnectErrorKind.ERROR)
             await self._proc.wait()
         self._err_reader.cancel()
         self._transport._live.discard(self._proc)
@@ -238,6 +240,6 @@ def _copy(src: Path, dst: Path, what: str) -> None:
             shutil.copy2(src, dst)
     except shutil.Error as exc:  # copytree gathers per-file errors: (src, dst, why) triples
         details = "; ".join(f"{s} -> {d}: {why}" for s, d, why in exc.args[0])
-        raise TransportError(f"{what}: {details}", kind="error") from exc
+        raise TransportError(f"{what}: {details}", kind=ConnectErrorKind.ERROR) from exc
     except OSError as exc:
-        raise TransportError(f"{what}: {exc}", kind="error") from exc
+        raise TransportError(f"{what}: {exc}", kind=ConnectErrorKind.ERROR) from exc

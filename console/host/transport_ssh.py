@@ -26,7 +26,7 @@ import asyncssh  # noqa: E402
 from asyncssh.public_key import decode_ssh_public_key
 
 from console.host.transport import Ended, HostSpec, TransportError
-from probes.model import CommandResult
+from probes.model import CommandResult, ConnectErrorKind
 
 DEFAULT_MAX_CHANNELS = 8  # OpenSSH's MaxSessions is 10 by default; keep 2 for kills and SFTP
 _PID_MARKER = re.compile(rb"\x1eregen-pid:(\d+)\n")
@@ -113,11 +113,12 @@ def _load_known_hosts(paths: Sequence[str]) -> asyncssh.SSHKnownHosts:
         try:
             chunks.append(path.read_text(encoding="utf-8", errors="replace"))
         except OSError as exc:
-            raise TransportError(f"cannot read known_hosts file {path}: {exc}", kind="host_key") from exc
+            raise TransportError(f"cannot read known_hosts file {path}: {exc}", kind=ConnectErrorKind.HOST_KEY) from exc
     try:
         return asyncssh.import_known_hosts("\n".join(chunks))
     except (ValueError, asyncssh.KeyImportError) as exc:
-        raise TransportError(f"cannot parse known_hosts ({', '.join(paths)}): {exc}", kind="host_key") from exc
+        raise TransportError(f"cannot parse known_hosts ({', '.join(paths)}): {exc}",
+                             kind=ConnectErrorKind.HOST_KEY) from exc
 
 
 def _append_known_host(path: Path, host: str, port: int, key: asyncssh.SSHKey) -> None:
@@ -138,7 +139,7 @@ def _append_known_host(path: Path, host: str, port: int, key: asyncssh.SSHKey) -
         raise TransportError(
             f"accepted the new host key {describe_key(key)} for {known_hosts_pattern(host, port)} "
             f"but could not record it in {path}: {exc}",
-            kind="host_key",
+            kind=ConnectErrorKind.HOST_KEY,
         ) from exc
 
 
@@ -153,7 +154,8 @@ async def connect_ssh(
 ) -> "SshTransport":
     config_path = str(ssh_config) if ssh_config is not None else default_ssh_config()
     if config_path is not None and not Path(config_path).expanduser().is_file():
-        raise TransportError(f"ssh config file {config_path} does not exist (or is not a file)", kind="error")
+        raise TransportError(f"ssh config file {config_path} does not exist (or is not a file)",
+                             kind=ConnectErrorKind.ERROR)
     name = spec.raw
     try:
         base = asyncssh.SSHClientConnectionOptions(
@@ -163,9 +165,10 @@ async def connect_ssh(
             username=spec.user if spec.user is not None else (),
         )
     except OSError as exc:  # e.g. an IdentityFile named in the config that does not exist
-        raise TransportError(f"cannot prepare the SSH connection to {name}: {exc}", kind="auth") from exc
+        raise TransportError(f"cannot prepare the SSH connection to {name}: {exc}", kind=ConnectErrorKind.AUTH) from exc
     except (asyncssh.Error, ValueError) as exc:
-        raise TransportError(f"cannot prepare the SSH connection to {name}: {exc}", kind="error") from exc
+        raise TransportError(f"cannot prepare the SSH connection to {name}: {exc}",
+                             kind=ConnectErrorKind.ERROR) from exc
     host, port, user = base.host, int(base.port or 22), base.username
     target = f"{user}@{host}:{port}"
     where = name if spec.host == host else f"{name} ({target})"  # show what an alias resolved to
@@ -205,10 +208,11 @@ async def connect_ssh(
         raise TransportError(
             f"timed out after {connect_timeout:g} s connecting to {where} (the TCP connection or the SSH "
             f"handshake did not complete; is the host up, and is {port} its SSH port?)",
-            kind="timeout",
+            kind=ConnectErrorKind.TIMEOUT,
         ) from exc
     except socket.gaierror as exc:
-        raise TransportError(f"cannot resolve host name {host!r} for {name}: {exc}", kind="unreachable") from exc
+        raise TransportError(f"cannot resolve host name {host!r} for {name}: {exc}",
+                             kind=ConnectErrorKind.UNREACHABLE) from exc
     except OSError as exc:
         if isinstance(exc, ConnectionResetError) and (changed := await _key_type_changed(check, base, where, record_to)):
             raise changed from exc
@@ -217,15 +221,16 @@ async def connect_ssh(
             os_text = f"{os_text}: {exc}"
         else:
             os_text = str(exc)
-        raise TransportError(f"cannot reach {where}: {os_text}", kind="unreachable") from exc
+        raise TransportError(f"cannot reach {where}: {os_text}", kind=ConnectErrorKind.UNREACHABLE) from exc
     except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
         # includes KeyExchangeFailed; a host that only has keys of a type known_hosts does not list
         # hangs up during key exchange (asyncssh offers only the known key types)
         if changed := await _key_type_changed(check, base, where, record_to):
             raise changed from exc
-        raise TransportError(f"{where} closed the connection during the SSH handshake: {exc}", kind="closed") from exc
+        raise TransportError(f"{where} closed the connection during the SSH handshake: {exc}",
+                             kind=ConnectErrorKind.CLOSED) from exc
     except asyncssh.Error as exc:
-        raise TransportError(f"SSH connection to {where} failed: {exc}", kind="error") from exc
+        raise TransportError(f"SSH connection to {where} failed: {exc}", kind=ConnectErrorKind.ERROR) from exc
 
     if check.verdict == "accepted" and check.presented is not None:
         try:
@@ -265,17 +270,18 @@ def _host_key_error(check: _HostKeyCheck, where: str, record_to: Path, exc: Exce
             f"known_hosts ({record_to}) has {known}. This can be a man-in-the-middle attack or a reinstalled "
             f"host; refusing to connect (--accept-new never overrides a changed key). If the change is "
             f"expected, remove the old entry: ssh-keygen -R {shlex.quote(pattern)} -f {shlex.quote(str(record_to))}",
-            kind="host_key",
+            kind=ConnectErrorKind.HOST_KEY,
         )
     if check.verdict == "unknown" and check.presented is not None:
         return TransportError(
             f"host {pattern} is not in known_hosts ({record_to}); it presented {describe_key(check.presented)}. "
             f"Refusing to connect to an unknown host. If this fingerprint is right, run again with --accept-new "
             f"to record it, or add it with ssh-keyscan.",
-            kind="host_key", unknown_host_key=True,
+            kind=ConnectErrorKind.HOST_KEY, unknown_host_key=True,
         )
     # e.g. a revoked key, or no host key algorithm in common with the known keys
-    return TransportError(f"host key of {where} could not be verified against {record_to}: {exc}", kind="host_key")
+    return TransportError(f"host key of {where} could not be verified against {record_to}: {exc}",
+                          kind=ConnectErrorKind.HOST_KEY)
 
 
 async def _auth_error(
@@ -301,7 +307,7 @@ async def _auth_error(
         f"permission denied for {user} on {where}: {exc}. Tried: {', '.join(tried)}. "
         f"The server accepts: {offered or 'nothing'}. Check IdentityFile in the ssh config and the host's "
         f"authorized_keys.",
-        kind="auth",
+        kind=ConnectErrorKind.AUTH,
     )
 
 
@@ -354,14 +360,15 @@ class SshTransport:
         delay = 0.05
         while True:
             if self.is_closed:
-                raise TransportError(self._lost_text(), kind="closed")
+                raise TransportError(self._lost_text(), kind=ConnectErrorKind.CLOSED)
             try:
                 return await self._conn.create_process(command, encoding=None)
             except asyncssh.ChannelOpenError as exc:
                 if exc.code != asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED or time.monotonic() > deadline:
-                    raise TransportError(f"cannot open a channel on {self.name}: {exc.reason}", kind="error") from exc
+                    raise TransportError(f"cannot open a channel on {self.name}: {exc.reason}",
+                                         kind=ConnectErrorKind.ERROR) from exc
             except (asyncssh.ConnectionLost, asyncssh.DisconnectError, BrokenPipeError, ConnectionError) as exc:
-                raise TransportError(f"connection to {self.name} lost: {exc}", kind="closed") from exc
+                raise TransportError(f"connection to {self.name} lost: {exc}", kind=ConnectErrorKind.CLOSED) from exc
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
@@ -450,7 +457,7 @@ class SshTransport:
                     except (asyncssh.Error, OSError) as exc:
                         raise TransportError(
                             f"stream of `{command}` on {self.name} broke: {exc}; stderr: {s.stderr_text() or '(empty)'}",
-                            kind="closed",
+                            kind=ConnectErrorKind.CLOSED,
                         ) from exc
                     if not line:
                         break
@@ -464,12 +471,13 @@ class SshTransport:
                     raise TransportError(
                         f"{self._lost_text() if self.is_closed else 'the channel closed without an exit status'} "
                         f"while streaming `{command}`; stderr: {s.stderr_text() or '(empty)'}",
-                        kind="closed",
+                        kind=ConnectErrorKind.CLOSED,
                     )
                 if sig is not None or status != 0:
                     how = f"exited with status {status}" if sig is None else f"was killed by signal {sig[0]}"
                     raise TransportError(
-                        f"`{command}` on {self.name} {how}; stderr: {s.stderr_text() or '(empty)'}", kind="error"
+                        f"`{command}` on {self.name} {how}; stderr: {s.stderr_text() or '(empty)'}",
+                        kind=ConnectErrorKind.ERROR
                     )
             finally:
                 if self._streams.pop(s, None) is not None and not finished and not self.is_closed:
@@ -517,9 +525,9 @@ class SshTransport:
                         await sftp.makedirs(parent, exist_ok=True)
                     await sftp.put(str(local), remote, preserve=True)
             except asyncssh.SFTPError as exc:
-                raise TransportError(f"{what}: {exc.reason}", kind="error") from exc
+                raise TransportError(f"{what}: {exc.reason}", kind=ConnectErrorKind.ERROR) from exc
             except OSError as exc:
-                raise TransportError(f"{what}: {exc}", kind="error") from exc
+                raise TransportError(f"{what}: {exc}", kind=ConnectErrorKind.ERROR) from exc
 
     async def get(self, remote: str, local: Path) -> None:
         local = Path(local)
@@ -533,9 +541,9 @@ class SshTransport:
                     local.parent.mkdir(parents=True, exist_ok=True)
                     await sftp.get(remote, str(local), preserve=True)
             except asyncssh.SFTPError as exc:
-                raise TransportError(f"{what}: {exc.reason}", kind="error") from exc
+                raise TransportError(f"{what}: {exc.reason}", kind=ConnectErrorKind.ERROR) from exc
             except OSError as exc:
-                raise TransportError(f"{what}: {exc}", kind="error") from exc
+                raise TransportError(f"{what}: {exc}", kind=ConnectErrorKind.ERROR) from exc
 
     def _sftp(self, what: str) -> "_SftpSession":
         return _SftpSession(self, what)
@@ -578,14 +586,14 @@ class SshProcess:
         except (asyncssh.Error, OSError) as exc:
             raise TransportError(f"`{self.command}` on {self._t.name}: cannot send ({exc}); "
                                  f"{self._t._lost_text() if self._t.is_closed else 'its channel closed'}",
-                                 kind="closed") from exc
+                                 kind=ConnectErrorKind.CLOSED) from exc
 
     async def readline(self) -> bytes:
         try:
             return await self._s.proc.stdout.readline()
         except (asyncssh.Error, OSError) as exc:
             raise TransportError(f"`{self.command}` on {self._t.name} broke: {exc}; stderr: "
-                                 f"{self._s.stderr_text() or '(empty)'}", kind="closed") from exc
+                                 f"{self._s.stderr_text() or '(empty)'}", kind=ConnectErrorKind.CLOSED) from exc
 
     async def ended(self) -> Ended:
         proc = self._s.proc
@@ -597,7 +605,7 @@ class SshProcess:
         elif status is None or status < 0:
             await asyncio.sleep(0)  # let a pending connection_lost land before we judge
             if self._t.is_closed:
-                raise TransportError(f"`{self.command}`: {self._t._lost_text()}", kind="closed")
+                raise TransportError(f"`{self.command}`: {self._t._lost_text()}", kind=ConnectErrorKind.CLOSED)
             how = "its channel closed without an exit status"
         else:
             return Ended(status, f"exited with status {status}", self._s.stderr_text())
@@ -624,11 +632,11 @@ class _SftpSession:
 
     async def __aenter__(self) -> asyncssh.SFTPClient:
         if self.t.is_closed:
-            raise TransportError(f"{self.what}: {self.t._lost_text()}", kind="closed")
+            raise TransportError(f"{self.what}: {self.t._lost_text()}", kind=ConnectErrorKind.CLOSED)
         try:
             self.client = await self.t.connection.start_sftp_client()
         except (asyncssh.Error, OSError) as exc:
-            kind = "closed" if self.t.is_closed else "error"
+            kind = ConnectErrorKind.CLOSED if self.t.is_closed else ConnectErrorKind.ERROR
             raise TransportError(f"{self.what}: cannot start SFTP: {exc}", kind=kind) from exc
         return self.client
 

@@ -16,6 +16,7 @@ from console.host.source import DataSource
 from console.tui.widgets import NextStep, RunHeader
 from console.view.model import RunModel
 from console.view.model_parts import AlertView
+from engine.api.wire import Severity
 
 STATUS_EVERY_S = 10.0
 STATS_EVERY_S = 30.0
@@ -89,11 +90,12 @@ class AppBase(App):
 
     def _notify_alerts(self) -> None:
         now = self.clock()
-        fresh = [a for a in self.model.take_new_alerts() if now - a.ts <= NOTIFY_MAX_AGE_S and a.severity != "info"]
+        fresh = [a for a in self.model.take_new_alerts()
+                 if now - a.ts <= NOTIFY_MAX_AGE_S and a.severity != Severity.INFO]
         for a in fresh[-3:]:
             self.notify(a.text, title=f"{a.severity} ({a.origin})",
-                        severity="error" if a.severity in ("error", "critical") else "warning",
-                        timeout=10 if a.severity != "critical" else 30)
+                        severity="error" if a.severity in (Severity.ERROR, Severity.CRITICAL) else "warning",
+                        timeout=10 if a.severity != Severity.CRITICAL else 30)
 
     def _take_source_notes(self) -> bool:
         """What the source saw on its way (an engine without the control channel, a channel reopened): alerts; the

@@ -8,7 +8,7 @@ import time
 from textual import work
 
 from console.host.follow import Backoff, FollowState, RunFollower
-from console.host.follow import SourceError
+from console.host.follow import SourceError, SourceErrorKind
 from console.tui.app_base import NOT_PROBED, AppBase
 from console.tui.messages import ConnectionChanged, ControlDone, StatusReceived, TelemetryBatch
 from console.view.model_parts import AlertView, ConnectionState
@@ -56,7 +56,8 @@ class FollowingApp(AppBase):
         try:
             status = await self.source.last_status()
         except SourceError as exc:
-            if exc.kind != "no_supervisor":  # a recording without a status has nothing more to say; else: say it
+            # a recording without a status has nothing more to say; else: say it
+            if exc.kind != SourceErrorKind.NO_SUPERVISOR:
                 self.post_message(ControlDone("last_status", False, f"the run dir's last state could not be read: {exc}"))
             return
         self.post_message(StatusReceived(status))
@@ -157,7 +158,7 @@ class FollowingApp(AppBase):
         try:
             status = await self.source.status(shards=full)
         except SourceError as exc:
-            if exc.kind == "no_supervisor":
+            if exc.kind == SourceErrorKind.NO_SUPERVISOR:
                 self.post_message(ConnectionChanged(ConnectionState.ENDED, error=str(exc)))
                 await self._fetch_last_status()
             return  # a connection failure shows through the telemetry stream's reconnect

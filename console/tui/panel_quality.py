@@ -17,7 +17,7 @@ from textual_plot import HiResMode
 from console.tui.chart_frame import ChartFrame
 from console.view.model import RunModel
 from engine.api.reports import Count, RunStats
-from engine.api.wire import WireError
+from engine.api.wire import Severity, WireError
 
 
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -72,7 +72,8 @@ def figures(s: RunStats) -> Group:
                            Text(_share(g.truncated), style="yellow" if "truncated" in g.flagged else ""),
                            Text(_share(g.repetition), style="yellow" if "repetition" in g.flagged else ""),
                            "N/A" if g.mean_output is None else f"{g.mean_output:.0f}")
-    flags = [Text(f"⚑ {f.severity.upper()}: {f.text}", style="bold red" if f.severity == "error" else "bold yellow")
+    flags = [Text(f"⚑ {f.severity.upper()}: {f.text}",
+                  style="bold red" if f.severity == Severity.ERROR else "bold yellow")
              for f in s.flags]
     if not flags:
         flags = [Text("no quality flags", style="green")]

@@ -10,6 +10,10 @@ from textual.widgets import Static
 from console.view.model import RunModel
 from console.view.shard_list import SORT_TEXT, ShardList, ShardSummary
 from console.tui.shard_table import ShardTable
+from engine.api.wire import ShardState
+
+# the shard states the summary line names even at 0
+SHOWN_ALWAYS = (ShardState.DONE, ShardState.RUNNING, ShardState.PENDING, ShardState.PAUSED)
 
 HINTS = "f filter · s sort · n next problem · space select · a select listed · c clear"
 CONTROL_HINTS = " · p/r selection/cursor · P/R all"  # not for a run whose supervisor is gone: nothing to pause
@@ -21,7 +25,7 @@ def summary_text(s: ShardSummary, filter: str, sort: str) -> Text:
         text.append("no shards yet")
     parts = [(s.done, "done", "bold cyan"), (s.running, "running", "bold green"), (s.pending, "pending", "dim"),
              (s.paused, "paused", "bold yellow"), (s.other, "stopping/stopped", "dim")]
-    shown = [(n, word, style) for n, word, style in parts if n or word in ("done", "running", "pending", "paused")]
+    shown = [(n, word, style) for n, word, style in parts if n or word in SHOWN_ALWAYS]
     for i, (n, word, style) in enumerate(shown if s.total else []):
         text.append(" · " if i else "")
         text.append(f"{n:,} {word}", style=style if n else "")

@@ -13,7 +13,7 @@ from textual.strip import Strip
 
 from console.view.model_parts import ShardView
 from console.view.shard_list import ShardList, has_problem
-from engine.api.wire import AlertLevels
+from engine.api.wire import AlertLevels, ShardState
 from console.tui.widgets import STATE_STYLE, bar, pct
 
 # (title, width, right-aligned)
@@ -53,7 +53,8 @@ def row_cells(s: ShardView, selected: bool, narrow: bool = False,
     """(text, style) per column (COLUMNS, or NARROW_COLUMNS when narrow): what a shard's row says; a share over the
     run's alert level (the engine's) is coloured."""
     e, t = s.empty_share, s.truncated_share
-    state = ("⏸ paused", "bold black on yellow") if s.state == "paused" else (s.state, STATE_STYLE.get(s.state, ""))
+    state = (("⏸ paused", "bold black on yellow") if s.state == ShardState.PAUSED
+             else (s.state, STATE_STYLE.get(s.state, "")))
     mark = ("●" if selected else " ") + ("!" if has_problem(s, levels) else " ")
     return [(mark.rstrip(), "bold magenta" if selected else "bold red"),
             (s.id, ""), state,

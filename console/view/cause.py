@@ -6,7 +6,7 @@ status op): `fatal` (FatalRecord, or None), `running`, `state`, `log`, `log_tail
 """
 from __future__ import annotations
 
-from engine.api.wire import ENDED_RUN_STATES
+from engine.api.wire import ENDED_RUN_STATES, RunState
 from engine.api.status import FatalRecord, RunStatus
 
 NOT_RUNNING_STATES = ENDED_RUN_STATES  # the wire's: nothing runs, no tok/s, no ETA
@@ -36,11 +36,11 @@ def not_running_lines(status: RunStatus, start_hint: str, note: str = "") -> lis
     extra = [f"  {note}"] if note else []
     if status.fatal:
         return cause_lines(status.fatal) + [f"  after the fix, start again: {start_hint}"] + extra
-    if state == "dead":
+    if state == RunState.DEAD:
         lines = [f"supervisor not running (killed? no cause recorded; last log lines of {status.log}:)"]
         lines += [f"  | {line[:200]}" for line in status.log_tail] or ["  | (empty)"]
         return lines + [f"  resume with: {start_hint}"] + extra
-    if state == "done":
+    if state == RunState.DONE:
         return ["done: every sample is settled"]
     cause = status.run_end.cause if status.run_end is not None else ""
     said = f"{state}: {cause}" if cause else f"{state}"

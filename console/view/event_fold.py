@@ -15,7 +15,8 @@ from engine.api.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                ShardEvent, WorkerEvent)
 from engine.api.status import FatalRecord, HostStatus, Rejects
-from engine.api.wire import ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, ShardFigures
+from engine.api.wire import (ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, Severity, ShardFigures,
+                             WorkerState)
 
 
 class EventFold:
@@ -135,7 +136,7 @@ class EventFold:
         """A brake (or its release) the telemetry says before the next status reply gives the whole of it."""
         self._brake_as_of = ev.ts
         base = self.brake or BrakeStatus()
-        if ev.severity == "info":
+        if ev.severity == Severity.INFO:
             self.brake = dataclasses.replace(base, engaged=False, since=None, text="", crossed=[], causes=[], remedy="")
         else:
             lines = ev.evidence.splitlines()
@@ -217,9 +218,9 @@ class EventFold:
         w.prompt_tokens, w.cached_tokens = ev.prompt_tokens, ev.cached_tokens
         w.as_of = ev.ts
         w.tok_history.add(ev.ts, ev.gen_throughput if ev.gen_throughput is not None else
-                          (0.0 if ev.state != "ready" else None))
+                          (0.0 if ev.state != WorkerState.READY else None))
         changed = {"workers"}
-        if ev.state in ("crashed", "failed") and before != ev.state:
+        if ev.state in (WorkerState.CRASHED, WorkerState.FAILED) and before != ev.state:
             self.add_alert(AlertView(ev.ts, "error", f"worker {ev.name} {ev.state}" + (f": {ev.error}" if ev.error else ""),
                                      ev.error or "", f"console.worker:{ev.name}:{ev.state}:{ev.restarts}", "console"))
             changed.add("alerts")

@@ -7,6 +7,7 @@ from rich.text import Text
 
 from console.view.model import RunModel
 from engine.api.status import HostStatus
+from engine.api.wire import HostState
 
 HOST_COLUMNS = ["host", "address", "state", "servers", "joins", "lost", "error"]
 # a [slurm] run: one row per server group, named after its job; `state` is the link's (up, connecting, lost)
@@ -19,8 +20,11 @@ FINAL_HOST_STATES = ("ended", "stopped", "lost", "failed")
 
 
 def host_style(state: str) -> str:
-    return "green" if state == "up" else "dim" if state in ("drained", "stopped", "ended") else "bold red" if state in (
-        "lost", "failed") else "yellow"
+    if state == HostState.UP:
+        return "green"
+    if state in (HostState.DRAINED, HostState.STOPPED, HostState.ENDED):
+        return "dim"
+    return "bold red" if state in (HostState.LOST, HostState.FAILED) else "yellow"
 
 
 def job_cells(h: HostStatus, as_of: float | None, live: bool = True) -> tuple:
@@ -33,7 +37,7 @@ def job_cells(h: HostStatus, as_of: float | None, live: bool = True) -> tuple:
     # squeue's %L of a job not started is its whole limit; the engine words it (`past its limit`, never INVALID)
     left = j.time_left if j.state == "RUNNING" and live else ""
     # a job that ended with the run (the host `ended`) is its last state, not an alarm
-    style = "dim" if j.ended and h.state == "ended" else JOB_STYLE.get(j.state, "bold red")
+    style = "dim" if j.ended and h.state == HostState.ENDED else JOB_STYLE.get(j.state, "bold red")
     return (j.job_id, Text(j.state_text(as_of), style=style), j.reason_text, nodes, left, j.next_job or "")
 
 

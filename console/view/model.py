@@ -10,7 +10,7 @@ from console.view.liveness import Freshness, Liveness, of_host, of_run, of_worke
 from console.view.model_parts import AlertView, ConnectionState, GpuView, ResumeHint, WorkerView
 from engine.api.events import Event
 from engine.api.status import HostStatus, RunStatus
-from engine.api.wire import RunState
+from engine.api.wire import RunState, ShardState
 
 
 class RunModel(EventFold):
@@ -167,4 +167,4 @@ class RunModel(EventFold):
         return self.resume_hint
 
     def paused_shards(self) -> list[str]:
-        return sorted(s.id for s in self.shards.values() if s.state == "paused")
+        return sorted(s.id for s in self.shards.values() if s.state == ShardState.PAUSED)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from engine.api.brake import BrakeStatus
@@ -13,14 +14,18 @@ from engine.api.events import AlertEvent, DiskEvent, DispatchEvent, FatalEvent, 
 from engine.api.wire import (AlertLevels, SAMPLE_FAILED_KINDS, SAMPLE_REJECTED_KINDS, ShardFigures, decode,
                              duration_text)
 
-PENDING, OK, FAILED = "pending", "ok", "failed"  # a start check's states
+class CheckState(StrEnum):
+    """A start check's state (StartCheck.state)."""
+    PENDING = "pending"
+    OK = "ok"
+    FAILED = "failed"
 
 
 @dataclass
 class StartCheck:
     check: str
     title: str
-    state: str = PENDING
+    state: str = CheckState.PENDING  # a CheckState; a word from a newer engine stays a string
     detail: str = ""
     ts: float | None = None
 

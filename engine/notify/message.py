@@ -13,7 +13,7 @@ from engine.config.load import SEVERITIES, NotifyConfig
 from engine.placement.slurm.alerts import NOTIFIED as SLURM_JOB_KEYS
 from engine.api.brake import BRAKE_ALERT_KEY
 from engine.api.events import AlertEvent, Event, FatalEvent, RunEndEvent
-from engine.api.wire import Severity
+from engine.api.wire import RunState, Severity
 
 # alerts the notifier raises about itself: shown in telemetry, never sent (a dead webhook must not loop)
 OWN_KEYS = ("notify.failed", "notify.suppressed")
@@ -54,7 +54,7 @@ def _title(text: str) -> str:
 def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str) -> Notification | None:
     """The notification an event asks for under `cfg`, or None for an event that is not sent."""
     if isinstance(event, AlertEvent):
-        forced = (event.key in ALWAYS_SENT_KEYS and severity_rank(event.severity) >= severity_rank("error")) or \
+        forced = (event.key in ALWAYS_SENT_KEYS and severity_rank(event.severity) >= severity_rank(Severity.ERROR)) or \
             event.key.startswith(ALWAYS_SENT_PREFIXES)
         if event.key in OWN_KEYS or (severity_rank(event.severity) < severity_rank(cfg.min_severity) and not forced):
             return None
@@ -71,17 +71,18 @@ def notification_for(event: Event, cfg: NotifyConfig, *, run_dir: str, host: str
                             title=_title(f"regen: supervisor died: {event.exc_type or 'error'}: {event.message}"),
                             text=text, evidence=evidence, run_dir=run_dir, host=host, ts=event.ts)
     if isinstance(event, RunEndEvent):
-        if event.state != "failed" and not cfg.run_end:
+        if event.state != RunState.FAILED and not cfg.run_end:
             return None
         counts = f"{event.done}/{event.total} samples"
-        if event.state == "done":
+        if event.state == RunState.DONE:
             text = f"run finished: {counts} done (exit code {event.exit_code})"
-        elif event.state == "failed":
+        elif event.state == RunState.FAILED:
             text = f"run failed at {counts} (exit code {event.exit_code}): {event.cause or 'no cause recorded'}"
         else:
             text = (f"run {event.state} at {counts} (exit code {event.exit_code}); `regen start` with the same"
                     " config resumes it")
-        severity = {"done": "info", "failed": "critical"}.get(event.state, "warning")
+        severity = (Severity.INFO if event.state == RunState.DONE else
+                    Severity.CRITICAL if event.state == RunState.FAILED else Severity.WARNING)
         return Notification(kind="run_end", severity=severity, key="run_end",
                             title=_title(f"regen: run {event.state} ({counts})"), text=text, run_dir=run_dir,
                             host=host, ts=event.ts)

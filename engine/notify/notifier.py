@@ -20,7 +20,7 @@ from engine.notify.deliver import DeliveryError, Destination, destinations, with
 from engine.notify.limiter import Limiter
 from engine.notify.message import Notification, notification_for
 from engine.api.events import AlertEvent, Event, FatalEvent, RunEndEvent
-from engine.api.wire import Severity
+from engine.api.wire import RunState, Severity
 
 log = logging.getLogger("regen.notify")
 
@@ -58,7 +58,7 @@ class Notifier:
             return
         if isinstance(event, FatalEvent):
             self._fatal_sent = True
-        elif isinstance(event, RunEndEvent) and event.state == "failed" and self._fatal_sent:
+        elif isinstance(event, RunEndEvent) and event.state == RunState.FAILED and self._fatal_sent:
             log.info("notify: the run's failed end is not sent apart: the fatal notification carries its cause")
             return
         self.submit(n)

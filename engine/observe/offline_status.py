@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from engine.api.wire import FINAL_RUN_STATES, AlertLevels
+from engine.api.wire import FINAL_RUN_STATES, AlertLevels, RunState
 from engine.fatal import read_fatal
 from engine.api.brake import BrakeStatus
 from engine.observe.status import build_run_status, levels_of
@@ -58,14 +58,15 @@ def offline_status(run_dir: Path) -> RunStatus:
         except (OSError, RejectLogError) as exc:
             read_errors.append(f"reject log: {exc}")
     last_state = dispatch.state if dispatch is not None else None
+    state: str  # a run_end event's word: an unknown one (a newer engine) stays a string
     if fatal is not None:
-        state = "failed"
+        state = RunState.FAILED
     elif ended is not None:
-        state = ended.state or "stopped"
+        state = ended.state or RunState.STOPPED
     elif last_state in FINAL_RUN_STATES:  # a last dispatch state that was final (before run_end events)
         state = last_state  # a run from before run_end events
     else:
-        state = "dead"
+        state = RunState.DEAD
     counts = counts_from_store(progress)
     # the figures are the committed state's, as of now (the last dispatch event may be older: a full disk drops
     # telemetry lines, a kill cuts the last ones; a console folds the backfilled events older than these as history);
@@ -75,7 +76,7 @@ def offline_status(run_dir: Path) -> RunStatus:
         paused=(p.shard_id for p in progress if p.paused), retried=int(dispatch.retried or 0) if dispatch is not None else 0,
         rejects=rejects, running=False, offline=True,
         fatal=fatal, run_end=ended, last_state=last_state, log=str(log_path),
-        log_tail=_log_tail(log_path) if state == "dead" else [], started_at=started, host=os.uname().nodename,
+        log_tail=_log_tail(log_path) if state == RunState.DEAD else [], started_at=started, host=os.uname().nodename,
         alerts=raised, alert_events=said[-ALERTS_KEPT:], read_errors=read_errors, checked_at=time.time(), brake=brake, levels=levels)
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.api.events import DispatchEvent
 from engine.api.status import Rejects, RunStatus
-from engine.api.wire import AlertLevels, DISPATCHING_RUN_STATES, ShardFigures
+from engine.api.wire import AlertLevels, DISPATCHING_RUN_STATES, RunState, ShardFigures
 
 if TYPE_CHECKING:  # the console reads this module: the ledger's (pyarrow via the shard store) stays out of its imports
     from engine.config.load import RunConfig
@@ -28,7 +28,7 @@ def shard_state(counts: ShardCounts, paused: bool, run_state: str, started: bool
         return "running" if started else "pending"
     if run_state in STOPPING:
         return "draining" if started else "pending"
-    if run_state == "starting":
+    if run_state == RunState.STARTING:
         return "pending"
     return "stopped" if started else "pending"
 
@@ -56,14 +56,15 @@ def dispatch_figures(shards: Mapping[str, ShardCounts], state: str, *, rate: Com
     done = sum(c.done for c in shards.values())
     total = sum(c.to_generate for c in shards.values())
     tokens = sum(c.output_tokens for c in shards.values())
-    tok_s = rate.tokens_per_s() if rate is not None and state == "running" else None
+    tok_s = rate.tokens_per_s() if rate is not None and state == RunState.RUNNING else None
     return DispatchEvent(in_flight=in_flight, done=done, failed=sum(c.failed for c in shards.values()),
                          retried=retried, rejected=sum(c.rejected for c in shards.values()), total=total,
                          planned=sum(c.total for c in shards.values()), output_tokens=tokens,
                          repetition=sum(c.repetition for c in shards.values()),
                          after_cut=sum(c.after_cut for c in shards.values()),
                          tokens_per_s=round(tok_s, 1) if tok_s is not None else None,
-                         eta_s=eta_s(total - done, done, tokens, tok_s) if state == "running" else None, state=state)
+                         eta_s=eta_s(total - done, done, tokens, tok_s) if state == RunState.RUNNING else None,
+                         state=state)
 
 
 def build_run_status(*, run_dir: str, state: str, shards: Mapping[str, ShardCounts] | None, paused: Iterable[str] = (),

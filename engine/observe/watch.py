@@ -10,7 +10,7 @@ from engine.config.load import RunConfig
 from engine.run.counts import ShardCounts
 from engine.telemetry import Telemetry, ThroughputWatch, disk_events
 from engine.api.events import DispatchEvent
-from engine.api.wire import Severity
+from engine.api.wire import RunState, Severity
 
 QUALITY_MIN_SAMPLES = 50  # a share over fewer committed samples of a shard is noise
 COMMIT_RESERVE_SHARE = 0.1  # dispatch stops at alerts.disk_free_min_gb; commits go on until a tenth of it is left
@@ -93,7 +93,7 @@ class RunWatch:
     # -- throughput -------------------------------------------------------------------------------
     def throughput(self, figures: DispatchEvent, work_waiting: bool) -> None:
         """Only while work is waiting: the tail of a run (input running dry) is not a drop."""
-        busy = (figures.state == "running" and figures.in_flight > 0 and work_waiting
+        busy = (figures.state == RunState.RUNNING and figures.in_flight > 0 and work_waiting
                 and figures.tokens_per_s is not None)
         dropped, why = self._throughput.dropped(figures.tokens_per_s or 0.0, busy)
         self.telemetry.condition("throughput-drop", dropped, Severity.WARNING, f"throughput dropped: {why}", why)

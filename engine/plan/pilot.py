@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.servers.capacity import BatchSource
 from engine.api.reports import PilotResult, PilotWorker
+from engine.api.wire import Severity
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import parse_metrics
 from engine.plan.pilot_window import Completed, Reading, full_batch
@@ -124,7 +125,7 @@ class _PilotServers:
     def _emit(self, event) -> None:
         from engine.api.events import AlertEvent
 
-        if isinstance(event, AlertEvent) and event.severity != "info":
+        if isinstance(event, AlertEvent) and event.severity != Severity.INFO:
             self.alerts.append(f"{event.text}" + (f" ({event.evidence.splitlines()[0]})" if event.evidence else ""))
 
     def _on_state(self, w, state: str) -> None:

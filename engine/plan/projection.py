@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.api.reports import (PLAN_SCHEMA, Assumptions, CutPolicyProjection, FilesProjection, GuardProjection,
                                 PilotResult, Plan, Projection, PromptTokens, Range, SampledValue, ShardPlan)
+from engine.api.wire import FinishReason
 from engine.config.load import ConfigError, RunConfig, load_config, resolve_sampling
 from engine.placement.slurm.plan import layout_of, plan_slurm
 from engine.plan.disk_model import DiskModel, free_space, measure_disk
@@ -114,7 +115,8 @@ def project_guard(cfg: RunConfig, projection: Projection, outputs: list | None,
     if outputs and pilot is not None and stopped_in_pilot:
         kept = sum(len(ids) for ids in outputs)
         stopped = pilot.finish_reasons["repetition"]
-        saved = sum(max(0, max_new - len(ids)) for ids, fr in zip(outputs, getattr(pilot, "_finishes", [])) if fr == "repetition")
+        saved = sum(max(0, max_new - len(ids)) for ids, fr in zip(outputs, getattr(pilot, "_finishes", []))
+                    if fr == FinishReason.REPETITION)
         share = saved / (kept + saved) if kept + saved else 0.0
         basis = (f"pilot: its {len(outputs)} answers streamed through the guard ({stopped} stopped, each taken to "
                  "have run to max_new_tokens without it); GPU time in proportion to the output tokens")
@@ -167,7 +169,7 @@ def project_cut_policy(cfg: RunConfig, shard_plan: ShardPlan, projection: Projec
     if pilot is None or not pilot.prompts:
         why = "no pilot: --pilot N measures the share of answers cut at max_new_tokens"
         return CutPolicyProjection(cfg.turns_after_cut, why, None, later, 0.0, 0.0, dataclasses.replace(none, basis=why))
-    cut = sum(pilot.finish_reasons.get(f, 0) for f in ("length", "repetition"))
+    cut = sum(pilot.finish_reasons.get(f, 0) for f in (FinishReason.LENGTH, FinishReason.REPETITION))
     p = cut / pilot.prompts
     skipped = sum(c * sum(1 - (1 - p) ** k for k in range(1, n)) for n, c in shard_plan.user_turns.items() if n > 1)
     share = skipped / shard_plan.samples if shard_plan.samples else 0.0

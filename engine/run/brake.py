@@ -16,6 +16,7 @@ from engine.text.answer_shape import SampleShape
 from engine.api.reports import BrakeLevel, BrakePlan
 from engine.config.load import Brake, RunConfig
 from engine.api.brake import HOST_PLACEHOLDER, BrakeShare, BrakeStatus
+from engine.api.wire import FinishReason
 
 
 @dataclass(frozen=True)
@@ -36,19 +37,19 @@ REASONS: tuple[Reason, ...] = (
             "prompt extraction: the user messages came out empty or wrong (prompt_format, the message fields; "
             "see rejects.jsonl and `regen stats`)",
             "sampling: max_new_tokens or stop settings that end answers at once")),
-    Reason("truncated", "truncated_share", lambda s: s.finish_reason == "length",
+    Reason("truncated", "truncated_share", lambda s: s.finish_reason == FinishReason.LENGTH,
            ("sampling: max_new_tokens too small for the model's answers (Qwen3 thinking needs 32768), or greedy / "
             "low-temperature decoding that loops",
             "chat template: no end-of-turn token the model stops on",
             "enable_thinking: reasoning longer than max_new_tokens allows")),
     Reason("thinking_missing", "thinking_missing_share",
            # a runaway the guard stopped inside its reasoning is unclosed because regen cut it: repetition says it
-           lambda s: s.think == "missing" or (s.think == "unterminated" and s.finish_reason != "repetition"),
+           lambda s: s.think == "missing" or (s.think == "unterminated" and s.finish_reason != FinishReason.REPETITION),
            ("enable_thinking: the template ignores it, or the model does not think",
             "chat template: not the model's own, so the reasoning block is not opened or closed as the model expects",
             "sampling: max_new_tokens cuts the reasoning before </think>"),
            applies=lambda cfg: cfg.enable_thinking),
-    Reason("repetition", "repetition_share", lambda s: s.finish_reason == "repetition",
+    Reason("repetition", "repetition_share", lambda s: s.finish_reason == FinishReason.REPETITION,
            ("sampling: greedy or low-temperature decoding (temperature 0 loops most; Qwen3 thinking wants 0.6), "
             "or a repetition/presence penalty left at a value the model was not tuned for",
             "chat template: not the model's own, so the model never sees where its turn ends",

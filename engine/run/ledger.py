@@ -9,6 +9,7 @@ import asyncio
 import collections
 import logging
 
+from engine.api.wire import FinishReason
 from engine.config.load import RunConfig
 from engine.text.row_errors import Reject
 from engine.store.rejects import RejectLog
@@ -22,7 +23,7 @@ from engine.run.ledger_ports import AnswerSink, FeedHooks, LedgerEvents
 from engine.run.ready_queue import ReadyQueue
 from engine.run.refusals import RefusalTrip
 from engine.run.shard_tally import ShardTally
-from engine.store.names import AFTER_CUT
+from engine.store.names import AFTER_CUT, SettleKind
 from engine.store.shard_store import ShardStore
 
 log = logging.getLogger("regen.ledger")
@@ -202,10 +203,10 @@ class Ledger(ShardTally):
         items = []
         for entry in built:
             if isinstance(entry, Unfit):
-                self._settle_turn(progress, entry.turn, "rejected", entry.reject)
+                self._settle_turn(progress, entry.turn, SettleKind.REJECTED, entry.reject)
                 if self.turns == "all":
                     for later in list(progress.turns):
-                        self._settle_turn(progress, later, "rejected", reject_for(
+                        self._settle_turn(progress, later, SettleKind.REJECTED, reject_for(
                             progress.conv, f"turn {later}: not generated: turn {entry.turn} rejected",
                             kind="earlier_turn_rejected"))
             else:
@@ -254,9 +255,9 @@ class Ledger(ShardTally):
             else:
                 self._requeue(outcome.item)
         elif isinstance(outcome, Failed):
-            self._not_generated(outcome.item, "failed", outcome.reason, outcome.excerpt)
+            self._not_generated(outcome.item, SettleKind.FAILED, outcome.reason, outcome.excerpt)
         elif isinstance(outcome, Rejected):
-            self._not_generated(outcome.item, "rejected", outcome.reason, outcome.excerpt)
+            self._not_generated(outcome.item, SettleKind.REJECTED, outcome.reason, outcome.excerpt)
         else:
             raise TypeError(f"the ledger does not settle {type(outcome).__name__}")
 
@@ -292,16 +293,17 @@ class Ledger(ShardTally):
     def stop_after_cut(self, progress: ConvProgress, cut_turn: int, finish_reason: str = "") -> None:
         """turns_after_cut = "stop": turn `cut_turn` was committed cut, so the conversation's turns left are not
         generated; each is settled as rejected (kind after_cut), with the reason in rejects.jsonl."""
-        how = "was stopped as a runaway" if finish_reason == "repetition" else (
-            "ended at max_new_tokens" if finish_reason == "length" else "was cut (max_new_tokens or runaway)")
+        how = "was stopped as a runaway" if finish_reason == FinishReason.REPETITION else (
+            "ended at max_new_tokens" if finish_reason == FinishReason.LENGTH
+            else "was cut (max_new_tokens or runaway)")
         for later in list(progress.turns):
-            self._settle_turn(progress, later, "rejected", reject_for(
+            self._settle_turn(progress, later, SettleKind.REJECTED, reject_for(
                 progress.conv, f"turn {later}: not generated: turn {cut_turn} {how} (turns_after_cut = \"stop\")",
                 kind=AFTER_CUT))
         self._maybe_retire(progress)
         self._park(progress)
 
-    def _not_generated(self, item: WorkItem, kind: str, reason: str, excerpt: str) -> None:
+    def _not_generated(self, item: WorkItem, kind: SettleKind, reason: str, excerpt: str) -> None:
         """A sample that will not be generated in this run: failed (retries spent) or rejected (HTTP 400)."""
         if self.refusals.tripped is not None:
             # a request in flight when the run was refused run-wide: not settled, so the next start generates it
@@ -309,7 +311,7 @@ class Ledger(ShardTally):
             return
         progress = self._active.get(item.conv.conversation_id)
         reject = reject_for(item.conv, f"turn {item.turn}: {reason}", excerpt=excerpt,
-                            kind="generation_failed" if kind == "failed" else "sglang_rejected")
+                            kind="generation_failed" if kind == SettleKind.FAILED else "sglang_rejected")
         trip = self.refusals.refused(item.sample_id, kind, reason)
         self.brake.window.add([REFUSED_SHAPE])
         if trip is None:
@@ -338,7 +340,7 @@ class Ledger(ShardTally):
         self.unsettle(SERVER_REFUSALS)
         self.events.refused(trip)
 
-    def _settle_turn(self, progress: ConvProgress, turn: int, kind: str, reject: Reject) -> None:
+    def _settle_turn(self, progress: ConvProgress, turn: int, kind: SettleKind, reject: Reject) -> None:
         if turn in progress.turns:
             progress.turns.remove(turn)
         self.count(progress.shard_id, kind, sample_id(progress.conv.conversation_id, turn), reject)

@@ -10,7 +10,7 @@ from engine.run.counts import ServedTokens, ShardCounts
 from engine.run.ledger_ports import LedgerEvents
 from engine.store.rejects import RejectLog
 from engine.store.shard_store import ShardStore
-from engine.store.names import AFTER_CUT
+from engine.store.names import AFTER_CUT, SettleKind
 from engine.text.row_errors import Reject
 
 log = logging.getLogger("regen.ledger")
@@ -97,7 +97,7 @@ class ShardTally:
         ids = sorted(self._shards)
         return f"{ids[0]} .. {ids[-1]}" if ids else "(none)"
 
-    def count(self, shard_id: str, kind: str, sample: str, reject: Reject) -> None:
+    def count(self, shard_id: str, kind: SettleKind, sample: str, reject: Reject) -> None:
         """A sample settled without a row: rejected or failed."""
         # the reject's row first (fsync'd; the log drops a row it already holds), then the settle in state.sqlite: a
         # kill between the two leaves the sample unsettled, settled again at the restart, never settled without its
@@ -110,7 +110,7 @@ class ShardTally:
             # written); only a status read from the run dir alone, or the next start, does not see it
             log.error("%s; it counts as %s in this run", exc, kind)
         counts = self._shards[shard_id]
-        if kind == "rejected":
+        if kind == SettleKind.REJECTED:
             counts.rejected += 1
             counts.after_cut += reject.kind == AFTER_CUT
         else:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from engine.api.status import FAILED, OK, PENDING, StartCheck
+from engine.api.status import CheckState, StartCheck
 from engine.text.ingest import resolve_prompt_files
 from engine.text.row_errors import PromptFileError
 
@@ -28,27 +28,27 @@ class StartupChecks:
     checks: dict[str, StartCheck] = field(
         default_factory=lambda: {name: StartCheck(name, title) for name, title in CHECKS.items()})
 
-    def set(self, check: str, state: str, detail: str = "") -> None:
+    def set(self, check: str, state: CheckState, detail: str = "") -> None:
         c = self.checks[check]
         if c.state != state or c.detail != detail:
             c.state, c.detail, c.ts = state, detail, time.time()
 
     def ok(self, check: str, detail: str = "") -> None:
-        self.set(check, OK, detail)
+        self.set(check, CheckState.OK, detail)
 
     def failed(self, check: str, detail: str) -> None:
-        self.set(check, FAILED, detail)
+        self.set(check, CheckState.FAILED, detail)
 
     def fail_pending(self, detail: str) -> None:
         """The supervisor cannot go on: the first check not passed is the one that failed."""
         for c in self.checks.values():
-            if c.state == PENDING:
+            if c.state == CheckState.PENDING:
                 self.failed(c.check, detail)
                 return
 
     @property
     def passed(self) -> bool:
-        return all(c.state == OK for c in self.checks.values())
+        return all(c.state == CheckState.OK for c in self.checks.values())
 
     def in_order(self) -> list[StartCheck]:
         return list(self.checks.values())

@@ -8,6 +8,7 @@ from aiohttp import web
 from engine.simulator.openai_chat import FORCED_REASONING_PARSERS, split_reasoning
 from engine.simulator.protocol import bad_request
 from engine.simulator.responses import json_response, read_json
+from engine.simulator.server_state import PauseMode
 
 if TYPE_CHECKING:
     from engine.simulator.server import SimServer
@@ -37,9 +38,9 @@ class ControlRoutes:
     async def pause_generation(self, request: web.Request) -> web.Response:
         body = await read_json(request, allow_empty=True)
         mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
-        if mode not in ("abort", "retract", "in_place"):
+        if mode not in tuple(PauseMode):
             raise bad_request(f"mode must be one of abort, retract, in_place; got {mode!r}")
-        self.server.pause(mode)
+        self.server.pause(PauseMode(mode))
         return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:

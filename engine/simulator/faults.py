@@ -8,6 +8,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from engine.simulator.dist import Joiner
+from engine.simulator.server_state import ServerStatus
 
 if TYPE_CHECKING:
     from engine.simulator.server import SimServer
@@ -76,7 +77,7 @@ class Faults:
         """A node rank's connection closed (`joiner` None: rank 0's, seen from a rank > 0): the next collective fails
         with NCCL's remote-error, the scheduler dies and takes the server with it, as in SGLang."""
         s = self.server
-        if s.status in ("stopped", "crashed"):
+        if s.status in (ServerStatus.STOPPED, ServerStatus.CRASHED):
             return
         tpn = s.cfg.tp_per_node
         if joiner:
@@ -95,9 +96,9 @@ class Faults:
 
     def fatal_soon(self, traceback_text: str, sigquit_line: str) -> None:
         s = self.server
-        if s.status == "crashed":
+        if s.status == ServerStatus.CRASHED:
             return
-        s.status = "crashed"
+        s.status = ServerStatus.CRASHED
 
         async def die() -> None:
             await asyncio.sleep(0.05)  # let the response that completed the count go out, as a real crash races

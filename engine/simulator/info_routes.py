@@ -7,6 +7,7 @@ from aiohttp import web
 
 from engine.simulator.metrics import CONTENT_TYPE
 from engine.simulator.responses import json_response
+from engine.simulator.server_state import ServerStatus
 from engine.simulator.sizing import BYTES_PER_GB
 
 if TYPE_CHECKING:
@@ -56,14 +57,14 @@ class InfoRoutes:
         if s.profile.reports_effective_max_running:
             state["effective_max_running_requests_per_dp"] = s.running_per_dp
         states = [dict(state) for _ in range(max(1, s.cfg.dp_size))]  # one per DP rank's scheduler
-        return json_response({**args, "status": "ready" if s.status == "ready" else s.status,
+        return json_response({**args, "status": s.status,
                               "max_total_num_tokens": s.max_total_tokens, "max_req_input_len": s.max_req_input_len,
                               "internal_states": states, "version": s.profile.reported_version + "+sim"})
 
     async def sim_gpu(self, request: web.Request) -> web.Response:
         s = self.server
         busy_s = s.scheduler.busy_s if s.scheduler is not None else 0.0
-        return json_response(s.gpus.readings(s.status in ("ready", "draining"), busy_s))
+        return json_response(s.gpus.readings(s.status in (ServerStatus.READY, ServerStatus.DRAINING), busy_s))
 
     async def get_load(self, request: web.Request) -> web.Response:
         sch = self.server.started_scheduler

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.simulator.protocol import ApiError, GenerateItem
 from engine.simulator.request import RequestState, SimRequest
+from engine.simulator.server_state import ServerStatus
 
 if TYPE_CHECKING:
     from engine.simulator.server import SimServer
@@ -20,7 +21,7 @@ class RequestFlow:
 
     def unavailable(self) -> ApiError | None:
         status = self.server.status  # draining still serves (contract 7.4)
-        if status in ("stopped", "crashed"):
+        if status in (ServerStatus.STOPPED, ServerStatus.CRASHED):
             return ApiError(503, {"object": "error", "message": "The scheduler is dead.", "type": "503",
                                   "param": None, "code": 503})
         return None

@@ -10,6 +10,7 @@ import traceback
 
 from aiohttp import web
 
+from engine.api.wire import FinishReason
 from engine.simulator.config import SimConfig, read_model_config
 from engine.simulator.dist import Member, Rendezvous
 from engine.simulator.faults import Faults
@@ -19,6 +20,7 @@ from engine.simulator.intake import Intake
 from engine.simulator.metrics import SimMetrics
 from engine.simulator.request import RequestState, SimRequest
 from engine.simulator.scheduler import Scheduler
+from engine.simulator.server_state import PauseMode, ServerStatus
 from engine.simulator.simlog import SimLog
 from engine.simulator.sizing import MemoryModel, running_per_dp
 from engine.simulator.startup import Startup
@@ -61,7 +63,7 @@ class SimServer:
         self.tokenizer: Tokenizer | None = None
         self.generator: OutputGenerator | None = None
         self.scheduler: Scheduler | None = None
-        self.status = "starting"  # starting | ready | draining | stopped | crashed
+        self.status = ServerStatus.STARTING
         self.paused = False
         self._continue = asyncio.Event()
         self._continue.set()
@@ -110,7 +112,7 @@ class SimServer:
         await Startup(self).run()
 
     def mark_ready(self) -> None:
-        self.status = "ready"
+        self.status = ServerStatus.READY
         self._ready.set()
 
     async def wait_ready(self, timeout: float | None = None) -> None:
@@ -120,10 +122,10 @@ class SimServer:
         await self._stopped.wait()
 
     async def stop(self) -> None:
-        if self.status == "stopped":
+        if self.status == ServerStatus.STOPPED:
             return
-        if self.status != "crashed":
-            self.status = "stopped"
+        if self.status != ServerStatus.CRASHED:
+            self.status = ServerStatus.STOPPED
         current = asyncio.current_task()
         for task in self.tasks:
             if task is not current:
@@ -144,7 +146,7 @@ class SimServer:
         left, then the server kills its own process tree: exit status -9 (0.5.5 http_server.py:416,
         tokenizer_manager.py:1410-1444)."""
         self.log.info(f"SIGTERM received. signum={signum}, frame=None. Draining requests and shutting down...")
-        self.status = "draining"
+        self.status = ServerStatus.DRAINING
         deadline = time.monotonic() + self.cfg.sim_drain_timeout_s
         next_line = 0.0
         while (self.in_flight_rids or (self.scheduler and (self.scheduler.num_running or self.scheduler.num_waiting))) \
@@ -168,7 +170,7 @@ class SimServer:
     async def health(self) -> int:
         """GET /health: 503 while starting or draining; else a 1-token generation through the scheduler, healthy
         once the scheduler has produced anything since the check began, looked at after each second."""
-        if self.status != "ready":
+        if self.status != ServerStatus.READY:
             return 503
         ids = [0]
         req = SimRequest(rid=f"HEALTH_CHECK_{time.time()}", prompt_ids=ids,
@@ -179,7 +181,7 @@ class SimServer:
         try:
             while time.monotonic() < tic + HEALTH_CHECK_TIMEOUT_S:
                 await asyncio.sleep(HEALTH_POLL_S)
-                if self.status == "draining":
+                if self.status == ServerStatus.DRAINING:
                     return 503
                 if scheduler.last_output_mono > tic:
                     return 200
@@ -194,10 +196,10 @@ class SimServer:
     async def wait_unpaused(self) -> None:
         await self._continue.wait()
 
-    def pause(self, mode: str) -> None:
+    def pause(self, mode: PauseMode) -> None:
         self.paused = True
         self._continue.clear()
-        if mode == "abort":
+        if mode == PauseMode.ABORT:
             self.started_scheduler.abort("", abort_all=True)
         else:
             self.started_scheduler.hold(True)
@@ -226,7 +228,7 @@ class SimServer:
             self.metrics.observe_finished(
                 prompt_tokens=0 if req.aborted_in_queue else req.prompt_len,
                 completion_tokens=len(req.output_ids or ()), cached_tokens=req.cached_tokens,
-                e2e_s=now - req.created_mono, ttft_s=ttft, aborted=req.finish_reason["type"] == "abort")
+                e2e_s=now - req.created_mono, ttft_s=ttft, aborted=req.finish_reason["type"] == FinishReason.ABORT)
         self.faults.request_finished()
 
 

@@ -13,6 +13,7 @@ from engine.simulator.dist import DEFAULT_TIMEOUT_S, DistError, Member, Rendezvo
 from engine.simulator.generator import OutputGenerator, load_tokenizer
 from engine.simulator.request import SimRequest
 from engine.simulator.scheduler import Scheduler
+from engine.simulator.server_state import ServerStatus
 from engine.simulator.sglang_check import check_installed
 from engine.simulator.sizing import BYTES_PER_GB
 
@@ -158,7 +159,7 @@ class Startup:
 
     def _failed(self, traceback_text: str) -> None:
         """The scheduler died while initializing: its exception, the launcher's SIGQUIT line, and no server."""
-        self.server.status = "crashed"
+        self.server.status = ServerStatus.CRASHED
         self.server.exit_code = 1
         self.log.sched_error(f"Scheduler hit an exception: {traceback_text.rstrip()}")
         self.log.error("Received sigquit from a child process. It usually means the child failed.")
@@ -206,6 +207,6 @@ class Startup:
                 s.started_scheduler.submit(req)
                 await req.done_future()
             self.log.access("127.0.0.1:0", "POST", "/generate", 200)
-        if s.status == "starting":
+        if s.status == ServerStatus.STARTING:
             s.mark_ready()
             self.log.info("The server is fired up and ready to roll!")

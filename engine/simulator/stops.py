@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from engine.api.wire import FinishReason
 from engine.simulator.generator import OutputPlan
 from engine.simulator.protocol import bad_request
 
@@ -106,7 +107,7 @@ def apply_stops(plan: OutputPlan, rules: StopRules, decode: Decode,
         return plan
     k, _, matched = min(hits, key=lambda h: (h[0], h[1]))
     last = len(ids) - 1
-    if k == last and plan.finish_reason.get("type") != "abort":
+    if k == last and plan.finish_reason.get("type") != FinishReason.ABORT:
         # the plan ends on this token anyway: its eos (token ids are checked before strings) or the length
         # limit (checked before everything)
         return plan
@@ -122,7 +123,7 @@ def answer_text(output_ids: Sequence[int], finish_reason: dict | None, *, skip_s
 
     `prebuilt` is the untrimmed text when the caller has it (the --sim-instant path): a matched special
     token is then cut from its end without decoding."""
-    matched = (finish_reason or {}).get("matched") if (finish_reason or {}).get("type") == "stop" else None
+    matched = (finish_reason or {}).get("matched") if (finish_reason or {}).get("type") == FinishReason.STOP else None
     # SGLang tests `if not matched`, so a matched id 0 is not trimmed either
     if no_stop_trim or not matched:
         return prebuilt if prebuilt is not None else decode(output_ids, skip_special_tokens)

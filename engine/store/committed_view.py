@@ -9,7 +9,7 @@ import sqlite3
 import urllib.parse
 from pathlib import Path
 
-from engine.store.names import AFTER_CUT, STATE_DB
+from engine.store.names import AFTER_CUT, STATE_DB, SettleKind
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def read_committed(run_dir: Path) -> CommittedParts:
         if {r[1] for r in db.execute("PRAGMA table_info(outcomes)")}:
             for outcome, reason, n in db.execute("SELECT outcome, reason, count(*) FROM outcomes GROUP BY outcome, reason"):
                 not_generated[outcome] = not_generated.get(outcome, 0) + int(n)
-                if outcome == "rejected" and reason == AFTER_CUT:
+                if outcome == SettleKind.REJECTED and reason == AFTER_CUT:
                     not_generated[AFTER_CUT] = int(n)
     finally:
         db.close()

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+from enum import StrEnum
 from pathlib import Path
 
+from engine.api.wire import FinishReason
 STATE_DB = "state.sqlite"
 SHARDS_DIR = "shards"
 WRITER_LOCK = "state.sqlite.writer.lock"
@@ -18,10 +20,16 @@ SHARD_FILE_RE = re.compile(r"^shard\.parquet(\.tmp)?$")
 # to the stop; counted per shard like "length" (truncated), dropped by exports by default
 REPETITION = "repetition"
 # finish reasons of a cut turn: it ended at max_new_tokens, or the runaway guard stopped it (turns_after_cut)
-CUT_FINISHES = ("length", REPETITION)
+CUT_FINISHES = (FinishReason.LENGTH, REPETITION)
 # the reject kind (outcomes.reason) of a later turn not generated because an earlier turn was cut (turns_after_cut
 # = "stop"): rejected, so a restart keeps the decision
 AFTER_CUT = "after_cut"
+
+
+class SettleKind(StrEnum):
+    """How a sample settled without a row (outcomes.outcome): a server refused it, or its retries were spent."""
+    REJECTED = "rejected"
+    FAILED = "failed"
 
 
 def shard_id_for(index: int, shard_size: int) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from engine.api.wire import FinishReason
 from engine.store.names import REPETITION, fsync_dir, publish, shard_file
 from engine.store.part_table import build_table, is_empty, think_code
 from engine.store.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS
@@ -138,7 +139,7 @@ class PartWriter:
                 cols["finish_reason"], empty, cols["prompt_len"], cols["reasoning_tokens"], think)
         ]
         tokens = sum(cols["output_len"])
-        truncated = sum(1 for fr in cols["finish_reason"] if fr == "length")
+        truncated = sum(1 for fr in cols["finish_reason"] if fr == FinishReason.LENGTH)
         repetition = sum(1 for fr in cols["finish_reason"] if fr == REPETITION)
         with self.state.lock:
             db = self.state.db

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.store.compaction import Compaction, Compactor
-from engine.store.names import AFTER_CUT, CUT_FINISHES, SHARD_FILE
+from engine.store.names import AFTER_CUT, CUT_FINISHES, SHARD_FILE, SettleKind
 from engine.store.part_writer import PartWriter
 from engine.store.recovery import recover
 from engine.store.state_db import UNCLOSED_SQL, PartInfo, StateDb, StoreError, chunks
@@ -165,10 +165,10 @@ class ShardStore:
 
     # --- outcomes of samples that get no row ---------------------------------------------------
 
-    def settle(self, shard_id: str, sample_id: str, outcome: str, reason: str) -> None:
+    def settle(self, shard_id: str, sample_id: str, outcome: SettleKind, reason: str) -> None:
         """Record a sample settled without a row (outcome rejected | failed), so a status read from the run dir
         alone counts it and a restart does not generate a rejected one again."""
-        if outcome not in ("rejected", "failed"):
+        if outcome not in tuple(SettleKind):
             raise ValueError(f"outcome {outcome!r}: a sample without a row is 'rejected' or 'failed'")
         try:
             with self.state.lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from engine.api.wire import FINAL_RUN_STATES, RunState
@@ -16,6 +17,14 @@ log = logging.getLogger("regen.supervisor")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_CHANGED, EXIT_LOCKED, EXIT_INPUT = 0, 1, 2, 3, 4, 5
 STOP_ABORT_WAIT_S = 15.0
+
+
+class EndHow(StrEnum):
+    """How a run's shutdown ends it (Supervisor.end_how)."""
+    DRAIN = "drain"  # finish what is in flight, then stop
+    STOP = "stop"  # abort what is in flight, then stop
+    DONE = "done"  # every sample settled
+    FAILED = "failed"
 
 
 class Lifecycle:
@@ -37,41 +46,41 @@ class Lifecycle:
     def fail(self, exc: BaseException) -> None:
         if self.sup.fatal_exc is None:
             self.sup.fatal_exc, self.sup.fatal_phase = exc, self.sup.phase
-        self.begin_shutdown("failed")
+        self.begin_shutdown(EndHow.FAILED)
 
     def on_signal(self, sig: signal.Signals) -> None:
         log.info("%s received: stopping", sig.name)
         self.sup.end_cause = self.sup.end_cause or f"{sig.name} received"
-        self.begin_shutdown("stop")
+        self.begin_shutdown(EndHow.STOP)
 
-    def begin_shutdown(self, how: str) -> None:
+    def begin_shutdown(self, how: EndHow) -> None:
         if self.shutdown_task is not None:
-            if how == "stop" and self.sup.mode == RunState.DRAINING:
+            if how == EndHow.STOP and self.sup.mode == RunState.DRAINING:
                 self.shutdown_task.cancel()  # stop overrides a drain in progress
             else:
                 return
-        if how in ("drain", "stop") and self.sup.mode not in FINAL_RUN_STATES:
-            self.sup.mode = RunState.DRAINING if how == "drain" else RunState.STOPPING
+        if how in (EndHow.DRAIN, EndHow.STOP) and self.sup.mode not in FINAL_RUN_STATES:
+            self.sup.mode = RunState.DRAINING if how == EndHow.DRAIN else RunState.STOPPING
             if self.sup.dispatcher is not None:
                 self.sup.dispatcher.hold(True)
         self.shutdown_task = asyncio.get_running_loop().create_task(self._shutdown(how), name=f"shutdown-{how}")
 
-    async def _shutdown(self, how: str) -> None:
+    async def _shutdown(self, how: EndHow) -> None:
         self.sup.phase = "shutdown"
         self.sup.end_how = how
-        if how == "done":
+        if how == EndHow.DONE:
             self.sup.end_cause = "every sample settled"
             self.sup.mode = RunState.FINISHING  # not `running` while the servers stop and the last shards are compacted
         try:
             d = self.sup.dispatcher
-            if how == "drain":
+            if how == EndHow.DRAIN:
                 self.sup.mode = RunState.DRAINING
                 if d is not None:
                     d.hold(True)
                     log.info("draining: waiting for %d in-flight requests", d.in_flight)
                     await d.wait_idle()
                 final = RunState.STOPPED
-            elif how == "stop":
+            elif how == EndHow.STOP:
                 self.sup.mode = RunState.STOPPING
                 if d is not None:
                     log.info("stopping: aborting %d in-flight requests", d.in_flight)
@@ -82,7 +91,7 @@ class Lifecycle:
                         d.cancel_all()
                         await d.wait_idle(5)
                 final = RunState.STOPPED
-            elif how == "done":
+            elif how == EndHow.DONE:
                 final = RunState.DONE
             else:
                 if d is not None:
@@ -116,7 +125,7 @@ class Lifecycle:
                      self.sup.ledger.to_generate if self.sup.ledger else 0)
         except asyncio.CancelledError:
             self.shutdown_task = None
-            if how == "drain":
-                self.begin_shutdown("stop")
+            if how == EndHow.DRAIN:
+                self.begin_shutdown(EndHow.STOP)
             raise
         self.exit_event.set()

@@ -22,7 +22,7 @@ from engine.notify import Notifier
 from engine.servers.startup import StartupChecks
 from engine.store.manifest import ManifestError, write_run_manifest
 from engine.store.run_dir import ConfigChanged, RunDirError, prepare_run_dir
-from engine.supervisor.lifecycle import EXIT_CHANGED, EXIT_CONFIG, EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED
+from engine.supervisor.lifecycle import EXIT_CHANGED, EXIT_CONFIG, EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EndHow
 from engine.supervisor.supervisor import Supervisor
 from engine.telemetry import Telemetry
 from engine.text.row_errors import PromptFileError
@@ -209,8 +209,8 @@ async def _load_and_run(run_dir: Path, config_path: Path) -> int:
         if record is not None:
             state, cause = RunState.FAILED, record.headline
         else:
-            how = sup.end_how if sup is not None else ""
-            state = RunState.DRAINED if how == "drain" else (sup.mode if sup is not None else RunState.FAILED)
+            how = sup.end_how if sup is not None else None
+            state = RunState.DRAINED if how == EndHow.DRAIN else (sup.mode if sup is not None else RunState.FAILED)
             cause = sup.end_cause if sup is not None else ""
         telemetry.emit(RunEndEvent(state=state, exit_code=code, cause=cause, done=ledger.done if ledger else 0,
                                    total=ledger.to_generate if ledger else 0))

@@ -17,6 +17,7 @@ from engine.fatal import RunRefused
 from engine.observe.status import build_run_status, dispatch_figures, levels_of, shard_statuses
 from engine.api.status import Rejects, RunStatus
 from engine.run.ledger import Ledger
+from engine.supervisor.lifecycle import EndHow
 from engine.supervisor.parts import made
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Monitor:
                                 f"last reason: {ledger.refusals.last_reason or 'see rejects.jsonl'}",
                                 self.sup.cfg.source_path))
                         else:
-                            self.sup.ending.begin_shutdown("done")
+                            self.sup.ending.begin_shutdown(EndHow.DONE)
             except Exception:  # one bad tick must not end monitoring; the traceback goes to supervisor.log
                 log.exception("monitor tick failed")
             await asyncio.sleep(TICK_S)

@@ -18,6 +18,7 @@ from engine.placement.hosts.remote_worker import RemoteWorker
 from engine.run.ledger import Ledger
 from engine.servers.workers import Worker
 from engine.servers.server_log import log_tail
+from engine.supervisor.lifecycle import EndHow
 
 if TYPE_CHECKING:
     from engine.supervisor.supervisor import Supervisor
@@ -131,5 +132,5 @@ async def end_on_request(sup: Supervisor, op: Drain | Stop) -> RunEnding:
         sup.end_cause = sup.end_cause or "drain requested over the control socket (regen stop --drain)"
     else:
         sup.end_cause = sup.end_cause or "stop requested over the control socket (regen stop)"
-    sup.ending.begin_shutdown(op.op)
+    sup.ending.begin_shutdown(EndHow(op.op))
     return RunEnding(state=sup.state())

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from engine.api.events import AlertEvent
+from engine.api.status import CheckState
 from engine.api.wire import RunState, Severity
 from engine.fatal import WorkersFailed
 from engine.http_client import client_session
@@ -81,14 +82,14 @@ class Servers:
         if bad:
             self.sup.startup.failed("workers", "; ".join(f"{w.name} {w.state}: {w.error or 'no error text'}" for w in bad))
             return
-        if self.sup.startup.checks["workers"].state == "ok":
+        if self.sup.startup.checks["workers"].state == CheckState.OK:
             return  # passed: later crashes and restarts are the run's, shown as worker states and alerts
         live = (WorkerState.STARTING, WorkerState.LOADING, WorkerState.READY)
         if all(w.pid is not None and w.state in live for w in ws):
             self.sup.startup.ok("workers", ", ".join(f"{w.name} pid {w.pid} on {w.spec.host}:{w.spec.port} ({w.state})"
                                                  for w in ws))
         else:
-            self.sup.startup.set("workers", "pending", "; ".join(
+            self.sup.startup.set("workers", CheckState.PENDING, "; ".join(
                 f"{w.name} {w.state}" + (f": {w.error}" if w.error else "") for w in ws
                 if w.pid is None or w.state not in live))
 

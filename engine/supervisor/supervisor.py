@@ -33,7 +33,7 @@ from engine.store.rejects import RejectLog
 from engine.store.shard_store import ShardStore
 from engine.supervisor import ops
 from engine.supervisor.control import ControlServer
-from engine.supervisor.lifecycle import EXIT_OK, Lifecycle
+from engine.supervisor.lifecycle import EXIT_OK, EndHow, Lifecycle
 from engine.supervisor.monitor import Monitor
 from engine.supervisor.parts import made
 from engine.supervisor.servers import Servers
@@ -60,7 +60,7 @@ class Supervisor:
         self.exit_code = EXIT_OK
         self.fatal_exc: BaseException | None = None  # why the run failed, when it did
         self.fatal_phase = "start"
-        self.end_how = ""  # drain | stop | done | failed: how the run ended
+        self.end_how: EndHow | None = None  # how the run ended
         self.end_cause = ""  # who ended it (an operator's stop, a signal, every sample settled, the failure)
         self.startup = startup or StartupChecks()
         self.telemetry = telemetry
@@ -124,7 +124,7 @@ class Supervisor:
             log.info("every sample is already settled (%d done): nothing to generate", ledger.done)
             self.startup.ok("workers", "none launched: every sample is already settled")
             self.mode = RunState.DONE
-            self.end_how, self.end_cause = "done", ALREADY_SETTLED
+            self.end_how, self.end_cause = EndHow.DONE, ALREADY_SETTLED
             await self.servers.close_early(early)
             # a shard finished by the last start and not yet compacted (it was stopped or killed first)
             await Compactor(self.store, ledger, self.emit).drain()

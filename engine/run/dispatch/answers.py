@@ -14,7 +14,7 @@ from typing import Any, Callable, cast
 import orjson
 
 from engine.api.events import AlertEvent, Event
-from engine.api.wire import Severity
+from engine.api.wire import FinishReason, Severity
 from engine.config.load import RunConfig
 from engine.run import reply_json
 from engine.run.answer_stream import AnswerStream, int32_array
@@ -165,7 +165,7 @@ class Answers:
     def _answered(self, w: DispatchTarget, item: WorkItem, ids32: array[int], meta: dict[str, Any], finish: object,
                   server_text: object, latency: float, verdict: Repetition | None = None) -> None:
         finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
-        if finish_type == "abort" and verdict is None:
+        if finish_type == FinishReason.ABORT and verdict is None:
             if self.stopping:
                 return
             moving = self.stranded.was_moving(item.rid)

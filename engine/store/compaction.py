@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.store.names import SHARD_FILE, STATE_DB, fsync_dir, publish, shard_file
+from engine.store.names import SHARD_FILE, STATE_DB, fsync_dir, publish, shard_file, withdraw
 from engine.store.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS, SHARD_SCHEMA
 from engine.store.state_db import PartInfo, StateDb, StoreError
 
@@ -75,11 +75,8 @@ class Compactor:
         try:
             self._swap(shard_id, parts, PartInfo(shard_id, rel, rows, time.time(), 0, nbytes))
         except BaseException as exc:
-            # the parts stay committed; the new file must not outlive the failure (recover() would remove it)
-            try:
-                final.unlink()
-                fsync_dir(shard_dir)
-            except OSError as unlink_exc:
+            # the parts stay committed; the new file must not outlive the failure
+            if (unlink_exc := withdraw(final)) is not None:
                 raise StoreError(f"compaction of {shard_id} failed ({exc!r}) and {rel} could not be removed "
                                  f"({unlink_exc}); recover() removes it at the next start") from exc
             if isinstance(exc, sqlite3.Error):

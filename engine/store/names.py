@@ -53,3 +53,14 @@ def publish(tmp: Path, final: Path) -> None:
     """Rename a written, fsynced file to its final name, durably."""
     os.replace(tmp, final)
     fsync_dir(final.parent)
+
+
+def withdraw(final: Path) -> OSError | None:
+    """Remove a published file whose commit failed, durably (readers trust sqlite, but no glob over the shard dirs
+    should see it either); the OSError if it could not be removed (recover() removes it at the next start)."""
+    try:
+        final.unlink()
+        fsync_dir(final.parent)
+    except OSError as exc:
+        return exc
+    return None

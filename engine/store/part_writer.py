@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.api.wire import FinishReason
-from engine.store.names import REPETITION, fsync_dir, publish, shard_file
+from engine.store.names import REPETITION, fsync_dir, publish, shard_file, withdraw
 from engine.store.part_table import build_table, is_empty, think_code
 from engine.store.shard_schema import PART_COMPRESSION, PART_DICTIONARY, PART_STATISTICS
 from engine.store.state_db import PartInfo, StateDb, StoreError, chunks
@@ -74,12 +74,8 @@ class PartWriter:
                     raise StoreError(f"commit of {rel} ({len(ids)} samples) failed in {self.state.db_path}: {exc}; "
                                      "nothing was committed") from exc
             except BaseException as exc:
-                # nothing is committed; the file must not outlive the failure (readers trust sqlite,
-                # but a glob over the shard dirs should not see it either)
-                try:
-                    final.unlink()
-                    fsync_dir(shard_dir)
-                except OSError as unlink_exc:
+                # nothing is committed; the file must not outlive the failure
+                if (unlink_exc := withdraw(final)) is not None:
                     raise StoreError(f"commit of {rel} failed ({exc!r}) and the uncommitted file could not be "
                                      f"removed ({unlink_exc}); recover() removes it at the next start") from exc
                 raise

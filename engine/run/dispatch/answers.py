@@ -75,13 +75,7 @@ class Answers:
         elif status == 200:
             self.handle_ok(w, item, body, latency)
         elif status == 400 and DUPLICATE_RID in (message := error_message(body)):
-            # SGLang refuses a rid it is still running: the sample itself is fine, so never reject it
-            if self.stopping:
-                return
-            self.emit(AlertEvent(severity=Severity.ERROR, text=f"{w.name} refused a duplicate request id; re-queued",
-                                 evidence=f"{item.rid}: {message}", key=f"duplicate-rid:{w.name}"))
-            item.last_error = f"{w.name}: HTTP 400: {message}"
-            self.retry_or_fail(item)
+            self.duplicate_rid(w, item, f"HTTP 400: {message}", message)
         elif status == 400:
             self.deliver(Rejected(item, f"rejected by SGLang (HTTP 400): {message}",
                                   excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}"))
@@ -95,6 +89,15 @@ class Answers:
             item.last_error = f"{w.name}: HTTP {status}: {error_message(body)}"
             self._server_fault(w)
             self.retry_or_fail(item)
+
+    def duplicate_rid(self, w: DispatchTarget, item: WorkItem, error: str, message: str) -> None:
+        """SGLang refused a rid it is still running: the sample itself is fine, so it is re-queued, never rejected."""
+        if self.stopping:
+            return
+        self.emit(AlertEvent(severity=Severity.ERROR, text=f"{w.name} refused a duplicate request id; re-queued",
+                             evidence=f"{item.rid}: {message}", key=f"duplicate-rid:{w.name}"))
+        item.last_error = f"{w.name}: {error}"
+        self.retry_or_fail(item)
 
     def handle_ok(self, w: DispatchTarget, item: WorkItem, body: bytes, latency: float) -> None:
         try:
@@ -152,12 +155,7 @@ class Answers:
         """An error event before any id, in a 200 stream: SGLang's HTTP 400 of a non-streamed request (its
         validation's ValueError, contract 2.4)."""
         if DUPLICATE_RID in message:
-            if self.stopping:
-                return
-            self.emit(AlertEvent(severity=Severity.ERROR, text=f"{w.name} refused a duplicate request id; re-queued",
-                                 evidence=f"{item.rid}: {message}", key=f"duplicate-rid:{w.name}"))
-            item.last_error = f"{w.name}: stream error: {message}"
-            self.retry_or_fail(item)
+            self.duplicate_rid(w, item, f"stream error: {message}", message)
             return
         self.deliver(Rejected(item, f"rejected by SGLang (stream error event): {message}",
                               excerpt=f"prompt_len={len(item.prompt_ids)} max_new_tokens={item.max_new_tokens}"))

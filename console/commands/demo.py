@@ -24,9 +24,10 @@ from engine.api.wire import FINAL_RUN_STATES, RunState, Severity
 CACHE = Path.home() / ".cache" / "regen"
 DEMO_CONTEXT = 4096
 DEMO_SHARD_SIZE = 50
+DEMO_KV_TOKENS = 8192
 # --quick: fast enough that 500 prompts finish in a minute or two on 2 cores, slow enough to watch batching
 DEMO_SIM_ARGS = (
-    "--max-running-requests", "32", "--context-length", str(DEMO_CONTEXT),
+    "--max-total-tokens", str(DEMO_KV_TOKENS), "--context-length", str(DEMO_CONTEXT),
     "--sim-step-ms", "12", "--sim-step-ms-per-req", "0.2", "--sim-tokens-per-step", "2",
     "--sim-output-mean", "160", "--sim-output-sigma", "0.7", "--sim-empty-share", "0.02",
     "--sim-load-s", "1",

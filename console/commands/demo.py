@@ -33,10 +33,9 @@ DEMO_SIM_ARGS = (
     "--sim-load-s", "1",
 )
 
-# the default demo: 20x slower decode steps and 8 requests a server, so the default run lasts 3-4 minutes
-# (time to try the keys); measured with `regen demo --headless --until-done` (at 120 ms steps and 32 a server
-# it was over in 50 s)
-WATCHABLE_PACE = ("--sim-step-ms", "240", "--max-running-requests", "8")
+# the default demo: 20x slower decode steps and half the KV pool, so the default run lasts a few minutes (time to
+# try the keys); measured with `regen demo --headless --until-done`
+WATCHABLE_PACE = ("--sim-step-ms", "240", "--max-total-tokens", str(DEMO_KV_TOKENS // 2))
 
 TOPICS = ("prime numbers", "a python list", "the attention layer", "gpu memory", "a test case", "the cache",
           "an array index error", "the square root of two", "batch size", "a string function")

@@ -165,8 +165,8 @@ class ServerTuner:
         self.run.save(self)
         lines = evidence_lines([evidence]) + [f"bounds {b.text()} ([workers] conservativeness_min / _max)"]
         severity = Severity.WARNING if d.verdict == TuningVerdict.RAISE else Severity.INFO
-        return Change(severity, f"worker {self.name}: {d.reason}: its server restarts with {CONSERVATIVENESS_FLAG} "
-                                f"{d.value:g} (was {old:g})", "\n".join(lines))
+        return Change(severity, f"worker {self.name} restarts with {CONSERVATIVENESS_FLAG} {d.value:g} (was {old:g}): "
+                                f"{d.why}", "\n".join(lines))
 
 
 def pilot_choice(run: RunTuning, evidence: list[TuningEvidence], max_new_tokens: int,

@@ -13,8 +13,9 @@ from engine.api.tuning import TuningChoice
 from engine.api.wire import WireError, decode
 from engine.config.load import RunConfig
 from engine.servers.tuning_rule import CLIP_ENV
+from engine.store.run_dir import TUNING_FILE
 
-RECORD_FILE = "tuning.json"
+RECORD_FILE = TUNING_FILE
 
 
 @dataclass

@@ -34,7 +34,12 @@ class Bounds:
 class Decision:
     value: float
     verdict: TuningVerdict
-    reason: str
+    why: str  # the measured figures and what they say
+    action: str  # "raised from 1 to 1.3", "kept at 1"
+
+    @property
+    def reason(self) -> str:
+        return f"{self.why}; {self.action}"
 
 
 class EvidenceWindow:
@@ -122,38 +127,36 @@ def decide(current: float, evidence: list[TuningEvidence], bounds: Bounds, floor
     again). Retractions come first: a pool that runs out costs the recomputation of every retracted request."""
     p = pool(evidence)
     rate = p.rate
+    kept = f"kept at {current:g}"
     if rate is not None and rate > RETRACTIONS_PER_MIN and (p.retractions or 0) >= 2:
-        said = (f"{p.retractions:.0f} requests retracted in {duration_text(p.minutes * 60)} of serving ({rate:.1f} a "
-                f"minute, more than {RETRACTIONS_PER_MIN:g}): the KV pool runs out")
+        why = (f"{p.retractions:.0f} requests retracted in {duration_text(p.minutes * 60)} of serving ({rate:.1f} a "
+               f"minute, more than {RETRACTIONS_PER_MIN:g}): the KV pool runs out")
         new = round(min(bounds.high, current + RAISE_STEP), 2)
         if new <= current:
-            return Decision(current, TuningVerdict.KEEP, f"{said}, and {current:g} is at conservativeness_max "
-                                                         f"{bounds.high:g} already")
-        return Decision(new, TuningVerdict.RAISE, f"{said}; raised from {current:g} to {new:g}")
+            return Decision(current, TuningVerdict.KEEP, why, f"{kept}, conservativeness_max {bounds.high:g}")
+        return Decision(new, TuningVerdict.RAISE, why, f"raised from {current:g} to {new:g}")
     retracted = ("retractions N/A (the servers export no retraction counter)" if rate is None
                  else f"{p.retractions:.0f} retractions ({rate:.1f} a minute)")
     if p.queued < MIN_READINGS:
         return Decision(current, TuningVerdict.KEEP, f"requests queued in {p.queued} of {p.readings} /metrics readings "
-                                                     f"(fewer than {MIN_READINGS}): nothing waited on admission; kept "
-                                                     f"at {current:g}")
+                                                     f"(fewer than {MIN_READINGS}): nothing waited on admission", kept)
     if p.capped >= FREQUENT * p.queued:
         return Decision(current, TuningVerdict.KEEP, f"in {p.capped} of {p.queued} readings with requests queued the "
                                                      "servers ran their whole batch (max_running_requests): the cap, not "
-                                                     f"admission, held them back; kept at {current:g}")
+                                                     "admission, held them back", kept)
     usage = p.usage_queued or 0.0
     if p.low_usage_queued < FREQUENT * p.queued:
         return Decision(current, TuningVerdict.KEEP, f"token usage {usage:.2f} while requests queued (>= "
                                                      f"{USAGE_FULL:g} in {p.queued - p.low_usage_queued - p.capped} of "
-                                                     f"{p.queued} readings): the KV pool limits, {retracted}; kept at "
-                                                     f"{current:g}")
-    said = (f"token usage {usage:.2f} (< {USAGE_FULL:g}) while requests queued ({p.low_usage_queued} of {p.queued} "
-            f"queued readings, mean #queue-req {p.mean_queue or 0:.0f}), {retracted}: admission holds requests back")
+                                                     f"{p.queued} readings): the KV pool limits, {retracted}", kept)
+    why = (f"token usage {usage:.2f} (< {USAGE_FULL:g}) in {p.low_usage_queued} of {p.queued} readings with requests "
+           f"queued (mean #queue-req {p.mean_queue or 0:.0f}), {retracted}: admission holds requests back")
     target = bounds.low if floor is None else max(bounds.low, round(floor + RAISE_STEP, 2))
     if target >= current:
-        why = (f"conservativeness_min {bounds.low:g}" if floor is None or target == bounds.low
-               else f"{target:g}, one step above {floor:g} where it retracted too often")
-        return Decision(current, TuningVerdict.KEEP, f"{said}; {current:g} is at {why} already")
-    return Decision(target, TuningVerdict.LOWER, f"{said}; lowered from {current:g} to {target:g}")
+        at = (f"conservativeness_min {bounds.low:g}" if floor is None or target == bounds.low
+              else f"{target:g}, one step above {floor:g} where it retracted too often")
+        return Decision(current, TuningVerdict.KEEP, why, f"{kept}, {at}")
+    return Decision(target, TuningVerdict.LOWER, why, f"lowered from {current:g} to {target:g}")
 
 
 def choose_clip(max_new_tokens: int, clip_now: int, output_p99: float | None) -> tuple[int | None, str]:

@@ -76,8 +76,8 @@ class TuningChoice:
     """The run's --schedule-conservativeness (and the clip env, where one is set), with why."""
     value: float | None  # what the servers are launched with (None: the operator's flag, whose value is no number)
     measured_at_value: float | None  # the value the evidence was measured at (None: no evidence)
-    source: str  # TuningSource
-    verdict: str  # TuningVerdict
+    source: TuningSource
+    verdict: TuningVerdict
     reason: str  # one sentence with the figures that decided it
     low: float  # [workers] conservativeness_min / conservativeness_max: the bounds of a tuned value
     high: float

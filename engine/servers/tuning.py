@@ -91,7 +91,7 @@ class RunTuning:
         value, source, clip, reason = s.value, s.source, s.clip, s.reason
         kept = self.record.server(name) if s.source.tuned and not self.pilot else None
         if kept is not None:  # where this server's last restart left it in an earlier start of the run
-            value, source, reason, floor = kept.value, TuningSource(kept.source), kept.reason, kept.floor
+            value, source, reason, floor = kept.value, kept.source, kept.reason, kept.floor
             clip = None if self.operator_clip else kept.clip
         return ServerTuner(self, name, value, source, reason, clip, floor)
 
@@ -114,15 +114,18 @@ class RunTuning:
         return AlertEvent(severity=Severity.INFO, text=text, evidence="\n".join(evidence + self.notes),
                           key="tuning:start")
 
-    def save(self, tuner: ServerTuner) -> None:
+    def save(self, tuner: ServerTuner) -> str | None:
+        """The server's value into the run dir's record; None, or why it could not be written."""
         if self.pilot or self.path is None or tuner.value is None:
-            return
+            return None
         self.record.servers = [s for s in self.record.servers if s.name != tuner.name] + [ServerRecord(
             tuner.name, tuner.value, tuner.source, tuner.reason, time.time(), tuner.floor, tuner.clip)]
         try:
             write_record(self.path, self.record)
         except OSError as exc:
             log.warning("worker %s: cannot record its %s in %s: %s", tuner.name, CONSERVATIVENESS_FLAG, self.path, exc)
+            return f"not recorded in {self.path} ({exc}): the run's next start launches it at {self.start.value}"
+        return None
 
 
 class ServerTuner:
@@ -162,8 +165,9 @@ class ServerTuner:
         if d.verdict == TuningVerdict.RAISE:
             self.floor = max(self.floor or 0.0, self.value)
         old, self.value, self.source, self.reason = self.value, d.value, TuningSource.RESTART, d.reason
-        self.run.save(self)
+        unsaved = self.run.save(self)
         lines = evidence_lines([evidence]) + [f"bounds {b.text()} ([workers] conservativeness_min / _max)"]
+        lines += [unsaved] if unsaved else []
         severity = Severity.WARNING if d.verdict == TuningVerdict.RAISE else Severity.INFO
         return Change(severity, f"worker {self.name} restarts with {CONSERVATIVENESS_FLAG} {d.value:g} (was {old:g}): "
                                 f"{d.why}", "\n".join(lines))

@@ -9,7 +9,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.api.tuning import TuningChoice
+from engine.api.tuning import TuningChoice, TuningSource
 from engine.api.wire import WireError, decode
 from engine.config.load import RunConfig
 from engine.servers.tuning_rule import CLIP_ENV
@@ -23,7 +23,7 @@ class ServerRecord:
     """One server's value as the run last launched it."""
     name: str
     value: float
-    source: str  # TuningSource
+    source: TuningSource
     reason: str
     changed_at: float
     floor: float | None = None  # the highest value it retracted too often at: never lowered to it again

@@ -36,6 +36,7 @@ def pilot_logs_in_tmp_path(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_pilot_on_the_demos_servers_prints_a_lowered_value_with_the_usage_that_led_to_it(tmp_path, tiny_model_dir,
                                                                                           capsys):
     prompts = write_prompts(tmp_path / "prompts", 200, 0)
@@ -79,6 +80,7 @@ def retracting_config(run_dir: Path, model: Path) -> RunConfig:
                                                  "--sim-output-mean", "1500", "--sim-output-sigma", "0.3")))
 
 
+@pytest.mark.slow
 async def test_a_server_retracting_more_than_once_a_minute_restarts_more_conservative_with_an_alert(
         tmp_path, tiny_model_dir):
     cfg = retracting_config(tmp_path / "run", tiny_model_dir)

@@ -217,6 +217,8 @@ class EventFold:
         w.discovered_batch, w.discovered_source = ev.discovered_batch, ev.discovered_source
         w.host, w.remote = getattr(ev, "host", ""), getattr(ev, "remote", False)
         w.prompt_tokens, w.cached_tokens = ev.prompt_tokens, ev.cached_tokens
+        w.retracted, w.conservativeness, w.conservativeness_source = (ev.retracted, ev.conservativeness,
+                                                                      ev.conservativeness_source)
         w.as_of = ev.ts
         w.tok_history.add(ev.ts, ev.gen_throughput if ev.gen_throughput is not None else
                           (0.0 if ev.state != WorkerState.READY else None))

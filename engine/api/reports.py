@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.api.tuning import TuningChoice, TuningEvidence
 from engine.api.wire import Severity, decode
 
 STATS_SCHEMA = "regen.stats/1"
@@ -327,6 +328,9 @@ class PilotResult:
     wall_s: float
     log_dir: str
     finish_reasons: dict[str, int]
+    output_p99: float | None = None  # None: an engine from before it
+    # each pilot server's /metrics while the pilot ran (token usage, queue, retractions): what the tuning is chosen from
+    evidence: list[TuningEvidence] = field(default_factory=list)
 
 
 @dataclass
@@ -394,6 +398,8 @@ class Plan:
     slurm: SlurmPlan | None = None  # with [slurm]: the jobs regen submits and the allocations the run needs
     context: ContextCheck | None = None  # the prompts against the context (every row read)
     warnings: list[str] = field(default_factory=list)  # what the operator must see before starting (WARN lines)
+    # the servers' --schedule-conservativeness: chosen from the pilot's /metrics, or what the run starts with
+    tuning: TuningChoice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": PLAN_SCHEMA, **asdict(self)}

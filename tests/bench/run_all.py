@@ -192,7 +192,8 @@ def tuning_rows(tun: dict) -> list[str]:
                 f"steps a server after the ratio's decay), 2 servers with a KV pool of {w['pool']:,}, answers mean "
                 f"{w['output_mean']:,.0f} (max_new {w['max_new']:,}); regen at {r['chosen_source']} vs regen on "
                 f"default servers (running {chosen['mean_running']:,.0f} vs {default['mean_running']:,.0f}, usage "
-                f"{chosen['mean_usage']:.2f} vs {default['mean_usage']:.2f})")
+                f"{chosen['mean_usage']:.2f} vs {default['mean_usage']:.2f}; runs limited by admission "
+                f"{chosen.get('runs_counted', '?')} and {default.get('runs_counted', '?')} of {tun['repeats']})")
         target = tun["target"]["seed" if name == "seed" else "vs_default"]
         rows.append(f"| {what} | {chosen['tokens_per_s']:,.0f} | {default['tokens_per_s']:,.0f} | "
                     f"{r['chosen_vs_default']:.3f}x | ≥ {target:.2f}x | {_yes(met.get(f'{name}_vs_default'))} |")

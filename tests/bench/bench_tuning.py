@@ -1,6 +1,7 @@
 """Regen's server tuning (issue 38): --schedule-conservativeness for the servers regen launches vs SGLang's default.
 
-    .venv/bin/python -m tests.bench.bench_tuning [--quick] [--repeats N] [--workloads spread,spread40k,seed] [--keep DIR]
+    .venv/bin/python -m tests.bench.bench_tuning [--quick] [--repeats N] [--workloads spread,spread40k,seed]
+                                                 [--sweep 0.5,0.3] [--keep DIR]
 
 Two simulated SGLang 0.5.23 servers launched without --max-running-requests, admission as SGLang's (engine.simulator
 .kv_policy: a new request reserves its clipped max_new_tokens in full, the running ones are discounted by the new-token
@@ -12,10 +13,12 @@ ratio, which decays over 600 decode steps from min(0.7 x conservativeness, 1) to
 
 Arms, alternated in each repeat (reversed every other repeat), the same prompts and rids (so the same answers):
   regen default   the real supervisor; its servers launched with SGLang's default conservativeness (no flag)
-  regen 0.5 ...   the same with an explicit --schedule-conservativeness (the sweep: 0.5 on spread, 0.3 on seed)
+  regen 0.3 ...   the same with an explicit --schedule-conservativeness (the sweep: 0.3 on seed; --sweep for more)
   regen chosen    the same with the settings regen chooses: chosen_settings(), the one place that says which
   baseline        bench_spread's peer-like client (a thread pool of 4,096 concurrent chat requests, round-robin) on
                   default servers: N = 4,096 is its best N there (64 caps each server at 32 of the ~400 it admits)
+  baseline chosen the same client on servers launched with what regen chosen's servers ran with (spread only): it
+                  keeps every queue full, so it measures the setting on the servers alone
 
 Each arm is boxed by steps: it stops once every server ran 600 + window_steps decode steps since its first admission
 (more prompts than that serves). Figures, per server from its step log (decode-log-interval 1), summed over the
@@ -84,8 +87,7 @@ class Workload:
 
 
 WORKLOADS = {
-    "spread": Workload("spread", 281_029, 400, 0.5, 2048, requests=5000, window_steps=600, baseline=True,
-                       sweep=(0.5,)),
+    "spread": Workload("spread", 281_029, 400, 0.5, 2048, requests=5000, window_steps=600, baseline=True),
     "spread40k": Workload("spread40k", 40_000, 400, 0.5, 2048, requests=2000, window_steps=600, baseline=False),
     "seed": Workload("seed", 281_029, 1500, 1.0, 32768, requests=2000, window_steps=2400, baseline=False,
                      sweep=(0.3,)),
@@ -101,8 +103,8 @@ def with_conservativeness(cfg: RunConfig, value: float | None) -> RunConfig:
     return cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(extra_args=extra))))
 
 
-# SGLang's guide (docs/advanced_features/hyperparameter_tuning.md): token usage < 0.9 with a queue -> lower it (e.g. 0.3);
-# retractions more often than about once a minute -> raise it. On seed, 0.3 retracts ~12 times a server-minute: 0.5.
+# SGLang's guide (docs/advanced_features/hyperparameter_tuning.md): token usage < 0.9 with a queue -> lower it
+# (e.g. 0.3); retractions more often than about once a minute -> raise it. On seed 0.3 retracts ~12 a server-minute: 0.5
 CHOSEN = {"spread": 0.3, "spread40k": 0.3, "seed": 0.5}
 
 
@@ -132,7 +134,9 @@ def arms_for(w: Workload, quick: bool) -> list[Arm]:
         arms += [Arm(f"regen_{c}", Client.REGEN, c) for c in w.sweep]
     arms.append(Arm("regen_chosen", Client.REGEN, chosen=True))
     if w.baseline and not quick:
-        arms.append(Arm("baseline", Client.BASELINE))
+        # the peer-like client keeps every server's queue full: on default and on chosen servers it measures what
+        # the setting does to the servers alone, whatever regen's client does on a loaded engine core
+        arms += [Arm("baseline", Client.BASELINE), Arm("baseline_chosen", Client.BASELINE, chosen=True)]
     return arms
 
 
@@ -160,9 +164,11 @@ def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path) -> 
                 engine_cpu_share=engine_cpu / (watch.stopped_at - (watch.started or res.started_at)))
 
 
-def run_baseline(w: Workload, model: Path, prompts: Path, work: Path) -> dict:
-    """bench_spread's client, in its own process pinned like the engine, stopped with the watch."""
-    sims = bc.start_sims(2, model, w.sim_args(), work / "sims")
+def run_baseline(w: Workload, model: Path, prompts: Path, work: Path, conservativeness: float | None) -> dict:
+    """bench_spread's client, in its own process pinned like the engine, stopped with the watch; its servers launched
+    with `conservativeness` (None: SGLang's default)."""
+    flags = [] if conservativeness is None else ["--schedule-conservativeness", str(conservativeness)]
+    sims = bc.start_sims(2, model, [*w.sim_args(), *flags], work / "sims")
     client = None
     try:
         watch = Watch(sims.urls, sims.logs, w.window_steps)
@@ -187,7 +193,7 @@ def run_baseline(w: Workload, model: Path, prompts: Path, work: Path) -> dict:
         sims.stop()
     assert watch.stopped_at is not None
     return dict(figures(sims.logs, watch.stopped_at, watch.retracted, COST, TIME_SCALE),
-                source="SGLang's default (no flag)")
+                source="SGLang's default (no flag)" if conservativeness is None else f"explicit {conservativeness}")
 
 
 # -- the runs -------------------------------------------------------------------------------------------------------
@@ -204,8 +210,12 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
             work = base / f"{w.name}-r{r}-{arm.name}"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
-            res = (run_baseline(w, model, prompts, work) if arm.client == Client.BASELINE
-                   else run_regen(w, arm, model, prompts, work))
+            if arm.client == Client.BASELINE:
+                # on chosen servers: what regen's chosen arm's servers ran with (their server_args line)
+                setting = runs["regen_chosen"][0]["conservativeness"][0] if arm.chosen else None
+                res = run_baseline(w, model, prompts, work, setting)
+            else:
+                res = run_regen(w, arm, model, prompts, work)
             res["limited_by"] = "admission" if res["queued_share_min"] >= ADMISSION_SHARE else "client"
             runs.setdefault(arm.name, []).append(res)
             print(f"  tuning {w.name} {r + 1}/{repeats} {arm.name} ({res['source']}): {res['tokens_per_s']:,.0f} tok/s "
@@ -232,10 +242,12 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
             "chosen_vs_default": ratio(median, "regen_chosen", "regen_default"),
             "best_vs_default": ratio(median, best, "regen_default"),
             "chosen_vs_baseline": ratio(median, "regen_chosen", "baseline"),
+            "servers_chosen_vs_default": ratio(median, "baseline_chosen", "baseline"),
             "default_vs_baseline": ratio(median, "regen_default", "baseline")}
 
 
-def run(workloads: list[str], repeats: int, quick: bool = False, keep: Path | None = None) -> dict:
+def run(workloads: list[str], repeats: int, quick: bool = False, keep: Path | None = None,
+        sweep: tuple[float, ...] | None = None) -> dict:
     model = bc.tiny_model()
     base = keep or Path(tempfile.mkdtemp(prefix="regen-bench-tuning-"))
     out: dict = {"benchmark": "tuning", "repeats": repeats, "quick": quick, "simulators": 2, "time_scale": TIME_SCALE,
@@ -244,7 +256,8 @@ def run(workloads: list[str], repeats: int, quick: bool = False, keep: Path | No
                             "retractions_per_server_min": TARGET_RETRACT_PER_MIN}}
     try:
         for name in workloads:
-            w = replace(WORKLOADS[name], window_steps=WORKLOADS[name].window_steps // 4) if quick else WORKLOADS[name]
+            w = WORKLOADS[name] if sweep is None else replace(WORKLOADS[name], sweep=sweep)
+            w = replace(w, window_steps=w.window_steps // 4) if quick else w
             out["workloads"][name] = run_workload(w, repeats, quick, model, base, keep is not None)
     finally:
         if not keep:
@@ -275,12 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="a smoke run: regen default vs chosen, shorter boxes")
     ap.add_argument("--keep", type=Path, default=None, help="keep every run dir and server log under this folder")
+    ap.add_argument("--sweep", default=None,
+                    help="explicit settings for extra regen arms on every workload, e.g. 0.5,0.3 (default: its own)")
     args = ap.parse_args(argv)
     names = [n for n in args.workloads.split(",") if n]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         ap.error(f"--workloads {','.join(unknown)}: not a workload; known: {', '.join(WORKLOADS)}")
-    res = run(names, 1 if args.quick else args.repeats, quick=args.quick, keep=args.keep)
+    sweep = None if args.sweep is None else tuple(float(x) for x in args.sweep.split(",") if x)
+    res = run(names, 1 if args.quick else args.repeats, quick=args.quick, keep=args.keep, sweep=sweep)
     out = bc.write_result("tuning", res)
     for name, r in res["workloads"].items():
         for arm, m in r["median"].items():

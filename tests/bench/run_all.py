@@ -201,6 +201,12 @@ def tuning_rows(tun: dict) -> list[str]:
         if sweep:
             rates = ", ".join(f"{m[a]['tokens_per_s']:,.0f}" for a in sweep)
             rows.append(f"| tuning, {name}: the sweep ({', '.join(sweep)}) | {rates} | | | | n/a |")
+        if r.get("servers_chosen_vs_default") is not None:
+            bc_, b = m["baseline_chosen"], m["baseline"]
+            rows.append(f"| tuning, {name}: the setting on the servers alone: the peer-like client (every queue full) on "
+                        f"chosen vs default servers (running {bc_['mean_running']:,.0f} vs {b['mean_running']:,.0f}) | "
+                        f"{bc_['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | {r['servers_chosen_vs_default']:.3f}x "
+                        f"| | n/a |")
         if r.get("chosen_vs_baseline") is not None:
             b = m["baseline"]
             rows.append(f"| tuning, {name}: regen chosen vs the peer-like baseline at N = 4,096 on default servers "

@@ -199,8 +199,9 @@ def tuning_rows(tun: dict) -> list[str]:
                     f"{r['chosen_vs_default']:.3f}x | ≥ {target:.2f}x | {_yes(met.get(f'{name}_vs_default'))} |")
         sweep = [a for a in m if a.startswith("regen_") and a not in ("regen_chosen", "regen_default")]
         if sweep:
-            rates = ", ".join(f"{m[a]['tokens_per_s']:,.0f}" for a in sweep)
-            rows.append(f"| tuning, {name}: the sweep ({', '.join(sweep)}) | {rates} | | | | n/a |")
+            rates = "; ".join(f"{m[a]['tokens_per_s']:,.0f} ({m[a]['tokens_per_s'] / default['tokens_per_s']:.3f}x, "
+                              f"{m[a]['retractions_per_server_min']:.1f} retractions a server-minute)" for a in sweep)
+            rows.append(f"| tuning, {name}: the sweep ({', '.join(sweep)}) vs default servers | {rates} | | | | n/a |")
         if r.get("servers_chosen_vs_default") is not None:
             bc_, b = m["baseline_chosen"], m["baseline"]
             rows.append(f"| tuning, {name}: the setting on the servers alone: the peer-like client (every queue full) on "

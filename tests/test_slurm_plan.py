@@ -57,9 +57,11 @@ def test_sbatch_and_srun_lines_carry_every_key():
     argv = sbatch_argv(cfg, 1)
     assert argv[:2] == ["sbatch", "--parsable"]
     for word in ("--job-name=drafter-1", "--partition=gpu", "--account=llm", "--qos=high", "--constraint=h100",
-                 "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8", "--time=1-00:00:00",
+                 "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8",
                  "--exclusive", "--output=/scratch/run/slurm/job-%j.out"):
         assert word in argv, word
+    # the first jobs' limits staggered: (24 h - 600 s) / 2 groups apart, in whole minutes
+    assert "--time=1-00:00:00" in sbatch_argv(cfg, 0) and "--time=12:05:00" in argv
     assert argv[-1] == "--wrap=" + shlex.join(srun_argv(cfg, 1))
     assert srun_argv(cfg, 1) == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "env",
                                  "PYTHONPATH=/scratch/run/slurm/.regen/engine", "/opt/sglang/bin/python", "-m", "engine.placement.slurm.step", "--work-dir",

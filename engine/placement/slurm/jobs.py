@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.api.wire import JobSource
+from engine.config.schema import time_limit_seconds
 
 TIMEOUT_S = 30.0
 JOBS_FILE = "jobs.jsonl"  # under the slurm work dir: every job regen submitted (regen stop cancels these only)
@@ -27,6 +28,17 @@ def time_left_text(raw: str) -> str:
     limit` for INVALID (a job over its limit that Slurm has not killed yet), `no limit`, `not set`."""
     raw = raw.strip()
     return TIME_LEFT_WORDS.get(raw, raw)
+
+
+def time_left_s(text: str) -> int | None:
+    """squeue's %L (`9:58`, `1:00:00`, `1-02:00:00`) in seconds; 0 for INVALID (past its limit, not killed yet);
+    None for UNLIMITED, NOT_SET."""
+    if text.strip() == "INVALID":
+        return 0
+    try:
+        return time_limit_seconds(text)
+    except ValueError:
+        return None
 
 
 class SlurmError(Exception):
@@ -206,3 +218,11 @@ async def cancel_leftovers(jobs_file: Path) -> tuple[list[str], str]:
         if (await state(job_id)).active:
             live.append(job_id)
     return live, await cancel(live)
+
+
+async def lower_limit(job_id: str, limit: str) -> None:
+    """`scontrol update JobId=ID TimeLimit=LIMIT`: a user may lower the limit of a job of theirs (not raise it)."""
+    rc, out, err = await run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
+    if rc != 0:
+        raise SlurmError(f"scontrol update JobId={job_id} TimeLimit={limit} (exit {rc}): "
+                         f"{err.strip() or out.strip() or '(no output)'}")

@@ -213,6 +213,7 @@ def handover_spans(run_dir) -> dict[str, list[tuple[float, float]]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)
 def test_two_groups_hand_over_in_turn_with_no_gap_in_commits(tmp_path, tiny_model_dir, cluster2, supervisors,
                                                               renderer_for):
     """time_limit 3 minutes, handover_s 30, two groups of 2 GPUs on nodes of 4 (a next job fits beside the old one):
@@ -220,7 +221,7 @@ def test_two_groups_hand_over_in_turn_with_no_gap_in_commits(tmp_path, tiny_mode
     servers are proven while the old ones serve, the group moves onto them, and the old job, drained, is cancelled.
     The committed count keeps rising through every hand-over, at most one group drains at a time, every hand-over
     alert is info (none says a host was lost), and every sample is written once."""
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=700, nodes=2, time_limit="3", handover_s=30,
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=600, nodes=2, time_limit="3", handover_s=30,
                        sim=("--sim-step-ms", "100", "--sim-output-mean", "200", "--max-running-requests", "4"))
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)

@@ -213,6 +213,11 @@ class SlurmLink(HostLink):
         """The member's port in a job of port block `slot`."""
         return m.spec.port + base_port(self.cfg, self.group, slot) - base_port(self.cfg, self.group, 0)
 
+    @property
+    def loading(self) -> bool:
+        """The watched job runs and its servers are not all proven yet (their load is being measured)."""
+        return self._loading_since is not None
+
     def _member_changed(self, m: RemoteWorker, state: str) -> None:
         """Every server of the job proven: its load time (RUNNING to the last one ready) is measured."""
         if state == WorkerState.READY and self._loading_since is not None and all(
@@ -313,7 +318,7 @@ class SlurmLink(HostLink):
 
     def took_over(self, s: Successor) -> None:
         """The group serves from the next job of a hand-over now (its members moved onto its servers)."""
-        self.job, self._life, self.next_job = s.job, s.job.restarts, None
+        self.job, self._life, self.next_job, self._loading_since = s.job, s.job.restarts, None, None
         self._attached.add(s.job_id)
         self.host = self.group_host.model_copy(update={"work_dir": str(s.here)})
         self.state, self.error = (HostState.DRAINED if self.drained else HostState.UP), None

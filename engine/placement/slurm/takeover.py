@@ -75,7 +75,9 @@ class Takeover:
         if s is not None and s.ended is not None:  # it ended before it could take over: said, and submitted again
             link.alerts.ended(s.ended, stopping=False, taking_over=None)
             self.successor, link.next_job = None, None
-        if self.successor is None and left <= link.slurm.handover_s + link.schedule.lead_s():
+        # not while this job's own servers still load: their load is the run's latest measurement of the lead
+        loading = link.loading and left > link.slurm.handover_s
+        if self.successor is None and not loading and left <= link.slurm.handover_s + link.schedule.lead_s():
             try:
                 job_id = await link.submit()
             except SlurmError as exc:

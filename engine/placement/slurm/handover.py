@@ -92,12 +92,16 @@ class Successor:
                 self.running_since = now
                 if life == 0:
                     link.schedule.queue_waits.append(now - self.submitted_at)
+                log.info("group %s: next job %s running on %s, %.1f s after its submission", link.host.name,
+                         self.job.job_id, self.job.nodes, now - self.submitted_at)
                 await link.stagger(self.job)
             if self.here is None and not self._read_node(life):
                 await asyncio.sleep(PROVE_POLL_S)
                 continue
             if await self._prove():
                 link.schedule.loads.append(link.clock() - self.running_since)
+                log.info("group %s: next job %s's servers proven %.1f s after its start", link.host.name,
+                         self.job.job_id, link.clock() - self.running_since)
                 self.ready.set()
                 return
             await asyncio.sleep(PROVE_POLL_S)

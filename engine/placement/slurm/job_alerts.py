@@ -110,5 +110,5 @@ class JobAlerts:
             return
         self.said_ended.add(job.job_id)
         self.emit(AlertEvent(severity=Severity.INFO, text=f"slurm job {job.job_id} ({self.group}) ended as planned "
-                             f"({job.state}, {how[job.state]}); job {taken_over_by} serves the group",
+                             f"({job.state}, {how[job.state]}); job {taken_over_by} takes the group over",
                              evidence=job.words(), key=job_alerts.key(job_alerts.HANDED_OVER, self.group, job.job_id)))

@@ -297,6 +297,9 @@ class SlurmLink(HostLink):
 
     def _ended(self, job: JobState) -> None:
         handing_over = self.takeover.draining or self.takeover.successor is not None
+        if handing_over and self.next_job and job.state == "CANCELLED" and self.takeover.planned_end(job):
+            self.alerts.retired(job, self.next_job, cancelled_by_regen=True)  # drained, cancelled by regen
+            return
         self.alerts.ended(job, stopping=self._stopping, taking_over=self.next_job if handing_over else None)
 
     async def _final_state(self, job: JobState) -> JobState:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from engine.api.events import AlertEvent
 from engine.api.wire import HostState, Severity, WorkerState
 from engine.placement.slurm import jobs as slurm_jobs
-from engine.placement.slurm.handover import Successor, retire, server_copy
+from engine.placement.slurm.handover import IDLE_READS, Successor, retire, server_copy
 from engine.placement.slurm.jobs import JobState, SlurmError, time_left_s, time_left_text
 from engine.placement.slurm.schedule import LEAD_MARGIN_S, limit_text, trimmed_limit_min, window_s
 
@@ -33,6 +33,8 @@ class Takeover:
         self.retiring: dict[str, asyncio.Task] = {}
         self.draining = False
         self.end_at: float | None = None  # the watched job's limit (the link's clock), from squeue's time left
+        self.idle_reads = 0  # the drained job's servers read with no request open, in a row
+        self.cancelled: str | None = None  # the drained job regen cancelled before its limit (planned)
 
     @property
     def name(self) -> str:
@@ -91,6 +93,8 @@ class Takeover:
                                  evidence=f"{job.words()}; submitted {link.schedule.lead_s():.0f} s before the drain "
                                  f"(handover_s = {link.slurm.handover_s} before the limit): "
                                  f"{link.schedule.lead_words()}", key=f"slurm-handover:{self.name}"))
+        if self.draining:
+            await self._release_drained(job)
         if left <= link.slurm.handover_s and not self.draining:
             self.draining = True
             link.set_drained(True)
@@ -99,6 +103,23 @@ class Takeover:
                                  f"{link.slurm.handover_s} s before its limit, before the next job's servers are "
                                  "proven: the group serves nothing until they are", evidence=f"next job: {nxt}; "
                                  f"{link.schedule.lead_words()}", key=f"slurm-handover:{self.name}"))
+
+    async def _release_drained(self, job: JobState) -> None:
+        """Drained before the next job is ready: once its servers have answered their last requests (read IDLE_READS
+        times in a row), the old job is cancelled, not held idle to its limit; on a full cluster that frees the nodes
+        the next job waits for."""
+        if self.cancelled == job.job_id or self.successor is None:
+            return
+        idle = all(m.metrics.running_reqs == 0 and m.metrics.queued_reqs == 0 for m in self.link.members)
+        self.idle_reads = self.idle_reads + 1 if idle else 0
+        if self.idle_reads >= IDLE_READS and not await slurm_jobs.cancel([job.job_id]):
+            self.cancelled = job.job_id
+            log.info("group %s: job %s drained (no request open) before job %s is ready: cancelled", self.name,
+                     job.job_id, self.successor.job_id)
+
+    def planned_end(self, job: JobState) -> bool:
+        """A job's end that a hand-over planned: its limit, or regen's own cancel once it was drained."""
+        return job.state == "TIMEOUT" or (job.state == "CANCELLED" and job.job_id == self.cancelled)
 
     async def job_ended(self, job: JobState | None) -> bool:
         """The watch ended (the next job's servers proven, or the watched job ended): True when that was a planned
@@ -116,13 +137,13 @@ class Takeover:
             said = await slurm_jobs.cancel([job.job_id])
             log.info("group %s: job %s requeued during a hand-over, cancelled: %s", self.name, job.job_id,
                      said or "done")
-        if job is None or job.state != "TIMEOUT":
+        if job is None or not self.planned_end(job):
             return False
         link.state, link.error = HostState.CONNECTING, f"slurm job {s.job_id} takes over: {s.words()}"
         for m in link.members:
             m.drop_live_figures()
             m.set_state(WorkerState.STARTING, link.error)
-        link.readings.mark_stale("the job reached its time limit")
+        link.readings.mark_stale(f"the job ended ({job.state}): a hand-over")
         log.info("group %s: %s reached its limit; %s", self.name, job.words(), link.error)
         return True
 
@@ -140,7 +161,7 @@ class Takeover:
             m.served_model_name, m.capacity_info = new.served_model_name, new.capacity_info
             m.crashes_told, m.agent_seen, m.unhealthy_since = new.crashes_told, new.agent_seen, None
             m.set_state(HostState.DRAINED if keep_drained else WorkerState.READY)
-        self.draining, link.drained = False, keep_drained
+        self.draining, link.drained, self.idle_reads = False, keep_drained, 0
         link.took_over(s)
         old_id = old.job_id
         task = self.retiring[old_id] = asyncio.create_task(retire(link, old, old_servers, s.job_id, self.end_at),

@@ -192,15 +192,13 @@ class SlurmLink(HostLink):
         """When the job was submitted (the link's clock); its queue wait is measured from then (once)."""
         return self._submitted_at.pop(job_id, self.clock())
 
-    async def submit(self, time_min: int | None = None) -> str:
-        """sbatch the group's next job: the group's first one with its staggered limit, any later one with time_limit
-        (or `time_min`), each in the other port block than the job before it."""
-        first = not self._slots
+    async def submit(self) -> str:
+        """sbatch the group's next job: the group's first one with its staggered limit, any later one with time_limit,
+        each in the other port block than the job before it."""
         current = self._slots.get(self.job.job_id) if self.job is not None else None
         slot = 0 if current is None else 1 - current
-        limit = time_min if time_min is not None else (
-            first_limit_min(self.slurm, layout_of(self.cfg).groups, self.group) if first else
-            minutes(self.slurm.time_limit_s))
+        limit = (first_limit_min(self.slurm, layout_of(self.cfg).groups, self.group) if not self._slots else
+                 minutes(self.slurm.time_limit_s))
         argv = sbatch_argv(self.cfg, self.group, time_min=limit, slot=slot)
         job_id = await slurm_jobs.submit(argv, self.jobs_file, self.group)
         self._slots[job_id], self._limits[job_id], self._submitted_at[job_id] = slot, limit, self.clock()

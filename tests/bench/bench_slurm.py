@@ -105,6 +105,7 @@ GROUPS_SIM = ("--max-running-requests", "8", "--sim-step-ms", "40", "--sim-step-
               "--sim-load-s", "0.2")
 WINDOW_S = 10.0
 PART_AGE_S = 0.5  # parts committed at least this often: a 10 s window's count is off by at most one part at each end
+RAMP_S = 10.0  # after the last group's first server joins, the dispatcher fills it: not yet the steady state
 ROWS = re.compile(r"committed \S+: (\d+) rows, \d+ output tokens, at ([\d.]+)")
 ANSWER = re.compile(r'^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] INFO: +(\S+) - "POST /generate HTTP/1.1" 200')
 SUBMITTED = re.compile(r"slurm job (\d+) \((regen-\d+)\) has \S+ left: job (\d+) submitted to take over")
@@ -167,7 +168,8 @@ def handovers_of(run_dir: Path) -> list[dict]:
 
 
 def steady_span(run_dir: Path, groups: int) -> tuple[float, float, list[tuple[float, int]]]:
-    """From the moment every group first had a server ready to STEADY_SHARE of the rows committed, and the commits."""
+    """From RAMP_S after every group first had a server ready to STEADY_SHARE of the rows committed, and the
+    commits."""
     ready: dict[str, float] = {}
     for t, line in bc.supervisor_lines(run_dir):
         m = re.search(r"worker (regen-\d+)\.\S+: \S+ -> ready", line)
@@ -180,7 +182,7 @@ def steady_span(run_dir: Path, groups: int) -> tuple[float, float, list[tuple[fl
         if done >= STEADY_SHARE * total:
             t_end = t
             break
-    return max(ready.values()) if len(ready) >= groups else rows[0][0], t_end, rows
+    return (max(ready.values()) if len(ready) >= groups else rows[0][0]) + RAMP_S, t_end, rows
 
 
 def exactly_once(run_dir: Path, prompts: Path) -> dict:
@@ -259,6 +261,7 @@ def groups_mode(work: Path, model: Path, conversations: int) -> dict:
             "uninterrupted": whole, "handed_over": handed, "steady_samples_per_s": steady,
             "windows_during_handovers": len(during),
             "min_window_ratio": min(during) / steady if during else None,
+            "median_window_ratio": statistics.median(during) / steady if during else None,
             "windows_at_least_90pct": sum(r >= 0.9 * steady for r in during),
             "gap_s_max": max(gaps) if gaps else None, "gap_s_median": statistics.median(gaps) if gaps else None}
 
@@ -320,7 +323,9 @@ def report_groups(res: dict, write: bool = True) -> int:
     h = res["handed_over"]
     print(f"slurm groups ({res['mode']}): steady {res['steady_samples_per_s']:.1f} samples/s without hand-overs; "
           f"{res['windows_during_handovers']} 10 s windows during hand-overs, the lowest at "
-          f"{res['min_window_ratio']:.0%} of it, {res['windows_at_least_90pct']} at >= 90%; hand-overs per group "
+          f"{res['min_window_ratio']:.0%} of it (median {res['median_window_ratio']:.0%}), "
+          f"{res['windows_at_least_90pct']} at >= 90%; wall {h['wall_s']:.0f} s against "
+          f"{res['uninterrupted']['wall_s']:.0f} s without hand-overs; hand-overs per group "
           f"{h['handovers_per_group']}; gap (old servers' last answer to the new ones' first) median "
           f"{res['gap_s_median']:+.0f} s, max {res['gap_s_max']:+.0f} s; kill lag "
           f"{res['kill_lag']['past_limit_s']:.0f} s past a 1-minute limit; exactly once: {h['exactly_once']}"

@@ -112,6 +112,12 @@ class Schedule:
         return (f"queue wait {said(self.queue_waits, self.queue_wait_s())}, load {said(self.loads, self.load_s())}, "
                 f"margin {LEAD_MARGIN_S:.0f} s")
 
+    def kill_lag_words(self) -> str:
+        """How long past its limit Slurm ends a job, as the operator reads it."""
+        if self.kill_lags:
+            return f"{self.kill_lag_s():.0f} s after it (measured)"
+        return f"up to ~{DEFAULT_KILL_LAG_S:.0f} s after it (its limit check) plus KillWait (none measured yet)"
+
     def others(self, group: int) -> list[float]:
         return [end for g, end in self.ends.items() if g != group]
 

@@ -102,7 +102,9 @@ class Takeover:
             link.emit(AlertEvent(severity=Severity.WARNING, text=f"slurm job {job.job_id} ({self.name}) is drained "
                                  f"{link.slurm.handover_s} s before its limit, before the next job's servers are "
                                  "proven: the group serves nothing until they are", evidence=f"next job: {nxt}; "
-                                 f"{link.schedule.lead_words()}", key=f"slurm-handover:{self.name}"))
+                                 f"{link.schedule.lead_words()}; the old job is cancelled once its servers answered "
+                                 f"their last requests, else Slurm ends it at its limit, "
+                                 f"{link.schedule.kill_lag_words()}", key=f"slurm-handover:{self.name}"))
 
     async def _release_drained(self, job: JobState) -> None:
         """Drained before the next job is ready: once its servers have answered their last requests (read IDLE_READS

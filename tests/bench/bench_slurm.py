@@ -229,12 +229,12 @@ def groups_run(model: Path, prompts: Path, work: Path, time_limit: str) -> dict:
     t = t0
     while t + WINDOW_S <= t1:
         n = sum(k for tc, k in rows if t <= tc < t + WINDOW_S)
-        windows.append({"start": t, "samples_per_s": n / WINDOW_S,
-                        "hand_over": any(a < t + WINDOW_S and b > t for a, b in spans)})
+        windows.append([round(t - t0, 1), round(n / WINDOW_S, 2), any(a < t + WINDOW_S and b > t for a, b in spans)])
         t += 1.0
     jobs = (run_dir / "slurm" / "jobs.jsonl").read_text().splitlines()
     return {"time_limit": time_limit, "wall_s": run.wall_s, "steady_samples_per_s": steady, "steady_span_s": t1 - t0,
-            "jobs_submitted": len(jobs), "handovers": hand, "windows": windows,
+            "jobs_submitted": len(jobs), "handovers": hand, "steady_from": t0,
+            "windows_fields": ["start_s_after_steady_from", "samples_per_s", "overlaps_a_hand_over"], "windows": windows,
             "handovers_per_group": {g: sum(h["group"] == g for h in hand) for g in ("regen-0", "regen-1")},
             "exactly_once": exactly_once(run_dir, prompts),
             "errors": [e for e in map(__import__("json").loads, (run_dir / "telemetry.jsonl").read_text().splitlines())
@@ -254,7 +254,7 @@ def groups_mode(work: Path, model: Path, conversations: int) -> dict:
         handed = groups_run(model, prompts, work, "2")
     finally:
         cluster.close()
-    during = [w["samples_per_s"] for w in handed["windows"] if w["hand_over"]]
+    during = [rate for _, rate, hand_over in handed["windows"] if hand_over]
     steady = whole["steady_samples_per_s"]
     gaps = [h["gap_s"] for h in handed["handovers"] if "gap_s" in h]
     return {"mode": cluster.mode, "conversations": conversations, "sim_args": list(GROUPS_SIM), "kill_lag": lag,

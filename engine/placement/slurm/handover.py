@@ -81,7 +81,7 @@ class Successor:
                 await asyncio.sleep(POLL_S)
                 continue
             if not self.job.active:
-                self.ended = await link._final_state(self.job)
+                self.ended = await slurm_jobs.final_state(self.job)
                 return
             if self.job.state != "RUNNING" or self.job.restarts != life:  # waits (again, if requeued)
                 life, self.running_since, self.here = self.job.restarts, None, None
@@ -158,7 +158,7 @@ async def retire(link: SlurmLink, job: JobState, servers: list[RemoteWorker], ta
             log.info("group %s: job %s drained (no request open): %s", link.host.name, job.job_id,
                      said or "cancelled")
     ended_at = link.clock()
-    job = await link._final_state(job)
+    job = await slurm_jobs.final_state(job)
     if job.state == "TIMEOUT" and end_at is not None:
         link.schedule.kill_lags.append(max(0.0, ended_at - end_at))
     link.alerts.retired(job, taken_over_by, cancelled)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,7 +15,10 @@ from pathlib import Path
 from engine.api.wire import JobSource
 from engine.config.schema import time_limit_seconds
 
+log = logging.getLogger("regen.slurm")
+
 TIMEOUT_S = 30.0
+FINAL_STATE_WAIT_S = 15.0
 JOBS_FILE = "jobs.jsonl"  # under the slurm work dir: every job regen submitted (regen stop cancels these only)
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 GONE = "GONE"  # the state of a job neither squeue, scontrol nor sacct knows (any more)
@@ -226,3 +230,34 @@ async def lower_limit(job_id: str, limit: str) -> None:
     if rc != 0:
         raise SlurmError(f"scontrol update JobId={job_id} TimeLimit={limit} (exit {rc}): "
                          f"{err.strip() or out.strip() or '(no output)'}")
+
+
+async def final_state(job: JobState) -> JobState:
+    """A job COMPLETING is on its way out: wait a little for the state it ends in (CANCELLED, TIMEOUT, NODE_FAIL ...),
+    which is what the operator is told."""
+    deadline = time.monotonic() + FINAL_STATE_WAIT_S
+    while job.state == "COMPLETING" and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        try:
+            job = await state(job.job_id)
+        except SlurmError:
+            break  # the last state seen is said
+    return job
+
+
+async def read_end(job: JobState, wait_s: float, group: str) -> JobState:
+    """A job's state once cancelled, as Slurm says it (CANCELLED, or COMPLETING for a moment): what the status shows
+    from now on, not the RUNNING read before the cancel. Read for at most wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            job = await state(job.job_id)
+        except SlurmError as exc:
+            log.warning("group %s: the state of job %s after its cancel: %s", group, job.job_id, exc)
+            return job
+        if not job.active or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.5)
+    log.info("group %s: %s%s", group, job.words(), "" if not job.active else
+             f" {wait_s:.0f} s after its cancel (its end is read again by `regen status` once the supervisor is gone)")
+    return job

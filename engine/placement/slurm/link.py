@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,10 +19,10 @@ from typing import Callable
 import aiohttp
 
 from engine.placement.slurm import jobs as slurm_jobs
-from engine.config.load import Host, RunConfig, dump_toml
-from engine.placement.hosts.deploy import engine_tarball, host_config
+from engine.config.load import Host, RunConfig
+from engine.placement.hosts.deploy import host_config
 from engine.placement.hosts.link import HostLink
-from engine.placement.hosts.ssh import AGENT_DIR, HostError
+from engine.placement.hosts.ssh import HostError
 from engine.api.status import HostStatus, SlurmJobStatus
 from engine.placement.hosts.remote_worker import RemoteWorker
 from engine.placement.slurm.handover import Successor
@@ -34,6 +32,7 @@ from engine.placement.slurm.plan import (base_port, job_name, jobs_file, layout_
                                          slurm_work_dir)
 from engine.placement.slurm.schedule import Schedule, first_limit_min, limit_text, minutes
 from engine.placement.slurm.takeover import Takeover
+from engine.placement.slurm.workdir import prepare_work_dir, run_here
 from engine.placement.slurm.ranks import RankCrashes
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.api.events import AlertEvent, Event
@@ -43,7 +42,6 @@ log = logging.getLogger("regen.slurm")
 
 POLL_S = 2.0
 NODE_FILE_WAIT_S = 60.0
-FINAL_STATE_WAIT_S = 15.0
 RELEASE_WAIT_S = 5.0  # a job cancelled at the run's end: its end is read this long at most (the status shows it)
 
 
@@ -94,46 +92,12 @@ class SlurmLink(HostLink):
 
     # -- commands "on the host": the work dir is shared with the nodes ----------------------------
     async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-        except OSError as exc:
-            raise HostError(f"cannot run /bin/sh: {exc}") from exc
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise HostError(f"`{command[:80]}` timed out after {timeout:.0f} s") from None
-        rc = await proc.wait()  # communicate() returned once it exited: its exit code, at once
-        return rc, out.decode(errors="replace"), err.decode(errors="replace")
+        return await run_here(command, stdin, timeout)
 
     # -- join: the job instead of ssh + agent --------------------------------------------------
     async def deploy(self) -> None:
-        engine_dir = self.slurm_dir / AGENT_DIR
-        marker = engine_dir / ".deployed-by"
-        me = f"supervisor pid {os.getpid()}"  # one deploy per supervisor: every group's job runs from the same copy
-        gdir = Path(self.group_host.work_dir)
-        try:
-            gdir.mkdir(parents=True, exist_ok=True)
-            if not marker.exists() or marker.read_text() != me:  # once per supervisor, not under running jobs
-                staging = self.slurm_dir / f".engine-{self.group}"
-                shutil.rmtree(staging, ignore_errors=True)
-                staging.mkdir(parents=True)
-                proc = await asyncio.create_subprocess_exec("tar", "-x", "-C", str(staging), "-f", "-",
-                                                            stdin=asyncio.subprocess.PIPE)
-                await proc.communicate(engine_tarball(self.engine_root))
-                if not marker.exists() or marker.read_text() != me:
-                    shutil.rmtree(engine_dir, ignore_errors=True)
-                    engine_dir.parent.mkdir(parents=True, exist_ok=True)
-                    staging.rename(engine_dir)
-                    marker.write_text(me)
-                else:
-                    shutil.rmtree(staging, ignore_errors=True)
-            cfg = host_config(self.cfg, self.group_host).model_copy(update={"slurm": None})
-            (gdir / "host.toml").write_text(dump_toml(cfg))
-        except OSError as exc:
-            raise HostError(f"preparing the Slurm work dir {self.slurm_dir}: {exc}") from exc
+        cfg = host_config(self.cfg, self.group_host).model_copy(update={"slurm": None})
+        await prepare_work_dir(self.slurm_dir, self.group, Path(self.group_host.work_dir), self.engine_root, cfg)
 
     async def start_agent(self) -> str:
         try:
@@ -147,7 +111,7 @@ class SlurmLink(HostLink):
                 self.job = await slurm_jobs.state(self.job.job_id)
                 if not self.job.active and self.job.job_id in self._attached:
                     # the job this link served from ended (said once, in Slurm's words): the next one is queued
-                    self._ended(await self._final_state(self.job))
+                    self._ended(await slurm_jobs.final_state(self.job))
                     self.job = JobState(await self.submit(), "PENDING")
                     continue
                 if self.job.state == "RUNNING":
@@ -284,7 +248,7 @@ class SlurmLink(HostLink):
                 log.warning("group %s: %s", self.host.name, exc)
                 continue  # slurmctld busy: the servers' own health still tells
             if self.job.state != "RUNNING" or self.job.restarts != self._life:  # ended, or requeued (maybe run again)
-                self.job = await self._final_state(self.job)
+                self.job = await slurm_jobs.final_state(self.job)
                 self._ended(self.job)
                 return f"slurm {self.job.words()}"
             self.ranks.tell(self.job, job_dir(self.slurm_dir, self.group, self.job.job_id, self.job.restarts))
@@ -299,18 +263,6 @@ class SlurmLink(HostLink):
             self.alerts.retired(job, self.next_job, cancelled_by_regen=True)  # drained, cancelled by regen
             return
         self.alerts.ended(job, stopping=self._stopping, taking_over=self.next_job if handing_over else None)
-
-    async def _final_state(self, job: JobState) -> JobState:
-        """A job COMPLETING is on its way out: wait a little for the state it ends in (CANCELLED, TIMEOUT,
-        NODE_FAIL ...), which is what the operator is told."""
-        deadline = time.monotonic() + FINAL_STATE_WAIT_S
-        while job.state == "COMPLETING" and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-            try:
-                job = await slurm_jobs.state(job.job_id)
-            except SlurmError:
-                break  # the last state seen is said
-        return job
 
     async def _lose(self, reason: str) -> None:
         """A planned hand-over is the takeover's (info, never a lost host); any other end of the job loses it."""
@@ -349,26 +301,8 @@ class SlurmLink(HostLink):
                 log.warning("group %s: %s", self.host.name, said)
             else:
                 self.next_job = None  # cancelled with it: nothing takes over
-            await self._read_end()
-
-    async def _read_end(self) -> None:
-        """The job's state once cancelled, as Slurm says it (CANCELLED, or COMPLETING for a moment): what the status
-        shows from now on, not the RUNNING read before the cancel. Read for at most RELEASE_WAIT_S."""
-        if self.job is None:
-            return
-        deadline = time.monotonic() + RELEASE_WAIT_S
-        while True:
-            try:
-                self.job = await slurm_jobs.state(self.job.job_id)
-            except SlurmError as exc:
-                log.warning("group %s: the state of job %s after its cancel: %s", self.host.name, self.job.job_id, exc)
-                return
-            if not self.job.active or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.5)
-        log.info("group %s: %s%s", self.host.name, self.job.words(), "" if not self.job.active else
-                 f" {RELEASE_WAIT_S:.0f} s after its cancel (its end is read again by `regen status` once the "
-                 "supervisor is gone)")
+            if self.job is not None:
+                self.job = await slurm_jobs.read_end(self.job, RELEASE_WAIT_S, self.host.name)
 
     def status(self) -> HostStatus:
         st = super().status()

@@ -269,6 +269,22 @@ def slurm_lines(s: SlurmPlan, console: Console) -> None:
     console.print("  each job's step (the --wrap above), on every node of its group:")
     for line in s.srun:
         console.print(Text("    " + line), soft_wrap=True)
+    handover_lines(s, console)
+
+
+def handover_lines(s: SlurmPlan, console: Console) -> None:
+    """When each group hands over: its first --time staggered so no two groups drain together."""
+    if not s.handovers:
+        return
+    console.print(f"  hand-overs, from the first submission (the groups' first limits {duration_text(s.spacing_s)} apart, "
+                  f"so no two drain together; assuming a {duration_text(s.assumed_queue_wait_s)} queue wait and "
+                  f"{duration_text(s.assumed_load_s)} load, which the run measures and uses instead):", soft_wrap=True)
+    for g in range(s.groups):
+        said = [f"job {h.job + 1} (--time {duration_text(h.time_limit_s)}): next job submitted at "
+                f"{duration_text(h.submit_s)}, serving at {duration_text(h.switch_s)}, drain by {duration_text(h.drain_s)}"
+                for h in s.handovers if h.group == g]
+        if said:
+            console.print(f"    group {g}: " + "; ".join(said), soft_wrap=True)
 
 
 def cut_policy_line(c: CutPolicyProjection) -> Text:

@@ -351,6 +351,19 @@ class BrakePlan:
 
 
 @dataclass(frozen=True)
+class SlurmHandover:
+    """One planned hand-over of a [slurm] group (engine/placement/slurm/schedule.py): seconds from the run's first
+    submission, on the plan's assumed queue wait and load time (regen measures both as it runs)."""
+    group: int
+    job: int  # the group's allocation that hands over: 0 for its first job
+    time_limit_s: int  # that job's --time (a group's first one is staggered)
+    submit_s: float  # the next job is submitted (lead: queue wait + load + margin before the switch)
+    switch_s: float  # the next job's servers are proven: they join the router and this job's servers drain
+    drain_s: float  # the latest drain: handover_s before the limit, whether or not the next job is ready
+    limit_s: float  # this job's limit (Slurm ends it then, or up to its kill lag later, unless regen cancelled it)
+
+
+@dataclass(frozen=True)
 class SlurmPlan:
     """What `regen plan` says about a [slurm] run."""
     layout: str
@@ -363,6 +376,11 @@ class SlurmPlan:
     allocations: int | None  # consecutive allocations each group needs (None: no projection)
     sbatch: list[str]  # one line per group, shell-quoted
     srun: list[str]
+    # when each group hands over (its first --time staggered so no two drain together), and the assumptions
+    handovers: list[SlurmHandover] = field(default_factory=list)
+    spacing_s: float = 0.0  # how far apart the groups' first limits are set
+    assumed_queue_wait_s: float = 0.0
+    assumed_load_s: float = 0.0
 
 
 @dataclass

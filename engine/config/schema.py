@@ -695,8 +695,10 @@ class Slurm(Section):
     """Each allocation's time limit (sbatch --time), in Slurm's format: "240", "4:00:00", "1-00:00:00". A run
     longer than it goes on in the next allocation."""
     handover_s: Annotated[StrictInt, Field(ge=30)] = 300
-    """Seconds before the time limit at which regen drains the job's servers (requests in flight finish) and queues
-    the next allocation, which takes over (read from squeue's time left)."""
+    """Seconds before the time limit by which the job's servers are drained (requests in flight finish in it). regen
+    submits the group's next job early enough (this run's measured queue wait and load time) that its servers are
+    proven by then, moves the group onto them, and cancels the old job once drained; the groups' first limits are
+    staggered so that no two hand over together (docs/slurm.md)."""
     pending_alert_s: Annotated[StrictInt, Field(ge=1)] = 600
     """Seconds a job may stay PENDING before regen raises one alert with Slurm's reason (Resources, Priority, ...),
     which [notify] sends whatever its min_severity; its start after that is said too."""

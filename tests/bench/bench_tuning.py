@@ -6,19 +6,25 @@
 Two simulated SGLang 0.5.23 servers launched without --max-running-requests, admission as SGLang's (engine.simulator
 .kv_policy: a new request reserves its clipped max_new_tokens in full, the running ones are discounted by the new-token
 ratio, which decays over 600 decode steps from min(0.7 x conservativeness, 1) to 0.14 x that). Workloads:
-  spread     bench_spread's answers (lognormal mean 400, sigma 0.5, max_new_tokens 2,048), prompts ~300 tokens,
-             KV pool 281,029 tokens (a real 0.5.23 server's on an H200: tests/test_capacity.py)
-  spread40k  the same on bench_spread's own servers (KV pool 40,000 tokens)
+  spread40k  bench_spread's workload: its answers (lognormal mean 400, sigma 0.5, max_new_tokens 2,048), prompts ~300
+             tokens, its servers' KV pool of 40,000 tokens (issue 38's targets: >= 1.15x the baseline, >= 1.10x default)
+  spread     the same answers on issue 38's side-by-side pool, 281,029 tokens (a real 0.5.23 server's on an H200:
+             tests/test_capacity.py)
   seed       the seed-like run: answers lognormal mean 1,500, sigma 1, max_new_tokens 32,768, pool 281,029
 
-Arms, alternated in each repeat (reversed every other repeat), the same prompts and rids (so the same answers):
-  regen default   the real supervisor; its servers launched with SGLang's default conservativeness (no flag)
-  regen 0.3 ...   the same with an explicit --schedule-conservativeness (the sweep: 0.3 on seed; --sweep for more)
-  regen chosen    the same with the settings regen chooses: chosen_settings(), the one place that says which
+Before the arms, regen chooses: `regen plan --pilot` (engine.plan.projection.make_plan, what the command runs) on the
+workload's servers and prompts with [workers] schedule_conservativeness = "auto" (the default); the value it records in
+<run_dir>/tuning.json, and its evidence (each pilot server's token usage while requests queued, #queue-req,
+retractions), is what "regen chosen" runs with. Arms, alternated in each repeat (reversed every other repeat), the same
+prompts and rids (so the same answers):
+  regen default   the real supervisor; its servers at SGLang's default conservativeness ("auto", no pilot record)
+  regen 0.5 ...   the same with an explicit --schedule-conservativeness: the value the earlier bench gave by hand
+                  (Workload.explicit) where the pilot chose another, and --sweep's
+  regen chosen    the same, its run dir holding the pilot's tuning.json (as `regen run` after `regen plan --pilot`)
   baseline        bench_spread's peer-like client (a thread pool of 4,096 concurrent chat requests, round-robin) on
-                  default servers: N = 4,096 is its best N there (64 caps each server at 32 of the ~400 it admits)
-  baseline chosen the same client on servers launched with what regen chosen's servers ran with (spread only): it
-                  keeps every queue full, so it measures the setting on the servers alone
+                  default servers: N = 4,096 is its best N (bench_spread: the reported batch, 2 x 2,048, over 64)
+  baseline chosen the same client on servers launched with the pilot's value (spread only): it keeps every queue full,
+                  so it measures the setting on the servers alone
 
 Each arm is boxed by steps: it stops once every server ran 600 + window_steps decode steps since its first admission
 (more prompts than that serves). Figures, per server from its step log (decode-log-interval 1), summed over the

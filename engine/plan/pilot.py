@@ -241,7 +241,9 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
     windows: list[EvidenceWindow] = []
     read_errors: dict[int, str] = {}
     started = time.monotonic()
-    connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S)  # below uvicorn's idle close (http_client.py)
+    # no connection limit (aiohttp's default: 100 in all): the pilot keeps batch + margin in flight on every server, as
+    # the run's session does (http_client.client_session); keepalive below uvicorn's idle close
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
         servers = _PilotServers(cfg, log_dir, python or sys.executable, session,
                                 tuning or RunTuning(cfg, None, pilot=True))

@@ -399,3 +399,20 @@ def test_pilot_answers_stream_through_the_guard_and_its_loops_are_stopped(tmp_pa
     # where the pilot's server logs stay, as --json's pilot.log_dir says
     logs = re.search(r"pilot server logs \(on the host, kept for reading\): (\S+)", text).group(1)
     assert (Path(logs) / "workers" / "gpu0" / "server.log").is_file(), logs
+
+
+def test_pilot_keeps_more_than_a_hundred_requests_in_flight_when_the_batch_is_larger(tmp_path, tiny_model_dir, capsys):
+    # aiohttp's default connection limit (100 in all) once capped the pilot's session: a server with a batch of 120
+    # ran at most 100, never queued, and the tuning rule read "nothing waited on admission"
+    prompts = tmp_path / "many.jsonl"
+    with open(prompts, "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"id": f"m{i}", "prompt": f"Prompt {i} word word"}) + "\n")
+    knobs = ["--max-running-requests", "120", "--sim-step-ms", "4", "--sim-output-mean", "60", "--sim-output-sigma",
+             "0.3"]
+    cfg = write_config(tmp_path, tiny_model_dir, [prompts], extra=knobs)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "300", "--sample", "10", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    (w,) = d["pilot"]["workers"]
+    assert (w["batch"], w["in_flight"], w["batch_reached"]) == (120, 150, 120), w
+    assert not any("ran at most" in n for n in d["notes"]), d["notes"]

@@ -32,6 +32,10 @@ from engine.store.names import REPETITION
 
 BOOTSTRAP_ROUNDS = 2000
 ROUNDS = 2  # requests per in-flight slot: the first round fills the batch, the second keeps it full
+# requests the pilot has open on one server at once: a burst of connects stays under uvicorn's listen backlog (2,048, as
+# Linux's default tcp_max_syn_backlog; 2,500 at once were dropped: "Server disconnected"), and is still more than a
+# server admits on an H200-sized pool (~400-900), so a queue forms where admission is the limit
+CONNECTIONS_PER_SERVER = 1024
 READ_INTERVAL_S = 0.25  # /metrics readings of each pilot server
 METRICS_TIMEOUT_S = 5.0
 METRICS_MISSES = 3  # late /metrics answers in a row before a server's window is reconstructed from completions
@@ -241,7 +245,9 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
     windows: list[EvidenceWindow] = []
     read_errors: dict[int, str] = {}
     started = time.monotonic()
-    connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S)  # below uvicorn's idle close (http_client.py)
+    # not aiohttp's default limit (100 in all): the pilot keeps batch + margin in flight on every server, up to
+    # CONNECTIONS_PER_SERVER; keepalive below uvicorn's idle close
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=CONNECTIONS_PER_SERVER, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
         servers = _PilotServers(cfg, log_dir, python or sys.executable, session,
                                 tuning or RunTuning(cfg, None, pilot=True))

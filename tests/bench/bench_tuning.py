@@ -6,19 +6,25 @@
 Two simulated SGLang 0.5.23 servers launched without --max-running-requests, admission as SGLang's (engine.simulator
 .kv_policy: a new request reserves its clipped max_new_tokens in full, the running ones are discounted by the new-token
 ratio, which decays over 600 decode steps from min(0.7 x conservativeness, 1) to 0.14 x that). Workloads:
-  spread     bench_spread's answers (lognormal mean 400, sigma 0.5, max_new_tokens 2,048), prompts ~300 tokens,
-             KV pool 281,029 tokens (a real 0.5.23 server's on an H200: tests/test_capacity.py)
-  spread40k  the same on bench_spread's own servers (KV pool 40,000 tokens)
+  spread40k  bench_spread's workload: its answers (lognormal mean 400, sigma 0.5, max_new_tokens 2,048), prompts ~300
+             tokens, its servers' KV pool of 40,000 tokens (issue 38's targets: >= 1.15x the baseline, >= 1.10x default)
+  spread     the same answers on issue 38's side-by-side pool, 281,029 tokens (a real 0.5.23 server's on an H200:
+             tests/test_capacity.py)
   seed       the seed-like run: answers lognormal mean 1,500, sigma 1, max_new_tokens 32,768, pool 281,029
 
-Arms, alternated in each repeat (reversed every other repeat), the same prompts and rids (so the same answers):
-  regen default   the real supervisor; its servers launched with SGLang's default conservativeness (no flag)
-  regen 0.3 ...   the same with an explicit --schedule-conservativeness (the sweep: 0.3 on seed; --sweep for more)
-  regen chosen    the same with the settings regen chooses: chosen_settings(), the one place that says which
+Before the arms, regen chooses: `regen plan --pilot` (engine.plan.projection.make_plan, what the command runs) on the
+workload's servers and prompts with [workers] schedule_conservativeness = "auto" (the default); the value it records in
+<run_dir>/tuning.json, and its evidence (each pilot server's token usage while requests queued, #queue-req,
+retractions), is what "regen chosen" runs with. Arms, alternated in each repeat (reversed every other repeat), the same
+prompts and rids (so the same answers):
+  regen default   the real supervisor; its servers at SGLang's default conservativeness ("auto", no pilot record)
+  regen 0.5 ...   the same with an explicit --schedule-conservativeness: the value the earlier bench gave by hand
+                  (Workload.explicit) where the pilot chose another, and --sweep's
+  regen chosen    the same, its run dir holding the pilot's tuning.json (as `regen run` after `regen plan --pilot`)
   baseline        bench_spread's peer-like client (a thread pool of 4,096 concurrent chat requests, round-robin) on
-                  default servers: N = 4,096 is its best N there (64 caps each server at 32 of the ~400 it admits)
-  baseline chosen the same client on servers launched with what regen chosen's servers ran with (spread only): it
-                  keeps every queue full, so it measures the setting on the servers alone
+                  default servers: N = 4,096 is its best N (bench_spread: the reported batch, 2 x 2,048, over 64)
+  baseline chosen the same client on servers launched with the pilot's value (spread only): it keeps every queue full,
+                  so it measures the setting on the servers alone
 
 Each arm is boxed by steps: it stops once every server ran 600 + window_steps decode steps since its first admission
 (more prompts than that serves). Figures, per server from its step log (decode-log-interval 1), summed over the
@@ -59,6 +65,7 @@ from tests.bench.step_clock import DECAY_STEPS, StepCost, Watch, figures
 TIME_SCALE = 4.0
 COST = StepCost(step_ms=10 / TIME_SCALE, per_req_ms=0.1 / TIME_SCALE, prefill_ms_per_1k=2 / TIME_SCALE,
                 tokens_per_step=1)
+PILOT_PROMPTS = 200  # `regen plan --pilot N`: N is raised to what fills the servers' batches (engine.plan.pilot)
 PROMPT_WORDS = 250  # ~300 tokens with the tiny model's chat template
 BASELINE_THREADS = 4096
 ARM_TIMEOUT_S = 600.0
@@ -77,7 +84,8 @@ class Workload:
     max_new: int
     requests: int  # more than the servers finish in the arm: their queues never run dry in the window
     window_steps: int  # decode steps measured per server, after the DECAY_STEPS of the ratio's decay
-    baseline: bool  # run the peer-like client too
+    baselines: tuple[str, ...]  # the peer-like client's arms: "baseline" (default servers), "baseline_chosen"
+    explicit: float  # the value an explicit flag gave before the pilot chose (the earlier bench): an arm where it differs
     sweep: tuple[float, ...] = ()  # explicit conservativeness arms besides the default and the chosen one
 
     def sim_args(self) -> list[str]:
@@ -87,10 +95,11 @@ class Workload:
 
 
 WORKLOADS = {
-    "spread": Workload("spread", 281_029, 400, 0.5, 2048, requests=5000, window_steps=600, baseline=True),
-    "spread40k": Workload("spread40k", 40_000, 400, 0.5, 2048, requests=2000, window_steps=600, baseline=False),
-    "seed": Workload("seed", 281_029, 1500, 1.0, 32768, requests=2000, window_steps=2400, baseline=False,
-                     sweep=(0.3,)),
+    "spread40k": Workload("spread40k", 40_000, 400, 0.5, 2048, requests=2000, window_steps=600,
+                          baselines=("baseline",), explicit=0.3),
+    "spread": Workload("spread", 281_029, 400, 0.5, 2048, requests=5000, window_steps=600,
+                       baselines=("baseline", "baseline_chosen"), explicit=0.3),
+    "seed": Workload("seed", 281_029, 1500, 1.0, 32768, requests=2000, window_steps=2400, baselines=(), explicit=0.5),
 }
 
 
@@ -103,16 +112,47 @@ def with_conservativeness(cfg: RunConfig, value: float | None) -> RunConfig:
     return cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(extra_args=extra))))
 
 
-# SGLang's guide (docs/advanced_features/hyperparameter_tuning.md): token usage < 0.9 with a queue -> lower it
-# (e.g. 0.3); retractions more often than about once a minute -> raise it. On seed 0.3 retracts ~12 a server-minute: 0.5
-CHOSEN = {"spread": 0.3, "spread40k": 0.3, "seed": 0.5}
+@dataclass(frozen=True)
+class Choice:
+    """What `regen plan --pilot` chose for a workload's servers ([workers] schedule_conservativeness = "auto"), with
+    its evidence; the chosen arms' run dirs start from its record (<run_dir>/tuning.json), as a run after a plan does."""
+    value: float
+    verdict: str
+    reason: str  # the rule's sentence: token usage while requests queued, mean #queue-req, retractions
+    evidence: list[str]  # each pilot server's /metrics figures, one line each
+    clip: int | None
+    record: Path  # the pilot's tuning.json
+    pilot_prompts: int
+    pilot_wall_s: float
+
+    def as_dict(self) -> dict:
+        return dict(value=self.value, verdict=self.verdict, reason=self.reason, evidence=self.evidence, clip=self.clip,
+                    pilot_prompts=self.pilot_prompts, pilot_wall_s=self.pilot_wall_s)
 
 
-def chosen_settings(cfg: RunConfig, w: Workload) -> tuple[RunConfig, str]:
-    """The run config of the "regen chosen" arm and where its setting comes from: THE one place to point at regen's
-    own choice once it exists ([workers] schedule_conservativeness = "auto"). Until then an explicit flag through
-    [workers] extra_args. The figures read what each server ran with from its server_args line either way."""
-    return with_conservativeness(cfg, CHOSEN[w.name]), f"explicit {CHOSEN[w.name]} ([workers] extra_args)"
+def regen_config(w: Workload, model: Path, prompts: Path, run_dir: Path) -> RunConfig:
+    """The run config of every regen arm (and the pilot): the same model, launch, prompts and max_new_tokens, so the
+    pilot's record holds for the chosen arms' runs (engine.servers.tuning_record.config_key)."""
+    return bc.sim_config(model, [prompts], run_dir, gpus=2, sim_args=w.sim_args(),
+                         sampling=Sampling(max_new_tokens=w.max_new))
+
+
+def pilot_choice(w: Workload, model: Path, prompts: Path, work: Path) -> Choice:
+    """regen's own choice: `regen plan --pilot` (engine.plan.projection.make_plan, what the command runs) on the bench's
+    servers and prompts, with [workers] schedule_conservativeness = "auto" (the default)."""
+    from engine.plan.projection import make_plan
+    from engine.servers.tuning_record import RECORD_FILE
+
+    cfg = regen_config(w, model, prompts, work / "run")
+    bc.write_run_config(cfg)
+    plan = make_plan(cfg, pilot=PILOT_PROMPTS)
+    t, result = plan.tuning, plan.pilot
+    record = Path(cfg.run_dir) / RECORD_FILE
+    if t is None or t.value is None or result is None or not record.exists():
+        raise RuntimeError(f"regen plan --pilot {PILOT_PROMPTS} on {w.name}: no choice recorded in {record} "
+                           f"(tuning: {t}; notes: {plan.notes})")
+    return Choice(t.value, str(t.verdict), t.reason, [e.text() for e in t.evidence], t.clip, record, result.prompts,
+                  result.wall_s)
 
 
 class Client(StrEnum):
@@ -125,28 +165,29 @@ class Arm:
     name: str
     client: Client
     conservativeness: float | None = None  # explicit; None: SGLang's default
-    chosen: bool = False  # chosen_settings() decides
+    chosen: bool = False  # the pilot's choice (Choice)
 
 
-def arms_for(w: Workload, quick: bool) -> list[Arm]:
+def arms_for(w: Workload, quick: bool, chosen: float) -> list[Arm]:
     arms = [Arm("regen_default", Client.REGEN)]
-    if not quick:
-        arms += [Arm(f"regen_{c}", Client.REGEN, c) for c in w.sweep]
+    if not quick:  # the earlier explicit value where the pilot chose another, and the sweep
+        arms += [Arm(f"regen_{c:g}", Client.REGEN, c) for c in dict.fromkeys((w.explicit, *w.sweep)) if c != chosen]
     arms.append(Arm("regen_chosen", Client.REGEN, chosen=True))
-    if w.baseline and not quick:
-        # the peer-like client keeps every server's queue full: on default and on chosen servers it measures what
-        # the setting does to the servers alone, whatever regen's client does on a loaded engine core
-        arms += [Arm("baseline", Client.BASELINE), Arm("baseline_chosen", Client.BASELINE, chosen=True)]
+    if not quick:
+        # the peer-like client keeps every server's queue full: on default servers it is the peer at its best N; on
+        # chosen servers it measures what the setting does to the servers alone, whatever regen's client does
+        arms += [Arm(name, Client.BASELINE, chosen=name == "baseline_chosen") for name in w.baselines]
     return arms
 
 
 # -- the arms -------------------------------------------------------------------------------------------------------
-def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path) -> dict:
-    cfg = bc.sim_config(model, [prompts], work / "run", gpus=2, sim_args=w.sim_args(),
-                        sampling=Sampling(max_new_tokens=w.max_new))
-    source = "SGLang's default (no flag)"
-    if arm.chosen:
-        cfg, source = chosen_settings(cfg, w)
+def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path, choice: Choice) -> dict:
+    cfg = regen_config(w, model, prompts, work / "run")
+    source = "SGLang's default (auto, no pilot record)"
+    if arm.chosen:  # the run starts from the pilot's record, as `regen run` after `regen plan --pilot` in its run dir
+        (work / "run").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(choice.record, work / "run" / choice.record.name)
+        source = f"the pilot's choice {choice.value:g} (auto, {choice.record.name})"
     elif arm.conservativeness is not None:
         cfg, source = with_conservativeness(cfg, arm.conservativeness), f"explicit {arm.conservativeness}"
     n = len(cfg.workers.gpus)
@@ -160,8 +201,11 @@ def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path) -> 
                            f"{res.run_dir}/supervisor.log:\n{tail}")
     logs = sorted(p for wdir in (res.run_dir / "workers").iterdir() for p in wdir.glob("server*.log"))
     engine_cpu = res.cpu_at(watch.stopped_at) - res.cpu_at(watch.started or res.started_at)
-    return dict(figures(logs, watch.stopped_at, watch.retracted, COST, TIME_SCALE), source=source,
-                engine_cpu_share=engine_cpu / (watch.stopped_at - (watch.started or res.started_at)))
+    fig = figures(logs, watch.stopped_at, watch.retracted, COST, TIME_SCALE)
+    if arm.chosen and any(c != choice.value for c in fig["conservativeness"]):
+        raise RuntimeError(f"regen chosen on {w.name}: its servers ran with {fig['conservativeness']}, not the pilot's "
+                           f"{choice.value:g} ({res.run_dir}/supervisor.log)")
+    return dict(fig, source=source, engine_cpu_share=engine_cpu / (watch.stopped_at - (watch.started or res.started_at)))
 
 
 def run_baseline(w: Workload, model: Path, prompts: Path, work: Path, conservativeness: float | None) -> dict:
@@ -203,7 +247,12 @@ def ratio(median: dict, a: str, b: str) -> float | None:
 
 def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path, keep: bool) -> dict:
     prompts = bc.write_prompts(base / f"prompts-{w.name}.jsonl", w.requests, words=PROMPT_WORDS)
-    arms = arms_for(w, quick)
+    pilot_dir = base / f"{w.name}-pilot"
+    shutil.rmtree(pilot_dir, ignore_errors=True)
+    choice = pilot_choice(w, model, prompts, pilot_dir)
+    print(f"  tuning {w.name}: regen plan --pilot chose {choice.value:g} ({choice.verdict}; the earlier explicit "
+          f"{w.explicit:g}) in {choice.pilot_wall_s:.0f} s of {choice.pilot_prompts} prompts: {choice.reason}", flush=True)
+    arms = arms_for(w, quick, choice.value)
     runs: dict[str, list[dict]] = {}
     for r in range(repeats):
         for arm in (arms if r % 2 == 0 else arms[::-1]):  # alternated: drift weighs on every arm alike
@@ -212,10 +261,9 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
             work.mkdir(parents=True)
             if arm.client == Client.BASELINE:
                 # on chosen servers: what regen's chosen arm's servers ran with (their server_args line)
-                setting = runs["regen_chosen"][0]["conservativeness"][0] if arm.chosen else None
-                res = run_baseline(w, model, prompts, work, setting)
+                res = run_baseline(w, model, prompts, work, choice.value if arm.chosen else None)
             else:
-                res = run_regen(w, arm, model, prompts, work)
+                res = run_regen(w, arm, model, prompts, work, choice)
             res["limited_by"] = "admission" if res["queued_share_min"] >= ADMISSION_SHARE else "client"
             runs.setdefault(arm.name, []).append(res)
             print(f"  tuning {w.name} {r + 1}/{repeats} {arm.name} ({res['source']}): {res['tokens_per_s']:,.0f} tok/s "
@@ -238,6 +286,8 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
     return {"workload": {k: getattr(w, k) for k in ("pool", "output_mean", "output_sigma", "max_new", "requests",
                                                      "window_steps")},
             "sim_args": w.sim_args(), "chosen_source": runs["regen_chosen"][0]["source"],
+            "pilot": dict(choice.as_dict(), earlier_explicit=w.explicit),
+            "explicit_vs_default": ratio(median, f"regen_{w.explicit:g}", "regen_default"),
             "median": median, "runs": runs, "best_regen_arm": best,
             "chosen_vs_default": ratio(median, "regen_chosen", "regen_default"),
             "best_vs_default": ratio(median, best, "regen_default"),
@@ -268,7 +318,7 @@ def run(workloads: list[str], repeats: int, quick: bool = False, keep: Path | No
 
 def met(results: dict) -> dict:
     m: dict[str, bool | None] = {}
-    for name in ("spread", "spread40k"):
+    for name in ("spread40k", "spread"):
         r = results.get(name)
         if r:
             vb, vd = r["chosen_vs_baseline"], r["chosen_vs_default"]
@@ -302,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm, m in r["median"].items():
             print(f"{name} {arm}: {m['tokens_per_s']:,.0f} tok/s, running {m['mean_running']:.0f}, usage "
                   f"{m['mean_usage']:.2f}, retractions/server-min {m['retractions_per_server_min']:.2f}")
+        print(f"{name}: the pilot chose {r['pilot']['value']:g}: {r['pilot']['reason']}")
         print(f"{name}: chosen vs default {r['chosen_vs_default']:.3f}x"
               + (f", vs baseline {r['chosen_vs_baseline']:.3f}x" if r["chosen_vs_baseline"] else ""))
     print(f"met: {res['met']}\nwrote {out}")

@@ -194,6 +194,11 @@ def tuning_rows(tun: dict) -> list[str]:
                 f"default servers (running {chosen['mean_running']:,.0f} vs {default['mean_running']:,.0f}, usage "
                 f"{chosen['mean_usage']:.2f} vs {default['mean_usage']:.2f}; runs limited by admission "
                 f"{chosen.get('runs_counted', '?')} and {default.get('runs_counted', '?')} of {tun['repeats']})")
+        p = r.get("pilot")
+        if p:
+            rows.append(f"| tuning, {name}: `regen plan --pilot` chose --schedule-conservativeness {p['value']:g} "
+                        f"({p['verdict']}; the earlier explicit {p['earlier_explicit']:g}) from {p['pilot_prompts']:,} "
+                        f"prompts: {p['reason']} | | | | | n/a |")
         target = tun["target"]["seed" if name == "seed" else "vs_default"]
         rows.append(f"| {what} | {chosen['tokens_per_s']:,.0f} | {default['tokens_per_s']:,.0f} | "
                     f"{r['chosen_vs_default']:.3f}x | ≥ {target:.2f}x | {_yes(met.get(f'{name}_vs_default'))} |")

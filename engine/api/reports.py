@@ -359,6 +359,7 @@ class SlurmPlan:
     allocations: int | None  # consecutive allocations each group needs (None: no projection)
     sbatch: list[str]  # one line per group, shell-quoted
     srun: list[str]
+    time_min_s: int | None = None  # [slurm] time_min: backfill may start a job with a limit down to this
 
 
 @dataclass

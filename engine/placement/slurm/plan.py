@@ -63,13 +63,19 @@ class SlurmLayout:
                else f"one server of tp {self.tp_size} across {self.nodes_per_group} nodes")
         nodes = (f"{self.nodes_high} node(s)" if self.nodes_low == self.nodes_high
                  else f"{self.nodes_low}-{self.nodes_high} nodes (the plan counts on {self.nodes_low})")
+        elastic = ("" if self.groups == self.groups_counted else
+                   f" (elastic: each one Slurm grants serves at once; the plan counts on {self.groups_counted})")
         return (f"{nodes} x {self.gpus_per_node} GPUs: {per}; {self.groups} job(s) of {self.nodes_per_group} "
-                f"node(s), {self.servers} server(s)")
+                f"node(s), {self.servers} server(s){elastic}")
 
 
 def layout_of(cfg: RunConfig) -> SlurmLayout:
     s = slurm_section(cfg)
-    low, high = s.node_range
+    span = max(1, cfg.workers.tp_size // s.gpus_per_node)
+    if s.by_groups:  # the range in groups: in nodes for the layout
+        low, high = (g * span for g in s.group_range(span))
+    else:
+        low, high = s.node_range
     return SlurmLayout(gpus_per_node=s.gpus_per_node, tp_size=cfg.workers.tp_size, nodes_low=low, nodes_high=high)
 
 
@@ -124,6 +130,7 @@ def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False) -> list[
     argv += [f"--constraint={s.constraint}"] if s.constraint else []
     argv += [f"--nodes={layout.nodes_per_group}", "--ntasks-per-node=1", f"--gres=gpu:{s.gpus_per_node}",
              f"--time={s.time_limit}", f"--output={wd}/job-%j.out"]
+    argv += [f"--time-min={s.time_min}"] if s.time_min else []  # backfill may start it in a shorter idle window
     argv += ["--test-only"] if test_only else []
     argv += list(s.extra_args)
     argv.append("--wrap=" + shlex.join(srun_argv(cfg, group)))
@@ -143,4 +150,4 @@ def plan_slurm(cfg: RunConfig, projected_wall_s: float | None) -> SlurmPlan:
         handover_s=s.handover_s, usable_s=usable, projected_wall_s=projected_wall_s,
         allocations=None if projected_wall_s is None else allocations_needed(projected_wall_s, usable),
         sbatch=[shlex.join(sbatch_argv(cfg, g)) for g in range(layout.groups)],
-        srun=[shlex.join(srun_argv(cfg, g)) for g in range(layout.groups)])
+        srun=[shlex.join(srun_argv(cfg, g)) for g in range(layout.groups)], time_min_s=s.time_min_s)

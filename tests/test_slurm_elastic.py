@@ -14,6 +14,7 @@ import pytest
 
 from console.commands.status import render_status
 from engine.api.status import RunStatus
+from engine.config.load import dump_toml
 from engine.config.schema import time_limit_seconds
 from tests.slurm_fixtures import URGENT, require_slurm, start_slurm
 from tests.test_engine_run import ctl, renderer_for, status, supervisors, wait_for  # noqa: F401  (fixtures)
@@ -150,8 +151,11 @@ def test_regen_stop_after_a_sigkill_cancels_the_running_and_the_waiting_job_and_
 
     cfg = slurm_config(tmp_path, tiny_model_dir, prompts=150, nodes=1, max_groups=2, gpus_per_node=4, sim=SIM)
     run_dir = tmp_path / "run"
-    sup = supervisors(run_dir).start(cfg)
-    wait_for(lambda: done(run_dir) >= 20, 120, "first samples", sup)
+    run_toml = tmp_path / "slurm-run.toml"
+    run_toml.write_text(dump_toml(cfg))
+    started = regen_cli("start", "local", "--config", str(run_toml), timeout=240)
+    assert started.returncode == 0, started.stderr
+    wait_until(lambda: done(run_dir) >= 20, 120, "first samples")
     running, waiting = job_of(run_dir, "regen-0"), job_of(run_dir, "regen-1")
     assert (running["state"], waiting["state"]) == ("RUNNING", "PENDING")
     pid = int((run_dir / "supervisor.pid").read_text().split()[0])

@@ -16,6 +16,7 @@ from console.commands.status import render_status
 from engine.api.status import RunStatus
 from engine.config.load import dump_toml
 from engine.config.schema import time_limit_seconds
+from engine.placement.slurm.step import SUPERSEDED_FILE
 from tests.slurm_fixtures import URGENT, require_slurm, start_slurm
 from tests.test_engine_run import ctl, renderer_for, status, supervisors, wait_for  # noqa: F401  (fixtures)
 from tests.test_slurm_run import (alert, cluster2, every_sample_once, host_of, job_of, require_netns,  # noqa: F401
@@ -216,14 +217,16 @@ def test_a_node_failing_under_a_two_node_server_requeues_its_job_onto_other_node
     past SlurmdTimeout Slurm sets it down, kills the step on rank 0's node and requeues the job, which runs again on
     the two nodes left; the server is whole again there and the run ends with every sample exactly once."""
     require_netns(own_cluster3)
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=100, nodes=2, tp_size=4, sim=SIM)
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=60, nodes=2, tp_size=4, sim=SIM)
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
     wait_for(lambda: done(run_dir) >= 20, 120, "first samples", sup)
     # paused: a dead slurmd's job steps run on, and the server would finish the run before Slurm says the node failed
     assert ctl(run_dir, "pause", "--all").returncode == 0
     job = job_of(run_dir, "regen-0")
-    rank1_node = json.loads((run_dir / "slurm" / "g0" / f"job-{job['job_id']}" / "rank1" / "node.json").read_text())
+    rank1 = run_dir / "slurm" / "g0" / f"job-{job['job_id']}" / "rank1"
+    rank1_node = json.loads((rank1 / "node.json").read_text())
+    old_agent = int((rank1 / "agent.pid").read_text().split()[0])
     own_cluster3.kill_slurmd(rank1_node["node"])
     requeued = wait_for(lambda: alert(run_dir, f"slurm job {job['job_id']} (regen-0) was requeued (restart 1)"), 90,
                         "the requeue after the node failed", sup)
@@ -234,6 +237,11 @@ def test_a_node_failing_under_a_two_node_server_requeues_its_job_onto_other_node
                               else None)(host_of(run_dir, "regen-0")), 90, "the server whole again", sup)
     assert rank1_node["node"] not in expand(again["nodes"]) and len(expand(again["nodes"])) == 2, again
     wait_for(lambda: ((status(run_dir) or {}).get("router") or {}).get("members"), 60, "the server in the router", sup)
+    # the first life's rank 1 runs on where its slurmd died: it stopped itself once the job ran again, instead of
+    # joining the new life's server (same head node, same dist-init port) in place of that life's own rank 1
+    wait_until(lambda: not psutil.pid_exists(old_agent), 30, "the first life's rank-1 agent gone")
+    assert "(Slurm requeued it): this life (restart 0) stops its servers" in (rank1 / SUPERSEDED_FILE).read_text()
+    assert not alert(run_dir, "node rank 1 of the server of regen-0"), "the new life's rank 1 was refused"
     assert ctl(run_dir, "resume", "--all").returncode == 0
     assert sup.wait(240) == 0, sup.log_text()[-4000:]
     every_sample_once(run_dir, cfg, renderer_for)

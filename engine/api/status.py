@@ -167,11 +167,11 @@ class SlurmGroups:
     below_since: float | None = None  # live: granted below counted since then (epoch s); else None
 
     def text(self, live: bool = True) -> str:
-        """`slurm groups: 1 granted (1 serving), 1 pending, 2 wanted; the plan counts on 2 (below it)`."""
+        """`slurm groups: 1 granted (1 serving), 1 pending, 2 wanted; the plan counts on 2` (79 columns; the CLI and
+        the TUI colour it while fewer are granted than the plan counts on)."""
         serving = f" ({self.serving} serving)" if live else ""
-        below = " (below it)" if live and self.granted < self.counted else ""
         return (f"slurm groups: {self.granted} granted{serving}, {self.pending} pending, {self.wanted} wanted; "
-                f"the plan counts on {self.counted}{below}")
+                f"the plan counts on {self.counted}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

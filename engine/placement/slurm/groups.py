@@ -77,7 +77,7 @@ class GroupWatch:
         """Below min_groups for alert_after_s: one warning (sent by [notify]), cleared once enough are granted."""
         now = self.figures()
         if now.granted >= self.counted:
-            self._below = None
+            self._below = now.below_since = None
             if self._raised:
                 self._raised = False
                 self.emit(AlertEvent(severity=Severity.INFO, kind=AlertKind.CLEARED, key=job_alerts.BELOW_MIN,
@@ -86,6 +86,7 @@ class GroupWatch:
             return now
         if self._below is None:
             self._below = (self.clock(), time.time())
+            now.below_since = self._below[1]
         waited = self.clock() - self._below[0]
         if self.elastic and not self._raised and waited >= self.alert_after_s:
             self._raised = True

@@ -247,7 +247,7 @@ class RunStatus:
       checked_at     when this status was taken
       read_errors    offline: run-dir files that could not be read (so figures may be missing); live: []
       hosts, router  multi-host runs only (keys absent otherwise): each host (HostStatus) and the router (RouterStatus)
-      slurm_groups   [slurm] runs only (null otherwise): the server groups granted / serving / pending of those wanted
+      slurm_groups   [slurm] runs only (key absent otherwise): the server groups granted / serving / pending of those wanted
                      (max_groups), and the min_groups the plan counts on (SlurmGroups); offline, from Slurm's word now
       metrics        live: where the run's Prometheus metrics are served (MetricsStatus: url), or why not (error:
                      the port is busy, [metrics] enabled = false); offline: null
@@ -326,12 +326,13 @@ class RunStatus:
                  write_errors=list(self.write_errors), log_tail=list(self.log_tail),
                  read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None,
                  metrics=self.metrics.to_dict() if self.metrics is not None else None,
-                 levels=self.levels.to_dict(),
-                 slurm_groups=self.slurm_groups.to_dict() if self.slurm_groups is not None else None)
-        del d["hosts"], d["router"]
+                 levels=self.levels.to_dict())
+        del d["hosts"], d["router"], d["slurm_groups"]
         if self.hosts is not None:
             d["hosts"] = [h.to_dict() for h in self.hosts]
             d["router"] = self.router.to_dict() if self.router is not None else None
+        if self.slurm_groups is not None:
+            d["slurm_groups"] = self.slurm_groups.to_dict()
         return d
 
     @classmethod

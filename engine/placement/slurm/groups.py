@@ -4,6 +4,7 @@ granted, how many serve and how many wait, against the min_groups the plan count
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
@@ -19,6 +20,7 @@ from engine.placement.slurm.plan import layout_of, slurm_section
 if TYPE_CHECKING:
     from engine.placement.slurm.link import SlurmLink
 
+log = logging.getLogger("regen.slurm")
 GRANTED = ("RUNNING", "CONFIGURING")  # Slurm allocated the job's nodes (CONFIGURING: they are being readied)
 POLL_S = 2.0
 
@@ -102,5 +104,8 @@ class GroupWatch:
 
     async def run(self) -> None:
         while True:
-            self.judge()
+            try:
+                self.judge()
+            except Exception:  # a bug here must not end the watch for the rest of the run: logged, judged again
+                log.exception("judging the slurm groups failed")
             await asyncio.sleep(POLL_S)

@@ -61,7 +61,7 @@ def test_an_elastic_group_serves_when_a_node_frees_up_and_one_taken_away_leaves_
                           "--wrap", "sleep 600").stdout.strip()
     wait_until(lambda: queue(cluster2).get(holder) == "RUNNING", 30, "the other user's job on n2")
     cfg = slurm_config(tmp_path, tiny_model_dir, prompts=300, nodes=1, min_groups=1, max_groups=2, sim=SIM,
-                       extra_args=("--exclusive",))
+                       pending_alert_s=3, extra_args=("--exclusive",))
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
     wait_for(lambda: done(run_dir) >= 20, 120, "the first group's first samples", sup)
@@ -73,8 +73,8 @@ def test_an_elastic_group_serves_when_a_node_frees_up_and_one_taken_away_leaves_
     assert groups(run_dir) == {"wanted": 2, "counted": 1, "granted": 1, "serving": 1, "pending": 1,
                                "below_since": None}
     assert "slurm groups: 1 granted (1 serving), 1 pending, 2 wanted; the plan counts on 1" in status_text(run_dir)
-    # an elastic group waiting for nodes is the plan, not an alarm: no pending alert past pending_alert_s
-    assert not alert(run_dir, "has been PENDING")
+    # an elastic group waiting for nodes is the plan, not an alarm: no pending alert past pending_alert_s (3 s)
+    assert groups(run_dir)["pending"] == 1 and not alert(run_dir, "has been PENDING")
 
     cluster2.run("scancel", holder)
     up = wait_for(lambda: (lambda h: h["job"] if h and h["state"] == "up" else None)(host_of(run_dir, waiting)),

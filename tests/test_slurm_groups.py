@@ -38,11 +38,17 @@ class Host:
 
 
 @dataclass
+class Alerts:
+    pending_alert_s: float = 60.0
+
+
+@dataclass
 class FakeLink:
-    """What GroupWatch reads of a SlurmLink: its job, its servers, its status row."""
+    """What GroupWatch reads of a SlurmLink: its job, its servers, its status row, its job alerts' threshold."""
     name: str
     job: JobState | None
     members: list = field(default_factory=lambda: [Member(WorkerState.STARTING)])
+    alerts: Alerts = field(default_factory=Alerts)
 
     @property
     def host(self) -> Host:
@@ -68,6 +74,7 @@ def test_an_elastic_run_below_min_groups_is_one_alert_sent_and_cleared():
     now = [0.0]
     group = links("RUNNING", "PENDING", "PENDING")
     watch = GroupWatch(cfg_with(min_groups=2, max_groups=3), group, said.append, clock=lambda: now[0])
+    assert {link.alerts.pending_alert_s for link in group} == {math.inf}  # no job's own pending alert
     figures = watch.judge()
     assert (figures.granted, figures.serving, figures.pending, figures.wanted, figures.counted) == (1, 1, 2, 3, 2)
     assert figures.below_since is not None and not said
@@ -97,7 +104,9 @@ def test_a_run_that_is_not_elastic_leaves_a_waiting_group_to_its_jobs_own_alerts
     said: list[AlertEvent] = []
     now = [0.0]
     cfg = cfg_with(nodes=2)
-    watch = GroupWatch(cfg, links("RUNNING", "PENDING"), said.append, clock=lambda: now[0])
+    group = links("RUNNING", "PENDING")
+    watch = GroupWatch(cfg, group, said.append, clock=lambda: now[0])
+    assert {link.alerts.pending_alert_s for link in group} == {60.0}
     watch.judge()
     now[0] = 3600.0
     assert watch.judge().granted == 1 and not said

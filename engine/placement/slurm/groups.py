@@ -32,9 +32,9 @@ def elastic(cfg: RunConfig) -> bool:
 
 
 def job_pending_alert_s(cfg: RunConfig) -> float:
-    """When a group's own job is said to wait too long: pending_alert_s; never in an elastic run, where a group
-    beyond min_groups waiting for free nodes is the plan, and the run's below-min alert (GroupWatch) says what
-    matters."""
+    """When a group's own job is said to wait too long (its link's JobAlerts): pending_alert_s; never in an elastic
+    run, where a group beyond min_groups waiting for free nodes is the plan, and the run's below-min alert
+    (GroupWatch, which sets it on each link) says what matters."""
     return math.inf if elastic(cfg) else float(slurm_section(cfg).pending_alert_s)
 
 
@@ -69,6 +69,8 @@ class GroupWatch:
         self.clock = clock
         self._below: tuple[float, float] | None = None  # (monotonic, epoch) since granted < counted
         self._raised = False
+        for link in links:  # an elastic group waiting for nodes is no alarm: this watch's below-min alert says it
+            link.alerts.pending_alert_s = job_pending_alert_s(cfg)
 
     def figures(self) -> SlurmGroups:
         serving = sum(any(m.state == WorkerState.READY for m in link.members) for link in self.links)

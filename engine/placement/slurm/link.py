@@ -24,7 +24,6 @@ from engine.placement.hosts.deploy import engine_tarball, host_config
 from engine.placement.hosts.link import HostLink
 from engine.placement.hosts.ssh import AGENT_DIR, HostError
 from engine.api.status import HostStatus, SlurmJobStatus
-from engine.placement.slurm.groups import job_pending_alert_s
 from engine.placement.slurm.job_alerts import JobAlerts
 from engine.placement.slurm.jobs import JobState, SlurmError, time_left_text
 from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_section, slurm_work_dir
@@ -86,7 +85,7 @@ class SlurmLink(HostLink):
         self.job: JobState | None = None
         self.next_job: str | None = None  # queued at a hand-over, taken by the next join
         self.clock = time.monotonic  # how long a job waits (a test's own clock)
-        self.alerts = JobAlerts(self.group_host.name, emit, lambda: self.clock(), job_pending_alert_s(cfg))
+        self.alerts = JobAlerts(self.group_host.name, emit, lambda: self.clock(), self.slurm.pending_alert_s)
         self.ranks = RankCrashes(self.group_host.name, emit)
         self._handing_over = False
         self._attached: set[str] = set()  # jobs whose servers this link attached to

@@ -25,6 +25,9 @@ from tests.waiting import wait_until
 REPO = Path(__file__).resolve().parents[1]
 FAST_SIM = ("--sim-step-ms", "2", "--sim-step-ms-per-req", "0.02", "--sim-tokens-per-step", "8",
             "--sim-output-mean", "24", "--sim-output-sigma", "0.5", "--sim-load-s", "0.2")
+# the servers these runs were written for: 32 running requests a server (the demo's servers are limited by their KV pool
+# since regen tunes --schedule-conservativeness; tests/test_tuning_servers.py runs those)
+SERVER_LIMITS = ("--max-running-requests", "32", "--context-length", "4096")
 
 
 # -- helpers (also used by tests/test_cli_run.py) -------------------------------------------------
@@ -33,7 +36,7 @@ def make_config(run_dir: Path, model: Path, *, prompts: int = 60, gpus: int = 2,
     prompt_dir = run_dir.parent / f"{run_dir.name}-prompts"
     files = write_prompts(prompt_dir, prompts, seed)
     cfg = demo_config(run_dir, model, files, gpus, list(FAST_SIM + tuple(sim)))
-    workers = cfg.workers.model_copy(update=dict(extra_args=cfg.workers.extra_args[:4] + FAST_SIM + tuple(sim)))
+    workers = cfg.workers.model_copy(update=dict(extra_args=SERVER_LIMITS + FAST_SIM + tuple(sim)))
     # the metrics endpoint on a port the system picks: runs of tests side by side never find 9433 busy
     cfg = cfg.model_copy(update=dict(workers=workers, metrics=Metrics(port=0)))
     return cfg.model_copy(update=changes)

@@ -418,6 +418,17 @@ async def test_stream_generate_cumulative_chunks_then_done(start_sim, tiny_token
     assert plain["output_ids"] == last["output_ids"]
 
 
+async def test_stream_interval_sends_the_first_token_then_a_chunk_every_interval(start_sim):
+    # the reader is woken only when its next chunk is due (request.wake_at), not on every step of the batch
+    sim = await start_sim(sim_output_mean=40, sim_output_sigma=0.0)
+    payload = {"text": "stream me", "stream": True, "sampling_params": {"max_new_tokens": 1000, "stream_interval": 8}}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(sim.url + "/generate", json=payload) as resp:
+            raw = (await resp.read()).decode()
+    chunks = [json.loads(e[len("data: "):]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
+    assert [len(c["output_ids"]) for c in chunks] == [1, 9, 17, 25, 33, 40]
+
+
 # --- faults ----------------------------------------------------------------------------------------------------
 async def test_5xx_rate_is_deterministic_and_retries_can_succeed(start_sim):
     outcomes = []

@@ -36,6 +36,8 @@ class FakeSqueue:
         self.submitted: list[str] = []
 
     async def state(self, job_id: str) -> JobState:
+        if self.states and job_id != self.states[0].job_id and job_id in self.submitted_ids:
+            return JobState(job_id, "PENDING", "Resources", "", "10:00")  # a hand-over's next job, not scripted
         self.now += 0 if self.polls == 0 else POLL_S
         self.polls += 1
         st = self.states.pop(0) if len(self.states) > 1 else self.states[0]
@@ -44,7 +46,9 @@ class FakeSqueue:
 
     async def submit(self, argv: list[str], jobs_file: Path, group: int) -> str:
         self.submitted.append(" ".join(argv))
-        return "4128"
+        return self.submitted_ids[0]
+
+    submitted_ids = ("4128",)
 
 
 @pytest.fixture
@@ -189,19 +193,54 @@ async def test_a_job_that_ends_is_a_notification_in_slurms_words(slurm_link, rec
     assert body["evidence"].startswith(ended.words()) and body["run_dir"] == str(link.cfg.run_dir)
 
 
-async def test_the_time_limit_a_hand_over_was_made_for_is_said_but_not_sent(slurm_link, receiver):
-    """At a planned hand-over the old job ending TIMEOUT is what regen asked for: an info alert naming the job that
-    takes over, and no notification (one per allocation would wake the operator for nothing)."""
+@pytest.mark.parametrize("end, planned, idle", [
+    (JobState("4127", "TIMEOUT", "TimeLimit", "n1", "0:00"), True, False),
+    # drained and idle: regen cancels it rather than hold it to its limit
+    (JobState("4127", "CANCELLED", "None", "n1", "0:00"), True, True),
+    (JobState("4127", "CANCELLED", "None", "n1", "0:00"), False, False),  # someone else's scancel during the hand-over
+], ids=["timeout", "cancelled-by-regen-once-drained", "cancelled-by-someone"])
+async def test_a_planned_hand_over_is_info_never_a_lost_host_and_never_sent(slurm_link, receiver, monkeypatch, end,
+                                                                           planned, idle):
+    """The limit comes before the next job's servers are proven: the next job was submitted and the servers drained
+    (said, not sent), and the old job ending TIMEOUT, or cancelled by regen once its servers answered their last
+    requests, is what regen planned: info naming the job that takes over, no `host ... lost`, the group waiting for
+    that job. Any other end during the hand-over stays an error, and a lost host, and the next join still takes the
+    job already submitted."""
+    from engine.servers.metrics_client import ServerMetrics
+
     r = receiver()
-    link, squeue, telemetry, notifier = await slurm_link(
-        [JobState("4127", "RUNNING", "None", "n1", "0:05"), JobState("4127", "TIMEOUT", "TimeLimit", "n1", "0:00")],
-        r.url())
+    running = [JobState("4127", "RUNNING", "None", "n1", f"0:0{k}") for k in (5, 4, 3)]
+    link, squeue, telemetry, notifier = await slurm_link([*running, end], r.url())
+    cancelled: list[list[str]] = []
+
+    async def cancel(ids: list[str]) -> str:
+        cancelled.append(ids)
+        return ""
+
+    monkeypatch.setattr(link_mod.slurm_jobs, "cancel", cancel)
+    for m in link.members:  # what the servers' /metrics said: requests still open, or none
+        m.metrics = ServerMetrics(running_reqs=0 if idle else 2, queued_reqs=0)
     link.job = JobState("4127", "RUNNING", "None", "n1", "0:10")
     link._attached.add("4127")
-    link._handing_over, link.next_job = True, "4131"
-    await link._watch_job()
+    reason = await link._watch_job()
+    await link._lose(reason)
     await close(link, notifier)
-    assert r.bodies() == []
-    (said,) = [ev for ev in telemetry.events if getattr(ev, "key", "").startswith("slurm-")]
-    assert said.severity == "info"
-    assert said.text == "slurm job 4127 (regen-0) reached its time limit as planned; job 4131 takes over"
+    said = [(ev.severity, ev.text) for ev in telemetry.events if getattr(ev, "text", None)]
+    assert ("info", "slurm job 4127 (regen-0) has 0:05 left: job 4128 submitted to take over") in said
+    assert ("warning", "slurm job 4127 (regen-0) is drained 60 s before its limit, before the next job's servers are "
+            "proven: the group serves nothing until they are") in said
+    lost = [t for _, t in said if t.startswith("host regen-0 lost")]
+    assert link.next_job == "4128"
+    assert cancelled == ([["4127"]] if idle else [])
+    if planned and idle:
+        assert ("info", "slurm job 4127 (regen-0) ended as planned (CANCELLED, cancelled by regen once its servers had "
+                "answered their last requests); job 4128 takes the group over") in said
+    if planned and not idle:
+        assert ("info", "slurm job 4127 (regen-0) reached its time limit as planned; job 4128 takes over") in said
+    if planned:
+        assert not lost and link.state == "connecting" and link.lost_count == 0
+        assert link.error == "slurm job 4128 takes over: job 4128 PENDING (Resources)"
+        assert r.bodies() == []
+    else:
+        assert ("error", "slurm job 4127 (regen-0) ended: CANCELLED") in said and lost and link.state == "lost"
+        assert [b["key"] for b in r.bodies() if b["kind"] == "alert"] == ["slurm-end:regen-0:4127"]

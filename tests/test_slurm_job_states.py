@@ -67,6 +67,7 @@ async def watched(tmp_path, monkeypatch, attached: JobState, *then: JobState) ->
         link = SlurmLink(cfg(tmp_path), 0, engine_root=Path("."), session=session, emit=emitted.append)
         link.job, link._life = attached, attached.restarts
         link._attached.add(attached.job_id)
+        link.schedule.queue_waits, link.schedule.loads = [1.0], [1.0]  # measured: no hand-over due 9 min before the limit
         why = await asyncio.wait_for(link._watch_job(), 10)
     return why, [e for e in emitted if isinstance(e, AlertEvent)]
 

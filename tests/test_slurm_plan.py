@@ -60,9 +60,11 @@ def test_sbatch_and_srun_lines_carry_every_key():
     argv = sbatch_argv(cfg, 1)
     assert argv[:2] == ["sbatch", "--parsable"]
     for word in ("--job-name=drafter-1", "--partition=gpu", "--account=llm", "--qos=high", "--constraint=h100",
-                 "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8", "--time=1-00:00:00",
+                 "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8",
                  "--exclusive", "--output=/scratch/run/slurm/job-%j.out"):
         assert word in argv, word
+    # the first jobs' limits staggered: (24 h - 600 s) / 2 groups apart, in whole minutes
+    assert "--time=1-00:00:00" in sbatch_argv(cfg, 0) and "--time=12:05:00" in argv
     assert argv[-1] == "--wrap=" + shlex.join(srun_argv(cfg, 1))
     assert srun_argv(cfg, 1) == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "env",
                                  "PYTHONPATH=/scratch/run/slurm/.regen/engine", "/opt/sglang/bin/python", "-m", "engine.placement.slurm.step", "--work-dir",
@@ -110,6 +112,12 @@ handover_s = 600
         assert line in out  # word for word, never wrapped
     assert "needs 1 allocation(s) per job in a row" in out
     assert "  time limit 1h00m, hand-over 600 s before it: the run (" in out  # durations as the TUI writes them
+    # when each group hands over: the first limits staggered (60 and 35 minutes), on the plan's assumptions (a
+    # 2-minute queue wait, a 5-minute load); within the projected 2250 s only group 1's first job hands over
+    assert [(h["group"], h["job"], h["time_limit_s"]) for h in s["handovers"]] == [(1, 0, 2100)]
+    assert s["spacing_s"] == (3600 - 600 - 10) / 2
+    assert ("    group 1: job 1 (--time 35m00s): next job submitted at 19m50s, serving at 26m50s, drain by 27m00s"
+            in out), out
     assert cli_main(["plan", "local", "--config", str(run_toml), "--pilot", "4"]) == 2
     assert "--pilot with [slurm] is not supported" in capsys.readouterr().err
 
@@ -147,7 +155,7 @@ def test_the_elastic_keys_rules_name_the_key_and_the_fix(slurm, key, words):
 
 def test_time_min_is_on_the_sbatch_line_and_in_the_plan(capsys):
     cfg = cfg_with({"time_limit": "4:00:00", "time_min": "30", "handover_s": 300, "max_groups": 3})
-    assert "--time-min=30" in sbatch_argv(cfg, 2) and "--time=4:00:00" in sbatch_argv(cfg, 2)
+    assert "--time-min=30" in sbatch_argv(cfg, 2) and "--time=4:00:00" in sbatch_argv(cfg, 0)
     assert "--time-min=30" not in " ".join(sbatch_argv(cfg_with({}), 0))
     plan = plan_slurm(cfg, None)
     assert plan.layout.endswith("3 job(s) of 1 node(s), 24 server(s) (elastic: each one Slurm grants serves at "
@@ -156,3 +164,58 @@ def test_time_min_is_on_the_sbatch_line_and_in_the_plan(capsys):
     out = capsys.readouterr().out
     assert ("time_min 30m00s: Slurm's backfill may start a job in a shorter idle window, with a limit down to it; "
             "such a job serves 25m00s before its hand-over") in out
+
+
+def test_time_min_never_exceeds_the_jobs_own_time_limit():
+    """A staggered first job or a successor whose --time is below [slurm] time_min gets --time-min = its --time:
+    Slurm refuses a job whose time-min is above its time limit."""
+    def times(argv: list[str]) -> tuple[str, str]:
+        return (next(w for w in argv if w.startswith("--time=")), next(w for w in argv if w.startswith("--time-min=")))
+
+    cfg = cfg_with({"time_limit": "10", "time_min": "8", "handover_s": 60, "max_groups": 2})
+    assert times(sbatch_argv(cfg, 0)) == ("--time=10", "--time-min=8")
+    assert times(sbatch_argv(cfg, 1)) == ("--time=6", "--time-min=6")  # group 1's staggered first limit
+    assert times(sbatch_argv(cfg, 0, time_limit_min=3, slot=1)) == ("--time=3", "--time-min=3")
+    assert times(sbatch_argv(cfg, 0, time_limit_min=9, slot=1)) == ("--time=9", "--time-min=8")
+    assert "--time-min=6" in plan_slurm(cfg, None).sbatch[1]
+
+
+def test_the_groups_first_limits_are_staggered_so_no_two_hand_over_together():
+    """Each group's first --time is time_limit less its share of the hand-over cycle (whole minutes, Slurm's
+    resolution); the plan's hand-over record says when each group's next job is submitted, serves and drains."""
+    from engine.placement.slurm.schedule import LEAD_MARGIN_S, handover_times, window_s
+
+    cfg = cfg_with({"nodes": 4, "gpus_per_node": 8, "time_limit": "12:00:00", "handover_s": 600},
+                   workers={"tp_size": 8})
+    limits = [next(w for w in sbatch_argv(cfg, g) if w.startswith("--time=")) for g in range(4)]
+    assert limits == ["--time=12:00:00", "--time=9:03:00", "--time=6:05:00", "--time=3:08:00"]
+    s = cfg.slurm
+    times = handover_times(s, 4, None, per_group=3, queue_wait_s=60, load_s=300)
+    assert [(h.group, h.job) for h in times[:3]] == [(0, 0), (0, 1), (0, 2)]
+    for h in times:
+        assert h.switch_s == h.drain_s - LEAD_MARGIN_S and h.drain_s == h.limit_s - 600
+        assert h.submit_s == h.switch_s - 300 - 60  # the lead: queue wait + load before the switch
+    drains = sorted(h.drain_s for h in times)
+    assert min(b - a for a, b in zip(drains, drains[1:])) >= window_s(s)  # no two groups' hand-overs overlap
+
+
+def test_a_job_whose_limit_falls_in_another_groups_window_is_lowered_before_it():
+    from engine.placement.slurm.schedule import trimmed_limit_min
+
+    # started at 0 with a 60-minute limit; another group's limit at 3590 s: lowered to end 700 s before that
+    assert trimmed_limit_min(0, 3600, [3590], 700, 700) == 48
+    assert trimmed_limit_min(0, 3600, [2800], 700, 700) is None  # far enough apart
+    assert trimmed_limit_min(0, 3600, [3590, 2950], 700, 700) == 37  # before both
+    assert trimmed_limit_min(0, 900, [890], 700, 700) is None  # it would serve too little: left as it is
+
+
+def test_the_lead_is_this_runs_longest_recent_queue_wait_and_load():
+    from engine.placement.slurm.schedule import DEFAULT_LOAD_S, DEFAULT_QUEUE_WAIT_S, LEAD_MARGIN_S, Schedule
+
+    sched = Schedule()
+    assert sched.lead_s() == DEFAULT_QUEUE_WAIT_S + DEFAULT_LOAD_S + LEAD_MARGIN_S
+    assert "assumed, none measured yet" in sched.lead_words()
+    sched.queue_waits += [3.0, 40.0, 5.0]
+    sched.loads += [20.0, 25.0]
+    assert sched.lead_s() == 40.0 + 25.0 + LEAD_MARGIN_S
+    assert sched.lead_words() == "queue wait 40 s measured, load 25 s measured, margin 10 s"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import tomllib
@@ -182,30 +183,77 @@ def test_a_job_cancelled_from_outside_and_a_node_set_down_are_survived(tmp_path,
     assert final["failed"] == 0
 
 
+COMMITTED = re.compile(r"committed \S+: (\d+) rows, \d+ output tokens, at ([\d.]+)")
+
+
+def commit_times(run_dir) -> list[float]:
+    """When each part was committed (the committer's line for it), in order."""
+    text = (run_dir / "supervisor.log").read_text(errors="replace")
+    return sorted(float(m.group(2)) for m in COMMITTED.finditer(text))
+
+
+def handover_spans(run_dir) -> dict[str, list[tuple[float, float]]]:
+    """Each group's hand-overs as (its old job drained from, that job ended), from the alerts: the switch onto the next
+    job's servers (or the forced drain), then the old job's planned end."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    began: dict[str, float] = {}
+    for e in events(run_dir):
+        if e["type"] != "alert":
+            continue
+        m = re.match(r"slurm job (\d+) \((regen-\d+)\) (serves the group|is drained|ended as planned|reached its time "
+                     r"limit as planned)", e["text"])
+        if m is None:
+            continue
+        group, what = m.group(2), m.group(3)
+        if what in ("serves the group", "is drained"):
+            began.setdefault(group, e["ts"])
+        elif group in began:
+            spans.setdefault(group, []).append((began.pop(group), e["ts"]))
+    return spans
+
+
 @pytest.mark.slow
-def test_a_job_at_its_time_limit_hands_over_to_the_next_allocation(tmp_path, tiny_model_dir, slurm, supervisors,
-                                                                   renderer_for):
-    """--time=1 with handover_s = 30: half-way the servers are drained and the next job is queued behind the first
-    (afterany); Slurm ends the first at its limit (TIMEOUT, ~60-90 s here) and the run goes on in the second."""
-    # ~215 samples at ~6/s: most in the first job's 30 s, the rest in the next job's
-    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=150, nodes=1, time_limit="1", handover_s=30,
-                       sim=("--sim-step-ms", "50", "--sim-output-mean", "200", "--max-running-requests", "4"))
+@pytest.mark.timeout(360)
+def test_two_groups_hand_over_in_turn_with_no_gap_in_commits(tmp_path, tiny_model_dir, cluster2, supervisors,
+                                                              renderer_for):
+    """time_limit 3 minutes, handover_s 30, two groups of 2 GPUs on nodes of 4 (a next job fits beside the old one):
+    the groups' first limits are staggered (3 and 2 minutes); before each limit the next job is submitted, its
+    servers are proven while the old ones serve, the group moves onto them, and the old job, drained, is cancelled.
+    The committed count keeps rising through every hand-over, at most one group drains at a time, every hand-over
+    alert is info (none says a host was lost), and every sample is written once."""
+    cfg = slurm_config(tmp_path, tiny_model_dir, prompts=600, nodes=2, time_limit="3", handover_s=30,
+                       sim=("--sim-step-ms", "100", "--sim-output-mean", "200", "--max-running-requests", "4"))
     run_dir = tmp_path / "run"
     sup = supervisors(run_dir).start(cfg)
-    first = wait_for(lambda: (lambda h: h["job"] if h and h["state"] == "up" else None)(host_of(run_dir, "regen-0")),
-                     60, "the first job serving", sup)
-    handed = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) nears its time limit"), 60,
-                      "the hand-over", sup)
-    nxt = handed["text"].split("job ")[-1].split()[0]
-    assert job_of(run_dir, "regen-0")["next_job"] == nxt
-    assert slurm.run("squeue", "-h", "-j", nxt, "-o", "%T %r").stdout.split() == ["PENDING", "Dependency"]
-    ended = wait_for(lambda: alert(run_dir, f"slurm job {first['job_id']} (regen-0) reached its time limit as "
-                                            f"planned; job {nxt} takes over"), 120, "the first job's time limit", sup)
-    assert ended["severity"] == "info"
-    wait_for(lambda: (lambda h: h and h["state"] == "up" and h["job"]["job_id"] == nxt)(host_of(run_dir, "regen-0")),
-             60, "the next job serving", sup)
-    assert sup.wait(300) == 0, sup.log_text()[-3000:]
+    first = wait_for(lambda: (lambda hs: {h["name"]: h["job"]["job_id"] for h in hs} if len(hs) == 2 and all(
+        h["state"] == "up" for h in hs) else None)((status(run_dir) or {}).get("hosts") or []), 90,
+        "both groups serving", sup)
+    limits = {name: cluster2.run("scontrol", "show", "job", "-o", job).stdout.split("TimeLimit=")[1].split()[0]
+              for name, job in first.items()}
+    assert limits == {"regen-0": "00:03:00", "regen-1": "00:02:00"}, limits
+    done = lambda: ((status(run_dir) or {}).get("dispatch") or {}).get("done", 0)  # noqa: E731
+    # regen-1's first hand-over: the count rises while its old job drains, before that job has ended
+    switched = wait_for(lambda: alert(run_dir, f"; job {first['regen-1']} drains"), 150,
+                        "regen-1 moved onto its next job", sup)
+    at_switch = done()
+    wait_for(lambda: done() >= at_switch + 10, 30, "commits during regen-1's hand-over", sup)
+    assert switched["severity"] == "info"
+    wait_for(lambda: alert(run_dir, f"; job {first['regen-0']} drains"), 150, "regen-0 moved onto its next job",
+             sup)
+    assert sup.wait(240) == 0, sup.log_text()[-4000:]
     every_sample_once(run_dir, cfg, renderer_for)
+
+    said = [e for e in events(run_dir) if e["type"] == "alert"]
+    assert not [e["text"] for e in said if " lost" in e["text"] or e["severity"] in ("error", "critical")], said
+    planned = [e for e in said if e["key"].startswith(("slurm-handover:", "slurm-handed-over:"))]
+    assert planned and {e["severity"] for e in planned} == {"info"}, planned
+    spans = handover_spans(run_dir)
+    assert set(spans) == {"regen-0", "regen-1"}, spans
+    ordered = sorted(span for group in spans.values() for span in group)
+    assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:])), f"two groups drained at once: {spans}"
+    commits = commit_times(run_dir)
+    gaps = [b - a for a, b in zip(commits, commits[1:])]
+    assert max(gaps) < 15, f"the commits stalled for {max(gaps):.0f} s; hand-overs {spans}"
 
 
 @pytest.mark.slow

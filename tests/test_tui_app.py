@@ -170,7 +170,7 @@ async def test_quality_disk_alerts_preflight_panels(live_run, tmp_path):
         await wait_until(pilot, lambda: app.model.done > 0, "some samples done", timeout=60)
         await pilot.press("4")
         await wait_until(pilot, lambda: app.model.stats is not None or app.model.stats_error, "the stats")
-        assert app.model.stats_error == "" and app.model.stats["samples"] > 0
+        assert app.model.stats_error == "" and app.model.stats is not None and app.model.stats.samples > 0
         figures = text_of(app.query_one("#quality-figures", Static))
         assert "empty answers" in figures and "loss-mask sum" in figures
         await pilot.press("5")

@@ -24,18 +24,18 @@ from engine.api.wire import FINAL_RUN_STATES, RunState, Severity
 CACHE = Path.home() / ".cache" / "regen"
 DEMO_CONTEXT = 4096
 DEMO_SHARD_SIZE = 50
+DEMO_KV_TOKENS = 8192
 # --quick: fast enough that 500 prompts finish in a minute or two on 2 cores, slow enough to watch batching
 DEMO_SIM_ARGS = (
-    "--max-running-requests", "32", "--context-length", str(DEMO_CONTEXT),
+    "--max-total-tokens", str(DEMO_KV_TOKENS), "--context-length", str(DEMO_CONTEXT),
     "--sim-step-ms", "12", "--sim-step-ms-per-req", "0.2", "--sim-tokens-per-step", "2",
     "--sim-output-mean", "160", "--sim-output-sigma", "0.7", "--sim-empty-share", "0.02",
     "--sim-load-s", "1",
 )
 
-# the default demo: 20x slower decode steps and 8 requests a server, so the default run lasts 3-4 minutes
-# (time to try the keys); measured with `regen demo --headless --until-done` (at 120 ms steps and 32 a server
-# it was over in 50 s)
-WATCHABLE_PACE = ("--sim-step-ms", "240", "--max-running-requests", "8")
+# the default demo: 20x slower decode steps and half the KV pool, so the default run lasts a few minutes (time to
+# try the keys); measured with `regen demo --headless --until-done`
+WATCHABLE_PACE = ("--sim-step-ms", "240", "--max-total-tokens", str(DEMO_KV_TOKENS // 2))
 
 TOPICS = ("prime numbers", "a python list", "the attention layer", "gpu memory", "a test case", "the cache",
           "an array index error", "the square root of two", "batch size", "a string function")

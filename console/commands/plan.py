@@ -24,6 +24,7 @@ from console.host.transport import TransportError, quote_argv
 from console.host.connect import open_transport
 from engine.api.reports import BrakePlan, CutPolicyProjection, Plan, Range, SlurmPlan
 from engine.api.wire import WireError, duration_text
+from console.view.tuning_text import plan_lines
 from console.view.wide_console import report_console
 
 EXIT_OK, EXIT_FAILED = 0, 2
@@ -198,6 +199,9 @@ def render(d: Plan, console: Console) -> None:
                       f"{p.output_mean_ci[1]:.0f}), p50 {p.output_p50:.0f}, p90 {p.output_p90:.0f}, "
                       f"max {p.output_max:,}; truncated {p.truncated_share:.1%}")
         console.print(f"pilot server logs (on the host, kept for reading): {p.log_dir}", soft_wrap=True)
+    if d.tuning:
+        for i, line in enumerate(plan_lines(d.tuning, d.run_dir)):
+            console.print(Text(line, style="bold" if i == 0 else ""), soft_wrap=True)
     jt = Table(title=f"projection ({pr.workers} workers x {pr.gpus_per_worker} GPU)", header_style="bold")
     for col in ("quantity", "value", "low", "high", "basis"):
         jt.add_column(col, justify="right" if col in ("value", "low", "high") else "left")
@@ -269,6 +273,22 @@ def slurm_lines(s: SlurmPlan, console: Console) -> None:
     console.print("  each job's step (the --wrap above), on every node of its group:")
     for line in s.srun:
         console.print(Text("    " + line), soft_wrap=True)
+    handover_lines(s, console)
+
+
+def handover_lines(s: SlurmPlan, console: Console) -> None:
+    """When each group hands over: its first --time staggered so no two groups drain together."""
+    if not s.handovers:
+        return
+    console.print(f"  hand-overs, from the first submission (the groups' first limits {duration_text(s.spacing_s)} apart, "
+                  f"so no two drain together; assuming a {duration_text(s.assumed_queue_wait_s)} queue wait and "
+                  f"{duration_text(s.assumed_load_s)} load, which the run measures and uses instead):", soft_wrap=True)
+    for g in range(s.groups):
+        said = [f"job {h.job + 1} (--time {duration_text(h.time_limit_s)}): next job submitted at "
+                f"{duration_text(h.submit_s)}, serving at {duration_text(h.switch_s)}, drain by {duration_text(h.drain_s)}"
+                for h in s.handovers if h.group == g]
+        if said:
+            console.print(f"    group {g}: " + "; ".join(said), soft_wrap=True)
 
 
 def cut_policy_line(c: CutPolicyProjection) -> Text:

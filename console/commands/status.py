@@ -16,6 +16,7 @@ from rich.text import Text
 
 from console.view.batch_text import batch_text, queued_text
 from console.view.cache_text import cache_text
+from console.view.tuning_text import conservativeness_text, retracted_text
 from console.host import start_record
 from console.host.deploy import add_host_args, run_with_client
 from console.view.fit_table import Col, fitted_table
@@ -71,7 +72,7 @@ def run(args) -> int:
 WORKER_COLUMNS = [Col("name"), Col("state"), Col("gpus", short="gpu"), Col("pid"), Col("restarts", short="rst"),
                   Col("in flight/cap", short="infl"), Col("batch (source)", drop=2), Col("running", short="run"),
                   Col("queued", short="q"), Col("gen tok/s", short="tok/s"), Col("KV usage", short="KV"),
-                  Col("cache hit", drop=3), Col("error", drop=1)]
+                  Col("retracted", short="retr"), Col("cache hit", drop=3), Col("error", drop=1)]
 HOST_COLUMNS = [Col("host"), Col("address", drop=2), Col("state"), Col("servers"), Col("joins"), Col("lost"),
                 Col("error", drop=1)]
 ALERTS_SHOWN = 20  # raised now: the first ones (oldest), and how many more
@@ -109,6 +110,9 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
         head.append("\nstart checks not passed: " + "; ".join(
             f"{c.title or c.check} {c.state}" + (f" ({c.detail})" if c.detail else "") for c in pending),
             style="bold red" if any(c.state == CheckState.FAILED for c in pending) else "yellow")
+    tuning = tuning_line(s)
+    if tuning:
+        head.append("\n" + tuning, style="dim")
     for problem in s.write_errors:
         head.append(f"\ncannot write {problem}", style="bold red")
     for problem in s.read_errors:
@@ -123,7 +127,7 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
                                            s.router.in_flight if s.router is not None else None), batch,
                             _na(w.running_reqs, "{:.0f}"), queued_text(w.queued_reqs, w.held),
                             _na(w.gen_throughput, "{:.0f}"), _na(w.token_usage, "{:.0%}"),
-                            cache_text(w.prompt_tokens, w.cached_tokens), w.error or ""])
+                            retracted_text(w.retracted), cache_text(w.prompt_tokens, w.cached_tokens), w.error or ""])
     workers = fitted_table(console, ([Col("host", drop=4)] if multi else []) + WORKER_COLUMNS, worker_rows,
                            title="workers" + (" (by host)" if multi else ""))
     by_state: dict[str, int] = {}
@@ -155,6 +159,19 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
                       + (", ".join(f"{k} {v}" for k, v in sorted(s.rejects.by_reason.items())) or "none")))
     parts += alert_parts(s)
     return Group(*parts)
+
+
+def tuning_line(s: RunStatus) -> str:
+    """Each server's --schedule-conservativeness and its source, servers of one value together (the workers table
+    keeps its width for the figures that move)."""
+    by_value: dict[str, list[str]] = {}
+    for w in sorted(s.workers, key=lambda w: (w.host or "", w.name)):
+        by_value.setdefault(conservativeness_text(w.conservativeness, w.conservativeness_source), []).append(w.name)
+    if not by_value or set(by_value) == {"N/A"}:
+        return ""
+    return "--schedule-conservativeness: " + "; ".join(
+        f"{value} on {', '.join(names)}" if len(by_value) > 1 else f"{value} on every server"
+        for value, names in by_value.items())
 
 
 def alert_parts(s: RunStatus) -> list[Table]:

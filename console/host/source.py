@@ -29,6 +29,8 @@ from console.host.connect import open_transport
 from engine.config.load import ConfigError
 from engine.api.ops import ShardsChanged, WorkerRestarted
 from engine.api.status import RunStatus
+from engine.api.reports import RunStats
+from engine.api.wire import WireError
 from engine.api.events import Event, UnknownEventType, parse_event
 from probes.model import ConnectErrorKind, ProbeReport
 
@@ -57,7 +59,7 @@ class DataSource(FollowSource, Protocol):
     async def resume(self, shards: list[str] | None) -> ShardsChanged: ...
     async def restart_worker(self, name: str) -> WorkerRestarted: ...
     async def log_tail(self, worker: str, lines: int = LOG_TAIL_LINES) -> str: ...
-    async def stats(self) -> dict[str, Any]: ...
+    async def stats(self) -> RunStats: ...
     async def probes(self, only: set[str] | None = None) -> ProbeReport: ...
     async def resume_hint(self) -> ResumeHint: ...
     async def close(self) -> None: ...
@@ -296,7 +298,7 @@ class HostSource:
             raise SourceError(f"tail {path} on {self.host}: {why}; stderr: {res.stderr.strip() or '(empty)'}")
         return res.stdout
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> RunStats:
         client = self._need_client()
         command = engine_command(client.host_python, ["-m", "engine.store.stats", client.run_dir, "--json"],
                                  engine_path=client.engine_path)
@@ -309,7 +311,10 @@ class HostSource:
         data = orjson.loads(last)
         if "error" in data:
             raise SourceError(f"stats of {client.run_dir}: {data['error']}")
-        return data
+        try:
+            return RunStats.from_dict(data, f"the stats report of {client.run_dir} on {self.host}")
+        except WireError as exc:
+            raise SourceError(str(exc)) from exc
 
     async def probes(self, only: set[str] | None = None) -> ProbeReport:
         from console.host.preflight import fleet_probes
@@ -453,14 +458,14 @@ class ReplaySource:
         except OSError as exc:
             raise SourceError(f"log of {worker}: {path}: {exc}") from exc
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> RunStats:
         if self._stats is not None:
-            return self._stats
+            return RunStats.from_dict(self._stats, "the recorded stats report")
         from engine.store.stats import compute_stats
         from engine.store.stats_parts import StatsReadError
 
         try:
-            return compute_stats(self.telemetry.parent).to_dict()
+            return compute_stats(self.telemetry.parent)
         except StatsReadError as exc:
             raise SourceError(str(exc)) from exc
 

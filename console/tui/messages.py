@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from textual.message import Message
 
@@ -10,6 +9,7 @@ from console.view.model_parts import ConnectionState
 
 from engine.api.ops import ShardsChanged, WorkerRestarted
 from engine.api.status import RunStatus
+from engine.api.reports import RunStats
 from engine.api.events import Event
 from probes.model import ProbeReport
 
@@ -42,7 +42,7 @@ class LogTail(Message):
 
 @dataclass
 class StatsReceived(Message):
-    stats: dict[str, Any] | None
+    stats: RunStats | None
     error: str = ""
 
 

@@ -3,7 +3,6 @@ flags highlighted."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -17,7 +16,7 @@ from textual_plot import HiResMode
 from console.tui.chart_frame import ChartFrame
 from console.view.model import RunModel
 from engine.api.reports import Count, RunStats
-from engine.api.wire import Severity, WireError
+from engine.api.wire import Severity
 
 
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -101,9 +100,6 @@ def brake_lines(m: RunModel) -> list[Text]:
 
 class QualityPanel(Vertical):
     BINDINGS = [Binding("s", "app.refresh_stats", "Refresh stats")]
-    _raw: dict[str, Any] | None = None
-    _stats: RunStats | None = None
-    _error: str = ""
 
     def compose(self) -> ComposeResult:
         yield Static("statistics not computed yet (s: compute now)", id="quality-status")
@@ -116,8 +112,7 @@ class QualityPanel(Vertical):
 
     def refresh_from(self, m: RunModel) -> None:
         status = self.query_one("#quality-status", Static)
-        s, decode_error = self._decoded(m.stats)
-        error = m.stats_error or decode_error
+        s, error = m.stats, m.stats_error
         when = "" if m.stats_at is None else time.strftime(" at %H:%M:%S UTC", time.gmtime(m.stats_at))
         if error:
             line = Text(f"stats failed{when}: {error}", style="bold red")
@@ -143,15 +138,3 @@ class QualityPanel(Vertical):
             plot.set_ylabel("% samples")
             plot.set_xlabel(HIST_LEGEND)
         self.query_one("#quality-figures", Static).update(figures(s))
-
-    def _decoded(self, raw: dict[str, Any] | None) -> tuple[RunStats | None, str]:
-        """The stats report the model holds (its JSON), decoded once per report: (the report or None, why not)."""
-        if raw is None:
-            return None, ""
-        if self._raw is not raw:
-            self._raw = raw
-            try:
-                self._stats, self._error = RunStats.from_dict(raw, "the stats report"), ""
-            except WireError as exc:
-                self._stats, self._error = None, str(exc)
-        return self._stats, self._error

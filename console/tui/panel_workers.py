@@ -10,6 +10,7 @@ from textual.widgets import Label, Log
 
 from console.view.batch_text import batch_text, queued_text
 from console.view.cache_text import cache_text
+from console.view.tuning_text import conservativeness_text, retracted_text
 from console.view.log_polls import without_polls
 from console.tui.charts import TimeChart
 from console.tui.host_table import HostTable
@@ -23,7 +24,7 @@ from engine.api.wire import LIVE_WORKER_STATES, in_flight_text, pid_text
 
 # numbers and states first, the text columns last: a narrow terminal scrolls them off, never the figures
 COLUMNS = ["worker", "state", "pid", "gpus", "tok/s", "running", "queued", "in flight", "VRAM used/total", "util",
-           "temp", "restarts", "batch (source)", "cache hit", "error"]
+           "temp", "restarts", "retracted", "conserv.", "batch (source)", "cache hit", "error"]
 
 
 LOG_LINES = 200  # what the host sends (HostSource.log_tail)
@@ -56,12 +57,14 @@ def worker_cells(m: RunModel, w: WorkerView) -> tuple:
         gone = "-"
         return (w.name, state, pid_text(w.pid, w.node, w.job_id), ",".join(map(str, w.gpus)), gone, gone, gone, gone,
                 gone, gone, gone,
-                str(w.restarts), batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
+                str(w.restarts), gone, conservativeness_text(w.conservativeness, w.conservativeness_source),
+                batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
                 cache_text(w.prompt_tokens, w.cached_tokens), (w.error or alive.why)[:60])
     return (w.name, state, pid_text(w.pid, w.node, w.job_id), ",".join(map(str, w.gpus)), na(w.tok_s, "{:,.0f}"),
             na(w.running, "{:.0f}"), queued_text(w.queued, w.held),
             in_flight_text(w.in_flight, w.capacity, w.in_flight_source, m.router_in_flight), vram,
-            na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts),
+            na(g["util_pct"], "{:.0f}%"), na(g["temp_c"], "{:.0f}°C"), str(w.restarts), retracted_text(w.retracted),
+            conservativeness_text(w.conservativeness, w.conservativeness_source),
             batch_text(w.batch_size, w.batch_source, w.discovered_batch, w.discovered_source),
             cache_text(w.prompt_tokens, w.cached_tokens), (w.error or "")[:60])
 

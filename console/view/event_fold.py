@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from typing import Any, Iterable
+from typing import Iterable
 
 from console.view.model_parts import (ALERTS_KEPT, AlertView, Connection, ConnectionState, DiskView, GpuView,
                                       ResumeHint, ShardView, WorkerView, cause_text)
@@ -15,6 +15,7 @@ from engine.api.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                ShardEvent, WorkerEvent)
 from engine.api.status import FatalRecord, HostStatus, Rejects, SlurmGroups
+from engine.api.reports import RunStats
 from engine.api.wire import (ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, Severity, ShardFigures,
                              WorkerState)
 
@@ -45,7 +46,7 @@ class EventFold:
         self.last_ts: float | None = None
         self.connection = Connection()
         self.protocol_note = ""  # the engine has no control channel: ops go one process each (console.host.source)
-        self.stats: dict[str, Any] | None = None
+        self.stats: RunStats | None = None
         self.stats_error: str = ""
         self.stats_at: float | None = None
         self.new_alerts: list[AlertView] = []  # raised since the UI last took them (for notifications)
@@ -217,6 +218,8 @@ class EventFold:
         w.discovered_batch, w.discovered_source = ev.discovered_batch, ev.discovered_source
         w.host, w.remote = getattr(ev, "host", ""), getattr(ev, "remote", False)
         w.prompt_tokens, w.cached_tokens = ev.prompt_tokens, ev.cached_tokens
+        w.retracted, w.conservativeness, w.conservativeness_source = (ev.retracted, ev.conservativeness,
+                                                                      ev.conservativeness_source)
         w.as_of = ev.ts
         w.tok_history.add(ev.ts, ev.gen_throughput if ev.gen_throughput is not None else
                           (0.0 if ev.state != WorkerState.READY else None))

@@ -60,6 +60,9 @@ class WorkerView:
     job_id: str = ""
     prompt_tokens: int | None = None  # committed from it in this start, and how many its prefix cache served
     cached_tokens: int | None = None
+    retracted: float | None = None  # requests its server retracted since its launch (None: N/A)
+    conservativeness: float | None = None  # its --schedule-conservativeness and where it came from
+    conservativeness_source: str = ""
     tok_history: Series = field(default_factory=Series)
     as_of: float | None = None  # the host time of its last reading
 

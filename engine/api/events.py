@@ -81,6 +81,13 @@ class WorkerEvent(Event):
     # (meta_info.cached_tokens); None: not a dispatch target (a server behind the router: the router's row has them)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    # requests the server retracted since its launch (its sglang:num_retracted_requests_total); None: N/A, the server
+    # exports no such counter (SGLang before 0.5.10) or has no reading yet
+    retracted: float | None = None
+    # the --schedule-conservativeness it runs with and where that came from (engine.api.tuning.TuningSource); None /
+    # "": not known here (a server another host's agent launched)
+    conservativeness: float | None = None
+    conservativeness_source: str = ""
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.api.tuning import TuningChoice, TuningEvidence
 from engine.api.wire import Severity, decode
 
 STATS_SCHEMA = "regen.stats/1"
@@ -327,6 +328,9 @@ class PilotResult:
     wall_s: float
     log_dir: str
     finish_reasons: dict[str, int]
+    output_p99: float | None = None  # None: an engine from before it
+    # each pilot server's /metrics while the pilot ran (token usage, queue, retractions): what the tuning is chosen from
+    evidence: list[TuningEvidence] = field(default_factory=list)
 
 
 @dataclass
@@ -347,6 +351,19 @@ class BrakePlan:
 
 
 @dataclass(frozen=True)
+class SlurmHandover:
+    """One planned hand-over of a [slurm] group (engine/placement/slurm/schedule.py): seconds from the run's first
+    submission, on the plan's assumed queue wait and load time (regen measures both as it runs)."""
+    group: int
+    job: int  # the group's allocation that hands over: 0 for its first job
+    time_limit_s: int  # that job's --time (a group's first one is staggered)
+    submit_s: float  # the next job is submitted (lead: queue wait + load + margin before the switch)
+    switch_s: float  # the next job's servers are proven: they join the router and this job's servers drain
+    drain_s: float  # the latest drain: handover_s before the limit, whether or not the next job is ready
+    limit_s: float  # this job's limit (Slurm ends it then, or up to its kill lag later, unless regen cancelled it)
+
+
+@dataclass(frozen=True)
 class SlurmPlan:
     """What `regen plan` says about a [slurm] run."""
     layout: str
@@ -360,6 +377,11 @@ class SlurmPlan:
     sbatch: list[str]  # one line per group, shell-quoted
     srun: list[str]
     time_min_s: int | None = None  # [slurm] time_min: backfill may start a job with a limit down to this
+    # when each group hands over (its first --time staggered so no two drain together), and the assumptions
+    handovers: list[SlurmHandover] = field(default_factory=list)
+    spacing_s: float = 0.0  # how far apart the groups' first limits are set
+    assumed_queue_wait_s: float = 0.0
+    assumed_load_s: float = 0.0
 
 
 @dataclass
@@ -395,6 +417,8 @@ class Plan:
     slurm: SlurmPlan | None = None  # with [slurm]: the jobs regen submits and the allocations the run needs
     context: ContextCheck | None = None  # the prompts against the context (every row read)
     warnings: list[str] = field(default_factory=list)  # what the operator must see before starting (WARN lines)
+    # the servers' --schedule-conservativeness: chosen from the pilot's /metrics, or what the run starts with
+    tuning: TuningChoice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": PLAN_SCHEMA, **asdict(self)}

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Callable, Iterator, Literal, TypeAlias, get_a
 
 from annotated_types import GroupedMetadata
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat,
-                      StrictInt, StrictStr, WithJsonSchema, model_validator)
+                      StrictInt, StrictStr, ValidationError, ValidatorFunctionWrapHandler, WithJsonSchema, WrapValidator,
+                      model_validator)
 
 DEFAULT_LAUNCH = (
     "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
@@ -107,6 +108,16 @@ def _one_or_many(value: Any) -> Any:
 IntList = Annotated[tuple[Annotated[StrictInt, Field(ge=0)], ...], Field(strict=False)]
 StrList = Annotated[tuple[StrictStr, ...], Field(strict=False)]
 Seconds = Annotated[Real, Range(0, low_open=True)]
+
+
+def _auto_or_number(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    try:
+        return handler(value)
+    except ValidationError:  # one line for the operator, not one per member of the union
+        raise ValueError('must be "auto" or a number >= 0, e.g. 0.3') from None
+
+
+AutoOrNumber = Annotated[Literal["auto"] | Annotated[Real, Range(0)], WrapValidator(_auto_or_number)]
 
 
 class Section(BaseModel):
@@ -297,10 +308,20 @@ class Workers(Section):
     """One /health check's wait; SGLang's /health takes at least 1 s (contract 7.4)."""
     health_failures: Annotated[StrictInt, Field(ge=1)] = 3
     """/health failures in a row that make a live server hung (killed, restarted)."""
+    schedule_conservativeness: AutoOrNumber = "auto"
+    """SGLang's --schedule-conservativeness for the servers: "auto" (SGLang's 1.0 until `regen plan --pilot` chooses
+    one; changed at a server's restart as SGLang's tuning guide says, within conservativeness_min..max) or a fixed
+    number. A --schedule-conservativeness in launch or extra_args is the operator's and is never overridden."""
+    conservativeness_min: Annotated[Real, Range(0, low_open=True)] = 0.3
+    """The lowest value "auto" chooses (SGLang's guide: "decrease it to a value like 0.3")."""
+    conservativeness_max: Annotated[Real, Range(0, low_open=True)] = 1.3
+    """The highest value "auto" chooses (SGLang's guide: "increase it to a value like 1.3"; above 1/0.7 it changes
+    nothing, as SGLang caps its starting ratio 0.7 x value at 1)."""
 
     @model_validator(mode="after")
     def _gpus_fit_groups(self) -> Workers:
         problems = gpu_list_problems("[workers]", self.gpus, self.tp_size, self.base_port)
+        problems += conservativeness_problems(self)
         try:
             shlex.split(self.launch)
         except ValueError as exc:
@@ -312,6 +333,35 @@ class Workers(Section):
     def groups(self) -> list[tuple[int, ...]]:
         """GPU groups, one SGLang server each: consecutive runs of tp_size GPUs."""
         return [tuple(self.gpus[i: i + self.tp_size]) for i in range(0, len(self.gpus), self.tp_size)]
+
+
+CONSERVATIVENESS_FLAG = "--schedule-conservativeness"
+
+
+def operator_conservativeness(workers: Workers) -> str | None:
+    """The value of a --schedule-conservativeness (or =VALUE) in the launch template or extra_args (the last one, as
+    argparse takes it), as written; None when the operator's line has none."""
+    words = launch_words(workers)
+    value = None
+    for i, word in enumerate(words):
+        if word == CONSERVATIVENESS_FLAG and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(CONSERVATIVENESS_FLAG + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def conservativeness_problems(w: Workers) -> list[tuple[str, str]]:
+    out = []
+    if w.conservativeness_min > w.conservativeness_max:
+        out.append(("[workers] conservativeness_min", f"{w.conservativeness_min:g} is above conservativeness_max = "
+                                                      f"{w.conservativeness_max:g}: set it at or below"))
+    flag = operator_conservativeness(w)
+    if flag is not None and w.schedule_conservativeness != "auto":
+        out.append(("[workers] schedule_conservativeness", f"{w.schedule_conservativeness} and "
+                                                           f"{CONSERVATIVENESS_FLAG} {flag} in launch / extra_args both "
+                                                           "set it: keep one"))
+    return out
 
 
 def gpu_list_problems(where: str, gpus: tuple[int, ...], tp_size: int, base_port: int) -> list[tuple[str, str]]:
@@ -658,8 +708,10 @@ class Slurm(Section):
     backfill may then start a job in an idle window shorter than time_limit, with a limit between the two (the
     hand-over comes handover_s before whatever limit the job got). Unset: every job asks for time_limit."""
     handover_s: Annotated[StrictInt, Field(ge=30)] = 300
-    """Seconds before the time limit at which regen drains the job's servers (requests in flight finish) and queues
-    the next allocation, which takes over (read from squeue's time left)."""
+    """Seconds before the time limit by which the job's servers are drained (requests in flight finish in it). regen
+    submits the group's next job early enough (this run's measured queue wait and load time) that its servers are
+    proven by then, moves the group onto them, and cancels the old job once drained; the groups' first limits are
+    staggered so that no two hand over together (docs/slurm.md)."""
     pending_alert_s: Annotated[StrictInt, Field(ge=1)] = 600
     """Seconds a job may stay PENDING before regen raises one alert with Slurm's reason (Resources, Priority, ...),
     which [notify] sends whatever its min_severity; its start after that is said too."""

@@ -137,6 +137,13 @@ def _workers(s: RunStatus) -> Iterable[Metric]:
                                  "small queue margin.", labels=["worker", "host"])
     restarts = GaugeMetricFamily("regen_worker_restarts", "Restarts of the server by this supervisor (this start).",
                                  labels=["worker", "host"])
+    retracted = GaugeMetricFamily("regen_worker_retracted_requests", "Requests the server retracted since its launch "
+                                  "(its sglang:num_retracted_requests_total; absent where the server exports none, "
+                                  "SGLang before 0.5.10).", labels=["worker", "host"])
+    conservativeness = GaugeMetricFamily("regen_worker_schedule_conservativeness", "The --schedule-conservativeness "
+                                         "the server runs with (source: pilot, restart, SGLang default, run.toml or "
+                                         "operator flag; absent where not known).",
+                                         labels=["worker", "host", "source"])
     for w in s.workers:
         names = [*WorkerState] + ([w.state] if w.state not in tuple(WorkerState) else [])
         for name in names:
@@ -145,7 +152,11 @@ def _workers(s: RunStatus) -> Iterable[Metric]:
             in_flight.add_metric([w.name, w.host], w.in_flight)
         capacity.add_metric([w.name, w.host], w.capacity)
         restarts.add_metric([w.name, w.host], w.restarts)
-    yield from (state, in_flight, capacity, restarts)
+        if w.retracted is not None:
+            retracted.add_metric([w.name, w.host], w.retracted)
+        if w.conservativeness is not None:
+            conservativeness.add_metric([w.name, w.host, w.conservativeness_source], w.conservativeness)
+    yield from (state, in_flight, capacity, restarts, retracted, conservativeness)
 
 
 def _brake(s: RunStatus) -> Iterable[Metric]:

@@ -66,8 +66,10 @@ class Fleet:
             from engine.placement.slurm.groups import GroupWatch
             from engine.placement.slurm.link import SlurmLink
             from engine.placement.slurm.plan import layout_of
+            from engine.placement.slurm.schedule import Schedule
 
-            slurm_links = [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit)
+            schedule = Schedule()  # the groups' measured hand-over timings and job ends, shared: staggered limits
+            slurm_links = [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit, schedule=schedule)
                            for g in range(layout_of(cfg).groups)]
             self.links += slurm_links
             self.groups = GroupWatch(cfg, slurm_links, emit)
@@ -126,7 +128,8 @@ class Fleet:
         await self.router.stop()
 
     def _member_state(self, w, state: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._sync(w, state), name=f"router-sync-{w.name}")
+        # the URL as of this change: a [slurm] hand-over moves a member to the next job's URL right after its drain
+        task = asyncio.get_running_loop().create_task(self._sync(w, state, w.url), name=f"router-sync-{w.name}")
         self._changes.add(task)
         task.add_done_callback(self._changes.discard)
         if not self._stopped:
@@ -191,12 +194,12 @@ class Fleet:
         link = next((x for x in self.links if x.host.name == host_name), None)
         return f"{link.host.address}:{link.host.work_dir}/workers" if link else str(Path(self.cfg.run_dir) / "workers")
 
-    async def _sync(self, w, state: str) -> None:
+    async def _sync(self, w, state: str, url: str) -> None:
         try:
             if state == WorkerState.READY:
-                await self.router.add(w.url)
+                await self.router.add(url)
             else:
-                await self.router.remove(w.url)
+                await self.router.remove(url)
         except RouterError as exc:
             self.emit(AlertEvent(severity=Severity.ERROR, text=f"router membership of {w.name} not updated",
                                  evidence=str(exc), key=f"router-sync:{w.name}"))

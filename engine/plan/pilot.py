@@ -23,6 +23,8 @@ from engine.api.wire import Severity
 from engine.config.load import RunConfig
 from engine.servers.metrics_client import parse_metrics
 from engine.plan.pilot_window import Completed, Reading, full_batch
+from engine.servers.tuning import RunTuning
+from engine.servers.tuning_rule import EvidenceWindow
 from engine.http_client import KEEPALIVE_S
 from engine.run.batch_feedback import margin_for
 from engine.run.prompt_limit import from_context, tightest
@@ -110,15 +112,15 @@ class _PilotServers:
     proof, server log, readiness) in a scratch run dir. A worker refused, crashed or failed ends the pilot with its
     cause instead of being restarted: a pilot measures servers that work, or says why there are none."""
 
-    def __init__(self, cfg: RunConfig, scratch_dir: Path, python: str, session):
+    def __init__(self, cfg: RunConfig, scratch_dir: Path, python: str, session, tuning: RunTuning):
         from engine.servers.launch import worker_specs
         from engine.servers.workers import Worker
 
         self.alerts: list[str] = []
         self.cause: str | None = None
         self._ended = asyncio.Event()
-        self.workers = [Worker(spec, cfg, scratch_dir, session, self._emit, python=python)
-                        for spec in worker_specs(cfg)]
+        self.workers = [Worker(spec, cfg, scratch_dir, session, self._emit, python=python,
+                               tuner=tuning.for_server(spec.name)) for spec in worker_specs(cfg)]
         for w in self.workers:
             w.listeners.append(self._on_state)
 
@@ -224,9 +226,10 @@ def _size_text(name: str, s: PilotSize, fixed: int | None) -> str:
 
 
 async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Sequence], n: int,
-                    python: str | None = None) -> tuple[PilotResult, list[str]]:
+                    python: str | None = None, tuning: RunTuning | None = None) -> tuple[PilotResult, list[str]]:
     """Run the pilot; `prompts_for(k)` gives the rendered (conversation, turn, prompt ids) of at least k samples
-    when the prompt files hold that many. Returns the result and notes for the plan."""
+    when the prompt files hold that many. The servers run at `tuning`'s start value (the run's), and their /metrics
+    are the evidence of the next choice (PilotResult.evidence). Returns the result and notes for the plan."""
     import aiohttp
 
     log_dir = Path(tempfile.mkdtemp(prefix="regen-pilot-"))
@@ -235,11 +238,13 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
     notes: list[str] = []
     done: list[list[Completed]] = []
     readings: list[list[Reading]] = []
+    windows: list[EvidenceWindow] = []
     read_errors: dict[int, str] = {}
     started = time.monotonic()
     connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S)  # below uvicorn's idle close (http_client.py)
     async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
-        servers = _PilotServers(cfg, log_dir, python or sys.executable, session)
+        servers = _PilotServers(cfg, log_dir, python or sys.executable, session,
+                                tuning or RunTuning(cfg, None, pilot=True))
         try:
             await servers.start_and_wait_ready()
             sizes = servers.sizes(fixed)
@@ -271,6 +276,7 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
                 at += q
             done = [[] for _ in servers.workers]
             readings = [[] for _ in servers.workers]
+            windows = [EvidenceWindow(w.name, f"pilot: {w.name} {w.url}/metrics") for w in servers.workers]
             sending_over = asyncio.Event()
             started = time.monotonic()
 
@@ -336,6 +342,7 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
                         if m.running_reqs is None:
                             raise ValueError("no sglang:num_running_reqs in it")
                         readings[w].append(Reading(time.monotonic(), m.running_reqs, m.queued_reqs or 0.0))
+                        windows[w].add(m, time.time(), servers.workers[w].capacity_info.max_running_requests)
                         misses = 0
                     except asyncio.TimeoutError:
                         # a server deep in a big batch can answer /metrics late; one late answer is no reason
@@ -387,9 +394,11 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
     finish: dict[str, int] = {}
     for r in reqs:
         finish[r.finish] = finish.get(r.finish, 0) + 1
-    p50, p90 = np.percentile(lens, [50, 90])
+    p50, p90, p99 = np.percentile(lens, [50, 90, 99])
+    evidence = [e for e in (win.evidence() for win in windows) if e is not None]
     result = PilotResult(n, needed, len(reqs), workers, float(lens.mean()), float(p50), float(p90), int(lens.max()),
-                         bootstrap_mean_ci(lens), finish.get("length", 0) / len(reqs), wall, str(log_dir), finish)
+                         bootstrap_mean_ci(lens), finish.get("length", 0) / len(reqs), wall, str(log_dir), finish,
+                         float(p99), evidence)
     result._outputs = [r.output_ids for r in reqs]  # type: ignore[attr-defined]  # for the bytes/token sample
     result._finishes = [r.finish for r in reqs]  # type: ignore[attr-defined]  # with _outputs: the guard projection
     return result, notes

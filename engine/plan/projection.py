@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ from engine.plan.pilot import PilotError, run_pilot
 from engine.plan.prompts import PlanError, check_context, prompt_token_stats, renderer_of, sample_prompts, scan_prompts
 from engine.run.brake import plan_of
 from engine.run.committer import CHAIN_COMMIT_S
+from engine.servers.tuning import RunTuning, pilot_choice, planned_choice, record_pilot
 from engine.text.ingest import Conversation
 
 LONGEST_RENDERED = 64  # the longest prompts by characters of every row read, rendered besides the sample
@@ -206,6 +208,9 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
     notes: list[str] = []
     result = None
     outputs = None
+    # the servers' --schedule-conservativeness: a pilot runs at the run's start value and chooses the next one
+    tuning = RunTuning(cfg, Path(cfg.run_dir).expanduser(), pilot=True)
+    notes += tuning.notes
     if pilot and cfg.slurm is not None:
         raise PlanError("--pilot with [slurm] is not supported: the pilot starts servers where `regen plan` runs, "
                         "and a login node has no GPUs; plan without --pilot (the [plan] assumptions), or pilot "
@@ -218,11 +223,17 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
             return sample_prompts(renderer, cfg, more)
 
         try:
-            result, pilot_notes = asyncio.run(run_pilot(cfg, renderer, prompts_for, pilot, python))
+            result, pilot_notes = asyncio.run(run_pilot(cfg, renderer, prompts_for, pilot, python, tuning))
         except PilotError as exc:
             raise PlanError(str(exc)) from exc
         notes += pilot_notes
         outputs = getattr(result, "_outputs", None)
+        choice = pilot_choice(tuning, result.evidence, cfg.sampling.max_new_tokens, result.output_p99)
+        problem = record_pilot(tuning, choice)
+        if problem:
+            notes.append(problem)
+    else:
+        choice = planned_choice(tuning)
     projection = project(cfg, shard_plan, prompt, result, measure_disk(renderer, rendered, outputs))
     assumptions = Assumptions(cfg.plan.output_tokens_per_sample, cfg.plan.tokens_per_s_per_gpu, cfg.plan.loop_share,
                               used=result is None)
@@ -231,7 +242,7 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
                 runaway=guard, brake=plan_of(cfg), sampling={k: SampledValue(v["value"], v["source"]) for k, v in effective.as_dict().items()}, sampling_note=effective.note,
                 turns_after_cut=project_cut_policy(cfg, shard_plan, projection, result),
                 slurm=None if cfg.slurm is None else plan_slurm(cfg, projection.wall_hours.high * 3600),
-                context=context, warnings=warnings)
+                context=context, warnings=warnings, tuning=choice)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config.load import RunConfig
+from engine.config.schema import CONSERVATIVENESS_FLAG, operator_conservativeness
 from engine.servers.identity import SERVED_NAME_FLAG, operator_served_name
 from engine.servers.ranks import ServerRank, rank_argv
 
@@ -53,9 +54,11 @@ def worker_specs(cfg: RunConfig) -> list[WorkerSpec]:
     return specs
 
 
-def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name: str | None = None) -> list[str]:
+def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name: str | None = None,
+                conservativeness: float | None = None) -> list[str]:
     """The template is split first and each word formatted, so paths with spaces stay one argument.
-    `served_model_name` (the per-launch identity) is added unless the operator's line sets its own."""
+    `served_model_name` (the per-launch identity) and `conservativeness` (engine.servers.tuning) are added unless the
+    operator's line sets its own."""
     fields = {
         "python": python,
         "model": cfg.model,
@@ -70,6 +73,8 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name
         argv += [SERVED_NAME_FLAG, served_model_name]
     if cfg.workers.api_key and "--api-key" not in argv:
         argv += ["--api-key", cfg.workers.api_key]
+    if conservativeness is not None and operator_conservativeness(cfg.workers) is None:
+        argv += [CONSERVATIVENESS_FLAG, f"{conservativeness:g}"]
     return rank_argv(argv, spec.rank) if spec.rank else argv
 
 
@@ -138,10 +143,13 @@ def own_prometheus_dir(worker_dir: Path) -> Path:
     return path
 
 
-def launch_env(cfg: RunConfig, spec: WorkerSpec, worker_dir: Path) -> dict[str, str]:
-    """The server's environment: ours, its GPUs, run.toml's workers.env, its own Prometheus dir if one is used."""
+def launch_env(cfg: RunConfig, spec: WorkerSpec, worker_dir: Path,
+               tuned: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ours, its GPUs, what regen's tuning sets (engine.servers.tuning), run.toml's
+    workers.env over it, its own Prometheus dir if one is used."""
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus(spec.gpus))
+    env.update(tuned or {})
     env.update(cfg.workers.env)
     if env.get(PROMETHEUS_DIR_VAR):
         env[PROMETHEUS_DIR_VAR] = str(own_prometheus_dir(worker_dir))

@@ -12,6 +12,10 @@ SUMMED_GAUGES = {
     "sglang:num_running_reqs": "running_reqs",
     "sglang:num_queue_reqs": "queued_reqs",
     "sglang:gen_throughput": "gen_throughput",
+    # requests retracted since the server started (0.5.10+; 0.5.23 observability/metrics_collector.py:557-562, a
+    # Counter prometheus_client exports with the _total suffix); absent from 0.5.5, which has only the gauge
+    # sglang:num_retracted_reqs of the last logging interval: N/A then, never 0
+    "sglang:num_retracted_requests_total": "retracted",
 }
 MAX_GAUGES = {"sglang:token_usage": "token_usage"}
 # the lines of those gauges' families (HELP, TYPE, samples): a server exports ~10x more lines (histogram buckets)
@@ -33,10 +37,11 @@ class ServerMetrics:
     queued_reqs: float | None = None
     gen_throughput: float | None = None
     token_usage: float | None = None
+    retracted: float | None = None  # the server's retraction counter (since its launch); None: not exported
 
 
 def parse_metrics(text: str) -> ServerMetrics:
-    """Parse Prometheus text exposition; sglang: gauges become ServerMetrics (None when absent).
+    """Parse Prometheus text exposition; sglang: gauges and the retraction counter become ServerMetrics (None: absent).
 
     Each gauge counts once per DP rank: the total series when it is split by priority, one TP rank's series
     (the lowest, tp_rank 0) when every rank exports (--enable-metrics-for-all-schedulers), never their sum."""

@@ -165,5 +165,7 @@ class LaunchWatch:
         self.w.metrics, problem = await scrape_metrics(self.w.session, self.w.url, self.w.headers)
         if problem is not None:
             self.w.error = problem
-        elif self.w.error and self.w.error.startswith("/metrics"):
+            return
+        if self.w.error and self.w.error.startswith("/metrics"):
             self.w.error = None
+        self.w.server_tuner.observe(self.w.metrics, time.time(), self.w.capacity_info.max_running_requests)

@@ -30,7 +30,15 @@ def worker_event(w, *, host: str = "", remote: bool = False) -> WorkerEvent:
         running_reqs=m.running_reqs, queued_reqs=m.queued_reqs, gen_throughput=m.gen_throughput,
         token_usage=m.token_usage, in_flight=w.in_flight, in_flight_source=w.in_flight_source,
         held=getattr(w, "held", 0), capacity=w.capacity, error=w.error, host=host, remote=remote,
-        node=getattr(w, "node", ""), job_id=getattr(w, "job_id", ""), **served_fields(w.served)), w)
+        node=getattr(w, "node", ""), job_id=getattr(w, "job_id", ""), retracted=m.retracted,
+        **tuning_fields(getattr(w, "tuner", None)), **served_fields(w.served)), w)
+
+
+def tuning_fields(tuner) -> dict:
+    """A server's --schedule-conservativeness and its source (engine.servers.tuning); none for a remote agent's."""
+    if tuner is None:
+        return {}
+    return {"conservativeness": tuner.value, "conservativeness_source": str(tuner.source)}
 
 
 def served_fields(served: ServedTokens | None) -> dict:

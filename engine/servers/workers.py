@@ -36,6 +36,7 @@ from engine.servers.server_log import (
     crash_cause, error_lines, log_tail,
 )
 from engine.servers.target import SingleServer
+from engine.servers.tuning import RunTuning, ServerTuner
 from engine.servers.watch import STOP_GRACE_S, LaunchEnd, LaunchWatch
 from engine.servers.worker_event import worker_event
 
@@ -71,6 +72,8 @@ class Worker(SingleServer):  # a dispatch target (engine.servers.target.Dispatch
     listeners: list[Callable[["Worker", str], None]] = field(default_factory=list)
     host_name: str = ""  # the [[hosts]] name in a multi-host run
     served: ServedTokens | None = None  # the ledger's figures of it as a dispatch target (set by the supervisor)
+    # its --schedule-conservativeness (engine.servers.tuning); default: the config's start, nothing recorded
+    tuner: ServerTuner | None = None
 
     def __post_init__(self) -> None:
         self.log_path = self.run_dir / "workers" / self.spec.name / "server.log"
@@ -88,6 +91,8 @@ class Worker(SingleServer):  # a dispatch target (engine.servers.target.Dispatch
         self.last_error_lines: list[str] = []  # the last crash's fatal lines (or its log's tail)
         self.crashes = 0  # every crash of this worker, in its identity record (engine/placement/hosts/link.py reads it)
         self.last_crash: str | None = None
+        if self.tuner is None:
+            self.tuner = RunTuning(self.cfg, None).for_server(self.spec.name)
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -221,6 +226,7 @@ class Worker(SingleServer):  # a dispatch target (engine.servers.target.Dispatch
             self._manual_restart.clear()
             if not await self._wait_for_port():
                 break
+            self._retune()
             try:
                 await self._launch()
             except OSError as exc:
@@ -266,14 +272,17 @@ class Worker(SingleServer):  # a dispatch target (engine.servers.target.Dispatch
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         pid_path = self.log_path.parent / "server.pid"
         ours = served_name(self.cfg.run_dir, self.name, launch_token())
-        argv = launch_argv(self.cfg, self.spec, self.python, served_model_name=ours)
+        tuner = self.server_tuner
+        argv = launch_argv(self.cfg, self.spec, self.python, served_model_name=ours,
+                           conservativeness=tuner.flag_value())
         if self.cfg.runaway.enabled:  # answers are streamed: have the server stream deltas where it can
             if self._stream_flag is None:
                 self._stream_flag = await stream_flag.choose_logged(argv, self.python, self.name)
             if self._stream_flag.flag:
                 argv.append(self._stream_flag.flag)
         name = operator_served_name(argv) or ours
-        env = launch_env(self.cfg, self.spec, self.log_path.parent)
+        env = launch_env(self.cfg, self.spec, self.log_path.parent, tuner.env())
+        tuner.launched()
         shown = redact(shlex.join(argv), self.cfg.workers.api_key)
         self._proc, self._log_offset = await spawn(argv, env, shown, self.log_path, self.run_dir)
         self.pid = self._proc.pid
@@ -285,6 +294,18 @@ class Worker(SingleServer):  # a dispatch target (engine.servers.target.Dispatch
         self._startup_batch = None
         log.info("worker %s: launched pid %d: %s (log %s)", self.name, self.pid, shown, self.log_path)
         self._set_state(WorkerState.STARTING)
+
+    @property
+    def server_tuner(self) -> ServerTuner:
+        assert self.tuner is not None  # set in __post_init__
+        return self.tuner
+
+    def _retune(self) -> None:
+        """Before a relaunch: the value the last launch's /metrics call for (engine.servers.tuning), said in an alert."""
+        change = self.server_tuner.at_restart()
+        if change is not None:
+            log.info("worker %s: %s", self.name, change.text)
+            self._alert(change.severity, change.text, change.evidence, "tuning")
 
     @property
     def serves_http(self) -> bool:

@@ -132,6 +132,7 @@ class GenerateRoute:
                 chunk: dict[str, Any] = {"text": text, "output_ids": list(ids) if cumulative_ids else new_ids,
                                          "meta_info": meta}
                 sent, sent_text = n, decoded
+                req.wake_at = n + req.stream_interval if req.stream_interval > 1 else 0
                 if index is not None:
                     chunk["index"] = index
                 await queue.put(chunk)

@@ -26,6 +26,9 @@ class SimRequest:
     priority: int | None = None
     stream: bool = False
     stream_interval: int = 1  # streaming: a chunk once this many new tokens are out (sampling_params.stream_interval)
+    # streaming: its reader is woken once this many tokens are out (0: every step), so a step over a large batch does
+    # not wake every reader only for it to find its next chunk not due yet
+    wake_at: int = 0
     max_new_tokens: int = 4096  # what admission estimates the answer from (it does not know plan)
     log_metrics: bool = True
     created: float = field(default_factory=time.time)

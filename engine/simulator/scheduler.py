@@ -233,7 +233,8 @@ class Scheduler:
         for req in self.streaming:
             if req.first_token_mono is None:
                 req.first_token_mono = now
-            req.progress_event().set()
+            if req.wake_at <= 0 or self.generated_running(req) >= req.wake_at:
+                req.progress_event().set()
         return made
 
     def _report_idle(self) -> None:

@@ -22,6 +22,9 @@ META_CONTENT_HASH = "content_hash"
 DEPLOY_DIR = ".regen"  # `regen start` deploys the engine (and stages the config) here before the run dir is prepared
 META_CONTENT_FIELDS = "content_fields"
 META_CREATED_AT = "created_at"
+# `regen plan --pilot` records its choice of the servers' tuning here before any start (engine.servers.tuning_record):
+# a run dir holding only it is a new one
+TUNING_FILE = "tuning.json"
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,9 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
         if not root.is_dir():
             raise RunDirError(f"run dir {root} exists and is not a directory")
         deployed = (root / DEPLOY_DIR).is_dir()  # `regen start` copied the engine here; run.toml comes on acceptance
-        if not paths.state_db.exists() and not paths.run_toml.exists() and not deployed and any(root.iterdir()):
-            entries = sorted(p.name for p in root.iterdir())[:8]
+        others = [p for p in root.iterdir() if p.name != TUNING_FILE]
+        if not paths.state_db.exists() and not paths.run_toml.exists() and not deployed and others:
+            entries = sorted(p.name for p in others)[:8]
             raise RunDirError(f"run dir {root} is not empty and is not a regen run dir (no {STATE_DB} or run.toml; it has "
                               f"{', '.join(entries)}); choose an empty or new directory")
     try:

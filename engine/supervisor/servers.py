@@ -15,6 +15,7 @@ from engine.placement.fleet import Fleet
 from engine.run.prompt_limit import tightest
 from engine.api.wire import WorkerState
 from engine.servers.launch import worker_specs
+from engine.servers.tuning import RunTuning
 from engine.servers.workers import Worker
 from engine.supervisor.parts import made
 
@@ -42,7 +43,11 @@ class Servers:
         return True
 
     def _make_workers(self) -> list[Worker]:
-        workers = [Worker(spec=s, cfg=self.sup.cfg, run_dir=self.sup.run_dir, session=self.sup.session, emit=self.sup.emit)
+        # each server's --schedule-conservativeness: the pilot's choice or where its last restart left it (run dir)
+        tuning = RunTuning(self.sup.cfg, self.sup.run_dir)
+        self.sup.emit(tuning.start_alert())
+        workers = [Worker(spec=s, cfg=self.sup.cfg, run_dir=self.sup.run_dir, session=self.sup.session, emit=self.sup.emit,
+                          tuner=tuning.for_server(s.name))
                    for s in worker_specs(self.sup.cfg)]
         for w in workers:
             w.listeners.append(self._on_worker_state)

@@ -10,6 +10,8 @@ from probes.catalog.output import (
 from probes.catalog.probe import Findings, JudgeInput, Verdict
 from probes.model import CommandResult, Status
 
+PLAN_RECORD = "tuning.json"  # the engine's TUNING_FILE (engine/store/run_dir.py): probes never import the engine
+
 # ---------------------------------------------------------------------------------------------- ports, run dir
 
 
@@ -83,10 +85,12 @@ def judge_resume(res: CommandResult, inp: JudgeInput) -> Verdict:
     stored = info.get("content_hash")
     mode = "new"
     if not info.get("state_db") and not info.get("run_toml"):
-        if info.get("entry_count") and not info.get("deployed"):
+        # `regen plan --pilot` records its tuning choice in a new run dir for the start (engine/store/run_dir.py)
+        planned = PLAN_RECORD in info.get("entries", [])
+        if (info.get("entry_count") or 0) - planned and not info.get("deployed"):
             f.fail(f"{rd} is not empty and is not a regen run dir (no state.sqlite or run.toml; it has "
                    f"{', '.join(info.get('entries', [])[:8])})", "choose an empty or new directory")
-        summary = f"new run: {rd} exists and is empty"
+        summary = f"new run: {rd} exists and is empty" + (f" but for the pilot's {PLAN_RECORD}" if planned else "")
     elif stored is None:
         summary = f"{rd} has no content hash recorded yet: starting records it (new run)"
     elif ctx.content_hash is None or stored == ctx.content_hash:

@@ -1,8 +1,9 @@
 """All benchmarks in one command (`make bench`): ingest ceiling, GPU occupancy, capacity discovery, work spread,
-prefix affinity, resume, stats, export, probe latency, runaway guard, console cost (tui), control-op latency (control).
+server tuning, prefix affinity, resume, stats, export, probe latency, runaway guard, console cost (tui), control-op
+latency (control).
 
     .venv/bin/python -m tests.bench.run_all [--quick]
-        [--only ingest,occupancy,capacity,spread,affinity,resume,stats,export,probe,runaway,tui,control]
+        [--only ingest,occupancy,capacity,spread,tuning,affinity,resume,stats,export,probe,runaway,tui,control]
 
 Writes tests/bench/results/bench.json (every figure, every run) and prints a Markdown table
 (the rows of docs/benchmarks.md). Medians of --repeats runs (3; --quick: 1). The resume
@@ -19,8 +20,8 @@ import time
 
 from tests.bench import bench_common as bc
 
-ALL = ("ingest", "occupancy", "capacity", "spread", "affinity", "resume", "stats", "export", "probe", "runaway", "tui",
-       "control")
+ALL = ("ingest", "occupancy", "capacity", "spread", "tuning", "affinity", "resume", "stats", "export", "probe", "runaway",
+       "tui", "control")
 
 
 def _sub(argv: list[str], timeout: float) -> None:
@@ -66,6 +67,14 @@ def run_spread(quick: bool) -> dict:
     res = bench_spread.run(requests=1000 if quick else 1500, gpus=2, repeats=1 if quick else 3,
                            variants=list(bench_spread.VARIANTS))
     bc.write_result("spread", res)
+    return res
+
+
+def run_tuning(quick: bool) -> dict:
+    from tests.bench import bench_tuning
+
+    res = bench_tuning.run(list(bench_tuning.WORKLOADS), repeats=1 if quick else 2, quick=quick)
+    bc.write_result("tuning", res)
     return res
 
 
@@ -172,6 +181,49 @@ def tui_rows(tui: dict) -> list[str]:
     return rows
 
 
+def tuning_rows(tun: dict) -> list[str]:
+    """bench_tuning: regen's chosen --schedule-conservativeness vs SGLang's default, and vs the peer-like baseline."""
+    rows = []
+    met = tun["met"]
+    for name, r in tun["workloads"].items():
+        w, m = r["workload"], r["median"]
+        chosen, default = m["regen_chosen"], m["regen_default"]
+        what = (f"tuning, {name}: output tok/s on the cost model's clock, steady window ({w['window_steps']:,} decode "
+                f"steps a server after the ratio's decay), 2 servers with a KV pool of {w['pool']:,}, answers mean "
+                f"{w['output_mean']:,.0f} (max_new {w['max_new']:,}); regen at {r['chosen_source']} vs regen on "
+                f"default servers (running {chosen['mean_running']:,.0f} vs {default['mean_running']:,.0f}, usage "
+                f"{chosen['mean_usage']:.2f} vs {default['mean_usage']:.2f}; runs limited by admission "
+                f"{chosen.get('runs_counted', '?')} and {default.get('runs_counted', '?')} of {tun['repeats']})")
+        target = tun["target"]["seed" if name == "seed" else "vs_default"]
+        rows.append(f"| {what} | {chosen['tokens_per_s']:,.0f} | {default['tokens_per_s']:,.0f} | "
+                    f"{r['chosen_vs_default']:.3f}x | ≥ {target:.2f}x | {_yes(met.get(f'{name}_vs_default'))} |")
+        sweep = [a for a in m if a.startswith("regen_") and a not in ("regen_chosen", "regen_default")]
+        if sweep:
+            rates = "; ".join(f"{m[a]['tokens_per_s']:,.0f} ({m[a]['tokens_per_s'] / default['tokens_per_s']:.3f}x, "
+                              f"{m[a]['retractions_per_server_min']:.1f} retractions a server-minute)" for a in sweep)
+            rows.append(f"| tuning, {name}: the sweep ({', '.join(sweep)}) vs default servers | {rates} | | | | n/a |")
+        if r.get("servers_chosen_vs_default") is not None:
+            bc_, b = m["baseline_chosen"], m["baseline"]
+            rows.append(f"| tuning, {name}: the setting on the servers alone: the peer-like client (every queue full) on "
+                        f"chosen vs default servers (running {bc_['mean_running']:,.0f} vs {b['mean_running']:,.0f}) | "
+                        f"{bc_['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | {r['servers_chosen_vs_default']:.3f}x "
+                        f"| | n/a |")
+        if r.get("chosen_vs_baseline") is not None:
+            b = m["baseline"]
+            rows.append(f"| tuning, {name}: regen chosen vs the peer-like baseline at N = 4,096 on default servers "
+                        f"(running {b['mean_running']:,.0f}) | {chosen['tokens_per_s']:,.0f} | "
+                        f"{b['tokens_per_s']:,.0f} | {r['chosen_vs_baseline']:.3f}x | "
+                        f"≥ {tun['target']['vs_baseline']:.2f}x | "
+                        f"{_yes(met.get(f'{name}_vs_baseline'))} |")
+        if name == "seed":
+            rows.append(f"| tuning, seed: retractions per server-minute at the chosen setting (sglang:num_retracted_"
+                        f"requests; on the unscaled clock; per wall minute) | "
+                        f"{chosen['retractions_per_server_min']:.2f}; {chosen['retractions_per_wall_server_min']:.2f} | "
+                        f"{default['retractions_per_server_min']:.2f} | | "
+                        f"≤ {tun['target']['retractions_per_server_min']:.0f} | {_yes(met.get('seed_retractions'))} |")
+    return rows
+
+
 def _yes(ok: bool | None) -> str:
     return "n/a" if ok is None else ("**yes**" if ok else "**NO**")
 
@@ -234,6 +286,8 @@ def table(results: dict) -> str:
                 rows.append(f"| spread: {labels[v]}: worst server's full-batch share while work remains; tail (last "
                             f"server vs the servers' mean) | {m[v]['full_share_min']:.1%}; {m[v]['tail_ratio']:.2f}x | "
                             f"| | ≥ 95%; ≤ 1.2x | {_yes(spr['met'].get(v))} |")
+    if results.get("tuning"):
+        rows += tuning_rows(results["tuning"])
     aff = results.get("affinity")
     if aff:
         m = aff["median"]
@@ -316,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
     runners = {"ingest": run_ingest, "occupancy": run_occupancy, "capacity": run_capacity, "spread": run_spread,
-               "affinity": run_affinity,
+               "tuning": run_tuning, "affinity": run_affinity,
                "resume": run_resume, "stats": run_stats, "export": run_export, "probe": run_probe,
                "runaway": run_runaway, "tui": run_tui, "control": run_control}
     out = bc.RESULTS_DIR / "bench.json"
@@ -324,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     failures: dict[str, str] = {}
     started = time.monotonic()
     files = {"ingest": "ingest.json", "occupancy": "occupancy.json", "capacity": "capacity.json", "spread": "spread.json",
-             "affinity": "affinity.json",
+             "tuning": "tuning.json", "affinity": "affinity.json",
              "resume": "resume.json", "stats": "stats.json", "export": "export.json",
              "probe": "probe_latency.json", "runaway": "runaway.json", "tui": "tui.json", "control": "control.json"}
     # the benchmarks not run this time keep their recorded figures, so bench.json and its table stay whole

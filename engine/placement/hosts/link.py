@@ -242,7 +242,7 @@ class HostLink:
         lost_after = self.cfg.router.host_lost_after_s
         for m in self.members:
             m.unhealthy_since = None
-            m.ready_this_join = False
+            m.ready_this_join = m.state == WorkerState.READY  # a [slurm] hand-over proved them before this join
             if m.state in GONE:
                 m.set_state(WorkerState.STARTING)
         while not self._stopping:
@@ -309,15 +309,15 @@ class HostLink:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    async def _read_capacity(self, m: RemoteWorker) -> None:
+    async def _read_capacity(self, m: RemoteWorker, records: AgentRecords | None = None) -> None:
         """Its batch size as a local worker finds it (engine/servers/capacity.py): the start-up log line is on the
-        host, so the host agent's identity record carries it."""
+        host, so the host agent's identity record (in `records`, default this link's) carries it."""
         reported = await read_server_info(self.session, m.url, m.headers, m.name)
         if reported is None:
             reported = ServerCapacity(max_total_num_tokens=m.capacity_info.max_total_num_tokens,
                                       context_length=m.capacity_info.context_length,
                                       max_req_input_len=m.capacity_info.max_req_input_len)
-        record = self.records.by_name.get(m.name)
+        record = (records or self.records).by_name.get(m.name)
         workers = host_workers(self.cfg, self.host)
         m.capacity_info = discover(reported, record.startup_batch if record else None,
                                    configured_batch(workers.launch, workers.extra_args))

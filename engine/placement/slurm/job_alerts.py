@@ -97,3 +97,18 @@ class JobAlerts:
             return
         self.emit(AlertEvent(severity=Severity.ERROR, text=f"slurm job {job.job_id} ({self.group}) ended: {job.state}"
                              f"{reason}", evidence=job.words(), key=job_alerts.key(job_alerts.ENDED, self.group, job.job_id)))
+
+    def retired(self, job: JobState, taken_over_by: str, cancelled_by_regen: bool) -> None:
+        """The end of a job whose group a hand-over already moved to the next job (its servers drained): info, never
+        sent, when regen cancelled it once its last requests were answered or Slurm ended it at its limit; an end
+        for another reason (NODE_FAIL, PREEMPTED, someone else's scancel) stays an error."""
+        how = {"CANCELLED": "cancelled by regen once its servers had answered their last requests",
+               "TIMEOUT": "at its time limit"}
+        planned = job.state == "TIMEOUT" or (job.state == "CANCELLED" and cancelled_by_regen)
+        if job.job_id in self.said_ended or not planned:
+            self.ended(job, stopping=False, taking_over=None)
+            return
+        self.said_ended.add(job.job_id)
+        self.emit(AlertEvent(severity=Severity.INFO, text=f"slurm job {job.job_id} ({self.group}) ended as planned "
+                             f"({job.state}, {how[job.state]}); job {taken_over_by} takes the group over",
+                             evidence=job.words(), key=job_alerts.key(job_alerts.HANDED_OVER, self.group, job.job_id)))

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.api.wire import JobSource
+from engine.config.schema import time_limit_seconds
+
+log = logging.getLogger("regen.slurm")
 
 TIMEOUT_S = 30.0
+FINAL_STATE_WAIT_S = 15.0
 JOBS_FILE = "jobs.jsonl"  # under the slurm work dir: every job regen submitted (regen stop cancels these only)
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 GONE = "GONE"  # the state of a job neither squeue, scontrol nor sacct knows (any more)
@@ -27,6 +32,17 @@ def time_left_text(raw: str) -> str:
     limit` for INVALID (a job over its limit that Slurm has not killed yet), `no limit`, `not set`."""
     raw = raw.strip()
     return TIME_LEFT_WORDS.get(raw, raw)
+
+
+def time_left_s(text: str) -> int | None:
+    """squeue's %L (`9:58`, `1:00:00`, `1-02:00:00`) in seconds; 0 for INVALID (past its limit, not killed yet);
+    None for UNLIMITED, NOT_SET."""
+    if text.strip() == "INVALID":
+        return 0
+    try:
+        return time_limit_seconds(text)
+    except ValueError:
+        return None
 
 
 class SlurmError(Exception):
@@ -206,3 +222,42 @@ async def cancel_leftovers(jobs_file: Path) -> tuple[list[str], str]:
         if (await state(job_id)).active:
             live.append(job_id)
     return live, await cancel(live)
+
+
+async def lower_limit(job_id: str, limit: str) -> None:
+    """`scontrol update JobId=ID TimeLimit=LIMIT`: a user may lower the limit of a job of theirs (not raise it)."""
+    rc, out, err = await run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
+    if rc != 0:
+        raise SlurmError(f"scontrol update JobId={job_id} TimeLimit={limit} (exit {rc}): "
+                         f"{err.strip() or out.strip() or '(no output)'}")
+
+
+async def final_state(job: JobState) -> JobState:
+    """A job COMPLETING is on its way out: wait a little for the state it ends in (CANCELLED, TIMEOUT, NODE_FAIL ...),
+    which is what the operator is told."""
+    deadline = time.monotonic() + FINAL_STATE_WAIT_S
+    while job.state == "COMPLETING" and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        try:
+            job = await state(job.job_id)
+        except SlurmError:
+            break  # the last state seen is said
+    return job
+
+
+async def read_end(job: JobState, wait_s: float, group: str) -> JobState:
+    """A job's state once cancelled, as Slurm says it (CANCELLED, or COMPLETING for a moment): what the status shows
+    from now on, not the RUNNING read before the cancel. Read for at most wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            job = await state(job.job_id)
+        except SlurmError as exc:
+            log.warning("group %s: the state of job %s after its cancel: %s", group, job.job_id, exc)
+            return job
+        if not job.active or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.5)
+    log.info("group %s: %s%s", group, job.words(), "" if not job.active else
+             f" {wait_s:.0f} s after its cancel (its end is read again by `regen status` once the supervisor is gone)")
+    return job

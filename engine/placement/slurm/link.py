@@ -1,16 +1,17 @@
 """One server group of a [slurm] run, seen from the login node: the host link with Slurm where SSH was.
 
 A join submits the group's job (or waits for the one it submitted, or a requeued job's next life) and attaches to the
-node its step names; the job's end loses the host; handover_s before its time limit its servers are drained and the
-next job queued; stopping cancels the job ids this link submitted, and nothing else.
+node its step names; an unplanned end of the job loses the host. Before its time limit the next job is submitted early
+enough (the run's measured queue wait and load time) that its servers are proven by the time the drain is due
+(handover_s before the limit); the group then moves onto them in one step and the old job, drained, is cancelled once
+its servers answered their last requests (engine/placement/slurm/handover.py). Stopping cancels the job ids this link
+submitted, and nothing else.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,47 +19,38 @@ from typing import Callable
 import aiohttp
 
 from engine.placement.slurm import jobs as slurm_jobs
-from engine.config.load import Host, RunConfig, dump_toml
-from engine.config.schema import time_limit_seconds
-from engine.placement.hosts.deploy import engine_tarball, host_config
+from engine.config.load import Host, RunConfig
+from engine.placement.hosts.deploy import host_config
 from engine.placement.hosts.link import HostLink
-from engine.placement.hosts.ssh import AGENT_DIR, HostError
+from engine.placement.hosts.ssh import HostError
 from engine.api.status import HostStatus, SlurmJobStatus
+from engine.placement.hosts.remote_worker import RemoteWorker
+from engine.placement.slurm.handover import Successor
 from engine.placement.slurm.job_alerts import JobAlerts
-from engine.placement.slurm.jobs import JobState, SlurmError, time_left_text
-from engine.placement.slurm.plan import job_name, jobs_file, layout_of, sbatch_argv, slurm_section, slurm_work_dir
+from engine.placement.slurm.jobs import JobState, SlurmError, time_left_s, time_left_text
+from engine.placement.slurm.plan import (base_port, job_name, jobs_file, layout_of, sbatch_argv, slurm_section,
+                                         slurm_work_dir)
+from engine.placement.slurm.schedule import Schedule, first_limit_min, limit_text, minutes
+from engine.placement.slurm.takeover import Takeover
+from engine.placement.slurm.workdir import prepare_work_dir, run_here
 from engine.placement.slurm.ranks import RankCrashes
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.api.events import AlertEvent, Event
-from engine.api.wire import HostState
-from engine.api.wire import Severity
+from engine.api.wire import HostState, Severity, WorkerState
 
 log = logging.getLogger("regen.slurm")
 
 POLL_S = 2.0
 NODE_FILE_WAIT_S = 60.0
-FINAL_STATE_WAIT_S = 15.0
 RELEASE_WAIT_S = 5.0  # a job cancelled at the run's end: its end is read this long at most (the status shows it)
-
-
-def time_left_s(text: str) -> int | None:
-    """squeue's %L (`9:58`, `1:00:00`, `1-02:00:00`) in seconds; 0 for INVALID (past its limit, not killed yet);
-    None for UNLIMITED, NOT_SET."""
-    if text.strip() == "INVALID":
-        return 0
-    try:
-        return time_limit_seconds(text)
-    except ValueError:
-        return None
 
 
 def group_host(cfg: RunConfig, group: int) -> Host:
     """The group as a [[hosts]]-like entry: its name is its job's name, its work dir the group's dir. Each group
     has ports of its own (base_port + group x servers per group): Slurm may put two groups' jobs on one node."""
-    per_group = layout_of(cfg).servers_per_group
     return Host(name=job_name(cfg, group), address=f"slurm partition {slurm_section(cfg).partition}", gpus=cfg.workers.gpus,
                 work_dir=str(group_dir(Path(slurm_work_dir(cfg)), group)), host_python=cfg.host_python,
-                lan_address="0.0.0.0", base_port=cfg.workers.base_port + group * per_group)
+                lan_address="0.0.0.0", base_port=base_port(cfg, group))
 
 
 def job_status(job: JobState, next_job: str | None = None, waiting_since: float | None = None) -> SlurmJobStatus:
@@ -73,7 +65,7 @@ class SlurmLink(HostLink):
     # agent's alone, and whether the job (so its agent) lives is squeue's to say
     AGENT_ALIVE = ""
     def __init__(self, cfg: RunConfig, group: int, *, engine_root: Path, session: aiohttp.ClientSession,
-                 emit: Callable[[Event], None]):
+                 emit: Callable[[Event], None], schedule: Schedule | None = None):
         # the servers are reached over the cluster network at the node's address (no SSH forwards)
         lan = cfg.model_copy(update={"router": cfg.router.model_copy(update={"link": "lan"})})
         self.group = group
@@ -83,56 +75,29 @@ class SlurmLink(HostLink):
         self.slurm_dir = Path(slurm_work_dir(cfg))
         self.jobs_file = jobs_file(cfg)
         self.job: JobState | None = None
-        self.next_job: str | None = None  # queued at a hand-over, taken by the next join
+        self.next_job: str | None = None  # submitted at a hand-over, taken by the next join
         self.clock = time.monotonic  # how long a job waits (a test's own clock)
         self.alerts = JobAlerts(self.group_host.name, emit, lambda: self.clock(), self.slurm.pending_alert_s)
         self.ranks = RankCrashes(self.group_host.name, emit)
-        self._handing_over = False
+        self.schedule = schedule or Schedule()  # the run's: its groups' measured timings and job ends
+        self.takeover = Takeover(self)  # the hand-overs at the time limits
         self._attached: set[str] = set()  # jobs whose servers this link attached to
         self._life = 0  # the restart count of the job life attached to (a requeue keeps the id, not the life)
+        self._slots: dict[str, int] = {}  # each submitted job's port block (0 or 1)
+        self._limits: dict[str, int] = {}  # each submitted job's --time, minutes
+        self._submitted_at: dict[str, float] = {}
+        self._loading_since: float | None = None  # the job runs; its servers are not all proven yet
+        for m in self.members:
+            m.listeners.append(self._member_changed)
 
     # -- commands "on the host": the work dir is shared with the nodes ----------------------------
     async def ssh(self, command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-        except OSError as exc:
-            raise HostError(f"cannot run /bin/sh: {exc}") from exc
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise HostError(f"`{command[:80]}` timed out after {timeout:.0f} s") from None
-        rc = await proc.wait()  # communicate() returned once it exited: its exit code, at once
-        return rc, out.decode(errors="replace"), err.decode(errors="replace")
+        return await run_here(command, stdin, timeout)
 
     # -- join: the job instead of ssh + agent --------------------------------------------------
     async def deploy(self) -> None:
-        engine_dir = self.slurm_dir / AGENT_DIR
-        marker = engine_dir / ".deployed-by"
-        me = f"supervisor pid {os.getpid()}"  # one deploy per supervisor: every group's job runs from the same copy
-        gdir = Path(self.group_host.work_dir)
-        try:
-            gdir.mkdir(parents=True, exist_ok=True)
-            if not marker.exists() or marker.read_text() != me:  # once per supervisor, not under running jobs
-                staging = self.slurm_dir / f".engine-{self.group}"
-                shutil.rmtree(staging, ignore_errors=True)
-                staging.mkdir(parents=True)
-                proc = await asyncio.create_subprocess_exec("tar", "-x", "-C", str(staging), "-f", "-",
-                                                            stdin=asyncio.subprocess.PIPE)
-                await proc.communicate(engine_tarball(self.engine_root))
-                if not marker.exists() or marker.read_text() != me:
-                    shutil.rmtree(engine_dir, ignore_errors=True)
-                    engine_dir.parent.mkdir(parents=True, exist_ok=True)
-                    staging.rename(engine_dir)
-                    marker.write_text(me)
-                else:
-                    shutil.rmtree(staging, ignore_errors=True)
-            cfg = host_config(self.cfg, self.group_host).model_copy(update={"slurm": None})
-            (gdir / "host.toml").write_text(dump_toml(cfg))
-        except OSError as exc:
-            raise HostError(f"preparing the Slurm work dir {self.slurm_dir}: {exc}") from exc
+        cfg = host_config(self.cfg, self.group_host).model_copy(update={"slurm": None})
+        await prepare_work_dir(self.slurm_dir, self.group, Path(self.group_host.work_dir), self.engine_root, cfg)
 
     async def start_agent(self) -> str:
         try:
@@ -140,17 +105,19 @@ class SlurmLink(HostLink):
                 job_id, self.next_job = self.next_job, None
                 self.job = JobState(job_id, "PENDING")
             elif self.job is None or not self.job.active:
-                self.job = JobState(await self._submit(), "PENDING")
+                self.job = JobState(await self.submit(), "PENDING")
             running_since = None
             while not self._stopping:
                 self.job = await slurm_jobs.state(self.job.job_id)
                 if not self.job.active and self.job.job_id in self._attached:
                     # the job this link served from ended (said once, in Slurm's words): the next one is queued
-                    self._ended(await self._final_state(self.job))
-                    self.job = JobState(await self._submit(), "PENDING")
+                    self._ended(await slurm_jobs.final_state(self.job))
+                    self.job = JobState(await self.submit(), "PENDING")
                     continue
                 if self.job.state == "RUNNING":
-                    running_since = running_since or time.monotonic()
+                    if running_since is None:
+                        running_since = time.monotonic()
+                        await self._started(self.job)
                     attached = self._attach(self.job, time.monotonic() - running_since)
                     if attached:
                         return attached
@@ -166,17 +133,59 @@ class SlurmLink(HostLink):
             raise HostError(str(exc)) from exc
         raise HostError("stopping")
 
-    async def _submit(self, after: str | None = None) -> str:
-        """sbatch the group's job; `after`: it may start only once that job ended (a hand-over: the new job never
-        shares a node's ports with the old one)."""
-        argv = sbatch_argv(self.cfg, self.group)
-        if after is not None:
-            argv.insert(-1, f"--dependency=afterany:{after}")
+    async def _started(self, job: JobState) -> None:
+        """A job seen running for the first time (a life of it): its queue wait and the start of its servers' load
+        are measured, its limit kept apart from the other groups'."""
+        submitted = self._submitted_at.pop(job.job_id, None)
+        if submitted is not None and job.restarts == 0:
+            self.schedule.queue_waits.append(self.clock() - submitted)
+        if job.job_id not in self._attached:
+            self._loading_since = self.clock()
+            await self.stagger(job)
+
+    async def stagger(self, job: JobState) -> None:
+        """A job that just started: its limit kept out of the other groups' hand-over windows (Takeover.stagger)."""
+        new = await self.takeover.stagger(job, self._limits.get(job.job_id))
+        if new is not None:
+            self._limits[job.job_id] = new
+
+    def slot_of(self, job_id: str) -> int:
+        return self._slots.get(job_id, 0)
+
+    def submitted_at(self, job_id: str) -> float:
+        """When the job was submitted (the link's clock); its queue wait is measured from then (once)."""
+        return self._submitted_at.pop(job_id, self.clock())
+
+    async def submit(self) -> str:
+        """sbatch the group's next job: the group's first one with its staggered limit, any later one with time_limit,
+        each in the other port block than the job before it."""
+        current = self._slots.get(self.job.job_id) if self.job is not None else None
+        slot = 0 if current is None else 1 - current
+        limit = (first_limit_min(self.slurm, layout_of(self.cfg).groups, self.group) if not self._slots else
+                 minutes(self.slurm.time_limit_s))
+        argv = sbatch_argv(self.cfg, self.group, time_limit_min=limit, slot=slot)
         job_id = await slurm_jobs.submit(argv, self.jobs_file, self.group)
-        log.info("group %s: submitted job %s", self.host.name, job_id)
+        self._slots[job_id], self._limits[job_id], self._submitted_at[job_id] = slot, limit, self.clock()
+        log.info("group %s: submitted job %s (port block %d, --time=%s)", self.host.name, job_id, slot, limit_text(limit))
         self.emit(AlertEvent(severity=Severity.INFO, text=f"slurm job {job_id} submitted for {self.host.name}",
                              evidence=" ".join(argv), key=f"slurm-submit:{self.host.name}"))
         return job_id
+
+    def port_of(self, m: RemoteWorker, slot: int) -> int:
+        """The member's port in a job of port block `slot`."""
+        return m.spec.port + base_port(self.cfg, self.group, slot) - base_port(self.cfg, self.group, 0)
+
+    @property
+    def loading(self) -> bool:
+        """The watched job runs and its servers are not all proven yet (their load is being measured)."""
+        return self._loading_since is not None
+
+    def _member_changed(self, m: RemoteWorker, state: str) -> None:
+        """Every server of the job proven: its load time (RUNNING to the last one ready) is measured."""
+        if state == WorkerState.READY and self._loading_since is not None and all(
+                x.state == WorkerState.READY for x in self.members):
+            self.schedule.loads.append(self.clock() - self._loading_since)
+            self._loading_since = None
 
     def _pending(self, job: JobState) -> None:
         self.error = f"slurm {job.words()}"
@@ -199,12 +208,13 @@ class SlurmLink(HostLink):
         self.alerts.started(job)
         self._life = job.restarts
         self.host = self.group_host.model_copy(update={"work_dir": str(here)})
+        slot = self._slots.get(job.job_id, 0)
         for m in self.members:
-            m.url = f"http://{node['address']}:{m.spec.port}"
+            m.url = f"http://{node['address']}:{self.port_of(m, slot)}"
             m.node, m.job_id = str(node.get("node") or job.nodes), job.job_id
         self.alerts.pending_said = None
-        if self._handing_over:  # the drain was the last job's hand-over, not the operator's
-            self._handing_over, self.drained = False, False
+        if self.takeover.draining:  # the drain was the last job's hand-over, not the operator's
+            self.takeover.draining, self.drained = False, False
         return f"slurm job {job.job_id} running on {node['node']} ({node['address']}), GPUs {node['gpus'] or '?'}"
 
     # -- watching the job beside the servers ------------------------------------------------------
@@ -224,54 +234,49 @@ class SlurmLink(HostLink):
     async def _watch_job(self) -> str:
         assert self.job is not None
         while not self._stopping:
-            await asyncio.sleep(POLL_S)
+            if (s := self.takeover.successor) is not None:  # its servers proven: the group moves onto them at once
+                try:
+                    await asyncio.wait_for(s.ready.wait(), POLL_S)
+                    return f"slurm job {s.job_id} takes over from job {self.job.job_id}"
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(POLL_S)
             try:
                 self.job = await slurm_jobs.state(self.job.job_id)
             except SlurmError as exc:
                 log.warning("group %s: %s", self.host.name, exc)
                 continue  # slurmctld busy: the servers' own health still tells
             if self.job.state != "RUNNING" or self.job.restarts != self._life:  # ended, or requeued (maybe run again)
-                self.job = await self._final_state(self.job)
+                self.job = await slurm_jobs.final_state(self.job)
                 self._ended(self.job)
                 return f"slurm {self.job.words()}"
             self.ranks.tell(self.job, job_dir(self.slurm_dir, self.group, self.job.job_id, self.job.restarts))
             left = time_left_s(self.job.time_left)
-            if self.next_job is None and left is not None and left <= self.slurm.handover_s:
-                await self._hand_over()
+            if left is not None:
+                await self.takeover.at(self.job, left)
         return "stopping"
 
     def _ended(self, job: JobState) -> None:
-        self.alerts.ended(job, stopping=self._stopping, taking_over=self.next_job if self._handing_over else None)
-
-    async def _final_state(self, job: JobState) -> JobState:
-        """A job COMPLETING is on its way out: wait a little for the state it ends in (CANCELLED, TIMEOUT,
-        NODE_FAIL ...), which is what the operator is told."""
-        deadline = time.monotonic() + FINAL_STATE_WAIT_S
-        while job.state == "COMPLETING" and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-            try:
-                job = await slurm_jobs.state(job.job_id)
-            except SlurmError:
-                break  # the last state seen is said
-        return job
-
-    async def _hand_over(self) -> None:
-        """The time limit is near: no new work for these servers, the next job queued now."""
-        self._handing_over = True
-        self.set_drained(True)
-        try:
-            self.next_job = await self._submit(after=self._watched_job().job_id)
-        except SlurmError as exc:
-            self.emit(AlertEvent(severity=Severity.ERROR, text=f"the next slurm job for {self.host.name} was not submitted",
-                                 evidence=str(exc), key=f"slurm-handover:{self.host.name}"))
+        handing_over = self.takeover.draining or self.takeover.successor is not None
+        if handing_over and self.next_job and job.state == "CANCELLED" and self.takeover.planned_end(job):
+            self.alerts.retired(job, self.next_job, cancelled_by_regen=True)  # drained, cancelled by regen
             return
-        job = self._watched_job()
-        self.emit(AlertEvent(severity=Severity.INFO, text=f"slurm job {job.job_id} ({self.host.name}) nears its time "
-                             f"limit: its servers are drained, job {self.next_job} queued to take over",
-                             evidence=job.words() + f", time left {time_left_text(job.time_left)}",
-                             key=f"slurm-handover:{self.host.name}"))
+        self.alerts.ended(job, stopping=self._stopping, taking_over=self.next_job if handing_over else None)
 
-    def _watched_job(self) -> JobState:
+    async def _lose(self, reason: str) -> None:
+        """A planned hand-over is the takeover's (info, never a lost host); any other end of the job loses it."""
+        if not await self.takeover.job_ended(self.job):
+            await super()._lose(reason)
+
+    def took_over(self, s: Successor) -> None:
+        """The group serves from the next job of a hand-over now (its members moved onto its servers)."""
+        self.job, self._life, self.next_job, self._loading_since = s.job, s.job.restarts, None, None
+        self._attached.add(s.job_id)
+        self.host = self.group_host.model_copy(update={"work_dir": str(s.here)})
+        self.state, self.error = (HostState.DRAINED if self.drained else HostState.UP), None
+
+    def watched_job(self) -> JobState:
         """The job whose servers this link watches (start_agent set it before the watch began)."""
         if self.job is None:
             raise RuntimeError(f"group {self.host.name}: no slurm job is watched (start_agent sets it first)")
@@ -283,8 +288,10 @@ class SlurmLink(HostLink):
 
     # -- stop: cancel what this link submitted ------------------------------------------------------
     async def _release(self, stop_agent: bool) -> None:
-        """Cancel the jobs this link submitted (the live one and a queued successor), by id, never by name."""
-        live = [j for j in (self.job.job_id if self.job and self.job.active else None, self.next_job) if j]
+        """Cancel the jobs this link submitted (the live one, the next one of a hand-over, drained ones not ended yet),
+        by id, never by name."""
+        retiring = await self.takeover.release()
+        live = [j for j in (self.job.job_id if self.job and self.job.active else None, self.next_job, *retiring) if j]
         if stop_agent and live:
             try:
                 said = await slurm_jobs.cancel(live)
@@ -294,26 +301,8 @@ class SlurmLink(HostLink):
                 log.warning("group %s: %s", self.host.name, said)
             else:
                 self.next_job = None  # cancelled with it: nothing takes over
-            await self._read_end()
-
-    async def _read_end(self) -> None:
-        """The job's state once cancelled, as Slurm says it (CANCELLED, or COMPLETING for a moment): what the status
-        shows from now on, not the RUNNING read before the cancel. Read for at most RELEASE_WAIT_S."""
-        if self.job is None:
-            return
-        deadline = time.monotonic() + RELEASE_WAIT_S
-        while True:
-            try:
-                self.job = await slurm_jobs.state(self.job.job_id)
-            except SlurmError as exc:
-                log.warning("group %s: the state of job %s after its cancel: %s", self.host.name, self.job.job_id, exc)
-                return
-            if not self.job.active or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.5)
-        log.info("group %s: %s%s", self.host.name, self.job.words(), "" if not self.job.active else
-                 f" {RELEASE_WAIT_S:.0f} s after its cancel (its end is read again by `regen status` once the "
-                 "supervisor is gone)")
+            if self.job is not None:
+                self.job = await slurm_jobs.read_end(self.job, RELEASE_WAIT_S, self.host.name)
 
     def status(self) -> HostStatus:
         st = super().status()

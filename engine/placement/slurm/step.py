@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, required=True)
     parser.add_argument("--dist-init-port", type=int, default=None,
                         help="the group is one server across its nodes: rank 0 waits for the others on this port")
+    parser.add_argument("--base-port", type=int, default=None,
+                        help="the group's second port block (a job taking over while the last one drains)")
     args = parser.parse_args(argv)
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
@@ -132,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     address = node_address(node)
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_STEP_GPUS") or ""
     os.environ[SLURM_GPUS_VAR] = gpus
+    ports = {"base_port": args.base_port} if args.base_port is not None else {}
     node_cfg = cfg.model_copy(update={"run_dir": str(here),
-                                      "workers": cfg.workers.model_copy(update={"host": address})})
+                                      "workers": cfg.workers.model_copy(update={"host": address, **ports})})
     (here / "host.toml").write_text(dump_toml(node_cfg))
     record = {"job": job_id, "restarts": restarts, "node": node, "address": address, "gpus": gpus, "pid": os.getpid()}
     if nnodes > 1:

@@ -1,0 +1,57 @@
+"""The login node's side of a [slurm] run's work dir, shared with the nodes: the engine copy every group's job steps
+run from (deployed once per supervisor, never under running jobs) and each group's host.toml; the link's commands "on
+the host" run here, on that shared filesystem."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+from engine.config.load import RunConfig, dump_toml
+from engine.placement.hosts.deploy import engine_tarball
+from engine.placement.hosts.ssh import AGENT_DIR, HostError
+
+
+async def run_here(command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
+    """`/bin/sh -c command` on the login node: (exit code, stdout, stderr); HostError if it cannot run or times out."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except OSError as exc:
+        raise HostError(f"cannot run /bin/sh: {exc}") from exc
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise HostError(f"`{command[:80]}` timed out after {timeout:.0f} s") from None
+    rc = await proc.wait()  # communicate() returned once it exited: its exit code, at once
+    return rc, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def prepare_work_dir(slurm_dir: Path, group: int, group_dir: Path, engine_root: Path, cfg: RunConfig) -> None:
+    """The engine copy under slurm_dir (once per supervisor: every group's job runs from the same copy) and the
+    group's host.toml (`cfg`, the group's host config) in its dir; HostError naming the dir if either fails."""
+    engine_dir = slurm_dir / AGENT_DIR
+    marker = engine_dir / ".deployed-by"
+    me = f"supervisor pid {os.getpid()}"
+    try:
+        group_dir.mkdir(parents=True, exist_ok=True)
+        if not marker.exists() or marker.read_text() != me:  # once per supervisor, not under running jobs
+            staging = slurm_dir / f".engine-{group}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            proc = await asyncio.create_subprocess_exec("tar", "-x", "-C", str(staging), "-f", "-",
+                                                        stdin=asyncio.subprocess.PIPE)
+            await proc.communicate(engine_tarball(engine_root))
+            if not marker.exists() or marker.read_text() != me:
+                shutil.rmtree(engine_dir, ignore_errors=True)
+                engine_dir.parent.mkdir(parents=True, exist_ok=True)
+                staging.rename(engine_dir)
+                marker.write_text(me)
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
+        (group_dir / "host.toml").write_text(dump_toml(cfg))
+    except OSError as exc:
+        raise HostError(f"preparing the Slurm work dir {slurm_dir}: {exc}") from exc

@@ -24,6 +24,7 @@ from engine.api.ops import (EXITED, ChannelOp, ControlError, Follow, FollowEnded
                             RunEnding, Stop)
 from engine.api.op_cli import UsageError, add_op_commands, op_of
 from engine.api.op_codec import encode_op
+from engine.api.status import SlurmGroups
 
 EXIT_OK, EXIT_ERROR_REPLY, EXIT_UNREACHABLE = 0, 1, 2
 # the ops answered with one reply (answer()); follow is a stream (follow(), stream_follow())
@@ -166,30 +167,33 @@ def last_status(run_dir: Path, rid: int | None) -> Reply:
         status = offline_status(run_dir)
     except NotARunDir as exc:
         return Reply(rid, False, error=str(exc), kind=ErrorKind.NO_SUPERVISOR)
-    status.hosts, problem = allocations_after(run_dir)
+    status.hosts, status.slurm_groups, problem = allocations_after(run_dir)
     if problem:
         status.read_errors.append(problem)
     return Reply(rid, True, status.to_dict())
 
 
-def allocations_after(run_dir: Path) -> tuple[list | None, str | None]:
+def allocations_after(run_dir: Path) -> tuple[list | None, SlurmGroups | None, str | None]:
     """A [slurm] run's allocations as Slurm says them now (engine.placement.slurm.ended): each group's last job, its
-    last state, ended. None for any other run (its status has no hosts offline), and for a run dir with no run.toml
-    (no jobs to name); a run.toml that cannot be read is the second item (the status's read errors say it)."""
+    last state, ended; and the groups granted / pending of those wanted. None for any other run (its status has no
+    hosts offline), and for a run dir with no run.toml (no jobs to name); a run.toml that cannot be read is the last
+    item (the status's read errors say it)."""
     from engine.config.load import ConfigError, load_config
 
     path = run_dir / "run.toml"
     if not path.exists():
-        return None, None
+        return None, None, None
     try:
         cfg = load_config(path)
     except (ConfigError, OSError) as exc:
-        return None, f"{path}: {exc} (a [slurm] run's allocations cannot be named without it)"
+        return None, None, f"{path}: {exc} (a [slurm] run's allocations cannot be named without it)"
     if cfg.slurm is None:
-        return None, None
+        return None, None, None
     from engine.placement.slurm.ended import allocations_after as slurm_allocations
+    from engine.placement.slurm.groups import offline_groups
 
-    return slurm_allocations(cfg), None
+    hosts = slurm_allocations(cfg)
+    return hosts, offline_groups(cfg, hosts), None
 
 
 def supervisor_alive(run_dir: Path) -> bool:

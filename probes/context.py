@@ -51,6 +51,7 @@ class SlurmAsk:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    time_min_s: int | None = None  # [slurm] time_min: the shortest limit a job may be started with
 
 
 @dataclass(frozen=True)

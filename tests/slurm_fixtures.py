@@ -136,6 +136,11 @@ class SlurmCluster:
         """The ids of every job in the queue (pending, running, completing)."""
         return self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.split()
 
+    def reservations(self) -> list[str]:
+        """The names of the cluster's reservations (a test's idle window ends at one)."""
+        out = self.run("scontrol", "show", "reservation", "-o", timeout=10).stdout
+        return re.findall(r"ReservationName=(\S+)", out)
+
     def alive(self) -> bool:
         return bool(self.processes) and all(p.poll() is None for p in self.processes)
 
@@ -158,8 +163,11 @@ class SlurmCluster:
                         p.kill()
                     except psutil.NoSuchProcess:
                         continue
-            for part in (PARTITION, URGENT):
-                self.run("scontrol", "update", f"PartitionName={part}", f"MaxTime={self.max_time}", "State=UP")
+            for part in (PARTITION, URGENT):  # (a test may set PreemptMode=CANCEL on a partition)
+                self.run("scontrol", "update", f"PartitionName={part}", f"MaxTime={self.max_time}", "State=UP",
+                         "PreemptMode=REQUEUE")
+            for name in self.reservations():
+                self.run("scontrol", "delete", f"reservation={name}")
             for name, state in self.node_states().items():
                 if state != "idle":  # down or drained by the test (state=resume), or still completing
                     self.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import shlex
+import tomllib
 
 import pytest
 
 from console.cli import main as cli_main
-from engine.config.load import ConfigError, config_from_dict
-from engine.placement.slurm.plan import allocations_needed, layout_of, sbatch_argv, srun_argv
+from engine.config.load import ConfigError, config_from_dict, dump_toml
+from console.commands.plan import slurm_lines
+from engine.placement.slurm.plan import allocations_needed, layout_of, plan_slurm, sbatch_argv, srun_argv
+from rich.console import Console
 
 BASE = {"run_dir": "/scratch/run", "model": "/m", "prompts": ["p.jsonl"]}
 
@@ -117,6 +120,64 @@ handover_s = 600
             in out), out
     assert cli_main(["plan", "local", "--config", str(run_toml), "--pilot", "4"]) == 2
     assert "--pilot with [slurm] is not supported" in capsys.readouterr().err
+
+
+# -- elastic groups: min_groups / max_groups (the group form of `nodes`), time_min ------------------------------
+@pytest.mark.parametrize("slurm,tp,counted,groups", [
+    ({"nodes": "2-4"}, 8, 2, 4),                          # the node range as before
+    ({"min_groups": 2, "max_groups": 4}, 8, 2, 4),        # the same in groups
+    ({"max_groups": 3}, 8, 1, 3),                         # min_groups defaults to 1: every group beyond is elastic
+    ({"min_groups": 2}, 8, 2, 2),                         # max_groups defaults to min_groups: not elastic
+    ({"min_groups": 1, "max_groups": 2}, 16, 1, 2),       # a group of a spanning server is 2 nodes
+    ({"nodes": "2-4"}, 16, 1, 2),
+])
+def test_the_group_range_in_nodes_or_in_groups(slurm, tp, counted, groups):
+    cfg = cfg_with({"gpus_per_node": 8, **slurm}, workers={"tp_size": tp})
+    layout = layout_of(cfg)
+    assert (layout.groups_counted, layout.groups) == (counted, groups)
+    assert layout.nodes_low == counted * layout.nodes_per_group
+    again = config_from_dict(tomllib.loads(dump_toml(cfg)))
+    assert layout_of(again) == layout  # the frozen copy in the run dir reads back the same (nodes = 1 written)
+
+
+@pytest.mark.parametrize("slurm,key,words", [
+    ({"nodes": 2, "max_groups": 2}, "[slurm] nodes", "not both"),
+    ({"min_groups": 3, "max_groups": 2}, "[slurm] min_groups", "3 is above max_groups = 2"),
+    ({"time_limit": "10", "time_min": "20"}, "[slurm] time_min", "use a time_min up to time_limit"),
+    ({"time_limit": "10", "time_min": "1", "handover_s": 60}, "[slurm] time_min", "not above handover_s = 60"),
+    ({"time_min": "1h"}, "[slurm] time_min", '"4:00:00"'),
+])
+def test_the_elastic_keys_rules_name_the_key_and_the_fix(slurm, key, words):
+    with pytest.raises(ConfigError) as err:
+        cfg_with(slurm)
+    assert key in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_time_min_is_on_the_sbatch_line_and_in_the_plan(capsys):
+    cfg = cfg_with({"time_limit": "4:00:00", "time_min": "30", "handover_s": 300, "max_groups": 3})
+    assert "--time-min=30" in sbatch_argv(cfg, 2) and "--time=4:00:00" in sbatch_argv(cfg, 0)
+    assert "--time-min=30" not in " ".join(sbatch_argv(cfg_with({}), 0))
+    plan = plan_slurm(cfg, None)
+    assert plan.layout.endswith("3 job(s) of 1 node(s), 24 server(s) (elastic: each one Slurm grants serves at "
+                                "once; the plan counts on 1)")
+    slurm_lines(plan, Console(width=200))
+    out = capsys.readouterr().out
+    assert ("time_min 30m00s: Slurm's backfill may start a job in a shorter idle window, with a limit down to it; "
+            "such a job serves 25m00s before its hand-over") in out
+
+
+def test_time_min_never_exceeds_the_jobs_own_time_limit():
+    """A staggered first job or a successor whose --time is below [slurm] time_min gets --time-min = its --time:
+    Slurm refuses a job whose time-min is above its time limit."""
+    def times(argv: list[str]) -> tuple[str, str]:
+        return (next(w for w in argv if w.startswith("--time=")), next(w for w in argv if w.startswith("--time-min=")))
+
+    cfg = cfg_with({"time_limit": "10", "time_min": "8", "handover_s": 60, "max_groups": 2})
+    assert times(sbatch_argv(cfg, 0)) == ("--time=10", "--time-min=8")
+    assert times(sbatch_argv(cfg, 1)) == ("--time=6", "--time-min=6")  # group 1's staggered first limit
+    assert times(sbatch_argv(cfg, 0, time_limit_min=3, slot=1)) == ("--time=3", "--time-min=3")
+    assert times(sbatch_argv(cfg, 0, time_limit_min=9, slot=1)) == ("--time=9", "--time-min=8")
+    assert "--time-min=6" in plan_slurm(cfg, None).sbatch[1]
 
 
 def test_the_groups_first_limits_are_staggered_so_no_two_hand_over_together():

@@ -90,6 +90,11 @@ def test_a_time_limit_above_the_partitions_fails_and_a_short_one_warns(slurm, tm
     rows = probe(capsys, write_config(tmp_path, tiny_model_dir, time_limit="1:30", handover_s=60))
     assert rows["slurm.time_limit"]["status"] == "WARN", rows["slurm.time_limit"]
     assert "an allocation serves for 30 s but a server may take up to 60 s" in rows["slurm.time_limit"]["summary"]
+    # time_min: backfill may start a job with that limit, the shortest allocation is the one judged
+    rows = probe(capsys, write_config(tmp_path, tiny_model_dir, time_limit="20", time_min="1:30", handover_s=60))
+    assert rows["slurm.time_limit"]["status"] == "WARN", rows["slurm.time_limit"]
+    assert "an allocation serves for 30 s" in rows["slurm.time_limit"]["summary"]
+    assert rows["slurm.time_limit"]["remedy"].startswith("raise slurm.time_min ")
 
 
 def test_no_slurm_on_path_fails_the_first_row_and_skips_the_rest(tmp_path, tiny_model_dir, capsys, monkeypatch):

@@ -12,7 +12,7 @@ from console.view.host_table import SLURM_COLUMNS
 from console.tui.messages import StatusReceived
 from console.view.model import RunModel
 from console.host.source import ReplaySource
-from engine.api.status import HostStatus, RouterStatus, RunStatus, SlurmJobStatus
+from engine.api.status import HostStatus, RouterStatus, RunStatus, SlurmGroups, SlurmJobStatus
 from engine.api.events import DispatchEvent, GpuEvent, WorkerEvent
 from tests.test_tui_charts import screen_text, settled
 from tests.waiting import await_until
@@ -36,8 +36,11 @@ def hosts(pending: SlurmJobStatus | None = None) -> list[HostStatus]:
 
 
 def slurm_status(host_list: list[HostStatus], checked_at: float = T0) -> RunStatus:
+    granted = sum(h.job is not None and h.job.state == "RUNNING" for h in host_list)
     return RunStatus(run_dir="/scratch/regen/run", state="running", pid=4242, started_at=T0 - 3600,
                      checked_at=checked_at, hosts=host_list,
+                     slurm_groups=SlurmGroups(wanted=3, counted=2, granted=granted, serving=1,
+                                              pending=len(host_list) - granted),
                      router=RouterStatus(url="http://127.0.0.1:30100", up=True, policy="round_robin",
                                          members=["http://10.78.0.2:30000", "http://10.78.0.2:30001"]))
 
@@ -101,6 +104,8 @@ async def test_the_workers_tab_shows_each_allocation_as_squeue_says_it(tmp_path)
         }
         text = screen_text(app)
         assert "PENDING 12m34s" in text and "Resources" in text
+        # above the allocations: the groups granted / pending of those wanted, against the plan's min_groups
+        assert "slurm groups: 2 granted (1 serving), 1 pending, 3 wanted; the plan counts on 2" in text
         assert app.focused is app.query_one("#workers-table")  # the cursor stays the workers'
 
         # the pending job started: its row changes in place, the others are left as they are
@@ -109,6 +114,7 @@ async def test_the_workers_tab_shows_each_allocation_as_squeue_says_it(tmp_path)
                               for h in hosts(started)], checked_at=T0 + 10)
         app.post_message(StatusReceived(later))
         await await_until(lambda: rows(app)["regen-1"][2] == "RUNNING", 10, "the started job's row", interval=0.05)
+        await await_until(lambda: "slurm groups: 3 granted" in screen_text(app), 10, "the groups line", interval=0.05)
         assert rows(app)["regen-1"] == ["regen-1", "4128", "RUNNING", "", "n2", "9:59:50", "", "up", "2", ""]
         assert list(rows(app)) == ["regen-0", "regen-1", "regen-2"]
 

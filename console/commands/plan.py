@@ -263,6 +263,10 @@ def slurm_lines(s: SlurmPlan, console: Console) -> None:
         console.print(f"  {limit}: the run ({duration_text(s.projected_wall_s)} at the projection's high end) "
                       f"needs {s.allocations} allocation(s) per job in a row, {s.allocations * s.groups} "
                       "sbatch submissions in all (each next one queued before the last one's time is up)", soft_wrap=True)
+    if s.time_min_s is not None:
+        console.print(f"  time_min {duration_text(s.time_min_s)}: Slurm's backfill may start a job in a shorter idle "
+                      f"window, with a limit down to it; such a job serves {duration_text(s.time_min_s - s.handover_s)}"
+                      " before its hand-over", soft_wrap=True)
     console.print("  regen start submits, one job per server group:")
     for line in s.sbatch:
         console.print(Text("    " + line), soft_wrap=True)

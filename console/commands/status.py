@@ -143,6 +143,9 @@ def render_status(s: RunStatus, console: Console | None = None, host: str = "") 
     if len(interesting) > 20:
         shard_table.add_row(f"... {len(interesting) - 20} more", "", "", "", "", "")
     parts: list[RenderableType] = [head]
+    if s.slurm_groups is not None:  # granted / pending of the groups wanted, against the plan's min_groups
+        g = s.slurm_groups
+        parts.append(Text(g.text(live=s.running), style="yellow" if s.running and g.granted < g.counted else ""))
     if s.hosts:
         parts.append(hosts_table(s, console))
     if not s.workers and not s.running:  # no server is live without its supervisor: no empty table that looks live

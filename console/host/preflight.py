@@ -30,7 +30,7 @@ def slurm_ask(cfg: RunConfig) -> SlurmAsk | None:
                     nodes_per_job=layout.nodes_per_group, time_limit=s.time_limit, time_limit_s=s.time_limit_s,
                     handover_s=s.handover_s, ready_timeout_s=float(cfg.workers.ready_timeout_s),
                     test_command=shlex.join(sbatch_argv(cfg, 0, test_only=True)), account=s.account, qos=s.qos,
-                    constraint=s.constraint)
+                    constraint=s.constraint, time_min_s=s.time_min_s)
 
 
 def context_from_config(cfg: RunConfig) -> ProbeContext:

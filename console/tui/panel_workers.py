@@ -14,6 +14,7 @@ from console.view.tuning_text import conservativeness_text, retracted_text
 from console.view.log_polls import without_polls
 from console.tui.charts import TimeChart
 from console.tui.host_table import HostTable
+from console.view.host_table import groups_text
 from console.view.liveness import Freshness
 from console.view.model import RunModel
 from console.view.model_parts import WorkerView, na
@@ -76,6 +77,10 @@ class WorkersPanel(Vertical):
     ]
 
     def compose(self) -> ComposeResult:
+        self._groups = Label(id="slurm-groups")  # a [slurm] run's groups granted / pending / wanted
+        self._groups.display = False
+        self._groups_shown: Text | None = None
+        yield self._groups
         self._hosts = HostTable(id="hosts-table")
         yield self._hosts
         table = FigureTable(id="workers-table", cursor_type="row", zebra_stripes=True)
@@ -106,6 +111,11 @@ class WorkersPanel(Vertical):
         return selected_row_key(self._table)
 
     def refresh_from(self, m: RunModel) -> None:
+        groups = groups_text(m)
+        if groups != self._groups_shown:  # set only on a change: each update asks the screen for a layout
+            self._groups_shown = groups
+            self._groups.display = groups is not None
+            self._groups.update(groups or "")
         self._hosts.show(m)
         rows = []
         for w in sorted(m.workers.values(), key=lambda w: (w.host, w.name)):

@@ -14,7 +14,7 @@ from console.view.series import Series
 from engine.api.brake import BRAKE_ALERT_KEY, BrakeStatus
 from engine.api.events import (AlertEvent, DiskEvent, DispatchEvent, Event, FatalEvent, GpuEvent, RunEndEvent,
                                ShardEvent, WorkerEvent)
-from engine.api.status import FatalRecord, HostStatus, Rejects
+from engine.api.status import FatalRecord, HostStatus, Rejects, SlurmGroups
 from engine.api.reports import RunStats
 from engine.api.wire import (ENDED_RUN_STATES, LIVE_RUN_STATES, AlertLevels, RunState, Severity, ShardFigures,
                              WorkerState)
@@ -62,6 +62,7 @@ class EventFold:
         # a multi-host run's hosts ([slurm]: each group's job, as squeue said it), from the last status reply
         self.hosts: list[HostStatus] = []
         self.hosts_as_of: float | None = None  # that reply's checked_at: how long a job has waited, as of then
+        self.slurm_groups: SlurmGroups | None = None  # a [slurm] run's groups granted / pending of those wanted
         # what regen has open through the router (a multi-host run), for a server whose own count is not known
         self.router_in_flight: int | None = None
 

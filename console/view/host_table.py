@@ -64,3 +64,13 @@ def host_rows(m: RunModel) -> tuple[list[str], list[tuple[str, tuple]]]:
                      "" if h.lost is None else str(h.lost), error)
         rows.append((h.name, cells))
     return (SLURM_COLUMNS if slurm else HOST_COLUMNS), rows
+
+
+def groups_text(m: RunModel) -> Text | None:
+    """A [slurm] run's groups above its allocations: granted (serving) / pending / wanted, against min_groups (yellow
+    while the live run has fewer granted than the plan counts on); None for any other run."""
+    g = m.slurm_groups
+    if g is None:
+        return None
+    live = m.run_liveness().live
+    return Text(g.text(live=live), style="yellow" if live and g.granted < g.counted else "")

@@ -60,6 +60,9 @@ class RunModel(EventFold):
         if status.hosts is not None and (status.hosts != self.hosts or self._waiting(status.hosts)):
             self.hosts, self.hosts_as_of = status.hosts, status.checked_at
             changed.add("workers")
+        if status.slurm_groups != self.slurm_groups:
+            self.slurm_groups = status.slurm_groups
+            changed.add("workers")
         router_in_flight = status.router.in_flight if status.router is not None else None
         if router_in_flight != self.router_in_flight:
             self.router_in_flight = router_in_flight

@@ -376,6 +376,7 @@ class SlurmPlan:
     allocations: int | None  # consecutive allocations each group needs (None: no projection)
     sbatch: list[str]  # one line per group, shell-quoted
     srun: list[str]
+    time_min_s: int | None = None  # [slurm] time_min: backfill may start a job with a limit down to this
     # when each group hands over (its first --time staggered so no two drain together), and the assumptions
     handovers: list[SlurmHandover] = field(default_factory=list)
     spacing_s: float = 0.0  # how far apart the groups' first limits are set

@@ -154,6 +154,30 @@ class HostStatus:
 
 
 @dataclass
+class SlurmGroups:
+    """A [slurm] run's server groups at a glance (engine.placement.slurm.groups): of the `wanted` groups regen keeps
+    submitted (max_groups), how many Slurm granted (the job runs) and how many of those serve (a server in the
+    router), how many wait in the queue; `counted`: the min_groups the plan counts on. A group between two jobs is
+    neither granted nor pending."""
+    wanted: int
+    counted: int
+    granted: int = 0
+    serving: int = 0
+    pending: int = 0
+    below_since: float | None = None  # live: granted below counted since then (epoch s); else None
+
+    def text(self, live: bool = True) -> str:
+        """`slurm groups: 1 granted (1 serving), 1 pending, 2 wanted; the plan counts on 2` (79 columns; the CLI and
+        the TUI colour it while fewer are granted than the plan counts on)."""
+        serving = f" ({self.serving} serving)" if live else ""
+        return (f"slurm groups: {self.granted} granted{serving}, {self.pending} pending, {self.wanted} wanted; "
+                f"the plan counts on {self.counted}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class RouterStatus:
     """The router in front of a multi-host run's servers."""
     url: str
@@ -223,6 +247,8 @@ class RunStatus:
       checked_at     when this status was taken
       read_errors    offline: run-dir files that could not be read (so figures may be missing); live: []
       hosts, router  multi-host runs only (keys absent otherwise): each host (HostStatus) and the router (RouterStatus)
+      slurm_groups   [slurm] runs only (key absent otherwise): the server groups granted / serving / pending of those wanted
+                     (max_groups), and the min_groups the plan counts on (SlurmGroups); offline, from Slurm's word now
       metrics        live: where the run's Prometheus metrics are served (MetricsStatus: url), or why not (error:
                      the port is busy, [metrics] enabled = false); offline: null
       brake          the data-quality brake (BrakeStatus): engaged (dispatch paused run-wide: `state`
@@ -282,6 +308,7 @@ class RunStatus:
     read_errors: list[str] = field(default_factory=list)
     hosts: list[HostStatus] | None = None  # multi-host runs only (with router)
     router: RouterStatus | None = None
+    slurm_groups: SlurmGroups | None = None  # [slurm] runs only
     brake: BrakeStatus | None = None
     metrics: MetricsStatus | None = None  # live only
     levels: AlertLevels = field(default_factory=AlertLevels)  # the shares the engine alerts a shard above
@@ -300,10 +327,12 @@ class RunStatus:
                  read_errors=list(self.read_errors), brake=self.brake.to_dict() if self.brake is not None else None,
                  metrics=self.metrics.to_dict() if self.metrics is not None else None,
                  levels=self.levels.to_dict())
-        del d["hosts"], d["router"]
+        del d["hosts"], d["router"], d["slurm_groups"]
         if self.hosts is not None:
             d["hosts"] = [h.to_dict() for h in self.hosts]
             d["router"] = self.router.to_dict() if self.router is not None else None
+        if self.slurm_groups is not None:
+            d["slurm_groups"] = self.slurm_groups.to_dict()
         return d
 
     @classmethod

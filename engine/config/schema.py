@@ -687,13 +687,26 @@ class Slurm(Section):
     """The quality of service (sbatch --qos); unset: the account's default."""
     nodes: Annotated[Annotated[StrictInt, Field(ge=1)] | StrictStr, AfterValidator(_node_count)] = 1
     """Nodes of the run: a count (2), or a range ("2-4": regen submits for the most and the plan counts on the
-    fewest)."""
+    fewest). The same range in server groups is min_groups / max_groups: with them, leave nodes out."""
+    min_groups: Annotated[StrictInt, Field(ge=1)] | None = None
+    """Server groups (jobs) the plan counts on: its wall time and ETA assume this many. The run never waits for
+    them: each group serves the moment its job runs. Below max_groups (an elastic run), fewer than min_groups
+    granted for pending_alert_s is one warning, sent by [notify], until enough run again (a group above min_groups
+    waiting for free nodes is no alert). Default 1. With max_groups, the group form of `nodes` (a group is one node,
+    or the nodes one server spans)."""
+    max_groups: Annotated[StrictInt, Field(ge=1)] | None = None
+    """Server groups regen keeps submitted (an elastic run: each one Slurm grants is used, a lost one is submitted
+    again). Default: min_groups."""
     gpus_per_node: Annotated[StrictInt, Field(ge=1, le=64)] = 8
     """GPUs asked of each node (sbatch --gres=gpu:N); [workers] tp_size of them make one server, or a server with
     tp_size above it spans tp_size / gpus_per_node nodes."""
     time_limit: Annotated[StrictStr, AfterValidator(_time_limit)] = "4:00:00"
     """Each allocation's time limit (sbatch --time), in Slurm's format: "240", "4:00:00", "1-00:00:00". A run
     longer than it goes on in the next allocation."""
+    time_min: Annotated[StrictStr, AfterValidator(_time_limit)] | None = None
+    """The shortest time limit a job may be started with (sbatch --time-min), in time_limit's format: Slurm's
+    backfill may then start a job in an idle window shorter than time_limit, with a limit between the two (the
+    hand-over comes handover_s before whatever limit the job got). Unset: every job asks for time_limit."""
     handover_s: Annotated[StrictInt, Field(ge=30)] = 300
     """Seconds before the time limit by which the job's servers are drained (requests in flight finish in it). regen
     submits the group's next job early enough (this run's measured queue wait and load time) that its servers are
@@ -717,11 +730,29 @@ class Slurm(Section):
         return time_limit_seconds(self.time_limit)
 
     @property
+    def time_min_s(self) -> int | None:
+        return time_limit_seconds(self.time_min) if self.time_min is not None else None
+
+    @property
     def node_range(self) -> tuple[int, int]:
         if isinstance(self.nodes, int):
             return self.nodes, self.nodes
         low, _, high = self.nodes.partition("-")
         return int(low), int(high)
+
+    @property
+    def by_groups(self) -> bool:
+        """The range is given in server groups (min_groups / max_groups), not in nodes."""
+        return self.min_groups is not None or self.max_groups is not None
+
+    def group_range(self, nodes_per_group: int) -> tuple[int, int]:
+        """(the groups the plan counts on, the groups regen keeps submitted): min_groups / max_groups, or `nodes`
+        in groups of `nodes_per_group` nodes (at least one)."""
+        if self.by_groups:
+            low = self.min_groups or 1
+            return low, self.max_groups or low
+        low, high = self.node_range
+        return max(1, low // nodes_per_group), max(1, high // nodes_per_group)
 
 
 class RunConfig(Section):
@@ -943,11 +974,34 @@ def slurm_rules(cfg: RunConfig) -> list[tuple[str, str]]:
         else:
             span = tp // gpn
             low, high = s.node_range
-            for which, n in (("", low),) if low == high else (("the fewest ", low), ("the most ", high)):
+            for which, n in () if s.by_groups else (("", low),) if low == high else (("the fewest ", low),
+                                                                                    ("the most ", high)):
                 if n % span:
                     out.append(("[slurm] nodes", f"{which}{n} is not a multiple of {span}, the nodes one server "
                                                  f"spans (tp_size {tp} / gpus_per_node {gpn})"))
     if s.handover_s >= s.time_limit_s:
         out.append(("[slurm] handover_s", f"{s.handover_s} is not below time_limit = {s.time_limit} "
                                           f"({s.time_limit_s} s): the servers would be drained before they start"))
+    return out + slurm_group_rules(s)
+
+
+def slurm_group_rules(s: Slurm) -> list[tuple[str, str]]:
+    """The elastic keys: one form of the range (nodes, or min_groups / max_groups), min up to max, and a time_min
+    that leaves a job serving time before its hand-over."""
+    out = []
+    if s.by_groups and s.nodes != 1:  # (1, the default, is what a frozen copy of a groups config writes)
+        out.append(("[slurm] nodes", f"and min_groups / max_groups both size the run: keep nodes = {s.nodes!r} or "
+                                     "the groups (a group is one node, or the nodes one server spans), not both"))
+    if s.min_groups is not None and s.max_groups is not None and s.min_groups > s.max_groups:
+        out.append(("[slurm] min_groups", f"{s.min_groups} is above max_groups = {s.max_groups}: the plan would "
+                                          "count on more groups than regen submits; lower min_groups or raise "
+                                          "max_groups"))
+    if s.time_min_s is not None:
+        if s.time_min_s > s.time_limit_s:
+            out.append(("[slurm] time_min", f"{s.time_min} ({s.time_min_s} s) is above time_limit = {s.time_limit} "
+                                            f"({s.time_limit_s} s): use a time_min up to time_limit"))
+        elif s.time_min_s <= s.handover_s:
+            out.append(("[slurm] time_min", f"{s.time_min} ({s.time_min_s} s) is not above handover_s = "
+                                            f"{s.handover_s}: a job started with it would be drained at once; "
+                                            "raise time_min or lower handover_s"))
     return out

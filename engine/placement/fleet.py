@@ -16,12 +16,15 @@ from engine.config.load import RunConfig, host_workers
 from engine.placement.hosts.deploy import named_specs
 from engine.placement.hosts.link import HostLink
 from engine.placement.router import RouterEndpoint, RouterError, RouterProcess
-from engine.api.status import HostStatus, RouterStatus
+from engine.api.status import HostStatus, RouterStatus, SlurmGroups
 from engine.fatal import HostsFailed
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import AlertKind, HostState, Severity
 from engine.servers.workers import Worker
 from engine.api.wire import WorkerState
+
+if TYPE_CHECKING:
+    from engine.placement.slurm.groups import GroupWatch
 
 log = logging.getLogger("regen.fleet")
 
@@ -58,14 +61,19 @@ class Fleet:
                 link = HostLink(cfg, host, engine_root=engine_root, session=session, emit=emit, forward_base=forward)
                 forward += len(link.specs)
                 self.links.append(link)
+        self.groups: GroupWatch | None = None
         if cfg.slurm is not None:
+            from engine.placement.slurm.groups import GroupWatch
             from engine.placement.slurm.link import SlurmLink
             from engine.placement.slurm.plan import layout_of
             from engine.placement.slurm.schedule import Schedule
 
             schedule = Schedule()  # the groups' measured hand-over timings and job ends, shared: staggered limits
-            self.links += [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit, schedule=schedule)
+            slurm_links = [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit, schedule=schedule)
                            for g in range(layout_of(cfg).groups)]
+            self.links += slurm_links
+            self.groups = GroupWatch(cfg, slurm_links, emit)
+        self._groups_task: asyncio.Task | None = None
         self.workers = list(self.local_workers) + [m for link in self.links for m in link.members]
         self.endpoint.members = self.workers
         for w in self.workers:
@@ -92,6 +100,8 @@ class Fleet:
             w.start()
         for link in self.links:
             link.start()
+        if self.groups is not None:
+            self._groups_task = asyncio.create_task(self.groups.run(), name="slurm-groups")
 
     async def _cancel_leftover_jobs(self) -> None:
         from engine.placement.slurm import jobs as slurm_jobs
@@ -111,7 +121,7 @@ class Fleet:
             return
         self._stopped = True
         self.router.closing()
-        for task in list(self._changes):
+        for task in list(self._changes) + ([self._groups_task] if self._groups_task else []):
             task.cancel()
         await asyncio.gather(*(link.stop() for link in self.links), *(w.stop() for w in self.local_workers),
                              return_exceptions=True)
@@ -218,6 +228,10 @@ class Fleet:
                                            error=error if failed else None,
                                            workers=[w.name for w in self.local_workers], work_dir=self.cfg.run_dir))
         return hosts
+
+    def slurm_groups(self) -> SlurmGroups | None:
+        """A [slurm] run's groups granted / serving / pending of those wanted; None for any other run."""
+        return self.groups.figures() if self.groups is not None else None
 
     def router_status(self) -> RouterStatus:
         return RouterStatus(url=self.router.url, up=self.router.up, policy=self.cfg.router.policy,

@@ -130,6 +130,7 @@ class Monitor:
             workers=[w.snapshot() for w in self.sup.workers], gpus=list(t.gpus.values()), disk=list(t.disk.values()),
             alerts=t.raised_alerts(), alert_events=list(t.alerts), hosts=fleet.host_statuses() if fleet is not None else None,
             router=fleet.router_status() if fleet is not None else None,
+            slurm_groups=fleet.slurm_groups() if fleet is not None else None,
             brake=ledger.brake.status() if ledger is not None else None,
             metrics=dataclasses.replace(self.sup.metrics.state) if self.sup.metrics is not None else None)
 

@@ -140,15 +140,20 @@ def judge_slurm_submit(res: CommandResult, inp: JudgeInput) -> Verdict:
 def judge_slurm_time(res: CommandResult, inp: JudgeInput) -> Verdict:
     ask = inp.ctx.slurm
     assert ask is not None
-    usable = ask.time_limit_s - ask.handover_s
-    expected = (f"each allocation's usable time (time_limit - handover_s = {usable} s) well above a server's load "
+    # with time_min, backfill may start a job with a limit down to it: the shortest allocation is judged
+    key = "time_min" if ask.time_min_s is not None else "time_limit"
+    usable = (ask.time_min_s or ask.time_limit_s) - ask.handover_s
+    expected = (f"each allocation's usable time ({key} - handover_s = {usable} s) well above a server's load "
                 f"time (workers.ready_timeout_s = {ask.ready_timeout_s:g} s)")
-    data = {"time_limit_s": ask.time_limit_s, "handover_s": ask.handover_s, "usable_s": usable}
+    data = {"time_limit_s": ask.time_limit_s, "handover_s": ask.handover_s, "usable_s": usable,
+            "time_min_s": ask.time_min_s}
     summary = (f"{ask.time_limit} per allocation, {usable} s of it serving before the hand-over; `regen plan` says "
-               "how many allocations in a row the run needs")
+               "how many allocations in a row the run needs") if ask.time_min_s is None else (
+        f"{ask.time_limit} per allocation, down to {ask.time_min_s} s (time_min) for a job backfill starts in a "
+        f"shorter window: {usable} s of that serving before the hand-over")
     if usable < ask.ready_timeout_s:
         return Verdict(Status.WARN, f"an allocation serves for {usable} s but a server may take up to "
                        f"{ask.ready_timeout_s:g} s to load: an allocation could end before its servers serve",
-                       expected, summary, remedy="raise slurm.time_limit (or lower workers.ready_timeout_s if the "
+                       expected, summary, remedy=f"raise slurm.{key} (or lower workers.ready_timeout_s if the "
                        "model loads faster)", data=data)
     return Verdict(Status.PASS, summary, expected, summary, data=data)

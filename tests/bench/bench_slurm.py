@@ -18,7 +18,14 @@ hand-over's gap (the old servers' last answer to the new servers' first, from th
 they overlap) with its parts (queue wait, load, the switch, the old servers' drain, their job's cancel); Slurm's kill
 lag (a 1-minute job's end past its limit, one job with no hand-over); and every sample exactly once.
 
-    python -m tests.bench.bench_slurm [--repeats 1] [--conversations 360] [--mode all|scaling|groups]
+Elastic (`--mode elastic`, elastic_main): two nodes of one GPU, min_groups 1 / max_groups 2, n2 held by another
+user's job until 25 s into the run: from its release to the new group's first request (queue wait, server load and
+regen's part), and committed samples/s with one group and with two; every sample exactly once.
+
+    python -m tests.bench.bench_slurm [--repeats 1] [--conversations 360] [--mode all|scaling|groups|elastic]
+    python -m tests.bench.bench_slurm --mode elastic [--repeats 3] [--elastic-conversations 800]
+
+`--mode all` (the default) runs scaling, groups and elastic in turn.
 """
 from __future__ import annotations
 
@@ -96,6 +103,179 @@ def one_run(cluster, n: int, model: Path, prompts: Path, work: Path, *, sim: tup
             "window_s": t_end - t_all, "start_to_first_commit_s": parts[0][0] - run.started_at,
             "start_to_last_ready_s": t_all - run.started_at, "wall_s": run.wall_s, "jobs_submitted": len(jobs),
             "time_limit": time_limit, "handover_s": handover_s}
+
+
+# -- elastic: a second node frees up mid-run ------------------------------------------------------------------------
+ELASTIC_HOLD_S = 25.0  # the other user's job holds n2 this long after regen's first committed sample
+ELASTIC_SIM = tuple(a for a in SCALE_SIM if a not in ("--log-level-http", "warning"))  # the servers log each request
+COMMITTED_ROWS = re.compile(r"committed \S+: (\d+) rows, \d+ output tokens, at ([\d.]+)")
+SERVER_TS = re.compile(r"^\[(?:regen )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
+
+
+def server_log_times(log: Path, needle: str) -> list[float]:
+    """Epoch seconds (SGLang's log has whole seconds) of a server log's lines containing `needle`."""
+    from datetime import datetime
+
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = SERVER_TS.match(line)
+        if m and needle in line:
+            out.append(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp())
+    return out
+
+
+def rate_between(rows: list[tuple[float, int]], t0: float, t1: float) -> float:
+    """Committed samples per second between two epochs (parts committed in the window)."""
+    return sum(n for t, n in rows if t0 < t <= t1) / max(1e-6, t1 - t0)
+
+
+def elastic_run(cluster, model: Path, prompts: Path, work: Path, conversations: int) -> dict:
+    """min_groups 1, max_groups 2 on two nodes of one GPU, n2 held by another user's job until ELASTIC_HOLD_S after
+    the first committed sample: when the waiting group's job ran (queue wait), when its server launched, loaded and joined the
+    router, when the router first sent it a request; committed samples/s with one group and with two; every sample
+    exactly once."""
+    import json
+    import subprocess
+
+    from engine.config.load import config_from_dict, dump_toml
+    from engine.text.render import sample_id
+    from tests.test_engine_run import read_rows
+
+    holder = cluster.run("sbatch", "--parsable", "--nodelist=n2", "--exclusive", "--job-name=other-user",
+                         "--wrap", "sleep 3600").stdout.strip()
+    run_dir = work / f"run-elastic-{time.monotonic_ns()}"
+    cfg = slurm_config(run_dir, model, prompts, nodes=1, sim=ELASTIC_SIM, time_limit="10", handover_s=60)
+    doc = tomllib.loads(dump_toml(cfg))
+    doc["slurm"].update(min_groups=1, max_groups=2)
+    cfg = config_from_dict(doc)
+    seen: dict[str, float] = {}
+
+    waiting: dict[str, str] = {}  # the group that waits for n2 (whichever Slurm did not place on n1): group, job
+
+    def state_of(job: str) -> str:
+        return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                              env=cluster.env).stdout.strip()
+
+    def watch(rd: Path) -> bool:  # polled by run_supervisor every 50 ms: frees n2, then notes when its job runs
+        now = time.time()
+        if "first_commit" not in seen and "committed shards/" in (rd / "supervisor.log").read_text(errors="replace"):
+            seen["first_commit"] = now
+        if "first_commit" in seen and "freed" not in seen and now - seen["first_commit"] >= ELASTIC_HOLD_S:
+            jobs = [json.loads(line) for line in (rd / "slurm" / "jobs.jsonl").read_text().splitlines()]
+            [(group, job)] = [(str(j["group"]), str(j["job"])) for j in jobs if state_of(str(j["job"])) == "PENDING"]
+            waiting.update(group=group, job=job)
+            cluster.run("scancel", holder)
+            seen["freed"] = time.time()
+        if "freed" in seen and "running" not in seen and now - seen.get("polled", 0.0) >= 0.25:
+            seen["polled"] = now
+            if state_of(waiting["job"]) == "RUNNING":
+                seen["running"] = time.time()
+        return False
+
+    run = bc.run_supervisor(cfg, timeout=900, stop_when=watch)
+    if run.exit_code != 0:
+        raise RuntimeError(f"elastic run exited {run.exit_code}: {(run_dir / 'supervisor.log').read_text()[-3000:]}")
+    here = run_dir / "slurm" / f"g{waiting['group']}" / f"job-{waiting['job']}"
+    [server_log] = list((here / "workers").glob("*/server.log"))
+    name = f"regen-{waiting['group']}."
+    ready = [t for t, line in run.lines if name in line and "-> ready" in line and "regen.hosts" in line][0]
+    launched = server_log_times(server_log, "launching:")[0]
+    loaded = server_log_times(server_log, "Uvicorn running on")[0]
+    first_routed = next(t for t in server_log_times(server_log, '"POST /generate HTTP/1.1" 200')
+                        if t >= int(ready))  # its own warm-up comes before it is ready
+    node_written = (here / "node.json").stat().st_mtime
+    committed = committed_rows(run_dir)
+    one = rate_between(committed, seen["first_commit"] + 3, seen["freed"])
+    two = rate_between(committed, ready + 3, share_reached(committed, 0.85))
+    rows = read_rows(run_dir)
+    ids = [r["sample_id"] for r in rows]
+    expected = {sample_id(f"c{i:07d}", 0) for i in range(conversations)}
+    wait, load = seen["running"] - seen["freed"], loaded - launched
+    return {"conversations": conversations, "sim_args": list(ELASTIC_SIM), "hold_s": ELASTIC_HOLD_S,
+            "queue_wait_s": wait, "job_running_to_step_s": node_written - seen["running"],
+            "step_to_launch_s": launched - node_written, "server_load_s": load,
+            "loaded_to_router_s": ready - loaded, "router_to_first_request_s": first_routed - ready,
+            "freed_to_serving_s": first_routed - seen["freed"],
+            "regen_part_s": (first_routed - seen["freed"]) - wait - load,
+            "within_wait_load_10s": first_routed - seen["freed"] <= wait + load + 10,
+            "samples_per_s_one_group": one, "samples_per_s_two_groups": two, "rate_ratio": two / max(1e-6, one),
+            "samples": len(ids), "duplicates": len(ids) - len(set(ids)), "missing": len(expected - set(ids)),
+            "wall_s": run.wall_s}
+
+
+def both_free_run(model: Path, prompts: Path, work: Path) -> dict:
+    """The baseline of elastic_run, in the same process: the same config with both nodes free from the start;
+    committed samples/s from the second server's join to 85% of the samples."""
+    from engine.config.load import config_from_dict, dump_toml
+
+    run_dir = work / f"run-both-{time.monotonic_ns()}"
+    doc = tomllib.loads(dump_toml(slurm_config(run_dir, model, prompts, nodes=1, sim=ELASTIC_SIM, time_limit="10",
+                                               handover_s=60)))
+    doc["slurm"].update(min_groups=1, max_groups=2)
+    run = bc.run_supervisor(config_from_dict(doc), timeout=900)
+    if run.exit_code != 0:
+        raise RuntimeError(f"baseline run exited {run.exit_code}: {(run_dir / 'supervisor.log').read_text()[-3000:]}")
+    ready = sorted(t for t, line in run.lines if "-> ready" in line and "regen.hosts" in line)
+    committed = committed_rows(run_dir)
+    return {"samples_per_s_two_groups": rate_between(committed, ready[1] + 3, share_reached(committed, 0.85)),
+            "wall_s": run.wall_s}
+
+
+def committed_rows(run_dir: Path) -> list[tuple[float, int]]:
+    """(commit time, rows) of every part, from the committer's line for each."""
+    return sorted((float(m.group(2)), int(m.group(1)))
+                  for m in COMMITTED_ROWS.finditer((run_dir / "supervisor.log").read_text(errors="replace")))
+
+
+def share_reached(committed: list[tuple[float, int]], share: float) -> float:
+    """When the committed rows reached `share` of all (the tail after it fills fewer slots)."""
+    total, done = sum(n for _, n in committed), 0
+    for t, n in committed:
+        done += n
+        if done >= share * total:
+            return t
+    return committed[-1][0]
+
+
+def elastic_main(args) -> int:
+    """`--mode elastic`: elastic_run on a two-node cluster, `--repeats` times; medians and each run."""
+    from tests.slurm_fixtures import start_slurm
+
+    with tempfile.TemporaryDirectory(prefix="regen-bench-slurm-elastic-") as tmp:
+        work = Path(tmp)
+        os.chmod(work, 0o755)
+        model = bc.tiny_model()
+        prompts = bc.write_prompts(work / "prompts.jsonl", args.elastic_conversations, words=30)
+        cluster = start_slurm(work / "slurm", 2, gpus_per_node=1)
+        os.environ["SLURM_CONF"] = str(cluster.conf)
+        try:
+            runs, baselines = [], []
+            for _ in range(args.repeats):  # each elastic run beside its baseline: both nodes free from the start
+                for out, run in ((runs, lambda: elastic_run(cluster, model, prompts, work, args.elastic_conversations)),
+                                 (baselines, lambda: both_free_run(model, prompts, work))):
+                    out.append(run())
+                    if why := cluster.reset():
+                        raise RuntimeError(f"the cluster could not be reset between runs: {why}")
+        finally:
+            cluster.close()
+    for r, b in zip(runs, baselines):
+        r["baseline_samples_per_s_two_groups"] = b["samples_per_s_two_groups"]
+        r["two_groups_vs_baseline"] = r["samples_per_s_two_groups"] / max(1e-6, b["samples_per_s_two_groups"])
+    med = {k: statistics.median(r[k] for r in runs) for k in (
+        "queue_wait_s", "server_load_s", "freed_to_serving_s", "regen_part_s", "samples_per_s_one_group",
+        "samples_per_s_two_groups", "rate_ratio", "baseline_samples_per_s_two_groups", "two_groups_vs_baseline")}
+    res = {"benchmark": "slurm-elastic", "mode": cluster.mode, "repeats": args.repeats, "medians": med, "runs": runs,
+           "baselines": baselines, "machine": bc.machine()}
+    out = bc.write_result("slurm_elastic", res)
+    ok = all(r["within_wait_load_10s"] and not r["duplicates"] and not r["missing"] for r in runs)
+    print(f"slurm elastic ({cluster.mode}): n2 freed -> its GPU serving in {med['freed_to_serving_s']:.1f} s "
+          f"(queue wait {med['queue_wait_s']:.1f} s + server load {med['server_load_s']:.1f} s + regen "
+          f"{med['regen_part_s']:.1f} s); {med['samples_per_s_one_group']:.1f} -> "
+          f"{med['samples_per_s_two_groups']:.1f} samples/s with 1 -> 2 GPUs (x{med['rate_ratio']:.2f}; both nodes "
+          f"free from the start: {med['baseline_samples_per_s_two_groups']:.1f}, x"
+          f"{med['two_groups_vs_baseline']:.2f} of it); "
+          f"{'every run within wait + load + 10 s, each sample once' if ok else 'NOT MET'}; wrote {out}")
+    return 0 if ok else 1
 
 
 # ~4 answers/s per server (8 running, 40 ms steps of 4 tokens, ~200-token answers); the access lines kept: each
@@ -274,12 +454,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conversations", type=int, default=360)
     ap.add_argument("--handover-conversations", type=int, default=80)
     ap.add_argument("--groups-conversations", type=int, default=1800)
-    ap.add_argument("--mode", choices=("all", "scaling", "groups"), default="all")
+    ap.add_argument("--elastic-conversations", type=int, default=800)
+    ap.add_argument("--mode", choices=("all", "scaling", "groups", "elastic"), default="all",
+                    help="groups: two groups' overlapping hand-overs; elastic: a second node frees up mid-run")
     args = ap.parse_args(argv)
     if slurm_missing():
         print(f"bench_slurm: Slurm is not installed (missing: {slurm_missing()}); apt-get install slurm-wlm munge",
               file=sys.stderr)
         return 2
+    if args.mode == "elastic":
+        return elastic_main(args)
     if args.mode == "groups":
         with tempfile.TemporaryDirectory(prefix="regen-bench-slurm-") as tmp:
             os.chmod(tmp, 0o755)
@@ -315,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(x{ratios[2]:.2f}, x{ratios[3]:.2f}); start to first committed sample {first:.1f} s; wall "
           f"{whole['wall_s']:.0f} s in one allocation vs {handed['wall_s']:.0f} s across a time-limit hand-over "
           f"({handed['jobs_submitted']} jobs); wrote {out}")
-    return report_groups(groups, write=False) if groups else 0
+    rc = report_groups(groups, write=False) if groups else 0
+    return max(rc, elastic_main(args)) if args.mode == "all" else rc
 
 
 def report_groups(res: dict, write: bool = True) -> int:

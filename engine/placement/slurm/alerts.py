@@ -8,7 +8,8 @@ ENDED = "slurm-end:"  # TIMEOUT, CANCELLED by someone else, NODE_FAIL, PREEMPTED
 REQUEUED = "slurm-requeue:"  # a node failed or the job was preempted: Slurm runs the same job again (link._ended)
 PENDING_LONG = "slurm-pending-long:"  # PENDING for pending_alert_s: it will not start (Slurm's reason)
 STARTED = "slurm-started:"  # ... and started after all
-NOTIFIED = (ENDED, REQUEUED, PENDING_LONG, STARTED)
+BELOW_MIN = "slurm-below-min"  # an elastic run: fewer groups granted than min_groups, for pending_alert_s (groups.py)
+NOTIFIED = (ENDED, REQUEUED, PENDING_LONG, STARTED, BELOW_MIN)
 HANDED_OVER = "slurm-handed-over:"  # TIMEOUT at the limit a hand-over was made for: said, not sent
 
 

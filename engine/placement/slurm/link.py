@@ -163,7 +163,7 @@ class SlurmLink(HostLink):
         slot = 0 if current is None else 1 - current
         limit = (first_limit_min(self.slurm, layout_of(self.cfg).groups, self.group) if not self._slots else
                  minutes(self.slurm.time_limit_s))
-        argv = sbatch_argv(self.cfg, self.group, time_min=limit, slot=slot)
+        argv = sbatch_argv(self.cfg, self.group, time_limit_min=limit, slot=slot)
         job_id = await slurm_jobs.submit(argv, self.jobs_file, self.group)
         self._slots[job_id], self._limits[job_id], self._submitted_at[job_id] = slot, limit, self.clock()
         log.info("group %s: submitted job %s (port block %d, --time=%s)", self.host.name, job_id, slot, limit_text(limit))

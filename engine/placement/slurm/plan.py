@@ -65,13 +65,19 @@ class SlurmLayout:
                else f"one server of tp {self.tp_size} across {self.nodes_per_group} nodes")
         nodes = (f"{self.nodes_high} node(s)" if self.nodes_low == self.nodes_high
                  else f"{self.nodes_low}-{self.nodes_high} nodes (the plan counts on {self.nodes_low})")
+        elastic = ("" if self.groups == self.groups_counted else
+                   f" (elastic: each one Slurm grants serves at once; the plan counts on {self.groups_counted})")
         return (f"{nodes} x {self.gpus_per_node} GPUs: {per}; {self.groups} job(s) of {self.nodes_per_group} "
-                f"node(s), {self.servers} server(s)")
+                f"node(s), {self.servers} server(s){elastic}")
 
 
 def layout_of(cfg: RunConfig) -> SlurmLayout:
     s = slurm_section(cfg)
-    low, high = s.node_range
+    span = max(1, cfg.workers.tp_size // s.gpus_per_node)
+    if s.by_groups:  # the range in groups: in nodes for the layout
+        low, high = (g * span for g in s.group_range(span))
+    else:
+        low, high = s.node_range
     return SlurmLayout(gpus_per_node=s.gpus_per_node, tp_size=cfg.workers.tp_size, nodes_low=low, nodes_high=high)
 
 
@@ -130,13 +136,15 @@ def srun_argv(cfg: RunConfig, group: int, slot: int = 0) -> list[str]:
     return argv
 
 
-def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False, time_min: int | None = None,
+def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False, time_limit_min: int | None = None,
                 slot: int = 0) -> list[str]:
     """The allocation of one server group; its batch script is the srun line (--wrap). By default the group's first
-    job: its --time staggered (engine/placement/slurm/schedule.py); `time_min`: another job's limit in minutes."""
+    job: its --time staggered (engine/placement/slurm/schedule.py); `time_limit_min`: another job's --time in
+    minutes. [slurm] time_min goes on as --time-min, never above the job's own --time (Slurm refuses that job)."""
     s = slurm_section(cfg)
     layout = layout_of(cfg)
-    limit = limit_text(time_min if time_min is not None else first_limit_min(s, layout.groups, group))
+    limit_min = time_limit_min if time_limit_min is not None else first_limit_min(s, layout.groups, group)
+    limit = limit_text(limit_min)
     wd = slurm_work_dir(cfg)
     argv = ["sbatch", "--parsable", f"--job-name={job_name(cfg, group)}", f"--partition={s.partition}"]
     argv += [f"--account={s.account}"] if s.account else []
@@ -144,10 +152,19 @@ def sbatch_argv(cfg: RunConfig, group: int, *, test_only: bool = False, time_min
     argv += [f"--constraint={s.constraint}"] if s.constraint else []
     argv += [f"--nodes={layout.nodes_per_group}", "--ntasks-per-node=1", f"--gres=gpu:{s.gpus_per_node}",
              f"--time={limit}", f"--output={wd}/job-%j.out"]
+    argv += [f"--time-min={time_min_text(s, limit_min)}"] if s.time_min else []  # backfill: a shorter idle window
     argv += ["--test-only"] if test_only else []
     argv += list(s.extra_args)
     argv.append("--wrap=" + shlex.join(srun_argv(cfg, group, slot)))
     return argv
+
+
+def time_min_text(s: Slurm, limit_min: int) -> str:
+    """The job's --time-min: [slurm] time_min as written, or the job's own --time where that is shorter (a staggered
+    first job, a lowered successor)."""
+    if s.time_min_s is not None and s.time_min_s <= limit_min * 60:
+        return s.time_min or limit_text(limit_min)
+    return limit_text(limit_min)
 
 
 def allocations_needed(wall_s: float, usable_s: int) -> int:
@@ -163,6 +180,6 @@ def plan_slurm(cfg: RunConfig, projected_wall_s: float | None) -> SlurmPlan:
         handover_s=s.handover_s, usable_s=usable, projected_wall_s=projected_wall_s,
         allocations=None if projected_wall_s is None else allocations_needed(projected_wall_s, usable),
         sbatch=[shlex.join(sbatch_argv(cfg, g)) for g in range(layout.groups)],
-        srun=[shlex.join(srun_argv(cfg, g)) for g in range(layout.groups)],
+        srun=[shlex.join(srun_argv(cfg, g)) for g in range(layout.groups)], time_min_s=s.time_min_s,
         handovers=handover_times(s, layout.groups, projected_wall_s), spacing_s=spacing_s(s, layout.groups),
         assumed_queue_wait_s=DEFAULT_QUEUE_WAIT_S, assumed_load_s=DEFAULT_LOAD_S)

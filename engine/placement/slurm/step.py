@@ -2,15 +2,18 @@
 
 It makes the job's own dir (W/g<G>/job-<id>[.r<restart>]), writes there host.toml bound to this node's address and
 node.json (where the login node finds the servers), then runs the host agent until Slurm ends the step. In a group of
-several nodes a rank > 0 waits for rank 0's node.json and runs its own agent in the job dir's rank<I>/.
+several nodes a rank > 0 waits for rank 0's node.json and runs its own agent in the job dir's rank<I>/. A life
+of the job that a later one superseded (requeued) stops its agent.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +26,8 @@ NODE_FILE = "node.json"
 EXIT_NOT_IN_SLURM = 2
 EXIT_NO_HEAD = 3
 HEAD_WAIT_S = 120.0  # a rank > 0 waits this long for rank 0's node.json (the shared dir may lag)
+SUPERSEDED_FILE = "superseded.txt"
+LIFE_CHECK_S = 1.0  # how often a job life looks for a later one (end_when_superseded)
 
 
 def node_address(node: str) -> str:
@@ -54,6 +59,33 @@ def job_dir(work_dir: Path, group: int, job_id: str, restarts: int = 0) -> Path:
 def rank_dir(here: Path, node_rank: int) -> Path:
     """Where a node's agent runs: rank 0 (and a one-node group) in the job's dir, a rank > 0 under it."""
     return here if node_rank == 0 else here / f"rank{node_rank}"
+
+
+def later_life(work_dir: Path, group: int, job_id: str, restarts: int) -> Path | None:
+    """The dir of a later life of this job (Slurm requeued it: this life's node was set down, it was preempted), or
+    None while this life is the job's last."""
+    for life in group_dir(work_dir, group).glob(f"job-{job_id}.r*"):
+        n = life.name.rpartition(".r")[2]
+        if n.isdigit() and int(n) > restarts:
+            return life
+    return None
+
+
+def end_when_superseded(here: Path, work_dir: Path, group: int, job_id: str, restarts: int) -> None:
+    """SIGTERM this step (its agent stops its servers) once a later life of the job exists, saying why in
+    <here>/SUPERSEDED_FILE (the step's stderr may have no srun left to reach). Slurm kills a life's processes itself,
+    except on a node whose slurmd stopped answering: there they run on, and a rank > 0 there would join the next
+    life's server (same head node, same dist-init port) in place of that life's own rank."""
+    def watch() -> None:
+        while (life := later_life(work_dir, group, job_id, restarts)) is None:
+            time.sleep(LIFE_CHECK_S)
+        said = (f"regen slurm step: job {job_id} runs again in {life} (Slurm requeued it): this life (restart "
+                f"{restarts}) stops its servers")
+        (here / SUPERSEDED_FILE).write_text(said + "\n")
+        print(said, file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="job-life", daemon=True).start()
 
 
 def wait_for_head(here: Path, timeout_s: float = HEAD_WAIT_S) -> dict | None:
@@ -113,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, here / NODE_FILE)  # whole or absent: the login node and the other ranks read it
     agent = ["--work-dir", str(here), "--host-name", name]
+    end_when_superseded(here, work_dir, args.group, job_id, restarts)
     if nnodes > 1:
         if node_rank == 0:
             head_address = address  # the head is this node (its record, just written)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from engine.api.events import AlertEvent
@@ -48,6 +49,8 @@ class Takeover:
         left = time_left_s(job.time_left)
         if left is None or limit_min is None:
             return None
+        if link.slurm.time_min is not None:  # backfill may have started it with a shorter limit than it asked for
+            limit_min = min(limit_min, math.ceil(left / 60))
         now = link.clock()
         started = now + left - limit_min * 60
         new = trimmed_limit_min(started, now + left, link.schedule.others(link.group), window_s(link.slurm),

@@ -57,7 +57,9 @@ def _wrong_values(prop: dict[str, Any]) -> list[tuple[str, Any]]:
     if "boolean" in kinds:
         out += [("string for a bool", "false"), ("number for a bool", 1)]
     if "string" in kinds and "enum" not in prop:
-        out += [("number for a string", 5), ("list for a scalar", ["x"])]
+        if not kinds & {"number", "integer"}:  # "auto" | number takes a number
+            out.append(("number for a string", 5))
+        out.append(("list for a scalar", ["x"]))
     if "array" in kinds:
         out += [("string for a list", "0,1"), ("number for a list", 5)]
     if "object" in kinds:

@@ -159,7 +159,8 @@ async def test_an_engine_before_the_channel_shows_the_note_and_still_pauses(tmp_
     monkeypatch.setattr(console.host.deploy, "package_tree", old_tree)
     dump = console.host.deploy.dump_toml
     # the old engine's config refuses keys added since (at their defaults here): the frozen config leaves them out
-    added = ("refused_share =", "turns_after_cut =")
+    added = ("refused_share =", "turns_after_cut =", "schedule_conservativeness =", "conservativeness_min =",
+             "conservativeness_max =")
 
     def old_toml(cfg) -> str:
         kept, in_metrics = [], False  # and the [metrics] table (added since)

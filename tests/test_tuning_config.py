@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.api.tuning import TuningChoice, TuningSource, TuningVerdict
+from engine.api.tuning import AnswerTail, TuningChoice, TuningSource, TuningVerdict
 from engine.config.load import ConfigError, RunConfig, Workers, load_config
 from engine.servers.launch import launch_argv, launch_env, worker_specs
 from engine.servers.metrics_client import ServerMetrics
-from engine.servers.tuning import RunTuning
+from engine.servers.tuning import RunTuning, pilot_choice
 from engine.servers.tuning_record import RECORD_FILE, TuningRecord, config_key, write_record
 
 
@@ -66,10 +66,11 @@ def test_the_servers_get_the_flag_and_the_operators_own_is_never_overridden(tmp_
     assert "the operator's, not tuned" in tuning.start.reason
 
 
-def pilot_record(cfg: RunConfig, value: float, clip: int | None = None, key: str | None = None) -> None:
+def pilot_record(cfg: RunConfig, value: float, clip: int | None = None, key: str | None = None,
+                 tail: AnswerTail | None = None) -> None:
     choice = TuningChoice(value=value, measured_at_value=1.0, source=TuningSource.PILOT, verdict=TuningVerdict.LOWER,
                           reason="token usage 0.20 (< 0.9) ...; lowered from 1 to 0.3", low=0.3, high=1.3, clip=clip,
-                          clip_reason="answers' p99 ...", config_key=key or config_key(cfg))
+                          clip_reason="answers' p99 ...", config_key=key or config_key(cfg), answer_tail=tail)
     write_record(Path(cfg.run_dir) / RECORD_FILE, TuningRecord(config_key=key or config_key(cfg), pilot=choice))
 
 
@@ -136,3 +137,24 @@ def test_a_restart_lowers_an_admission_limited_server_and_records_it(tmp_path):
     fixed = RunTuning(cfg_of(tmp_path, schedule_conservativeness=1.0), None).for_server("gpu0")
     feed(fixed, usage=0.4, queued=5, retracted=30, seconds=60)
     assert fixed.at_restart() is None and fixed.value == 1.0
+
+
+def test_the_pilots_answer_tail_is_recorded_and_a_restart_lowers_no_further_than_it(tmp_path):
+    # 190 tokens past the clip 4,096 per answer: the lowest value whose settled reservation covers them is
+    # 190 / (0.7 x 0.14 x 4,096) = 0.473 -> 0.5 (engine/servers/tuning_rule.py tail_value)
+    cfg = cfg_of(tmp_path)
+    tail = AnswerTail(clip=4096, answers=2000, p99=9300.0, past_clip=132, past_clip_mean=190.0)
+    run = RunTuning(cfg, None, pilot=True)
+    assert run.clip_in_force == 4096
+    tuner = run.for_server("gpu0")
+    feed(tuner, usage=0.4, queued=5, retracted=0, seconds=60)
+    evidence = tuner.window.evidence()
+    choice = pilot_choice(run, [evidence], 32768, 9300.0, tail)
+    assert (choice.value, choice.verdict, choice.clip) == (0.5, TuningVerdict.LOWER, None)
+    assert "lowered only to 0.5 (from 1), not to 0.3" in choice.reason
+    pilot_record(cfg, 0.5, tail=tail)
+    restarted = RunTuning(cfg, Path(cfg.run_dir)).for_server("gpu0")
+    assert restarted.run.record.pilot.answer_tail == tail  # read back from the run dir's tuning.json
+    feed(restarted, usage=0.4, queued=5, retracted=0, seconds=60)
+    assert restarted.at_restart() is None and restarted.value == 0.5  # kept: not on to 0.3
+    assert RunTuning(cfg_of(tmp_path, env={"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "8192"}), None).clip_in_force == 8192

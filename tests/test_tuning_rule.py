@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.api.tuning import TuningEvidence, TuningVerdict
+from engine.api.tuning import AnswerTail, TuningEvidence, TuningVerdict
 from engine.servers.metrics_client import ServerMetrics
-from engine.servers.tuning_rule import Bounds, EvidenceWindow, choose_clip, decide
+from engine.servers.tuning_rule import Bounds, EvidenceWindow, answer_tail, choose_clip, decide, tail_value
 
 GUIDE = Bounds(0.3, 1.3)  # the config's defaults: the guide's "a value like 0.3" and "a value like 1.3"
 
@@ -108,3 +108,49 @@ def test_the_clip_is_set_only_where_answers_are_far_shorter_than_what_sglang_res
     assert choose_clip(1024, 4096, 458) == (None, "answers' p99 458 tokens: twice it (1,024) is not under half the "
                                                   "1,024 reserved per new request; SGLang's clip kept")
     assert choose_clip(32768, 4096, None)[0] is None
+
+
+SEED_TAIL = AnswerTail(clip=4096, answers=2000, p99=9300.0, past_clip=132, past_clip_mean=190.0)
+
+
+def test_answers_past_the_clip_lower_only_as_far_as_the_reservation_still_covers_them():
+    # SGLang counts a running request at min(max_new - generated, 4,096) x ratio, the ratio settling at 0.7 x c x 0.14;
+    # 190 tokens past the clip per answer need c >= 190 / (0.098 x 4,096 = 401.4) = 0.473 -> 0.5 (a multiple of 0.05)
+    assert tail_value(SEED_TAIL) == 0.5
+    d = decide(1.0, [ev()], GUIDE, tail=SEED_TAIL)
+    assert (d.value, d.verdict) == (0.5, TuningVerdict.LOWER)
+    # at 0.5 the settled ratio is 0.7 x 0.5 x 0.14 = 0.049; 0.049 x 4,096 = 200.7 tokens
+    assert d.action == ("answers' p99 9,300 tokens is over SGLang's clip 4,096 (132 of 2,000 answers past it, 190 "
+                        "tokens each past it on average, which no ratio counts): at 0.5 the settled ratio 0.049 x 4,096 "
+                        "= 201 tokens a running request still covers them: lowered only to 0.5 (from 1), not to 0.3")
+    assert d.why.endswith("admission holds requests back")
+
+
+def test_answers_within_the_clip_or_a_thin_tail_lower_as_the_guide_says():
+    within = AnswerTail(clip=4096, answers=2000, p99=1100.0, past_clip=0, past_clip_mean=0.0)  # bench_spread's
+    assert tail_value(within) is None
+    assert decide(1.0, [ev()], GUIDE, tail=within) == decide(1.0, [ev()], GUIDE)
+    # 20 past the clip per answer: 20 / 401.4 = 0.0498 -> 0.05, under conservativeness_min 0.3: the guide's 0.3
+    thin = AnswerTail(clip=4096, answers=2000, p99=3900.0, past_clip=10, past_clip_mean=20.0)
+    assert tail_value(thin) == 0.05
+    assert decide(1.0, [ev()], GUIDE, tail=thin).action == "lowered from 1 to 0.3"
+    # the floor's one step above where it retracted (0.6 + 0.3 = 0.9) is above the tail's 0.5: the floor decides
+    assert decide(1.2, [ev()], GUIDE, floor=0.6, tail=SEED_TAIL).value == 0.9
+
+
+def test_a_tail_that_needs_more_than_the_current_value_keeps_it():
+    # 450 past the clip: 450 / 401.4 = 1.121 -> 1.15 >= 1: not lowered; a pool that runs out still raises
+    heavy = AnswerTail(clip=4096, answers=2000, p99=14000.0, past_clip=300, past_clip_mean=450.0)
+    d = decide(1.0, [ev()], GUIDE, tail=heavy)
+    assert (d.value, d.verdict) == (1.0, TuningVerdict.KEEP)
+    assert d.action.startswith("kept at 1: answers' p99 14,000 tokens is over SGLang's clip 4,096")
+    assert d.action.endswith("only at 1.15 or above")
+    assert decide(1.0, [ev(retractions=5)], GUIDE, tail=heavy).verdict == TuningVerdict.RAISE
+
+
+def test_the_tail_is_measured_from_the_answers_against_the_clip():
+    # 100 answers: 98 of 100 tokens, one of 5,000 and one of 9,096; p99 = the 99th of 100 sorted = 5,000;
+    # past the clip 4,096: 904 + 5,000 = 5,904 over 100 answers = 59.04 each
+    t = answer_tail([100] * 98 + [9096, 5000], 4096)
+    assert t == AnswerTail(clip=4096, answers=100, p99=5000.0, past_clip=2, past_clip_mean=59.04)
+    assert answer_tail([], 4096) is None

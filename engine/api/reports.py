@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.api.tuning import TuningChoice, TuningEvidence
+from engine.api.tuning import AnswerTail, TuningChoice, TuningEvidence
 from engine.api.wire import Severity, decode
 
 STATS_SCHEMA = "regen.stats/1"
@@ -331,6 +331,7 @@ class PilotResult:
     output_p99: float | None = None  # None: an engine from before it
     # each pilot server's /metrics while the pilot ran (token usage, queue, retractions): what the tuning is chosen from
     evidence: list[TuningEvidence] = field(default_factory=list)
+    answer_tail: AnswerTail | None = None  # the answers against the clip the pilot's servers ran with
 
 
 @dataclass

@@ -72,6 +72,17 @@ class TuningEvidence:
 
 
 @dataclass
+class AnswerTail:
+    """The pilot's answer lengths against the clip its servers ran with (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION): the
+    tokens past the clip are what SGLang's reservation of a running request never counts."""
+    clip: int
+    answers: int
+    p99: float
+    past_clip: int  # answers longer than the clip
+    past_clip_mean: float  # tokens past the clip, averaged over every answer (0 for the answers within it)
+
+
+@dataclass
 class TuningChoice:
     """The run's --schedule-conservativeness (and the clip env, where one is set), with why."""
     value: float | None  # what the servers are launched with (None: the operator's flag, whose value is no number)
@@ -85,3 +96,5 @@ class TuningChoice:
     clip: int | None = None  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION given to the servers; None: not set by regen
     clip_reason: str = ""
     config_key: str = ""  # what the evidence was measured on (engine/servers/tuning_record.py): another config's is ignored
+    # the pilot's answers against the clip: a server's restart lowers no further than their tail allows either
+    answer_tail: AnswerTail | None = None

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.api.events import AlertEvent
-from engine.api.tuning import SGLANG_DEFAULT, TuningChoice, TuningEvidence, TuningSource, TuningVerdict
+from engine.api.tuning import SGLANG_DEFAULT, AnswerTail, TuningChoice, TuningEvidence, TuningSource, TuningVerdict
 from engine.api.wire import Severity
 from engine.config.load import RunConfig
 from engine.config.schema import CONSERVATIVENESS_FLAG, operator_conservativeness
@@ -85,6 +85,16 @@ class RunTuning:
         return Start(SGLANG_DEFAULT, TuningSource.SGLANG_DEFAULT,
                      f"auto: SGLang's default {SGLANG_DEFAULT:g} until a pilot or the servers' /metrics say otherwise")
 
+    @property
+    def clip_in_force(self) -> int:
+        """The SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION the servers start with: the operator's, the pilot's, SGLang's."""
+        if self.operator_clip:
+            try:
+                return int(self.cfg.workers.env[CLIP_ENV])
+            except ValueError:
+                return CLIP_DEFAULT  # SGLang refuses it at launch and says so
+        return self.start.clip or CLIP_DEFAULT
+
     def for_server(self, name: str) -> ServerTuner:
         s = self.start
         floor = None
@@ -158,7 +168,8 @@ class ServerTuner:
         if evidence is None or not self.source.tuned or self.value is None:
             return None
         b = self.run.bounds
-        d = decide(self.value, [evidence], b, self.floor)
+        pilot = self.run.record.pilot
+        d = decide(self.value, [evidence], b, self.floor, pilot.answer_tail if pilot is not None else None)
         if d.verdict == TuningVerdict.KEEP:
             log.info("worker %s: %s kept at %g: %s", self.name, CONSERVATIVENESS_FLAG, self.value, d.reason)
             return None
@@ -174,12 +185,12 @@ class ServerTuner:
 
 
 def pilot_choice(run: RunTuning, evidence: list[TuningEvidence], max_new_tokens: int,
-                 output_p99: float | None) -> TuningChoice:
-    """The run's value from the pilot's servers' /metrics (they ran at `run.start`); the operator's own value is kept
-    and the plan says what the guide would have chosen."""
+                 output_p99: float | None, tail: AnswerTail | None = None) -> TuningChoice:
+    """The run's value from the pilot's servers' /metrics (they ran at `run.start`) and its answers' tail past the clip;
+    the operator's own value is kept and the plan says what the guide would have chosen."""
     s = run.start
     measured_at = s.value if s.value is not None else SGLANG_DEFAULT
-    d = decide(measured_at, evidence, run.bounds)
+    d = decide(measured_at, evidence, run.bounds, tail=tail)
     value, source, verdict, reason = d.value, TuningSource.PILOT, d.verdict, d.reason
     clip, clip_reason = s.clip, ""
     if not s.source.tuned:
@@ -194,7 +205,7 @@ def pilot_choice(run: RunTuning, evidence: list[TuningEvidence], max_new_tokens:
         clip, clip_reason = None, f"the pool ran out: SGLang's own clip {CLIP_DEFAULT} again"
     return TuningChoice(value=value, measured_at_value=measured_at, source=source, verdict=verdict, reason=reason,
                         low=run.bounds.low, high=run.bounds.high, evidence=evidence, clip=clip,
-                        clip_reason=clip_reason, config_key=run.key)
+                        clip_reason=clip_reason, config_key=run.key, answer_tail=tail)
 
 
 def planned_choice(run: RunTuning) -> TuningChoice:

@@ -4,9 +4,10 @@ means the KV pool runs out (raise it). EvidenceWindow gathers a server's /metric
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.api.tuning import TuningEvidence, TuningVerdict
+from engine.api.tuning import AnswerTail, TuningEvidence, TuningVerdict
 from engine.api.wire import duration_text
 from engine.servers.metrics_client import ServerMetrics
 
@@ -18,6 +19,11 @@ FREQUENT = 0.5  # the guide's "frequently": in at least half the readings
 CLIP_ENV = "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"  # 0.5.23 srt/environ.py:650, default 4096
 CLIP_DEFAULT = 4096
 CLIP_PAGE = 256  # a chosen clip is rounded up to a multiple of this
+# the new-token ratio under load settles at min(INIT x conservativeness, 1) x FLOOR_FACTOR (SGLANG_INIT_NEW_TOKEN_RATIO,
+# SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR: 0.5.23 srt/environ.py, new_token_ratio_tracker.py:20-32; the same in 0.5.5, 0.5.10)
+RATIO_INIT = 0.7
+RATIO_FLOOR_FACTOR = 0.14
+VALUE_STEP = 0.05  # a value the tail asks for is rounded up to a multiple of this
 
 
 @dataclass(frozen=True)
@@ -122,9 +128,47 @@ def pool(evidence: list[TuningEvidence]) -> Pooled:
                   sum(max(e.window_s, 60.0) for e in counted) / 60.0)
 
 
-def decide(current: float, evidence: list[TuningEvidence], bounds: Bounds, floor: float | None = None) -> Decision:
+def answer_tail(lengths: Sequence[float], clip: int) -> AnswerTail | None:
+    """The answers' lengths against `clip`; None without answers."""
+    if not lengths:
+        return None
+    ordered = sorted(lengths)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    past = [n - clip for n in ordered if n > clip]
+    return AnswerTail(clip, len(ordered), float(p99), len(past), sum(past) / len(ordered))
+
+
+def tail_value(tail: AnswerTail | None) -> float | None:
+    """The lowest --schedule-conservativeness whose reservation still covers the answers' tokens past the clip; None
+    where no answer passes it. SGLang counts a running request's future need as min(max_new - generated, CLIP) x ratio
+    (0.5.23 schedule_policy.py:785-795): an answer within the clip needs at most the clipped count, and lowering the
+    ratio only bets on how much of that bound it uses (the guide's case). Tokens past the clip are counted at no ratio,
+    and the decode that reaches them retracts; so the ratio settled under load, RATIO_INIT x c x RATIO_FLOOR_FACTOR,
+    times the CLIP each such request is counted at, must still cover them on average:
+    c >= mean tokens past the clip / (0.7 x 0.14 x CLIP), rounded up to VALUE_STEP."""
+    if tail is None or tail.past_clip_mean <= 0:
+        return None
+    need = tail.past_clip_mean / (RATIO_INIT * RATIO_FLOOR_FACTOR * tail.clip)
+    return round(math.ceil(round(need / VALUE_STEP, 6)) * VALUE_STEP, 2)
+
+
+def tail_text(tail: AnswerTail, value: float) -> str:
+    settled = RATIO_INIT * value * RATIO_FLOOR_FACTOR
+    return (f"answers' p99 {tail.p99:,.0f} tokens is over SGLang's clip {tail.clip:,} ({tail.past_clip:,} of "
+            f"{tail.answers:,} answers past it, {tail.past_clip_mean:,.0f} tokens each past it on average, which no "
+            f"ratio counts)" if tail.p99 > tail.clip else
+            f"{tail.past_clip:,} of {tail.answers:,} answers are longer than SGLang's clip {tail.clip:,} "
+            f"({tail.past_clip_mean:,.0f} tokens each past it on average, which no ratio counts)") + (
+        f": at {value:g} the settled ratio {settled:.3f} x {tail.clip:,} = {settled * tail.clip:,.0f} tokens a running "
+        "request still covers them")
+
+
+def decide(current: float, evidence: list[TuningEvidence], bounds: Bounds, floor: float | None = None,
+           tail: AnswerTail | None = None) -> Decision:
     """The value for the next launch. `floor`: the highest value this server retracted too often at (never lowered to it
-    again). Retractions come first: a pool that runs out costs the recomputation of every retracted request."""
+    again). `tail`: the pilot's answers against the clip; a lowered value stays where the reservation still covers
+    their tokens past it (tail_value). Retractions come first: a pool that runs out costs the recomputation of every
+    retracted request."""
     p = pool(evidence)
     rate = p.rate
     kept = f"kept at {current:g}"
@@ -152,6 +196,15 @@ def decide(current: float, evidence: list[TuningEvidence], bounds: Bounds, floor
     why = (f"token usage {usage:.2f} (< {USAGE_FULL:g}) in {p.low_usage_queued} of {p.queued} readings with requests "
            f"queued (mean #queue-req {p.mean_queue or 0:.0f}), {retracted}: admission holds requests back")
     target = bounds.low if floor is None else max(bounds.low, round(floor + RAISE_STEP, 2))
+    needed = tail_value(tail)
+    if tail is not None and needed is not None and needed > target:
+        plain, target = target, min(needed, bounds.high)
+        if target >= current:
+            return Decision(current, TuningVerdict.KEEP, why, f"{kept}: {tail_text(tail, needed)} only at {needed:g} "
+                                                              "or above")
+        return Decision(target, TuningVerdict.LOWER, why,
+                        f"{tail_text(tail, target)}: lowered only to {target:g} (from {current:g}), not to "
+                        f"{plain:g}")
     if target >= current:
         at = (f"conservativeness_min {bounds.low:g}" if floor is None or target == bounds.low
               else f"{target:g}, one step above {floor:g} where it retracted too often")

@@ -15,6 +15,7 @@ from console.view.model import RunModel
 
 from console.view.model_parts import AlertView
 from console.tui.widgets import selected_row_key, sync_table
+from engine.api.wire import Severity
 
 COLUMNS = ["time", "severity", "from", "alert", "seen"]
 SEVERITY_STYLE = {"info": "dim", "warning": "yellow", "error": "bold red", "critical": "bold white on red"}
@@ -33,6 +34,7 @@ class AlertsPanel(Vertical):
     AlertsPanel #alerts-table { height: 1fr; }
     AlertsPanel #alert-detail { height: auto; max-height: 12; padding: 0 1; border-top: solid $primary; }
     """
+    _placed_row: int | None = None  # where following put the cursor last (the fatal alert's row, or the last one)
 
     def compose(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="alerts-table", cursor_type="row")  # cells as sync_table puts them
@@ -46,10 +48,13 @@ class AlertsPanel(Vertical):
         rows = [(row_key(a), (clock_text(a.ts), Text(a.severity, style=SEVERITY_STYLE.get(a.severity, "")),
                               a.origin, a.text[:160], f"x{a.count}")) for a in m.alerts]
         table = self.query_one("#alerts-table", DataTable)
-        at_end = table.cursor_row >= table.row_count - 1
+        following = table.cursor_row >= table.row_count - 1 or table.cursor_row == self._placed_row
         sync_table(table, rows, COLUMNS)
-        if at_end and table.row_count:
-            table.move_cursor(row=table.row_count - 1)  # follow new alerts unless the operator scrolled up
+        if following and table.row_count:
+            # follow new alerts unless the operator moved; a run's fatal alert outranks whatever came after it
+            fatal = [i for i, a in enumerate(m.alerts) if a.severity == Severity.CRITICAL]
+            self._placed_row = fatal[-1] if fatal else table.row_count - 1
+            table.move_cursor(row=self._placed_row)
         self._show_detail(selected_row_key(table))
 
     @on(DataTable.RowHighlighted, "#alerts-table")

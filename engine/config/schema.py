@@ -12,7 +12,7 @@ import re
 import shlex
 import urllib.parse
 from dataclasses import KW_ONLY, dataclass
-from typing import Annotated, Any, Callable, Iterator, Literal, TypeAlias, get_args
+from typing import Annotated, Any, Callable, Iterator, Literal, Sequence, TypeAlias, get_args
 
 from annotated_types import GroupedMetadata
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat,
@@ -341,12 +341,16 @@ CONSERVATIVENESS_FLAG = "--schedule-conservativeness"
 def operator_conservativeness(workers: Workers) -> str | None:
     """The value of a --schedule-conservativeness (or =VALUE) in the launch template or extra_args (the last one, as
     argparse takes it), as written; None when the operator's line has none."""
-    words = launch_words(workers)
+    return flag_value(launch_words(workers), CONSERVATIVENESS_FLAG)
+
+
+def flag_value(words: Sequence[str], flag: str) -> str | None:
+    """The value of `flag VALUE` (or `flag=VALUE`) in a command line's words: the last one, as argparse takes it."""
     value = None
     for i, word in enumerate(words):
-        if word == CONSERVATIVENESS_FLAG and i + 1 < len(words):
+        if word == flag and i + 1 < len(words):
             value = words[i + 1]
-        elif word.startswith(CONSERVATIVENESS_FLAG + "="):
+        elif word.startswith(flag + "="):
             value = word.split("=", 1)[1]
     return value
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.config.schema import flag_value
+
 DEFAULT_MAX_RUNNING = 64
 
 
@@ -107,12 +109,7 @@ def batch_from_log(text: str) -> int | None:
 
 def batch_from_flag(argv: Sequence[str]) -> int | None:
     """--max-running-requests N (or =N) in a launch line; the last one counts, as in argparse."""
-    value = None
-    for i, word in enumerate(argv):
-        if word == FLAG and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif word.startswith(FLAG + "="):
-            value = word.split("=", 1)[1]
+    value = flag_value(argv, FLAG)
     try:
         return int(value) if value is not None and int(value) > 0 else None
     except ValueError:

@@ -466,3 +466,15 @@ def slurm(shared_slurm, monkeypatch) -> SlurmCluster:
     test and its subprocesses."""
     with lent_cluster(shared_slurm, 1, monkeypatch) as cluster:
         yield cluster
+
+
+@contextlib.contextmanager
+def own_cluster(tmp_path: Path, monkeypatch, nodes: int) -> Iterator[SlurmCluster]:
+    """A cluster of the test's own (`nodes` nodes), for a test that breaks one for good (a killed slurmd)."""
+    require_slurm()
+    cluster = start_slurm(tmp_path / "slurm", nodes)
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    try:
+        yield cluster
+    finally:
+        cluster.close()

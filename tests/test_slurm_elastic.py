@@ -17,7 +17,7 @@ from engine.api.status import RunStatus
 from engine.config.load import dump_toml
 from engine.config.schema import time_limit_seconds
 from engine.placement.slurm.step import SUPERSEDED_FILE
-from tests.slurm_fixtures import URGENT, require_slurm, start_slurm
+from tests.slurm_fixtures import URGENT, own_cluster
 from tests.test_engine_run import ctl, renderer_for, status, supervisors, wait_for  # noqa: F401  (fixtures)
 from tests.test_slurm_run import (alert, cluster2, every_sample_once, host_of, job_of, require_netns,  # noqa: F401
                                   slurm_config)
@@ -201,13 +201,8 @@ def test_preemption_with_preempt_mode_cancel_ends_the_job_and_the_next_one_takes
 @pytest.fixture
 def own_cluster3(tmp_path, monkeypatch):
     """Three nodes of the test's own: one of them loses its slurmd for good."""
-    require_slurm()
-    cluster = start_slurm(tmp_path / "slurm", 3)
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    try:
+    with own_cluster(tmp_path, monkeypatch, 3) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from engine.config.load import Router, Slurm, config_from_dict, dump_toml
-from tests.slurm_fixtures import URGENT, lent_cluster, require_slurm, start_slurm
+from tests.slurm_fixtures import URGENT, lent_cluster, own_cluster
 from console.commands.demo import free_port_block
 from tests.sshd_fixtures import free_port
 from tests.waiting import wait_until
@@ -37,13 +37,8 @@ def cluster2(request, shared_slurm, monkeypatch):
 @pytest.fixture
 def own_cluster2(tmp_path, monkeypatch):
     """Two nodes of the test's own, for a test that breaks one for good (a killed slurmd)."""
-    require_slurm()
-    cluster = start_slurm(tmp_path / "slurm", 2)
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    try:
+    with own_cluster(tmp_path, monkeypatch, 2) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def slurm_config(tmp_path, tiny_model_dir, *, prompts: int, sim: tuple = (), tp_size: int = 1, **slurm):

@@ -81,20 +81,29 @@ class JobState:
         return asdict(self)
 
 
-async def run(argv: list[str], timeout: float = TIMEOUT_S) -> tuple[int, str, str]:
+async def run_captured(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a command; OSError if it cannot start, TimeoutError (the command killed) past
+    `timeout`: the caller names the fix."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    except OSError as exc:
-        raise SlurmError(f"cannot run {argv[0]}: {exc} (is Slurm installed here, on PATH?)") from exc
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
-        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s (is slurmctld reachable?)") from None
+        raise
     rc = await proc.wait()  # communicate() returned once it exited: its exit code, at once
     return rc, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def run(argv: list[str], timeout: float = TIMEOUT_S) -> tuple[int, str, str]:
+    try:
+        return await run_captured(argv, None, timeout)
+    except OSError as exc:
+        raise SlurmError(f"cannot run {argv[0]}: {exc} (is Slurm installed here, on PATH?)") from exc
+    except asyncio.TimeoutError:
+        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s (is slurmctld reachable?)") from None
 
 
 async def submit(argv: list[str], jobs_file: Path, group: int) -> str:

@@ -11,23 +11,17 @@ from pathlib import Path
 from engine.config.load import RunConfig, dump_toml
 from engine.placement.hosts.deploy import engine_tarball
 from engine.placement.hosts.ssh import AGENT_DIR, HostError
+from engine.placement.slurm.jobs import run_captured
 
 
 async def run_here(command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
     """`/bin/sh -c command` on the login node: (exit code, stdout, stderr); HostError if it cannot run or times out."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        return await run_captured(["/bin/sh", "-c", command], stdin, timeout)
     except OSError as exc:
         raise HostError(f"cannot run /bin/sh: {exc}") from exc
     except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
         raise HostError(f"`{command[:80]}` timed out after {timeout:.0f} s") from None
-    rc = await proc.wait()  # communicate() returned once it exited: its exit code, at once
-    return rc, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 async def prepare_work_dir(slurm_dir: Path, group: int, group_dir: Path, engine_root: Path, cfg: RunConfig) -> None:

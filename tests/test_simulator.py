@@ -478,6 +478,26 @@ async def test_crash_after_in_process_stops_the_server_with_exit_code_1(start_si
         await get(sim.url + "/health")
 
 
+class _FullDisk:
+    """A log file on a disk with no space left: every write fails with ENOSPC."""
+
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+async def test_a_full_disk_under_the_log_drops_lines_and_the_server_serves_on(start_sim):
+    sim = await start_sim(sim_output_mean=20)
+    sim.server.log._err = sim.server.log._out = _FullDisk()  # SGLang's logging handlers swallow the error too
+    for _ in range(3):
+        status, out = await post(sim.url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 64}})
+        assert status == 200, out
+    status, _ = await get(sim.url + "/health")
+    assert status == 200
+
+
 # --- API key -------------------------------------------------------------------------------------------------
 async def test_api_key_required_except_health_and_metrics_and_never_logged(start_sim):
     secret = "sk-sim-very-secret-4242"

@@ -105,8 +105,11 @@ class Faults:
             s.log.sched_error(f"Scheduler hit an exception: {traceback_text.rstrip()}")
             s.log.error(sigquit_line)
             if s.cfg.exit_process_on_fault:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except OSError:  # a full disk must not keep a dead server's process alive
+                        pass
                 os._exit(1)
             s.exit_code = 1
             await s.stop()

@@ -34,8 +34,11 @@ class SimLog:
         return time.strftime("%Y-%m-%d %H:%M:%S")
 
     def _write(self, stream: TextIO, text: str) -> None:
-        stream.write(text)
-        stream.flush()
+        try:
+            stream.write(text)
+            stream.flush()
+        except OSError:  # a full disk under the log: SGLang's logging handlers drop the line, the server serves on
+            pass
 
     def info(self, message: str) -> None:
         if self.level <= 20:

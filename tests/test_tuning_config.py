@@ -11,7 +11,8 @@ from engine.api.tuning import AnswerTail, TuningChoice, TuningSource, TuningVerd
 from engine.config.load import ConfigError, RunConfig, Workers, load_config
 from engine.servers.launch import launch_argv, launch_env, worker_specs
 from engine.servers.metrics_client import ServerMetrics
-from engine.servers.tuning import RunTuning, pilot_choice
+from engine.servers.tuning import RunTuning, pilot_choice, record_pilot
+from engine.servers.tuning_rule import answer_tail, clip_tails
 from engine.servers.tuning_record import RECORD_FILE, TuningRecord, config_key, write_record
 
 
@@ -149,7 +150,7 @@ def test_the_pilots_answer_tail_is_recorded_and_a_restart_lowers_no_further_than
     tuner = run.for_server("gpu0")
     feed(tuner, usage=0.4, queued=5, retracted=0, seconds=60)
     evidence = tuner.window.evidence()
-    choice = pilot_choice(run, [evidence], 32768, 9300.0, tail)
+    choice = pilot_choice(run, [evidence], 32768, tail)
     assert (choice.value, choice.verdict, choice.clip) == (0.5, TuningVerdict.LOWER, None)
     assert "lowered only to 0.5 (from 1), not to 0.3" in choice.reason
     pilot_record(cfg, 0.5, tail=tail)
@@ -158,3 +159,21 @@ def test_the_pilots_answer_tail_is_recorded_and_a_restart_lowers_no_further_than
     feed(restarted, usage=0.4, queued=5, retracted=0, seconds=60)
     assert restarted.at_restart() is None and restarted.value == 0.5  # kept: not on to 0.3
     assert RunTuning(cfg_of(tmp_path, env={"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "8192"}), None).clip_in_force == 8192
+
+
+def test_the_pilot_lowers_the_clip_to_the_lowest_its_answers_allow_and_the_servers_launch_with_it(tmp_path):
+    # bench_spread-like answers (engine/servers/tuning_rule.py choose_clip; the figures in test_tuning_rule.py): at
+    # 0.3, 768 is the lowest clip whose tail the settled ratio covers
+    cfg = cfg_of(tmp_path)
+    lengths = [300] * 90 + [700] * 6 + [900] * 4
+    run = RunTuning(cfg, None, pilot=True)
+    tuner = run.for_server("gpu0")
+    feed(tuner, usage=0.4, queued=5, retracted=0, seconds=60)
+    choice = pilot_choice(run, [tuner.window.evidence()], 2048, answer_tail(lengths, 4096), clip_tails(lengths, 4096))
+    assert (choice.value, choice.clip) == (0.3, 768)
+    assert choice.clip_reason.endswith("clip set to 768, the lowest multiple of 256 where 4 of 100 answers are longer, "
+                                       "5.3 tokens each past it on average, covered at 0.3 (it needs 0.1)")
+    assert choice.answer_tail.clip == 768  # a restart judges the tail against the clip the servers run with
+    assert record_pilot(RunTuning(cfg, Path(cfg.run_dir), pilot=True), choice) is None
+    server = RunTuning(cfg, Path(cfg.run_dir)).for_server("gpu0")
+    assert (server.flag_value(), server.env()) == (0.3, {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "768"})

@@ -6,7 +6,8 @@ import pytest
 
 from engine.api.tuning import AnswerTail, TuningEvidence, TuningVerdict
 from engine.servers.metrics_client import ServerMetrics
-from engine.servers.tuning_rule import Bounds, EvidenceWindow, answer_tail, choose_clip, decide, tail_value
+from engine.servers.tuning_rule import (Bounds, EvidenceWindow, answer_tail, choose_clip, clip_tails, decide,
+                                        tail_value)
 
 GUIDE = Bounds(0.3, 1.3)  # the config's defaults: the guide's "a value like 0.3" and "a value like 1.3"
 
@@ -97,17 +98,35 @@ def test_the_window_keeps_sums_and_counts_the_retraction_counters_growth():
     assert none.evidence().retractions is None  # SGLang 0.5.5: N/A, not 0
 
 
-def test_the_clip_is_set_only_where_answers_are_far_shorter_than_what_sglang_reserves():
-    # max_new_tokens 32,768, clip 4,096: 4,096 reserved; p99 700 -> 2 x 700 = 1,400 -> 1,536 (a multiple of 256),
-    # and 2 x 1,536 = 3,072 <= 4,096: set
-    clip, why = choose_clip(32768, 4096, 700)
-    assert clip == 1536 and "clip set to 1,536 (twice the p99, rounded up to 256)" in why
-    # p99 1,200 -> 2,560, 2 x 2,560 = 5,120 > 4,096: not worth it
-    assert choose_clip(32768, 4096, 1200)[0] is None
-    # the demo: max_new_tokens 1,024 reserved, p99 458 -> 1,024, 2 x 1,024 > 1,024: SGLang's clip kept
-    assert choose_clip(1024, 4096, 458) == (None, "answers' p99 458 tokens: twice it (1,024) is not under half the "
-                                                  "1,024 reserved per new request; SGLang's clip kept")
-    assert choose_clip(32768, 4096, None)[0] is None
+def test_the_clip_is_the_lowest_whose_tail_the_chosen_value_still_covers():
+    # 100 answers: 90 of 300 tokens, 6 of 700, 4 of 900; max_new_tokens 2,048 under SGLang's clip 4,096: 2,048 reserved.
+    # At 0.3 the settled ratio is 0.7 x 0.3 x 0.14 = 0.0294: a clip K covers a mean past it up to 0.0294 x K.
+    #   K = 256: (90 x 44 + 6 x 444 + 4 x 644) / 100 = 92 past -> needs 92 / (0.098 x 256) = 3.67
+    #   K = 512: (6 x 188 + 4 x 388) / 100 = 26.8 -> needs 26.8 / 50.18 = 0.534 -> 0.55
+    #   K = 768: 4 x 132 / 100 = 5.28 -> needs 5.28 / 75.26 = 0.070 -> 0.1 <= 0.3: chosen
+    lengths = [300] * 90 + [700] * 6 + [900] * 4
+    tails = clip_tails(lengths, 4096)
+    assert [t.clip for t in tails] == list(range(256, 4096, 256))
+    tail, why = choose_clip(2048, 4096, 0.3, tails)
+    assert tail == AnswerTail(clip=768, answers=100, p99=900.0, past_clip=4, past_clip_mean=5.28)
+    assert why == ("SGLang reserves 2,048 tokens for each new request (min(max_new_tokens 2,048, clip 4,096)); answers' "
+                   "p99 900 tokens: clip set to 768, the lowest multiple of 256 where 4 of 100 answers are longer, 5.3 "
+                   "tokens each past it on average, covered at 0.3 (it needs 0.1)")
+    # a value of 0.6 covers 512's tail (0.55)
+    assert choose_clip(2048, 4096, 0.6, tails)[0].clip == 512
+
+
+def test_every_answer_within_a_lower_clip_sets_it_and_a_heavy_tail_keeps_sglangs():
+    # every answer 3,000 tokens: 2,816 leaves 184 each past it (needs 184 / 275.97 = 0.67 > 0.3); 3,072 none
+    tail, why = choose_clip(32768, 4096, 0.3, clip_tails([3000] * 50, 4096))
+    assert tail.clip == 3072 and why.endswith("clip set to 3,072, the lowest multiple of 256 where no answer is longer")
+    tail, why = choose_clip(32768, 4096, 0.3, clip_tails([5000] * 50, 4096))
+    assert tail is None
+    assert why == ("SGLang reserves 4,096 tokens for each new request (min(max_new_tokens 32,768, clip 4,096)), and "
+                   "under it the answers' tokens past a lower clip would need more than 0.3: SGLang's clip kept")
+    # only clips under what SGLang reserves: max_new_tokens 512 with answers of 600 (truncated at 512 in a real run)
+    assert choose_clip(512, 4096, 0.3, clip_tails([600] * 50, 4096))[0] is None
+    assert choose_clip(32768, 4096, 0.3, [])[0] is None  # no pilot answers
 
 
 SEED_TAIL = AnswerTail(clip=4096, answers=2000, p99=9300.0, past_clip=132, past_clip_mean=190.0)

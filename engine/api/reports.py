@@ -332,6 +332,7 @@ class PilotResult:
     # each pilot server's /metrics while the pilot ran (token usage, queue, retractions): what the tuning is chosen from
     evidence: list[TuningEvidence] = field(default_factory=list)
     answer_tail: AnswerTail | None = None  # the answers against the clip the pilot's servers ran with
+    clip_tails: list[AnswerTail] = field(default_factory=list)  # against each lower clip regen may choose
 
 
 @dataclass

@@ -24,7 +24,7 @@ from engine.config.load import RunConfig
 from engine.servers.metrics_client import parse_metrics
 from engine.plan.pilot_window import Completed, Reading, full_batch
 from engine.servers.tuning import RunTuning
-from engine.servers.tuning_rule import EvidenceWindow, answer_tail
+from engine.servers.tuning_rule import EvidenceWindow, answer_tail, clip_tails
 from engine.http_client import KEEPALIVE_S
 from engine.run.batch_feedback import margin_for
 from engine.run.prompt_limit import from_context, tightest
@@ -404,7 +404,8 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
     evidence = [e for e in (win.evidence() for win in windows) if e is not None]
     result = PilotResult(n, needed, len(reqs), workers, float(lens.mean()), float(p50), float(p90), int(lens.max()),
                          bootstrap_mean_ci(lens), finish.get("length", 0) / len(reqs), wall, str(log_dir), finish,
-                         float(p99), evidence, answer_tail(lens.tolist(), tuning.clip_in_force))
+                         float(p99), evidence, answer_tail(lens.tolist(), tuning.clip_in_force),
+                         clip_tails(lens.tolist(), tuning.clip_in_force))
     result._outputs = [r.output_ids for r in reqs]  # type: ignore[attr-defined]  # for the bytes/token sample
     result._finishes = [r.finish for r in reqs]  # type: ignore[attr-defined]  # with _outputs: the guard projection
     return result, notes

@@ -228,8 +228,8 @@ def make_plan(cfg: RunConfig, *, pilot: int = 0, sample_conversations: int | Non
             raise PlanError(str(exc)) from exc
         notes += pilot_notes
         outputs = getattr(result, "_outputs", None)
-        choice = pilot_choice(tuning, result.evidence, cfg.sampling.max_new_tokens, result.output_p99,
-                              result.answer_tail)
+        choice = pilot_choice(tuning, result.evidence, cfg.sampling.max_new_tokens, result.answer_tail,
+                              result.clip_tails)
         problem = record_pilot(tuning, choice)
         if problem:
             notes.append(problem)

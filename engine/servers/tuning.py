@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from engine.api.events import AlertEvent
@@ -185,7 +186,7 @@ class ServerTuner:
 
 
 def pilot_choice(run: RunTuning, evidence: list[TuningEvidence], max_new_tokens: int,
-                 output_p99: float | None, tail: AnswerTail | None = None) -> TuningChoice:
+                 tail: AnswerTail | None = None, clip_tails: Sequence[AnswerTail] = ()) -> TuningChoice:
     """The run's value from the pilot's servers' /metrics (they ran at `run.start`) and its answers' tail past the clip;
     the operator's own value is kept and the plan says what the guide would have chosen."""
     s = run.start
@@ -199,8 +200,9 @@ def pilot_choice(run: RunTuning, evidence: list[TuningEvidence], max_new_tokens:
     elif run.operator_clip:
         clip_reason = f"{CLIP_ENV} in [workers] env: the operator's"
     elif d.verdict == TuningVerdict.LOWER:
-        chosen, clip_reason = choose_clip(max_new_tokens, s.clip or CLIP_DEFAULT, output_p99)
-        clip = chosen or s.clip
+        at_clip, clip_reason = choose_clip(max_new_tokens, s.clip or CLIP_DEFAULT, value, clip_tails)
+        if at_clip is not None:  # a server's restart judges the tail against the clip it runs with
+            clip, tail = at_clip.clip, at_clip
     elif d.verdict == TuningVerdict.RAISE and s.clip is not None:
         clip, clip_reason = None, f"the pool ran out: SGLang's own clip {CLIP_DEFAULT} again"
     return TuningChoice(value=value, measured_at_value=measured_at, source=source, verdict=verdict, reason=reason,

@@ -212,18 +212,32 @@ def decide(current: float, evidence: list[TuningEvidence], bounds: Bounds, floor
     return Decision(target, TuningVerdict.LOWER, why, f"lowered from {current:g} to {target:g}")
 
 
-def choose_clip(max_new_tokens: int, clip_now: int, output_p99: float | None) -> tuple[int | None, str]:
-    """SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION where it helps: SGLang reserves min(max_new_tokens, clip) for every new
-    request in full (0.5.23 schedule_policy.py:1344-1348); when the pilot's answers are far shorter (twice their p99
-    under half of it), a clip of twice the p99 lets in more requests, each reserving what an answer really takes.
-    (None, why) otherwise: a higher clip than SGLang's only slows admission (issue 38: 0.82x at 16,384)."""
+def clip_tails(lengths: Sequence[float], clip_now: int) -> list[AnswerTail]:
+    """The answers against each clip regen may choose: the multiples of CLIP_PAGE under `clip_now` (a higher clip than
+    SGLang's only slows admission: issue 38, 0.82x at 16,384)."""
+    return [t for k in range(CLIP_PAGE, clip_now, CLIP_PAGE) if (t := answer_tail(lengths, k)) is not None]
+
+
+def choose_clip(max_new_tokens: int, clip_now: int, value: float,
+                tails: Sequence[AnswerTail]) -> tuple[AnswerTail | None, str]:
+    """SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION where it helps: SGLang admits a new request only where its clipped
+    max_new_tokens fits in full (0.5.23 schedule_policy.py:1344-1348, 1407-1412) and counts a running one at
+    min(max_new - generated, CLIP) x ratio (:785-795); a lower clip admits more. The lowest clip whose tail the settled
+    ratio at `value` still covers (tail_value, the rule that bounds the value itself) is chosen: under it, answers'
+    tokens past the clip would go uncounted and the pool runs out. (the answers at the clip chosen, why); (None, why)
+    where no clip under what SGLang now reserves keeps them covered."""
     reserved = min(max_new_tokens, clip_now)
-    if output_p99 is None:
-        return None, "no pilot answers to size it from"
-    clip = max(CLIP_PAGE, math.ceil(2 * output_p99 / CLIP_PAGE) * CLIP_PAGE)
-    if clip * 2 > reserved:
-        return None, (f"answers' p99 {output_p99:,.0f} tokens: twice it ({clip:,}) is not under half the "
-                      f"{reserved:,} reserved per new request; SGLang's clip kept")
-    return clip, (f"answers' p99 {output_p99:,.0f} tokens, SGLang reserves {reserved:,} per new request "
-                  f"(min(max_new_tokens {max_new_tokens:,}, clip {clip_now:,})): clip set to {clip:,} (twice the p99, "
-                  f"rounded up to {CLIP_PAGE})")
+    for tail in sorted(tails, key=lambda t: t.clip):
+        if tail.clip >= reserved:
+            break
+        needed = tail_value(tail)
+        if needed is None or needed <= value:
+            covered = ("no answer is longer" if needed is None else
+                       f"{tail.past_clip:,} of {tail.answers:,} answers are longer, {tail.past_clip_mean:,.1f} tokens "
+                       f"each past it on average, covered at {value:g} (it needs {needed:g})")
+            return tail, (f"SGLang reserves {reserved:,} tokens for each new request (min(max_new_tokens "
+                          f"{max_new_tokens:,}, clip {clip_now:,})); answers' p99 {tail.p99:,.0f} tokens: clip set to "
+                          f"{tail.clip:,}, the lowest multiple of {CLIP_PAGE} where {covered}")
+    return None, (f"SGLang reserves {reserved:,} tokens for each new request (min(max_new_tokens {max_new_tokens:,}, "
+                  f"clip {clip_now:,})), and under it the answers' tokens past a lower clip would need more than "
+                  f"{value:g}: SGLang's clip kept")

@@ -416,3 +416,16 @@ def test_pilot_keeps_more_than_a_hundred_requests_in_flight_when_the_batch_is_la
     (w,) = d["pilot"]["workers"]
     assert (w["batch"], w["in_flight"], w["batch_reached"]) == (120, 150, 120), w
     assert not any("ran at most" in n for n in d["notes"]), d["notes"]
+
+
+def test_pilot_sends_again_a_request_whose_connection_closed_unanswered(tmp_path, tiny_model_dir, capsys):
+    # a flooded server's accept queue resets connections ("Server disconnected", "Can not write request body"); the
+    # pilot once failed on the first one
+    knobs = ["--sim-step-ms", "2", "--sim-output-mean", "30", "--sim-drop-first", "3"]
+    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "20", "--sample", "10", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["pilot"]["prompts"] >= 20
+    (note,) = [n for n in d["notes"] if "sent again" in n]
+    assert note.startswith("pilot: 3 requests were sent again after a connection error without an answer ([dispatch] "
+                           "max_retries 5; the last: ServerDisconnectedError"), note

@@ -288,6 +288,7 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
 
             guard = cfg.runaway.enabled  # answers stream through the runaway guard, as in the run
             aborts: list[asyncio.Future] = []
+            resent: list[str] = []  # the connection errors of requests sent again
 
             async def one(w: int, prompt: list[int], rid: str) -> None:
                 url = servers.workers[w].url
@@ -329,9 +330,19 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
                 async def lane() -> None:
                     while queue:
                         conv, turn, prompt = queue.pop(0)
-                        # a rid per sample (the simulator's answer follows it, as in the run); "/" ends it, since
-                        # SGLang aborts every rid the aborted one prefixes, and the turns of one conversation run at once
-                        await one(w, prompt, f"regen-pilot-{conv.conversation_id}#turn{turn}/")
+                        for attempt in range(cfg.dispatch.max_retries + 1):
+                            # a rid per sample (the simulator's answer follows it, as in the run) and per attempt (a
+                            # server refuses a rid it still runs); "/" ends it, since SGLang aborts every rid the
+                            # aborted one prefixes, and the turns of one conversation run at once
+                            rid = f"regen-pilot-{conv.conversation_id}#turn{turn}{f'@{attempt}' if attempt else ''}/"
+                            try:
+                                await one(w, prompt, rid)
+                                break
+                            except aiohttp.ClientConnectionError as exc:  # no answer: a burst of connections can
+                                if attempt == cfg.dispatch.max_retries:  # overflow a loaded server's accept queue
+                                    raise
+                                resent.append(f"{type(exc).__name__}: {exc}")
+                                await asyncio.sleep(cfg.dispatch.retry_backoff_s * 2 ** attempt)
 
                 await asyncio.gather(*(lane() for _ in range(max(1, min(sizes[w].in_flight, len(queue))))))
 
@@ -377,6 +388,9 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
                              f" server logs in {log_dir}") from exc
         finally:
             notes += await servers.stop()
+        if resent:
+            notes.append(f"pilot: {len(resent)} requests were sent again after a connection error without an answer "
+                         f"([dispatch] max_retries {cfg.dispatch.max_retries}; the last: {resent[-1]})")
     wall = time.monotonic() - started
     workers = []
     for w, (srv, size) in enumerate(zip(servers.workers, sizes)):

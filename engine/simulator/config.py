@@ -73,6 +73,7 @@ class SimConfig:
     sim_oom_after: int | None = None  # exit 1 with a CUDA OOM traceback after N finished requests
     sim_hang_after: int | None = None  # stop answering (port stays open) after N finished requests
     sim_5xx_rate: float = 0.0  # share of /generate attempts answered HTTP 503
+    sim_drop_first: int = 0  # the first N /generate requests have their connection closed unanswered (a flooded server)
     sim_abort_rate: float = 0.0  # share of requests finishing with finish_reason abort
     # share of answers that fall into a token cycle repeated until max_new_tokens (a looping thinking model)
     sim_loop_share: float = 0.0
@@ -209,6 +210,7 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--sim-oom-after": ("sim_oom_after", int),
     "--sim-hang-after": ("sim_hang_after", int),
     "--sim-5xx-rate": ("sim_5xx_rate", float),
+    "--sim-drop-first": ("sim_drop_first", int),
     "--sim-abort-rate": ("sim_abort_rate", float),
     "--sim-loop-share": ("sim_loop_share", float),
     "--sim-repetitive-share": ("sim_repetitive_share", float),

@@ -26,12 +26,18 @@ class GenerateRoute:
     def __init__(self, server: SimServer, flow: RequestFlow):
         self.server = server
         self.flow = flow
+        self.dropped = 0  # --sim-drop-first: connections closed unanswered so far
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         s = self.server
         err = self.flow.unavailable()
         if err is not None:
             raise err
+        if self.dropped < s.cfg.sim_drop_first:
+            self.dropped += 1
+            if request.transport is not None:
+                request.transport.abort()  # the client reads "Server disconnected", no answer
+            raise web.HTTPServiceUnavailable()  # never written: the connection is gone
         body = await read_json(request)
         streamed = isinstance(body, dict) and bool(body.get("stream"))
         try:

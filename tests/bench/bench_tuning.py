@@ -250,7 +250,8 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
     pilot_dir = base / f"{w.name}-pilot"
     shutil.rmtree(pilot_dir, ignore_errors=True)
     choice = pilot_choice(w, model, prompts, pilot_dir)
-    print(f"  tuning {w.name}: regen plan --pilot chose {choice.value:g} ({choice.verdict}; the earlier explicit "
+    clip = f" with {choice.clip:,} as SGLang's clip" if choice.clip is not None else ""
+    print(f"  tuning {w.name}: regen plan --pilot chose {choice.value:g}{clip} ({choice.verdict}; the earlier explicit "
           f"{w.explicit:g}) in {choice.pilot_wall_s:.0f} s of {choice.pilot_prompts} prompts: {choice.reason}", flush=True)
     arms = arms_for(w, quick, choice.value)
     runs: dict[str, list[dict]] = {}

@@ -84,8 +84,8 @@ class WorkerEvent(Event):
     # requests the server retracted since its launch (its sglang:num_retracted_requests_total); None: N/A, the server
     # exports no such counter (SGLang before 0.5.10) or has no reading yet
     retracted: float | None = None
-    # the --schedule-conservativeness it runs with and where that came from (engine.api.tuning.TuningSource); None /
-    # "": not known here (a server another host's agent launched)
+    # the --schedule-conservativeness it runs with and where that came from (engine.api.tuning.TuningSource); a remote
+    # server's as its host agent's identity record says; None / "": not known (an agent from before these fields)
     conservativeness: float | None = None
     conservativeness_source: str = ""
 

@@ -98,3 +98,15 @@ class TuningChoice:
     config_key: str = ""  # what the evidence was measured on (engine/servers/tuning_record.py): another config's is ignored
     # the pilot's answers against the clip: a server's restart lowers no further than their tail allows either
     answer_tail: AnswerTail | None = None
+
+
+@dataclass(frozen=True)
+class LaunchTuning:
+    """The --schedule-conservativeness (and clip env) a server's current launch runs with, where it came from and why:
+    a host agent's identity record carries it to the dispatch host (engine/servers/identity_record.py), which shows it
+    and records a restart's change as the run's (engine/servers/tuning.py)."""
+    value: float | None  # None: the operator's flag with a value that is not a number
+    source: TuningSource
+    reason: str = ""
+    clip: int | None = None  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION regen set; None: not set by regen
+    floor: float | None = None  # the highest value it retracted too often at (engine.servers.tuning_record)

@@ -20,6 +20,7 @@ from engine.api.status import HostStatus, RouterStatus, SlurmGroups
 from engine.fatal import HostsFailed
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import AlertKind, HostState, Severity
+from engine.servers.tuning import RunTuning
 from engine.servers.workers import Worker
 from engine.api.wire import WorkerState
 
@@ -47,6 +48,10 @@ class Fleet:
         self.endpoint = RouterEndpoint(self.router)
         self.router.on_change = self._routed_changed  # the servers the router routes to changed (its own list)
         engine_root = Path(engine.__file__).resolve().parent.parent
+        # each server's --schedule-conservativeness: the pilot's choice or where its last restart left it, from the run
+        # dir's record; this host's servers are tuned here, every other host's agent is given its servers' part
+        self.tuning = RunTuning(cfg, run_dir)
+        emit(self.tuning.start_alert())
         self.local_workers: list[Worker] = []
         self.links: list[HostLink] = []
         forward = cfg.router.forward_base_port
@@ -55,10 +60,11 @@ class Fleet:
                 local_cfg = cfg.model_copy(update={"workers": host_workers(cfg, host)})
                 for spec in named_specs(local_cfg.workers, host.name):
                     self.local_workers.append(Worker(spec=spec, cfg=local_cfg, run_dir=run_dir, session=session,
-                                                     emit=emit, python=host.host_python,
-                                                     host_name=host.name))
+                                                     emit=emit, python=host.host_python, host_name=host.name,
+                                                     tuner=self.tuning.for_server(spec.name)))
             else:
-                link = HostLink(cfg, host, engine_root=engine_root, session=session, emit=emit, forward_base=forward)
+                link = HostLink(cfg, host, engine_root=engine_root, session=session, emit=emit, forward_base=forward,
+                                tuning=self.tuning)
                 forward += len(link.specs)
                 self.links.append(link)
         self.groups: GroupWatch | None = None
@@ -69,8 +75,8 @@ class Fleet:
             from engine.placement.slurm.schedule import Schedule
 
             schedule = Schedule()  # the groups' measured hand-over timings and job ends, shared: staggered limits
-            slurm_links = [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit, schedule=schedule)
-                           for g in range(layout_of(cfg).groups)]
+            slurm_links = [SlurmLink(cfg, g, engine_root=engine_root, session=session, emit=emit, schedule=schedule,
+                                     tuning=self.tuning) for g in range(layout_of(cfg).groups)]
             self.links += slurm_links
             self.groups = GroupWatch(cfg, slurm_links, emit)
         self._groups_task: asyncio.Task | None = None

@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine.api.tuning import LaunchTuning
+from engine.api.wire import WireError, decode
+
 IDENTITY_FILE = "identity.json"
+
+log = logging.getLogger("regen.hosts")
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,9 @@ class IdentityRecord:
     # even when the agent relaunched the server before the reader saw it crashed
     crashes: int = 0
     last_crash: str | None = None  # the last crash's error
+    # the --schedule-conservativeness this launch runs with and where it came from (its agent's tuner); None: an agent
+    # from before the field (shown N/A)
+    tuning: LaunchTuning | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -45,7 +54,20 @@ class IdentityRecord:
                    restarts=_int_or_none(data.get("restarts")) or 0,
                    last_words=tuple(str(w) for w in words) if isinstance(words, list) else (),
                    crashes=_int_or_none(data.get("crashes")) or 0,
-                   last_crash=str(data["last_crash"]) if data.get("last_crash") is not None else None)
+                   last_crash=str(data["last_crash"]) if data.get("last_crash") is not None else None,
+                   tuning=_tuning_or_none(data.get("tuning")))
+
+
+def _tuning_or_none(value: object) -> LaunchTuning | None:
+    """The launch's tuning; None where the record has none (an older agent) or one this version cannot read: the
+    value is then N/A, the record still admits its server."""
+    if value is None:
+        return None
+    try:
+        return decode(LaunchTuning, value, "the identity record's tuning")
+    except WireError as exc:
+        log.warning("%s: shown as N/A", exc)
+        return None
 
 
 def _int_or_none(value: object) -> int | None:

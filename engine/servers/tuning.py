@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.api.events import AlertEvent
-from engine.api.tuning import SGLANG_DEFAULT, AnswerTail, TuningChoice, TuningEvidence, TuningSource, TuningVerdict
+from engine.api.tuning import (
+    SGLANG_DEFAULT, AnswerTail, LaunchTuning, TuningChoice, TuningEvidence, TuningSource, TuningVerdict,
+)
 from engine.api.wire import Severity
 from engine.config.load import RunConfig
 from engine.config.schema import CONSERVATIVENESS_FLAG, operator_conservativeness
@@ -125,6 +127,35 @@ class RunTuning:
         return AlertEvent(severity=Severity.INFO, text=text, evidence="\n".join(evidence + self.notes),
                           key="tuning:start")
 
+    def host_record(self, host_cfg: RunConfig, names: list[str]) -> TuningRecord | None:
+        """What a host agent's (or a Slurm job's) servers `names` start from, written beside its host.toml: the run's
+        pilot choice and where each one's last restart left it, keyed for the host's config (the agent's own
+        RunTuning(host_cfg, work_dir) reads it). None when the run has nothing to give: a value the operator fixed
+        (the host's config says it), or nothing measured yet."""
+        servers = [s for s in self.record.servers if s.name in names]
+        if self.pilot or not self.start.source.tuned or (self.record.pilot is None and not servers):
+            return None
+        return TuningRecord(config_key=config_key(host_cfg), pilot=self.record.pilot, servers=servers)
+
+    def remote_change(self, name: str, launched: LaunchTuning, where: str) -> Change | None:
+        """A server another host's agent launched, as its identity record says (`where`: which record): a value its
+        restart chose that the run does not hold yet is recorded as the run's (the next join or job starts it there),
+        and is the Change to alert, once; None for anything else."""
+        if self.pilot or launched.source != TuningSource.RESTART or launched.value is None:
+            return None
+        kept = self.record.server(name)
+        if kept is not None and (kept.value, kept.floor, kept.clip) == (launched.value, launched.floor, launched.clip):
+            return None
+        old = kept.value if kept is not None else self.start.value
+        unsaved = self.save(ServerTuner(self, name, launched.value, launched.source, launched.reason, launched.clip,
+                                        launched.floor))
+        raised = old is not None and launched.value > old
+        was = "" if old is None else f" (was {old:g})"
+        lines = [f"from {where}", f"bounds {self.bounds.text()} ([workers] conservativeness_min / _max)"]
+        return Change(Severity.WARNING if raised else Severity.INFO,
+                      f"worker {name} restarts with {CONSERVATIVENESS_FLAG} {launched.value:g}{was}: {launched.reason}",
+                      "\n".join(lines + ([unsaved] if unsaved else [])))
+
     def save(self, tuner: ServerTuner) -> str | None:
         """The server's value into the run dir's record; None, or why it could not be written."""
         if self.pilot or self.path is None or tuner.value is None:
@@ -147,6 +178,8 @@ class ServerTuner:
         self.run, self.name = run, name
         self.value, self.source, self.reason, self.clip, self.floor = value, source, reason, clip, floor
         self.window = EvidenceWindow(name, f"{name} /metrics since its launch")
+        # why its restarts keep its value (None: they change it as its /metrics say)
+        self.held: str | None = None
 
     def flag_value(self) -> float | None:
         """The value regen adds to the launch line; None where the operator's own flag stays."""
@@ -154,6 +187,10 @@ class ServerTuner:
 
     def env(self) -> dict[str, str]:
         return {CLIP_ENV: str(self.clip)} if self.clip is not None else {}
+
+    def launch(self) -> LaunchTuning:
+        """What its launch runs with, as its identity record and its event carry it."""
+        return LaunchTuning(self.value, self.source, self.reason, self.clip, self.floor)
 
     def observe(self, m: ServerMetrics, now: float, batch_cap: int | None = None) -> None:
         self.window.add(m, now, batch_cap)
@@ -167,6 +204,9 @@ class ServerTuner:
         evidence = self.window.evidence()
         self.launched()  # judged once
         if evidence is None or not self.source.tuned or self.value is None:
+            return None
+        if self.held is not None:
+            log.info("worker %s: %s kept at %g: %s", self.name, CONSERVATIVENESS_FLAG, self.value, self.held)
             return None
         b = self.run.bounds
         pilot = self.run.record.pilot

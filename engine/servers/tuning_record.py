@@ -64,9 +64,14 @@ def read_record(path: Path) -> tuple[TuningRecord | None, str | None]:
         return None, f"{path} is not a tuning record ({exc}); remove it, or run `regen plan --pilot N` again"
 
 
+def record_json(record: TuningRecord) -> str:
+    """The record as the file holds it (a host's copy goes over ssh as this text)."""
+    return json.dumps(asdict(record), indent=2) + "\n"
+
+
 def write_record(path: Path, record: TuningRecord) -> None:
     """Replace the record whole; OSError when the run dir cannot be written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
+    tmp.write_text(record_json(record))
     os.replace(tmp, path)

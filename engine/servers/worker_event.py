@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.api.events import WorkerEvent
+from engine.api.tuning import LaunchTuning
 
 if TYPE_CHECKING:
     from engine.run.counts import ServedTokens
@@ -31,14 +32,15 @@ def worker_event(w, *, host: str = "", remote: bool = False) -> WorkerEvent:
         token_usage=m.token_usage, in_flight=w.in_flight, in_flight_source=w.in_flight_source,
         held=getattr(w, "held", 0), capacity=w.capacity, error=w.error, host=host, remote=remote,
         node=getattr(w, "node", ""), job_id=getattr(w, "job_id", ""), retracted=m.retracted,
-        **tuning_fields(getattr(w, "tuner", None)), **served_fields(w.served)), w)
+        **tuning_fields(w.tuning), **served_fields(w.served)), w)
 
 
-def tuning_fields(tuner) -> dict:
-    """A server's --schedule-conservativeness and its source (engine.servers.tuning); none for a remote agent's."""
-    if tuner is None:
+def tuning_fields(tuning: LaunchTuning | None) -> dict:
+    """A server's --schedule-conservativeness and its source (engine.servers.tuning; a remote server's from its host
+    agent's identity record); none where not known (an agent from before the field)."""
+    if tuning is None:
         return {}
-    return {"conservativeness": tuner.value, "conservativeness_source": str(tuner.source)}
+    return {"conservativeness": tuning.value, "conservativeness_source": str(tuning.source)}
 
 
 def served_fields(served: ServedTokens | None) -> dict:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 
 from engine.api.events import AlertEvent, Event, WorkerEvent
+from engine.api.tuning import LaunchTuning
 from engine.api.wire import AlertKind, InFlightSource, Severity, WorkerState
 from engine.config.load import RunConfig
 from engine.servers import stream_flag
@@ -160,7 +161,7 @@ class Worker(SingleServer):  # a dispatch target (engine.servers.target.Dispatch
                                 served_model_name=expected.served_model_name if expected else None,
                                 startup_batch=self._startup_batch, agent_pid=os.getpid(), restarts=self.restarts,
                                 last_words=tuple(self.last_error_lines) if ended or self.crashes else (),
-                                crashes=self.crashes, last_crash=self.last_crash)
+                                crashes=self.crashes, last_crash=self.last_crash, tuning=self.tuning)
         try:
             write_identity(self.log_path.parent / IDENTITY_FILE, record)
         except OSError as exc:
@@ -299,6 +300,11 @@ class Worker(SingleServer):  # a dispatch target (engine.servers.target.Dispatch
     def server_tuner(self) -> ServerTuner:
         assert self.tuner is not None  # set in __post_init__
         return self.tuner
+
+    @property
+    def tuning(self) -> LaunchTuning:
+        """Its --schedule-conservativeness as its event and its identity record carry it."""
+        return self.server_tuner.launch()
 
     def _retune(self) -> None:
         """Before a relaunch: the value the last launch's /metrics call for (engine.servers.tuning), said in an alert."""

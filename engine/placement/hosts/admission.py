@@ -17,6 +17,7 @@ from engine.placement.hosts.remote_worker import ENDED, RemoteWorker, server_log
 from engine.placement.hosts.ssh import HostError
 from engine.servers.identity import IdentityCheck, ServedNames, Verdict, read_served_names
 from engine.servers.identity_record import IDENTITY_FILE, IdentityRecord
+from engine.servers.tuning import RunTuning
 from engine.api.wire import WorkerState
 from probes.shell import shell_path
 
@@ -75,15 +76,18 @@ def live_records(text: str) -> tuple[dict[str, IdentityRecord], list[str]]:
 
 class AgentRecords:
     """The host agent's workers/*/identity.json of one host, read over `ssh` at most every IDENTITY_REFRESH_S; what
-    they say of each member (admitted, refused, crashed) is alerted through `emit`."""
+    they say of each member (admitted, refused, crashed, the --schedule-conservativeness it runs with) is alerted
+    through `emit`; a restart's change of that value is recorded as the run's in `tuning` (the run dir's record)."""
 
     def __init__(self, host: Callable[[], Host], ssh: Callable[..., Awaitable[tuple[int, str, str]]],
-                 emit: Callable[[Event], None], session: aiohttp.ClientSession, agent_alive: str):
+                 emit: Callable[[Event], None], session: aiohttp.ClientSession, agent_alive: str,
+                 tuning: RunTuning | None = None):
         self._host = host  # a Slurm group's host changes with each job it attaches to
         self.ssh = ssh
         self.emit = emit
         self.session = session
         self.agent_alive = agent_alive
+        self.tuning = tuning
         self.by_name: dict[str, IdentityRecord] = {}
         self.read_at = float("-inf")
         self.error = ""
@@ -128,6 +132,7 @@ class AgentRecords:
             check = admit_remote(record, answer, where)
         if record is not None:
             self.tell_crashes(m, record)  # a crash and relaunch between two reads is said before the rejoin
+            self.take_tuning(m, record)
         if check.verdict == Verdict.PROVEN:
             if record is None:  # admit_remote proves only a launch its agent recorded
                 raise RuntimeError(f"{m.name} was proven without its host agent's identity record")
@@ -160,6 +165,7 @@ class AgentRecords:
         freed, its own server is loading), it is starting again, and admitted when it answers."""
         record = (await self.read()).get(m.name)
         if record is not None and record.state != WorkerState.REFUSED:
+            self.take_tuning(m, record)
             m.set_state(WorkerState.STARTING, f"the host agent's server: {record.state}")
 
     async def still_admitted(self, m: RemoteWorker) -> None:
@@ -177,6 +183,7 @@ class AgentRecords:
         if record is None:
             return False
         self.tell_crashes(m, record)
+        self.take_tuning(m, record)
         if record.state in ENDED:
             seen = (record.state, record.restarts, record.pid)
             if m.agent_seen != seen:
@@ -194,6 +201,19 @@ class AgentRecords:
             m.set_state(record.state, f"the host agent's server: {record.state} (restart {record.restarts})")
             return True
         return False
+
+    def take_tuning(self, m: RemoteWorker, record: IdentityRecord) -> None:
+        """The value the agent launched it with (N/A from an agent before the field); a change its restart made is
+        recorded as the run's (so the next join starts it there) and alerted, once, as a one-host run does."""
+        m.tuning = record.tuning
+        if self.tuning is None or record.tuning is None:
+            return
+        where = f"host {self.host.name}'s {self.host.work_dir}/workers/{m.name}/{IDENTITY_FILE}"
+        change = self.tuning.remote_change(m.name, record.tuning, where)
+        if change is not None:
+            log.info("worker %s on host %s: %s", m.name, self.host.name, change.text)
+            self.emit(AlertEvent(severity=change.severity, text=change.text, evidence=change.evidence,
+                                 key=f"worker:{m.name}:tuning"))
 
     def tell_crashes(self, m: RemoteWorker, record: IdentityRecord) -> None:
         """Each crash the agent counted and this link has not told yet, as one alert. The agent relaunches a

@@ -2,7 +2,8 @@
 run (or one rank of a multi-node Slurm server), supervised with the same Worker code as a one-host run.
 
 One agent per work dir (a second exits at once with EXIT_LOCKED); it runs until SIGTERM (`--stop WAIT_S` sends it and
-waits), stopping its servers; its events go to D/telemetry.jsonl, its host's readings to D/host_readings.json.
+waits), stopping its servers; its events go to D/telemetry.jsonl, its host's readings to D/host_readings.json. Its
+servers start where D/tuning.json (written by the dispatch host) says, and their restarts' changes are recorded there.
 """
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ from typing import Callable
 import aiohttp
 import psutil
 
-from engine.config.load import ConfigError, load_config
+from engine.config.load import ConfigError, RunConfig, load_config
 from engine.servers.gpu import GpuSampler
 from engine.placement.hosts.deploy import named_specs
 from engine.placement.hosts.readings import Sampler, publish_readings
 from engine.servers.ranks import DistInitAddr, ServerRank
 from engine.telemetry import Telemetry
 from engine.servers.launch import WorkerSpec
+from engine.servers.tuning import RunTuning, ServerTuner
 from engine.servers.workers import Worker
 
 log = logging.getLogger("regen.agent")
@@ -95,8 +97,9 @@ async def run_agent(work_dir: Path, host_name: str, sampler: Callable[[], Sample
         specs = named_specs(cfg.workers, host_name)
         if where is not None:
             specs = rank_specs(specs, cfg.workers.host, where)
-        workers = [Worker(spec=s, cfg=cfg, run_dir=work_dir, session=session, emit=telemetry.emit, host_name=host_name)
-                   for s in specs]
+        tuning = agent_tuning(cfg, work_dir)
+        workers = [Worker(spec=s, cfg=cfg, run_dir=work_dir, session=session, emit=telemetry.emit, host_name=host_name,
+                          tuner=server_tuner(tuning, s)) for s in specs]
         for w in workers:
             w.start()
         log.info("host agent %s: %d servers: %s", host_name, len(workers),
@@ -112,6 +115,29 @@ async def run_agent(work_dir: Path, host_name: str, sampler: Callable[[], Sample
         gpus.close()
     telemetry.close()
     return EXIT_OK
+
+
+def agent_tuning(cfg: RunConfig, work_dir: Path) -> RunTuning:
+    """The servers' --schedule-conservativeness: from the record the dispatch host wrote beside host.toml (the run's
+    pilot choice, each server's last restart), changed at a restart as on one host and recorded there; said in the
+    agent's log (the dispatch host shows each server's value from its identity record)."""
+    tuning = RunTuning(cfg, work_dir)
+    start = tuning.start_alert()
+    log.info("%s\n%s", start.text, start.evidence)
+    for note in tuning.notes:
+        log.warning("%s", note)
+    return tuning
+
+
+def server_tuner(tuning: RunTuning, spec: WorkerSpec) -> ServerTuner:
+    """A server's tuner; each rank of a server across nodes starts where the server does, and keeps it at its
+    restarts: every rank runs the same scheduler rules, and one rank's agent cannot change the others' within a job."""
+    if spec.rank is None:
+        return tuning.for_server(spec.name)
+    tuner = tuning.for_server(spec.rank.server)
+    tuner.held = (f"a server across {spec.rank.nnodes} nodes keeps its value within a job (its ranks' agents "
+                  "cannot change it together)")
+    return tuner
 
 
 def _readings_ended(task: asyncio.Task) -> None:

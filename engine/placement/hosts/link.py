@@ -30,6 +30,8 @@ from engine.placement.hosts.ssh import (
 from engine.servers.capacity import ServerCapacity, configured_batch, discover
 from engine.api.wire import WorkerState
 from engine.servers.polling import read_server_info
+from engine.servers.tuning import RunTuning
+from engine.servers.tuning_record import RECORD_FILE, TuningRecord, record_json
 from probes.shell import shell_path
 
 log = logging.getLogger("regen.hosts")
@@ -43,8 +45,9 @@ class HostLink:
     # the agent's pid only if it lives (`kill -0` says why not on stderr, read with the rest)
     AGENT_ALIVE = '&& kill -0 "$p"'
     def __init__(self, cfg: RunConfig, host: Host, *, engine_root: Path, session: aiohttp.ClientSession,
-                 emit: Callable[[Event], None], forward_base: int):
+                 emit: Callable[[Event], None], forward_base: int, tuning: RunTuning | None = None):
         self.cfg = cfg
+        self.tuning = tuning  # the run's --schedule-conservativeness record (its one owner: the supervisor)
         self.host = host
         self.engine_root = engine_root
         self.session = session
@@ -69,7 +72,7 @@ class HostLink:
         self.log_path = Path(cfg.run_dir) / "hosts" / host.name / "link.log"
         self.tunnel = SshTunnel(host, {self.forward_ports[s.name]: s.port for s in self.specs}, self.log_path)
         self.records = AgentRecords(lambda: self.host, lambda *a, **kw: self.ssh(*a, **kw), emit, session,
-                                    self.AGENT_ALIVE)
+                                    self.AGENT_ALIVE, tuning)
         self.readings = ReadingsFeed(host.name, self._fetch_readings, emit)
         self._readings_task: asyncio.Task | None = None
 
@@ -145,7 +148,19 @@ class HostLink:
                             f"rm -rf {wd}/{AGENT_DIR} && mkdir -p {wd}/{AGENT_DIR} && tar -x -C {wd}/{AGENT_DIR} -f -",
                             stdin=engine_tarball(self.engine_root))
         cfg = host_config(self.cfg, self.host)
-        await self._checked("writing host.toml", f"cat > {wd}/host.toml", stdin=dump_toml(cfg).encode())
+        record = self.host_tuning(cfg)
+        # a record of an earlier run (or start) in the work dir goes: the agent starts from this run's alone
+        await self._checked("writing host.toml", f"rm -f {wd}/{RECORD_FILE} && cat > {wd}/host.toml",
+                            stdin=dump_toml(cfg).encode())
+        if record is not None:
+            tmp = f"{wd}/.{RECORD_FILE}.tmp"
+            await self._checked(f"writing {RECORD_FILE}", f"cat > {tmp} && mv -f {tmp} {wd}/{RECORD_FILE}",
+                                stdin=record_json(record).encode())
+
+    def host_tuning(self, host_cfg: RunConfig) -> TuningRecord | None:
+        """Where the host's servers start (engine.servers.tuning.RunTuning.host_record); None: SGLang's default or
+        the operator's value, said by the host's config."""
+        return self.tuning.host_record(host_cfg, [s.name for s in self.specs]) if self.tuning is not None else None
 
     async def start_agent(self) -> str:
         wd = shell_path(self.host.work_dir)

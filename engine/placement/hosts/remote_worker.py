@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 
 from engine.api.events import WorkerEvent
+from engine.api.tuning import LaunchTuning
 from engine.api.wire import InFlightSource
 from engine.servers.capacity import BatchSize, ServerCapacity
 from engine.servers.metrics_client import ServerMetrics, parse_metrics
@@ -59,6 +60,7 @@ class RemoteWorker(SingleServer):  # a dispatch target (engine.servers.target.Di
     agent_seen: tuple = ()  # the agent's (state, restarts, pid) last mirrored
     crashes_told: tuple[int | None, int] = (None, 0)  # (agent pid, its crash count) told: each crash told once
     served: ServedTokens | None = None  # the ledger's ServedTokens when it is a dispatch target (behind a router: None)
+    tuning: LaunchTuning | None = None  # its launch's --schedule-conservativeness, from its agent's identity record
 
     @property
     def name(self) -> str:

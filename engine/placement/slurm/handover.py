@@ -51,7 +51,7 @@ class Successor:
         self.node = ""
         self.members = [server_copy(m) for m in link.members]
         self.records = AgentRecords(lambda: link.group_host.model_copy(update={"work_dir": str(self.here)}),
-                                    link.ssh, link.emit, link.session, link.AGENT_ALIVE)
+                                    link.ssh, link.emit, link.session, link.AGENT_ALIVE, link.tuning)
         self.ready = asyncio.Event()
         self.ended: JobState | None = None  # ended before its servers were ready (said by the link)
         self.task = asyncio.create_task(self._run(), name=f"successor-{link.host.name}-{job_id}")

@@ -32,11 +32,12 @@ from engine.placement.slurm.plan import (base_port, job_name, jobs_file, layout_
                                          slurm_work_dir)
 from engine.placement.slurm.schedule import Schedule, first_limit_min, limit_text, minutes
 from engine.placement.slurm.takeover import Takeover
-from engine.placement.slurm.workdir import prepare_work_dir, run_here
+from engine.placement.slurm.workdir import prepare_work_dir, run_here, write_group_tuning
 from engine.placement.slurm.ranks import RankCrashes
 from engine.placement.slurm.step import NODE_FILE, group_dir, job_dir
 from engine.api.events import AlertEvent, Event
 from engine.api.wire import HostState, Severity, WorkerState
+from engine.servers.tuning import RunTuning
 
 log = logging.getLogger("regen.slurm")
 
@@ -65,13 +66,14 @@ class SlurmLink(HostLink):
     # agent's alone, and whether the job (so its agent) lives is squeue's to say
     AGENT_ALIVE = ""
     def __init__(self, cfg: RunConfig, group: int, *, engine_root: Path, session: aiohttp.ClientSession,
-                 emit: Callable[[Event], None], schedule: Schedule | None = None):
+                 emit: Callable[[Event], None], schedule: Schedule | None = None, tuning: RunTuning | None = None):
         # the servers are reached over the cluster network at the node's address (no SSH forwards)
         lan = cfg.model_copy(update={"router": cfg.router.model_copy(update={"link": "lan"})})
         self.group = group
         self.slurm = slurm_section(cfg)  # the run's [slurm] (a link of a run without one is a ValueError here)
         self.group_host = group_host(cfg, group)
-        super().__init__(lan, self.group_host, engine_root=engine_root, session=session, emit=emit, forward_base=0)
+        super().__init__(lan, self.group_host, engine_root=engine_root, session=session, emit=emit, forward_base=0,
+                         tuning=tuning)
         self.slurm_dir = Path(slurm_work_dir(cfg))
         self.jobs_file = jobs_file(cfg)
         self.job: JobState | None = None
@@ -96,8 +98,13 @@ class SlurmLink(HostLink):
 
     # -- join: the job instead of ssh + agent --------------------------------------------------
     async def deploy(self) -> None:
-        cfg = host_config(self.cfg, self.group_host).model_copy(update={"slurm": None})
-        await prepare_work_dir(self.slurm_dir, self.group, Path(self.group_host.work_dir), self.engine_root, cfg)
+        cfg = self.group_config()
+        await prepare_work_dir(self.slurm_dir, self.group, Path(self.group_host.work_dir), self.engine_root, cfg,
+                               self.host_tuning(cfg))
+
+    def group_config(self) -> RunConfig:
+        """The config each of the group's jobs runs its agent with (its step binds it to the node)."""
+        return host_config(self.cfg, self.group_host).model_copy(update={"slurm": None})
 
     async def start_agent(self) -> str:
         try:
@@ -164,6 +171,13 @@ class SlurmLink(HostLink):
         limit = (first_limit_min(self.slurm, layout_of(self.cfg).groups, self.group) if not self._slots else
                  minutes(self.slurm.time_limit_s))
         argv = sbatch_argv(self.cfg, self.group, time_limit_min=limit, slot=slot)
+        # the job starts its servers where the run's record says now (a restart since the last join may have changed
+        # one: the next job of a hand-over keeps it)
+        try:
+            write_group_tuning(Path(self.group_host.work_dir), self.host_tuning(self.group_config()))
+        except HostError as exc:
+            log.warning("group %s: %s; its next job starts its servers from the record written before", self.host.name,
+                        exc)
         job_id = await slurm_jobs.submit(argv, self.jobs_file, self.group)
         self._slots[job_id], self._limits[job_id], self._submitted_at[job_id] = slot, limit, self.clock()
         log.info("group %s: submitted job %s (port block %d, --time=%s)", self.host.name, job_id, slot, limit_text(limit))

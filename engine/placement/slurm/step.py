@@ -1,15 +1,16 @@
 """`python -m engine.placement.slurm.step --work-dir W --group G`: one node's part of a regen Slurm job (the srun step).
 
-It makes the job's own dir (W/g<G>/job-<id>[.r<restart>]), writes there host.toml bound to this node's address and
-node.json (where the login node finds the servers), then runs the host agent until Slurm ends the step. In a group of
-several nodes a rank > 0 waits for rank 0's node.json and runs its own agent in the job dir's rank<I>/. A life
-of the job that a later one superseded (requeued) stops its agent.
+It makes the job's own dir (W/g<G>/job-<id>[.r<restart>]), writes there host.toml bound to this node's address, a copy
+of the group's tuning record (where its servers start) and node.json (where the login node finds the servers), then
+runs the host agent until Slurm ends the step. In a group of several nodes a rank > 0 waits for rank 0's node.json and
+runs its own agent in the job dir's rank<I>/. A life of the job that a later one superseded (requeued) stops its agent.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -21,6 +22,7 @@ from engine.placement.hosts import agent as host_agent
 from engine.config.load import ConfigError, dump_toml, load_config
 from engine.servers.ranks import DistInitAddr
 from engine.servers.launch import SLURM_GPUS_VAR
+from engine.servers.tuning_record import RECORD_FILE
 
 NODE_FILE = "node.json"
 EXIT_NOT_IN_SLURM = 2
@@ -138,6 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     node_cfg = cfg.model_copy(update={"run_dir": str(here),
                                       "workers": cfg.workers.model_copy(update={"host": address, **ports})})
     (here / "host.toml").write_text(dump_toml(node_cfg))
+    # where the servers start (the run's pilot choice, each server's last restart): the group's record, as the login
+    # node last wrote it, is this job's own from here on (its agent records its restarts' changes in it)
+    tuning = group_dir(work_dir, args.group) / RECORD_FILE
+    try:
+        shutil.copyfile(tuning, here / RECORD_FILE)
+    except FileNotFoundError:
+        pass  # the run has none: the servers start at SGLang's default or the operator's value
+    except OSError as exc:
+        print(f"regen slurm step: cannot copy {tuning} into {here}: {exc}; the servers start at SGLang's default "
+              "--schedule-conservativeness (their status rows say so)", file=sys.stderr)
     record = {"job": job_id, "restarts": restarts, "node": node, "address": address, "gpus": gpus, "pid": os.getpid()}
     if nnodes > 1:
         record.update(node_rank=node_rank, nnodes=nnodes)

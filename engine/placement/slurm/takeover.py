@@ -163,7 +163,7 @@ class Takeover:
             if m.state == WorkerState.READY:
                 m.set_state(HostState.DRAINED)
             m.url, m.pid, m.node, m.job_id = new.url, new.pid, new.node, new.job_id
-            m.served_model_name, m.capacity_info = new.served_model_name, new.capacity_info
+            m.served_model_name, m.capacity_info, m.tuning = new.served_model_name, new.capacity_info, new.tuning
             m.crashes_told, m.agent_seen, m.unhealthy_since = new.crashes_told, new.agent_seen, None
             m.set_state(HostState.DRAINED if keep_drained else WorkerState.READY)
         self.draining, link.drained, self.idle_reads = False, keep_drained, 0

@@ -12,6 +12,7 @@ from engine.config.load import RunConfig, dump_toml
 from engine.placement.hosts.deploy import engine_tarball
 from engine.placement.hosts.ssh import AGENT_DIR, HostError
 from engine.placement.slurm.jobs import run_captured
+from engine.servers.tuning_record import RECORD_FILE, TuningRecord, write_record
 
 
 async def run_here(command: str, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
@@ -24,9 +25,11 @@ async def run_here(command: str, stdin: bytes | None = None, timeout: float = 60
         raise HostError(f"`{command[:80]}` timed out after {timeout:.0f} s") from None
 
 
-async def prepare_work_dir(slurm_dir: Path, group: int, group_dir: Path, engine_root: Path, cfg: RunConfig) -> None:
+async def prepare_work_dir(slurm_dir: Path, group: int, group_dir: Path, engine_root: Path, cfg: RunConfig,
+                           tuning: TuningRecord | None = None) -> None:
     """The engine copy under slurm_dir (once per supervisor: every group's job runs from the same copy) and the
-    group's host.toml (`cfg`, the group's host config) in its dir; HostError naming the dir if either fails."""
+    group's host.toml (`cfg`, the group's host config) and tuning record in its dir; HostError naming the dir if
+    either fails."""
     engine_dir = slurm_dir / AGENT_DIR
     marker = engine_dir / ".deployed-by"
     me = f"supervisor pid {os.getpid()}"
@@ -49,3 +52,18 @@ async def prepare_work_dir(slurm_dir: Path, group: int, group_dir: Path, engine_
         (group_dir / "host.toml").write_text(dump_toml(cfg))
     except OSError as exc:
         raise HostError(f"preparing the Slurm work dir {slurm_dir}: {exc}") from exc
+    write_group_tuning(group_dir, tuning)
+
+
+def write_group_tuning(group_dir: Path, record: TuningRecord | None) -> None:
+    """Where the group's next job starts its servers (engine.servers.tuning.RunTuning.host_record), beside its
+    host.toml: each job's step copies it into the job's dir (engine/placement/slurm/step.py); none when the run has
+    none (a stale one goes). HostError naming the file if it cannot be written."""
+    path = group_dir / RECORD_FILE
+    try:
+        if record is None:
+            path.unlink(missing_ok=True)
+        else:
+            write_record(path, record)
+    except OSError as exc:
+        raise HostError(f"writing the Slurm group's {path}: {exc}") from exc

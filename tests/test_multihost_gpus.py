@@ -1,6 +1,7 @@
 """Every host's GPUs and disks in a multi-host run (tests/netns_hosts.py hosts): each remote row carries what that
 host's own agent read (its NVML's error where it has no GPU, its figures where it has), shown under the host's
-name by `regen status` and the console; a host that is cut off goes N/A with why, not frozen."""
+name by `regen status` and the console; a host that is cut off goes N/A with why, not frozen. Each host's servers
+start at the run's --schedule-conservativeness (the pilot's choice in the run dir), shown per server."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from console.view.model import RunModel
 from tests.test_engine_run import REPO, status, supervisors, wait_for  # noqa: F401  (fixture)
 from tests.test_multihost import multihost_config, regen_cli, sim_hosts  # noqa: F401  (fixture)
 from engine.api.status import RunStatus
+from tests.test_tuning_config import pilot_record
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(420)]
 
@@ -45,6 +47,7 @@ def test_each_hosts_gpus_and_disks_come_from_its_own_agent(tmp_path, tiny_model_
     fake_nvml(h1.work_dir, {"error": H1_ERROR})
     fake_nvml(h2.work_dir, {"gpus": [H2_GPU]})
     run_dir = tmp_path / "run"
+    pilot_record(cfg, 0.3)  # `regen plan --pilot` chose 0.3 for this run
     sup = supervisors(run_dir).start(cfg)
 
     def readings() -> dict | None:
@@ -56,6 +59,8 @@ def test_each_hosts_gpus_and_disks_come_from_its_own_agent(tmp_path, tiny_model_
         return st if ok else None
 
     st = wait_for(readings, 180, "both hosts' agents' GPU and disk readings, and h2's server ready", sup)
+    wait_for(lambda: all(w.get("conservativeness") is not None for w in status(run_dir)["workers"]), 60,
+             "each server's --schedule-conservativeness from its agent's identity record", sup)
     gpus, disks = by_host(st, "gpus"), by_host(st, "disk")
     # h1: N/A with h1's own NVML error (the dispatch host's NVML, if it has none, fails differently)
     assert [(g["index"], g["mem_used_mb"]) for g in gpus["h1"]] == [(0, None)]
@@ -94,6 +99,13 @@ def test_each_hosts_gpus_and_disks_come_from_its_own_agent(tmp_path, tiny_model_
     assert f"disk h2:{h2.work_dir.resolve()}: " in shown.stdout
     as_json = json.loads(regen_cli("status", "local", "--run-dir", str(run_dir), "--json").stdout)
     assert {g["host"] for g in as_json["gpus"]} >= {"h1", "h2"}
+    # the pilot's choice reached each host's agent: its server was launched with it, and its row says so
+    assert [(w["name"], w["conservativeness"], w["conservativeness_source"]) for w in as_json["workers"]] == [
+        ("h1.gpu0", 0.3, "pilot"), ("h2.gpu0", 0.3, "pilot")], as_json["workers"]
+    launch = next(line for line in (h2.work_dir / "workers" / "h2.gpu0" / "server.log").read_text().splitlines()
+                  if "launching:" in line)
+    assert "--schedule-conservativeness 0.3" in launch, launch
+    assert "--schedule-conservativeness: 0.3 (pilot) on every server" in shown.stdout, shown.stdout
 
     # h2 cut off: its GPU and disks go N/A with why, not its last figures
     sim_hosts.cut("h2")

@@ -20,6 +20,7 @@ from console.commands.demo import free_port_block
 from tests.sshd_fixtures import free_port
 from tests.waiting import wait_until
 from tests.test_notify import notify_table, receiver  # noqa: F401  (fixture)
+from tests.test_tuning_config import pilot_record
 from tests.test_engine_run import (ctl, expected_samples, make_config, read_rows, renderer_for, status,  # noqa: F401
                                    supervisors, wait_for)
 
@@ -61,12 +62,20 @@ def test_a_run_across_slurm_nodes_every_sample_once(tmp_path, tiny_model_dir, cl
     n = len(cluster2.nodes)
     cfg = slurm_config(tmp_path, tiny_model_dir, prompts=120, nodes=n, extra_args=("--exclusive",))  # a job a node
     run_dir = tmp_path / "run"
+    pilot_record(cfg, 0.3)  # `regen plan --pilot` chose 0.3: every group's job launches its servers with it
     sup = supervisors(run_dir).start(cfg)
     st = wait_for(lambda: (lambda s: s if s and len((s.get("router") or {}).get("members", [])) == 2 * n else None)(
         status(run_dir)), 120, "two servers per node in the router", sup)
     jobs = {h["name"]: h["job"] for h in st["hosts"]}
     assert set(jobs) == {f"regen-{g}" for g in range(n)} and {j["state"] for j in jobs.values()} == {"RUNNING"}
     assert sorted(j["nodes"] for j in jobs.values()) == [f"n{i}" for i in range(1, n + 1)]
+    # the servers are in the router: admitted on their agents' records, which carry the value each launch runs with
+    assert {(w["conservativeness"], w["conservativeness_source"]) for w in st["workers"]} == {(0.3, "pilot")}
+    for name, job in jobs.items():
+        here = run_dir / "slurm" / f"g{name.rpartition('-')[2]}" / f"job-{job['job_id']}"
+        launches = [line for log in here.glob("workers/*/server.log") for line in log.read_text().splitlines()
+                    if "launching:" in line]
+        assert len(launches) == 2 and all("--schedule-conservativeness 0.3" in line for line in launches), launches
     assert sup.wait(180) == 0, sup.log_text()[-4000:]
     rows = read_rows(run_dir)
     expected, _ = expected_samples(cfg, renderer_for(cfg))
@@ -421,6 +430,7 @@ def test_one_server_across_two_slurm_nodes_every_sample_once(tmp_path, tiny_mode
     require_netns(cluster2)
     cfg = slurm_config(tmp_path, tiny_model_dir, prompts=60, nodes=2, tp_size=4)
     run_dir = tmp_path / "run"
+    pilot_record(cfg, 0.3)  # both ranks start at the pilot's value: one scheduler's rules on every node
     sup = supervisors(run_dir).start(cfg)
     st = wait_for(lambda: (lambda s: s if s and (s.get("router") or {}).get("members") else None)(status(run_dir)),
                   120, "the server in the router", sup)
@@ -433,6 +443,8 @@ def test_one_server_across_two_slurm_nodes_every_sample_once(tmp_path, tiny_mode
                 if "launching:" in x)
     head_address = json.loads((head / "node.json").read_text())["address"]
     assert f"--tp-size 4 " in line and f"--nnodes 2 --node-rank 1 --dist-init-addr {head_address}:{cfg.workers.base_port + 1000}" in line
+    head_line = next(x for x in (head / "workers" / name / "server.log").read_text().splitlines() if "launching:" in x)
+    assert "--schedule-conservativeness 0.3" in line and "--schedule-conservativeness 0.3" in head_line
     assert sup.wait(180) == 0, sup.log_text()[-4000:]
     every_sample_once(run_dir, cfg, renderer_for)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import aiohttp
 
+from console.tui.panel_workers import COLUMNS, worker_cells
+from console.view.model import RunModel
 from engine.api.events import AlertEvent
 from engine.api.tuning import LaunchTuning, TuningSource
 from engine.config.load import RunConfig, config_from_dict
@@ -122,6 +124,9 @@ async def test_a_remote_servers_value_is_shown_and_its_restarts_change_recorded_
         assert alert.evidence.splitlines()[0] == "from host h1's /w1/workers/h1.gpu0/identity.json"
         ev = m.snapshot()
         assert (ev.conservativeness, ev.conservativeness_source) == (0.6, "restart")
+        model = RunModel("local", "/r")  # the TUI's workers table
+        model.apply_all([ev])
+        assert dict(zip(COLUMNS, worker_cells(model, model.workers["h1.gpu0"])))["conserv."] == "0.6 (restart)"
     # the run dir's record holds it: the host's next join (or a supervisor started again) starts it there
     record, problem = read_record(Path(cfg.run_dir) / RECORD_FILE)
     assert problem is None and record.pilot.value == 0.3

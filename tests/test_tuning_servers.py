@@ -22,6 +22,7 @@ from engine.api.reports import Plan
 from engine.api.tuning import TuningSource
 from engine.api.wire import WorkerState
 from engine.config.load import SIMULATOR_LAUNCH, RunConfig, Sampling, Workers, dump_toml
+from engine.servers.identity_record import IDENTITY_FILE, IdentityRecord
 from engine.servers.launch import worker_specs
 from engine.servers.tuning import RunTuning
 from engine.servers.tuning_record import RECORD_FILE
@@ -119,3 +120,8 @@ async def test_a_server_retracting_more_than_once_a_minute_restarts_more_conserv
     assert (last.conservativeness, last.conservativeness_source) == (0.6, TuningSource.RESTART)
     saved = json.loads((Path(cfg.run_dir) / RECORD_FILE).read_text())["servers"]
     assert [(s["value"], s["floor"]) for s in saved] == [(0.6, 0.3)]
+    # as a host agent's worker, its identity record says so: the dispatch host shows it and records it as the run's
+    # (tests/test_tuning_hosts.py)
+    told = IdentityRecord.from_json((Path(cfg.run_dir) / "workers" / "gpu0" / IDENTITY_FILE).read_text()).tuning
+    assert told is not None and (told.value, told.source, told.floor) == (0.6, TuningSource.RESTART, 0.3)
+    assert told.reason.endswith("raised from 0.3 to 0.6")

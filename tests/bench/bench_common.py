@@ -187,12 +187,14 @@ class SimProcs:
                 p.wait(timeout=5)
 
 
-def start_sims(n: int, model: Path, args: list[str], log_dir: Path, *, ready_timeout: float = 120) -> SimProcs:
-    """n simulators (sim_ms.py) on SIM_CPUS, each in its own process; waits until all are healthy."""
+def start_sims(n: int, model: Path, args: list[str], log_dir: Path, *, ready_timeout: float = 120,
+               env: dict[str, str] | None = None) -> SimProcs:
+    """n simulators (sim_ms.py) on SIM_CPUS, each in its own process, with `env` added to their environment; waits
+    until all are healthy."""
     base = free_port_block(n)
     log_dir.mkdir(parents=True, exist_ok=True)
     procs, urls, logs = [], [], []
-    env = dict(os.environ, **cpus_env(SIM_CPUS))
+    env = dict(os.environ, **cpus_env(SIM_CPUS), **(env or {}))
     for i in range(n):
         port = base + i
         log = log_dir / f"sim{i}.log"

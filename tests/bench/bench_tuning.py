@@ -59,6 +59,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from engine.config.load import RunConfig, Sampling
+from engine.servers.tuning_rule import CLIP_ENV
 from tests.bench import bench_common as bc
 from tests.bench.step_clock import DECAY_STEPS, StepCost, Watch, figures
 
@@ -208,11 +209,12 @@ def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path, cho
     return dict(fig, source=source, engine_cpu_share=engine_cpu / (watch.stopped_at - (watch.started or res.started_at)))
 
 
-def run_baseline(w: Workload, model: Path, prompts: Path, work: Path, conservativeness: float | None) -> dict:
+def run_baseline(w: Workload, model: Path, prompts: Path, work: Path, choice: Choice | None) -> dict:
     """bench_spread's client, in its own process pinned like the engine, stopped with the watch; its servers launched
-    with `conservativeness` (None: SGLang's default)."""
-    flags = [] if conservativeness is None else ["--schedule-conservativeness", str(conservativeness)]
-    sims = bc.start_sims(2, model, [*w.sim_args(), *flags], work / "sims")
+    with regen's `choice` (its --schedule-conservativeness and clip) or SGLang's defaults (None)."""
+    flags = [] if choice is None else ["--schedule-conservativeness", str(choice.value)]
+    env = {CLIP_ENV: str(choice.clip)} if choice is not None and choice.clip is not None else {}
+    sims = bc.start_sims(2, model, [*w.sim_args(), *flags], work / "sims", env=env)
     client = None
     try:
         watch = Watch(sims.urls, sims.logs, w.window_steps)
@@ -237,7 +239,8 @@ def run_baseline(w: Workload, model: Path, prompts: Path, work: Path, conservati
         sims.stop()
     assert watch.stopped_at is not None
     return dict(figures(sims.logs, watch.stopped_at, watch.retracted, COST, TIME_SCALE),
-                source="SGLang's default (no flag)" if conservativeness is None else f"explicit {conservativeness}")
+                source="SGLang's default (no flag)" if choice is None else
+                f"regen's choice {choice.value:g}" + (f", clip {choice.clip}" if choice.clip is not None else ""))
 
 
 # -- the runs -------------------------------------------------------------------------------------------------------
@@ -262,7 +265,7 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
             work.mkdir(parents=True)
             if arm.client == Client.BASELINE:
                 # on chosen servers: what regen's chosen arm's servers ran with (their server_args line)
-                res = run_baseline(w, model, prompts, work, choice.value if arm.chosen else None)
+                res = run_baseline(w, model, prompts, work, choice if arm.chosen else None)
             else:
                 res = run_regen(w, arm, model, prompts, work, choice)
             res["limited_by"] = "admission" if res["queued_share_min"] >= ADMISSION_SHARE else "client"

@@ -172,7 +172,8 @@ def test_the_pilot_lowers_the_clip_to_the_lowest_its_answers_allow_and_the_serve
     choice = pilot_choice(run, [tuner.window.evidence()], 2048, answer_tail(lengths, 4096), clip_tails(lengths, 4096))
     assert (choice.value, choice.clip) == (0.3, 768)
     assert choice.clip_reason.endswith("clip set to 768, the lowest multiple of 256 where 4 of 100 answers are longer, "
-                                       "5.3 tokens each past it on average, covered at 0.3 (it needs 0.1)")
+                                       "5.3 tokens each past it on average, covered 2 times over at 0.3 (it needs "
+                                       "0.1)")
     assert choice.answer_tail.clip == 768  # a restart judges the tail against the clip the servers run with
     assert record_pilot(RunTuning(cfg, Path(cfg.run_dir), pilot=True), choice) is None
     server = RunTuning(cfg, Path(cfg.run_dir)).for_server("gpu0")

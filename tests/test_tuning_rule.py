@@ -103,7 +103,7 @@ def test_the_clip_is_the_lowest_whose_tail_the_chosen_value_still_covers():
     # At 0.3 the settled ratio is 0.7 x 0.3 x 0.14 = 0.0294: a clip K covers a mean past it up to 0.0294 x K.
     #   K = 256: (90 x 44 + 6 x 444 + 4 x 644) / 100 = 92 past -> needs 92 / (0.098 x 256) = 3.67
     #   K = 512: (6 x 188 + 4 x 388) / 100 = 26.8 -> needs 26.8 / 50.18 = 0.534 -> 0.55
-    #   K = 768: 4 x 132 / 100 = 5.28 -> needs 5.28 / 75.26 = 0.070 -> 0.1 <= 0.3: chosen
+    #   K = 768: 4 x 132 / 100 = 5.28 -> needs 5.28 / 75.26 = 0.070 -> 0.1, twice over 0.2 <= 0.3: chosen
     lengths = [300] * 90 + [700] * 6 + [900] * 4
     tails = clip_tails(lengths, 4096)
     assert [t.clip for t in tails] == list(range(256, 4096, 256))
@@ -111,19 +111,23 @@ def test_the_clip_is_the_lowest_whose_tail_the_chosen_value_still_covers():
     assert tail == AnswerTail(clip=768, answers=100, p99=900.0, past_clip=4, past_clip_mean=5.28)
     assert why == ("SGLang reserves 2,048 tokens for each new request (min(max_new_tokens 2,048, clip 4,096)); answers' "
                    "p99 900 tokens: clip set to 768, the lowest multiple of 256 where 4 of 100 answers are longer, 5.3 "
-                   "tokens each past it on average, covered at 0.3 (it needs 0.1)")
-    # a value of 0.6 covers 512's tail (0.55)
-    assert choose_clip(2048, 4096, 0.6, tails)[0].clip == 512
+                   "tokens each past it on average, covered 2 times over at 0.3 (it needs 0.1)")
+    # 512's tail needs 0.55: covered twice over only from 1.1
+    assert choose_clip(2048, 4096, 0.6, tails)[0].clip == 768
+    assert choose_clip(2048, 4096, 1.1, tails)[0].clip == 512
+    # 0.1 twice over is over 0.15: 768 is not covered, 1,024 (no answer longer) is
+    assert choose_clip(2048, 4096, 0.15, tails)[0].clip == 1024
 
 
 def test_every_answer_within_a_lower_clip_sets_it_and_a_heavy_tail_keeps_sglangs():
-    # every answer 3,000 tokens: 2,816 leaves 184 each past it (needs 184 / 275.97 = 0.67 > 0.3); 3,072 none
+    # every answer 3,000 tokens: 2,816 leaves 184 each past it (needs 184 / 275.97 = 0.67: 0.7 > 0.3); 3,072 none
     tail, why = choose_clip(32768, 4096, 0.3, clip_tails([3000] * 50, 4096))
     assert tail.clip == 3072 and why.endswith("clip set to 3,072, the lowest multiple of 256 where no answer is longer")
     tail, why = choose_clip(32768, 4096, 0.3, clip_tails([5000] * 50, 4096))
     assert tail is None
     assert why == ("SGLang reserves 4,096 tokens for each new request (min(max_new_tokens 32,768, clip 4,096)), and "
-                   "under it the answers' tokens past a lower clip would need more than 0.3: SGLang's clip kept")
+                   "under it the answers' tokens past a lower clip would not be covered 2 times over at 0.3: SGLang's "
+                   "clip kept")
     # only clips under what SGLang reserves: max_new_tokens 512 with answers of 600 (truncated at 512 in a real run)
     assert choose_clip(512, 4096, 0.3, clip_tails([600] * 50, 4096))[0] is None
     assert choose_clip(32768, 4096, 0.3, [])[0] is None  # no pilot answers

@@ -19,6 +19,9 @@ FREQUENT = 0.5  # the guide's "frequently": in at least half the readings
 CLIP_ENV = "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"  # 0.5.23 srt/environ.py:650, default 4096
 CLIP_DEFAULT = 4096
 CLIP_PAGE = 256  # a chosen clip is rounded up to a multiple of this
+# a chosen clip's tail is covered this many times over by the value (tail_value): at once (768 on bench_spread's
+# answers at 0.3) the servers retracted 2.2 times a server-minute, over the guide's once (docs/benchmarks.md)
+CLIP_COVER = 2.0
 # the new-token ratio under load settles at min(INIT x conservativeness, 1) x FLOOR_FACTOR (SGLANG_INIT_NEW_TOKEN_RATIO,
 # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR: 0.5.23 srt/environ.py, new_token_ratio_tracker.py:20-32; the same in 0.5.5, 0.5.10)
 RATIO_INIT = 0.7
@@ -223,21 +226,22 @@ def choose_clip(max_new_tokens: int, clip_now: int, value: float,
     """SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION where it helps: SGLang admits a new request only where its clipped
     max_new_tokens fits in full (0.5.23 schedule_policy.py:1344-1348, 1407-1412) and counts a running one at
     min(max_new - generated, CLIP) x ratio (:785-795); a lower clip admits more. The lowest clip whose tail the settled
-    ratio at `value` still covers (tail_value, the rule that bounds the value itself) is chosen: under it, answers'
-    tokens past the clip would go uncounted and the pool runs out. (the answers at the clip chosen, why); (None, why)
-    where no clip under what SGLang now reserves keeps them covered."""
+    ratio at `value` covers CLIP_COVER times over (tail_value, the rule that bounds the value itself) is chosen: under
+    it, answers' tokens past the clip go uncounted and the pool runs out. (the answers at the clip chosen, why);
+    (None, why) where no clip under what SGLang now reserves keeps them covered."""
     reserved = min(max_new_tokens, clip_now)
     for tail in sorted(tails, key=lambda t: t.clip):
         if tail.clip >= reserved:
             break
         needed = tail_value(tail)
-        if needed is None or needed <= value:
+        if needed is None or needed * CLIP_COVER <= value:
             covered = ("no answer is longer" if needed is None else
                        f"{tail.past_clip:,} of {tail.answers:,} answers are longer, {tail.past_clip_mean:,.1f} tokens "
-                       f"each past it on average, covered at {value:g} (it needs {needed:g})")
+                       f"each past it on average, covered {CLIP_COVER:g} times over at {value:g} (it needs "
+                       f"{needed:g})")
             return tail, (f"SGLang reserves {reserved:,} tokens for each new request (min(max_new_tokens "
                           f"{max_new_tokens:,}, clip {clip_now:,})); answers' p99 {tail.p99:,.0f} tokens: clip set to "
                           f"{tail.clip:,}, the lowest multiple of {CLIP_PAGE} where {covered}")
     return None, (f"SGLang reserves {reserved:,} tokens for each new request (min(max_new_tokens {max_new_tokens:,}, "
-                  f"clip {clip_now:,})), and under it the answers' tokens past a lower clip would need more than "
-                  f"{value:g}: SGLang's clip kept")
+                  f"clip {clip_now:,})), and under it the answers' tokens past a lower clip would not be covered "
+                  f"{CLIP_COVER:g} times over at {value:g}: SGLang's clip kept")

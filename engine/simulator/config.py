@@ -57,6 +57,9 @@ class SimConfig:
     disable_radix_cache: bool = False  # no prefix reuse: cached_tokens is always 0
     # scales the new-token ratio admission starts from: min(0.7 x c, 1) (0.5.23 new_token_ratio_tracker.py:20-32)
     schedule_conservativeness: float = 1.0
+    # mix each prefill batch with the running batch, which decodes in the same step; only with chunked prefill on
+    # (0.5.23 arg_groups/fields/schedule.py:208-211, scheduler.py:1376-1378; 0.5.5 server_args.py:3246)
+    enable_mixed_chunk: bool = False
     ignored_args: tuple[str, ...] = ()  # SGLang flags accepted but not modelled (logged at startup)
 
     # --- simulator knobs ---
@@ -230,6 +233,7 @@ _SWITCH_FLAGS = {
     "--enable-priority-scheduling": "enable_priority_scheduling",
     "--enable-metrics-for-all-schedulers": "enable_metrics_for_all_schedulers",
     "--disable-radix-cache": "disable_radix_cache",
+    "--enable-mixed-chunk": "enable_mixed_chunk",
     "--sim-instant": "sim_instant",
 }
 
@@ -240,6 +244,7 @@ _SWITCH_HELP = {
                        "--incremental-streaming-output)",
     "--enable-priority-scheduling": "0.5.23: every scheduler gauge also per request priority (total: priority=\"\")",
     "--enable-metrics-for-all-schedulers": "every TP rank exports its gauges (tp_rank label)",
+    "--enable-mixed-chunk": "Enabling mixing prefill and decode in a batch when using chunked prefill.",
 }
 
 

@@ -1,10 +1,13 @@
-"""SGLang's KV policy for the simulated scheduler: which waiting requests a prefill batch takes, and the
-retraction (or ratio decay) before a decode step. The arithmetic is kv_budget.py's; file:line per rule there."""
+"""SGLang's KV policy for the simulated scheduler: what the next step runs (a prefill batch, a decode step, or with
+--enable-mixed-chunk both in one), which waiting requests a prefill batch takes, and the retraction (or ratio decay)
+before a decode step. The arithmetic is kv_budget.py's; file:line per rule there."""
 from __future__ import annotations
 
 import heapq
 import math
 import time
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from engine.simulator.kv_budget import TokenRatio
@@ -12,6 +15,42 @@ from engine.simulator.request import RequestState, SimRequest
 
 if TYPE_CHECKING:
     from engine.simulator.scheduler import Scheduler
+
+
+class StepKind(StrEnum):
+    PREFILL = "prefill"  # the admitted requests only: the running ones wait this step out
+    DECODE = "decode"  # every running request
+    MIXED = "mixed"  # a prefill batch mixed with the running batch (--enable-mixed-chunk): both in one forward pass
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step runs: the requests it admits (their #new-token) and how many running requests decode in it."""
+    kind: StepKind
+    admitted: list[SimRequest]
+    new_tokens: int
+    decoding: int
+
+    @property
+    def batch(self) -> int:
+        """The requests in its forward pass (what the cost model charges per request)."""
+        return len(self.admitted) + self.decoding
+
+
+def next_step(sch: Scheduler) -> Step:
+    """A prefill batch runs instead of a decode step whenever one forms (0.5.23 scheduler.py:3975-4005; 0.5.10
+    :2255-2270; 0.5.5 :1709-1728). With --enable-mixed-chunk and chunked prefill on (0.5.23 scheduler.py:1376-1378)
+    a prefill batch takes the running batch along, each running request decoding in it (:4375-4410; 0.5.10
+    :2525-2540; 0.5.5 :1872-1885); from 0.5.23 only when their decode tokens fit the pool after the prefill's, else
+    they sit out this step, not retracted (check_decode_mem, :4390-4393); 0.5.5 and 0.5.10 mix them regardless."""
+    decoding = len(sch.running)
+    admitted, new_tokens = admit(sch)
+    if not admitted:
+        prepare_decode(sch)
+        return Step(StepKind.DECODE, [], 0, len(sch.running))
+    if sch.mixed_chunk and decoding and (not sch.mixed_decode_fit_check or rows_fit(sch, decoding)):
+        return Step(StepKind.MIXED, admitted, new_tokens, decoding)
+    return Step(StepKind.PREFILL, admitted, new_tokens, 0)
 
 
 def remaining_budget(sch: Scheduler) -> float:
@@ -24,14 +63,22 @@ def remaining_budget(sch: Scheduler) -> float:
 
 
 def admit(sch: Scheduler) -> tuple[list[SimRequest], int]:
-    """A prefill batch: waiting requests in order while each fits the budget; returns (them, #new-token)."""
+    """A prefill batch: waiting requests in order while each fits the budget; returns (them, #new-token).
+    With --enable-mixed-chunk the running batch's decode tokens, one a request, come off the KV budget and the
+    prefill's token cap first (the adder's num_mixed_decode_tokens = running_bs, 0.5.23 scheduler.py:4159,
+    schedule_policy.py:638, prefill_budget.py:70-71; 0.5.10 scheduler.py:2386, schedule_policy.py:398-408; 0.5.5
+    scheduler.py:1755, schedule_policy.py:334-340); a spent cap admits no one (0.5.23 scheduler.py:4208-4209)."""
     if not sch.waiting or len(sch.running) >= sch.max_running:
         return [], 0
     admitted: list[SimRequest] = []
     new_tokens = cached = 0
     running_before = len(sch.running)
+    mixed_decode = running_before if sch.mixed_chunk else 0
+    prefill_cap = sch.max_prefill_tokens - mixed_decode
+    if prefill_cap <= 0:
+        return [], 0
     now = time.monotonic()
-    remaining = remaining_budget(sch)
+    remaining = remaining_budget(sch) - mixed_decode
     while sch.waiting and len(sch.running) < sch.max_running:
         req = sch.waiting[0]
         resume = req.resume_tokens
@@ -39,7 +86,7 @@ def admit(sch: Scheduler) -> tuple[list[SimRequest], int]:
         # an idle server always takes the first (max_new_tokens is capped so that it fits, as SGLang caps it)
         if sch.running and sch.rules.need(extend, req.max_new_tokens, resume) >= remaining:
             break  # NO_TOKEN: wait for requests to leave
-        if admitted and new_tokens + extend > sch.max_prefill_tokens:
+        if admitted and new_tokens + extend > prefill_cap:
             break
         sch.waiting.popleft()
         remaining -= sch.rules.reservation(extend, req.max_new_tokens)
@@ -72,7 +119,12 @@ def admit(sch: Scheduler) -> tuple[list[SimRequest], int]:
 
 def decode_fits(sch: Scheduler) -> bool:
     """The next decode step's tokens fit the pool (0.5.23 schedule_batch.py:3403-3449; 0.5.5 :1491-1501)."""
-    return sch.used_tokens() + len(sch.running) * sch.tps <= sch.max_total_tokens
+    return rows_fit(sch, len(sch.running))
+
+
+def rows_fit(sch: Scheduler, rows: int) -> bool:
+    """`rows` requests' decode tokens fit the pool as it is now (check_decode_mem, 0.5.23 schedule_batch.py:3432)."""
+    return not sch.max_total_tokens or sch.used_tokens() + rows * sch.tps <= sch.max_total_tokens
 
 
 def prepare_decode(sch: Scheduler) -> None:

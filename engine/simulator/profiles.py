@@ -54,6 +54,11 @@ class Profile:
     retraction_counters: bool = False
     # the retraction line names #new_tokens_gained (0.5.10 scheduler.py:2600; 0.5.23 :4530; not 0.5.5 :1958-1962)
     retract_log_tokens_gained: bool = False
+    # --enable-mixed-chunk: a mixed step's decode rows first check that their tokens fit the pool after the
+    # prefill's, and sit the step out when not (0.5.23 scheduler.py:4390-4393, check_decode_mem); 0.5.5 (:1872-1885)
+    # and 0.5.10 (:2525-2540) mix them regardless (a shortfall there is SGLang's "Decode out of memory" error,
+    # 0.5.5 mem_cache/common.py:408, which the simulator does not model: it mixes them)
+    mixed_decode_fit_check: bool = False
     # the scheduler's SGLANG_* defaults (each version's srt/environ.py; kv_budget.ENV_FIELDS); the same so far
     scheduling: SchedulingDefaults = field(default_factory=SchedulingDefaults)
 
@@ -76,7 +81,8 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
             stream_ids_cumulative=True, has_incremental_streaming_flag=True, retractions_key="num_retractions",
             reports_reasoning_tokens=True, refuses_duplicate_rid=True, repetition_penalty_excludes_zero=True,
             priority_labelled_metrics=True, stream_error_details=True, admission_page_in_check=True,
-            admission_page_in_reserve=True, retraction_counters=True, retract_log_tokens_gained=True),
+            admission_page_in_reserve=True, retraction_counters=True, retract_log_tokens_gained=True,
+            mixed_decode_fit_check=True),
 )}
 DEFAULT_VERSION = "0.5.23"  # the newest
 

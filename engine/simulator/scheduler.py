@@ -1,4 +1,5 @@
-"""Continuous batching as SGLang schedules it: each step is a prefill batch or a decode step, over a KV pool.
+"""Continuous batching as SGLang schedules it: each step is a prefill batch or a decode step (or, with
+--enable-mixed-chunk, a prefill batch mixed with the running batch), over a KV pool.
 
 Cost model (`regen plan --pilot` relies on it): a step over B requests takes (step_ms + step_ms_per_req * B) / 1000 s,
 a prefill step plus prefill_ms_per_1k per 1000 uncached tokens; a decode step gives each `tokens_per_step` tokens.
@@ -16,7 +17,7 @@ from typing import Callable
 from engine.simulator.batch_report import BatchReporter
 from engine.simulator.generator import abort_finish
 from engine.simulator.kv_budget import AdmissionRules, SchedulingDefaults, TokenRatio
-from engine.simulator.kv_policy import admit, prepare_decode
+from engine.simulator.kv_policy import Step, StepKind, next_step
 from engine.simulator.metrics import SimMetrics
 from engine.simulator.prefix_cache import PrefixCache
 from engine.simulator.profiles import DEFAULT_VERSION, PROFILES, Profile
@@ -32,7 +33,7 @@ class Scheduler:
                  prefill_ms_per_1k: float, decode_log_interval: int,
                  on_finish: Callable[[SimRequest], None], page_size: int = 1, radix_cache: bool = True,
                  profile: Profile | None = None, scheduling: SchedulingDefaults | None = None,
-                 conservativeness: float = 1.0):
+                 conservativeness: float = 1.0, mixed_chunk: bool = False):
         profile = profile or PROFILES[DEFAULT_VERSION]
         scheduling = scheduling or profile.scheduling
         self.log = log
@@ -51,6 +52,9 @@ class Scheduler:
                                     page_in_check=profile.admission_page_in_check,
                                     page_in_reserve=profile.admission_page_in_reserve)
         self.retract_decode_steps = scheduling.retract_decode_steps
+        # --enable-mixed-chunk with chunked prefill on (SGLang's is_mixed_chunk, 0.5.23 scheduler.py:1376-1378)
+        self.mixed_chunk = mixed_chunk
+        self.mixed_decode_fit_check = profile.mixed_decode_fit_check
         self.ratio = TokenRatio.from_defaults(scheduling, conservativeness)
 
         self.waiting: deque[SimRequest] = deque()
@@ -58,8 +62,9 @@ class Scheduler:
         self.heap: list[tuple[int, int, SimRequest]] = []
         self.seq = itertools.count()
         self.streaming: set[SimRequest] = set()
-        self.step = 0  # completed decode steps (a prefill step does not advance the running batch)
-        self.prefill_steps = 0
+        self.step = 0  # completed steps that advanced the running batch: decode steps and mixed ones
+        self.decode_steps = 0  # SGLang's forward_ct_decode: a mixed step is a prefill step, not counted here
+        self.prefill_steps = 0  # mixed ones included
         self.sum_start = 0
         self.prompt_sum = 0
         self.retracted_total = 0  # requests retracted since the start
@@ -84,7 +89,8 @@ class Scheduler:
         self._task.add_done_callback(callback)
 
     def accounting_line(self) -> str:
-        return (f"Simulator: simulated GPU time {self.busy_s:.3f} s busy, {self.step + self.prefill_steps} steps, "
+        steps = self.decode_steps + self.prefill_steps
+        return (f"Simulator: simulated GPU time {self.busy_s:.3f} s busy, {steps} steps, "
                 f"{self.tokens_made} tokens generated (the simulator's cost model; not an SGLang line)")
 
     async def stop(self) -> None:
@@ -224,11 +230,23 @@ class Scheduler:
         self._finish_due()
         return made
 
-    def _complete_decode(self) -> int:
-        """Account a decode step: every running request got its tokens. Returns tokens made."""
+    def _complete_decode(self, admitted: list[SimRequest] | None = None) -> int:
+        """Account a decode step: every running request got its tokens. Returns tokens made. A mixed step passes
+        the requests it admitted: they are running already and get their first tokens with the others."""
         self.step += 1
+        if admitted is None:
+            self.decode_steps += 1
+        else:
+            self.prefill_steps += 1
         made = len(self.running) * self.tps
         now = self.last_output_mono = time.monotonic()
+        for req in admitted or ():
+            if req.state == RequestState.RUNNING:
+                req.first_token_mono = now
+                # admit() timed its finish for a prefill step, which moves its start back a step instead of
+                # advancing the batch: its last token comes one step later on this clock
+                req.finish_step += 1
+                heapq.heappush(self.heap, (req.finish_step, next(self.seq), req))
         made -= self._finish_due()
         for req in self.streaming:
             if req.first_token_mono is None:
@@ -244,8 +262,16 @@ class Scheduler:
         self.report.idle(len(self.waiting), self.report.by_priority(self.running, self.waiting))
         self._idle_reported = True
 
-    def _step_seconds(self, batch: int, new_tokens: int) -> float:
-        return (self.step_ms + self.step_ms_per_req * batch) / 1000.0 + self.prefill_ms_per_1k * new_tokens / 1e6
+    def _step_seconds(self, step: Step) -> float:
+        # a mixed step is one forward pass: its fixed cost once, per request over the decode rows and the admitted
+        # ones alike, plus the prefill's per-token cost
+        return ((self.step_ms + self.step_ms_per_req * step.batch) / 1000.0
+                + self.prefill_ms_per_1k * step.new_tokens / 1e6)
+
+    def _complete(self, step: Step) -> int:
+        if step.kind == StepKind.PREFILL:
+            return self._complete_prefill(step.admitted)
+        return self._complete_decode(step.admitted if step.kind == StepKind.MIXED else None)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -262,12 +288,8 @@ class Scheduler:
                 self.report.restart_interval()
                 continue
             self._idle_reported = False
-            # a prefill batch runs instead of a decode step whenever one forms (0.5.23 scheduler.py:3975-4005;
-            # 0.5.10 :2255-2270; 0.5.5 :1709-1728)
-            admitted, new_tokens = admit(self)
-            if not admitted:
-                prepare_decode(self)
-            step_s = self._step_seconds(len(admitted) if admitted else len(self.running), new_tokens)
+            step = next_step(self)
+            step_s = self._step_seconds(step)
             deadline += step_s
             delay = deadline - loop.time()
             if delay > 0:
@@ -278,11 +300,13 @@ class Scheduler:
                     deadline = loop.time()  # fell behind (loaded machine): do not burst to catch up
             if self._frozen:
                 continue
-            made = self._complete_prefill(admitted) if admitted else self._complete_decode()
+            made = self._complete(step)
             self.busy_s += step_s
             self.tokens_made += made
             self.report.interval_tokens += made
-            if not admitted and self.step % self.decode_log_interval == 0:
+            # a mixed step logs its Prefill batch line only and is no decode step for the interval (0.5.23
+            # batch_result_processor.py:510 vs :1102-1108; 0.5.5 scheduler_output_processor_mixin.py:424)
+            if step.kind == StepKind.DECODE and self.decode_steps % self.decode_log_interval == 0:
                 self.report.decode(running=len(self.running), queued=len(self.waiting),
                                    used_tokens=self.used_tokens(), usage=self.token_usage(),
                                    by_priority=self.report.by_priority(self.running, self.waiting))

@@ -54,6 +54,9 @@ class SimServer:
         self.running_per_dp = running_per_dp(cfg, self.max_total_tokens, self.context_len)
         self.running_limit = self.running_per_dp * max(1, cfg.dp_size)  # one scheduler stands in for every rank
         self.chunked_prefill_size = cfg.chunked_prefill_size or 8192
+        # SGLang's is_mixed_chunk: the flag counts only with chunked prefill on, a size <= 0 turning it off
+        # (0.5.23 scheduler.py:1372-1378; 0.5.10 :878-884; 0.5.5 :445-451)
+        self.mixed_chunk = cfg.enable_mixed_chunk and self.chunked_prefill_size > 0
         self.max_prefill_tokens = 16384
         self.metrics = SimMetrics(
             cfg.model_name, tp_ranks=cfg.tp_per_node if cfg.enable_metrics_for_all_schedulers else 1,  # its node's

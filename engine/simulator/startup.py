@@ -102,7 +102,7 @@ class Startup:
             prefill_ms_per_1k=cfg.sim_prefill_ms_per_1k, decode_log_interval=cfg.decode_log_interval,
             on_finish=s.on_finish, page_size=cfg.page_size, radix_cache=not cfg.disable_radix_cache,
             profile=s.profile, scheduling=s.profile.scheduling.with_env(os.environ),
-            conservativeness=cfg.schedule_conservativeness)
+            conservativeness=cfg.schedule_conservativeness, mixed_chunk=s.mixed_chunk)
         scheduler.start()
         scheduler.add_done_callback(s.faults.scheduler_ended)
         sock = self._bind()

@@ -21,6 +21,9 @@ prompts and rids (so the same answers):
   regen 0.5 ...   the same with an explicit --schedule-conservativeness: the value the earlier bench gave by hand
                   (Workload.explicit) where the pilot chose another, and --sweep's
   regen chosen    the same, its run dir holding the pilot's tuning.json (as `regen run` after `regen plan --pilot`)
+  regen chosen mixed  the same servers plus SGLang's --enable-mixed-chunk (a prefill batch mixed with the running
+                  batch, which decodes in it), the pilot's record keyed for that launch line (a measurement only:
+                  regen's tuning does not choose the flag)
   baseline        bench_spread's peer-like client (a thread pool of 4,096 concurrent chat requests, round-robin) on
                   default servers: N = 4,096 is its best N (bench_spread: the reported batch, 2 x 2,048, over 64)
   baseline chosen the same client on servers launched with the pilot's value (spread only): it keeps every queue full,
@@ -64,6 +67,7 @@ from tests.bench import bench_common as bc
 from tests.bench.step_clock import DECAY_STEPS, StepCost, Watch, figures
 
 TIME_SCALE = 4.0
+MIXED_FLAG = "--enable-mixed-chunk"
 COST = StepCost(step_ms=10 / TIME_SCALE, per_req_ms=0.1 / TIME_SCALE, prefill_ms_per_1k=2 / TIME_SCALE,
                 tokens_per_step=1)
 PILOT_PROMPTS = 200  # `regen plan --pilot N`: N is raised to what fills the servers' batches (engine.plan.pilot)
@@ -167,6 +171,7 @@ class Arm:
     client: Client
     conservativeness: float | None = None  # explicit; None: SGLang's default
     chosen: bool = False  # the pilot's choice (Choice)
+    mixed: bool = False  # its servers also get --enable-mixed-chunk
 
 
 def arms_for(w: Workload, quick: bool, chosen: float) -> list[Arm]:
@@ -174,6 +179,7 @@ def arms_for(w: Workload, quick: bool, chosen: float) -> list[Arm]:
     if not quick:  # the earlier explicit value where the pilot chose another, and the sweep
         arms += [Arm(f"regen_{c:g}", Client.REGEN, c) for c in dict.fromkeys((w.explicit, *w.sweep)) if c != chosen]
     arms.append(Arm("regen_chosen", Client.REGEN, chosen=True))
+    arms.append(Arm("regen_chosen_mixed", Client.REGEN, chosen=True, mixed=True))
     if not quick:
         # the peer-like client keeps every server's queue full: on default servers it is the peer at its best N; on
         # chosen servers it measures what the setting does to the servers alone, whatever regen's client does
@@ -185,10 +191,16 @@ def arms_for(w: Workload, quick: bool, chosen: float) -> list[Arm]:
 def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path, choice: Choice) -> dict:
     cfg = regen_config(w, model, prompts, work / "run")
     source = "SGLang's default (auto, no pilot record)"
+    if arm.mixed:
+        extra = (*cfg.workers.extra_args, MIXED_FLAG)
+        cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(extra_args=extra))))
     if arm.chosen:  # the run starts from the pilot's record, as `regen run` after `regen plan --pilot` in its run dir
         (work / "run").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(choice.record, work / "run" / choice.record.name)
         source = f"the pilot's choice {choice.value:g} (auto, {choice.record.name})"
+        if arm.mixed:  # the record holds for the launch line it was measured on: keyed for this one's
+            rekey_record(work / "run" / choice.record.name, cfg)
+            source += f" + {MIXED_FLAG}"
     elif arm.conservativeness is not None:
         cfg, source = with_conservativeness(cfg, arm.conservativeness), f"explicit {arm.conservativeness}"
     n = len(cfg.workers.gpus)
@@ -203,10 +215,22 @@ def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path, cho
     logs = sorted(p for wdir in (res.run_dir / "workers").iterdir() for p in wdir.glob("server*.log"))
     engine_cpu = res.cpu_at(watch.stopped_at) - res.cpu_at(watch.started or res.started_at)
     fig = figures(logs, watch.stopped_at, watch.retracted, COST, TIME_SCALE)
+    if arm.mixed and not all(fig["mixed_chunk"]):
+        raise RuntimeError(f"{arm.name} on {w.name}: its servers ran without {MIXED_FLAG} ({res.run_dir})")
     if arm.chosen and any(c != choice.value for c in fig["conservativeness"]):
         raise RuntimeError(f"regen chosen on {w.name}: its servers ran with {fig['conservativeness']}, not the pilot's "
                            f"{choice.value:g} ({res.run_dir}/supervisor.log)")
     return dict(fig, source=source, engine_cpu_share=engine_cpu / (watch.stopped_at - (watch.started or res.started_at)))
+
+
+def rekey_record(path: Path, cfg: RunConfig) -> None:
+    """The pilot's tuning.json at `path`, keyed for `cfg` (engine.servers.tuning_record.config_key)."""
+    from engine.servers.tuning_record import config_key, read_record, write_record
+
+    record, problem = read_record(path)
+    if record is None:
+        raise RuntimeError(f"{path}: {problem or 'no record'}")
+    write_record(path, replace(record, config_key=config_key(cfg)))
 
 
 def run_baseline(w: Workload, model: Path, prompts: Path, work: Path, choice: Choice | None) -> dict:
@@ -296,6 +320,8 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
             "chosen_vs_default": ratio(median, "regen_chosen", "regen_default"),
             "best_vs_default": ratio(median, best, "regen_default"),
             "chosen_vs_baseline": ratio(median, "regen_chosen", "baseline"),
+            "chosen_mixed_vs_baseline": ratio(median, "regen_chosen_mixed", "baseline"),
+            "chosen_mixed_vs_chosen": ratio(median, "regen_chosen_mixed", "regen_chosen"),
             "servers_chosen_vs_default": ratio(median, "baseline_chosen", "baseline"),
             "default_vs_baseline": ratio(median, "regen_default", "baseline")}
 
@@ -359,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: the pilot chose {r['pilot']['value']:g}: {r['pilot']['reason']}")
         print(f"{name}: chosen vs default {r['chosen_vs_default']:.3f}x"
               + (f", vs baseline {r['chosen_vs_baseline']:.3f}x" if r["chosen_vs_baseline"] else ""))
+        if r["chosen_mixed_vs_chosen"]:
+            print(f"{name}: chosen + {MIXED_FLAG} vs chosen {r['chosen_mixed_vs_chosen']:.3f}x"
+                  + (f", vs baseline {r['chosen_mixed_vs_baseline']:.3f}x" if r["chosen_mixed_vs_baseline"] else ""))
     print(f"met: {res['met']}\nwrote {out}")
     return 0
 

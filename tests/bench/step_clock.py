@@ -17,6 +17,7 @@ DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS's default: the new-token
 _DECODE = re.compile(r"Decode batch, #running-req: (\d+), #token: \d+, token usage: ([\d.]+),.*#queue-req: (\d+),")
 _RETRACT = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
 _CONSERVATIVENESS = re.compile(r"schedule_conservativeness=([\d.]+)")
+_NO_CHUNKING = re.compile(r"chunked_prefill_size=(-\d+|0)\b")  # <= 0: no chunked prefill, so nothing is mixed
 
 
 @dataclass(frozen=True)
@@ -100,11 +101,18 @@ def server_window(log: Path, stop: float, cost: StepCost) -> dict:
     """One server's figures up to `stop` (epoch s), on the cost model's clock (each step's time as the simulator
     charges it, whatever the loaded machine did to the wall clock): the steady window is from its DECAY_STEPS-th
     decode step on. The batch of a decode step is the last decode line's, plus the admissions, less the retractions
-    since (its finished requests are in the next line's #running-req)."""
+    since (its finished requests are in the next line's #running-req).
+
+    With --enable-mixed-chunk a Prefill line with #running-req R > 0 is a mixed step: one forward pass over the R
+    running requests, which decode in it, and the admitted ones (engine.simulator.kv_policy.next_step). The log
+    cannot show the 0.5.23 case where the running rows sit such a step out because their tokens do not fit the pool
+    after the prefill's; the admission's reservation (max_new_tokens >= 1 a request, beyond the R rows SGLang takes
+    off the budget) leaves them room whenever tokens_per_step is 1 and prompts share few tokens, as here."""
     ready = False
+    mixed = False
     conservativeness = 1.0
     first = start = prev_t = None
-    decodes = tokens = retracted = window_decodes = window_prefills = window_admitted = 0
+    decodes = tokens = retracted = window_decodes = window_prefills = window_admitted = window_mixed = 0
     model_s = window_model_s = window_wall_s = 0.0
     w_running = w_usage = w_queued = 0.0
     prev_running = admitted = 0
@@ -116,6 +124,7 @@ def server_window(log: Path, stop: float, cost: StepCost) -> dict:
             m = _CONSERVATIVENESS.search(line)
             if "server_args=" in line and m:
                 conservativeness = float(m.group(1))
+                mixed = "enable_mixed_chunk=True" in line and not _NO_CHUNKING.search(line)
             ready = "fired up and ready" in line
             continue
         p = bc.prefill_of(line)
@@ -123,12 +132,16 @@ def server_window(log: Path, stop: float, cost: StepCost) -> dict:
             if (p.new_seq, p.new_token) == (1, 1) and first is None:
                 continue  # a /health probe's one token is no admission
             first = first if first is not None else t
+            decoding = p.running_before if mixed else 0
+            if decoding:  # its running rows decoded in it: the next decode step's batch starts from them
+                prev_running, admitted = decoding, 0
             admitted += p.new_seq
-            prefill_s += cost.seconds(p.new_seq, p.new_token)
+            prefill_s += cost.seconds(decoding + p.new_seq, p.new_token)
             if start is not None:
-                tokens += p.new_seq * cost.tokens_per_step
+                tokens += (decoding + p.new_seq) * cost.tokens_per_step
                 window_prefills += 1
                 window_admitted += p.new_seq
+                window_mixed += 1 if decoding else 0
             continue
         m = _RETRACT.search(line)
         if m and first is not None:
@@ -155,7 +168,8 @@ def server_window(log: Path, stop: float, cost: StepCost) -> dict:
         prev_t, prev_running, admitted, prefill_s = t, run, 0, 0.0
     if start is None or first is None or window_model_s <= 0:
         raise RuntimeError(f"{log}: fewer than {DECAY_STEPS} decode steps before the stop")
-    return {"conservativeness": conservativeness, "window_s": window_model_s, "tokens": tokens,
+    return {"conservativeness": conservativeness, "mixed_chunk": mixed, "mixed_steps": window_mixed,
+            "window_s": window_model_s, "tokens": tokens,
             "tokens_per_s": tokens / window_model_s, "tokens_per_wall_s": tokens / window_wall_s,
             "mean_running": w_running / window_model_s, "mean_usage": w_usage / window_model_s,
             "queued_share": w_queued / window_model_s, "lag": window_wall_s / window_model_s,
@@ -177,6 +191,7 @@ def figures(logs: list[Path], stop: float, retracted: list[int | None], cost: St
             "prefills_per_decode": sum(s["prefills_per_decode"] for s in per) / len(per),
             "requests_per_prefill": sum(s["requests_per_prefill"] for s in per) / len(per),
             "conservativeness": [s["conservativeness"] for s in per], "retractions": counted,
+            "mixed_chunk": [s["mixed_chunk"] for s in per], "mixed_steps": sum(s["mixed_steps"] for s in per),
             "retractions_log": sum(s["retractions_log"] for s in per), "server_minutes": minutes,
             "retractions_per_server_min": None if counted is None else counted / (minutes * time_scale),
             "retractions_per_wall_server_min": None if counted is None else counted / wall_minutes}

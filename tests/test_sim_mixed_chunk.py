@@ -104,7 +104,7 @@ def test_the_mixed_step_costs_one_forward_pass_over_both_batches():
 
 @pytest.mark.parametrize("mixed", [False, True])
 def test_the_admission_budget_is_reduced_by_the_running_batch_size(mixed):
-    # the adder's num_mixed_decode_tokens = running_bs (scheduler.py:4159) comes off the KV budget
+    # the adder's num_mixed_decode_tokens = running_bs (scheduler.py:4165) comes off the KV budget
     # (prefill_budget.py:70-71, total_offset) and the prefill's token cap (schedule_policy.py:638, :654-655).
     # Four running, prompt 10, max_new 100, one token each: used 4 x 10 + 4 = 44; their expected rest
     # 4 x min(100 - 1, 4,096) x 0.7 = 277.2 (schedule_policy.py:785-795); remaining 10,000 - 44 - 277.2 = 9,678.8,
@@ -134,7 +134,7 @@ def test_the_prefill_token_cap_is_reduced_by_the_running_batch_size(mixed):
 
 
 def test_a_spent_prefill_cap_admits_no_one():
-    # a cap of 4 less 4 running rows is 0: budget_state() is OTHER before the first candidate (scheduler.py:4208-4209)
+    # a cap of 4 less 4 running rows is 0: budget_state() is OTHER before the first candidate (scheduler.py:4206-4208)
     sch = scheduler(100_000, max_prefill=4)
     queue(sch, *(request(f"r{i}", 10, 100) for i in range(4)))
     assert run_step(sch) == StepKind.PREFILL  # an idle server takes the first whatever the cap
@@ -200,7 +200,7 @@ async def test_the_flag_is_in_server_args_and_server_info(start_sim):
 
 async def test_the_loop_logs_a_mixed_step_as_a_prefill_batch_and_counts_only_decode_steps():
     # a mixed step logs its Prefill batch line with #running-req the running batch (PrefillStats.from_adder before
-    # the mix, scheduler.py:4363-4372) and no Decode batch line; the decode log interval counts decode steps only
+    # the mix, scheduler.py:4364-4367) and no Decode batch line; the decode log interval counts decode steps only
     # (batch_result_processor.py:510 vs :1102-1108)
     err = io.StringIO()
     sch = scheduler(100_000, err=err, decode_log_interval=1)

@@ -65,9 +65,9 @@ def remaining_budget(sch: Scheduler) -> float:
 def admit(sch: Scheduler) -> tuple[list[SimRequest], int]:
     """A prefill batch: waiting requests in order while each fits the budget; returns (them, #new-token).
     With --enable-mixed-chunk the running batch's decode tokens, one a request, come off the KV budget and the
-    prefill's token cap first (the adder's num_mixed_decode_tokens = running_bs, 0.5.23 scheduler.py:4159,
+    prefill's token cap first (the adder's num_mixed_decode_tokens = running_bs, 0.5.23 scheduler.py:4165,
     schedule_policy.py:638, prefill_budget.py:70-71; 0.5.10 scheduler.py:2386, schedule_policy.py:398-408; 0.5.5
-    scheduler.py:1755, schedule_policy.py:334-340); a spent cap admits no one (0.5.23 scheduler.py:4208-4209)."""
+    scheduler.py:1755, schedule_policy.py:334-340); a spent cap admits no one (0.5.23 scheduler.py:4206-4208)."""
     if not sch.waiting or len(sch.running) >= sch.max_running:
         return [], 0
     admitted: list[SimRequest] = []

@@ -310,7 +310,9 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
         counted = [x for x in rs if x["limited_by"] == "admission"]
         median[a] = {k: bc.median([x[k] for x in counted or rs if x[k] is not None]) for k in keys}
         median[a]["runs_counted"] = len(counted)  # 0: every run was client-limited; the median is of them all
-    best = max((a for a in runs if a.startswith("regen_")), key=lambda a: median[a]["tokens_per_s"])
+    # the best conservativeness: the mixed arm measures another flag, which regen's tuning does not choose
+    best = max((a.name for a in arms if a.client == Client.REGEN and not a.mixed),
+               key=lambda a: median[a]["tokens_per_s"])
     return {"workload": {k: getattr(w, k) for k in ("pool", "output_mean", "output_sigma", "max_new", "requests",
                                                      "window_steps")},
             "sim_args": w.sim_args(), "chosen_source": runs["regen_chosen"][0]["source"],

@@ -160,7 +160,7 @@ async def test_an_engine_before_the_channel_shows_the_note_and_still_pauses(tmp_
     dump = console.host.deploy.dump_toml
     # the old engine's config refuses keys added since (at their defaults here): the frozen config leaves them out
     added = ("refused_share =", "turns_after_cut =", "schedule_conservativeness =", "conservativeness_min =",
-             "conservativeness_max =")
+             "conservativeness_max =", "mixed_chunk =")
 
     def old_toml(cfg) -> str:
         kept, in_metrics = [], False  # and the [metrics] table (added since)

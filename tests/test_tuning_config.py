@@ -11,7 +11,8 @@ from engine.api.tuning import AnswerTail, TuningChoice, TuningSource, TuningVerd
 from engine.config.load import ConfigError, RunConfig, Workers, load_config
 from engine.servers.launch import launch_argv, launch_env, worker_specs
 from engine.servers.metrics_client import ServerMetrics
-from engine.servers.tuning import RunTuning, pilot_choice, record_pilot
+from console.view.tuning_text import plan_lines
+from engine.servers.tuning import RunTuning, pilot_choice, planned_choice, record_pilot
 from engine.servers.tuning_rule import answer_tail, clip_tails
 from engine.servers.tuning_record import RECORD_FILE, TuningRecord, config_key, write_record
 
@@ -51,7 +52,7 @@ def test_a_wrong_value_is_refused_naming_the_key(tmp_path, line, said):
 def launched(cfg: RunConfig, run_dir: Path | None = None) -> tuple[list[str], dict[str, str]]:
     tuner = RunTuning(cfg, run_dir).for_server("gpu0")
     spec = worker_specs(cfg)[0]
-    argv = launch_argv(cfg, spec, "/py", conservativeness=tuner.flag_value())
+    argv = launch_argv(cfg, spec, "/py", conservativeness=tuner.flag_value(), mixed_chunk=tuner.mixed_chunk)
     return argv, launch_env(cfg, spec, Path(cfg.run_dir), tuner.env())
 
 
@@ -178,3 +179,53 @@ def test_the_pilot_lowers_the_clip_to_the_lowest_its_answers_allow_and_the_serve
     assert record_pilot(RunTuning(cfg, Path(cfg.run_dir), pilot=True), choice) is None
     server = RunTuning(cfg, Path(cfg.run_dir)).for_server("gpu0")
     assert (server.flag_value(), server.env()) == (0.3, {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "768"})
+
+
+def test_the_pilot_adds_mixed_chunk_where_admission_holds_requests_back_and_the_servers_launch_with_it(tmp_path):
+    cfg = cfg_of(tmp_path)
+    run = RunTuning(cfg, None, pilot=True)
+    tuner = run.for_server("gpu0")
+    feed(tuner, usage=0.4, queued=5, retracted=0, seconds=60)
+    choice = pilot_choice(run, [tuner.window.evidence()], 2048)
+    assert (choice.value, choice.mixed_chunk) == (0.3, True)
+    assert choice.mixed_reason.startswith("admission holds requests back, so each finished answer's replacement is "
+                                          "prefilled in a step of its own")
+    assert "  --enable-mixed-chunk: admission holds requests back" in "\n".join(plan_lines(choice, str(tmp_path)))
+    assert record_pilot(RunTuning(cfg, Path(cfg.run_dir), pilot=True), choice) is None
+    argv, _ = launched(cfg, Path(cfg.run_dir))
+    assert argv[-3:] == ["--schedule-conservativeness", "0.3", "--enable-mixed-chunk"]
+    started = RunTuning(cfg, Path(cfg.run_dir))
+    assert started.for_server("gpu0").launch().mixed_chunk  # what a host agent's identity record carries
+    assert "--enable-mixed-chunk: admission holds requests back" in started.start_alert().evidence
+    # nothing queued: admission is not what limits the servers, and nothing is added
+    idle = RunTuning(cfg_of(tmp_path / "idle"), None, pilot=True)
+    quiet = idle.for_server("gpu0")
+    feed(quiet, usage=0.4, queued=0, retracted=0, seconds=60)
+    assert not pilot_choice(idle, [quiet.window.evidence()], 2048).mixed_chunk
+
+
+@pytest.mark.parametrize("workers, said", [
+    (dict(mixed_chunk=False), "[workers] mixed_chunk = false: fixed, not tuned"),
+    (dict(extra_args=("--enable-mixed-chunk",)), "--enable-mixed-chunk in [workers] launch / extra_args: the operator's"),
+    (dict(extra_args=("--chunked-prefill-size", "-1")),
+     "--chunked-prefill-size -1 in [workers] launch / extra_args: chunked prefill is off, SGLang mixes nothing"),
+])
+def test_mixed_chunk_stays_the_operators(tmp_path, workers, said):
+    cfg = cfg_of(tmp_path, **workers)
+    run = RunTuning(cfg, None, pilot=True)
+    tuner = run.for_server("gpu0")
+    feed(tuner, usage=0.4, queued=5, retracted=0, seconds=60)
+    choice = pilot_choice(run, [tuner.window.evidence()], 2048)
+    assert (choice.value, choice.mixed_chunk, choice.mixed_reason) == (0.3, False, said)
+    assert f"  --enable-mixed-chunk not added: {said}" in plan_lines(choice, str(tmp_path))
+    record_pilot(RunTuning(cfg, Path(cfg.run_dir), pilot=True), choice)
+    argv, _ = launched(cfg, Path(cfg.run_dir))
+    assert argv.count("--enable-mixed-chunk") == (1 if "--enable-mixed-chunk" in cfg.workers.extra_args else 0)
+
+
+def test_mixed_chunk_true_in_the_config_is_added_without_a_pilot(tmp_path):
+    cfg = cfg_of(tmp_path, mixed_chunk=True, schedule_conservativeness=0.5)
+    choice = planned_choice(RunTuning(cfg, None))
+    assert (choice.mixed_chunk, choice.mixed_reason) == (True, "[workers] mixed_chunk = true: fixed, not tuned")
+    argv, _ = launched(cfg)
+    assert argv[-3:] == ["--schedule-conservativeness", "0.5", "--enable-mixed-chunk"]

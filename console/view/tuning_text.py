@@ -33,6 +33,10 @@ def plan_lines(t: TuningChoice, run_dir: str, now: float | None = None) -> list[
         lines.append(f"  SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION={t.clip}: {t.clip_reason}")
     elif t.clip_reason:
         lines.append(f"  SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION not set: {t.clip_reason}")
+    if t.mixed_chunk:
+        lines.append(f"  --enable-mixed-chunk: {t.mixed_reason}")
+    elif t.mixed_reason:
+        lines.append(f"  --enable-mixed-chunk not added: {t.mixed_reason}")
     if t.source == TuningSource.PILOT:
         lines.append(f"  recorded in {run_dir}/tuning.json: `regen start` launches the servers with it; a server "
                      "that retracts more than once a minute gets a higher value at its restart")

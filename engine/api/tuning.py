@@ -95,6 +95,8 @@ class TuningChoice:
     evidence: list[TuningEvidence] = field(default_factory=list)
     clip: int | None = None  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION given to the servers; None: not set by regen
     clip_reason: str = ""
+    mixed_chunk: bool = False  # --enable-mixed-chunk added by regen to the servers' launch
+    mixed_reason: str = ""
     config_key: str = ""  # what the evidence was measured on (engine/servers/tuning_record.py): another config's is ignored
     # the pilot's answers against the clip: a server's restart lowers no further than their tail allows either
     answer_tail: AnswerTail | None = None
@@ -110,3 +112,4 @@ class LaunchTuning:
     reason: str = ""
     clip: int | None = None  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION regen set; None: not set by regen
     floor: float | None = None  # the highest value it retracted too often at (engine.servers.tuning_record)
+    mixed_chunk: bool = False  # --enable-mixed-chunk regen added

@@ -15,9 +15,9 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Annotated, Any, Callable, Iterator, Literal, Sequence, TypeAlias, get_args
 
 from annotated_types import GroupedMetadata
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat,
-                      StrictInt, StrictStr, ValidationError, ValidatorFunctionWrapHandler, WithJsonSchema, WrapValidator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool,
+                      StrictFloat, StrictInt, StrictStr, ValidationError, ValidatorFunctionWrapHandler, WithJsonSchema,
+                      WrapValidator, model_validator)
 
 DEFAULT_LAUNCH = (
     "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
@@ -317,6 +317,11 @@ class Workers(Section):
     conservativeness_max: Annotated[Real, Range(0, low_open=True)] = 1.3
     """The highest value "auto" chooses (SGLang's guide: "increase it to a value like 1.3"; above 1/0.7 it changes
     nothing, as SGLang caps its starting ratio 0.7 x value at 1)."""
+    mixed_chunk: Literal["auto"] | StrictBool = "auto"
+    """SGLang's --enable-mixed-chunk for the servers (a new request's prefill runs in the running batch's decode step
+    instead of a step of its own): "auto" (added when `regen plan --pilot` finds admission holding requests back, the
+    case where every finished answer's replacement is prefilled alone), true (always) or false (never). A
+    --enable-mixed-chunk in launch or extra_args is the operator's."""
 
     @model_validator(mode="after")
     def _gpus_fit_groups(self) -> Workers:
@@ -336,12 +341,26 @@ class Workers(Section):
 
 
 CONSERVATIVENESS_FLAG = "--schedule-conservativeness"
+MIXED_CHUNK_FLAG = "--enable-mixed-chunk"
+CHUNKED_PREFILL_FLAG = "--chunked-prefill-size"
 
 
 def operator_conservativeness(workers: Workers) -> str | None:
     """The value of a --schedule-conservativeness (or =VALUE) in the launch template or extra_args (the last one, as
     argparse takes it), as written; None when the operator's line has none."""
     return flag_value(launch_words(workers), CONSERVATIVENESS_FLAG)
+
+
+def operator_mixed_chunk(workers: Workers) -> str | None:
+    """Why regen adds no --enable-mixed-chunk of its own: the operator's line has the flag, or turns chunked prefill
+    off (`--chunked-prefill-size -1`: SGLang then mixes nothing); None when neither."""
+    words = launch_words(workers)
+    if MIXED_CHUNK_FLAG in words:
+        return f"{MIXED_CHUNK_FLAG} in [workers] launch / extra_args: the operator's"
+    size = flag_value(words, CHUNKED_PREFILL_FLAG)
+    if size is not None and size.lstrip("-").isdigit() and int(size) <= 0:
+        return f"{CHUNKED_PREFILL_FLAG} {size} in [workers] launch / extra_args: chunked prefill is off, SGLang mixes nothing"
+    return None
 
 
 def flag_value(words: Sequence[str], flag: str) -> str | None:

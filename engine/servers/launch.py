@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config.load import RunConfig
-from engine.config.schema import CONSERVATIVENESS_FLAG, operator_conservativeness
+from engine.config.schema import CONSERVATIVENESS_FLAG, MIXED_CHUNK_FLAG, operator_conservativeness
 from engine.servers.identity import SERVED_NAME_FLAG, operator_served_name
 from engine.servers.ranks import ServerRank, rank_argv
 
@@ -55,10 +55,10 @@ def worker_specs(cfg: RunConfig) -> list[WorkerSpec]:
 
 
 def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name: str | None = None,
-                conservativeness: float | None = None) -> list[str]:
+                conservativeness: float | None = None, mixed_chunk: bool = False) -> list[str]:
     """The template is split first and each word formatted, so paths with spaces stay one argument.
-    `served_model_name` (the per-launch identity) and `conservativeness` (engine.servers.tuning) are added unless the
-    operator's line sets its own."""
+    `served_model_name` (the per-launch identity), `conservativeness` and `mixed_chunk` (engine.servers.tuning) are
+    added unless the operator's line sets its own."""
     fields = {
         "python": python,
         "model": cfg.model,
@@ -75,6 +75,8 @@ def launch_argv(cfg: RunConfig, spec: WorkerSpec, python: str, served_model_name
         argv += ["--api-key", cfg.workers.api_key]
     if conservativeness is not None and operator_conservativeness(cfg.workers) is None:
         argv += [CONSERVATIVENESS_FLAG, f"{conservativeness:g}"]
+    if mixed_chunk and MIXED_CHUNK_FLAG not in argv:
+        argv.append(MIXED_CHUNK_FLAG)
     return rank_argv(argv, spec.rank) if spec.rank else argv
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +15,9 @@ from engine.api.tuning import (
 )
 from engine.api.wire import Severity
 from engine.config.load import RunConfig
-from engine.config.schema import CONSERVATIVENESS_FLAG, operator_conservativeness
+from engine.config.schema import (
+    CONSERVATIVENESS_FLAG, MIXED_CHUNK_FLAG, operator_conservativeness, operator_mixed_chunk,
+)
 from engine.servers.metrics_client import ServerMetrics
 from engine.servers.tuning_record import RECORD_FILE, ServerRecord, TuningRecord, config_key, read_record, write_record
 from engine.servers.tuning_rule import CLIP_DEFAULT, CLIP_ENV, Bounds, EvidenceWindow, choose_clip, decide
@@ -30,6 +32,14 @@ class Start:
     source: TuningSource
     reason: str
     clip: int | None = None
+    mixed_chunk: bool = False  # --enable-mixed-chunk added by regen
+    mixed_reason: str = ""
+
+
+# why the pilot adds --enable-mixed-chunk where admission holds requests back
+MIXED_WHY = ("admission holds requests back, so each finished answer's replacement is prefilled in a step of its own "
+             "in which no running request decodes: mixed, the prefill runs in the decode step's forward pass "
+             "(SGLang's is_mixed_chunk, chunked prefill on)")
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ class RunTuning:
             record = None
         self.record = record or TuningRecord(config_key=self.key)
         self.operator_clip = CLIP_ENV in w.env
-        self.start = self._start()
+        self.start = self._with_mixed(self._start())
 
     def _start(self) -> Start:
         w = self.cfg.workers
@@ -88,6 +98,25 @@ class RunTuning:
         return Start(SGLANG_DEFAULT, TuningSource.SGLANG_DEFAULT,
                      f"auto: SGLang's default {SGLANG_DEFAULT:g} until a pilot or the servers' /metrics say otherwise")
 
+    def _with_mixed(self, start: Start) -> Start:
+        """Whether regen adds --enable-mixed-chunk: the operator's line or [workers] mixed_chunk, else the pilot's."""
+        w = self.cfg.workers
+        not_ours = operator_mixed_chunk(w)
+        if not_ours is not None:
+            return replace(start, mixed_chunk=False, mixed_reason=not_ours)
+        if w.mixed_chunk != "auto":
+            return replace(start, mixed_chunk=w.mixed_chunk,
+                           mixed_reason=f"[workers] mixed_chunk = {str(w.mixed_chunk).lower()}: fixed, not tuned")
+        pilot = self.record.pilot
+        if start.source == TuningSource.PILOT and pilot is not None and pilot.mixed_chunk:
+            return replace(start, mixed_chunk=True, mixed_reason=pilot.mixed_reason)
+        return start
+
+    @property
+    def mixed_tuned(self) -> bool:
+        """The pilot may choose --enable-mixed-chunk: [workers] mixed_chunk = "auto" and nothing in the launch line."""
+        return self.cfg.workers.mixed_chunk == "auto" and operator_mixed_chunk(self.cfg.workers) is None
+
     @property
     def clip_in_force(self) -> int:
         """The SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION the servers start with: the operator's, the pilot's, SGLang's."""
@@ -106,7 +135,7 @@ class RunTuning:
         if kept is not None:  # where this server's last restart left it in an earlier start of the run
             value, source, reason, floor = kept.value, kept.source, kept.reason, kept.floor
             clip = None if self.operator_clip else kept.clip
-        return ServerTuner(self, name, value, source, reason, clip, floor)
+        return ServerTuner(self, name, value, source, reason, clip, floor, s.mixed_chunk)
 
     def start_alert(self) -> AlertEvent:
         """What the servers start with, and what the run may change (info)."""
@@ -124,6 +153,8 @@ class RunTuning:
             evidence += evidence_lines(self.record.pilot.evidence)
             if s.clip is not None:
                 evidence.append(f"{CLIP_ENV}={s.clip}: {self.record.pilot.clip_reason}")
+        if s.mixed_chunk:
+            evidence.append(f"{MIXED_CHUNK_FLAG}: {s.mixed_reason}")
         return AlertEvent(severity=Severity.INFO, text=text, evidence="\n".join(evidence + self.notes),
                           key="tuning:start")
 
@@ -148,7 +179,7 @@ class RunTuning:
             return None
         old = kept.value if kept is not None else self.start.value
         unsaved = self.save(ServerTuner(self, name, launched.value, launched.source, launched.reason, launched.clip,
-                                        launched.floor))
+                                        launched.floor, launched.mixed_chunk))
         raised = old is not None and launched.value > old
         was = "" if old is None else f" (was {old:g})"
         lines = [f"from {where}", f"bounds {self.bounds.text()} ([workers] conservativeness_min / _max)"]
@@ -174,9 +205,10 @@ class ServerTuner:
     """One server's value: the flag and environment of its next launch, and its /metrics since its last launch."""
 
     def __init__(self, run: RunTuning, name: str, value: float | None, source: TuningSource, reason: str,
-                 clip: int | None, floor: float | None):
+                 clip: int | None, floor: float | None, mixed_chunk: bool = False):
         self.run, self.name = run, name
         self.value, self.source, self.reason, self.clip, self.floor = value, source, reason, clip, floor
+        self.mixed_chunk = mixed_chunk  # --enable-mixed-chunk on its launch line (the run's, never changed at a restart)
         self.window = EvidenceWindow(name, f"{name} /metrics since its launch")
         # why its restarts keep its value (None: they change it as its /metrics say)
         self.held: str | None = None
@@ -190,7 +222,7 @@ class ServerTuner:
 
     def launch(self) -> LaunchTuning:
         """What its launch runs with, as its identity record and its event carry it."""
-        return LaunchTuning(self.value, self.source, self.reason, self.clip, self.floor)
+        return LaunchTuning(self.value, self.source, self.reason, self.clip, self.floor, self.mixed_chunk)
 
     def observe(self, m: ServerMetrics, now: float, batch_cap: int | None = None) -> None:
         self.window.add(m, now, batch_cap)
@@ -245,9 +277,13 @@ def pilot_choice(run: RunTuning, evidence: list[TuningEvidence], max_new_tokens:
             clip, tail = at_clip.clip, at_clip
     elif d.verdict == TuningVerdict.RAISE and s.clip is not None:
         clip, clip_reason = None, f"the pool ran out: SGLang's own clip {CLIP_DEFAULT} again"
+    mixed, mixed_reason = s.mixed_chunk, s.mixed_reason
+    if s.source.tuned and run.mixed_tuned and d.verdict == TuningVerdict.LOWER:
+        mixed, mixed_reason = True, MIXED_WHY
     return TuningChoice(value=value, measured_at_value=measured_at, source=source, verdict=verdict, reason=reason,
                         low=run.bounds.low, high=run.bounds.high, evidence=evidence, clip=clip,
-                        clip_reason=clip_reason, config_key=run.key, answer_tail=tail)
+                        clip_reason=clip_reason, mixed_chunk=mixed, mixed_reason=mixed_reason, config_key=run.key,
+                        answer_tail=tail)
 
 
 def planned_choice(run: RunTuning) -> TuningChoice:
@@ -255,7 +291,8 @@ def planned_choice(run: RunTuning) -> TuningChoice:
     s = run.start
     return TuningChoice(value=s.value, measured_at_value=None, source=s.source, verdict=TuningVerdict.KEEP,
                         reason=s.reason, low=run.bounds.low, high=run.bounds.high, clip=s.clip,
-                        clip_reason="the pilot's choice" if s.clip is not None else "", config_key=run.key)
+                        clip_reason="the pilot's choice" if s.clip is not None else "", mixed_chunk=s.mixed_chunk,
+                        mixed_reason=s.mixed_reason, config_key=run.key)
 
 
 def record_pilot(run: RunTuning, choice: TuningChoice) -> str | None:

@@ -275,7 +275,7 @@ class Worker(SingleServer):  # a dispatch target (engine.servers.target.Dispatch
         ours = served_name(self.cfg.run_dir, self.name, launch_token())
         tuner = self.server_tuner
         argv = launch_argv(self.cfg, self.spec, self.python, served_model_name=ours,
-                           conservativeness=tuner.flag_value())
+                           conservativeness=tuner.flag_value(), mixed_chunk=tuner.mixed_chunk)
         if self.cfg.runaway.enabled:  # answers are streamed: have the server stream deltas where it can
             if self._stream_flag is None:
                 self._stream_flag = await stream_flag.choose_logged(argv, self.python, self.name)

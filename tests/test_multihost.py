@@ -73,7 +73,7 @@ def events(run_dir) -> list[dict]:
 
 def test_three_hosts_every_sample_once_and_a_cut_host_rejoins(tmp_path, tiny_model_dir, sim_hosts, supervisors,
                                                                renderer_for):
-    cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=600,
+    cfg = multihost_config(tmp_path, tiny_model_dir, sim_hosts, prompts=900,
                            sim=("--sim-output-mean", "120", "--max-running-requests", "8", "--sim-step-ms", "60",
                                 "--sim-tokens-per-step", "4"))
     run_dir = tmp_path / "run"
@@ -108,10 +108,19 @@ def test_three_hosts_every_sample_once_and_a_cut_host_rejoins(tmp_path, tiny_mod
     wait_for(lambda: (status(run_dir) or {}).get("dispatch", {}).get("done", 0) > done_during_cut + 20, 120,
              "progress on the two remaining hosts", sup)
 
+    # paused while h2 comes back: on a loaded box the two other hosts would otherwise finish the run first
+    paused = regen_cli("pause", "local", "--all", "--run-dir", str(run_dir))
+    assert paused.returncode == 0, paused.stderr
+    left = wait_for(lambda: status(run_dir), 30, "the run's status", sup)["dispatch"]
+    assert left["done"] + 100 < left["total"], left  # work left for the rejoined host
     sim_hosts.rejoin("h2")
     wait_for(lambda: next((e for e in events(run_dir) if e["type"] == "alert" and "host h2 rejoined" in e["text"]),
                           None), 90, "the rejoin alert", sup)
+    wait_for(lambda: len(((status(run_dir) or {}).get("router") or {}).get("members", ())) == 6, 120,
+             "h2's servers back in the router", sup)
     rejoined_at = time.time()
+    resumed = regen_cli("resume", "local", "--all", "--run-dir", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr
     assert sup.wait(300) == 0, sup.log_text()[-4000:]
 
     rows = read_rows(run_dir)

@@ -11,6 +11,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_addoption(parser, pluginmanager) -> None:
+    """With `-p no:xdist` the addopts' `-n 4 --dist loadgroup` (pyproject.toml) are accepted and mean one process."""
+    if pluginmanager.is_blocked("xdist"):
+        group = parser.getgroup("xdist", "distributed testing (pytest-xdist is off: -p no:xdist)")
+        group._addoption("-n", "--numprocesses", dest="numprocesses", default=0, help="ignored: xdist is off")
+        group._addoption("--dist", dest="dist", default="no", help="ignored: xdist is off")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A Qwen3-style model dir (tokenizer, chat template, config.json), built locally once."""

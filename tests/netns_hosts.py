@@ -1,11 +1,11 @@
 """Several simulated GPU hosts for the multi-host tests, each with its own real OpenSSH sshd.
 
 Where the machine allows it (root, `ip netns`), every host is a network namespace joined to the
-root namespace by a veth pair (10.231.<i>.1 <-> 10.231.<i>.2): its own loopback, its own ports
-(every host's SGLang servers use the same base port, as on real boxes), its sshd on
-10.231.<i>.2:22. Cutting a host takes its veth link down, as a pulled cable would; rejoining
-brings it back. Elsewhere the hosts are sshd servers on separate loopback ports, with separate
-server ports per host; cutting one kills its sshd and its host agent's process group.
+root namespace by a veth pair (10.<231+w>.<4s+i>.1 <-> .2, w the xdist worker, s from the pid: sessions and
+workers side by side never share a subnet): its own loopback, its own ports (every host's SGLang servers use the
+same base port, as on real boxes), its sshd on port 22 of its .2 address. Cutting a host takes its veth link
+down, as a pulled cable would; rejoining brings it back. Elsewhere the hosts are sshd servers on separate
+loopback ports, with separate server ports per host; cutting one kills its sshd and its host agent's process group.
 
 The filesystem is shared, so the engine copy, the tiny model and the work dirs are plain paths.
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from tests.sshd_fixtures import SshdServer, start_sshd, stop_sshd
+from tests.xdist_worker import worker_index
 
 PORTS_PER_HOST = 8  # server ports of one host in loopback mode (base_port, base_port + 1, ...)
 # where loopback hosts' server ports are looked for: under the dispatch host's forward ports (40000 up,
@@ -135,7 +136,7 @@ class SimHosts:
 
 def reap_stale_namespaces() -> list[str]:
     """Namespaces (and their veth ends) left by a test session that was killed before its clean-up:
-    their fixed 10.231.i.x addresses would clash with ours. Named rg<pid>h<i>; a live pid's are kept."""
+    their addresses could clash with ours. Named rg<pid>h<i>; a live pid's are kept."""
     listed = _ip("netns", "list", check=False).stdout.split()
     reaped = []
     for name in listed:
@@ -179,6 +180,9 @@ def start_hosts(root: Path, count: int, *, force_loopback: bool = False) -> SimH
     if mode == "netns":
         reap_stale_namespaces()
     tag = os.getpid()  # whole pid: reap_stale_namespaces() tells a dead session's names by it
+    if mode == "netns" and count > 3:
+        raise ValueError(f"start_hosts: at most 3 namespace hosts (their subnets are 4 apart), not {count}")
+    prefix, slot = f"10.{231 + worker_index() % 20}", (tag % 60) * 4
     hosts: list[SimHost] = []
     sim = SimHosts(hosts=hosts, ssh_config=root / "ssh_config", mode=mode, why_not_netns=why, _root=root)
     # loopback: every host's servers share this machine's ports; a free block, not a fixed range, so that two
@@ -201,12 +205,12 @@ def start_hosts(root: Path, count: int, *, force_loopback: bool = False) -> SimH
                 _ip("netns", "add", h.netns)
                 _ip("link", "add", h.veth_root, "type", "veth", "peer", "name", peer)
                 _ip("link", "set", peer, "netns", h.netns)
-                _ip("addr", "add", f"10.231.{i}.1/24", "dev", h.veth_root)
+                _ip("addr", "add", f"{prefix}.{slot + i}.1/24", "dev", h.veth_root)
                 _ip("link", "set", h.veth_root, "up")
-                _ip("netns", "exec", h.netns, "ip", "addr", "add", f"10.231.{i}.2/24", "dev", peer)
+                _ip("netns", "exec", h.netns, "ip", "addr", "add", f"{prefix}.{slot + i}.2/24", "dev", peer)
                 _ip("netns", "exec", h.netns, "ip", "link", "set", peer, "up")
                 _ip("netns", "exec", h.netns, "ip", "link", "set", "lo", "up")
-                h.listen, h.ssh_port = f"10.231.{i}.2", 22
+                h.listen, h.ssh_port = f"{prefix}.{slot + i}.2", 22
             h.sshd = start_sshd(workdir, alias=h.address, listen=h.listen, port=h.ssh_port, netns=h.netns)
             h.ssh_port = h.sshd.port
         sim.write_ssh_config()

@@ -4,7 +4,8 @@
 them). The `slurm` fixture (and test_slurm_run's `cluster2`) lend a test the session's cluster of that
 many nodes (`shared_slurm`), reset after it (`SlurmCluster.reset`): starting and stopping one per test
 cost ~3-5 s each. A test that breaks a cluster for good (a killed slurmd) starts its own. One node runs on loopback; several nodes are
-network namespaces on a bridge (host side 10.78.<k>.1, node i at 10.78.<k>.(i+1)), each slurmd
+network namespaces on a bridge (host side 10.<78+10w+k>.<p>.1, node i at .(i+1); w the xdist worker, k the
+cluster's number in this process, p from the pid: no two clusters side by side share a subnet), each slurmd
 entered with `nsenter --net` (`ip netns exec` remounts /sys and Slurm 22.05's cgroup code then
 fails) under `unshare --uts --mount` with its own hostname and a hosts file bind-mounted over
 /etc/hosts, so names resolve per node and nothing in the real /etc changes. Without network
@@ -33,6 +34,7 @@ import pytest
 from tests.netns_hosts import netns_available
 from tests.sshd_fixtures import free_port
 from tests.waiting import poll_until
+from tests.xdist_worker import worker_index
 
 __all__ = ["SlurmCluster", "SlurmNode", "lent_cluster", "shared_slurm", "slurm", "slurm_missing", "start_slurm",
            "require_slurm"]
@@ -331,7 +333,7 @@ def start_slurm(root: Path, nodes: int = 1, *, gpus_per_node: int = 4, cpus: int
     tag = f"{pid}c{k}"  # interface names: at most 15 characters ("rs<pid>c<k>n<i>a")
     if mode == "netns":
         reap_stale_clusters()
-        subnet = f"10.{78 + k}.{pid % 250}"
+        subnet = f"10.{78 + 10 * (worker_index() % 12) + k}.{pid % 250}"
         controller = f"{subnet}.1"
         node_list = [SlurmNode(name=f"n{i}", address=f"{subnet}.{i + 1}", gpu_dir=root / "gpus" / f"n{i}",
                                netns=f"rs{tag}n{i}") for i in range(1, nodes + 1)]

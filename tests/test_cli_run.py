@@ -71,8 +71,10 @@ def start_local(cfg: RunConfig, tmp_path: Path) -> subprocess.CompletedProcess:
 def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "run; with 'quotes'"
     cleanup_runs.append(run_dir)
-    # a run that outlasts status, pause, resume and stop on a box loaded past its cores (at 30 ms steps it ended first)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "60"))
+    # a run that outlasts status, pause, resume and stop on a box loaded past its cores (200 answers of ~9 s, 8 at a
+    # time: ~4 min), whose drain is one answer long (at 64 running requests and 8 tokens a step it ended first)
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, sim=("--sim-output-mean", "300", "--sim-step-ms", "60",
+                                                                  "--sim-tokens-per-step", "2", "--max-running-requests", "4"))
     r = start_local(cfg, tmp_path)
     assert "started: supervisor pid" in r.stdout
     assert "supervisor: tokenizer loaded" in r.stderr and "supervisor: workers launched" in r.stderr
@@ -115,7 +117,9 @@ def test_start_status_pause_stop_over_local(tmp_path, tiny_model_dir, cleanup_ru
 def test_status_follow_prints_progress_until_the_run_ends(tmp_path, tiny_model_dir, cleanup_runs):
     run_dir = tmp_path / "follow run"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=40, sim=("--sim-output-mean", "120", "--sim-step-ms", "10"))
+    # ~15 s of run (40 answers of ~2.4 s, 8 at a time): `--follow` attaches while it runs on a loaded box
+    cfg = make_config(run_dir, tiny_model_dir, prompts=40, sim=("--sim-output-mean", "120", "--sim-step-ms", "40",
+                                                                 "--sim-tokens-per-step", "2", "--max-running-requests", "4"))
     r = start_local(cfg, tmp_path)
     followed = regen("status", "local", "--run-dir", str(run_dir), "--follow", home=tmp_path, timeout=180)
     assert followed.returncode == 0, followed.stdout[-2000:] + followed.stderr[-2000:]

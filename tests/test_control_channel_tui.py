@@ -188,7 +188,7 @@ async def test_an_engine_before_the_channel_shows_the_note_and_still_pauses(tmp_
         await pilot.press("3")
         table = app.query_one("#shards-table", ShardTable)
         await wait_until(pilot, lambda: table.row_count >= 10 and "connected" in header(app), "ten shard rows", 60)
-        assert "older engine: one process per op" in header(app)
+        assert "older engine: one process per op" in " ".join(header(app).split())  # a long tmp path wraps it
         await pilot.press("6")
         notes = [a for a in app.model.alerts if "speaks an older protocol" in a.text]
         assert len(notes) == 1 and notes[0].severity == "warning", [a.text for a in app.model.alerts]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def shell_in_tmux(tmp_path):
            f"PYTHONPATH={shlex.quote(str(REPO))} TERM=xterm-256color PS1='$ ' bash --norc --noprofile")
     tmux("new-session", "-d", "-s", SESSION, "-x", "220", "-y", "50", env)
     yield
-    subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True, text=True, timeout=20)
+    tmux("kill-session", "-t", SESSION, check=False)
 
 
 @pytest.mark.parametrize("over", ["local", pytest.param("sshd", marks=pytest.mark.sshd)])

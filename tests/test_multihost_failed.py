@@ -10,7 +10,7 @@ import pytest
 
 from engine.config.load import Host, Router
 from tests.netns_hosts import start_hosts
-from tests.sshd_fixtures import find_sshd, free_port
+from tests.sshd_fixtures import find_sshd, free_port, free_port_base
 from tests.test_engine_run import (REPO, ctl, expected_samples, make_config, read_rows, renderer_for,  # noqa: F401
                                    status, supervisors, wait_for)
 from tests.test_multihost import events, regen_cli
@@ -37,7 +37,7 @@ def config(tmp_path, tiny_model_dir, hosts, tp: dict[str, int], prompts: int, si
                          work_dir=str(h.work_dir), host_python=sys.executable, base_port=h.base_port,
                          ssh_options=("-F", str(hosts.ssh_config))) for h in hosts.hosts if h.name in tp),
         router=Router(policy="round_robin", port=free_port(), prometheus_port=free_port(), python=sys.executable,
-                      host_lost_after_s=4.0)))
+                      forward_base_port=free_port_base(sum(tp.values())), host_lost_after_s=4.0)))
 
 
 def status_json(run_dir, code: int = 0) -> dict:

@@ -231,7 +231,11 @@ def _logged_throughput_at(log: Path, running: int) -> float:
 
 
 @pytest.mark.sshd
-def test_plan_over_real_ssh_runs_the_engine_on_the_host(tmp_path, tiny_model_dir, sshd, capsys):
+def test_plan_over_real_ssh_runs_the_engine_on_the_host(tmp_path, tiny_model_dir, sshd, capsys, monkeypatch):
+    import uuid
+
+    made = []  # the name of the config copied to the host (/tmp/regen-plan-<uuid>.toml): other tests' may coexist
+    monkeypatch.setattr(uuid, "uuid4", lambda real=uuid.uuid4: made.append(real()) or made[-1])
     cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path))
     cfg.write_text(f"host_python = {json.dumps(sys.executable)}\n" + cfg.read_text())
     code = cli_main(["plan", sshd.alias, "--config", str(cfg), "--json", "--ssh-config", str(sshd.ssh_config_path)])
@@ -239,7 +243,8 @@ def test_plan_over_real_ssh_runs_the_engine_on_the_host(tmp_path, tiny_model_dir
     assert code == 0, out.err
     d = json.loads(out.out)
     assert d["shard_plan"]["samples"] == 55 and d["projection"]["output_tokens_per_sample"]["basis"] == "assumed"
-    assert not list(Path("/tmp").glob("regen-plan-*.toml"))  # the copied config is removed on the host
+    copied = [Path(f"/tmp/regen-plan-{u.hex[:12]}.toml") for u in made]
+    assert copied and not any(p.exists() for p in copied), copied  # the copied config is removed on the host
     assert d["config"] == str(cfg)
 
 

@@ -41,12 +41,20 @@ def line_of(text: str, word: str) -> str:
     return next((ln for ln in text.splitlines() if word in ln), "")
 
 
-def demo_session(run_dir: Path, args: list[str]):
-    """`regen demo ARGS --run-dir RUN_DIR` in a 160x45 tmux pane; yields the run dir, then kills both."""
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory) -> Path:
+    """HOME of the demos here: `regen demo` builds its tiny model under ~/.cache/regen, one per test process (xdist
+    workers side by side would build it into the same dir at once)."""
+    return tmp_path_factory.mktemp("demo-home")
+
+
+def demo_session(run_dir: Path, home: Path, args: list[str]):
+    """`regen demo ARGS --run-dir RUN_DIR` (HOME=home) in a 160x45 tmux pane; yields the run dir, then kills both."""
     command = " ".join([shlex.quote(sys.executable), "-m", "console.cli", "demo", *args,
                         "--run-dir", shlex.quote(str(run_dir))])
     # COLUMNS/LINES from the test runner's environment would override the pane's real size
-    env = f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(str(REPO))} TERM=xterm-256color "
+    env = (f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES HOME={shlex.quote(str(home))} "
+           f"PYTHONPATH={shlex.quote(str(REPO))} TERM=xterm-256color ")
     tmux("new-session", "-d", "-s", SESSION, "-x", "160", "-y", "45", env + command + " ; sleep 600")
     yield run_dir
     tmux("kill-session", "-t", SESSION, check=False)
@@ -59,9 +67,10 @@ def demo_session(run_dir: Path, args: list[str]):
 
 
 @pytest.fixture
-def demo_in_tmux(tmp_path):
-    yield from demo_session(tmp_path / "demo", ["--gpus", "2", "--prompts", "300", "--sim-arg=--sim-step-ms",
-                                                "--sim-arg=60", "--sim-arg=--sim-tokens-per-step", "--sim-arg=1"])
+def demo_in_tmux(tmp_path, demo_home):
+    yield from demo_session(tmp_path / "demo", demo_home, ["--gpus", "2", "--prompts", "300", "--sim-arg=--sim-step-ms",
+                                                           "--sim-arg=60", "--sim-arg=--sim-tokens-per-step",
+                                                           "--sim-arg=1"])
 
 
 def test_operator_switches_tabs_pauses_and_resumes_a_shard(demo_in_tmux):
@@ -88,13 +97,13 @@ def test_operator_switches_tabs_pauses_and_resumes_a_shard(demo_in_tmux):
 
 
 @pytest.fixture
-def big_demo_in_tmux(tmp_path):
+def big_demo_in_tmux(tmp_path, demo_home):
     """`regen demo` at ~1,000 shards (one prompt row a shard); answers of ~90 s, so that nothing a test pauses
     completes under it (a complete shard is done, not paused), and no empty answer finishes early."""
     sim = ["--sim-step-ms", "100", "--sim-tokens-per-step", "1", "--sim-output-mean", "900",
            "--sim-output-sigma", "0.05", "--sim-empty-share", "0"]
-    yield from demo_session(tmp_path / "demo", ["--gpus", "2", "--prompts", "1000", "--shard-size", "1",
-                                                *[f"--sim-arg={a}" for a in sim]])
+    yield from demo_session(tmp_path / "demo", demo_home, ["--gpus", "2", "--prompts", "1000", "--shard-size", "1",
+                                                           *[f"--sim-arg={a}" for a in sim]])
 
 
 def marked_ids(text: str) -> list[str]:

@@ -1,13 +1,18 @@
 """tmux driven as a person would, for the tmux tests: run tmux commands, read the screen back, wait on it."""
 from __future__ import annotations
 
+import os
 import subprocess
 
 from tests.waiting import wait_until
 
+# a tmux server of this test process's own: test processes side by side (xdist workers) never race one server's
+# exit when its last session is killed
+SOCKET = f"regen-tests-{os.getpid()}"
+
 
 def tmux(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=20, check=check)
+    return subprocess.run(["tmux", "-L", SOCKET, *args], capture_output=True, text=True, timeout=20, check=check)
 
 
 def capture(session: str, history: int = 0) -> str:

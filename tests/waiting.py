@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from typing import Any, Awaitable, Callable
 
@@ -95,3 +96,11 @@ async def apoll_until(predicate: Callable[[], Any], timeout: float, *, interval:
         if value or loop.time() >= deadline:
             return value
         await asyncio.sleep(min(interval, max(0.0, deadline - loop.time())))
+
+
+def loaded_bound(seconds: float) -> float:
+    """A latency the product promises on an idle box (e.g. "dead in the header within 2 s"), as a test's bound on this
+    machine now: stretched by how many runnable tasks share each core (the 1-minute load average), never shortened.
+    The promise is what the product aims at; a loaded runner (xdist workers, other jobs) delays every process alike."""
+    per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return seconds * max(1.0, per_core)

@@ -20,10 +20,11 @@ prompts and rids (so the same answers):
   regen default   the real supervisor; its servers at SGLang's default conservativeness ("auto", no pilot record)
   regen 0.5 ...   the same with an explicit --schedule-conservativeness: the value the earlier bench gave by hand
                   (Workload.explicit) where the pilot chose another, and --sweep's
-  regen chosen    the same, its run dir holding the pilot's tuning.json (as `regen run` after `regen plan --pilot`)
-  regen chosen mixed  the same servers plus SGLang's --enable-mixed-chunk (a prefill batch mixed with the running
-                  batch, which decodes in it), the pilot's record keyed for that launch line (a measurement only:
-                  regen's tuning does not choose the flag)
+  regen chosen    the same, its run dir holding the pilot's tuning.json (as `regen run` after `regen plan --pilot`):
+                  its value, its clip env and, where it chose it, --enable-mixed-chunk (a prefill batch mixed with the
+                  running batch, which decodes in it)
+  regen chosen unmixed  the same record with [workers] mixed_chunk = false (where the pilot chose the flag): the value
+                  and the clip alone
   baseline        bench_spread's peer-like client (a thread pool of 4,096 concurrent chat requests, round-robin) on
                   default servers: N = 4,096 is its best N (bench_spread: the reported batch, 2 x 2,048, over 64)
   baseline chosen the same client on servers launched with the pilot's value (spread only): it keeps every queue full,
@@ -67,7 +68,7 @@ from tests.bench import bench_common as bc
 from tests.bench.step_clock import DECAY_STEPS, StepCost, Watch, figures
 
 TIME_SCALE = 4.0
-MIXED_FLAG = "--enable-mixed-chunk"
+MIXED_FLAG = "--enable-mixed-chunk"  # engine.config.schema.MIXED_CHUNK_FLAG
 COST = StepCost(step_ms=10 / TIME_SCALE, per_req_ms=0.1 / TIME_SCALE, prefill_ms_per_1k=2 / TIME_SCALE,
                 tokens_per_step=1)
 PILOT_PROMPTS = 200  # `regen plan --pilot N`: N is raised to what fills the servers' batches (engine.plan.pilot)
@@ -126,13 +127,18 @@ class Choice:
     reason: str  # the rule's sentence: token usage while requests queued, mean #queue-req, retractions
     evidence: list[str]  # each pilot server's /metrics figures, one line each
     clip: int | None
+    mixed_chunk: bool  # --enable-mixed-chunk
     record: Path  # the pilot's tuning.json
     pilot_prompts: int
     pilot_wall_s: float
 
+    def text(self) -> str:
+        return (f"{self.value:g}" + (f", clip {self.clip:,}" if self.clip is not None else "")
+                + (f", {MIXED_FLAG}" if self.mixed_chunk else ""))
+
     def as_dict(self) -> dict:
         return dict(value=self.value, verdict=self.verdict, reason=self.reason, evidence=self.evidence, clip=self.clip,
-                    pilot_prompts=self.pilot_prompts, pilot_wall_s=self.pilot_wall_s)
+                    mixed_chunk=self.mixed_chunk, pilot_prompts=self.pilot_prompts, pilot_wall_s=self.pilot_wall_s)
 
 
 def regen_config(w: Workload, model: Path, prompts: Path, run_dir: Path) -> RunConfig:
@@ -156,8 +162,8 @@ def pilot_choice(w: Workload, model: Path, prompts: Path, work: Path) -> Choice:
     if t is None or t.value is None or result is None or not record.exists():
         raise RuntimeError(f"regen plan --pilot {PILOT_PROMPTS} on {w.name}: no choice recorded in {record} "
                            f"(tuning: {t}; notes: {plan.notes})")
-    return Choice(t.value, str(t.verdict), t.reason, [e.text() for e in t.evidence], t.clip, record, result.prompts,
-                  result.wall_s)
+    return Choice(t.value, str(t.verdict), t.reason, [e.text() for e in t.evidence], t.clip, t.mixed_chunk, record,
+                  result.prompts, result.wall_s)
 
 
 class Client(StrEnum):
@@ -171,15 +177,17 @@ class Arm:
     client: Client
     conservativeness: float | None = None  # explicit; None: SGLang's default
     chosen: bool = False  # the pilot's choice (Choice)
-    mixed: bool = False  # its servers also get --enable-mixed-chunk
+    unmixed: bool = False  # the pilot's choice less its --enable-mixed-chunk ([workers] mixed_chunk = false)
 
 
-def arms_for(w: Workload, quick: bool, chosen: float) -> list[Arm]:
+def arms_for(w: Workload, quick: bool, choice: Choice) -> list[Arm]:
     arms = [Arm("regen_default", Client.REGEN)]
     if not quick:  # the earlier explicit value where the pilot chose another, and the sweep
-        arms += [Arm(f"regen_{c:g}", Client.REGEN, c) for c in dict.fromkeys((w.explicit, *w.sweep)) if c != chosen]
+        arms += [Arm(f"regen_{c:g}", Client.REGEN, c) for c in dict.fromkeys((w.explicit, *w.sweep))
+                 if c != choice.value]
     arms.append(Arm("regen_chosen", Client.REGEN, chosen=True))
-    arms.append(Arm("regen_chosen_mixed", Client.REGEN, chosen=True, mixed=True))
+    if choice.mixed_chunk:
+        arms.append(Arm("regen_chosen_unmixed", Client.REGEN, chosen=True, unmixed=True))
     if not quick:
         # the peer-like client keeps every server's queue full: on default servers it is the peer at its best N; on
         # chosen servers it measures what the setting does to the servers alone, whatever regen's client does
@@ -191,16 +199,14 @@ def arms_for(w: Workload, quick: bool, chosen: float) -> list[Arm]:
 def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path, choice: Choice) -> dict:
     cfg = regen_config(w, model, prompts, work / "run")
     source = "SGLang's default (auto, no pilot record)"
-    if arm.mixed:
-        extra = (*cfg.workers.extra_args, MIXED_FLAG)
-        cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(extra_args=extra))))
+    if arm.unmixed:
+        cfg = cfg.model_copy(update=dict(workers=cfg.workers.model_copy(update=dict(mixed_chunk=False))))
     if arm.chosen:  # the run starts from the pilot's record, as `regen run` after `regen plan --pilot` in its run dir
         (work / "run").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(choice.record, work / "run" / choice.record.name)
-        source = f"the pilot's choice {choice.value:g} (auto, {choice.record.name})"
-        if arm.mixed:  # the record holds for the launch line it was measured on: keyed for this one's
-            rekey_record(work / "run" / choice.record.name, cfg)
-            source += f" + {MIXED_FLAG}"
+        source = f"the pilot's choice {choice.text()} (auto, {choice.record.name})"
+        if arm.unmixed:
+            source += f" less {MIXED_FLAG} (mixed_chunk = false)"
     elif arm.conservativeness is not None:
         cfg, source = with_conservativeness(cfg, arm.conservativeness), f"explicit {arm.conservativeness}"
     n = len(cfg.workers.gpus)
@@ -215,28 +221,21 @@ def run_regen(w: Workload, arm: Arm, model: Path, prompts: Path, work: Path, cho
     logs = sorted(p for wdir in (res.run_dir / "workers").iterdir() for p in wdir.glob("server*.log"))
     engine_cpu = res.cpu_at(watch.stopped_at) - res.cpu_at(watch.started or res.started_at)
     fig = figures(logs, watch.stopped_at, watch.retracted, COST, TIME_SCALE)
-    if arm.mixed and not all(fig["mixed_chunk"]):
-        raise RuntimeError(f"{arm.name} on {w.name}: its servers ran without {MIXED_FLAG} ({res.run_dir})")
+    mixed = arm.chosen and choice.mixed_chunk and not arm.unmixed
+    if any(m != mixed for m in fig["mixed_chunk"]):
+        raise RuntimeError(f"{arm.name} on {w.name}: its servers ran {'without' if mixed else 'with'} {MIXED_FLAG} "
+                           f"({res.run_dir})")
     if arm.chosen and any(c != choice.value for c in fig["conservativeness"]):
         raise RuntimeError(f"regen chosen on {w.name}: its servers ran with {fig['conservativeness']}, not the pilot's "
                            f"{choice.value:g} ({res.run_dir}/supervisor.log)")
     return dict(fig, source=source, engine_cpu_share=engine_cpu / (watch.stopped_at - (watch.started or res.started_at)))
 
 
-def rekey_record(path: Path, cfg: RunConfig) -> None:
-    """The pilot's tuning.json at `path`, keyed for `cfg` (engine.servers.tuning_record.config_key)."""
-    from engine.servers.tuning_record import config_key, read_record, write_record
-
-    record, problem = read_record(path)
-    if record is None:
-        raise RuntimeError(f"{path}: {problem or 'no record'}")
-    write_record(path, replace(record, config_key=config_key(cfg)))
-
-
 def run_baseline(w: Workload, model: Path, prompts: Path, work: Path, choice: Choice | None) -> dict:
     """bench_spread's client, in its own process pinned like the engine, stopped with the watch; its servers launched
     with regen's `choice` (its --schedule-conservativeness and clip) or SGLang's defaults (None)."""
     flags = [] if choice is None else ["--schedule-conservativeness", str(choice.value)]
+    flags += [MIXED_FLAG] if choice is not None and choice.mixed_chunk else []
     env = {CLIP_ENV: str(choice.clip)} if choice is not None and choice.clip is not None else {}
     sims = bc.start_sims(2, model, [*w.sim_args(), *flags], work / "sims", env=env)
     client = None
@@ -264,7 +263,7 @@ def run_baseline(w: Workload, model: Path, prompts: Path, work: Path, choice: Ch
     assert watch.stopped_at is not None
     return dict(figures(sims.logs, watch.stopped_at, watch.retracted, COST, TIME_SCALE),
                 source="SGLang's default (no flag)" if choice is None else
-                f"regen's choice {choice.value:g}" + (f", clip {choice.clip}" if choice.clip is not None else ""))
+                f"regen's choice {choice.text()}")
 
 
 # -- the runs -------------------------------------------------------------------------------------------------------
@@ -277,10 +276,9 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
     pilot_dir = base / f"{w.name}-pilot"
     shutil.rmtree(pilot_dir, ignore_errors=True)
     choice = pilot_choice(w, model, prompts, pilot_dir)
-    clip = f" with {choice.clip:,} as SGLang's clip" if choice.clip is not None else ""
-    print(f"  tuning {w.name}: regen plan --pilot chose {choice.value:g}{clip} ({choice.verdict}; the earlier explicit "
+    print(f"  tuning {w.name}: regen plan --pilot chose {choice.text()} ({choice.verdict}; the earlier explicit "
           f"{w.explicit:g}) in {choice.pilot_wall_s:.0f} s of {choice.pilot_prompts} prompts: {choice.reason}", flush=True)
-    arms = arms_for(w, quick, choice.value)
+    arms = arms_for(w, quick, choice)
     runs: dict[str, list[dict]] = {}
     for r in range(repeats):
         for arm in (arms if r % 2 == 0 else arms[::-1]):  # alternated: drift weighs on every arm alike
@@ -310,9 +308,7 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
         counted = [x for x in rs if x["limited_by"] == "admission"]
         median[a] = {k: bc.median([x[k] for x in counted or rs if x[k] is not None]) for k in keys}
         median[a]["runs_counted"] = len(counted)  # 0: every run was client-limited; the median is of them all
-    # the best conservativeness: the mixed arm measures another flag, which regen's tuning does not choose
-    best = max((a.name for a in arms if a.client == Client.REGEN and not a.mixed),
-               key=lambda a: median[a]["tokens_per_s"])
+    best = max((a.name for a in arms if a.client == Client.REGEN), key=lambda a: median[a]["tokens_per_s"])
     return {"workload": {k: getattr(w, k) for k in ("pool", "output_mean", "output_sigma", "max_new", "requests",
                                                      "window_steps")},
             "sim_args": w.sim_args(), "chosen_source": runs["regen_chosen"][0]["source"],
@@ -322,8 +318,8 @@ def run_workload(w: Workload, repeats: int, quick: bool, model: Path, base: Path
             "chosen_vs_default": ratio(median, "regen_chosen", "regen_default"),
             "best_vs_default": ratio(median, best, "regen_default"),
             "chosen_vs_baseline": ratio(median, "regen_chosen", "baseline"),
-            "chosen_mixed_vs_baseline": ratio(median, "regen_chosen_mixed", "baseline"),
-            "chosen_mixed_vs_chosen": ratio(median, "regen_chosen_mixed", "regen_chosen"),
+            "unmixed_vs_baseline": ratio(median, "regen_chosen_unmixed", "baseline"),
+            "chosen_vs_unmixed": ratio(median, "regen_chosen", "regen_chosen_unmixed"),
             "servers_chosen_vs_default": ratio(median, "baseline_chosen", "baseline"),
             "default_vs_baseline": ratio(median, "regen_default", "baseline")}
 
@@ -384,12 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         for arm, m in r["median"].items():
             print(f"{name} {arm}: {m['tokens_per_s']:,.0f} tok/s, running {m['mean_running']:.0f}, usage "
                   f"{m['mean_usage']:.2f}, retractions/server-min {m['retractions_per_server_min']:.2f}")
-        print(f"{name}: the pilot chose {r['pilot']['value']:g}: {r['pilot']['reason']}")
+        print(f"{name}: the pilot chose {r['pilot']['value']:g}, clip {r['pilot']['clip']}, mixed chunk "
+              f"{r['pilot']['mixed_chunk']}: {r['pilot']['reason']}")
         print(f"{name}: chosen vs default {r['chosen_vs_default']:.3f}x"
               + (f", vs baseline {r['chosen_vs_baseline']:.3f}x" if r["chosen_vs_baseline"] else ""))
-        if r["chosen_mixed_vs_chosen"]:
-            print(f"{name}: chosen + {MIXED_FLAG} vs chosen {r['chosen_mixed_vs_chosen']:.3f}x"
-                  + (f", vs baseline {r['chosen_mixed_vs_baseline']:.3f}x" if r["chosen_mixed_vs_baseline"] else ""))
+        if r["chosen_vs_unmixed"]:
+            print(f"{name}: chosen vs chosen less {MIXED_FLAG} {r['chosen_vs_unmixed']:.3f}x"
+                  + (f"; unmixed vs baseline {r['unmixed_vs_baseline']:.3f}x" if r["unmixed_vs_baseline"] else ""))
     print(f"met: {res['met']}\nwrote {out}")
     return 0
 

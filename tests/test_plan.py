@@ -19,6 +19,7 @@ from console.cli import main as cli_main
 from console.commands.plan import render
 from engine.api.reports import Plan
 from engine.config.load import SIMULATOR_LAUNCH
+import engine.plan.pilot
 from engine.plan.pilot import bootstrap_mean_ci
 from engine.plan.pilot_window import Completed, Reading, full_batch
 from engine.simulator import throughput
@@ -434,3 +435,21 @@ def test_pilot_sends_again_a_request_whose_connection_closed_unanswered(tmp_path
     (note,) = [n for n in d["notes"] if "sent again" in n]
     assert note.startswith("pilot: 3 requests were sent again after a connection error without an answer ([dispatch] "
                            "max_retries 5; the last: ServerDisconnectedError"), note
+
+
+def test_pilot_reads_metrics_while_its_requests_hold_every_connection(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    # the /metrics readings once shared the requests' connections (CONNECTIONS_PER_SERVER a server): with every one
+    # held by a request a reading waited for one to end, and a pilot on a large pool read 2 /metrics in 46 s
+    monkeypatch.setattr(engine.plan.pilot, "CONNECTIONS_PER_SERVER", 10)
+    prompts = tmp_path / "many.jsonl"
+    with open(prompts, "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"id": f"m{i}", "prompt": f"Prompt {i} word word"}) + "\n")
+    knobs = ["--max-running-requests", "120", "--sim-step-ms", "20", "--sim-output-mean", "40", "--sim-output-sigma",
+             "0.3"]
+    cfg = write_config(tmp_path, tiny_model_dir, [prompts], extra=knobs)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "300", "--sample", "10", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert not any("could not be read" in n for n in d["notes"]), d["notes"]
+    (evidence,) = d["tuning"]["evidence"]
+    assert evidence["readings"] >= 8, evidence  # the rule's least; one every 0.25 s over the pilot

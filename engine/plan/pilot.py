@@ -248,9 +248,14 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
     # not aiohttp's default limit (100 in all): the pilot keeps batch + margin in flight on every server, up to
     # CONNECTIONS_PER_SERVER; keepalive below uvicorn's idle close
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=CONNECTIONS_PER_SERVER, keepalive_timeout=KEEPALIVE_S)
+    # the servers' health checks, the /metrics readings and the aborts on connections of their own: behind the
+    # pilot's requests (CONNECTIONS_PER_SERVER open on a server) a reading waited for a request to end, and a pilot on
+    # a large pool read 2 /metrics in 46 s
+    watch_connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
     tuning = tuning or RunTuning(cfg, None, pilot=True)
-    async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
-        servers = _PilotServers(cfg, log_dir, python or sys.executable, session, tuning)
+    async with aiohttp.ClientSession(headers=headers, connector=connector) as session, \
+            aiohttp.ClientSession(headers=headers, connector=watch_connector) as watch:
+        servers = _PilotServers(cfg, log_dir, python or sys.executable, watch, tuning)
         try:
             await servers.start_and_wait_ready()
             sizes = servers.sizes(fixed)
@@ -306,7 +311,7 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
                         raise PilotError(f"pilot: {url}/generate answered HTTP {resp.status}: {body[:300]}")
                     if guard and resp.content_type == "text/event-stream":
                         answer = await _follow(resp, cfg, url, lambda: aborts.append(
-                            asyncio.ensure_future(_abort(session, url, rid, notes))))
+                            asyncio.ensure_future(_abort(watch, url, rid, notes))))
                         if answer.error is not None or (answer.finish is None and answer.verdict is None):
                             raise PilotError(f"pilot: {url}/generate stream of {rid}: "
                                              + (answer.error or f"ended without a final chunk ({answer.chunks} "
@@ -351,7 +356,7 @@ async def run_pilot(cfg: RunConfig, renderer, prompts_for: Callable[[int], Seque
                 misses = 0
                 while not sending_over.is_set():
                     try:
-                        async with session.get(url, timeout=_timeout(METRICS_TIMEOUT_S)) as resp:
+                        async with watch.get(url, timeout=_timeout(METRICS_TIMEOUT_S)) as resp:
                             text = await resp.text()
                             if resp.status != 200:
                                 raise ValueError(f"HTTP {resp.status}: {text[:200]}")

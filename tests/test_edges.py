@@ -74,8 +74,11 @@ async def test_killed_then_finished_then_started_again_each_edge_seen_everywhere
     run_dir = tmp_path / "run"
     cleanup_runs.append(run_dir)
     port = free_port()
+    # ~40 s of run (answers of ~3 s, 4 at a time a server): the kill lands mid-run on a loaded box (with 64 running
+    # and 8 tokens a step it had settled 109 of 111 samples before the TUI saw it running)
     cfg = make_config(run_dir, tiny_model_dir, prompts=80, gpus=2, shard_size=20, metrics=Metrics(port=port),
-                      sim=("--sim-step-ms", "20", "--sim-output-mean", "300"))
+                      sim=("--sim-step-ms", "20", "--sim-output-mean", "300", "--sim-tokens-per-step", "2",
+                           "--max-running-requests", "4"))
     config = write_config(tmp_path, cfg)
     started = regen("start", "local", "--config", str(config), "--no-preflight", home=tmp_path)
     assert started.returncode == 0, started.stderr

@@ -462,7 +462,9 @@ def test_5xx_and_aborts_are_retried_until_every_sample_is_done(tmp_path, tiny_mo
 
 def test_status_without_shards_keeps_the_figures_and_leaves_out_the_list(tmp_path, tiny_model_dir, supervisors):
     run_dir = tmp_path / "run"
-    sup = supervisors(run_dir).start(make_config(run_dir, tiny_model_dir, sim=("--sim-step-ms", "40")))
+    # ~30 s of run (answers of ~1.2 s, 4 at a time a server): it outlasts the two readings on a loaded box
+    sup = supervisors(run_dir).start(make_config(run_dir, tiny_model_dir, sim=(
+        "--sim-step-ms", "40", "--sim-tokens-per-step", "1", "--max-running-requests", "4")))
 
     def pair() -> tuple[dict, dict] | None:
         """A full status and a compact one while the total stood still (a rejected sample lowers it mid-run)."""

@@ -427,9 +427,15 @@ def test_pilot_keeps_more_than_a_hundred_requests_in_flight_when_the_batch_is_la
 def test_pilot_sends_again_a_request_whose_connection_closed_unanswered(tmp_path, tiny_model_dir, capsys):
     # a flooded server's accept queue resets connections ("Server disconnected", "Can not write request body"); the
     # pilot once failed on the first one
-    knobs = ["--sim-step-ms", "2", "--sim-output-mean", "30", "--sim-drop-first", "3"]
-    cfg = write_config(tmp_path, tiny_model_dir, write_prompts(tmp_path), extra=knobs)
-    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "20", "--sample", "10", "--json"]) == 0
+    # a batch of 8 held for several waves of ~0.6 s answers: a window to measure on a loaded box (with 40-odd prompts
+    # at once and 2 ms steps no window was saturated)
+    prompts = tmp_path / "many.jsonl"
+    with open(prompts, "w") as f:
+        for i in range(120):
+            f.write(json.dumps({"id": f"m{i}", "prompt": f"Prompt {i} word word"}) + "\n")
+    knobs = ["--sim-step-ms", "10", "--sim-output-mean", "60", "--max-running-requests", "8", "--sim-drop-first", "3"]
+    cfg = write_config(tmp_path, tiny_model_dir, [prompts], extra=knobs)
+    assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "120", "--sample", "10", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["pilot"]["prompts"] >= 20
     (note,) = [n for n in d["notes"] if "sent again" in n]

@@ -85,7 +85,10 @@ def test_the_resume_hint_comes_from_the_runs_start_record_and_pasted_elsewhere_r
     elsewhere.mkdir()
     run_dir = tmp_path / "run2"
     cleanup_runs.append(run_dir)
-    cfg = make_config(run_dir, tiny_model_dir, prompts=200, gpus=1, sim=("--sim-step-ms", "30"))
+    # ~90 s of run (answers of ~1.8 s, 4 at a time): the resumed run is still running when it is stopped
+    cfg = make_config(run_dir, tiny_model_dir, prompts=200, gpus=1, sim=("--sim-step-ms", "30", "--sim-output-mean", "120",
+                                                                         "--sim-tokens-per-step", "2",
+                                                                         "--max-running-requests", "4"))
     write_config(project, cfg, name="run2.toml")
     decoy = make_config(tmp_path / "decoy-run", tiny_model_dir, prompts=10, gpus=1)
     write_config(elsewhere, decoy, name="run.toml")  # what a guessed `--config run.toml` would start there

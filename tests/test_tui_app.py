@@ -213,9 +213,9 @@ async def test_a_dead_channel_is_opened_again_and_the_follow_goes_on_from_its_la
             return next((p for p, cmd in children_with_cmdlines() if "engine.ctl" in " ".join(cmd) and "serve" in cmd),
                         None)
 
+        first = await wait_until(pilot, lambda: app.source.client.channel, "the open channel")
         proc = await wait_until(pilot, channel_process, "the channel's process")
         assert not [p for p, cmd in children_with_cmdlines() if "follow" in cmd]  # no process of its own
-        first = app.source.client.channel
         proc.kill()
         await wait_until(pilot, lambda: first.closed is not None, "the channel to see its process die")
         before = app.model.last_ts

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def pytest_addoption(parser, pluginmanager) -> None:
-    """With `-p no:xdist` the addopts' `-n 4 --dist loadgroup` (pyproject.toml) are accepted and mean one process."""
+    """With `-p no:xdist` the addopts' `-n 2 --dist loadgroup` (pyproject.toml) are accepted and mean one process."""
     if pluginmanager.is_blocked("xdist"):
         group = parser.getgroup("xdist", "distributed testing (pytest-xdist is off: -p no:xdist)")
         group._addoption("-n", "--numprocesses", dest="numprocesses", default=0, help="ignored: xdist is off")

@@ -33,6 +33,15 @@ def pilot_logs_in_tmp_path(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
+def many_prompts(tmp_path: Path, n: int) -> Path:
+    """`n` one-turn prompts in tmp_path/many.jsonl: enough to keep a pilot's batch full."""
+    prompts = tmp_path / "many.jsonl"
+    with open(prompts, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"m{i}", "prompt": f"Prompt {i} word word"}) + "\n")
+    return prompts
+
+
 def write_prompts(tmp_path: Path) -> list[Path]:
     a = tmp_path / "a.jsonl"
     b = tmp_path / "b.jsonl"
@@ -410,10 +419,7 @@ def test_pilot_answers_stream_through_the_guard_and_its_loops_are_stopped(tmp_pa
 def test_pilot_keeps_more_than_a_hundred_requests_in_flight_when_the_batch_is_larger(tmp_path, tiny_model_dir, capsys):
     # aiohttp's default connection limit (100 in all) once capped the pilot's session: a server with a batch of 120
     # ran at most 100, never queued, and the tuning rule read "nothing waited on admission"
-    prompts = tmp_path / "many.jsonl"
-    with open(prompts, "w") as f:
-        for i in range(300):
-            f.write(json.dumps({"id": f"m{i}", "prompt": f"Prompt {i} word word"}) + "\n")
+    prompts = many_prompts(tmp_path, 300)
     knobs = ["--max-running-requests", "120", "--sim-step-ms", "4", "--sim-output-mean", "60", "--sim-output-sigma",
              "0.3"]
     cfg = write_config(tmp_path, tiny_model_dir, [prompts], extra=knobs)
@@ -429,10 +435,7 @@ def test_pilot_sends_again_a_request_whose_connection_closed_unanswered(tmp_path
     # pilot once failed on the first one
     # a batch of 8 held for several waves of ~0.6 s answers: a window to measure on a loaded box (with 40-odd prompts
     # at once and 2 ms steps no window was saturated)
-    prompts = tmp_path / "many.jsonl"
-    with open(prompts, "w") as f:
-        for i in range(120):
-            f.write(json.dumps({"id": f"m{i}", "prompt": f"Prompt {i} word word"}) + "\n")
+    prompts = many_prompts(tmp_path, 120)
     knobs = ["--sim-step-ms", "10", "--sim-output-mean", "60", "--max-running-requests", "8", "--sim-drop-first", "3"]
     cfg = write_config(tmp_path, tiny_model_dir, [prompts], extra=knobs)
     assert cli_main(["plan", "local", "--config", str(cfg), "--pilot", "120", "--sample", "10", "--json"]) == 0
@@ -447,10 +450,7 @@ def test_pilot_reads_metrics_while_its_requests_hold_every_connection(tmp_path, 
     # the /metrics readings once shared the requests' connections (CONNECTIONS_PER_SERVER a server): with every one
     # held by a request a reading waited for one to end, and a pilot on a large pool read 2 /metrics in 46 s
     monkeypatch.setattr(engine.plan.pilot, "CONNECTIONS_PER_SERVER", 10)
-    prompts = tmp_path / "many.jsonl"
-    with open(prompts, "w") as f:
-        for i in range(300):
-            f.write(json.dumps({"id": f"m{i}", "prompt": f"Prompt {i} word word"}) + "\n")
+    prompts = many_prompts(tmp_path, 300)
     knobs = ["--max-running-requests", "120", "--sim-step-ms", "20", "--sim-output-mean", "40", "--sim-output-sigma",
              "0.3"]
     cfg = write_config(tmp_path, tiny_model_dir, [prompts], extra=knobs)

@@ -63,12 +63,12 @@ from enum import StrEnum
 from pathlib import Path
 
 from engine.config.load import RunConfig, Sampling
+from engine.config.schema import MIXED_CHUNK_FLAG as MIXED_FLAG
 from engine.servers.tuning_rule import CLIP_ENV
 from tests.bench import bench_common as bc
 from tests.bench.step_clock import DECAY_STEPS, StepCost, Watch, figures
 
 TIME_SCALE = 4.0
-MIXED_FLAG = "--enable-mixed-chunk"  # engine.config.schema.MIXED_CHUNK_FLAG
 COST = StepCost(step_ms=10 / TIME_SCALE, per_req_ms=0.1 / TIME_SCALE, prefill_ms_per_1k=2 / TIME_SCALE,
                 tokens_per_step=1)
 PILOT_PROMPTS = 200  # `regen plan --pilot N`: N is raised to what fills the servers' batches (engine.plan.pilot)
